@@ -1,0 +1,24 @@
+"""hlofuse: fuses attention and token sampling in JAX/StableHLO programs into hand-written kernels.
+
+Use it through `jax.jit(f, compiler_options={"hlofuse_pipeline": "default"})` (no import needed once
+installed), through `hlofuse-opt` on dumped modules, or explicitly with `hlofuse.attention(...)`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from hlofuse.api import attention as attention
+
+__all__ = ["__version__", "attention"]
+
+
+def __getattr__(name: str) -> Any:  # noqa: ANN401 - lazy re-export keeps `import hlofuse` cheap
+    if name == "attention":
+        from hlofuse.api import attention
+
+        return attention
+    raise AttributeError(f"module 'hlofuse' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Thin, version-pinned helpers over jaxlib's MLIR bindings: contexts, matching, building."""

@@ -1,0 +1,87 @@
+"""Plain-jnp references for the hlofuse composites: the oracle every kernel is tested against.
+
+The semantics here are the contract of `stablehlo.composite "hlofuse.attention"` (docs/composites.md):
+every kernel, on every backend, computes exactly this function of the composite's canonical operands
+and attributes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+UNBOUNDED = -1
+
+
+def attention_visibility(
+    t: int,
+    s: int,
+    *,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    q_offset: int,
+) -> jax.Array:
+    """(T, S) bool: which keys each query may see under the causal / sliding-window attributes.
+
+    Query row i sits at key position i + q_offset. Key j is visible iff
+    -window_left <= j - (i + q_offset) <= window_right (a bound of -1 is unbounded);
+    causal forces window_right = 0.
+    """
+    rel = jnp.arange(s)[None, :] - (jnp.arange(t)[:, None] + q_offset)
+    visible = jnp.ones((t, s), dtype=bool)
+    right = 0 if causal else window_right
+    if right != UNBOUNDED:
+        visible &= rel <= right
+    if window_left != UNBOUNDED:
+        visible &= rel >= -window_left
+    return visible
+
+
+def attention_reference(
+    q: jax.Array,  # (B, T, N, H)
+    k: jax.Array,  # (B, S, K, H), N % K == 0
+    v: jax.Array,  # (B, S, K, D)
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = UNBOUNDED,
+    window_right: int = UNBOUNDED,
+    q_offset: int = 0,
+    softcap: float = 0.0,
+    masked_value: float = float("-inf"),
+    bias: jax.Array | None = None,  # (B|1, N|1, T|1, S|1), added to the logits
+    mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
+    q_lengths: jax.Array | None = None,  # (B,) int: query rows >= length are masked
+    kv_lengths: jax.Array | None = None,  # (B,) int: keys >= length are masked
+) -> jax.Array:  # (B, T, N, D), in q's dtype
+    """softmax(mask(softcap(q·kᵀ * scale) + bias)) · v, with logits and softmax in float32.
+
+    Masked logits take `masked_value` (like `jnp.where(mask, s, masked_value)`), so a fully masked
+    row is NaN when masked_value is -inf and a uniform average over all keys when it is finite,
+    exactly as the programs hlofuse rewrites compute it.
+    """
+    b, t, n, _ = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    groups = n // kv_heads
+    qg = q.reshape(b, t, kv_heads, groups, q.shape[-1])
+    logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
+    logits = logits * jnp.float32(scale)
+    if softcap:
+        logits = jnp.tanh(logits / jnp.float32(softcap)) * jnp.float32(softcap)
+    logits = logits.reshape(b, n, t, s)
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    visible = attention_visibility(
+        t, s, causal=causal, window_left=window_left, window_right=window_right, q_offset=q_offset
+    )[None, None]
+    if mask is not None:
+        visible = visible & mask
+    if kv_lengths is not None:
+        visible = visible & (jnp.arange(s)[None, None, None, :] < kv_lengths[:, None, None, None])
+    if q_lengths is not None:
+        visible = visible & (jnp.arange(t)[None, None, :, None] < q_lengths[:, None, None, None])
+    logits = jnp.where(visible, logits, jnp.float32(masked_value))
+    probs = jax.nn.softmax(logits, axis=-1).reshape(b, kv_heads, groups, t, s)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype)
