@@ -271,15 +271,7 @@ def _compile_with_hlofuse(
     try:
         rewritten, result = rewrite_module(computation, options.pipeline, target)
     except Exception as error:
-        stage = _failing_stage(error)
-        message = (
-            f"hlofuse: {stage} failed on '{name}' (pipeline {options.pipeline!r}, target {target}): "
-            f"{type(error).__name__}: {error}"
-        )
-        if options.strict:
-            raise HlofuseCompileError(message) from error
-        warnings.warn(f"{message}; compiling the original module", HlofuseFallbackWarning, stacklevel=4)
-        logger.debug("%s; compiling the original module", message)
+        _fall_back_or_raise(_failing_stage(error), error, name, options, target)
         return original(backend, computation, devices, compile_options, *args, **kwargs)
 
     _report(name, result)
@@ -287,8 +279,29 @@ def _compile_with_hlofuse(
     _local.salt = cache_salt(options, target)
     try:
         return original(backend, rewritten, devices, compile_options, *args, **kwargs)
+    except Exception as error:
+        failure = error
     finally:
         _local.salt = previous_salt
+    # XLA rejected the rewritten module. If it rejects the original too, the program (or an option)
+    # is at fault, not hlofuse: that error propagates as it would without the hook.
+    executable = original(backend, computation, devices, compile_options, *args, **kwargs)
+    _fall_back_or_raise("XLA compile of the rewritten module", failure, name, options, target)
+    return executable
+
+
+def _fall_back_or_raise(
+    stage: str, error: Exception, name: str, options: HookOptions, target: str | None
+) -> None:
+    """Raises HlofuseCompileError under `hlofuse_strict`; otherwise warns that the original is compiled."""
+    message = (
+        f"hlofuse: {stage} failed on '{name}' (pipeline {options.pipeline!r}, target {target}): "
+        f"{type(error).__name__}: {error}"
+    )
+    if options.strict:
+        raise HlofuseCompileError(message) from error
+    warnings.warn(f"{message}; compiling the original module", HlofuseFallbackWarning, stacklevel=5)
+    logger.debug("%s; compiling the original module", message)
 
 
 def _make_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
