@@ -1,0 +1,749 @@
+"""hlofuse-fuse-attention: raises attention to `stablehlo.composite "hlofuse.attention"`.
+
+Matches `softmax(stages(q·kᵀ)) · v` where the softmax is `exp(x - max(x)) / sum(exp(x - max(x)))` and
+the stages between the first dot and the softmax are, in this order:
+  scale (multiply/divide by a constant, or a constant-scaled q),   logit soft-cap `tanh(s / c) * c`,
+  additive bias and masks `select(pred, s, fill)`,
+with converts, transposes and reshapes anywhere. Masks built from iotas are read as causal, sliding
+windows and per-sequence lengths (hlofuse.ir.masks); any other boolean becomes an explicit mask.
+GQA/MQA is recognised from a 5-D query reshape or from K/V repeated by broadcast+reshape.
+
+Emits, for each site: canonical operands (q BTNH, k/v BSKH, optional bias, mask, q_lengths,
+kv_lengths), the composite with attributes describing the op fully (docs/composites.md), and a
+private `@hlofuse.attention.impl` decomposition holding the ORIGINAL subgraph, cloned:
+
+    %s = stablehlo.dot_general %q, %k ... ; %p = softmax(%s * 0.125) ; %o = stablehlo.dot_general %p, %v
+  becomes
+    %o = stablehlo.composite "hlofuse.attention" %q, %k, %v {composite_attributes = {scale = 1.250000e-01
+         : f32, causal = false, ...}, decomposition = @hlofuse.attention.impl, version = 1 : i32}
+
+A site whose interior values have users outside it (e.g. under jax.grad) is left alone, and every
+softmax that is not fused gets a remark saying why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse.ir import build, layout
+from hlofuse.ir.layout import Labels
+from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
+from hlofuse.ir.match import P, Rule, constant_scalar, defining_op, first_rule, match
+from hlofuse.pipeline import ModulePass, PassState
+
+COMPOSITE_NAME = "hlofuse.attention"
+COMPOSITE_VERSION = 1
+UNBOUNDED = -1
+DECODE_MAX_QUERIES = 8
+
+BROADCASTS = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
+
+
+class NoMatch(Exception):
+    """A softmax that is not fused; the message is the remark."""
+
+
+# ----- the softmax anchor ---------------------------------------------------------------------------
+
+
+def _reduces_with(body_op: str, capture: str) -> Any:  # noqa: ANN401
+    def check(captures: dict[str, Any]) -> bool:
+        op = defining_op(captures[capture])
+        body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+        return body == [body_op, "stablehlo.return"] and len(dims) == 1
+
+    return check
+
+
+REDUCE_MAX = P("stablehlo.reduce", P.any("logits"), P.const(), name="max_reduce",
+               where=_reduces_with("stablehlo.maximum", "max_reduce"))
+# jax.nn.softmax clamps the row max with -inf: maximum(broadcast(-inf), reduce_max(x)).
+ROW_MAX = P.through(BROADCASTS, P.one_of(
+    P.commutative("stablehlo.maximum", P.through(BROADCASTS, P.const()), REDUCE_MAX), REDUCE_MAX))
+EXP = P("stablehlo.exponential", P("stablehlo.subtract", P.any("logits"), ROW_MAX), name="exp")
+ROW_SUM = P.through(BROADCASTS, P("stablehlo.reduce", P.any("exp"), P.const(0.0), name="sum_reduce",
+                                  where=_reduces_with("stablehlo.add", "sum_reduce")))
+# softmax(x) = exp(x - max x) / sum exp(x - max x)
+SOFTMAX = P("stablehlo.divide", EXP, ROW_SUM, name="probs")
+
+
+def _reduce_dim(value: ir.Value) -> int:
+    return list(ir.DenseI64ArrayAttr(defining_op(value).attributes["dimensions"]))[0]
+
+
+# ----- stages between q·kᵀ and the softmax -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stage:
+    kind: str  # convert | layout | scale | softcap | bias | mask
+    input: ir.Value
+    output: ir.Value
+    value: float = 0.0  # scale factor, soft-cap, or mask fill
+    operand: ir.Value | None = None  # bias or mask predicate
+    inverted: bool = False  # mask given as select(pred, fill, s): pred marks the MASKED entries
+
+
+def _leads_to_dot(value: ir.Value, depth: int = 16) -> bool:
+    """Whether `value` is computed from a dot_general through elementwise and layout ops."""
+    op = defining_op(value)
+    if op is None or depth == 0:
+        return False
+    if op.name == "stablehlo.dot_general":
+        return True
+    if op.name in ("stablehlo.constant", "stablehlo.iota", "stablehlo.broadcast_in_dim", "stablehlo.reduce"):
+        return False
+    return any(_leads_to_dot(v, depth - 1) for v in op.operands
+               if isinstance(v.type, ir.RankedTensorType) and isinstance(v.type.element_type, ir.FloatType))
+
+
+def _is_logits(captures: dict[str, Any]) -> bool:
+    return _leads_to_dot(captures["x"])
+
+
+STAGE_RULES: Sequence[Rule] = (
+    Rule("convert", P("stablehlo.convert", P.any("x"), name="out"),
+         lambda x, out: Stage("convert", x, out)),
+    Rule("layout", P(("stablehlo.transpose", "stablehlo.reshape"), P.any("x"), name="out"),
+         lambda x, out: Stage("layout", x, out)),
+    # tanh(s / c) * c
+    Rule("softcap_div", P.commutative("stablehlo.multiply", P("stablehlo.tanh", P("stablehlo.divide", P.any("x"),
+         P.const(name="cap"))), P.const(name="cap"), name="out"),
+         lambda x, cap, out: Stage("softcap", x, out, cap) if cap > 0 else None),
+    # tanh(s * (1/c)) * c
+    Rule("softcap_mul", P.commutative("stablehlo.multiply", P("stablehlo.tanh", P.commutative("stablehlo.multiply",
+         P.any("x", where=_is_logits), P.const(name="inv"))), P.const(name="cap"), name="out"),
+         lambda x, inv, cap, out: Stage("softcap", x, out, cap) if cap > 0 and math.isclose(inv * cap, 1.0,
+                                                                                     rel_tol=1e-6) else None),
+    # s * c
+    Rule("scale_mul", P.commutative("stablehlo.multiply", P.any("x", where=_is_logits), P.const(name="c"),
+         name="out"), lambda x, c, out: Stage("scale", x, out, c) if c > 0 else None),
+    # s / c
+    Rule("scale_div", P("stablehlo.divide", P.any("x", where=_is_logits), P.const(name="c"), name="out"),
+         lambda x, c, out: Stage("scale", x, out, 1.0 / c) if c > 0 else None),
+    # where(pred, s, fill)
+    Rule("mask_select", P("stablehlo.select", P.any("pred"), P.any("x", where=_is_logits), P.const(name="fill"),
+         name="out"), lambda pred, x, fill, out: Stage("mask", x, out, fill, pred)),
+    # where(pred, fill, s)
+    Rule("mask_select_inverted", P("stablehlo.select", P.any("pred"), P.const(name="fill"),
+         P.any("x", where=_is_logits), name="out"),
+         lambda pred, fill, x, out: Stage("mask", x, out, fill, pred, inverted=True)),
+    # s + bias
+    Rule("bias_add", P.commutative("stablehlo.add", P.any("x", where=_is_logits), P.any("bias"), name="out"),
+         lambda x, bias, out: Stage("bias", x, out, operand=bias)),
+)
+
+# Stages must follow the canonical order scale -> soft-cap -> bias/mask that the kernels implement.
+_PHASE = {"scale": 0, "softcap": 1, "bias": 2, "mask": 2}
+
+# q * c before the dot is a scale on the logits.
+PRESCALED = P.commutative("stablehlo.multiply", P.any("x"), P.const(name="c"))
+
+
+# ----- dims and roles ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DotDims:
+    lhs_batch: list[int]
+    rhs_batch: list[int]
+    lhs_contract: list[int]
+    rhs_contract: list[int]
+
+    @staticmethod
+    def of(op: ir.Operation) -> DotDims:
+        dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        return DotDims(list(dims.lhs_batching_dimensions), list(dims.rhs_batching_dimensions),
+                       list(dims.lhs_contracting_dimensions), list(dims.rhs_contracting_dimensions))
+
+    def free(self, rank: int, side: str) -> list[int]:
+        used = (self.lhs_batch + self.lhs_contract) if side == "lhs" else (self.rhs_batch + self.rhs_contract)
+        return [d for d in range(rank) if d not in used]
+
+
+def _shape(value: ir.Value) -> tuple[int, ...]:
+    shape = layout.static_shape(value)
+    if shape is None:
+        raise NoMatch("dynamic shapes are not supported")
+    return shape
+
+
+def _forward_labels(start: Labels, ops: Sequence[ir.Operation], sizes: dict[str, int]) -> Labels:
+    labels = start
+    for op in ops:
+        new = layout.forward(op, labels, sizes)
+        if new is None:
+            raise NoMatch(f"cannot follow dims through {op.name}")
+        labels = new
+    return labels
+
+
+def _kv_repeat(value: ir.Value, heads_dim: int) -> tuple[ir.Value, int, list[ir.Operation]] | None:
+    """K or V repeated per query group: reshape(broadcast(x)) merging (kv heads, groups) into heads.
+
+    Returns (x, groups, [broadcast, reshape]) or None.
+    """
+    reshape = defining_op(value)
+    if reshape is None or reshape.name != "stablehlo.reshape":
+        return None
+    bcast = defining_op(reshape.operands[0])
+    if bcast is None or bcast.name != "stablehlo.broadcast_in_dim":
+        return None
+    out_shape, mid_shape = _shape(value), _shape(reshape.operands[0])
+    h = heads_dim
+    if len(mid_shape) != len(out_shape) + 1 or mid_shape[:h] != out_shape[:h] or mid_shape[h + 2:] != out_shape[h + 1:]:
+        return None
+    kv_heads, groups = mid_shape[h], mid_shape[h + 1]
+    if kv_heads * groups != out_shape[h] or groups == 1:
+        return None
+    src_shape = _shape(bcast.operands[0])
+    dims = list(ir.DenseI64ArrayAttr(bcast.attributes["broadcast_dimensions"]))
+    for src_dim, out_dim in enumerate(dims):
+        if out_dim == h + 1 and src_shape[src_dim] != 1:
+            return None
+        if out_dim != h + 1 and src_shape[src_dim] != mid_shape[out_dim]:
+            return None
+    return bcast.operands[0], groups, [bcast, reshape]
+
+
+def _group_dim_of_query(q: ir.Value, batch_dims: list[int], free_dims: list[int]) -> int | None:
+    """For a 5-D query (.., K, G, ..): the free dim split off the same source dim as a batch dim."""
+    reshape = defining_op(q)
+    if reshape is None or reshape.name != "stablehlo.reshape":
+        return None
+    out_shape, in_shape = _shape(q), _shape(reshape.operands[0])
+    if len(out_shape) != len(in_shape) + 1:
+        return None
+    for d in range(len(out_shape) - 1):
+        merged = out_shape[:d] + (out_shape[d] * out_shape[d + 1],) + out_shape[d + 2:]
+        if merged == in_shape and d in batch_dims and d + 1 in free_dims:
+            return d + 1
+    return None
+
+
+# ----- the analysis of one site --------------------------------------------------------------------
+
+
+@dataclass
+class Site:
+    """Everything known about one attention site, and what the rewrite needs."""
+
+    probs: ir.Value
+    pv_dot: ir.Operation
+    qk_dot: ir.Operation
+    stages: list[Stage]  # dot -> softmax order
+    sizes: dict[str, int] = field(default_factory=dict)
+    scale: float = 1.0
+    softcap: float = 0.0
+    masked_value: float = float("-inf")
+    causal: bool = False
+    window_left: int = UNBOUNDED
+    window_right: int = UNBOUNDED
+    q_offset: int = 0
+    # Canonical operands: role -> (boundary value, its labels or an adjustment, how to rebuild it).
+    inputs: dict[str, ir.Value] = field(default_factory=dict)
+    input_labels: dict[str, Labels] = field(default_factory=dict)
+    length_adjust: dict[str, int] = field(default_factory=dict)
+    out_labels: Labels = ()
+    extra_interior_roots: list[ir.Value] = field(default_factory=list)
+    prescale: ir.Operation | None = None
+
+
+def _logit_stages(logits: ir.Value) -> tuple[ir.Operation, list[Stage]]:
+    stages: list[Stage] = []
+    value = logits
+    for _ in range(64):
+        op = defining_op(value)
+        if op is not None and op.name == "stablehlo.dot_general":
+            return op, stages[::-1]
+        found = first_rule(STAGE_RULES, value)
+        if found is None:
+            what = op.name if op is not None else "a block argument"
+            raise NoMatch(f"logits come from {what}, not from a dot_general through scale/soft-cap/bias/mask")
+        stages.append(found[1])
+        value = found[1].input
+    raise NoMatch("too many ops between the dot and the softmax")
+
+
+def _check_stage_order(stages: list[Stage]) -> None:
+    phase = 0
+    for stage in stages:
+        if stage.kind not in _PHASE:
+            continue
+        if _PHASE[stage.kind] < phase:
+            raise NoMatch(f"{stage.kind} after a later stage: not in the order scale, soft-cap, bias/mask")
+        if stage.kind == "softcap" and phase == 1:
+            raise NoMatch("two soft-caps")
+        phase = _PHASE[stage.kind]
+    fills = {stage.value for stage in stages if stage.kind == "mask"}
+    if len(fills) > 1:
+        raise NoMatch(f"masks fill different values {sorted(fills)}")
+    kinds = [s.kind for s in stages if s.kind in ("bias", "mask")]
+    if fills and not math.isinf(next(iter(fills))) and "mask" in kinds and "bias" in kinds[kinds.index("mask"):]:
+        raise NoMatch("a bias is added after a finite mask fill, so masked logits are not the fill value")
+
+
+def _probs_to_pv(probs: ir.Value) -> tuple[list[ir.Operation], ir.Operation, ir.Value]:
+    """Follows single-use converts/transposes/reshapes from the softmax to the P·V dot."""
+    chain: list[ir.Operation] = []
+    value = probs
+    for _ in range(8):
+        uses = list(value.uses)
+        if len(uses) != 1:
+            raise NoMatch(f"the softmax output has {len(uses)} users; only a single P·V dot can be fused")
+        user = uses[0].owner.operation
+        if user.name == "stablehlo.dot_general":
+            return chain, user, value
+        if user.name not in ("stablehlo.convert", "stablehlo.transpose", "stablehlo.reshape"):
+            raise NoMatch(f"the softmax output feeds {user.name}, not a dot_general")
+        chain.append(user)
+        value = user.results[0]
+    raise NoMatch("too many ops between the softmax and the P·V dot")
+
+
+def analyze(probs: ir.Value, captures: dict[str, Any]) -> Site:
+    logits = captures["logits"]
+    reduce_dim = _reduce_dim(captures["max_reduce"])
+    if reduce_dim != _reduce_dim(captures["sum_reduce"]):
+        raise NoMatch("max and sum reduce over different dims")
+    pv_chain, pv_dot, p_operand = _probs_to_pv(probs)
+    qk_dot, stages = _logit_stages(logits)
+    _check_stage_order(stages)
+    site = Site(probs, pv_dot, qk_dot, stages)
+    _assign_roles(site, logits, reduce_dim, pv_chain, p_operand)
+    _read_stages(site)
+    return site
+
+
+def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[ir.Operation],
+                  p_operand: ir.Value) -> None:
+    qk = site.qk_dot
+    dims = DotDims.of(qk)
+    if len(dims.lhs_contract) != 1:
+        raise NoMatch("the q·k dot contracts more than one dim")
+    out_shape = _shape(qk.results[0])
+    lhs_rank, rhs_rank = len(_shape(qk.operands[0])), len(_shape(qk.operands[1]))
+    lhs_free, rhs_free = dims.free(lhs_rank, "lhs"), dims.free(rhs_rank, "rhs")
+    nb = len(dims.lhs_batch)
+    # Find which output dim the softmax reduces over: follow unique placeholder atoms forward.
+    temp_sizes = {f"d{i}": n for i, n in enumerate(out_shape)}
+    temp = layout.normalize(tuple((f"d{i}",) for i in range(len(out_shape))), temp_sizes)
+    layout_ops = [defining_op(s.output) for s in site.stages if s.kind in ("layout", "convert")]
+    reduced = _forward_labels(temp, layout_ops, temp_sizes)[reduce_dim]
+    if len(reduced) != 1:
+        raise NoMatch("the softmax does not reduce over a single key dim of the q·k dot")
+    s_out = int(reduced[0][1:])
+    if nb + len(lhs_free) <= s_out < len(out_shape) and len(rhs_free) == 1:
+        q_side, k_side, q_free = 0, 1, lhs_free
+    elif nb <= s_out < nb + len(lhs_free) and len(lhs_free) == 1:
+        q_side, k_side, q_free = 1, 0, rhs_free
+    else:
+        raise NoMatch("the softmax reduces over a dim that is not the key's only free dim")
+    q, k = qk.operands[q_side], qk.operands[k_side]
+    q_batch = dims.lhs_batch if q_side == 0 else dims.rhs_batch
+    k_batch = dims.rhs_batch if q_side == 0 else dims.lhs_batch
+    q_contract = (dims.lhs_contract if q_side == 0 else dims.rhs_contract)[0]
+    k_contract = (dims.rhs_contract if q_side == 0 else dims.lhs_contract)[0]
+    q_shape, k_shape = _shape(q), _shape(k)
+
+    if nb not in (0, 1, 2):
+        raise NoMatch(f"the q·k dot has {nb} batch dims; expected batch and heads")
+    group_dim = None
+    if len(q_free) == 2:
+        group_dim = _group_dim_of_query(q, q_batch, q_free)
+        if group_dim is None:
+            raise NoMatch("the query has two free dims and neither is a head group")
+    elif len(q_free) != 1:
+        raise NoMatch("the query has no sequence dim")
+    t_dim = next(d for d in q_free if d != group_dim)
+    heads_batch = nb - 1 if nb else None
+    sizes = site.sizes
+    sizes.update(B=q_shape[q_batch[0]] if nb == 2 else 1, T=q_shape[t_dim], H=q_shape[q_contract],
+                 S=k_shape[dims.free(len(k_shape), "rhs" if k_side == 1 else "lhs")[0]])
+    heads = q_shape[q_batch[heads_batch]] if heads_batch is not None else 1
+    sizes.update(K=heads, G=q_shape[group_dim] if group_dim is not None else 1)
+    k_heads_dim = k_batch[heads_batch] if heads_batch is not None else None
+
+    # Repeated K/V (GQA written as jnp.repeat or broadcast+reshape): kv heads are fewer.
+    v_side = 1 if p_operand == site.pv_dot.operands[0] else 0
+    v = site.pv_dot.operands[v_side]
+    k_repeat = _kv_repeat(k, k_heads_dim) if k_heads_dim is not None and group_dim is None else None
+    if k_repeat is not None:
+        sizes.update(K=heads // k_repeat[1], G=k_repeat[1])
+    heads_label: tuple[str, ...] = ("K",) if group_dim is not None else ("K", "G")
+    batch_labels = [("B",), heads_label] if nb == 2 else [heads_label] if nb == 1 else []
+
+    def label_q(d: int) -> tuple[str, ...]:
+        if d in q_batch:
+            return batch_labels[q_batch.index(d)]
+        return ("G",) if d == group_dim else ("T",) if d == t_dim else ("H",)
+
+    def label_k(d: int) -> tuple[str, ...]:
+        return batch_labels[k_batch.index(d)] if d in k_batch else ("H",) if d == k_contract else ("S",)
+
+    q_labels = layout.normalize([label_q(d) for d in range(len(q_shape))], sizes)
+    k_labels = layout.normalize([label_k(d) for d in range(len(k_shape))], sizes)
+    lhs_labels, rhs_labels = (q_labels, k_labels) if q_side == 0 else (k_labels, q_labels)
+    lhs_b, rhs_b = dims.lhs_batch, dims.rhs_batch
+    qk_out = [lhs_labels[d] for d in lhs_b] + [lhs_labels[d] for d in dims.free(len(lhs_labels), "lhs")] + \
+        [rhs_labels[d] for d in dims.free(len(rhs_labels), "rhs")]
+    del rhs_b
+    qk_out_labels = tuple(qk_out)
+    if not layout.consistent(qk_out_labels, out_shape, sizes):
+        raise NoMatch("the q·k dot's dims do not fit batch, heads, query and key roles")
+    site.input_labels["qk_out"] = qk_out_labels
+
+    # The P·V dot: contracts the key dim; v gives the value head dim.
+    p_labels = _forward_labels(_forward_labels(qk_out_labels, [defining_op(s.output) for s in site.stages
+                                                                if s.kind in ("layout", "convert")], sizes),
+                               pv_chain, sizes)
+    pv = DotDims.of(site.pv_dot)
+    p_batch = pv.lhs_batch if v_side == 1 else pv.rhs_batch
+    v_batch = pv.rhs_batch if v_side == 1 else pv.lhs_batch
+    p_contract = pv.lhs_contract if v_side == 1 else pv.rhs_contract
+    v_contract = pv.rhs_contract if v_side == 1 else pv.lhs_contract
+    if len(p_contract) != 1 or p_labels[p_contract[0]] != ("S",):
+        raise NoMatch("the P·V dot does not contract the key dim")
+    v_shape = _shape(v)
+    v_free = [d for d in range(len(v_shape)) if d not in v_batch + v_contract]
+    if len(v_free) != 1:
+        raise NoMatch("the value has more than one free dim")
+    sizes["D"] = v_shape[v_free[0]]
+
+    def label_v(d: int) -> tuple[str, ...]:
+        if d in v_batch:
+            return p_labels[p_batch[v_batch.index(d)]]
+        return ("S",) if d in v_contract else ("D",)
+
+    v_labels = layout.normalize([label_v(d) for d in range(len(v_shape))], sizes)
+    p_free = [d for d in range(len(p_labels)) if d not in p_batch + p_contract]
+    pv_out = [p_labels[d] for d in p_batch]
+    free_labels = [p_labels[d] for d in p_free]
+    pv_out += ([v_labels[v_free[0]]] + free_labels) if v_side == 0 else (free_labels + [v_labels[v_free[0]]])
+    site.out_labels = tuple(pv_out)
+    if not layout.consistent(site.out_labels, _shape(site.pv_dot.results[0]), sizes):
+        raise NoMatch("the P·V dot's dims do not fit batch, heads, query and value-head roles")
+    atoms = sorted(a for label in site.out_labels for a in label)
+    if atoms != sorted(a for a in "BKGTD" if sizes[a] != 1):
+        raise NoMatch("the P·V dot's output mixes roles the kernels cannot produce")
+
+    # Canonical inputs.
+    prescaled = match(PRESCALED, q)
+    if prescaled is not None and prescaled["c"] > 0:
+        site.scale *= prescaled["c"]
+        site.prescale = defining_op(q)
+        q = prescaled["x"]
+        q_labels = layout.normalize(q_labels, sizes)
+    site.inputs["q"], site.input_labels["q"] = q, q_labels
+    for role, value, labels in (("k", k, k_labels), ("v", v, v_labels)):
+        heads_dim = next((d for d, lb in enumerate(labels) if "K" in lb or "G" in lb), None)
+        repeat = _kv_repeat(value, heads_dim) if heads_dim is not None and group_dim is None else None
+        if repeat is not None and repeat[1] != sizes["G"]:
+            raise NoMatch("k and v are repeated by different group counts")
+        if repeat is None and sizes["G"] > 1 and group_dim is None:
+            raise NoMatch(f"{role} is not repeated like the other of k and v")
+        if repeat is not None:
+            source, _, ops = repeat
+            source_labels = layout.backward(ops[0], layout.backward(ops[1], labels, sizes) or (), sizes)
+            if source_labels is None:
+                raise NoMatch(f"cannot follow {role}'s repeat")
+            value, labels = source, layout.normalize(source_labels, sizes)
+        site.inputs[role], site.input_labels[role] = value, labels
+
+
+def _read_stages(site: Site) -> None:
+    sizes = site.sizes
+    labels = site.input_labels["qk_out"]
+    conjunction = MaskTerms()
+    bias_uses: list[tuple[ir.Value, Labels]] = []
+    inverted_preds = []
+    for stage in site.stages:
+        op = defining_op(stage.output)
+        if stage.kind in ("layout", "convert"):
+            labels = _forward_labels(labels, [op], sizes)
+        elif stage.kind == "scale":
+            site.scale *= stage.value
+        elif stage.kind == "softcap":
+            site.softcap = stage.value
+        elif stage.kind == "bias":
+            bias_uses.append((stage.operand, labels))
+        elif stage.kind == "mask":
+            site.masked_value = stage.value
+            if stage.inverted:
+                inverted_preds.append(Opaque(stage.operand, labels))
+                continue
+            terms = analyze_mask(stage.operand, labels, sizes)
+            conjunction.atoms += terms.atoms
+            conjunction.opaque += terms.opaque
+            conjunction.always_false |= terms.always_false
+    if inverted_preds:
+        raise NoMatch("masks given as select(pred, fill, logits) are not supported yet")
+    if conjunction.always_false:
+        raise NoMatch("the mask is constant false")
+    if len(bias_uses) > 1:
+        raise NoMatch("more than one additive bias")
+    if bias_uses:
+        _set_dense_input(site, "bias", *bias_uses[0])
+    leftover = _read_atoms(site, conjunction.atoms)
+    opaque = conjunction.opaque + [Opaque(atom.value, atom.labels) for atom in leftover]
+    if len(opaque) > 1:
+        raise NoMatch("the mask combines more than one boolean tensor that is not an iota pattern")
+    if opaque:
+        _set_dense_input(site, "mask", opaque[0].value, opaque[0].labels)
+
+
+def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels) -> None:
+    """Bias or mask: looks through broadcasts and layout ops to the smallest tensor that carries it."""
+    sizes = site.sizes
+    while True:
+        op = defining_op(value)
+        if op is None or op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose"):
+            break
+        inner = layout.backward(op, labels, sizes)
+        if inner is None:
+            break
+        value, labels = op.operands[0], layout.normalize(inner, sizes)
+    atoms = {a for label in labels for a in label}
+    if not atoms <= set("BKGTS"):
+        raise NoMatch(f"the {role} varies along the head dim of q or v")
+    site.inputs[role], site.input_labels[role] = value, labels
+
+
+def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
+    """Sets causal / window / lengths from the atoms it reads; returns the atoms it cannot read."""
+    rights: list[int] = []
+    lefts: list[int] = []
+    unread: list[Atom] = []
+    single_query = site.sizes["T"] == 1
+    for atom in atoms:
+        diff, direction = atom.diff, atom.direction
+        cs, ct = diff.coeff("S"), 0 if single_query else diff.coeff("T")
+        others = [r for r, c in diff.coeffs if c and r not in ("S", "T")]
+        if cs < 0 or (cs == 0 and ct < 0):
+            diff, direction = diff.scaled(-1), {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(direction,
+                                                                                             direction)
+            cs, ct = -cs, -ct
+        if others or direction in ("EQ", "NE"):
+            unread.append(atom)
+        elif cs == 1 and ct == -1 and diff.ext is None:
+            # s - t + c <dir> 0
+            c = diff.const
+            if direction in ("LT", "LE"):
+                rights.append(-c - 1 if direction == "LT" else -c)
+            else:
+                lefts.append(c - 1 if direction == "GT" else c)
+        elif cs == 1 and ct == 0 and diff.ext is not None and diff.ext_sign == -1 and direction in ("LT", "LE"):
+            # s + c - len < 0  <=>  s < len - c
+            if not _set_length(site, "kv_lengths", atom, -diff.const + (1 if direction == "LE" else 0)):
+                unread.append(atom)
+        elif cs == 0 and ct == 1 and diff.ext is not None and diff.ext_sign == -1 and direction in ("LT", "LE"):
+            if not _set_length(site, "q_lengths", atom, -diff.const + (1 if direction == "LE" else 0)):
+                unread.append(atom)
+        else:
+            unread.append(atom)
+    if rights:
+        site.causal, site.q_offset, site.window_right = True, min(rights), 0
+    if lefts:
+        left = min(lefts) + (site.q_offset if rights else 0)
+        if left < 0:
+            raise NoMatch("the sliding window is empty")
+        site.window_left = left
+    return unread
+
+
+def _set_length(site: Site, role: str, atom: Atom, adjust: int) -> bool:
+    ext = atom.diff.ext
+    assert ext is not None
+    if role in site.inputs:
+        return site.inputs[role] == ext.value and site.length_adjust[role] == adjust
+    site.inputs[role], site.input_labels[role], site.length_adjust[role] = ext.value, ext.labels, adjust
+    return True
+
+
+# ----- the rewrite ---------------------------------------------------------------------------------
+
+OPERAND_ORDER = ("q", "k", "v", "bias", "mask", "q_lengths", "kv_lengths")
+
+
+def _canonical_labels(role: str, site: Site) -> Labels:
+    sizes = site.sizes
+    if role == "q":
+        spec = [("B",), ("T",), ("K", "G"), ("H",)]
+    elif role in ("k", "v"):
+        spec = [("B",), ("S",), ("K",), ("H",) if role == "k" else ("D",)]
+    elif role in ("bias", "mask"):
+        present = {a for label in site.input_labels[role] for a in label}
+        heads = ("K", "G") if present & {"K", "G"} else ()
+        spec = [("B",) if "B" in present else (), heads, ("T",) if "T" in present else (),
+                ("S",) if "S" in present else ()]
+    elif role == "out":
+        spec = [("B",), ("T",), ("K", "G"), ("D",)]
+    else:
+        raise ValueError(role)
+    return layout.normalize(spec, sizes)
+
+
+def _i32(like: ir.Value) -> ir.Type:
+    return ir.RankedTensorType.get(list(_shape(like)), ir.IntegerType.get_signless(32))
+
+
+def _canonical_length(value: ir.Value, labels: Labels, adjust: int, sizes: dict[str, int]) -> ir.Value:
+    """(B,) int32 = relayout(value) + adjust: the number of visible rows per sequence."""
+    vector = layout.relayout(value, labels, layout.normalize([("B",)], sizes), sizes)
+    if layout.element_type(vector) != ir.IntegerType.get_signless(32):
+        vector = stablehlo.convert(_i32(vector), vector)
+    if adjust:
+        vector = stablehlo.add(vector, _splat(adjust, vector))
+    return vector
+
+
+def _rebuild_length(canonical: ir.Value, adjust: int, original: ir.Value, labels: Labels,
+                    sizes: dict[str, int]) -> ir.Value:
+    """Inverse of _canonical_length: the original lengths tensor from the canonical (B,) vector."""
+    vector = canonical
+    if adjust:
+        vector = stablehlo.subtract(vector, _splat(adjust, vector))
+    etype = layout.element_type(original)
+    if etype != layout.element_type(vector):
+        vector = stablehlo.convert(ir.RankedTensorType.get(list(_shape(vector)), etype), vector)
+    source = layout.normalize([("B",)], sizes)
+    if sizes["B"] > 1 and not any("B" in label for label in labels):
+        # The same length for every sequence: any row holds it.
+        vector, source = stablehlo.slice(vector, [0], [1], [1]), ((),)
+    return layout.relayout(vector, source, labels, sizes)
+
+
+def _splat(number: int | float, like: ir.Value) -> ir.Value:
+    rtype = ir.RankedTensorType(like.type)
+    etype = rtype.element_type
+    dtype = np.int32 if isinstance(etype, ir.IntegerType) and etype.width == 32 else \
+        np.int64 if isinstance(etype, ir.IntegerType) else np.float32
+    array = np.full(rtype.shape, number, dtype=dtype)
+    return stablehlo.constant(ir.DenseElementsAttr.get(array, type=rtype))
+
+
+def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
+    sizes = site.sizes
+    i64 = ir.IntegerType.get_signless(64)
+    kinds = [k for k, r in (("additive", "bias"), ("boolean", "mask")) if r in roles]
+    if "q_lengths" in roles or "kv_lengths" in roles:
+        kinds.append("lengths")
+    layout_name = "BTNH"
+    decode = sizes["T"] <= DECODE_MAX_QUERIES < sizes["S"]
+    return {
+        "scale": ir.FloatAttr.get_f32(site.scale),
+        "causal": ir.BoolAttr.get(site.causal),
+        "window_left": ir.IntegerAttr.get(i64, site.window_left),
+        "window_right": ir.IntegerAttr.get(i64, site.window_right),
+        "q_offset": ir.IntegerAttr.get(i64, site.q_offset),
+        "softcap": ir.FloatAttr.get_f32(site.softcap),
+        "masked_value": ir.FloatAttr.get_f32(site.masked_value),
+        "mask_kind": ir.StringAttr.get("+".join(kinds) or "none"),
+        "num_heads": ir.IntegerAttr.get(i64, sizes["K"] * sizes["G"]),
+        "num_kv_heads": ir.IntegerAttr.get(i64, sizes["K"]),
+        "layout": ir.StringAttr.get(layout_name),
+        "decode": ir.BoolAttr.get(decode),
+        "operands": ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles]),
+    }
+
+
+def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
+    """Emits canonical operands, the decomposition and the composite; replaces the P·V dot's result."""
+    sizes = site.sizes
+    roles = [r for r in OPERAND_ORDER if r in site.inputs]
+    boundaries = {site.inputs[r]: r for r in roles}
+    interior = build.backward_slice(site.pv_dot.results[0], boundaries)
+    _check_escapes(site, interior, boundaries)
+    location = site.pv_dot.location
+    with location, ir.InsertionPoint(site.pv_dot):
+        operands = []
+        for role in roles:
+            value, labels = site.inputs[role], site.input_labels[role]
+            if role.endswith("lengths"):
+                operands.append(_canonical_length(value, labels, site.length_adjust[role], sizes))
+            else:
+                operands.append(layout.relayout(value, labels, _canonical_labels(role, site), sizes))
+
+    def body(args: Sequence[ir.Value]) -> list[ir.Value]:
+        mapping: dict[ir.Value, ir.Value] = {}
+        for role, arg in zip(roles, args, strict=True):
+            original, labels = site.inputs[role], site.input_labels[role]
+            if role.endswith("lengths"):
+                rebuilt = _rebuild_length(arg, site.length_adjust[role], original, labels, sizes)
+            else:
+                rebuilt = layout.relayout(arg, _canonical_labels(role, site), labels, sizes)
+            mapping.setdefault(original, rebuilt)
+        build.clone_ops(interior, mapping)
+        out = mapping[site.pv_dot.results[0]]
+        return [layout.relayout(out, site.out_labels, _canonical_labels("out", site), sizes)]
+
+    name = build.unique_symbol(module, f"{COMPOSITE_NAME}.impl")
+    name = build.build_private_func(module, name, [v.type for v in operands], body, location)
+    out_shape = [layout.label_size(lb, sizes) for lb in _canonical_labels("out", site)]
+    out_type = ir.RankedTensorType.get(out_shape, layout.element_type(site.pv_dot.results[0]))
+    with location, ir.InsertionPoint(site.pv_dot):
+        op = build.composite(COMPOSITE_NAME, operands, [out_type], _attributes(site, roles), name,
+                             COMPOSITE_VERSION)
+        result = layout.relayout(op.results[0], _canonical_labels("out", site), site.out_labels, sizes)
+    site.pv_dot.results[0].replace_all_uses_with(result)
+    build.erase_dead(interior)
+    return op
+
+
+def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir.Value, str]) -> None:
+    """Interior values computed from q/k/v may not be used outside the site (e.g. by a backward pass)."""
+    inside = set(interior)
+    tainted: set[ir.Value] = set(boundaries)
+    for op in interior:
+        if not any(v in tainted for v in op.operands):
+            continue
+        for result in op.results:
+            tainted.add(result)
+            if op == site.pv_dot:
+                continue
+            for use in result.uses:
+                if use.owner.operation not in inside:
+                    raise NoMatch(f"{op.name} inside the attention has a user outside it "
+                                  f"({use.owner.operation.name}), e.g. a backward pass")
+
+
+def _find_softmaxes(module: ir.Operation) -> list[tuple[ir.Value, dict[str, Any]]]:
+    found: list[tuple[ir.Value, dict[str, Any]]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.divide":
+            captures = match(SOFTMAX, op.results[0])
+            if captures is not None:
+                found.append((op.results[0], captures))
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+@dataclass(frozen=True)
+class FuseAttentionPass(ModulePass):
+    """Raises each attention subgraph to `stablehlo.composite "hlofuse.attention"` (see module docs)."""
+
+    name: ClassVar[str] = "hlofuse-fuse-attention"
+    summary: ClassVar[str] = "Raise softmax(q·kᵀ)·v subgraphs to hlofuse.attention composites"
+
+    def run(self, module: ir.Operation, state: PassState) -> None:
+        for probs, captures in _find_softmaxes(module):
+            try:
+                site = analyze(probs, captures)
+                with site.pv_dot.location:
+                    rewrite(site, module)
+            except (NoMatch, build.NotOutlinable) as reason:
+                state.remark(defining_op(probs), f"softmax not fused: {reason}")
+                state.count("attention_not_fused")
+                continue
+            state.count("softmax_of_qk_to_attention")

@@ -1,0 +1,203 @@
+"""Reads a boolean mask expression as a conjunction of index constraints.
+
+Attention masks are built from iotas, constants and per-sequence lengths, e.g. causal is
+`iota(T)[:, None] >= iota(S)[None, :]`. `analyze_mask` evaluates such an expression symbolically:
+every integer tensor becomes an affine form `sum(coeff * index[role]) + const (+ ext)` over the
+labelled dims (see hlofuse.ir.layout), every comparison becomes an `Atom`, and anything it cannot
+read becomes an `Opaque` leaf — a boolean tensor that stays an explicit mask operand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse.ir import layout
+from hlofuse.ir.layout import Labels, Sizes
+from hlofuse.ir.match import constant_scalar, defining_op, dense_values
+
+_LAYOUT = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
+_FLIP = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+_NEGATE = {"LT": "GE", "LE": "GT", "GT": "LE", "GE": "LT", "EQ": "NE", "NE": "EQ"}
+
+
+@dataclass(frozen=True)
+class Ext:
+    """An external integer tensor (lengths, positions) that varies at most along the batch role."""
+
+    value: ir.Value
+    labels: Labels
+
+
+@dataclass(frozen=True)
+class Affine:
+    coeffs: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+    ext: Ext | None = None
+    ext_sign: int = 0
+
+    def coeff(self, role: str) -> int:
+        return dict(self.coeffs).get(role, 0)
+
+    def scaled(self, k: int) -> Affine:
+        return Affine(tuple((r, c * k) for r, c in self.coeffs), self.const * k, self.ext, self.ext_sign * k)
+
+    def plus(self, other: Affine) -> Affine | None:
+        if self.ext is not None and other.ext is not None:
+            return None
+        merged = dict(self.coeffs)
+        for role, c in other.coeffs:
+            merged[role] = merged.get(role, 0) + c
+        coeffs = tuple(sorted((r, c) for r, c in merged.items() if c))
+        ext, sign = (self.ext, self.ext_sign) if self.ext is not None else (other.ext, other.ext_sign)
+        return Affine(coeffs, self.const + other.const, ext, sign)
+
+
+@dataclass(frozen=True)
+class Atom:
+    """`lhs - rhs <direction> 0` as an affine form, at the compare op `op`."""
+
+    diff: Affine
+    direction: str
+    value: ir.Value
+    labels: Labels
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A boolean tensor hlofuse does not read: it becomes (part of) the explicit mask operand."""
+
+    value: ir.Value
+    labels: Labels
+
+
+@dataclass
+class MaskTerms:
+    atoms: list[Atom] = field(default_factory=list)
+    opaque: list[Opaque] = field(default_factory=list)
+    always_false: bool = False
+
+
+def analyze_mask(pred: ir.Value, labels: Labels, sizes: Sizes) -> MaskTerms:
+    terms = MaskTerms()
+    _conjuncts(pred, labels, sizes, terms)
+    return terms
+
+
+def _conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: MaskTerms) -> None:
+    op = defining_op(value)
+    name = op.name if op is not None else None
+    if name == "stablehlo.constant":
+        folded = constant_scalar(value)
+        if folded is not None:
+            if not folded:
+                terms.always_false = True
+            return
+    if name == "stablehlo.and":
+        for operand in op.operands:
+            _conjuncts(operand, labels, sizes, terms)
+        return
+    if name == "stablehlo.select" and constant_scalar(op.operands[2]) == 0.0:
+        # select(p, x, false) == p & x
+        _conjuncts(op.operands[0], labels, sizes, terms)
+        _conjuncts(op.operands[1], labels, sizes, terms)
+        return
+    if name in _LAYOUT and op is not None:
+        inner = layout.backward(op, labels, sizes)
+        if inner is not None:
+            _conjuncts(op.operands[0], inner, sizes, terms)
+            return
+    atom = _atom(value, labels, sizes)
+    if atom is not None:
+        terms.atoms.append(atom)
+        return
+    terms.opaque.append(Opaque(value, labels))
+
+
+def _atom(value: ir.Value, labels: Labels, sizes: Sizes, negated: bool = False) -> Atom | None:
+    op = defining_op(value)
+    if op is None:
+        return None
+    if op.name == "stablehlo.not":
+        return _atom(op.operands[0], labels, sizes, not negated)
+    if op.name != "stablehlo.compare":
+        return None
+    direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
+    if direction not in _FLIP:
+        return None
+    lhs = _affine(op.operands[0], labels, sizes)
+    rhs = _affine(op.operands[1], labels, sizes)
+    if lhs is None or rhs is None:
+        return None
+    diff = lhs.plus(rhs.scaled(-1))
+    if diff is None:
+        return None
+    return Atom(diff, _NEGATE[direction] if negated else direction, value, labels)
+
+
+def _affine(value: ir.Value, labels: Labels, sizes: Sizes, depth: int = 24) -> Affine | None:
+    if depth == 0:
+        return None
+    vtype = value.type
+    if not isinstance(vtype, ir.RankedTensorType) or not isinstance(vtype.element_type, ir.IntegerType):
+        return None
+    op = defining_op(value)
+    name = op.name if op is not None else None
+    if name == "stablehlo.constant":
+        return _affine_constant(value, labels)
+    if name == "stablehlo.iota":
+        label = labels[ir.IntegerAttr(op.attributes["iota_dimension"]).value]
+        if len(label) > 1:
+            return None
+        return Affine(((label[0], 1),)) if label else Affine()
+    if name in _LAYOUT and op is not None:
+        inner = layout.backward(op, labels, sizes)
+        if inner is not None:
+            return _affine(op.operands[0], inner, sizes, depth - 1)
+    if name in ("stablehlo.add", "stablehlo.subtract") and op is not None:
+        a = _affine(op.operands[0], labels, sizes, depth - 1)
+        b = _affine(op.operands[1], labels, sizes, depth - 1)
+        if a is None or b is None:
+            return None
+        return a.plus(b if name == "stablehlo.add" else b.scaled(-1))
+    if name == "stablehlo.negate" and op is not None:
+        inner_affine = _affine(op.operands[0], labels, sizes, depth - 1)
+        return inner_affine.scaled(-1) if inner_affine is not None else None
+    if name == "stablehlo.multiply" and op is not None:
+        for this, other in ((0, 1), (1, 0)):
+            factor = constant_scalar(op.operands[other])
+            if factor is not None and float(factor).is_integer():
+                inner_affine = _affine(op.operands[this], labels, sizes, depth - 1)
+                return inner_affine.scaled(int(factor)) if inner_affine is not None else None
+        return None
+    # Anything else is external data: fine if it varies only along the batch.
+    if all(label in ((), ("B",)) for label in labels):
+        return Affine(ext=Ext(value, labels), ext_sign=1)
+    return None
+
+
+def _affine_constant(value: ir.Value, labels: Labels) -> Affine | None:
+    folded = constant_scalar(value)
+    if folded is not None:
+        return Affine(const=int(folded))
+    array = dense_values(value)
+    if array is None:
+        return None
+    varying = [d for d in range(array.ndim) if array.shape[d] > 1]
+    if len(varying) != 1 or len(labels[varying[0]]) != 1:
+        return None
+    axis = varying[0]
+    line = np.moveaxis(array, axis, 0).reshape(array.shape[axis], -1)[:, 0].astype(np.int64)
+    step = int(line[1] - line[0])
+    if not np.array_equal(line, line[0] + step * np.arange(len(line))):
+        return None
+    expected = np.broadcast_to(
+        (line[0] + step * np.arange(len(line))).reshape([-1 if d == axis else 1 for d in range(array.ndim)]),
+        array.shape,
+    )
+    if not np.array_equal(array, expected):
+        return None
+    return Affine(((labels[axis][0], step),), int(line[0])) if step else Affine(const=int(line[0]))

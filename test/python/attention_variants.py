@@ -1,0 +1,268 @@
+"""A catalogue of attention as people write it in JAX: one entry per variant the fusion must cover.
+
+Each variant is a function of (q, k, v, *extras) plus the shapes and dtypes to lower it with, and how
+many attention sites it holds. The end-to-end tests jit each one with and without hlofuse; the lit
+tests are generated from the same entries (tools/gen_lit_attention.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+B, T, N, K, H = 2, 16, 4, 2, 8
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    fn: Callable[..., Any]
+    shapes: tuple[tuple[tuple[int, ...], Any], ...]
+    sites: int = 1
+    expect: dict[str, Any] = field(default_factory=dict)  # composite attributes the fusion must infer
+
+    def args(self, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        out = []
+        for shape, dtype in self.shapes:
+            if dtype == jnp.bool_:
+                out.append(rng.random(shape) > 0.3)
+            elif jnp.issubdtype(dtype, jnp.integer):
+                out.append(rng.integers(1, T + 1, size=shape).astype(dtype))
+            else:
+                out.append(rng.standard_normal(shape).astype(dtype))
+        return out
+
+
+def _qkv(t: int = T, s: int = T, n: int = N, k: int = N, dtype: Any = jnp.float32,  # noqa: ANN401
+         h: int = H) -> tuple[tuple[tuple[int, ...], Any], ...]:
+    return (((B, t, n, h), dtype), ((B, s, k, h), dtype), ((B, s, k, h), dtype))
+
+
+def _softmax_attend(s: jax.Array, v: jax.Array) -> jax.Array:
+    return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, axis=-1), v)
+
+
+def _logits(q: jax.Array, k: jax.Array) -> jax.Array:
+    return jnp.einsum("btnh,bsnh->bnts", q, k)
+
+
+def plain_divide_sqrt(q, k, v):
+    return _softmax_attend(_logits(q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype), v)
+
+
+def multiply_constant(q, k, v):
+    return _softmax_attend(_logits(q, k) * 0.125, v)
+
+
+def prescaled_query(q, k, v):
+    return _softmax_attend(_logits(q * (q.shape[-1] ** -0.5), k), v)
+
+
+def no_scale(q, k, v):
+    return _softmax_attend(_logits(q, k), v)
+
+
+def causal_tril_inf(q, k, v):
+    s = _logits(q, k) / np.sqrt(q.shape[-1])
+    mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    return _softmax_attend(jnp.where(mask, s, -jnp.inf), v)
+
+
+def causal_finfo_min(q, k, v):
+    s = _logits(q, k) * 0.3
+    rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    return _softmax_attend(jnp.where(cols <= rows, s, jnp.finfo(s.dtype).min), v)
+
+
+def causal_large_negative(q, k, v):
+    s = _logits(q, k) * 0.3
+    mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    return _softmax_attend(jnp.where(mask, s, -1e9), v)
+
+
+def sliding_window(q, k, v):
+    s = _logits(q, k) * 0.3
+    rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    visible = (cols <= rows) & (rows - cols < 4)
+    return _softmax_attend(jnp.where(visible, s, -jnp.inf), v)
+
+
+def two_sided_window(q, k, v):
+    s = _logits(q, k) * 0.3
+    rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    visible = jnp.abs(rows - cols) <= 3
+    return _softmax_attend(jnp.where(visible, s, -jnp.inf), v)
+
+
+def boolean_mask(q, k, v, mask):
+    return _softmax_attend(jnp.where(mask[:, None], _logits(q, k) * 0.3, -jnp.inf), v)
+
+
+def additive_bias(q, k, v, bias):
+    return _softmax_attend(_logits(q, k) * 0.3 + bias, v)
+
+
+def causal_and_padding(q, k, v, kv_len):
+    s = _logits(q, k) * 0.3
+    rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    causal = cols <= rows
+    padding = jnp.arange(k.shape[1])[None, :] < kv_len[:, None]
+    visible = causal[None, None] & padding[:, None, None, :]
+    return _softmax_attend(jnp.where(visible, s, jnp.finfo(jnp.float32).min), v)
+
+
+def softcap(q, k, v):
+    s = _logits(q, k) * 0.3
+    s = jnp.tanh(s / 20.0) * 20.0
+    mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    return _softmax_attend(jnp.where(mask, s, -jnp.inf), v)
+
+
+def gqa_repeat(q, k, v):
+    groups = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    return _softmax_attend(_logits(q, k) * 0.3, v)
+
+
+def gqa_grouped_einsum(q, k, v):
+    b, t, n, h = q.shape
+    kv = k.shape[2]
+    qg = q.reshape(b, t, kv, n // kv, h)
+    s = jnp.einsum("btkgh,bskh->bkgts", qg, k) * 0.3
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bkgts,bskh->btkgh", p, v).reshape(b, t, n, h)
+
+
+def bnth_layout(q, k, v):
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # B N T H
+    s = jnp.einsum("bnth,bnsh->bnts", q, k) * 0.3
+    out = jnp.einsum("bnts,bnsh->bnth", jax.nn.softmax(s, axis=-1), v)
+    return out.transpose(0, 2, 1, 3)
+
+
+def matmul_style(q, k, v):
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))
+    s = (q @ k.swapaxes(-1, -2)) * 0.3
+    return (jax.nn.softmax(s, axis=-1) @ v).transpose(0, 2, 1, 3)
+
+
+def bf16_f32_softmax(q, k, v):
+    s = _logits(q, k).astype(jnp.float32) * 0.3
+    p = jax.nn.softmax(s, axis=-1).astype(v.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", p, v)
+
+
+def all_bf16(q, k, v):
+    return _softmax_attend(_logits(q, k) * jnp.bfloat16(0.3), v)
+
+
+def decode_with_cache(q, k, v, cache_len):
+    # one query against a cache of S slots, valid up to cache_len[b]
+    s = _logits(q, k) * 0.3
+    valid = jnp.arange(k.shape[1])[None, :] < cache_len[:, None]
+    return _softmax_attend(jnp.where(valid[:, None, None, :], s, -1e30), v)
+
+
+def nn_dot_product_attention(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v)
+
+
+def nn_causal_gqa(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+
+
+def nn_bias_lengths_window(q, k, v, bias, kv_len):
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, key_value_seq_lengths=kv_len,
+                                        local_window_size=(3, 0), is_causal=True)
+
+
+def nn_query_lengths(q, k, v, q_len, kv_len):
+    return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=q_len, key_value_seq_lengths=kv_len)
+
+
+def nn_mask(q, k, v, mask):
+    return jax.nn.dot_product_attention(q, k, v, mask=mask)
+
+
+def two_layers(q, k, v):
+    x = causal_tril_inf(q, k, v)
+    return causal_tril_inf(x, k, v)
+
+
+def scan_layers(q, k, v):
+    def layer(x, _):
+        return causal_tril_inf(x, k, v), None
+
+    out, _ = jax.lax.scan(layer, q, None, length=3)
+    return out
+
+
+def no_match_softmax_without_dot(q, k, v):
+    return jax.nn.softmax(q, axis=-1) + k
+
+
+def no_match_probs_escape(q, k, v):
+    s = _logits(q, k) * 0.3
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", p, v), p
+
+
+def no_match_grad(q, k, v):
+    return jax.grad(lambda q: causal_tril_inf(q, k, v).sum())(q)
+
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+I32, BOOL = jnp.int32, jnp.bool_
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("plain_divide_sqrt", plain_divide_sqrt, _qkv(), expect={"scale": 8**-0.5}),
+    Variant("multiply_constant", multiply_constant, _qkv(), expect={"scale": 0.125}),
+    Variant("prescaled_query", prescaled_query, _qkv(), expect={"scale": 8**-0.5}),
+    Variant("no_scale", no_scale, _qkv(), expect={"scale": 1.0}),
+    Variant("causal_tril_inf", causal_tril_inf, _qkv(), expect={"causal": True, "q_offset": 0}),
+    Variant("causal_finfo_min", causal_finfo_min, _qkv(), expect={"causal": True}),
+    Variant("causal_large_negative", causal_large_negative, _qkv(), expect={"causal": True, "masked_value": -1e9}),
+    Variant("causal_bottom_right", causal_tril_inf, _qkv(t=4, s=T), expect={"causal": True, "q_offset": 0}),
+    Variant("sliding_window", sliding_window, _qkv(), expect={"causal": True, "window_left": 3}),
+    Variant("two_sided_window", two_sided_window, _qkv(),
+            expect={"causal": True, "q_offset": 3, "window_left": 6}),
+    Variant("boolean_mask", boolean_mask, _qkv() + (((B, T, T), BOOL),), expect={"mask_kind": "boolean"}),
+    Variant("additive_bias", additive_bias, _qkv() + (((B, N, T, T), F32),), expect={"mask_kind": "additive"}),
+    Variant("causal_and_padding", causal_and_padding, _qkv() + (((B,), I32),),
+            expect={"causal": True, "mask_kind": "lengths"}),
+    Variant("softcap", softcap, _qkv(), expect={"softcap": 20.0, "causal": True}),
+    Variant("gqa_repeat", gqa_repeat, _qkv(k=K), expect={"num_heads": N, "num_kv_heads": K}),
+    Variant("mqa_repeat", gqa_repeat, _qkv(k=1), expect={"num_heads": N, "num_kv_heads": 1}),
+    Variant("gqa_grouped_einsum", gqa_grouped_einsum, _qkv(k=K), expect={"num_heads": N, "num_kv_heads": K}),
+    Variant("bnth_layout", bnth_layout, _qkv()),
+    Variant("matmul_style", matmul_style, _qkv()),
+    Variant("bf16_f32_softmax", bf16_f32_softmax, _qkv(dtype=BF16)),
+    Variant("all_bf16", all_bf16, _qkv(dtype=BF16)),
+    Variant("f16_f32_softmax", bf16_f32_softmax, _qkv(dtype=jnp.float16)),
+    Variant("decode_with_cache", decode_with_cache, _qkv(t=1, s=64) + (((B,), I32),),
+            expect={"decode": True, "mask_kind": "lengths"}),
+    Variant("nn_dot_product_attention", nn_dot_product_attention, _qkv()),
+    Variant("nn_causal_gqa", nn_causal_gqa, _qkv(k=K), expect={"causal": True, "num_kv_heads": K}),
+    Variant("nn_causal_gqa_bf16", nn_causal_gqa, _qkv(k=K, dtype=BF16), expect={"causal": True}),
+    Variant("nn_bias_lengths_window", nn_bias_lengths_window, _qkv(k=K) + (((B, N, T, T), F32), ((B,), I32)),
+            expect={"causal": True, "window_left": 3, "mask_kind": "additive+lengths"}),
+    Variant("nn_query_lengths", nn_query_lengths, _qkv() + (((B,), I32), ((B,), I32)),
+            expect={"mask_kind": "lengths"}),
+    Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
+    Variant("two_layers", two_layers, _qkv(), sites=2),
+    Variant("scan_layers", scan_layers, _qkv(), sites=1),
+    Variant("no_match_softmax_without_dot", no_match_softmax_without_dot, _qkv(), sites=0),
+    Variant("no_match_probs_escape", no_match_probs_escape, _qkv(), sites=0),
+    Variant("no_match_grad", no_match_grad, _qkv(), sites=0),
+)
+
+
+def lower(variant: Variant) -> Any:  # noqa: ANN401
+    specs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in variant.shapes]
+    return jax.jit(variant.fn).lower(*specs)
