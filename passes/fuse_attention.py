@@ -43,7 +43,8 @@ COMPOSITE_VERSION = 1
 UNBOUNDED = -1
 DECODE_MAX_QUERIES = 8
 
-BROADCASTS = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
+BROADCASTS = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert")
+CONVERTS = ("stablehlo.convert",)
 
 
 class NoMatch(Exception):
@@ -63,16 +64,30 @@ def _reduces_with(body_op: str, capture: str) -> Any:  # noqa: ANN401
     return check
 
 
-REDUCE_MAX = P("stablehlo.reduce", P.any("logits"), P.const(), name="max_reduce",
+REDUCE_MAX = P("stablehlo.reduce", P.any("max_input"), P.const(), name="max_reduce",
                where=_reduces_with("stablehlo.maximum", "max_reduce"))
 # jax.nn.softmax clamps the row max with -inf: maximum(broadcast(-inf), reduce_max(x)).
-ROW_MAX = P.through(BROADCASTS, P.one_of(
+ROW_MAX = P.through(BROADCASTS + ("stablehlo.transpose",), P.one_of(
     P.commutative("stablehlo.maximum", P.through(BROADCASTS, P.const()), REDUCE_MAX), REDUCE_MAX))
-EXP = P("stablehlo.exponential", P("stablehlo.subtract", P.any("logits"), ROW_MAX), name="exp")
-ROW_SUM = P.through(BROADCASTS, P("stablehlo.reduce", P.any("exp"), P.const(0.0), name="sum_reduce",
-                                  where=_reduces_with("stablehlo.add", "sum_reduce")))
+SHIFTED_EXP = P("stablehlo.exponential", P("stablehlo.subtract", P.any("logits"), ROW_MAX), name="exp")
+ROW_SUM = P.through(BROADCASTS, P("stablehlo.reduce", P.through(CONVERTS, P.any("exp")), P.const(0.0),
+                                  name="sum_reduce", where=_reduces_with("stablehlo.add", "sum_reduce")))
+
+
+def _max_over_same_dim(captures: dict[str, Any]) -> bool:
+    """The row max must reduce the logits' key dim, possibly seen through one transpose."""
+    logits, max_input = captures["logits"], captures["max_input"]
+    key_dim, max_dim = _reduce_dim(captures["sum_reduce"]), _reduce_dim(captures["max_reduce"])
+    if logits == max_input:
+        return key_dim == max_dim
+    op = defining_op(logits)
+    if op is not None and op.name == "stablehlo.transpose" and op.operands[0] == max_input:
+        return list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))[key_dim] == max_dim
+    return False
+
+
 # softmax(x) = exp(x - max x) / sum exp(x - max x)
-SOFTMAX = P("stablehlo.divide", EXP, ROW_SUM, name="probs")
+SOFTMAX = P("stablehlo.divide", SHIFTED_EXP, ROW_SUM, name="probs", where=_max_over_same_dim)
 
 
 def _reduce_dim(value: ir.Value) -> int:
@@ -311,9 +326,7 @@ def _probs_to_pv(probs: ir.Value) -> tuple[list[ir.Operation], ir.Operation, ir.
 
 def analyze(probs: ir.Value, captures: dict[str, Any]) -> Site:
     logits = captures["logits"]
-    reduce_dim = _reduce_dim(captures["max_reduce"])
-    if reduce_dim != _reduce_dim(captures["sum_reduce"]):
-        raise NoMatch("max and sum reduce over different dims")
+    reduce_dim = _reduce_dim(captures["sum_reduce"])
     pv_chain, pv_dot, p_operand = _probs_to_pv(probs)
     qk_dot, stages = _logit_stages(logits)
     _check_stage_order(stages)
@@ -715,18 +728,23 @@ def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir
                                   f"({use.owner.operation.name}), e.g. a backward pass")
 
 
-def _find_softmaxes(module: ir.Operation) -> list[tuple[ir.Value, dict[str, Any]]]:
+def _find_softmaxes(module: ir.Operation) -> tuple[list[tuple[ir.Value, dict[str, Any]]], list[ir.Operation]]:
+    """Matched softmaxes, and row-max-shifted exps that are not inside one (near-misses)."""
     found: list[tuple[ir.Value, dict[str, Any]]] = []
+    shifted_exps: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "stablehlo.divide":
             captures = match(SOFTMAX, op.results[0])
             if captures is not None:
                 found.append((op.results[0], captures))
+        elif op.name == "stablehlo.exponential" and match(SHIFTED_EXP, op.results[0]) is not None:
+            shifted_exps.append(op)
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
-    return found
+    in_softmax = {defining_op(captures["exp"]) for _, captures in found}
+    return found, [op for op in shifted_exps if op not in in_softmax]
 
 
 @dataclass(frozen=True)
@@ -737,7 +755,12 @@ class FuseAttentionPass(ModulePass):
     summary: ClassVar[str] = "Raise softmax(q·kᵀ)·v subgraphs to hlofuse.attention composites"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
-        for probs, captures in _find_softmaxes(module):
+        softmaxes, near_misses = _find_softmaxes(module)
+        for exp in near_misses:
+            state.remark(exp, "exp(x - max(x)) is not normalised by a divide into a softmax that feeds a dot "
+                              "(e.g. a backward pass, or a log-softmax); not fused")
+            state.count("attention_not_fused")
+        for probs, captures in softmaxes:
             try:
                 site = analyze(probs, captures)
                 with site.pv_dot.location:

@@ -39,8 +39,14 @@ class Variant:
         return out
 
 
-def _qkv(t: int = T, s: int = T, n: int = N, k: int = N, dtype: Any = jnp.float32,  # noqa: ANN401
-         h: int = H) -> tuple[tuple[tuple[int, ...], Any], ...]:
+def _qkv(
+    t: int = T,
+    s: int = T,
+    n: int = N,
+    k: int = N,
+    dtype: Any = jnp.float32,  # noqa: ANN401
+    h: int = H,
+) -> tuple[tuple[tuple[int, ...], Any], ...]:
     return (((B, t, n, h), dtype), ((B, s, k, h), dtype), ((B, s, k, h), dtype))
 
 
@@ -96,7 +102,7 @@ def sliding_window(q, k, v):
 def two_sided_window(q, k, v):
     s = _logits(q, k) * 0.3
     rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
-    visible = jnp.abs(rows - cols) <= 3
+    visible = (cols - rows <= 3) & (rows - cols <= 3)
     return _softmax_attend(jnp.where(visible, s, -jnp.inf), v)
 
 
@@ -178,8 +184,9 @@ def nn_causal_gqa(q, k, v):
 
 
 def nn_bias_lengths_window(q, k, v, bias, kv_len):
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, key_value_seq_lengths=kv_len,
-                                        local_window_size=(3, 0), is_causal=True)
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=bias, key_value_seq_lengths=kv_len, local_window_size=(3, 0), is_causal=True
+    )
 
 
 def nn_query_lengths(q, k, v, q_len, kv_len):
@@ -227,15 +234,24 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("no_scale", no_scale, _qkv(), expect={"scale": 1.0}),
     Variant("causal_tril_inf", causal_tril_inf, _qkv(), expect={"causal": True, "q_offset": 0}),
     Variant("causal_finfo_min", causal_finfo_min, _qkv(), expect={"causal": True}),
-    Variant("causal_large_negative", causal_large_negative, _qkv(), expect={"causal": True, "masked_value": -1e9}),
+    Variant(
+        "causal_large_negative", causal_large_negative, _qkv(), expect={"causal": True, "masked_value": -1e9}
+    ),
     Variant("causal_bottom_right", causal_tril_inf, _qkv(t=4, s=T), expect={"causal": True, "q_offset": 0}),
     Variant("sliding_window", sliding_window, _qkv(), expect={"causal": True, "window_left": 3}),
-    Variant("two_sided_window", two_sided_window, _qkv(),
-            expect={"causal": True, "q_offset": 3, "window_left": 6}),
+    Variant(
+        "two_sided_window", two_sided_window, _qkv(), expect={"causal": True, "q_offset": 3, "window_left": 6}
+    ),
     Variant("boolean_mask", boolean_mask, _qkv() + (((B, T, T), BOOL),), expect={"mask_kind": "boolean"}),
-    Variant("additive_bias", additive_bias, _qkv() + (((B, N, T, T), F32),), expect={"mask_kind": "additive"}),
-    Variant("causal_and_padding", causal_and_padding, _qkv() + (((B,), I32),),
-            expect={"causal": True, "mask_kind": "lengths"}),
+    Variant(
+        "additive_bias", additive_bias, _qkv() + (((B, N, T, T), F32),), expect={"mask_kind": "additive"}
+    ),
+    Variant(
+        "causal_and_padding",
+        causal_and_padding,
+        _qkv() + (((B,), I32),),
+        expect={"causal": True, "mask_kind": "lengths"},
+    ),
     Variant("softcap", softcap, _qkv(), expect={"softcap": 20.0, "causal": True}),
     Variant("gqa_repeat", gqa_repeat, _qkv(k=K), expect={"num_heads": N, "num_kv_heads": K}),
     Variant("mqa_repeat", gqa_repeat, _qkv(k=1), expect={"num_heads": N, "num_kv_heads": 1}),
@@ -245,15 +261,27 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("bf16_f32_softmax", bf16_f32_softmax, _qkv(dtype=BF16)),
     Variant("all_bf16", all_bf16, _qkv(dtype=BF16)),
     Variant("f16_f32_softmax", bf16_f32_softmax, _qkv(dtype=jnp.float16)),
-    Variant("decode_with_cache", decode_with_cache, _qkv(t=1, s=64) + (((B,), I32),),
-            expect={"decode": True, "mask_kind": "lengths"}),
+    Variant(
+        "decode_with_cache",
+        decode_with_cache,
+        _qkv(t=1, s=64) + (((B,), I32),),
+        expect={"decode": True, "mask_kind": "lengths"},
+    ),
     Variant("nn_dot_product_attention", nn_dot_product_attention, _qkv()),
     Variant("nn_causal_gqa", nn_causal_gqa, _qkv(k=K), expect={"causal": True, "num_kv_heads": K}),
     Variant("nn_causal_gqa_bf16", nn_causal_gqa, _qkv(k=K, dtype=BF16), expect={"causal": True}),
-    Variant("nn_bias_lengths_window", nn_bias_lengths_window, _qkv(k=K) + (((B, N, T, T), F32), ((B,), I32)),
-            expect={"causal": True, "window_left": 3, "mask_kind": "additive+lengths"}),
-    Variant("nn_query_lengths", nn_query_lengths, _qkv() + (((B,), I32), ((B,), I32)),
-            expect={"mask_kind": "lengths"}),
+    Variant(
+        "nn_bias_lengths_window",
+        nn_bias_lengths_window,
+        _qkv(k=K) + (((B, N, T, T), F32), ((B,), I32)),
+        expect={"causal": True, "window_left": 3, "mask_kind": "additive+lengths"},
+    ),
+    Variant(
+        "nn_query_lengths",
+        nn_query_lengths,
+        _qkv() + (((B,), I32), ((B,), I32)),
+        expect={"mask_kind": "lengths"},
+    ),
     Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
     Variant("two_layers", two_layers, _qkv(), sites=2),
     Variant("scan_layers", scan_layers, _qkv(), sites=1),
