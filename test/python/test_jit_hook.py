@@ -366,20 +366,31 @@ def test_persistent_cache_key_covers_hlofuse(persistent_cache):
     assert entries() == 3 and len(hits) == 2, "a fallback compiles exactly the plain program"
 
 
-def test_cache_key_hook_chains_the_previous_one(monkeypatch):
+def test_cache_key_hook_chains_the_previous_one():
     hjax.uninstall()
-    monkeypatch.setattr(cache_key, "custom_hook", lambda: "user-salt")
     try:
-        hjax.install()
-        assert cache_key.custom_hook() == "user-salt"
-        salt = hook.cache_salt(hook.HookOptions(CANON, None, False), "cpu")
-        assert hlofuse.__version__ in salt and CANON in salt and "cpu" in salt
-        hook._local.salt = salt
-        assert cache_key.custom_hook() == f"user-salt|{salt}"
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(cache_key, "custom_hook", lambda: "user-salt")
+            hjax.install()
+            assert cache_key.custom_hook() == "user-salt"
+            salt = hook.cache_salt(hook.HookOptions(CANON, None, False), "cpu")
+            assert hlofuse.__version__ in salt and CANON in salt and "cpu" in salt
+            hook._local.salt = salt
+            assert cache_key.custom_hook() == f"user-salt|{salt}"
+            hook._local.salt = None
+            hjax.uninstall()
+            assert cache_key.custom_hook() == "user-salt"
     finally:
         hook._local.salt = None
-        hjax.uninstall()
-    assert cache_key.custom_hook() == "user-salt"
+        hjax.install()
+    assert hjax.is_installed() and cache_key.custom_hook() == ""
+
+
+def test_install_restores_a_clobbered_cache_key_hook(monkeypatch):
+    monkeypatch.setattr(cache_key, "custom_hook", lambda: "")
+    assert not hjax.is_installed()
+    hjax.install()
+    assert hjax.is_installed()
 
 
 # ----------------------------------------------------------------------------- threads
@@ -406,21 +417,22 @@ def test_concurrent_compiles_from_threads():
 # ----------------------------------------------------------------------------- version guard
 
 
-def test_untested_jax_warns_once_and_does_not_install(monkeypatch):
+def test_untested_jax_warns_once_and_does_not_install():
     hjax.uninstall()
-    monkeypatch.setattr(jax, "__version__", "0.99.0")
-    monkeypatch.setattr(plugin, "_warned", False)
-    assert any("0.99.0" in problem for problem in hook.check_hook_points())
-    with pytest.warns(RuntimeWarning, match="not installed.*0.99.0"):
-        plugin.initialize()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        plugin.initialize()
-    assert not hjax.is_installed()
-    with pytest.raises(hjax.HlofuseHookError):
-        hjax.install()
-    monkeypatch.setenv("HLOFUSE_ALLOW_UNTESTED_JAX", "1")
-    assert hook.check_hook_points() == []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "__version__", "0.99.0")
+        patch.setattr(plugin, "_warned", False)
+        assert any("0.99.0" in problem for problem in hook.check_hook_points())
+        with pytest.warns(RuntimeWarning, match="not installed.*0.99.0"):
+            plugin.initialize()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            plugin.initialize()
+        assert not hjax.is_installed()
+        with pytest.raises(hjax.HlofuseHookError):
+            hjax.install()
+        patch.setenv("HLOFUSE_ALLOW_UNTESTED_JAX", "1")
+        assert hook.check_hook_points() == []
 
 
 def test_moved_hook_point_is_detected():

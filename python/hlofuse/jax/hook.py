@@ -383,14 +383,33 @@ _install_lock = threading.Lock()
 _patched: list[tuple[Any, str, Any]] = []
 
 
-def is_installed() -> bool:
+def _compile_hooked() -> bool:
     from jax._src import compiler
 
     return hasattr(compiler.compile_or_get_cached, "_hlofuse_original")
 
 
+def _cache_key_hooked() -> bool:
+    from jax._src import cache_key
+
+    hook: Any = getattr(cache_key, "custom_hook", None)
+    while hook is not None:  # ours may sit anywhere in a chain of wrappers that kept a reference
+        if hasattr(hook, "_hlofuse_previous"):
+            return True
+        hook = getattr(hook, "__wrapped__", None)
+    return False
+
+
+def is_installed() -> bool:
+    """Whether both the compile wrapper and the cache-key hook are in place."""
+    return _compile_hooked() and _cache_key_hooked()
+
+
 def install() -> None:
-    """Installs the compile hook; a second call does nothing. Raises HlofuseHookError on untested jax."""
+    """Installs the compile hook; calling it again does nothing. Raises HlofuseHookError on untested jax.
+
+    Also re-installs a part someone else replaced since (say, a later `cache_key.custom_hook = ...`).
+    """
     with _install_lock:
         if is_installed():
             return
@@ -399,18 +418,20 @@ def install() -> None:
             raise HlofuseHookError("hlofuse cannot hook jax.jit: " + "; ".join(problems))
         from jax._src import cache_key, compiler
 
-        original = compiler.compile_or_get_cached
-        wrapper = _make_wrapper(original)
-        # Patch the defining module and any module that bound the function by a from-import.
-        for module in list(sys.modules.values()):
-            name = getattr(module, "__name__", "")
-            if not (name == "jax" or name.startswith(("jax.", "jaxlib."))):
-                continue
-            if vars(module).get("compile_or_get_cached") is original:
-                _patched.append((module, "compile_or_get_cached", original))
-                module.compile_or_get_cached = wrapper  # type: ignore[attr-defined]
-        _patched.append((cache_key, "custom_hook", cache_key.custom_hook))
-        cache_key.custom_hook = _make_cache_key_hook(cache_key.custom_hook)
+        if not _compile_hooked():
+            original = compiler.compile_or_get_cached
+            wrapper = _make_wrapper(original)
+            # Patch the defining module and any module that bound the function by a from-import.
+            for module in list(sys.modules.values()):
+                name = getattr(module, "__name__", "")
+                if not (name == "jax" or name.startswith(("jax.", "jaxlib."))):
+                    continue
+                if vars(module).get("compile_or_get_cached") is original:
+                    _patched.append((module, "compile_or_get_cached", original))
+                    module.compile_or_get_cached = wrapper  # type: ignore[attr-defined]
+        if not _cache_key_hooked():
+            _patched.append((cache_key, "custom_hook", cache_key.custom_hook))
+            cache_key.custom_hook = _make_cache_key_hook(cache_key.custom_hook)
         logger.debug("hlofuse: compile hook installed (%d bindings)", len(_patched))
 
 
