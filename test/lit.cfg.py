@@ -37,7 +37,9 @@ def tool(name: str) -> str:
 
 
 config.substitutions.append(("%python", f'"{python}"'))
-config.substitutions.append((tool("hlofuse-opt"), f'"{python}" "{os.path.join(REPO, "tools", "hlofuse-opt")}"'))
+config.substitutions.append(
+    (tool("hlofuse-opt"), f'"{python}" "{os.path.join(REPO, "tools", "hlofuse-opt")}"')
+)
 config.substitutions.append((tool("FileCheck"), f"{filecheck_cmd} --enable-var-scope"))
 config.substitutions.append((tool("filecheck"), f"{filecheck_cmd} --enable-var-scope"))
 

@@ -117,8 +117,12 @@ def _is_name(payload: bytes) -> bool:
     return len(text) < 1024 and text.isprintable()
 
 
+_CONTROL = re.compile(rb"[\x00-\x08\x0e-\x1f]")
+
+
 def _as_text(data: bytes) -> str | None:
-    if b"\x00" in data[:4096]:
+    """`data` decoded, if it is text: UTF-8 without control bytes (which protos and flatbuffers have)."""
+    if _CONTROL.search(data, 0, 4096):
         return None
     try:
         return data.decode("utf-8")
