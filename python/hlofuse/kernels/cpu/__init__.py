@@ -1,0 +1,80 @@
+"""Native CPU kernels behind XLA's FFI (C++ in this folder, built by its CMakeLists.txt).
+
+`register()` loads the shared library and registers every `hlofuse_*` target for the CPU platform.
+The library is looked up next to this file (the installed wheel), then at the path in the
+HLOFUSE_CPU_KERNELS_LIB environment variable (a scratch cmake build during development).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+import jax
+
+TARGETS = ("hlofuse_attention",)
+LIB_ENV = "HLOFUSE_CPU_KERNELS_LIB"
+_LIB_NAMES = ("libhlofuse_cpu_kernels.so", "libhlofuse_cpu_kernels.dylib", "hlofuse_cpu_kernels.dll")
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_registered = False
+
+
+def library_path() -> Path | None:
+    """Where the kernel library is: next to this package, else $HLOFUSE_CPU_KERNELS_LIB; None if absent."""
+    here = Path(__file__).resolve().parent
+    for name in _LIB_NAMES:
+        if (here / name).is_file():
+            return here / name
+    env = os.environ.get(LIB_ENV)
+    if env and Path(env).is_file():
+        return Path(env)
+    return None
+
+
+def _load() -> ctypes.CDLL:
+    global _lib
+    if _lib is None:
+        path = library_path()
+        if path is None:
+            raise RuntimeError(
+                f"hlofuse CPU kernel library not found next to {__file__} or at ${LIB_ENV}; build it with cmake"
+            )
+        _lib = ctypes.cdll.LoadLibrary(str(path))
+    return _lib
+
+
+def is_available() -> bool:
+    """True when the kernel library exists and loads."""
+    try:
+        _load()
+    except (RuntimeError, OSError):
+        return False
+    return True
+
+
+def register() -> None:
+    """Loads the library and registers each `hlofuse_*` FFI target for the CPU (idempotent, thread-safe)."""
+    global _registered
+    if _registered:
+        return
+    with _lock:
+        if _registered:
+            return
+        lib = _load()
+        for name in TARGETS:
+            jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+        _registered = True
+
+
+def isa() -> str:
+    """The vector ISA the kernels pick on this CPU: "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
+    fn = _load().hlofuse_cpu_isa
+    fn.restype = ctypes.c_char_p
+    return fn().decode()
+
+
+__all__ = ["LIB_ENV", "TARGETS", "is_available", "isa", "library_path", "register"]

@@ -1,0 +1,256 @@
+// XLA FFI handler `hlofuse_attention`: decodes the call, plans the tiles and runs the kernel of the
+// best ISA this CPU supports on XLA's intra-op thread pool.
+//
+// Operands: q (B,T,N,H), k (B,S,K,H), v (B,S,K,D), then the optional operands that are present,
+// in this order: bias (B|1,N|1,T|1,S|1) f32|bf16, mask (same broadcast) pred, q_lengths (B,) s32,
+// kv_lengths (B,) s32. The has_bias / has_mask / has_q_lengths / has_kv_lengths attributes say
+// which are present. Result: (B,T,N,D) in q's dtype.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "attention_kernel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace hlofuse::cpu {
+namespace {
+
+//===--- ISA selection ---------------------------------------------------------------------===//
+
+bool CpuHasAvx512() {
+#if defined(HLOFUSE_HAVE_X86_KERNELS)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
+
+bool CpuHasAvx2() {
+#if defined(HLOFUSE_HAVE_X86_KERNELS)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// The best kernel this CPU runs; HLOFUSE_CPU_ISA=avx512|avx2|generic asks for a lower one.
+KernelTable SelectKernels() {
+  const char* env = std::getenv("HLOFUSE_CPU_ISA");
+  const std::string_view want = env ? env : "";
+#if defined(HLOFUSE_HAVE_X86_KERNELS)
+  if (CpuHasAvx512() && (want.empty() || want == "avx512")) return Avx512Kernels();
+  if (CpuHasAvx2() && (want.empty() || want == "avx512" || want == "avx2")) return Avx2Kernels();
+#endif
+  return GenericKernels();
+}
+
+//===--- Thread pool -----------------------------------------------------------------------===//
+
+// Items are claimed from an atomic counter by the calling thread and by helpers scheduled on
+// XLA's pool; the caller returns once every item is done. A helper that starts late finds no
+// work and only touches the shared job, which it keeps alive.
+struct ParallelJob {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  int64_t n = 0;
+  int64_t scratch_floats = 0;
+  std::function<void(int64_t, float*)> fn;
+  std::mutex mu;
+  std::condition_variable cv;
+
+  void Work() {
+    float* scratch = nullptr;
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
+      if (!scratch) {
+        const size_t bytes = (static_cast<size_t>(scratch_floats) * sizeof(float) + 63) / 64 * 64;
+        scratch = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
+      }
+      fn(i, scratch);
+      if (done.fetch_add(1) + 1 == n) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
+    }
+    std::free(scratch);
+  }
+};
+
+void ParallelFor(ffi::ThreadPool& pool, int64_t threads, int64_t n, int64_t scratch_floats,
+                 std::function<void(int64_t, float*)> fn) {
+  if (n <= 0) return;
+  auto job = std::make_shared<ParallelJob>();
+  job->n = n;
+  job->scratch_floats = scratch_floats;
+  job->fn = std::move(fn);
+  const int64_t helpers = std::min(threads, n) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { job->Work(); });
+  job->Work();
+  std::unique_lock<std::mutex> lock(job->mu);
+  job->cv.wait(lock, [&] { return job->done.load() == n; });
+}
+
+//===--- Decoding --------------------------------------------------------------------------===//
+
+bool ElemTypeOf(ffi::DataType t, ElemType* out) {
+  if (t == ffi::DataType::F32) return *out = ElemType::kF32, true;
+  if (t == ffi::DataType::BF16) return *out = ElemType::kBF16, true;
+  return false;
+}
+
+std::string DimsStr(ffi::Span<const int64_t> dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + ")";
+}
+
+// Strides (in elements) of a (B|1, N|1, T|1, S|1) operand, 0 on broadcast dims.
+ffi::Error BroadcastStrides(const char* what, ffi::AnyBuffer buf, const int64_t full[4], int64_t strides[4]) {
+  auto dims = buf.dimensions();
+  if (dims.size() != 4) return ffi::Error::InvalidArgument(std::string(what) + " must be rank 4, got " + DimsStr(dims));
+  int64_t stride = 1;
+  for (int i = 3; i >= 0; --i) {
+    if (dims[i] != 1 && dims[i] != full[i])
+      return ffi::Error::InvalidArgument(std::string(what) + " dims " + DimsStr(dims) +
+                                         " do not broadcast to (B,N,T,S)");
+    strides[i] = dims[i] == 1 ? 0 : stride;
+    stride *= dims[i];
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                     ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> out, float scale, bool causal,
+                     int64_t window_left, int64_t window_right, int64_t q_offset, float softcap,
+                     float masked_value, bool has_bias, bool has_mask, bool has_q_lengths, bool has_kv_lengths,
+                     int64_t block_q, int64_t block_k, int64_t kv_splits) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), od = out->dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || od.size() != 4)
+    return ffi::Error::InvalidArgument("q, k, v and out must be rank 4");
+  AttentionArgs a{};
+  a.B = qd[0], a.T = qd[1], a.N = qd[2], a.H = qd[3];
+  a.S = kd[1], a.K = kd[2], a.D = vd[3];
+  if (kd[0] != a.B || kd[3] != a.H || vd[0] != a.B || vd[1] != a.S || vd[2] != a.K)
+    return ffi::Error::InvalidArgument("k " + DimsStr(kd) + " / v " + DimsStr(vd) + " do not match q " + DimsStr(qd));
+  if (a.K == 0 || a.N % a.K != 0)
+    return ffi::Error::InvalidArgument("N=" + std::to_string(a.N) + " is not a multiple of K=" + std::to_string(a.K));
+  if (od[0] != a.B || od[1] != a.T || od[2] != a.N || od[3] != a.D)
+    return ffi::Error::InvalidArgument("out " + DimsStr(od) + " is not (B,T,N,D)");
+  if (!ElemTypeOf(q.element_type(), &a.dtype) || k.element_type() != q.element_type() ||
+      v.element_type() != q.element_type() || out->element_type() != q.element_type())
+    return ffi::Error::InvalidArgument("q, k, v and out must all be f32 or all bf16");
+  a.q = q.untyped_data(), a.k = k.untyped_data(), a.v = v.untyped_data(), a.out = out->untyped_data();
+
+  const int64_t full[4] = {a.B, a.N, a.T, a.S};
+  size_t next = 0;
+  auto take = [&](const char* what) -> ffi::ErrorOr<ffi::AnyBuffer> {
+    if (next >= optional.size()) return ffi::Unexpected(ffi::Error::InvalidArgument(std::string("missing ") + what));
+    return optional.get<ffi::AnyBuffer>(next++);
+  };
+  if (has_bias) {
+    auto buf = take("bias");
+    if (!buf.has_value()) return buf.error();
+    if (!ElemTypeOf(buf->element_type(), &a.bias_dtype))
+      return ffi::Error::InvalidArgument("bias must be f32 or bf16");
+    if (auto err = BroadcastStrides("bias", *buf, full, a.bias_strides); err.failure()) return err;
+    a.bias = buf->untyped_data();
+  }
+  if (has_mask) {
+    auto buf = take("mask");
+    if (!buf.has_value()) return buf.error();
+    if (buf->element_type() != ffi::DataType::PRED) return ffi::Error::InvalidArgument("mask must be bool");
+    if (auto err = BroadcastStrides("mask", *buf, full, a.mask_strides); err.failure()) return err;
+    a.mask = static_cast<const uint8_t*>(buf->untyped_data());
+  }
+  for (auto [present, what, dst] : {std::make_tuple(has_q_lengths, "q_lengths", &a.q_lengths),
+                                    std::make_tuple(has_kv_lengths, "kv_lengths", &a.kv_lengths)}) {
+    if (!present) continue;
+    auto buf = take(what);
+    if (!buf.has_value()) return buf.error();
+    if (buf->element_type() != ffi::DataType::S32 || buf->dimensions().size() != 1 || buf->dimensions()[0] != a.B)
+      return ffi::Error::InvalidArgument(std::string(what) + " must be int32 of shape (B,)");
+    *dst = static_cast<const int32_t*>(buf->untyped_data());
+  }
+  if (next != optional.size()) return ffi::Error::InvalidArgument("unexpected extra operands");
+
+  a.scale = scale, a.softcap = softcap, a.masked_value = masked_value;
+  a.window_left = window_left, a.window_right = causal ? 0 : window_right, a.q_offset = q_offset;
+
+  if (a.B * a.T * a.N * a.D == 0) return ffi::Error::Success();
+  if (a.S == 0) {  // softmax over no keys: the reference's P.V is an empty sum
+    std::memset(a.out, 0, static_cast<size_t>(a.B * a.T * a.N * a.D) * (a.dtype == ElemType::kF32 ? 4 : 2));
+    return ffi::Error::Success();
+  }
+
+  const KernelTable kt = SelectKernels();
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  AttentionPlan p{};
+  p.width = kt.width;
+  p.groups = a.N / a.K;
+  p.tile_t = std::min(a.T, std::max<int64_t>(1, (block_q > 0 ? block_q : 64) / p.groups));
+  p.rows = p.tile_t * p.groups;
+  p.rows_pad = (p.rows + kt.width - 1) / kt.width * kt.width;
+  p.d_pad = (a.D + kt.width - 1) / kt.width * kt.width;
+  p.block_k = block_k > 0 ? block_k : 64;
+  p.n_qtiles = (a.T + p.tile_t - 1) / p.tile_t;
+  p.n_tiles = a.B * a.K * p.n_qtiles;
+  // Decode path: too few tiles to keep every thread busy, so split each tile's key range.
+  const int64_t n_blocks = (a.S + p.block_k - 1) / p.block_k;
+  p.splits = kv_splits > 0 ? kv_splits
+                           : std::min((4 * threads + p.n_tiles - 1) / p.n_tiles, std::max<int64_t>(1, n_blocks / 4));
+  p.splits = std::max<int64_t>(1, std::min(p.splits, n_blocks));
+  p.partial_floats = 2 * p.rows_pad + p.rows_pad * p.d_pad;
+  std::vector<float> partials;
+  if (p.splits > 1) {
+    partials.resize(static_cast<size_t>(p.n_tiles * p.splits * p.partial_floats));
+    p.partials = partials.data();
+  }
+  const int64_t scratch = kt.scratch_floats(a, p);
+  ParallelFor(pool, threads, p.n_tiles * p.splits, scratch, [&](int64_t i, float* s) { kt.tile(a, p, i, s); });
+  if (p.splits > 1) ParallelFor(pool, threads, p.n_tiles, scratch, [&](int64_t i, float* s) { kt.combine(a, p, i, s); });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace hlofuse::cpu
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_attention(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_attention, hlofuse::cpu::Attention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .RemainingArgs()        // bias?, mask?, q_lengths?, kv_lengths?
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Attr<float>("scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<int64_t>("q_offset")
+                                  .Attr<float>("softcap")
+                                  .Attr<float>("masked_value")
+                                  .Attr<bool>("has_bias")
+                                  .Attr<bool>("has_mask")
+                                  .Attr<bool>("has_q_lengths")
+                                  .Attr<bool>("has_kv_lengths")
+                                  .Attr<int64_t>("block_q")
+                                  .Attr<int64_t>("block_k")
+                                  .Attr<int64_t>("kv_splits"));
+
+// Which kernel a call would run on this CPU ("avx512", "avx2" or "generic"), for tests and benches.
+extern "C" __attribute__((visibility("default"))) const char* hlofuse_cpu_isa() {
+  return hlofuse::cpu::SelectKernels().name;
+}

@@ -1,0 +1,128 @@
+"""Flash attention on the CPU: the `hlofuse_attention` XLA FFI kernel (attention.cc) and its binding.
+
+`attention` computes exactly `attention_reference` (the composite's contract) up to float rounding:
+one FFI custom call over the canonical operands q (B,T,N,H), k (B,S,K,H), v (B,S,K,D), tiled over
+query and key blocks with an online softmax so the (T, S) logits never exist in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hlofuse.kernels.cpu import register
+from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+
+TARGET = "hlofuse_attention"
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiling of the CPU kernel.
+
+    block_q: query rows per tile, counted over all G = N/K heads sharing a kv head (a tile holds
+    max(1, block_q // G) query positions). block_k: keys per block. kv_splits: how many parts each
+    tile's key range is split into and combined afterwards (the decode path); 0 picks it from the
+    thread count.
+    """
+
+    block_q: int = 64
+    block_k: int = 64
+    kv_splits: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_q < 1 or self.block_k < 1 or self.kv_splits < 0:
+            raise ValueError(f"invalid BlockSizes {self}")
+
+    @classmethod
+    def get_default(cls) -> BlockSizes:
+        return cls()
+
+
+def _as_4d(x: jax.Array, name: str, full: tuple[int, int, int, int]) -> jax.Array:
+    if x.ndim > 4:
+        raise ValueError(f"{name} has rank {x.ndim} > 4; expected (B|1, N|1, T|1, S|1) broadcasting to {full}")
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    for got, want in zip(x.shape, full, strict=True):
+        if got not in (1, want):
+            raise ValueError(f"{name} shape {x.shape} does not broadcast to (B, N, T, S) = {full}")
+    return x
+
+
+def _lengths(x: jax.Array, name: str, b: int) -> jax.Array:
+    if x.shape != (b,):
+        raise ValueError(f"{name} shape {x.shape} != (B,) = ({b},)")
+    return x.astype(jnp.int32)
+
+
+def attention(
+    q: jax.Array,  # (B, T, N, H)
+    k: jax.Array,  # (B, S, K, H), N % K == 0
+    v: jax.Array,  # (B, S, K, D)
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = UNBOUNDED,
+    window_right: int = UNBOUNDED,
+    q_offset: int = 0,
+    softcap: float = 0.0,
+    masked_value: float = float("-inf"),
+    bias: jax.Array | None = None,  # (B|1, N|1, T|1, S|1), added to the logits
+    mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
+    q_lengths: jax.Array | None = None,  # (B,) int
+    kv_lengths: jax.Array | None = None,  # (B,) int
+    block_sizes: BlockSizes | None = None,
+) -> jax.Array:  # (B, T, N, D), in q's dtype
+    """`attention_reference`'s semantics, computed by the native CPU kernel (f32 or bf16 q/k/v)."""
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be rank 4, got {q.shape}, {k.shape}, {v.shape}")
+    b, t, n, h = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    if k.shape != (b, s, kv_heads, h):
+        raise ValueError(f"k shape {k.shape} does not match q shape {q.shape} (B and H)")
+    if v.shape[:3] != (b, s, kv_heads):
+        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} (B, S, K)")
+    if kv_heads == 0 or n % kv_heads:
+        raise ValueError(f"query heads N={n} are not a multiple of kv heads K={kv_heads}")
+    if q.dtype not in (jnp.float32, jnp.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype of float32 / bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    blocks = block_sizes or BlockSizes.get_default()
+    register()
+
+    full = (b, n, t, s)
+    operands = [q, k, v]
+    if bias is not None:
+        bias = _as_4d(bias, "bias", full)
+        operands.append(bias if bias.dtype in (jnp.float32, jnp.bfloat16) else bias.astype(jnp.float32))
+    if mask is not None:
+        operands.append(_as_4d(mask, "mask", full).astype(jnp.bool_))
+    if q_lengths is not None:
+        operands.append(_lengths(q_lengths, "q_lengths", b))
+    if kv_lengths is not None:
+        operands.append(_lengths(kv_lengths, "kv_lengths", b))
+
+    out_type = jax.ShapeDtypeStruct((b, t, n, v.shape[3]), q.dtype)
+    call = jax.ffi.ffi_call(TARGET, out_type, vmap_method="sequential")
+    return call(
+        *operands,
+        scale=np.float32(scale),
+        causal=np.bool_(causal),
+        window_left=np.int64(window_left),
+        window_right=np.int64(window_right),
+        q_offset=np.int64(q_offset),
+        softcap=np.float32(softcap),
+        masked_value=np.float32(masked_value),
+        has_bias=np.bool_(bias is not None),
+        has_mask=np.bool_(mask is not None),
+        has_q_lengths=np.bool_(q_lengths is not None),
+        has_kv_lengths=np.bool_(kv_lengths is not None),
+        block_q=np.int64(blocks.block_q),
+        block_k=np.int64(blocks.block_k),
+        kv_splits=np.int64(blocks.kv_splits),
+    )
+
+
+__all__ = ["BlockSizes", "attention", "attention_reference"]

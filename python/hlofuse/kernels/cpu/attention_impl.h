@@ -1,0 +1,487 @@
+// Flash-attention body, compiled once per ISA (FlashAttention-2 style: Dao, 2023).
+//
+// Included inside an ISA namespace after one of vec_*.h, which supplies vf, kW, kMR, kNV and the
+// v* primitives. Uses no std:: templates, so nothing compiled here can be shared across ISAs.
+//
+// A tile is (b, kv head kh, tile_t query positions) and holds M = tile_t * G rows, one per
+// (position, query head of kh's group), so the G heads sharing a kv head read each K/V block once.
+// Per key block of block_k keys:
+//   S^T (jn, Mp)  = K_blk (jn, H) . Q^T (H, Mp)          lanes run over query rows
+//   S^T           = mask(softcap(S^T) + bias)            masked logits take masked_value
+//   m, l, P^T     = online softmax over the block         running max m and sum l per row
+//   O (M, Dp)     = O * alpha + P (M, jn) . V_blk (jn, Dp)
+// Key blocks outside every row's causal / window / kv_lengths range are never read. With a finite
+// masked_value those keys still count (the reference averages over them), so finalize() adds them
+// as one virtual key: logit masked_value, multiplicity c, value sum(v) over the skipped keys.
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t div_up(int64_t x, int64_t m) { return (x + m - 1) / m; }
+constexpr float kInf = __builtin_inff();
+
+inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline uint16_t f32_to_bf16(float f) {  // round to nearest even, NaN stays NaN
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+// exp(x) for x <= 0; -inf gives 0, NaN stays NaN. Degree-7 Taylor on |r| <= ln2/2 (rel. err ~1e-8).
+inline vf vexp_nonpos(vf x) {
+  const vf lo = vset1(-87.0f);
+  vf xc = vmax(lo, x);
+  vf n = vround(vmul(xc, vset1(1.44269504088896341f)));
+  vf r = vfma(n, vset1(-0.693145751953125f), xc);
+  r = vfma(n, vset1(-1.42860682030941723e-6f), r);
+  vf p = vset1(1.0f / 5040.0f);
+  p = vfma(p, r, vset1(1.0f / 720.0f));
+  p = vfma(p, r, vset1(1.0f / 120.0f));
+  p = vfma(p, r, vset1(1.0f / 24.0f));
+  p = vfma(p, r, vset1(1.0f / 6.0f));
+  p = vfma(p, r, vset1(0.5f));
+  p = vfma(p, r, vset1(1.0f));
+  p = vfma(p, r, vset1(1.0f));
+  return vselect_lt(x, lo, vzero(), vmul(p, vpow2i(n)));
+}
+
+// tanh: odd Taylor series below |y| = 0.55 (10 terms), (1 - e^-2|y|) / (1 + e^-2|y|) above.
+inline vf vtanh(vf y) {
+  vf a = vabs(y);
+  vf a2 = vmul(a, a);
+  vf p = vset1(-2.3912911424355248e-4f);
+  p = vfma(p, a2, vset1(5.90027440945586e-4f));
+  p = vfma(p, a2, vset1(-1.4558343870513183e-3f));
+  p = vfma(p, a2, vset1(3.592128036572481e-3f));
+  p = vfma(p, a2, vset1(-8.863235529902197e-3f));
+  p = vfma(p, a2, vset1(2.1869488536155203e-2f));
+  p = vfma(p, a2, vset1(-5.396825396825397e-2f));
+  p = vfma(p, a2, vset1(0.13333333333333333f));
+  p = vfma(p, a2, vset1(-0.3333333333333333f));
+  p = vfma(p, a2, vset1(1.0f));
+  vf small = vmul(p, a);
+  vf e = vexp_nonpos(vmul(a, vset1(-2.0f)));
+  vf big = vdiv(vsub(vset1(1.0f), e), vadd(vset1(1.0f), e));
+  return vcopysign(vselect_lt(a, vset1(0.55f), small, big), y);
+}
+
+//===--- Register-blocked micro-kernel -----------------------------------------------------===//
+
+// C (MR, NV*kW) (+)= sum_kk A(i, kk) * B(kk, :), with A(i, kk) = a[i*sai + kk*sak] broadcast and
+// B(kk, :) = b[kk*ldb ...] contiguous. The MR x NV accumulators stay in registers over all of kc.
+template <int MR, int NV, bool ACC>
+void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb, float* c,
+                  int64_t ldc) {
+  vf acc[MR][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[i][v] = ACC ? vload(c + i * ldc + v * kW) : vzero();
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    const float* bk = b + kk * ldb;
+    const float* ak = a + kk * sak;
+    vf bv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) bv[v] = vload(bk + v * kW);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      vf av = vset1(ak[i * sai]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[i][v] = vfma(av, bv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) vstore(c + i * ldc + v * kW, acc[i][v]);
+}
+
+template <int MR, bool ACC>
+void micro_kernel_nv(int nv, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb,
+                     float* c, int64_t ldc) {
+  switch (nv) {
+    case 1: micro_kernel<MR, 1, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
+    case 2: if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
+    case 3: if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
+    default: if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
+  }
+}
+
+// C (rows, cols) (+)= A (rows, kc) . B (kc, cols); cols is a multiple of kW.
+template <bool ACC>
+void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b,
+          int64_t ldb, float* c, int64_t ldc) {
+  for (int64_t c0 = 0; c0 < cols; c0 += kNV * kW) {
+    int nv = static_cast<int>(imin(kNV, (cols - c0) / kW));
+    for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
+      const float* ar = a + r0 * sai;
+      float* cr = c + r0 * ldc + c0;
+      switch (imin(kMR, rows - r0)) {
+        case 1: micro_kernel_nv<1, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+        case 2: micro_kernel_nv<2, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+        case 3: micro_kernel_nv<3, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+        case 4: micro_kernel_nv<4, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+        case 5: if constexpr (kMR >= 5) micro_kernel_nv<5, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+        default: if constexpr (kMR >= 6) micro_kernel_nv<6, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+      }
+    }
+  }
+}
+
+//===--- Tiles and scratch -----------------------------------------------------------------===//
+
+// Per-worker scratch, in floats; every region starts on a 64-byte boundary.
+struct Scratch {
+  float* qt;     // (H, Mp) scaled Q^T
+  float* s;      // (block_k, Mp) logits, then probabilities
+  float* o;      // (Mp, Dp) unnormalised output
+  float* kp;     // (block_k, H) K block as f32 (bf16 inputs)
+  float* vp;     // (block_k, Dp) V block as f32, zero-padded (bf16 inputs or D % kW != 0)
+  float* m;      // (Mp) running max
+  float* l;      // (Mp) running sum
+  float* alpha;  // (Mp) rescale factor of the last block
+  float* lo;     // (Mp) first visible key of each row
+  float* hi;     // (Mp) one past the last visible key
+  float* vsum;   // (Dp) sum of v over skipped keys
+};
+
+inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& plan, float* base, int64_t* total) {
+  const int64_t mp = plan.rows_pad, dp = plan.d_pad, bk = plan.block_k;
+  int64_t off = 0;
+  auto take = [&](int64_t n) {
+    float* p = base ? base + off : nullptr;
+    off += round_up(n, 16);
+    return p;
+  };
+  Scratch sc;
+  sc.qt = take(args.H * mp);
+  sc.s = take(bk * mp);
+  sc.o = take(mp * dp);
+  sc.kp = take(bk * args.H);
+  sc.vp = take(bk * dp);
+  sc.m = take(mp);
+  sc.l = take(mp);
+  sc.alpha = take(mp);
+  sc.lo = take(mp);
+  sc.hi = take(mp);
+  sc.vsum = take(dp);
+  if (total) *total = off;
+  return sc;
+}
+
+inline int64_t scratch_floats(const AttentionArgs& args, const AttentionPlan& plan) {
+  int64_t total = 0;
+  carve_scratch(args, plan, nullptr, &total);
+  return total;
+}
+
+struct Tile {
+  int64_t b, kh, t0, tn, rows;
+  int64_t key_lo, key_hi;  // union of the rows' visible key ranges (empty when key_lo >= key_hi)
+  int64_t max_lo, min_hi;  // a block [j0, j1) needs no range mask iff max_lo <= j0 && j1 <= min_hi
+  int64_t kb0, kb1;        // key blocks to read: [kb0, kb1)
+};
+
+// Locates tile `id` (later query positions first, since causal tiles there carry more work) and
+// fills lo / hi with each row's visible key range.
+inline Tile locate_tile(const AttentionArgs& args, const AttentionPlan& plan, int64_t id, float* lo, float* hi) {
+  const int64_t G = plan.groups, nqt = plan.n_qtiles;
+  Tile tl;
+  tl.b = id / (args.K * nqt);
+  tl.kh = (id / nqt) % args.K;
+  tl.t0 = (nqt - 1 - id % nqt) * plan.tile_t;
+  tl.tn = imin(plan.tile_t, args.T - tl.t0);
+  tl.rows = tl.tn * G;
+  const int64_t q_len = args.q_lengths ? imax(0, imin(args.q_lengths[tl.b], args.T)) : args.T;
+  const int64_t kv_len = args.kv_lengths ? imax(0, imin(args.kv_lengths[tl.b], args.S)) : args.S;
+  tl.key_lo = args.S, tl.key_hi = 0, tl.max_lo = 0, tl.min_hi = args.S;
+  for (int64_t tt = 0; tt < tl.tn; ++tt) {
+    const int64_t t = tl.t0 + tt, pos = t + args.q_offset;
+    int64_t a = 0, z = kv_len;
+    if (args.window_left >= 0) a = imax(a, pos - args.window_left);
+    if (args.window_right >= 0) z = imin(z, pos + args.window_right + 1);
+    float lof = static_cast<float>(a), hif = static_cast<float>(z);
+    if (t >= q_len || a >= z) {
+      lof = kInf, hif = -kInf;
+      tl.max_lo = args.S + 1, tl.min_hi = -1;
+    } else {
+      tl.key_lo = imin(tl.key_lo, a), tl.key_hi = imax(tl.key_hi, z);
+      tl.max_lo = imax(tl.max_lo, a), tl.min_hi = imin(tl.min_hi, z);
+    }
+    for (int64_t g = 0; g < G; ++g) lo[tt * G + g] = lof, hi[tt * G + g] = hif;
+  }
+  for (int64_t r = tl.rows; r < plan.rows_pad; ++r) lo[r] = kInf, hi[r] = -kInf;
+  tl.kb0 = tl.kb1 = 0;
+  if (tl.key_lo < tl.key_hi) tl.kb0 = tl.key_lo / plan.block_k, tl.kb1 = div_up(tl.key_hi, plan.block_k);
+  return tl;
+}
+
+// Element offsets of row r's (t, n) in a (B, T, N, X) tensor, and its head n.
+inline int64_t row_t(const Tile& tl, const AttentionPlan& plan, int64_t r) { return tl.t0 + r / plan.groups; }
+inline int64_t row_n(const Tile& tl, const AttentionPlan& plan, int64_t r) {
+  return tl.kh * plan.groups + r % plan.groups;
+}
+
+// Q^T (H, Mp) = scale * q rows of the tile; padded rows are zero.
+inline void pack_q(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, float* qt) {
+  const int64_t mp = plan.rows_pad, H = args.H;
+  for (int64_t r = 0; r < mp; ++r) {
+    if (r >= tl.rows) {
+      for (int64_t h = 0; h < H; ++h) qt[h * mp + r] = 0.0f;
+      continue;
+    }
+    const int64_t off = ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * H;
+    if (args.dtype == ElemType::kF32) {
+      const float* src = static_cast<const float*>(args.q) + off;
+      for (int64_t h = 0; h < H; ++h) qt[h * mp + r] = src[h] * args.scale;
+    } else {
+      const uint16_t* src = static_cast<const uint16_t*>(args.q) + off;
+      for (int64_t h = 0; h < H; ++h) qt[h * mp + r] = bf16_to_f32(src[h]) * args.scale;
+    }
+  }
+}
+
+inline void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) vstore(dst + i, vload_bf16(src + i));
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+// K block rows [j0, j0 + jn) as f32: a pointer and its row stride (no copy for f32 inputs).
+inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, float* kp,
+                            int64_t* ld) {
+  const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * args.H, stride = args.K * args.H;
+  if (args.dtype == ElemType::kF32) {
+    *ld = stride;
+    return static_cast<const float*>(args.k) + off;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(args.k) + off;
+  for (int64_t j = 0; j < jn; ++j) bf16_row_to_f32(src + j * stride, kp + j * args.H, args.H);
+  *ld = args.H;
+  return kp;
+}
+
+// V block rows [j0, j0 + jn) as f32 with a row stride whose rows are Dp wide (zero-padded on copy).
+inline const float* v_block(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
+                            int64_t jn, float* vp, int64_t* ld) {
+  const int64_t D = args.D, dp = plan.d_pad, stride = args.K * D;
+  const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * D;
+  if (args.dtype == ElemType::kF32 && D == dp) {
+    *ld = stride;
+    return static_cast<const float*>(args.v) + off;
+  }
+  for (int64_t j = 0; j < jn; ++j) {
+    float* dst = vp + j * dp;
+    if (args.dtype == ElemType::kF32) {
+      std::memcpy(dst, static_cast<const float*>(args.v) + off + j * stride, D * sizeof(float));
+    } else {
+      bf16_row_to_f32(static_cast<const uint16_t*>(args.v) + off + j * stride, dst, D);
+    }
+    for (int64_t d = D; d < dp; ++d) dst[d] = 0.0f;
+  }
+  *ld = dp;
+  return vp;
+}
+
+//===--- One key block ---------------------------------------------------------------------===//
+
+// S^T += bias and S^T = masked_value where the bool mask hides a key (row-wise, scalar).
+inline void apply_bias_and_mask(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
+                                int64_t jn, float* s) {
+  const int64_t mp = plan.rows_pad;
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    const int64_t t = row_t(tl, plan, r), n = row_n(tl, plan, r);
+    if (args.bias) {
+      const int64_t* st = args.bias_strides;
+      const int64_t base = tl.b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+      if (args.bias_dtype == ElemType::kF32) {
+        const float* bp = static_cast<const float*>(args.bias) + base;
+        for (int64_t j = 0; j < jn; ++j) s[j * mp + r] += bp[j * st[3]];
+      } else {
+        const uint16_t* bp = static_cast<const uint16_t*>(args.bias) + base;
+        for (int64_t j = 0; j < jn; ++j) s[j * mp + r] += bf16_to_f32(bp[j * st[3]]);
+      }
+    }
+    if (args.mask) {
+      const int64_t* st = args.mask_strides;
+      const uint8_t* mp8 = args.mask + tl.b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
+      for (int64_t j = 0; j < jn; ++j)
+        if (!mp8[j * st[3]]) s[j * mp + r] = args.masked_value;
+    }
+  }
+}
+
+inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t kb,
+                          const Scratch& sc) {
+  const int64_t mp = plan.rows_pad, dp = plan.d_pad;
+  const int64_t j0 = kb * plan.block_k, jn = imin(plan.block_k, args.S - j0);
+  float* s = sc.s;
+
+  // S^T (jn, Mp) = K_blk . Q^T
+  int64_t ldk;
+  const float* kb_ptr = k_block(args, tl, j0, jn, sc.kp, &ldk);
+  gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
+
+  if (args.softcap != 0.0f) {
+    const vf cap = vset1(args.softcap), inv = vset1(1.0f / args.softcap);
+    for (int64_t i = 0; i < jn * mp; i += kW) vstore(s + i, vmul(vtanh(vmul(vload(s + i), inv)), cap));
+  }
+  if (args.bias || args.mask) apply_bias_and_mask(args, plan, tl, j0, jn, s);
+
+  const bool partial = !(tl.max_lo <= j0 && j0 + jn <= tl.min_hi);
+  const vf mv = vset1(args.masked_value), neg_inf = vset1(-kInf);
+  const bool round_p = args.dtype == ElemType::kBF16;
+  for (int64_t c = 0; c < mp; c += kW) {
+    if (partial) {
+      const vf lo = vload(sc.lo + c), hi = vload(sc.hi + c);
+      for (int64_t j = 0; j < jn; ++j) {
+        float* p = s + j * mp + c;
+        vstore(p, vselect_in(vset1(static_cast<float>(j0 + j)), lo, hi, vload(p), mv));
+      }
+    }
+    vf mx = neg_inf;
+    for (int64_t j = 0; j < jn; ++j) mx = vmax(mx, vload(s + j * mp + c));
+    const vf m_old = vload(sc.m + c);
+    const vf m_new = vmax(m_old, mx);
+    const vf m_use = vselect_eq(m_new, neg_inf, vzero(), m_new);  // all -inf so far: p = 0
+    vf sum = vzero();
+    for (int64_t j = 0; j < jn; ++j) {
+      float* p = s + j * mp + c;
+      vf e = vexp_nonpos(vsub(vload(p), m_use));
+      sum = vadd(sum, e);
+      vstore(p, round_p ? vround_bf16(e) : e);
+    }
+    const vf alpha = vexp_nonpos(vsub(m_old, m_use));
+    vstore(sc.alpha + c, alpha);
+    vstore(sc.l + c, vfma(vload(sc.l + c), alpha, sum));
+    vstore(sc.m + c, m_new);
+  }
+
+  // O = O * alpha + P . V_blk
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    const float a = sc.alpha[r];
+    if (a == 1.0f) continue;
+    const vf av = vset1(a);
+    float* orow = sc.o + r * dp;
+    for (int64_t d = 0; d < dp; d += kW) vstore(orow + d, vmul(vload(orow + d), av));
+  }
+  int64_t ldv;
+  const float* vb = v_block(args, plan, tl, j0, jn, sc.vp, &ldv);
+  gemm<true>(tl.rows, dp, jn, s, 1, mp, vb, ldv, sc.o, dp);
+}
+
+inline void init_state(const AttentionPlan& plan, const Scratch& sc) {
+  for (int64_t r = 0; r < plan.rows_pad; ++r) sc.m[r] = -kInf, sc.l[r] = 0.0f;
+  for (int64_t i = 0; i < plan.rows_pad * plan.d_pad; ++i) sc.o[i] = 0.0f;
+}
+
+// vsum = sum of v[b, j, kh, :] over the keys j outside [p0, p1).
+inline void sum_skipped_v(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t p0,
+                          int64_t p1, float* vsum) {
+  for (int64_t d = 0; d < plan.d_pad; ++d) vsum[d] = 0.0f;
+  for (int64_t j = 0; j < args.S; ++j) {
+    if (j == p0) j = p1;
+    if (j >= args.S) break;
+    const int64_t off = ((tl.b * args.S + j) * args.K + tl.kh) * args.D;
+    if (args.dtype == ElemType::kF32) {
+      const float* src = static_cast<const float*>(args.v) + off;
+      for (int64_t d = 0; d < args.D; ++d) vsum[d] += src[d];
+    } else {
+      const uint16_t* src = static_cast<const uint16_t*>(args.v) + off;
+      for (int64_t d = 0; d < args.D; ++d) vsum[d] += bf16_to_f32(src[d]);
+    }
+  }
+}
+
+// Adds the skipped keys (outside [p0, p1)) as a virtual key when masked_value is finite, normalises
+// and writes the tile's rows of out. A row whose max logit is -inf is NaN, as in the reference.
+inline void finalize(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t p0, int64_t p1,
+                     const Scratch& sc) {
+  const int64_t dp = plan.d_pad, D = args.D;
+  const float mvf = args.masked_value;
+  const int64_t skipped = args.S - (p1 - p0);
+  const bool virtual_key = skipped > 0 && mvf > -kInf && mvf < kInf;
+  bool have_vsum = false;
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    float m = sc.m[r], l = sc.l[r], a = 1.0f, e = 0.0f;
+    if (virtual_key) {
+      const float mn = m > mvf ? m : mvf;
+      a = m == -kInf ? 0.0f : std::exp(m - mn);
+      e = std::exp(mvf - mn);
+      l = l * a + static_cast<float>(skipped) * e;
+      if (args.dtype == ElemType::kBF16) e = round_bf16(e);
+      m = mn;
+      if (e != 0.0f && !have_vsum) sum_skipped_v(args, plan, tl, p0, p1, sc.vsum), have_vsum = true;
+    }
+    const float inv = m == -kInf ? __builtin_nanf("") : 1.0f / l;
+    const float* orow = sc.o + r * dp;
+    const int64_t off = ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * D;
+    for (int64_t d = 0; d < D; ++d) {
+      float x = orow[d];
+      if (virtual_key) x = x * a + (e != 0.0f ? e * sc.vsum[d] : 0.0f);
+      x *= inv;
+      if (args.dtype == ElemType::kF32) {
+        static_cast<float*>(args.out)[off + d] = x;
+      } else {
+        static_cast<uint16_t*>(args.out)[off + d] = f32_to_bf16(x);
+      }
+    }
+  }
+}
+
+//===--- Work items ------------------------------------------------------------------------===//
+
+// Item = tile * splits + split: runs the split's share of the tile's key blocks. With one split
+// it finalizes into out; otherwise it leaves (m, l, O) in plan.partials for combine_item.
+inline void tile_item(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
+  const Scratch sc = carve_scratch(args, plan, scratch, nullptr);
+  const int64_t tile = item / plan.splits, split = item % plan.splits;
+  const Tile tl = locate_tile(args, plan, tile, sc.lo, sc.hi);
+  const int64_t nb = tl.kb1 - tl.kb0;
+  const int64_t b0 = tl.kb0 + nb * split / plan.splits, b1 = tl.kb0 + nb * (split + 1) / plan.splits;
+  init_state(plan, sc);
+  if (b0 < b1) pack_q(args, plan, tl, sc.qt);
+  for (int64_t kb = b0; kb < b1; ++kb) process_block(args, plan, tl, kb, sc);
+  if (plan.splits == 1) {
+    finalize(args, plan, tl, tl.kb0 * plan.block_k, imin(tl.kb1 * plan.block_k, args.S), sc);
+    return;
+  }
+  float* part = plan.partials + item * plan.partial_floats;
+  const int64_t mp = plan.rows_pad;
+  std::memcpy(part, sc.m, mp * sizeof(float));
+  std::memcpy(part + mp, sc.l, mp * sizeof(float));
+  std::memcpy(part + 2 * mp, sc.o, tl.rows * plan.d_pad * sizeof(float));
+}
+
+// Item = tile: merges its splits' (m, l, O) (log-sum-exp rescaling), then finalizes into out.
+inline void combine_item(const AttentionArgs& args, const AttentionPlan& plan, int64_t tile, float* scratch) {
+  const Scratch sc = carve_scratch(args, plan, scratch, nullptr);
+  const Tile tl = locate_tile(args, plan, tile, sc.lo, sc.hi);
+  const int64_t mp = plan.rows_pad, dp = plan.d_pad;
+  init_state(plan, sc);
+  for (int64_t sp = 0; sp < plan.splits; ++sp) {
+    const float* part = plan.partials + (tile * plan.splits + sp) * plan.partial_floats;
+    for (int64_t r = 0; r < tl.rows; ++r) {
+      const float mi = part[r], m = sc.m[r];
+      const float mn = mi > m ? mi : m;
+      if (mn == -kInf) continue;
+      const float a = std::exp(m - mn), ai = std::exp(mi - mn);
+      sc.l[r] = sc.l[r] * a + part[mp + r] * ai;
+      sc.m[r] = mn;
+      const vf av = vset1(a), aiv = vset1(ai);
+      float* orow = sc.o + r * dp;
+      const float* prow = part + 2 * mp + r * dp;
+      for (int64_t d = 0; d < dp; d += kW) vstore(orow + d, vfma(vload(prow + d), aiv, vmul(vload(orow + d), av)));
+    }
+  }
+  finalize(args, plan, tl, tl.kb0 * plan.block_k, imin(tl.kb1 * plan.block_k, args.S), sc);
+}

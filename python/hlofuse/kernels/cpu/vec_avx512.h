@@ -1,0 +1,52 @@
+// AVX-512 vector primitives for attention_impl.h (16 f32 lanes). Included inside an ISA namespace.
+constexpr int64_t kW = 16;
+constexpr int kMR = 6;  // register tile: kMR rows x kNV vectors of accumulators (24 of 32 zmm)
+constexpr int kNV = 4;
+using vf = __m512;
+
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vset1(float x) { return _mm512_set1_ps(x); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, vf x) { _mm512_storeu_ps(p, x); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline vf vabs(vf a) { return _mm512_abs_ps(a); }
+inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// 2^n for integral n in [-126, 127].
+inline vf vpow2i(vf n) {
+  __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+}
+// a < b ? x : y
+inline vf vselect_lt(vf a, vf b, vf x, vf y) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);
+}
+// a == b ? x : y
+inline vf vselect_eq(vf a, vf b, vf x, vf y) {
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ), y, x);
+}
+// lo <= j < hi ? s : mv
+inline vf vselect_in(vf j, vf lo, vf hi, vf s, vf mv) {
+  __mmask16 in = _mm512_cmp_ps_mask(lo, j, _CMP_LE_OQ) & _mm512_cmp_ps_mask(j, hi, _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(in, mv, s);
+}
+inline vf vcopysign(vf mag, vf sign) {
+  const __m512i m = _mm512_set1_epi32(INT32_MIN);
+  return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(m, _mm512_castps_si512(sign), _mm512_castps_si512(mag),
+                                                       0xCA));  // bitwise m ? sign : mag
+}
+// Round to the nearest bf16 (ties to even) and back to f32. Inputs are finite and >= 0 here.
+inline vf vround_bf16(vf a) {
+  __m512i u = _mm512_castps_si512(a);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+  return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u))));
+}
+inline vf vload_bf16(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}

@@ -1,0 +1,178 @@
+"""The native CPU attention kernel against attention_reference, over a grid of shapes and attributes."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hlofuse.kernels import cpu
+
+if not cpu.is_available():
+    pytest.skip(
+        f"hlofuse CPU kernel library not built (install the package, or build with cmake and set ${cpu.LIB_ENV})",
+        allow_module_level=True,
+    )
+
+from hlofuse.kernels.cpu.attention import BlockSizes, attention, attention_reference  # noqa: E402
+
+_ORDER = ("avx512", "avx2", "generic")
+ISAS = list(_ORDER[_ORDER.index(cpu.isa()) :])  # the best one this CPU runs, and every fallback below it
+TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=0, atol=2e-2)}
+
+
+def _inputs(seed, b, t, s, n, kv, h, d, dtype):
+    ks = jax.random.split(jax.random.PRNGKey(seed), 3)
+    q = jax.random.normal(ks[0], (b, t, n, h), jnp.float32).astype(dtype)
+    k = jax.random.normal(ks[1], (b, s, kv, h), jnp.float32).astype(dtype)
+    v = jax.random.normal(ks[2], (b, s, kv, d), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+@functools.partial(jax.jit, static_argnames=("kw",))
+def _reference(q, k, v, extra, kw):
+    return attention_reference(q, k, v, **dict(kw), **extra)
+
+
+def _check(q, k, v, block_sizes=None, **kw):
+    extra = {name: kw.pop(name) for name in ("bias", "mask", "q_lengths", "kv_lengths") if name in kw}
+    kw.setdefault("scale", q.shape[-1] ** -0.5)
+    got = attention(q, k, v, **kw, **extra, block_sizes=block_sizes)
+    want = _reference(q, k, v, extra, tuple(sorted(kw.items())))
+    assert got.shape == want.shape and got.dtype == want.dtype
+    got, want = np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, **TOL[q.dtype.type])
+
+
+SHAPES = [  # (B, T, S, N, K, H)
+    (1, 64, 64, 4, 4, 64),
+    (2, 37, 100, 4, 2, 32),
+    (1, 130, 77, 4, 1, 80),
+    (2, 5, 300, 4, 4, 128),
+    (1, 1, 1000, 4, 1, 64),
+    (1, 200, 200, 4, 2, 128),
+]
+ATTRS = [
+    dict(),
+    dict(causal=True),
+    dict(causal=True, q_offset=40),
+    dict(window_left=16, window_right=8),
+    dict(window_left=7, causal=True, q_offset=-3),
+    dict(softcap=5.0),
+]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("attrs", ATTRS, ids=lambda a: "-".join(f"{k}{v}" for k, v in a.items()) or "plain")
+def test_f32_grid(shape, attrs):
+    b, t, s, n, kv, h = shape
+    _check(*_inputs(0, b, t, s, n, kv, h, h, jnp.float32), **attrs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize(
+    "attrs",
+    [dict(causal=True, softcap=3.0), dict(window_left=20, window_right=0, q_offset=10), dict()],
+    ids=["causal-softcap", "window", "plain"],
+)
+def test_each_isa(isa, dtype, attrs, monkeypatch):
+    monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
+    assert cpu.isa() == isa
+    _check(*_inputs(1, 2, 45, 90, 4, 2, 80, 48, dtype), **attrs)
+
+
+@pytest.mark.parametrize("shape", [(1, 100, 100, 4, 4, 64), (2, 33, 70, 4, 2, 128)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("attrs", [dict(), dict(causal=True)], ids=["plain", "causal"])
+def test_bf16(shape, attrs):
+    b, t, s, n, kv, h = shape
+    _check(*_inputs(2, b, t, s, n, kv, h, h, jnp.bfloat16), **attrs)
+
+
+@pytest.mark.parametrize(
+    "bias_shape", [(2, 4, 50, 70), (1, 4, 1, 70), (2, 1, 50, 1), (1, 1, 50, 70)], ids=lambda s: "x".join(map(str, s))
+)
+@pytest.mark.parametrize("bias_dtype", [jnp.float32, jnp.bfloat16])
+def test_bias(bias_shape, bias_dtype):
+    q, k, v = _inputs(3, 2, 50, 70, 4, 2, 64, 64, jnp.float32)
+    bias = jax.random.normal(jax.random.PRNGKey(9), bias_shape).astype(bias_dtype)
+    _check(q, k, v, bias=bias, causal=True, softcap=4.0)
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 4, 50, 70), (2, 1, 1, 70), (1, 4, 50, 1)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("masked_value", [float("-inf"), -1e9, -2.38e38, -3.0])
+def test_mask(mask_shape, masked_value):
+    q, k, v = _inputs(4, 2, 50, 70, 4, 4, 32, 32, jnp.float32)
+    mask = jax.random.bernoulli(jax.random.PRNGKey(5), 0.6, mask_shape)
+    _check(q, k, v, mask=mask, masked_value=masked_value, window_left=30)
+
+
+@pytest.mark.parametrize("masked_value", [float("-inf"), -1e30, -2.0])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_lengths_and_fully_masked_rows(masked_value, dtype):
+    # Rows past q_lengths, and rows whose causal window ends before kv_lengths starts, are fully masked:
+    # NaN with -inf, a uniform average over all S keys with a finite masked_value.
+    q, k, v = _inputs(5, 2, 70, 150, 4, 2, 64, 64, dtype)
+    _check(
+        q, k, v,
+        q_lengths=jnp.array([70, 23], jnp.int32),
+        kv_lengths=jnp.array([0, 97], jnp.int32),
+        masked_value=masked_value,
+    )
+    _check(q, k, v, causal=True, q_offset=-20, masked_value=masked_value, kv_lengths=jnp.array([150, 40]))
+
+
+def test_fully_masked_by_bool_mask_finite():
+    q, k, v = _inputs(6, 1, 20, 90, 4, 4, 32, 32, jnp.float32)
+    mask = jnp.zeros((1, 1, 20, 90), bool).at[:, :, ::2, :].set(True)
+    _check(q, k, v, mask=mask, masked_value=-5.0, window_left=10)
+    _check(q, k, v, mask=mask, masked_value=float("-inf"))
+
+
+@pytest.mark.parametrize("splits", [0, 3, 16])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_decode_split(splits, dtype):
+    q, k, v = _inputs(7, 2, 1, 2000, 8, 2, 128, 128, dtype)
+    lengths = jnp.array([1500, 333], jnp.int32)
+    blocks = BlockSizes(kv_splits=splits)
+    _check(q, k, v, kv_lengths=lengths, block_sizes=blocks, q_offset=1999)
+    _check(q, k, v, kv_lengths=lengths, block_sizes=blocks, masked_value=-1.0)
+    _check(q, k, v, block_sizes=blocks, window_left=700, q_offset=1999)
+
+
+@pytest.mark.parametrize("blocks", [BlockSizes(1, 1), BlockSizes(16, 48), BlockSizes(128, 256), BlockSizes(7, 13)])
+def test_block_sizes(blocks):
+    _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, jnp.float32), causal=True, block_sizes=blocks)
+
+
+def test_head_dim_differs_from_value_dim():
+    _check(*_inputs(9, 1, 40, 60, 4, 1, 96, 24, jnp.float32), window_right=5)
+
+
+def test_empty_keys_and_queries():
+    _check(*_inputs(10, 1, 4, 0, 4, 2, 32, 32, jnp.float32))
+    _check(*_inputs(10, 1, 0, 8, 4, 2, 32, 32, jnp.float32))
+
+
+def test_under_jit_and_vmap():
+    q, k, v = _inputs(11, 1, 30, 40, 4, 2, 32, 32, jnp.float32)
+    f = jax.jit(lambda q, k, v: attention(q, k, v, scale=0.2, causal=True))
+    want = attention_reference(q, k, v, scale=0.2, causal=True)
+    np.testing.assert_allclose(f(q, k, v), want, rtol=1e-5, atol=1e-5)
+    stacked = jax.vmap(f)(q[None].repeat(2, 0), k[None].repeat(2, 0), v[None].repeat(2, 0))
+    np.testing.assert_allclose(stacked[1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_rejects_bad_shapes():
+    q, k, v = _inputs(12, 1, 8, 8, 3, 2, 32, 32, jnp.float32)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        attention(q, k, v, scale=1.0)
+    q, k, v = _inputs(12, 1, 8, 8, 4, 2, 32, 32, jnp.float32)
+    with pytest.raises(ValueError, match="broadcast"):
+        attention(q, k, v, scale=1.0, bias=jnp.zeros((1, 3, 8, 8)))
+    with pytest.raises(ValueError, match="dtype"):
+        attention(q.astype(jnp.bfloat16), k, v, scale=1.0)
