@@ -172,6 +172,12 @@ def test_rewritten_clone_is_compiled_and_lowered_module_untouched():
     assert pipeline.STATS["mul_to_add"] > before
 
 
+def test_ahead_of_time_compile_takes_the_options():
+    lowered = jax.jit(double).lower(jnp.ones(3))
+    compiled = lowered.compile({"hlofuse_pipeline": "builtin.module(hlofuse-test-mul-to-add)"})
+    np.testing.assert_allclose(compiled(jnp.ones(3)), 3.0)
+
+
 def test_unknown_hlofuse_option_is_an_error():
     with pytest.raises(ValueError, match="unknown hlofuse compiler option 'hlofuse_pipline'"):
         jit(double, hlofuse_pipline=CANON)(jnp.ones(3))

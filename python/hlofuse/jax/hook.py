@@ -147,8 +147,10 @@ def _lock_for(context: object) -> threading.Lock:
 
 
 def _failing_stage(error: BaseException) -> str:
-    from hlofuse.pipeline import PassFailure, PipelineError
-
+    try:
+        from hlofuse.pipeline import PassFailure, PipelineError
+    except ImportError:  # the failure may have been this very import
+        return "pipeline run"
     if isinstance(error, PassFailure):
         return f"pass '{error.pass_name}'"
     if isinstance(error, PipelineError):
