@@ -643,6 +643,10 @@ def _splat(number: int | float, like: ir.Value) -> ir.Value:
     return stablehlo.constant(ir.DenseElementsAttr.get(array, type=rtype))
 
 
+def _f64(number: float) -> ir.Attribute:
+    return ir.FloatAttr.get(ir.F64Type.get(), number)
+
+
 def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
     sizes = site.sizes
     i64 = ir.IntegerType.get_signless(64)
@@ -652,13 +656,13 @@ def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
     layout_name = "BTNH"
     decode = sizes["T"] <= DECODE_MAX_QUERIES < sizes["S"]
     return {
-        "scale": ir.FloatAttr.get_f32(site.scale),
+        "scale": _f64(site.scale),
         "causal": ir.BoolAttr.get(site.causal),
         "window_left": ir.IntegerAttr.get(i64, site.window_left),
         "window_right": ir.IntegerAttr.get(i64, site.window_right),
         "q_offset": ir.IntegerAttr.get(i64, site.q_offset),
-        "softcap": ir.FloatAttr.get_f32(site.softcap),
-        "masked_value": ir.FloatAttr.get_f32(site.masked_value),
+        "softcap": _f64(site.softcap),
+        "masked_value": _f64(site.masked_value),
         "mask_kind": ir.StringAttr.get("+".join(kinds) or "none"),
         "num_heads": ir.IntegerAttr.get(i64, sizes["K"] * sizes["G"]),
         "num_kv_heads": ir.IntegerAttr.get(i64, sizes["K"]),
@@ -742,7 +746,8 @@ def _find_softmaxes(module: ir.Operation) -> tuple[list[tuple[ir.Value, dict[str
             shifted_exps.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.walk(visit)
+    for fn in build.functions(module, skip_decompositions=True):
+        fn.walk(visit)
     in_softmax = {defining_op(captures["exp"]) for _, captures in found}
     return found, [op for op in shifted_exps if op not in in_softmax]
 

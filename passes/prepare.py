@@ -86,11 +86,19 @@ def inline_private_calls(module: ir.Operation) -> int:
                 old.replace_all_uses_with(new)
             call.erase()
             inlined += 1
-    used = _referenced_symbols(module)
-    for name, func_op in _private_single_block_funcs(module).items():
-        if name not in used:
-            func_op.erase()
+    erase_unreferenced_private_funcs(module)
     return inlined
+
+
+def erase_unreferenced_private_funcs(module: ir.Operation) -> None:
+    """Erases private funcs nothing refers to (callers, composites), until none is left."""
+    while True:
+        used = _referenced_symbols(module)
+        dead = [op for name, op in _private_single_block_funcs(module).items() if name not in used]
+        if not dead:
+            return
+        for op in dead:
+            op.erase()
 
 
 @dataclass(frozen=True)

@@ -222,7 +222,8 @@ def _callback(instance: ModulePass, state: PassState) -> Any:  # noqa: ANN401
     def run(op: ir.Operation, _pass: Any) -> None:  # noqa: ANN401
         state.current_pass = instance.name
         try:
-            instance.run(op, state)
+            with op.context, ir.Location.unknown(op.context):
+                instance.run(op, state)
         except Exception as error:
             raise PassFailure(instance.name, error) from error
 

@@ -293,4 +293,4 @@ VARIANTS: tuple[Variant, ...] = (
 
 def lower(variant: Variant) -> Any:  # noqa: ANN401
     specs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in variant.shapes]
-    return jax.jit(variant.fn).lower(*specs)
+    return jax.jit(variant.fn, keep_unused=True).lower(*specs)

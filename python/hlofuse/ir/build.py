@@ -118,3 +118,26 @@ def erase_dead(ops: Sequence[ir.Operation]) -> None:
     for op in reversed(ops):
         if all(not list(result.uses) for result in op.results):
             op.erase()
+
+
+def decomposition_symbols(module: ir.Operation) -> set[str]:
+    """Names of the functions that composites in `module` use as their decomposition."""
+    names: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.composite":
+            names.add(ir.FlatSymbolRefAttr(op.attributes["decomposition"]).value)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return names
+
+
+def functions(module: ir.Operation, *, skip_decompositions: bool) -> list[ir.Operation]:
+    """The module's func.func ops; without the composites' decompositions (already raised) if asked."""
+    skipped = decomposition_symbols(module) if skip_decompositions else set()
+    return [
+        op.operation for op in module.regions[0].blocks[0].operations
+        if op.operation.name == "func.func"
+        and ir.StringAttr(op.operation.attributes["sym_name"]).value not in skipped
+    ]

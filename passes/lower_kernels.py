@@ -1,0 +1,127 @@
+"""hlofuse-lower-kernels: replaces each hlofuse composite with the target's kernel.
+
+Matches: `stablehlo.composite "hlofuse.attention"` (version 1).
+Emits, by `target`:
+  reference  a call to the plain-jnp reference (hlofuse.kernels.reference), lowered by JAX into this
+             module. It runs anywhere, and since it is built from the composite's attributes alone,
+             comparing it with the original program checks that fusion read the attributes right.
+  cpu        `stablehlo.custom_call @hlofuse_attention` (XLA FFI, api_version 4) when the native
+             kernels are built and support the attributes.
+  tpu, gpu, neuron
+             kernels are not in this build yet.
+A composite that no kernel takes stays as it is, with a remark saying why: XLA then inlines its
+decomposition, so the program stays exactly right.
+
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
+  becomes (target=reference)
+    %0 = call @hlofuse.attention.reference(%q, %k, %v)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func
+
+from hlofuse.composites import ATTENTION, ATTENTION_VERSION, AttentionAttrs
+from hlofuse.ir import build
+from hlofuse.kernels.reference import attention_reference
+from hlofuse.passes.prepare import erase_unreferenced_private_funcs, inline_private_calls
+from hlofuse.pipeline import ModulePass, PassState
+
+TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference")
+
+_DTYPES: dict[str, Any] = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "f64": jnp.float64,
+                           "i32": jnp.int32, "i64": jnp.int64, "i1": jnp.bool_}
+
+
+class Unsupported(Exception):
+    """The target has no kernel for this composite; the message is the remark."""
+
+
+def _spec(value: ir.Value) -> jax.ShapeDtypeStruct:
+    rtype = ir.RankedTensorType(value.type)
+    return jax.ShapeDtypeStruct(tuple(rtype.shape), _DTYPES[str(rtype.element_type)])
+
+
+def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module: ir.Operation,
+                        base_name: str) -> None:
+    """Lowers `fn` for the composite's operand types, adds it to `module`, and calls it instead."""
+    lowered = jax.jit(fn).lower(*[_spec(v) for v in composite.operands])
+    imported = ir.Module.parse(lowered.as_text(), context=module.context)
+    inline_private_calls(imported.operation)
+    main = next(op.operation for op in imported.body.operations
+                if ir.StringAttr(op.operation.attributes["sym_name"]).value == "main")
+    name = build.unique_symbol(module, base_name)
+    main.attributes["sym_name"] = ir.StringAttr.get(name)
+    main.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    for attr in ("arg_attrs", "res_attrs"):
+        if attr in main.attributes:
+            del main.attributes[attr]
+    body = module.regions[0].blocks[0]
+    main.move_after(list(body.operations)[-1].operation)
+    with composite.location, ir.InsertionPoint(composite):
+        call = func.CallOp([r.type for r in composite.results], ir.FlatSymbolRefAttr.get(name),
+                           list(composite.operands))
+    for old, new in zip(composite.results, call.results, strict=True):
+        old.replace_all_uses_with(new)
+    composite.erase()
+
+
+def _lower_attention(composite: ir.Operation, module: ir.Operation, target: str) -> str:
+    attrs = AttentionAttrs.from_ir(composite.attributes["composite_attributes"])
+    if target == "reference":
+        inline_jax_function(attrs.bind_operands(attention_reference), composite, module,
+                            f"{ATTENTION}.reference")
+        return "attention_to_reference"
+    raise Unsupported(f"no {target} kernel for hlofuse.attention in this build")
+
+
+def _composites(module: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.composite":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+@dataclass(frozen=True)
+class LowerKernelsPass(ModulePass):
+    """Replaces hlofuse composites with `target`'s kernels; unsupported ones stay, with a remark."""
+
+    name: ClassVar[str] = "hlofuse-lower-kernels"
+    summary: ClassVar[str] = "Lower hlofuse composites to the target's kernels (cpu|tpu|gpu|neuron|reference)"
+
+    target: str = "cpu"
+
+    def run(self, module: ir.Operation, state: PassState) -> None:
+        if self.target not in TARGETS:
+            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
+        lowered_any = False
+        for composite in _composites(module):
+            name = ir.StringAttr(composite.attributes["name"]).value
+            if name != ATTENTION:
+                continue
+            version = ir.IntegerAttr(composite.attributes["version"]).value if "version" in composite.attributes \
+                else 0
+            try:
+                if version != ATTENTION_VERSION:
+                    raise Unsupported(f"version {version} is not {ATTENTION_VERSION}")
+                rule = _lower_attention(composite, module, self.target)
+            except Unsupported as reason:
+                state.remark(composite, f"kept as a composite: {reason}")
+                state.count("attention_kept_composite")
+                continue
+            state.count(rule)
+            lowered_any = True
+        if lowered_any:
+            erase_unreferenced_private_funcs(module)

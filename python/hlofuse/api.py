@@ -1,0 +1,67 @@
+"""The explicit path: `hlofuse.attention(...)` emits the same composite the fusion pass raises."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+from hlofuse.composites import ATTENTION, ATTENTION_VERSION
+from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+
+
+def attention(
+    q: jax.Array,  # (B, T, N, H)
+    k: jax.Array,  # (B, S, K, H)
+    v: jax.Array,  # (B, S, K, D)
+    *,
+    scale: float | None = None,
+    causal: bool = False,
+    window: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    q_lengths: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    q_offset: int = 0,
+    masked_value: float = float("-inf"),
+) -> jax.Array:  # (B, T, N, D)
+    """Multi-head attention as one `hlofuse.attention` composite, whose decomposition is the jnp reference.
+
+    `window=(left, right)` keeps keys j with -left <= j - (i + q_offset) <= right; `causal` forces
+    right = 0. `mask` (True = visible) and `bias` broadcast as (B|1, N|1, T|1, S|1).
+    """
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be (B, T, N, H), (B, S, K, H), (B, S, K, D); got {q.shape}, {k.shape}, "
+                         f"{v.shape}")
+    if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
+        raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]} (= v's "
+                         f"{v.shape[2]})")
+    window_left, window_right = window if window is not None else (UNBOUNDED, UNBOUNDED)
+    if causal:
+        window_right = 0
+    operands = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask, "q_lengths": q_lengths,
+                "kv_lengths": kv_lengths}
+    present = [role for role, value in operands.items() if value is not None]
+    kinds = [kind for kind, role in (("additive", "bias"), ("boolean", "mask")) if role in present]
+    if q_lengths is not None or kv_lengths is not None:
+        kinds.append("lengths")
+    attributes = {
+        "scale": float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])),
+        "causal": causal, "window_left": int(window_left), "window_right": int(window_right),
+        "q_offset": int(q_offset), "softcap": float(softcap), "masked_value": float(masked_value),
+        "mask_kind": "+".join(kinds) or "none", "num_heads": int(q.shape[2]), "num_kv_heads": int(k.shape[2]),
+        "layout": "BTNH", "decode": bool(q.shape[1] <= 8 < k.shape[1]),
+    }
+
+    def decomposition(*values: jax.Array, **attrs: object) -> jax.Array:
+        named = dict(zip(present, values, strict=True))
+        return attention_reference(
+            named.pop("q"), named.pop("k"), named.pop("v"), **named,
+            scale=attrs["scale"], causal=attrs["causal"], window_left=attrs["window_left"],
+            window_right=attrs["window_right"], q_offset=attrs["q_offset"], softcap=attrs["softcap"],
+            masked_value=attrs["masked_value"],
+        )
+
+    composite = jax.lax.composite(decomposition, ATTENTION, ATTENTION_VERSION)
+    return composite(*(operands[role] for role in present), **attributes, operands=tuple(present))

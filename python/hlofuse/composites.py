@@ -1,0 +1,82 @@
+"""The composite contract: names, versions and attributes of the ops hlofuse raises.
+
+docs/composites.md documents the same fields; `AttentionAttrs` reads them back from IR so that every
+lowering (and the reference used in tests) interprets a composite in one way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jaxlib.mlir import ir
+
+ATTENTION = "hlofuse.attention"
+ATTENTION_VERSION = 1
+ATTENTION_OPERANDS = ("q", "k", "v", "bias", "mask", "q_lengths", "kv_lengths")
+
+
+@dataclass(frozen=True)
+class AttentionAttrs:
+    """Attributes of `hlofuse.attention` v1. Operands are canonical: q (B,T,N,H), k (B,S,K,H), v (B,S,K,D),
+    then, as `operands` lists them, bias / mask (B|1,N|1,T|1,S|1), q_lengths / kv_lengths (B,) int32."""
+
+    scale: float
+    causal: bool = False
+    window_left: int = -1
+    window_right: int = -1
+    q_offset: int = 0
+    softcap: float = 0.0
+    masked_value: float = float("-inf")
+    mask_kind: str = "none"
+    num_heads: int = 1
+    num_kv_heads: int = 1
+    layout: str = "BTNH"
+    decode: bool = False
+    operands: tuple[str, ...] = ("q", "k", "v")
+
+    @staticmethod
+    def from_ir(attributes: ir.Attribute) -> AttentionAttrs:
+        values: dict[str, Any] = {}
+        for named in ir.DictAttr(attributes):
+            values[named.name] = _python_value(named.attr)
+        values["operands"] = tuple(values.get("operands", ("q", "k", "v")))
+        known = {f.name for f in dataclasses.fields(AttentionAttrs)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown hlofuse.attention attributes {sorted(unknown)}")
+        return AttentionAttrs(**values)
+
+    def reference_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of hlofuse.kernels.reference.attention_reference."""
+        return {"scale": self.scale, "causal": self.causal, "window_left": self.window_left,
+                "window_right": self.window_right, "q_offset": self.q_offset, "softcap": self.softcap,
+                "masked_value": self.masked_value}
+
+    def bind_operands(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn(q, k, v, **optional_operands, **attrs)` as a function of the composite's operands."""
+        roles = self.operands
+        kwargs = self.reference_kwargs()
+
+        def call(*operands: Any) -> Any:  # noqa: ANN401
+            named = dict(zip(roles, operands, strict=True))
+            q, k, v = named.pop("q"), named.pop("k"), named.pop("v")
+            return fn(q, k, v, **named, **kwargs)
+
+        return call
+
+
+def _python_value(attr: ir.Attribute) -> Any:  # noqa: ANN401
+    if isinstance(attr, ir.BoolAttr):
+        return bool(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.FloatAttr):
+        return float(attr.value)
+    if isinstance(attr, ir.StringAttr):
+        return attr.value
+    if isinstance(attr, ir.ArrayAttr):
+        return [_python_value(a) for a in attr]
+    raise ValueError(f"unsupported attribute {attr}")
