@@ -56,8 +56,23 @@ class FailingPass(pipeline.ModulePass):
         raise ValueError("boom")
 
 
+@dataclass(frozen=True)
+class CheckedOptionPass(pipeline.ModulePass):
+    name: ClassVar[str] = "hlofuse-test-checked"
+    summary: ClassVar[str] = "rejects a bad target before anything runs"
+    target: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.target not in ("cpu", "tpu"):
+            raise ValueError(f"unknown target '{self.target}'")
+
+    def run(self, module: ir.Operation, state: pipeline.PassState) -> None:
+        pass
+
+
 @pytest.fixture
 def test_passes(monkeypatch):
+    monkeypatch.setitem(pipeline.PASS_CLASSES, CheckedOptionPass.name, f"{__name__}:CheckedOptionPass")
     monkeypatch.setitem(pipeline.PASS_CLASSES, RemarkOnAddPass.name, f"{__name__}:RemarkOnAddPass")
     monkeypatch.setitem(pipeline.PASS_CLASSES, FailingPass.name, f"{__name__}:FailingPass")
     monkeypatch.setitem(pipeline.PASS_CLASSES, "hlofuse-test-missing", "hlofuse.passes.no_such_module:X")
@@ -201,6 +216,14 @@ def test_unknown_option_names_the_known_ones(tmp_path, capsys, test_passes):
     )
 
 
+def test_option_checked_in_post_init_is_a_pipeline_error(tmp_path, capsys, test_passes):
+    source = write(tmp_path, GOOD + "// -----\n" + GOOD)
+    assert opt.main([str(source), "--split-input-file", "--hlofuse-test-checked=target=mars"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "hlofuse-opt: error: invalid pipeline: unknown target 'mars'\n"
+    assert captured.out == ""
+
+
 def test_unavailable_pass_is_listed_and_rejected(tmp_path, capsys, test_passes):
     assert opt.main(["--list-passes"]) == 0
     out = capsys.readouterr().out
@@ -231,6 +254,20 @@ def test_split_chunks_keep_line_numbers():
     text = "a\n// -----\nb\nc\n  // -----  \nd\n"
     chunks = opt.split_chunks(text)
     assert [chunk.split("\n").index(letter) for chunk, letter in zip(chunks, "abd", strict=True)] == [0, 2, 5]
+
+
+def test_split_empty_and_comment_chunks_are_empty_modules(tmp_path, capsys):
+    source = write(tmp_path, "// just a note\n// -----\n" + GOOD + "// -----\n")
+    assert opt.main([str(source), "--split-input-file"]) == 0
+    assert capsys.readouterr().out.split("// -----\n") == ["module {\n}\n", ANY_TWICE, "module {\n}\n"]
+
+
+class _ContainsTwice:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and "func.func @twice" in other
+
+
+ANY_TWICE = _ContainsTwice()
 
 
 def test_pass_element_forms():

@@ -313,10 +313,10 @@ _READERS: dict[str, Callable[[bytes, ir.Context, str], ir.Module]] = {
 
 
 def load_bytes(data: bytes, name: str = STDIN_NAME, context: ir.Context | None = None) -> Loaded:
-    """Detects the format of `data` and parses it; `name` is what diagnostics call the input."""
+    """Detects the format of `data` and parses it; `name` is what diagnostics call the input.
+
+    Empty or comment-only text is an empty module, as in mlir-opt (a split chunk may hold only comments)."""
     context = context or make_context()
-    if not data.strip():
-        raise LoadError(f"{name}: error: empty input")
     try:
         kind = detect_format(data)
     except LoadError as error:

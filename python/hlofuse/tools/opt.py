@@ -28,7 +28,7 @@ from hlofuse.ir.context import make_context
 
 PROG = "hlofuse-opt"
 SPLIT_MARKER = "// -----"
-_SPLIT_LINE = re.compile(r"^[ \t]*// -----[ \t]*$", re.MULTILINE)
+_SPLIT_LINE = re.compile(r"^[ \t]*// -----[ \t\r]*$", re.MULTILINE)
 
 # Upstream passes that get their own flag in --help; any other registered pass also works as `--<name>`.
 UPSTREAM_FLAGS = {
@@ -426,7 +426,7 @@ def run(options: Options, stderr: TextIO) -> int:
         try:
             text = _nest_function_passes(text, context)
             pipeline.build_pass_manager(text, context, pipeline.PassState())
-        except pipeline.PipelineError as error:
+        except (ValueError, TypeError) as error:  # PipelineError, or a pass rejecting its options
             _report(f"{PROG}: error: invalid pipeline: {one_line(str(error))}", stderr, options.debug)
             return 1
         except ImportError as error:
