@@ -41,7 +41,8 @@ def _load() -> ctypes.CDLL:
         path = library_path()
         if path is None:
             raise RuntimeError(
-                f"hlofuse CPU kernel library not found next to {__file__} or at ${LIB_ENV}; build it with cmake"
+                f"hlofuse CPU kernel library not found next to {__file__} or at ${LIB_ENV}; "
+                "build it with cmake"
             )
         _lib = ctypes.cdll.LoadLibrary(str(path))
     return _lib
@@ -71,7 +72,7 @@ def register() -> None:
 
 
 def isa() -> str:
-    """The vector ISA the kernels pick on this CPU: "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
+    """The vector ISA the kernels pick here: "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
     fn = _load().hlofuse_cpu_isa
     fn.restype = ctypes.c_char_p
     return fn().decode()

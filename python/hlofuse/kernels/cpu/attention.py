@@ -44,7 +44,9 @@ class BlockSizes:
 
 def _as_4d(x: jax.Array, name: str, full: tuple[int, int, int, int]) -> jax.Array:
     if x.ndim > 4:
-        raise ValueError(f"{name} has rank {x.ndim} > 4; expected (B|1, N|1, T|1, S|1) broadcasting to {full}")
+        raise ValueError(
+            f"{name} has rank {x.ndim} > 4; expected (B|1, N|1, T|1, S|1) broadcasting to {full}"
+        )
     x = x.reshape((1,) * (4 - x.ndim) + x.shape)
     for got, want in zip(x.shape, full, strict=True):
         if got not in (1, want):
@@ -88,7 +90,9 @@ def attention(
     if kv_heads == 0 or n % kv_heads:
         raise ValueError(f"query heads N={n} are not a multiple of kv heads K={kv_heads}")
     if q.dtype not in (jnp.float32, jnp.bfloat16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one dtype of float32 / bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise ValueError(
+            f"q, k, v must share one dtype of float32 / bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
     blocks = block_sizes or BlockSizes.get_default()
     register()
 
