@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Every test: lint, the lit/FileCheck suite and pytest, against a fresh build in .venv.
+set -euo pipefail
+cd "$(dirname "$0")"
+HLOFUSE_EXTRAS="test" source tools/venv.sh
+export PATH="$VENV/bin:$PATH"
+echo "== ruff"
+ruff check python passes test tools
+echo "== lit"
+lit -sv test/
+echo "== pytest"
+# Run from the source tree against the installed wheel (tests import hlofuse from site-packages).
+python -m pytest -n 2 -p no:cacheprovider test/
