@@ -35,7 +35,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.ir import build, layout
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
-from hlofuse.ir.match import P, Rule, constant_scalar, defining_op, first_rule, match
+from hlofuse.ir.match import P, Rule, defining_op, first_rule, match
 from hlofuse.pipeline import ModulePass, PassState
 
 COMPOSITE_NAME = "hlofuse.attention"

@@ -25,13 +25,13 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+from hlofuse.passes.prepare import erase_unreferenced_private_funcs, inline_private_calls
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
 from hlofuse.composites import ATTENTION, ATTENTION_VERSION, AttentionAttrs
 from hlofuse.ir import build
 from hlofuse.kernels.reference import attention_reference
-from hlofuse.passes.prepare import erase_unreferenced_private_funcs, inline_private_calls
 from hlofuse.pipeline import ModulePass, PassState
 
 TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference")

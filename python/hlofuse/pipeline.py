@@ -102,7 +102,9 @@ def list_passes() -> list[tuple[str, str]]:
 def pass_options(cls: type[ModulePass]) -> list[tuple[str, str, Any]]:
     """(option, type name, default) of a pass."""
     hints = typing.get_type_hints(cls)
-    return [(f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), f.default) for f in dataclasses.fields(cls)]
+    return [
+        (f.name, getattr(hints[f.name], "__name__", str(hints[f.name])), f.default) for f in dataclasses.fields(cls)
+    ]
 
 
 def _split_top_level(text: str, sep: str = ",") -> Iterator[str]:

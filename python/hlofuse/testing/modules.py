@@ -25,9 +25,19 @@ from jaxlib.mlir.dialects import func
 
 # Element type (as MLIR prints it) -> numpy dtype name.
 _ELEMENT_DTYPES = {
-    "f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16",
-    "i1": "bool", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",
-    "ui8": "uint8", "ui16": "uint16", "ui32": "uint32", "ui64": "uint64",
+    "f64": "float64",
+    "f32": "float32",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "i1": "bool",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "ui8": "uint8",
+    "ui16": "uint16",
+    "ui32": "uint32",
+    "ui64": "uint64",
 }
 
 # dtype name -> (rtol, atol). f32: rtol 1e-5 as the contract says, with atol 1e-6 so values near zero
@@ -90,20 +100,23 @@ def run_module(module: ir.Module | str, args: Sequence[np.ndarray]) -> list[np.n
     for i, (t, a) in enumerate(zip(params, args, strict=True)):
         shape, dtype = tensor_spec(t)
         if tuple(np.shape(a)) != shape or np.asarray(a).dtype != np_dtype(dtype):
-            raise ValueError(f"argument {i}: module expects {shape} {dtype}, got {np.shape(a)} "
-                             f"{np.asarray(a).dtype}")
+            raise ValueError(
+                f"argument {i}: module expects {shape} {dtype}, got {np.shape(a)} {np.asarray(a).dtype}"
+            )
     backend = jax.devices("cpu")[0].client
     device = backend.local_devices()[0]
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=backend)
-    executable = backend.compile_and_load(module, executable_devices=xla_client.DeviceList((device,)),
-                                          compile_options=options)
+    executable = backend.compile_and_load(
+        module, executable_devices=xla_client.DeviceList((device,)), compile_options=options
+    )
     buffers = [jax.device_put(np.asarray(a), device) for a in args]
     results = executable.execute_sharded(buffers).disassemble_into_single_device_arrays()
     return [np.asarray(r[0]) for r in results]
 
 
-def _one_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: str,
-               init: Mapping[str, Any]) -> np.ndarray:
+def _one_input(
+    rng: np.random.Generator, shape: tuple[int, ...], dtype: str, init: Mapping[str, Any]
+) -> np.ndarray:
     kind = init["kind"]
     if kind == "normal":
         a = rng.standard_normal(shape, dtype=np.float32) * init.get("std", 1.0) + init.get("mean", 0.0)
@@ -124,8 +137,9 @@ def _one_input(rng: np.random.Generator, shape: tuple[int, ...], dtype: str,
     return np.asarray(a).astype(np_dtype(dtype))
 
 
-def make_inputs(spec: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-                seed: int | None = None) -> list[np.ndarray]:
+def make_inputs(
+    spec: Mapping[str, Any] | Sequence[Mapping[str, Any]], seed: int | None = None
+) -> list[np.ndarray]:
     """Arguments from a manifest recipe, deterministic in `seed` (default: the entry's own "seed").
 
     `spec` is a manifest entry (with "inputs") or its list of inputs; each input has "shape", "dtype" and
@@ -159,8 +173,13 @@ def count_composites(module: ir.Module | ir.Operation, name: str | None = "hlofu
     return found
 
 
-def assert_outputs_close(expected: Sequence[np.ndarray], actual: Sequence[np.ndarray], *,
-                         rtol: float | None = None, atol: float | None = None) -> None:
+def assert_outputs_close(
+    expected: Sequence[np.ndarray],
+    actual: Sequence[np.ndarray],
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> None:
     """Assert two output lists match: same shapes and dtypes, NaN where NaN, infinities equal, and
     finite values within the dtype's tolerance (`TOLERANCES`; exact for integers and bools).
     `rtol`/`atol` override the dtype defaults."""
@@ -177,8 +196,15 @@ def assert_outputs_close(expected: Sequence[np.ndarray], actual: Sequence[np.nda
         e64, a64 = e.astype(np.float64), a.astype(np.float64)
         nan_e, nan_a = np.isnan(e64), np.isnan(a64)
         if not np.array_equal(nan_e, nan_a):
-            raise AssertionError(f"output {i}: NaN positions differ ({int(nan_e.sum())} expected, "
-                                 f"{int(nan_a.sum())} actual, {int((nan_e != nan_a).sum())} mismatched)")
-        np.testing.assert_allclose(a64, e64, rtol=r if rtol is None else rtol,
-                                   atol=t if atol is None else atol, equal_nan=True,
-                                   err_msg=f"output {i} ({e.dtype.name})")
+            raise AssertionError(
+                f"output {i}: NaN positions differ ({int(nan_e.sum())} expected, "
+                f"{int(nan_a.sum())} actual, {int((nan_e != nan_a).sum())} mismatched)"
+            )
+        np.testing.assert_allclose(
+            a64,
+            e64,
+            rtol=r if rtol is None else rtol,
+            atol=t if atol is None else atol,
+            equal_nan=True,
+            err_msg=f"output {i} ({e.dtype.name})",
+        )
