@@ -1,0 +1,195 @@
+"""CPU attention, side by side in one process: the hlofuse FFI kernel, XLA's unfused program
+(jax.jit of attention_reference) and torch.nn.functional.scaled_dot_product_attention.
+
+    python tools/bench/attention_cpu.py [--quick] [--shapes SPEC;SPEC...] [--repeats N]
+
+A SPEC is comma-separated key=value pairs over B, T, S, N, K, H, dtype (f32|bf16) and causal (0|1),
+e.g. "T=4096,S=4096,N=8,K=8,H=128,dtype=f32,causal=1". Prints a markdown table of median times,
+hlofuse's time as a fraction of the others', hlofuse GFLOP/s (over the visible query-key pairs) and XLA's temp
+bytes (compiled.memory_analysis()), the extra peak memory of each compiled program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hlofuse.kernels import cpu  # noqa: E402
+from hlofuse.kernels.cpu.attention import attention, attention_reference  # noqa: E402
+from hlofuse.kernels.reference import attention_visibility  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # torch is optional
+    torch = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    T: int
+    S: int
+    N: int = 8
+    K: int = 8
+    H: int = 128
+    B: int = 1
+    dtype: str = "f32"
+    causal: bool = False
+
+    @property
+    def decode(self) -> bool:
+        return self.T <= 8 and self.S > self.T
+
+    @property
+    def name(self) -> str:
+        kind = "decode" if self.decode else ("causal" if self.causal else "full")
+        return f"B{self.B} T{self.T} S{self.S} N{self.N} K{self.K} H{self.H} {self.dtype} {kind}"
+
+    @property
+    def q_offset(self) -> int:  # decode rows sit at the end of the cache
+        return self.S - self.T if self.decode else 0
+
+    @classmethod
+    def parse(cls, spec: str) -> Case:
+        kw: dict[str, Any] = {}
+        for item in spec.split(","):
+            key, value = item.split("=")
+            key = key.strip()
+            kw[key] = value if key == "dtype" else bool(int(value)) if key == "causal" else int(value)
+        kw.setdefault("S", kw["T"])
+        return cls(**kw)
+
+
+def default_cases(quick: bool) -> list[Case]:
+    if quick:
+        return [
+            Case(1024, 1024, H=128, causal=False),
+            Case(1024, 1024, H=128, causal=True),
+            Case(1024, 1024, K=2, H=64, dtype="bf16", causal=True),
+            Case(1, 8192, K=2, H=128),
+        ]
+    cases = [Case(t, t, H=h, causal=c) for t in (512, 2048, 4096) for h in (64, 128) for c in (False, True)]
+    cases += [Case(8192, 8192, H=128, causal=True)]
+    cases += [Case(4096, 4096, K=2, H=128, causal=c) for c in (False, True)]
+    cases += [Case(4096, 4096, H=128, dtype="bf16", causal=c) for c in (False, True)]
+    cases += [Case(1, s, K=k, H=128, dtype=d) for s in (2048, 8192, 32768) for k in (8, 2) for d in ("f32",)]
+    cases += [Case(1, 32768, K=2, H=128, dtype="bf16")]
+    return cases
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def temp_bytes(compiled: Any) -> int | None:
+    try:
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # memory_analysis is optional on some backends
+        return None
+
+
+def visible_pairs(case: Case) -> int:
+    vis = attention_visibility(
+        case.T, case.S, causal=case.causal, window_left=-1, window_right=-1, q_offset=case.q_offset
+    )
+    return int(np.asarray(vis).sum()) * case.B * case.N
+
+
+def run_case(case: Case, repeats: int) -> dict[str, Any]:
+    dtype = jnp.float32 if case.dtype == "f32" else jnp.bfloat16
+    rng = np.random.default_rng(0)
+    shapes = ((case.B, case.T, case.N, case.H), (case.B, case.S, case.K, case.H), (case.B, case.S, case.K, case.H))
+    q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32), dtype) for s in shapes)
+    kw = dict(scale=case.H**-0.5, causal=case.causal, q_offset=case.q_offset)
+    row: dict[str, Any] = {"case": case.name}
+
+    for label, fn in (("hlofuse", attention), ("xla", attention_reference)):
+        jitted = jax.jit(functools.partial(fn, **kw))
+        compiled = jitted.lower(q, k, v).compile()
+        row[f"{label}_s"] = median_time(lambda c=compiled: c(q, k, v).block_until_ready(), repeats)
+        row[f"{label}_temp"] = temp_bytes(compiled)
+
+    row["torch_s"] = None
+    if torch is not None:
+        tdtype = torch.float32 if case.dtype == "f32" else torch.bfloat16
+        tq, tk, tv = (torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous()
+                      for x in (q, k, v))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        causal = case.causal and not case.decode
+
+        def run_torch() -> None:
+            with torch.no_grad():
+                sdpa(tq, tk, tv, is_causal=causal, scale=kw["scale"], enable_gqa=case.N != case.K)
+
+        row["torch_s"] = median_time(run_torch, repeats)
+    flops = 2.0 * visible_pairs(case) * (case.H + case.H)
+    row["gflops"] = flops / row["hlofuse_s"] / 1e9
+    return row
+
+
+def fmt_ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.2f}"
+
+
+def fmt_ratio(base: float, x: float | None) -> str:
+    return "n/a" if x is None else f"{base / x:.2f}"
+
+
+def fmt_mib(x: int | None) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="four small cases")
+    ap.add_argument("--shapes", help="';'-separated case specs, e.g. 'T=4096,N=8,K=8,H=128,dtype=f32,causal=1'")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per program (median reported)")
+    args = ap.parse_args(argv)
+
+    cases = [Case.parse(s) for s in args.shapes.split(";")] if args.shapes else default_cases(args.quick)
+    threads = os.cpu_count() or 1
+    if torch is not None:
+        torch.set_num_threads(threads)
+        torch_note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    else:
+        torch_note = "torch not installed: its column is n/a (pip install torch for it)"
+    cpu.register()
+    print(f"jax {jax.__version__}; hlofuse kernel ISA {cpu.isa()}; {threads} CPU threads; {torch_note}\n")
+    print(
+        "| case | hlofuse ms | XLA unfused ms | torch SDPA ms | hlofuse / XLA | hlofuse / torch "
+        "| hlofuse GFLOP/s | hlofuse temp MiB | XLA temp MiB |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for case in cases:
+        r = run_case(case, args.repeats)
+        base = r["hlofuse_s"]
+        print(
+            f"| {r['case']} | {fmt_ms(base)} | {fmt_ms(r['xla_s'])} | {fmt_ms(r['torch_s'])} "
+            f"| {fmt_ratio(base, r['xla_s'])} | {fmt_ratio(base, r['torch_s'])} | {r['gflops']:.1f} "
+            f"| {fmt_mib(r['hlofuse_temp'])} | {fmt_mib(r['xla_temp'])} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
