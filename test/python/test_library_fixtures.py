@@ -40,9 +40,11 @@ def test_fixture_matches_manifest(name):
     module = load(name)
     main = main_func(module)
     assert [tensor_spec(a.type) for a in main.arguments] == [
-        (tuple(i["shape"]), i["dtype"]) for i in entry["inputs"]]
+        (tuple(i["shape"]), i["dtype"]) for i in entry["inputs"]
+    ]
     assert [tensor_spec(t) for t in main.type.results] == [
-        (tuple(o["shape"]), o["dtype"]) for o in entry["outputs"]]
+        (tuple(o["shape"]), o["dtype"]) for o in entry["outputs"]
+    ]
     assert count_composites(module, None) == 0
     assert 0 <= entry["expected_fused"] <= entry["expected_attention_sites"]
     outs = run_module(module, make_inputs(entry))
@@ -59,6 +61,7 @@ def test_default_pipeline_fuses_and_preserves_outputs(name):
     assert fused == entry["expected_fused"], (
         f"{name}: {fused} hlofuse.attention composites, expected {entry['expected_fused']} "
         f"({entry['expected_attention_sites']} sites); counters {dict(result.counters)}; "
-        f"remarks {result.remarks}")
+        f"remarks {result.remarks}"
+    )
     args = make_inputs(entry)
     assert_outputs_close(run_module(original, args), run_module(rewritten, args))
