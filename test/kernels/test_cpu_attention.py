@@ -13,8 +13,7 @@ from hlofuse.kernels import cpu
 
 if not cpu.is_available():
     pytest.skip(
-        f"hlofuse CPU kernel library not built (install the package, or build it with cmake and set "
-        f"${cpu.LIB_ENV})",
+        f"hlofuse CPU kernel library not built (install the package, or build it with cmake and set ${cpu.LIB_ENV})",
         allow_module_level=True,
     )
 
@@ -68,17 +67,13 @@ ATTRS = [
 
 
 # Each shape meets every other attribute set (a Latin-square slice of the full product).
-GRID = [
-    (shape, ATTRS[(i + j) % len(ATTRS)]) for i, shape in enumerate(SHAPES) for j in range(0, len(ATTRS), 2)
-]
+GRID = [(shape, ATTRS[(i + j) % len(ATTRS)]) for i, shape in enumerate(SHAPES) for j in range(0, len(ATTRS), 2)]
 
 
 @pytest.mark.parametrize(
     ("shape", "attrs"),
     GRID,
-    ids=[
-        "x".join(map(str, s)) + "-" + ("-".join(f"{k}{v}" for k, v in a.items()) or "plain") for s, a in GRID
-    ],
+    ids=["x".join(map(str, s)) + "-" + ("-".join(f"{k}{v}" for k, v in a.items()) or "plain") for s, a in GRID],
 )
 def test_f32_grid(shape, attrs):
     b, t, s, n, kv, h = shape
@@ -161,9 +156,7 @@ def test_decode_split(splits, dtype):
     _check(q, k, v, block_sizes=blocks, window_left=700, q_offset=1199)
 
 
-@pytest.mark.parametrize(
-    "blocks", [BlockSizes(1, 1), BlockSizes(16, 48), BlockSizes(128, 256), BlockSizes(7, 13)]
-)
+@pytest.mark.parametrize("blocks", [BlockSizes(1, 1), BlockSizes(16, 48), BlockSizes(128, 256), BlockSizes(7, 13)])
 def test_block_sizes(blocks):
     _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, jnp.float32), causal=True, block_sizes=blocks)
 
@@ -195,3 +188,12 @@ def test_rejects_bad_shapes():
         attention(q, k, v, scale=1.0, bias=jnp.zeros((1, 3, 8, 8)))
     with pytest.raises(ValueError, match="dtype"):
         attention(q.astype(jnp.bfloat16), k, v, scale=1.0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(("t", "n", "kv", "h"), [(1, 4, 4, 80), (2, 4, 2, 64), (1, 8, 2, 128)])
+def test_few_rows_each_isa(isa, t, n, kv, h, monkeypatch):
+    # Tiles of 1..4 rows take the dot-product Q.K^T path where the vector is wide enough.
+    monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
+    q, k, v = _inputs(13, 2, t, 333, n, kv, h, h, jnp.bfloat16 if h == 64 else jnp.float32)
+    _check(q, k, v, kv_lengths=jnp.array([333, 200]), q_offset=300, causal=True, softcap=2.0)

@@ -131,8 +131,10 @@ def run_case(case: Case, repeats: int) -> dict[str, Any]:
     row["torch_s"] = None
     if torch is not None:
         tdtype = torch.float32 if case.dtype == "f32" else torch.bfloat16
-        tq, tk, tv = (torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous()
-                      for x in (q, k, v))
+        tq, tk, tv = (
+            torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous()
+            for x in (q, k, v)
+        )
         sdpa = torch.nn.functional.scaled_dot_product_attention
         causal = case.causal and not case.decode
 

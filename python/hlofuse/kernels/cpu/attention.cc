@@ -73,17 +73,30 @@ struct ParallelJob {
   void Work() {
     float* scratch = nullptr;
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) {
-      if (!scratch) {
-        const size_t bytes = (static_cast<size_t>(scratch_floats) * sizeof(float) + 63) / 64 * 64;
-        scratch = static_cast<float*>(std::aligned_alloc(64, bytes ? bytes : 64));
-      }
+      if (!scratch) scratch = ThreadScratch(scratch_floats);
       fn(i, scratch);
       if (done.fetch_add(1) + 1 == n) {
         std::lock_guard<std::mutex> lock(mu);
         cv.notify_all();
       }
     }
-    std::free(scratch);
+  }
+
+  // A per-thread buffer kept across calls: fresh pages for every call cost more than small tiles.
+  static float* ThreadScratch(int64_t floats) {
+    struct Buffer {
+      float* data = nullptr;
+      size_t bytes = 0;
+      ~Buffer() { std::free(data); }
+    };
+    thread_local Buffer buf;
+    const size_t bytes = (static_cast<size_t>(floats) * sizeof(float) + 63) / 64 * 64 + 64;
+    if (bytes > buf.bytes) {
+      std::free(buf.data);
+      buf.data = static_cast<float*>(std::aligned_alloc(64, bytes));
+      buf.bytes = bytes;
+    }
+    return buf.data;
   }
 };
 

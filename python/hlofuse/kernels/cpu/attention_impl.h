@@ -137,14 +137,62 @@ void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, i
   }
 }
 
+// Few-row tiles (decode): S^T[j][r] = q_r . k_j with lanes over H, MR rows x 4 keys per step, so a
+// tile of 1..4 rows does not waste the lanes the GEMM path would spread over query rows.
+template <int MR>
+void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk, float* s, int64_t ldsj) {
+  int64_t j = 0;
+  for (; j + 4 <= jn; j += 4) {
+    vf acc[MR][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) acc[r][u] = vzero();
+    const float* kj = k + j * ldk;
+    for (int64_t h = 0; h < hp; h += kW) {
+      vf kv[4];
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) kv[u] = vload(kj + u * ldk + h);
+#pragma GCC unroll 4
+      for (int r = 0; r < MR; ++r) {
+        vf qv = vload(qr + r * hp + h);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) acc[r][u] = vfma(qv, kv[u], acc[r][u]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) s[(j + u) * ldsj + r] = vhsum(acc[r][u]);
+  }
+  for (; j < jn; ++j) {
+    for (int r = 0; r < MR; ++r) {
+      vf acc = vzero();
+      for (int64_t h = 0; h < hp; h += kW) acc = vfma(vload(qr + r * hp + h), vload(k + j * ldk + h), acc);
+      s[j * ldsj + r] = vhsum(acc);
+    }
+  }
+}
+
+inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk,
+                        float* s, int64_t ldsj) {
+  switch (rows) {
+    case 1: qk_dot<1>(jn, hp, qr, k, ldk, s, ldsj); return;
+    case 2: qk_dot<2>(jn, hp, qr, k, ldk, s, ldsj); return;
+    case 3: qk_dot<3>(jn, hp, qr, k, ldk, s, ldsj); return;
+    default: qk_dot<4>(jn, hp, qr, k, ldk, s, ldsj); return;
+  }
+}
+
 //===--- Tiles and scratch -----------------------------------------------------------------===//
 
 // Per-worker scratch, in floats; every region starts on a 64-byte boundary.
 struct Scratch {
   float* qt;     // (H, Mp) scaled Q^T
+  float* qr;     // (Mp, Hp) scaled Q, rows zero-padded to Hp (few-row tiles: the dot-product path)
   float* s;      // (block_k, Mp) logits, then probabilities
   float* o;      // (Mp, Dp) unnormalised output
-  float* kp;     // (block_k, H) K block as f32 (bf16 inputs)
+  float* kp;     // (block_k, Hp) K block as f32 (bf16 inputs, or padded rows for the dot path)
   float* vp;     // (block_k, Dp) V block as f32, zero-padded (bf16 inputs or D % kW != 0)
   float* m;      // (Mp) running max
   float* l;      // (Mp) running sum
@@ -164,9 +212,10 @@ inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& pla
   };
   Scratch sc;
   sc.qt = take(args.H * mp);
+  sc.qr = take(mp * round_up(args.H, kW));
   sc.s = take(bk * mp);
   sc.o = take(mp * dp);
-  sc.kp = take(bk * args.H);
+  sc.kp = take(bk * round_up(args.H, kW));
   sc.vp = take(bk * dp);
   sc.m = take(mp);
   sc.l = take(mp);
@@ -231,6 +280,23 @@ inline int64_t row_n(const Tile& tl, const AttentionPlan& plan, int64_t r) {
   return tl.kh * plan.groups + r % plan.groups;
 }
 
+// Whether a tile of `rows` rows takes the dot-product path for S = Q.K^T (lanes over H).
+inline bool use_qk_dot(int64_t rows) { return kW > 1 && rows <= 4 && 4 * rows <= kW; }
+
+// Q (Mp, Hp) = scale * q rows of the tile, for the dot path; padding is zero.
+inline void pack_q_rows(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, float* qr) {
+  const int64_t H = args.H, hp = round_up(H, kW);
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    const int64_t off = ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * H;
+    for (int64_t h = 0; h < hp; ++h) {
+      float x = 0.0f;
+      if (h < H && args.dtype == ElemType::kF32) x = static_cast<const float*>(args.q)[off + h];
+      if (h < H && args.dtype == ElemType::kBF16) x = bf16_to_f32(static_cast<const uint16_t*>(args.q)[off + h]);
+      qr[r * hp + h] = x * args.scale;
+    }
+  }
+}
+
 // Q^T (H, Mp) = scale * q rows of the tile; padded rows are zero.
 inline void pack_q(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, float* qt) {
   const int64_t mp = plan.rows_pad, H = args.H;
@@ -257,16 +323,25 @@ inline void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
 }
 
 // K block rows [j0, j0 + jn) as f32: a pointer and its row stride (no copy for f32 inputs).
-inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, float* kp,
-                            int64_t* ld) {
-  const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * args.H, stride = args.K * args.H;
-  if (args.dtype == ElemType::kF32) {
+// With `padded`, rows are zero-padded to a multiple of kW (the dot path loads whole vectors).
+inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, bool padded,
+                            float* kp, int64_t* ld) {
+  const int64_t H = args.H, hp = padded ? round_up(H, kW) : H;
+  const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * H, stride = args.K * H;
+  if (args.dtype == ElemType::kF32 && hp == H) {
     *ld = stride;
     return static_cast<const float*>(args.k) + off;
   }
-  const uint16_t* src = static_cast<const uint16_t*>(args.k) + off;
-  for (int64_t j = 0; j < jn; ++j) bf16_row_to_f32(src + j * stride, kp + j * args.H, args.H);
-  *ld = args.H;
+  for (int64_t j = 0; j < jn; ++j) {
+    float* dst = kp + j * hp;
+    if (args.dtype == ElemType::kF32) {
+      std::memcpy(dst, static_cast<const float*>(args.k) + off + j * stride, H * sizeof(float));
+    } else {
+      bf16_row_to_f32(static_cast<const uint16_t*>(args.k) + off + j * stride, dst, H);
+    }
+    for (int64_t h = H; h < hp; ++h) dst[h] = 0.0f;
+  }
+  *ld = hp;
   return kp;
 }
 
@@ -320,16 +395,35 @@ inline void apply_bias_and_mask(const AttentionArgs& args, const AttentionPlan& 
   }
 }
 
+// Prefetches K and V rows [j0, j0 + jn) of the tile's kv head into L2. Each key's row sits in its own
+// K*H-element stretch, so the hardware streamers, which stop at 4 KiB pages, miss them.
+inline void prefetch_kv(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn) {
+  const int64_t elem = args.dtype == ElemType::kF32 ? 4 : 2;
+  const char* k = static_cast<const char*>(args.k) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.H * elem;
+  const char* v = static_cast<const char*>(args.v) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.D * elem;
+  const int64_t krow = args.K * args.H * elem, vrow = args.K * args.D * elem;
+  for (int64_t j = 0; j < jn; ++j) {
+    for (int64_t off = 0; off < args.H * elem; off += 64) __builtin_prefetch(k + j * krow + off, 0, 2);
+    for (int64_t off = 0; off < args.D * elem; off += 64) __builtin_prefetch(v + j * vrow + off, 0, 2);
+  }
+}
+
 inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t kb,
-                          const Scratch& sc) {
+                          int64_t kb_end, const Scratch& sc) {
   const int64_t mp = plan.rows_pad, dp = plan.d_pad;
   const int64_t j0 = kb * plan.block_k, jn = imin(plan.block_k, args.S - j0);
   float* s = sc.s;
+  if (kb + 1 < kb_end) prefetch_kv(args, tl, j0 + jn, imin(plan.block_k, args.S - j0 - jn));
 
   // S^T (jn, Mp) = K_blk . Q^T
   int64_t ldk;
-  const float* kb_ptr = k_block(args, tl, j0, jn, sc.kp, &ldk);
-  gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
+  const bool dot = use_qk_dot(tl.rows);
+  const float* kb_ptr = k_block(args, tl, j0, jn, dot, sc.kp, &ldk);
+  if (dot) {
+    qk_dot_rows(tl.rows, jn, round_up(args.H, kW), sc.qr, kb_ptr, ldk, s, mp);
+  } else {
+    gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
+  }
 
   if (args.softcap != 0.0f) {
     const vf cap = vset1(args.softcap), inv = vset1(1.0f / args.softcap);
@@ -449,8 +543,9 @@ inline void tile_item(const AttentionArgs& args, const AttentionPlan& plan, int6
   const int64_t nb = tl.kb1 - tl.kb0;
   const int64_t b0 = tl.kb0 + nb * split / plan.splits, b1 = tl.kb0 + nb * (split + 1) / plan.splits;
   init_state(plan, sc);
-  if (b0 < b1) pack_q(args, plan, tl, sc.qt);
-  for (int64_t kb = b0; kb < b1; ++kb) process_block(args, plan, tl, kb, sc);
+  if (b0 < b1 && use_qk_dot(tl.rows)) pack_q_rows(args, plan, tl, sc.qr);
+  if (b0 < b1 && !use_qk_dot(tl.rows)) pack_q(args, plan, tl, sc.qt);
+  for (int64_t kb = b0; kb < b1; ++kb) process_block(args, plan, tl, kb, b1, sc);
   if (plan.splits == 1) {
     finalize(args, plan, tl, tl.kb0 * plan.block_k, imin(tl.kb1 * plan.block_k, args.S), sc);
     return;

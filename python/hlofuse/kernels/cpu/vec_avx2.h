@@ -14,6 +14,12 @@ inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf vmax(vf a, vf b) { return _mm256_max_ps(a, b); }
+inline float vhsum(vf a) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
 inline vf vabs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
 inline vf vround(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // 2^n for integral n in [-126, 127].

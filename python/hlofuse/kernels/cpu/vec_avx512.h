@@ -14,6 +14,7 @@ inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
+inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
 inline vf vabs(vf a) { return _mm512_abs_ps(a); }
 inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // 2^n for integral n in [-126, 127].
