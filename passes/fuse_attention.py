@@ -718,7 +718,9 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
 def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir.Value, str]) -> None:
     """Interior values computed from q/k/v may not be used outside the site (e.g. by a backward pass)."""
     inside = set(interior)
-    tainted: set[ir.Value] = set(boundaries)
+    # Only values computed from q, k and v are the attention's own; masks and lengths computed once and
+    # shared by every layer are cloned into each decomposition, so sharing them is fine.
+    tainted: set[ir.Value] = {value for value, role in boundaries.items() if role in ("q", "k", "v")}
     for op in interior:
         if not any(v in tainted for v in op.operands):
             continue
