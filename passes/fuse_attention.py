@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
@@ -614,7 +613,7 @@ def _canonical_length(value: ir.Value, labels: Labels, adjust: int, sizes: dict[
     if layout.element_type(vector) != ir.IntegerType.get_signless(32):
         vector = stablehlo.convert(_i32(vector), vector)
     if adjust:
-        vector = stablehlo.add(vector, _splat(adjust, vector))
+        vector = stablehlo.add(vector, layout.broadcast_scalar(adjust, vector))
     return vector
 
 
@@ -623,7 +622,7 @@ def _rebuild_length(canonical: ir.Value, adjust: int, original: ir.Value, labels
     """Inverse of _canonical_length: the original lengths tensor from the canonical (B,) vector."""
     vector = canonical
     if adjust:
-        vector = stablehlo.subtract(vector, _splat(adjust, vector))
+        vector = stablehlo.subtract(vector, layout.broadcast_scalar(adjust, vector))
     etype = layout.element_type(original)
     if etype != layout.element_type(vector):
         vector = stablehlo.convert(ir.RankedTensorType.get(list(_shape(vector)), etype), vector)
@@ -632,15 +631,6 @@ def _rebuild_length(canonical: ir.Value, adjust: int, original: ir.Value, labels
         # The same length for every sequence: any row holds it.
         vector, source = stablehlo.slice(vector, [0], [1], [1]), ((),)
     return layout.relayout(vector, source, labels, sizes)
-
-
-def _splat(number: int | float, like: ir.Value) -> ir.Value:
-    rtype = ir.RankedTensorType(like.type)
-    etype = rtype.element_type
-    dtype = np.int32 if isinstance(etype, ir.IntegerType) and etype.width == 32 else \
-        np.int64 if isinstance(etype, ir.IntegerType) else np.float32
-    array = np.full(rtype.shape, number, dtype=dtype)
-    return stablehlo.constant(ir.DenseElementsAttr.get(array, type=rtype))
 
 
 def _f64(number: float) -> ir.Attribute:
