@@ -211,7 +211,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   AttentionPlan p{};
   p.width = kt.width;
   p.groups = a.N / a.K;
-  p.tile_t = std::min(a.T, std::max<int64_t>(1, (block_q > 0 ? block_q : 64) / p.groups));
+  p.tile_t = std::min(a.T, std::max<int64_t>(1, (block_q > 0 ? block_q : 128) / p.groups));
   p.rows = p.tile_t * p.groups;
   p.rows_pad = (p.rows + kt.width - 1) / kt.width * kt.width;
   p.d_pad = (a.D + kt.width - 1) / kt.width * kt.width;

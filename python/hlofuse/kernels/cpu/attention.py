@@ -29,7 +29,7 @@ class BlockSizes:
     thread count.
     """
 
-    block_q: int = 64
+    block_q: int = 128
     block_k: int = 64
     kv_splits: int = 0
 

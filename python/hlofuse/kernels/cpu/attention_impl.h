@@ -78,14 +78,17 @@ inline vf vtanh(vf y) {
 
 // C (MR, NV*kW) (+)= sum_kk A(i, kk) * B(kk, :), with A(i, kk) = a[i*sai + kk*sak] broadcast and
 // B(kk, :) = b[kk*ldb ...] contiguous. The MR x NV accumulators stay in registers over all of kc.
+// ACC: C starts from its old value, times row_scale[i] when row_scale is not null.
 template <int MR, int NV, bool ACC>
 void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb, float* c,
-                  int64_t ldc) {
+                  int64_t ldc, const float* row_scale) {
   vf acc[MR][NV];
 #pragma GCC unroll 8
-  for (int i = 0; i < MR; ++i)
+  for (int i = 0; i < MR; ++i) {
+    const vf sc = vset1(row_scale ? row_scale[i] : 1.0f);
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) acc[i][v] = ACC ? vload(c + i * ldc + v * kW) : vzero();
+    for (int v = 0; v < NV; ++v) acc[i][v] = ACC ? vmul(vload(c + i * ldc + v * kW), sc) : vzero();
+  }
   for (int64_t kk = 0; kk < kc; ++kk) {
     const float* bk = b + kk * ldb;
     const float* ak = a + kk * sak;
@@ -107,31 +110,33 @@ void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const fl
 
 template <int MR, bool ACC>
 void micro_kernel_nv(int nv, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb,
-                     float* c, int64_t ldc) {
+                     float* c, int64_t ldc, const float* rs) {
   switch (nv) {
-    case 1: micro_kernel<MR, 1, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
-    case 2: if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
-    case 3: if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
-    default: if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC>(kc, a, sai, sak, b, ldb, c, ldc); return;
+    case 1: micro_kernel<MR, 1, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
+    case 2: if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
+    case 3: if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
+    default: if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
   }
 }
 
-// C (rows, cols) (+)= A (rows, kc) . B (kc, cols); cols is a multiple of kW.
+// C (rows, cols) (+)= A (rows, kc) . B (kc, cols); cols is a multiple of kW. With ACC and row_scale,
+// C = diag(row_scale) C + A . B.
 template <bool ACC>
 void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b,
-          int64_t ldb, float* c, int64_t ldc) {
+          int64_t ldb, float* c, int64_t ldc, const float* row_scale = nullptr) {
   for (int64_t c0 = 0; c0 < cols; c0 += kNV * kW) {
     int nv = static_cast<int>(imin(kNV, (cols - c0) / kW));
     for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
       const float* ar = a + r0 * sai;
       float* cr = c + r0 * ldc + c0;
+      const float* rs = row_scale ? row_scale + r0 : nullptr;
       switch (imin(kMR, rows - r0)) {
-        case 1: micro_kernel_nv<1, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
-        case 2: micro_kernel_nv<2, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
-        case 3: micro_kernel_nv<3, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
-        case 4: micro_kernel_nv<4, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
-        case 5: if constexpr (kMR >= 5) micro_kernel_nv<5, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
-        default: if constexpr (kMR >= 6) micro_kernel_nv<6, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc); break;
+        case 1: micro_kernel_nv<1, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 2: micro_kernel_nv<2, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 3: micro_kernel_nv<3, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 4: micro_kernel_nv<4, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 5: if constexpr (kMR >= 5) micro_kernel_nv<5, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        default: if constexpr (kMR >= 6) micro_kernel_nv<6, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
       }
     }
   }
@@ -442,8 +447,11 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
         vstore(p, vselect_in(vset1(static_cast<float>(j0 + j)), lo, hi, vload(p), mv));
       }
     }
-    vf mx = neg_inf;
-    for (int64_t j = 0; j < jn; ++j) mx = vmax(mx, vload(s + j * mp + c));
+    vf mx = neg_inf, mx2 = neg_inf;  // two chains: vmax latency, not throughput, bounds this loop
+    int64_t j = 0;
+    for (; j + 2 <= jn; j += 2) mx = vmax(mx, vload(s + j * mp + c)), mx2 = vmax(mx2, vload(s + (j + 1) * mp + c));
+    if (j < jn) mx = vmax(mx, vload(s + j * mp + c));
+    mx = vmax(mx, mx2);
     const vf m_old = vload(sc.m + c);
     const vf m_new = vmax(m_old, mx);
     const vf m_use = vselect_eq(m_new, neg_inf, vzero(), m_new);  // all -inf so far: p = 0
@@ -460,17 +468,10 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
     vstore(sc.m + c, m_new);
   }
 
-  // O = O * alpha + P . V_blk
-  for (int64_t r = 0; r < tl.rows; ++r) {
-    const float a = sc.alpha[r];
-    if (a == 1.0f) continue;
-    const vf av = vset1(a);
-    float* orow = sc.o + r * dp;
-    for (int64_t d = 0; d < dp; d += kW) vstore(orow + d, vmul(vload(orow + d), av));
-  }
+  // O = diag(alpha) O + P . V_blk
   int64_t ldv;
   const float* vb = v_block(args, plan, tl, j0, jn, sc.vp, &ldv);
-  gemm<true>(tl.rows, dp, jn, s, 1, mp, vb, ldv, sc.o, dp);
+  gemm<true>(tl.rows, dp, jn, s, 1, mp, vb, ldv, sc.o, dp, sc.alpha);
 }
 
 inline void init_state(const AttentionPlan& plan, const Scratch& sc) {
