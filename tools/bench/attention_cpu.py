@@ -6,7 +6,10 @@
 A SPEC is comma-separated key=value pairs over B, T, S, N, K, H, dtype (f32|bf16) and causal (0|1),
 e.g. "T=4096,S=4096,N=8,K=8,H=128,dtype=f32,causal=1". Prints a markdown table of median times,
 hlofuse's time as a fraction of the others', hlofuse GFLOP/s (over the visible query-key pairs) and XLA's temp
-bytes (compiled.memory_analysis()), the extra peak memory of each compiled program.
+bytes (compiled.memory_analysis()), the extra peak memory of each compiled program. The hlofuse
+kernel's own scratch (per thread, about 4 * (block_q * (2H + D) + block_k * (H + D)) bytes, plus
+splits * block_q * D floats per tile on the decode path) is allocated inside the call and not
+visible to XLA.
 """
 
 from __future__ import annotations
@@ -132,8 +135,7 @@ def run_case(case: Case, repeats: int) -> dict[str, Any]:
     if torch is not None:
         tdtype = torch.float32 if case.dtype == "f32" else torch.bfloat16
         tq, tk, tv = (
-            torch.from_numpy(np.asarray(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous()
-            for x in (q, k, v)
+            torch.from_numpy(np.array(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous() for x in (q, k, v)
         )
         sdpa = torch.nn.functional.scaled_dot_product_attention
         causal = case.causal and not case.decode
