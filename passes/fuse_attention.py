@@ -34,7 +34,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.ir import build, layout
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
-from hlofuse.ir.match import P, Rule, defining_op, first_rule, match
+from hlofuse.ir.match import P, Rule, constant_scalar, defining_op, first_rule, match
 from hlofuse.pipeline import ModulePass, PassState
 
 COMPOSITE_NAME = "hlofuse.attention"
@@ -269,6 +269,8 @@ class Site:
     out_labels: Labels = ()
     extra_interior_roots: list[ir.Value] = field(default_factory=list)
     prescale: ir.Operation | None = None
+    mask_negated: bool = False  # the mask operand is not(original predicate)
+    zero_empty_rows: bool = False
 
 
 def _logit_stages(logits: ir.Value) -> tuple[ir.Operation, list[Stage]]:
@@ -305,9 +307,20 @@ def _check_stage_order(stages: list[Stage]) -> None:
         raise NoMatch("a bias is added after a finite mask fill, so masked logits are not the fill value")
 
 
-def _probs_to_pv(probs: ir.Value) -> tuple[list[ir.Operation], ir.Operation, ir.Value]:
-    """Follows single-use converts/transposes/reshapes from the softmax to the P·V dot."""
-    chain: list[ir.Operation] = []
+@dataclass(frozen=True)
+class ProbsPath:
+    """From the softmax to the P·V dot: layout ops, and `select(pred, p, 0)` re-masks (keras' Softmax(mask))."""
+
+    layout_ops: list[ir.Operation]
+    remask_preds: list[ir.Value]
+    pv_dot: ir.Operation
+    p_operand: ir.Value
+
+
+def _probs_to_pv(probs: ir.Value) -> ProbsPath:
+    """Follows single-use converts, transposes, reshapes and zeroing selects to the P·V dot."""
+    layout_ops: list[ir.Operation] = []
+    remask_preds: list[ir.Value] = []
     value = probs
     for _ in range(8):
         uses = list(value.uses)
@@ -315,10 +328,13 @@ def _probs_to_pv(probs: ir.Value) -> tuple[list[ir.Operation], ir.Operation, ir.
             raise NoMatch(f"the softmax output has {len(uses)} users; only a single P·V dot can be fused")
         user = uses[0].owner.operation
         if user.name == "stablehlo.dot_general":
-            return chain, user, value
-        if user.name not in ("stablehlo.convert", "stablehlo.transpose", "stablehlo.reshape"):
+            return ProbsPath(layout_ops, remask_preds, user, value)
+        if user.name == "stablehlo.select" and user.operands[1] == value and constant_scalar(user.operands[2]) == 0.0:
+            remask_preds.append(user.operands[0])
+        elif user.name in ("stablehlo.convert", "stablehlo.transpose", "stablehlo.reshape"):
+            layout_ops.append(user)
+        else:
             raise NoMatch(f"the softmax output feeds {user.name}, not a dot_general")
-        chain.append(user)
         value = user.results[0]
     raise NoMatch("too many ops between the softmax and the P·V dot")
 
@@ -326,12 +342,13 @@ def _probs_to_pv(probs: ir.Value) -> tuple[list[ir.Operation], ir.Operation, ir.
 def analyze(probs: ir.Value, captures: dict[str, Any]) -> Site:
     logits = captures["logits"]
     reduce_dim = _reduce_dim(captures["sum_reduce"])
-    pv_chain, pv_dot, p_operand = _probs_to_pv(probs)
+    path = _probs_to_pv(probs)
     qk_dot, stages = _logit_stages(logits)
     _check_stage_order(stages)
-    site = Site(probs, pv_dot, qk_dot, stages)
-    _assign_roles(site, logits, reduce_dim, pv_chain, p_operand)
+    site = Site(probs, path.pv_dot, qk_dot, stages)
+    _assign_roles(site, logits, reduce_dim, path.layout_ops, path.p_operand)
     _read_stages(site)
+    _read_remasks(site, path.remask_preds)
     return site
 
 
@@ -476,7 +493,6 @@ def _read_stages(site: Site) -> None:
     labels = site.input_labels["qk_out"]
     conjunction = MaskTerms()
     bias_uses: list[tuple[ir.Value, Labels]] = []
-    inverted_preds = []
     for stage in site.stages:
         op = defining_op(stage.output)
         if stage.kind in ("layout", "convert"):
@@ -489,15 +505,10 @@ def _read_stages(site: Site) -> None:
             bias_uses.append((stage.operand, labels))
         elif stage.kind == "mask":
             site.masked_value = stage.value
-            if stage.inverted:
-                inverted_preds.append(Opaque(stage.operand, labels))
-                continue
-            terms = analyze_mask(stage.operand, labels, sizes)
+            terms = analyze_mask(stage.operand, labels, sizes, negated=stage.inverted)
             conjunction.atoms += terms.atoms
             conjunction.opaque += terms.opaque
             conjunction.always_false |= terms.always_false
-    if inverted_preds:
-        raise NoMatch("masks given as select(pred, fill, logits) are not supported yet")
     if conjunction.always_false:
         raise NoMatch("the mask is constant false")
     if len(bias_uses) > 1:
@@ -505,11 +516,37 @@ def _read_stages(site: Site) -> None:
     if bias_uses:
         _set_dense_input(site, "bias", *bias_uses[0])
     leftover = _read_atoms(site, conjunction.atoms)
-    opaque = conjunction.opaque + [Opaque(atom.value, atom.labels) for atom in leftover]
+    opaque = conjunction.opaque + [Opaque(atom.value, atom.labels, atom.negated) for atom in leftover]
     if len(opaque) > 1:
         raise NoMatch("the mask combines more than one boolean tensor that is not an iota pattern")
     if opaque:
         _set_dense_input(site, "mask", opaque[0].value, opaque[0].labels)
+        site.mask_negated = opaque[0].negated
+
+
+# Below this fill, exp(fill - row max) is exactly 0 in f32, so re-masking changes only fully masked rows.
+REMASK_MAX_FILL = -1e4
+
+
+def _read_remasks(site: Site, preds: list[ir.Value]) -> None:
+    """`select(mask, softmax(...), 0)` with the logits' own mask zeroes the rows that see no key."""
+    if not preds:
+        return
+    logit_masks = {_strip_broadcasts(s.operand) for s in site.stages if s.kind == "mask" and not s.inverted}
+    for pred in preds:
+        if _strip_broadcasts(pred) not in logit_masks:
+            raise NoMatch("the probabilities are zeroed by a mask that differs from the logits' mask")
+    if site.masked_value > REMASK_MAX_FILL:
+        raise NoMatch(f"re-masked probabilities with a mask fill of {site.masked_value} are not exactly 0")
+    site.zero_empty_rows = True
+
+
+def _strip_broadcasts(value: ir.Value) -> ir.Value:
+    op = defining_op(value)
+    while op is not None and op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose"):
+        value = op.operands[0]
+        op = defining_op(value)
+    return value
 
 
 def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels) -> None:
@@ -658,6 +695,7 @@ def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
         "num_kv_heads": ir.IntegerAttr.get(i64, sizes["K"]),
         "layout": ir.StringAttr.get(layout_name),
         "decode": ir.BoolAttr.get(decode),
+        "zero_empty_rows": ir.BoolAttr.get(site.zero_empty_rows),
         "operands": ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles]),
     }
 
@@ -677,7 +715,8 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             if role.endswith("lengths"):
                 operands.append(_canonical_length(value, labels, site.length_adjust[role], sizes))
             else:
-                operands.append(layout.relayout(value, labels, _canonical_labels(role, site), sizes))
+                canonical = layout.relayout(value, labels, _canonical_labels(role, site), sizes)
+                operands.append(stablehlo.not_(canonical) if role == "mask" and site.mask_negated else canonical)
 
     def body(args: Sequence[ir.Value]) -> list[ir.Value]:
         mapping: dict[ir.Value, ir.Value] = {}
@@ -686,6 +725,8 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             if role.endswith("lengths"):
                 rebuilt = _rebuild_length(arg, site.length_adjust[role], original, labels, sizes)
             else:
+                if role == "mask" and site.mask_negated:
+                    arg = stablehlo.not_(arg)
                 rebuilt = layout.relayout(arg, _canonical_labels(role, site), labels, sizes)
             mapping.setdefault(original, rebuilt)
         build.clone_ops(interior, mapping)

@@ -25,6 +25,7 @@ def attention(
     kv_lengths: jax.Array | None = None,
     q_offset: int = 0,
     masked_value: float = float("-inf"),
+    zero_empty_rows: bool = False,
 ) -> jax.Array:  # (B, T, N, D)
     """Multi-head attention as one `hlofuse.attention` composite, whose decomposition is the jnp reference.
 
@@ -51,7 +52,7 @@ def attention(
         "causal": causal, "window_left": int(window_left), "window_right": int(window_right),
         "q_offset": int(q_offset), "softcap": float(softcap), "masked_value": float(masked_value),
         "mask_kind": "+".join(kinds) or "none", "num_heads": int(q.shape[2]), "num_kv_heads": int(k.shape[2]),
-        "layout": "BTNH", "decode": bool(q.shape[1] <= 8 < k.shape[1]),
+        "layout": "BTNH", "decode": bool(q.shape[1] <= 8 < k.shape[1]), "zero_empty_rows": zero_empty_rows,
     }
 
     def decomposition(*values: jax.Array, **attrs: object) -> jax.Array:
@@ -60,7 +61,7 @@ def attention(
             named.pop("q"), named.pop("k"), named.pop("v"), **named,
             scale=attrs["scale"], causal=attrs["causal"], window_left=attrs["window_left"],
             window_right=attrs["window_right"], q_offset=attrs["q_offset"], softcap=attrs["softcap"],
-            masked_value=attrs["masked_value"],
+            masked_value=attrs["masked_value"], zero_empty_rows=attrs["zero_empty_rows"],
         )
 
     composite = jax.lax.composite(decomposition, ATTENTION, ATTENTION_VERSION)

@@ -35,6 +35,7 @@ class AttentionAttrs:
     num_kv_heads: int = 1
     layout: str = "BTNH"
     decode: bool = False
+    zero_empty_rows: bool = False
     operands: tuple[str, ...] = ("q", "k", "v")
 
     @staticmethod
@@ -53,7 +54,7 @@ class AttentionAttrs:
         """Keyword arguments of hlofuse.kernels.reference.attention_reference."""
         return {"scale": self.scale, "causal": self.causal, "window_left": self.window_left,
                 "window_right": self.window_right, "q_offset": self.q_offset, "softcap": self.softcap,
-                "masked_value": self.masked_value}
+                "masked_value": self.masked_value, "zero_empty_rows": self.zero_empty_rows}
 
     def bind_operands(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """`fn(q, k, v, **optional_operands, **attrs)` as a function of the composite's operands."""

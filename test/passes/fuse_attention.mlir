@@ -605,6 +605,118 @@ module @causal_and_padding attributes {mhlo.num_partitions = 1 : i32, mhlo.num_r
 
 // -----
 
+// CHECK-LABEL: func.func public @masked_fill_float_mask(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @masked_fill_float_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @masked_fill_float_mask(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16x16xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<2x16x16xf32>
+    %4 = stablehlo.compare GT, %arg3, %3, FLOAT : (tensor<2x16x16xf32>, tensor<2x16x16xf32>) -> tensor<2x16x16xi1>
+    %5 = stablehlo.convert %4 : (tensor<2x16x16xi1>) -> tensor<2x16x16xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 2, 3] : (tensor<2x16x16xf32>) -> tensor<2x1x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x1x16x16xf32>
+    %8 = stablehlo.compare EQ, %6, %7, FLOAT : (tensor<2x1x16x16xf32>, tensor<2x1x16x16xf32>) -> tensor<2x1x16x16xi1>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = call @_where(%8, %cst_2, %2) : (tensor<2x1x16x16xi1>, tensor<f32>, tensor<2x4x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = stablehlo.reduce(%9 init: %cst_3) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %12 = stablehlo.maximum %11, %10 : tensor<2x4x16xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %15 = stablehlo.subtract %9, %14 : tensor<2x4x16x16xf32>
+    %16 = stablehlo.exponential %15 : tensor<2x4x16x16xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_5) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %20 = stablehlo.divide %16, %19 : tensor<2x4x16x16xf32>
+    %21 = stablehlo.dot_general %arg2, %20, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %22 = stablehlo.transpose %21, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %22 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<f32>, %arg2: tensor<2x4x16x16xf32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %2, %arg2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @masked_fill_not_causal_or_padding(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "lengths"
+// CHECK-SAME: masked_value = -1.000000e+09 : f64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @masked_fill_not_causal_or_padding attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @masked_fill_not_causal_or_padding(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2xi32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %3 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0] : (tensor<16xi32>) -> tensor<16x1xi32>
+    %5 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %8 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %9 = stablehlo.compare GT, %7, %8, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %11 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %13 = stablehlo.broadcast_in_dim %arg3, dims = [0] : (tensor<2xi32>) -> tensor<2x1xi32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<2x16xi32>
+    %15 = stablehlo.broadcast_in_dim %13, dims = [0, 1] : (tensor<2x1xi32>) -> tensor<2x16xi32>
+    %16 = stablehlo.compare GE, %14, %15, SIGNED : (tensor<2x16xi32>, tensor<2x16xi32>) -> tensor<2x16xi1>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %18 = stablehlo.broadcast_in_dim %10, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %19 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x1x16x16xi1>
+    %20 = stablehlo.or %18, %19 : tensor<2x1x16x16xi1>
+    %cst_0 = stablehlo.constant dense<-1.000000e+09> : tensor<f32>
+    %21 = call @_where(%20, %cst_0, %2) : (tensor<2x1x16x16xi1>, tensor<f32>, tensor<2x4x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %22 = stablehlo.reduce(%21 init: %cst_1) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %24 = stablehlo.maximum %23, %22 : tensor<2x4x16xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %27 = stablehlo.subtract %21, %26 : tensor<2x4x16x16xf32>
+    %28 = stablehlo.exponential %27 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %29 = stablehlo.reduce(%28 init: %cst_3) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %31 = stablehlo.broadcast_in_dim %30, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %32 = stablehlo.divide %28, %31 : tensor<2x4x16x16xf32>
+    %33 = stablehlo.dot_general %arg2, %32, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %34 = stablehlo.transpose %33, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %34 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<f32>, %arg2: tensor<2x4x16x16xf32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %2, %arg2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @softcap(
 // CHECK: stablehlo.composite "hlofuse.attention"
 // CHECK-SAME: causal = true
@@ -1558,6 +1670,114 @@ module @scan_layers attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas
     %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
     %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
     return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @softmax_remasked(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: mask_kind = "lengths"
+// CHECK-SAME: zero_empty_rows = true
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @softmax_remasked attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @softmax_remasked(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2xi32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %3 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [3] : (tensor<16xi32>) -> tensor<1x1x1x16xi32>
+    %5 = stablehlo.broadcast_in_dim %arg3, dims = [0] : (tensor<2xi32>) -> tensor<2x1x1x1xi32>
+    %6 = stablehlo.broadcast_in_dim %4, dims = [0, 1, 2, 3] : (tensor<1x1x1x16xi32>) -> tensor<2x1x1x16xi32>
+    %7 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2, 3] : (tensor<2x1x1x1xi32>) -> tensor<2x1x1x16xi32>
+    %8 = stablehlo.compare LT, %6, %7, SIGNED : (tensor<2x1x1x16xi32>, tensor<2x1x1x16xi32>) -> tensor<2x1x1x16xi1>
+    %cst_0 = stablehlo.constant dense<-1.000000e+09> : tensor<f32>
+    %9 = call @_where(%8, %2, %cst_0) : (tensor<2x1x1x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = stablehlo.reduce(%9 init: %cst_1) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %12 = stablehlo.maximum %11, %10 : tensor<2x4x16xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %15 = stablehlo.subtract %9, %14 : tensor<2x4x16x16xf32>
+    %16 = stablehlo.exponential %15 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_3) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %20 = stablehlo.divide %16, %19 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %21 = call @_where(%8, %20, %cst_4) : (tensor<2x1x1x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %22 = stablehlo.dot_general %arg2, %21, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %23 = stablehlo.transpose %22, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %23 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x1x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @no_match_remasked_by_other_mask(
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// REMARK: remark: [hlofuse-fuse-attention]
+module @no_match_remasked_by_other_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @no_match_remasked_by_other_mask(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2xi32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %3 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [3] : (tensor<16xi32>) -> tensor<1x1x1x16xi32>
+    %5 = stablehlo.broadcast_in_dim %arg3, dims = [0] : (tensor<2xi32>) -> tensor<2x1x1x1xi32>
+    %6 = stablehlo.broadcast_in_dim %4, dims = [0, 1, 2, 3] : (tensor<1x1x1x16xi32>) -> tensor<2x1x1x16xi32>
+    %7 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2, 3] : (tensor<2x1x1x1xi32>) -> tensor<2x1x1x16xi32>
+    %8 = stablehlo.compare LT, %6, %7, SIGNED : (tensor<2x1x1x16xi32>, tensor<2x1x1x16xi32>) -> tensor<2x1x1x16xi1>
+    %cst_0 = stablehlo.constant dense<-1.000000e+09> : tensor<f32>
+    %9 = call @_where(%8, %2, %cst_0) : (tensor<2x1x1x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = stablehlo.reduce(%9 init: %cst_1) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %12 = stablehlo.maximum %11, %10 : tensor<2x4x16xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %15 = stablehlo.subtract %9, %14 : tensor<2x4x16x16xf32>
+    %16 = stablehlo.exponential %15 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_3) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %20 = stablehlo.divide %16, %19 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %22 = stablehlo.compare GT, %20, %21, FLOAT : (tensor<2x4x16x16xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x16x16xi1>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %23 = call @_where_0(%22, %20, %cst_5) : (tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %24 = stablehlo.dot_general %arg2, %23, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %25 = stablehlo.transpose %24, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %25 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x1x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+  func.func private @_where_0(%arg0: tensor<2x4x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %2 : tensor<2x4x16x16xf32>
   }
 }
 

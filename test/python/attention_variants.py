@@ -210,6 +210,35 @@ def scan_layers(q, k, v):
     return out
 
 
+def masked_fill_float_mask(q, k, v, mask):
+    # PyTorch ports: scores.masked_fill(mask == 0, -inf) with a float 0/1 mask
+    s = _logits(q, k) * 0.3
+    mask = (mask > 0).astype(s.dtype)  # a 0/1 float mask, as PyTorch code passes it
+    return _softmax_attend(jnp.where(mask[:, None] == 0, -jnp.inf, s), v)
+
+
+def masked_fill_not_causal_or_padding(q, k, v, kv_len):
+    s = _logits(q, k) * 0.3
+    rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    hidden = (cols > rows)[None, None] | (jnp.arange(k.shape[1])[None, :] >= kv_len[:, None])[:, None, None, :]
+    return _softmax_attend(jnp.where(hidden, -1e9, s), v)
+
+
+def softmax_remasked(q, k, v, kv_len):
+    # keras' Softmax(mask): masked probabilities are zeroed again after normalising
+    s = _logits(q, k) * 0.3
+    visible = jnp.arange(k.shape[1])[None, None, None, :] < kv_len[:, None, None, None]
+    p = jax.nn.softmax(jnp.where(visible, s, -1e9), axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", jnp.where(visible, p, 0.0), v)
+
+
+def no_match_remasked_by_other_mask(q, k, v, kv_len):
+    s = _logits(q, k) * 0.3
+    visible = jnp.arange(k.shape[1])[None, None, None, :] < kv_len[:, None, None, None]
+    p = jax.nn.softmax(jnp.where(visible, s, -1e9), axis=-1)
+    return jnp.einsum("bnts,bsnh->btnh", jnp.where(p > 0.1, p, 0.0), v)
+
+
 def no_match_softmax_without_dot(q, k, v):
     return jax.nn.softmax(q, axis=-1) + k
 
@@ -252,6 +281,10 @@ VARIANTS: tuple[Variant, ...] = (
         _qkv() + (((B,), I32),),
         expect={"causal": True, "mask_kind": "lengths"},
     ),
+    Variant("masked_fill_float_mask", masked_fill_float_mask, _qkv() + (((B, T, T), F32),),
+            expect={"mask_kind": "boolean"}),
+    Variant("masked_fill_not_causal_or_padding", masked_fill_not_causal_or_padding, _qkv() + (((B,), I32),),
+            expect={"causal": True, "mask_kind": "lengths", "masked_value": -1e9}),
     Variant("softcap", softcap, _qkv(), expect={"softcap": 20.0, "causal": True}),
     Variant("gqa_repeat", gqa_repeat, _qkv(k=K), expect={"num_heads": N, "num_kv_heads": K}),
     Variant("mqa_repeat", gqa_repeat, _qkv(k=1), expect={"num_heads": N, "num_kv_heads": 1}),
@@ -285,6 +318,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
     Variant("two_layers", two_layers, _qkv(), sites=2),
     Variant("scan_layers", scan_layers, _qkv(), sites=1),
+    Variant("softmax_remasked", softmax_remasked, _qkv() + (((B,), I32),),
+            expect={"zero_empty_rows": True, "mask_kind": "lengths"}),
+    Variant("no_match_remasked_by_other_mask", no_match_remasked_by_other_mask, _qkv() + (((B,), I32),), sites=0),
     Variant("no_match_softmax_without_dot", no_match_softmax_without_dot, _qkv(), sites=0),
     Variant("no_match_probs_escape", no_match_probs_escape, _qkv(), sites=0),
     Variant("no_match_grad", no_match_grad, _qkv(), sites=0),

@@ -52,10 +52,9 @@ def test_fixture_matches_manifest(name):
 
 
 # Known gaps, each a strict xfail so the test flips to a failure the day the gap closes.
-KNOWN_GAPS = {
-    name: "keras' Softmax(mask) zeroes masked probabilities again after the divide "
-    "(select(mask, p, 0) before the P·V dot); a fully masked row then gives 0, which the composite "
-    "cannot yet describe"
+KNOWN_GAPS: dict[str, str] = {
+    name: "the sliding-window layer's mask is built from 0/1 integers (convert, minimum, compare NE 0), "
+    "float iotas and a dynamic_slice, which the mask reader does not follow yet"
     for name in ("kh_gemma2", "kh_gemma3", "kh_gemma3_bf16")
 }
 

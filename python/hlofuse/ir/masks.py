@@ -58,20 +58,26 @@ class Affine:
 
 @dataclass(frozen=True)
 class Atom:
-    """`lhs - rhs <direction> 0` as an affine form, at the compare op `op`."""
+    """`lhs - rhs <direction> 0` as an affine form; `value` is the compare's result, which is the
+    constraint itself, or its negation when `negated` (the direction is already flipped)."""
 
     diff: Affine
     direction: str
     value: ir.Value
     labels: Labels
+    negated: bool = False
 
 
 @dataclass(frozen=True)
 class Opaque:
-    """A boolean tensor hlofuse does not read: it becomes (part of) the explicit mask operand."""
+    """A boolean tensor hlofuse does not read: it becomes (part of) the explicit mask operand.
+
+    `negated`: the visible entries are where `value` is false (`where(pred, fill, s)` masks).
+    """
 
     value: ir.Value
     labels: Labels
+    negated: bool = False
 
 
 @dataclass
@@ -81,40 +87,45 @@ class MaskTerms:
     always_false: bool = False
 
 
-def analyze_mask(pred: ir.Value, labels: Labels, sizes: Sizes) -> MaskTerms:
+def analyze_mask(pred: ir.Value, labels: Labels, sizes: Sizes, *, negated: bool = False) -> MaskTerms:
+    """The conjunction of constraints that makes an entry visible: `pred`, or `not pred` if `negated`."""
     terms = MaskTerms()
-    _conjuncts(pred, labels, sizes, terms)
+    _conjuncts(pred, labels, sizes, terms, negated)
     return terms
 
 
-def _conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: MaskTerms) -> None:
+def _conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: MaskTerms, negated: bool) -> None:
     op = defining_op(value)
     name = op.name if op is not None else None
     if name == "stablehlo.constant":
         folded = constant_scalar(value)
         if folded is not None:
-            if not folded:
+            if bool(folded) == negated:
                 terms.always_false = True
             return
-    if name == "stablehlo.and":
+    # a & b is a conjunction; so is not(a | b) = not a & not b.
+    if (name == "stablehlo.and" and not negated) or (name == "stablehlo.or" and negated):
         for operand in op.operands:
-            _conjuncts(operand, labels, sizes, terms)
+            _conjuncts(operand, labels, sizes, terms, negated)
         return
-    if name == "stablehlo.select" and constant_scalar(op.operands[2]) == 0.0:
+    if name == "stablehlo.not":
+        _conjuncts(op.operands[0], labels, sizes, terms, not negated)
+        return
+    if name == "stablehlo.select" and not negated and constant_scalar(op.operands[2]) == 0.0:
         # select(p, x, false) == p & x
-        _conjuncts(op.operands[0], labels, sizes, terms)
-        _conjuncts(op.operands[1], labels, sizes, terms)
+        _conjuncts(op.operands[0], labels, sizes, terms, negated)
+        _conjuncts(op.operands[1], labels, sizes, terms, negated)
         return
     if name in _LAYOUT and op is not None:
         inner = layout.backward(op, labels, sizes)
         if inner is not None:
-            _conjuncts(op.operands[0], inner, sizes, terms)
+            _conjuncts(op.operands[0], inner, sizes, terms, negated)
             return
-    atom = _atom(value, labels, sizes)
+    atom = _atom(value, labels, sizes, negated)
     if atom is not None:
         terms.atoms.append(atom)
         return
-    terms.opaque.append(Opaque(value, labels))
+    terms.opaque.append(Opaque(value, labels, negated))
 
 
 def _atom(value: ir.Value, labels: Labels, sizes: Sizes, negated: bool = False) -> Atom | None:
@@ -135,7 +146,7 @@ def _atom(value: ir.Value, labels: Labels, sizes: Sizes, negated: bool = False) 
     diff = lhs.plus(rhs.scaled(-1))
     if diff is None:
         return None
-    return Atom(diff, _NEGATE[direction] if negated else direction, value, labels)
+    return Atom(diff, _NEGATE[direction] if negated else direction, value, labels, negated)
 
 
 def _affine(value: ir.Value, labels: Labels, sizes: Sizes, depth: int = 24) -> Affine | None:

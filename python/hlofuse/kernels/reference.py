@@ -50,6 +50,7 @@ def attention_reference(
     q_offset: int = 0,
     softcap: float = 0.0,
     masked_value: float = float("-inf"),
+    zero_empty_rows: bool = False,
     bias: jax.Array | None = None,  # (B|1, N|1, T|1, S|1), added to the logits
     mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
     q_lengths: jax.Array | None = None,  # (B,) int: query rows >= length are masked
@@ -59,7 +60,8 @@ def attention_reference(
 
     Masked logits take `masked_value` (like `jnp.where(mask, s, masked_value)`), so a fully masked
     row is NaN when masked_value is -inf and a uniform average over all keys when it is finite,
-    exactly as the programs hlofuse rewrites compute it.
+    exactly as the programs hlofuse rewrites compute it. With `zero_empty_rows`, a row that sees no key
+    is 0 instead (keras' `Softmax(mask)` zeroes masked probabilities after normalising).
     """
     b, t, n, _ = q.shape
     s, kv_heads = k.shape[1], k.shape[2]
@@ -82,6 +84,9 @@ def attention_reference(
     if q_lengths is not None:
         visible = visible & (jnp.arange(t)[None, None, :, None] < q_lengths[:, None, None, None])
     logits = jnp.where(visible, logits, jnp.float32(masked_value))
-    probs = jax.nn.softmax(logits, axis=-1).reshape(b, kv_heads, groups, t, s)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if zero_empty_rows:
+        probs = jnp.where(visible, probs, 0.0)
+    probs = probs.reshape(b, kv_heads, groups, t, s)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype)

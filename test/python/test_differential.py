@@ -1,0 +1,257 @@
+"""Differential test: hypothesis writes random attention programs; each must fuse, and match the original.
+
+Every generated program (attention_programs.AttentionSpec, drawn by `attention_specs`) is lowered with
+jax.jit, run through the default pipeline, and must hold exactly one `hlofuse.attention` composite whose
+attributes say what the spec says. Then four things are compared on the same inputs: the original module,
+the fused one (XLA inlines the decomposition), the fused one with every composite lowered to the jnp
+reference (`hlofuse-lower-kernels{target=reference}`, which reads nothing but the composite's operands
+and attributes), and a float64 numpy oracle of the spec (attention_programs.expected_output).
+
+Tolerances. float32: the contract's rtol 1e-5 (atol 1e-6) between original, fused and reference; the
+original must also match the float64 oracle to 1e-4, which checks the generator wrote what the spec says.
+bfloat16 / float16: the original rounds logits and probabilities in the low dtype, the reference keeps
+them in float32, so they legitimately differ by the original's own rounding error. That error is measured
+against the oracle, and the fused and reference outputs may be off the oracle by at most twice as much,
+plus two units of roundoff (2**-8 for bfloat16, 2**-11 for float16) of the output's magnitude for the
+final rounding: fusion may change rounding but must not lose accuracy. Original and fused (the same ops)
+must also agree within the harness's per-dtype tolerances (hlofuse.testing.modules.TOLERANCES).
+
+Profiles: HYPOTHESIS_PROFILE=ci (default, a few dozen programs, part of test.sh) or =thorough
+(hundreds). Examples are derandomized, so CI always runs the same programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+
+import hypothesis.strategies as st
+import jax
+import numpy as np
+import pytest
+from attention_programs import (
+    BIAS_SHAPES,
+    COMBINES,
+    FILLS,
+    LAYOUTS,
+    MASK_SHAPES,
+    MASK_STYLES,
+    SCALES,
+    UPCASTS,
+    AttentionSpec,
+    allows_empty_rows,
+    build,
+    expected_output,
+    fill_value,
+    inputs,
+    structural_visibility,
+    total_scale,
+)
+from hypothesis import HealthCheck, settings
+from hypothesis import given as hypothesis_given
+from jaxlib.mlir import ir
+
+from hlofuse.composites import AttentionAttrs
+from hlofuse.kernels.reference import attention_visibility
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import assert_outputs_close, clone_module, count_composites, run_module
+
+_COMMON = {"deadline": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow],
+           "print_blob": True}
+settings.register_profile("ci", max_examples=42, **_COMMON)
+settings.register_profile("thorough", max_examples=400, **_COMMON)
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Unit roundoff of each dtype: half the distance from 1 to the next value.
+ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+REFERENCE = "builtin.module(hlofuse-lower-kernels{target=reference})"
+
+
+# ----- the strategy ------------------------------------------------------------------------------------
+
+
+@st.composite
+def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -> AttentionSpec:
+    """Any attention program hlofuse claims to fuse (docs/composites.md), over small sizes, less the
+    families of KNOWN_GAPS (each excluded below where it is drawn)."""
+    api = draw(st.sampled_from(["jnp", "jnp", "jnp", "nn"]))
+    nn = api == "nn"
+    b = draw(st.integers(1, 2))
+    n = draw(st.sampled_from([1, 2, 4]))
+    kv = draw(st.sampled_from([k for k in (1, 2, 4) if n % k == 0]))
+    h = draw(st.sampled_from([8, 16, 32]))
+    d = h if nn or same_head_dims else draw(st.sampled_from([8, 16, 32]))
+    t = draw(st.integers(1, 32))
+    s = draw(st.integers(2, 32))  # not 1: gap "single_key"
+    gqa = "none" if nn or kv == n else draw(st.sampled_from(["repeat", "grouped"]))
+    layouts = ("btnh", "v_left") if gqa == "grouped" else LAYOUTS
+    if b == 1 or n == 1:
+        layouts = tuple(x for x in layouts if x != "matmul")  # gap "matmul_unit_batch"
+    causal = draw(st.booleans())
+    window = st.one_of(st.none(), st.integers(0, 8))
+    window_left, window_right = draw(window), draw(window) if nn or not causal else None
+    style = draw(st.sampled_from(MASK_STYLES))
+    if style == "tril" and window_left is not None and not nn:
+        style = "iota"  # gap "triu_window"
+    if not nn and not causal and window_right is None and window_left is not None and s - t > window_left:
+        window_left = None  # gap "offset_left_window"
+    spec = AttentionSpec(
+        b=b, t=t, s=s, n=n, kv=kv, h=h, d=d, dtype=dtype,
+        upcast="none" if dtype == "float32" or nn else draw(st.sampled_from(UPCASTS)),
+        api=api,
+        scale=draw(st.sampled_from(("divide_sqrt", "multiply") if nn else SCALES)),
+        scale_value=draw(st.sampled_from([0.125, 0.3, 0.5])),
+        layout="btnh" if nn else draw(st.sampled_from(layouts)),
+        gqa=gqa,
+        softcap=0.0 if nn else draw(st.one_of(st.just(0.0), st.integers(10, 100).map(lambda c: c / 2))),
+        causal=causal,
+        window_left=window_left,
+        window_right=window_right,
+        mask_style=style,
+        combine=draw(st.sampled_from(COMBINES)),
+        mask=draw(st.one_of(st.none(), st.sampled_from(MASK_SHAPES[:2] if nn else MASK_SHAPES))),
+        bias=draw(st.one_of(st.none(), st.sampled_from(BIAS_SHAPES[:2] if nn else BIAS_SHAPES))),
+        q_lengths=t > 1 and draw(st.booleans()),  # not with T = 1: gap "single_query_lengths"
+        kv_lengths=draw(st.booleans()),
+    )
+    # Infinite fills only where every query row keeps a key (module docstring of attention_programs).
+    empty_rows = spec.q_lengths or not structural_visibility(spec).any(axis=1).all()
+    fills = [f for f in FILLS if not empty_rows or allows_empty_rows(dataclasses.replace(spec, fill=f))]
+    return dataclasses.replace(spec, fill=draw(st.sampled_from(fills)))
+
+
+# ----- the checks --------------------------------------------------------------------------------------
+
+
+def _attention_attrs(module: ir.Module) -> list[AttentionAttrs]:
+    found: list[AttentionAttrs] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.composite":
+            found.append(AttentionAttrs.from_ir(op.attributes["composite_attributes"]))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def _check_attrs(spec: AttentionSpec, attrs: AttentionAttrs) -> None:
+    """The attributes the spec determines (docs/composites.md), windows compared as visibility."""
+    rel = max(4 * ROUNDOFF[spec.logits_dtype if spec.scale in ("multiply", "divide_sqrt") else spec.dtype], 1e-6)
+    scales = [pytest.approx(total_scale(spec), rel=rel)]
+    if spec.scale.startswith("prescale_q"):
+        # A q scaled behind a transpose/reshape, or divided by jnp.sqrt, stays outside the composite (q is
+        # then the scaled q): right, if not ideal. Numerics below check whichever the fusion chose.
+        scales.append(1.0)
+    assert attrs.scale in scales, "scale"
+    assert attrs.softcap == pytest.approx(spec.softcap, rel=1e-6), "softcap"
+    assert (attrs.num_heads, attrs.num_kv_heads) == (spec.n, spec.kv), "heads"
+    assert attrs.decode == (spec.t <= 8 < spec.s), "decode"
+    parts = {"additive": bool(spec.bias), "boolean": bool(spec.mask), "lengths": spec.q_lengths or spec.kv_lengths}
+    assert set(attrs.mask_kind.split("+")) - {"none"} == {k for k, on in parts.items() if on}, "mask_kind"
+    roles = {"bias": bool(spec.bias), "mask": bool(spec.mask), "q_lengths": spec.q_lengths,
+             "kv_lengths": spec.kv_lengths}
+    assert set(attrs.operands) - {"q", "k", "v"} == {r for r, on in roles.items() if on}, "operands"
+    right, left = spec.right_bound, spec.left_bound
+    assert attrs.causal == (right is not None), "causal: the program bounds keys on the right"
+    if right is not None:
+        assert attrs.q_offset == spec.q_offset + right, "q_offset"
+        assert attrs.window_left == (-1 if left is None else left + right), "window_left"
+    visible = np.asarray(attention_visibility(spec.t, spec.s, causal=attrs.causal, window_left=attrs.window_left,
+                                              window_right=attrs.window_right, q_offset=attrs.q_offset))
+    np.testing.assert_array_equal(visible, structural_visibility(spec), err_msg="causal/window visibility")
+    if spec.has_masks:
+        want = fill_value(spec)
+        assert attrs.masked_value == (want if math.isinf(want) else pytest.approx(want, rel=1e-2)), "fill"
+
+
+def _max_error(actual: np.ndarray, oracle: np.ndarray) -> float:
+    a = actual.astype(np.float64)
+    assert np.array_equal(np.isnan(a), np.isnan(oracle)), "NaN positions differ from the oracle"
+    finite = ~np.isnan(oracle)
+    return float(np.max(np.abs(a[finite] - oracle[finite]), initial=0.0))
+
+
+def _compare(spec: AttentionSpec, original: np.ndarray, fused: np.ndarray, referenced: np.ndarray,
+             oracle: np.ndarray) -> None:
+    if spec.dtype == "float32":
+        assert_outputs_close([original], [fused])
+        assert_outputs_close([original], [referenced])
+        np.testing.assert_allclose(original, oracle, rtol=1e-4, atol=1e-5, err_msg="generator vs its oracle")
+        return
+    assert_outputs_close([original], [fused])
+    own = _max_error(original, oracle)
+    slack = 2 * ROUNDOFF[spec.dtype] * float(np.max(np.abs(np.nan_to_num(oracle)), initial=0.0))
+    for name, out in (("fused", fused), ("reference", referenced)):
+        err = _max_error(out, oracle)
+        assert err <= 2 * own + slack, f"{name} is {err:.3g} off the oracle; the original is {own:.3g} off"
+
+
+def _check_program(spec: AttentionSpec, fn: Callable[..., jax.Array], arg_specs: list[jax.ShapeDtypeStruct],
+                   args: list[np.ndarray], oracle: np.ndarray, sites: int) -> None:
+    original = jax.jit(fn, keep_unused=True).lower(*arg_specs).compiler_ir("stablehlo")
+    fused = clone_module(original)
+    result = run_pipeline(fused, "default")
+    remarks = "\n".join(str(r) for r in result.remarks)
+    assert count_composites(fused) == sites, f"{spec}\nremarks:\n{remarks}"
+    for attrs in _attention_attrs(fused):
+        try:
+            _check_attrs(spec, attrs)
+        except AssertionError as e:
+            raise AssertionError(f"{spec}\n{attrs}\n{e}") from e
+
+    referenced = clone_module(fused)
+    lowering = run_pipeline(referenced, REFERENCE)
+    assert lowering.counters["attention_to_reference"] == sites
+    outputs = [run_module(m, args)[0] for m in (clone_module(original), fused, referenced)]
+    try:
+        _compare(spec, *outputs, oracle)
+    except AssertionError as e:
+        raise AssertionError(f"{spec}\n{e}") from e
+
+
+# ----- the properties ----------------------------------------------------------------------------------
+
+# Split by dtype so pytest-xdist can run the three on different workers.
+DTYPE_SHARE = {"float32": 0.4, "bfloat16": 0.3, "float16": 0.3}
+
+
+def _settings(share: float) -> settings:
+    return settings(PROFILE, max_examples=max(1, round(PROFILE.max_examples * share)))
+
+
+def _one_site(spec: AttentionSpec) -> None:
+    fn, arg_specs = build(spec)
+    args = inputs(spec, seed=0)
+    _check_program(spec, fn, arg_specs, args, expected_output(spec, args), sites=1)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_SHARE))
+def test_generated_attention_is_fused_and_matches(dtype: str) -> None:
+    @_settings(DTYPE_SHARE[dtype])
+    @hypothesis_given(attention_specs(dtype))
+    def prop(spec: AttentionSpec) -> None:
+        _one_site(spec)
+
+    prop()
+
+
+def test_two_layers_sharing_masks_fuse_both() -> None:
+    """Two attention sites over the same k, v and masks (a second layer attends from the first's output)."""
+
+    @_settings(0.25)
+    @hypothesis_given(attention_specs("float32", same_head_dims=True))
+    def prop(spec: AttentionSpec) -> None:
+        layer, arg_specs = build(spec)
+
+        def two_layers(q: jax.Array, k: jax.Array, v: jax.Array, *extras: jax.Array) -> jax.Array:
+            return layer(layer(q, k, v, *extras), k, v, *extras)
+
+        args = inputs(spec, seed=1)
+        first = expected_output(spec, args)
+        oracle = expected_output(spec, [first, *args[1:]])
+        _check_program(spec, two_layers, arg_specs, args, oracle, sites=2)
+
+    prop()
