@@ -93,8 +93,8 @@ class AttentionSpec:
 
     @property
     def logits_dtype(self) -> str:
-        """The dtype masks are applied in."""
-        return "float32" if self.api == "nn" or self.upcast != "none" else self.dtype
+        """The dtype the scale, soft-cap, bias and masks are applied in."""
+        return "float32" if self.api == "nn" or self.upcast in ("after_dot", "preferred") else self.dtype
 
     @property
     def has_masks(self) -> bool:
@@ -231,8 +231,9 @@ def expected_output(spec: AttentionSpec, args: Sequence[np.ndarray]) -> np.ndarr
     if "q_lengths" in named:
         visible = visible & (t_index[None, None, :, None] < named["q_lengths"][:, None, None, None])
     logits = np.where(visible, logits, fill_value(spec))
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    out = np.einsum("bnts,bsnd->btnd", weights / weights.sum(axis=-1, keepdims=True), v)
+    with np.errstate(invalid="ignore"):  # a fully masked row under an infinite fill is NaN, as in the program
+        weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        out = np.einsum("bnts,bsnd->btnd", weights / weights.sum(axis=-1, keepdims=True), v)
     if spec.api == "nn" and "q_lengths" in named:  # jax.nn zeroes padded query rows of its output
         out = out * (t_index[None, :] < named["q_lengths"][:, None])[:, :, None, None]
     return out

@@ -76,7 +76,8 @@ REFERENCE = "builtin.module(hlofuse-lower-kernels{target=reference})"
 def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -> AttentionSpec:
     """Any attention program hlofuse claims to fuse (docs/composites.md), over small sizes, less the
     families of KNOWN_GAPS (each excluded below where it is drawn)."""
-    api = draw(st.sampled_from(["jnp", "jnp", "jnp", "nn"]))
+    # jax.nn.dot_product_attention asks for F16_F16_F32 dots, which XLA:CPU cannot compile: no nn in float16.
+    api = draw(st.sampled_from(["jnp", "jnp", "jnp", "nn"])) if dtype != "float16" else "jnp"
     nn = api == "nn"
     b = draw(st.integers(1, 2))
     n = draw(st.sampled_from([1, 2, 4]))
@@ -89,12 +90,10 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
     layouts = ("btnh", "v_left") if gqa == "grouped" else LAYOUTS
     if b == 1 or n == 1:
         layouts = tuple(x for x in layouts if x != "matmul")  # gap "matmul_unit_batch"
-    causal = draw(st.booleans())
-    window = st.one_of(st.none(), st.integers(0, 8))
+    # Not with T = 1: gap "single_query_iota".
+    causal = t > 1 and draw(st.booleans())
+    window = st.one_of(st.none(), st.integers(0, 8)) if t > 1 else st.none()
     window_left, window_right = draw(window), draw(window) if nn or not causal else None
-    style = draw(st.sampled_from(MASK_STYLES))
-    if style == "tril" and window_left is not None and not nn:
-        style = "iota"  # gap "triu_window"
     if not nn and not causal and window_right is None and window_left is not None and s - t > window_left:
         window_left = None  # gap "offset_left_window"
     spec = AttentionSpec(
@@ -109,16 +108,18 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
         causal=causal,
         window_left=window_left,
         window_right=window_right,
-        mask_style=style,
+        mask_style=draw(st.sampled_from(MASK_STYLES)),
         combine=draw(st.sampled_from(COMBINES)),
         mask=draw(st.one_of(st.none(), st.sampled_from(MASK_SHAPES[:2] if nn else MASK_SHAPES))),
         bias=draw(st.one_of(st.none(), st.sampled_from(BIAS_SHAPES[:2] if nn else BIAS_SHAPES))),
-        q_lengths=t > 1 and draw(st.booleans()),  # not with T = 1: gap "single_query_lengths"
+        q_lengths=t > 1 and draw(st.booleans()),  # not with T = 1: gap "single_query_iota"
         kv_lengths=draw(st.booleans()),
     )
     # Infinite fills only where every query row keeps a key (module docstring of attention_programs).
     empty_rows = spec.q_lengths or not structural_visibility(spec).any(axis=1).all()
     fills = [f for f in FILLS if not empty_rows or allows_empty_rows(dataclasses.replace(spec, fill=f))]
+    if spec.logits_dtype == "float16":
+        fills = [f for f in fills if f != "-1e9"]  # gap "overflowing_fill"
     return dataclasses.replace(spec, fill=draw(st.sampled_from(fills)))
 
 
@@ -137,17 +138,20 @@ def _attention_attrs(module: ir.Module) -> list[AttentionAttrs]:
     return found
 
 
-def _check_attrs(spec: AttentionSpec, attrs: AttentionAttrs) -> None:
-    """The attributes the spec determines (docs/composites.md), windows compared as visibility."""
+def _check_attrs(spec: AttentionSpec, attrs: AttentionAttrs, strict: bool) -> None:
+    """The attributes the spec determines (docs/composites.md), windows compared as visibility. Unless
+    `strict`, two gaps where the fusion is right but reads less than it could are let through."""
     rel = max(4 * ROUNDOFF[spec.logits_dtype if spec.scale in ("multiply", "divide_sqrt") else spec.dtype], 1e-6)
     scales = [pytest.approx(total_scale(spec), rel=rel)]
-    if spec.scale.startswith("prescale_q"):
-        # A q scaled behind a transpose/reshape, or divided by jnp.sqrt, stays outside the composite (q is
-        # then the scaled q): right, if not ideal. Numerics below check whichever the fusion chose.
-        scales.append(1.0)
+    if spec.scale.startswith("prescale_q") and not strict:
+        scales.append(1.0)  # gap "prescale_not_folded"
     assert attrs.scale in scales, "scale"
     assert attrs.softcap == pytest.approx(spec.softcap, rel=1e-6), "softcap"
-    assert (attrs.num_heads, attrs.num_kv_heads) == (spec.n, spec.kv), "heads"
+    kv_heads = [spec.kv]
+    if spec.gqa == "repeat" and spec.layout in ("bnth", "matmul") and not strict:
+        kv_heads.append(spec.n)  # gap "repeat_then_transpose"
+    assert attrs.num_heads == spec.n, "num_heads"
+    assert attrs.num_kv_heads in kv_heads, "num_kv_heads"
     assert attrs.decode == (spec.t <= 8 < spec.s), "decode"
     parts = {"additive": bool(spec.bias), "boolean": bool(spec.mask), "lengths": spec.q_lengths or spec.kv_lengths}
     assert set(attrs.mask_kind.split("+")) - {"none"} == {k for k, on in parts.items() if on}, "mask_kind"
@@ -190,7 +194,7 @@ def _compare(spec: AttentionSpec, original: np.ndarray, fused: np.ndarray, refer
 
 
 def _check_program(spec: AttentionSpec, fn: Callable[..., jax.Array], arg_specs: list[jax.ShapeDtypeStruct],
-                   args: list[np.ndarray], oracle: np.ndarray, sites: int) -> None:
+                   args: list[np.ndarray], oracle: np.ndarray, sites: int, strict: bool = False) -> None:
     original = jax.jit(fn, keep_unused=True).lower(*arg_specs).compiler_ir("stablehlo")
     fused = clone_module(original)
     result = run_pipeline(fused, "default")
@@ -198,7 +202,7 @@ def _check_program(spec: AttentionSpec, fn: Callable[..., jax.Array], arg_specs:
     assert count_composites(fused) == sites, f"{spec}\nremarks:\n{remarks}"
     for attrs in _attention_attrs(fused):
         try:
-            _check_attrs(spec, attrs)
+            _check_attrs(spec, attrs, strict)
         except AssertionError as e:
             raise AssertionError(f"{spec}\n{attrs}\n{e}") from e
 
@@ -222,10 +226,10 @@ def _settings(share: float) -> settings:
     return settings(PROFILE, max_examples=max(1, round(PROFILE.max_examples * share)))
 
 
-def _one_site(spec: AttentionSpec) -> None:
+def _one_site(spec: AttentionSpec, strict: bool = False) -> None:
     fn, arg_specs = build(spec)
     args = inputs(spec, seed=0)
-    _check_program(spec, fn, arg_specs, args, expected_output(spec, args), sites=1)
+    _check_program(spec, fn, arg_specs, args, expected_output(spec, args), sites=1, strict=strict)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPE_SHARE))
@@ -255,3 +259,41 @@ def test_two_layers_sharing_masks_fuse_both() -> None:
         _check_program(spec, two_layers, arg_specs, args, oracle, sites=2)
 
     prop()
+
+
+# ----- known gaps: families the strategy leaves out or lets through, each a strict xfail ------------------
+# Each entry is the smallest program of its family. When a fix lands the entry XPASSes, which fails the
+# suite: drop the entry and its exclusion (or relaxation) in attention_specs / _check_attrs.
+
+_SMALL = AttentionSpec(b=2, t=4, s=4, n=2, kv=2, h=8, d=8)
+
+KNOWN_GAPS = {
+    # Not fused: `q @ k.swapaxes(-1, -2)` with a unit batch dim lowers to reshape, dot_general,
+    # broadcast_in_dim; remark "logits come from stablehlo.broadcast_in_dim ...".
+    "matmul_unit_batch": dataclasses.replace(_SMALL, b=1, layout="matmul"),
+    # Not fused: a softmax over one key; remark "the softmax does not reduce over a single key dim".
+    "single_key": dataclasses.replace(_SMALL, s=1),
+    # With T = 1 the pass zeroes the T coefficient of every iota atom, so `cols <= rows + off` is never read
+    # as causal and `arange(T) < q_len` never as lengths: both become the boolean mask operand, and with a
+    # second boolean the site is not fused ("the mask combines more than one boolean tensor").
+    "single_query_iota": dataclasses.replace(_SMALL, t=1, s=6, causal=True, mask="ts"),
+    # A bottom-right left-only window (j >= i + (S - T) - L, no right bound) with S - T > L is refused:
+    # "the sliding window is empty", though every row sees keys.
+    "offset_left_window": dataclasses.replace(_SMALL, t=4, s=12, window_left=2),
+    # WRONG ATTRIBUTE: where(pred, s_f16, -1e9) converts the f32 constant -1e9 to f16, i.e. -inf, but the
+    # composite says masked_value = -1e9. Fully masked rows are NaN in the original and a uniform average
+    # under attention_reference (and any kernel that follows the contract).
+    "overflowing_fill": dataclasses.replace(_SMALL, dtype="float16", fill="-1e9", q_lengths=True),
+    # Right, but q stays scaled outside the composite (scale = 1): a scale on q behind a transpose or
+    # reshape, or a divide by jnp.sqrt, is not folded into `scale`.
+    "prescale_not_folded": dataclasses.replace(_SMALL, scale="prescale_q", layout="bnth"),
+    # Right, but not GQA: jnp.repeat of k/v followed by a transpose to (B,N,S,H) is not recognised, so
+    # the composite takes the repeated k/v with num_kv_heads = N.
+    "repeat_then_transpose": dataclasses.replace(_SMALL, n=4, kv=1, gqa="repeat", layout="bnth"),
+}
+
+
+@pytest.mark.parametrize("spec", [pytest.param(spec, id=name) for name, spec in KNOWN_GAPS.items()])
+@pytest.mark.xfail(strict=True, reason="known fusion gap; see the comment on its KNOWN_GAPS entry")
+def test_known_gap(spec: AttentionSpec) -> None:
+    _one_site(spec, strict=True)
