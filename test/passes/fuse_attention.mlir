@@ -1675,6 +1675,72 @@ module @scan_layers attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas
 
 // -----
 
+// CHECK-LABEL: func.func public @zero_one_int_masks(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "lengths"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @zero_one_int_masks attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @zero_one_int_masks(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2xi32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %3 = stablehlo.iota dim = 0 : tensor<16xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0] : (tensor<16xf32>) -> tensor<16x1xf32>
+    %5 = stablehlo.iota dim = 0 : tensor<16xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [1] : (tensor<16xf32>) -> tensor<1x16xf32>
+    %7 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<16x1xf32>) -> tensor<16x16xf32>
+    %8 = stablehlo.broadcast_in_dim %6, dims = [0, 1] : (tensor<1x16xf32>) -> tensor<16x16xf32>
+    %9 = stablehlo.compare GE, %7, %8, FLOAT : (tensor<16x16xf32>, tensor<16x16xf32>) -> tensor<16x16xi1>
+    %10 = stablehlo.convert %9 : (tensor<16x16xi1>) -> tensor<16x16xi32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [1, 2] : (tensor<16x16xi32>) -> tensor<1x16x16xi32>
+    %12 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [2] : (tensor<16xi32>) -> tensor<1x1x16xi32>
+    %14 = stablehlo.broadcast_in_dim %arg3, dims = [0] : (tensor<2xi32>) -> tensor<2x1x1xi32>
+    %15 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2] : (tensor<1x1x16xi32>) -> tensor<2x1x16xi32>
+    %16 = stablehlo.broadcast_in_dim %14, dims = [0, 1, 2] : (tensor<2x1x1xi32>) -> tensor<2x1x16xi32>
+    %17 = stablehlo.compare LT, %15, %16, SIGNED : (tensor<2x1x16xi32>, tensor<2x1x16xi32>) -> tensor<2x1x16xi1>
+    %18 = stablehlo.convert %17 : (tensor<2x1x16xi1>) -> tensor<2x1x16xi32>
+    %19 = stablehlo.broadcast_in_dim %11, dims = [0, 1, 2] : (tensor<1x16x16xi32>) -> tensor<2x16x16xi32>
+    %20 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2] : (tensor<2x1x16xi32>) -> tensor<2x16x16xi32>
+    %21 = stablehlo.minimum %19, %20 : tensor<2x16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<2x16x16xi32>
+    %23 = stablehlo.compare NE, %21, %22, SIGNED : (tensor<2x16x16xi32>, tensor<2x16x16xi32>) -> tensor<2x16x16xi1>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0, 2, 3] : (tensor<2x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %cst_0 = stablehlo.constant dense<-1.000000e+09> : tensor<f32>
+    %25 = call @_where(%24, %2, %cst_0) : (tensor<2x1x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %26 = stablehlo.reduce(%25 init: %cst_1) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %27 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %28 = stablehlo.maximum %27, %26 : tensor<2x4x16xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %31 = stablehlo.subtract %25, %30 : tensor<2x4x16x16xf32>
+    %32 = stablehlo.exponential %31 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %33 = stablehlo.reduce(%32 init: %cst_3) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %34 = stablehlo.broadcast_in_dim %33, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %36 = stablehlo.divide %32, %35 : tensor<2x4x16x16xf32>
+    %37 = stablehlo.dot_general %arg2, %36, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %38 = stablehlo.transpose %37, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %38 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @softmax_remasked(
 // CHECK: stablehlo.composite "hlofuse.attention"
 // CHECK-SAME: mask_kind = "lengths"

@@ -224,6 +224,17 @@ def masked_fill_not_causal_or_padding(q, k, v, kv_len):
     return _softmax_attend(jnp.where(hidden, -1e9, s), v)
 
 
+def zero_one_int_masks(q, k, v, kv_len):
+    # keras-hub: causal and padding as 0/1 ints, combined with minimum, tested with != 0; f32 iotas
+    s = _logits(q, k) * 0.3
+    rows = jnp.arange(q.shape[1], dtype=jnp.float32)[:, None]
+    cols = jnp.arange(k.shape[1], dtype=jnp.float32)[None, :]
+    causal = (rows >= cols).astype(jnp.int32)[None]
+    padding = (jnp.arange(k.shape[1])[None, None, :] < kv_len[:, None, None]).astype(jnp.int32)
+    visible = jnp.minimum(causal, padding) != 0
+    return _softmax_attend(jnp.where(visible[:, None], s, -1e9), v)
+
+
 def softmax_remasked(q, k, v, kv_len):
     # keras' Softmax(mask): masked probabilities are zeroed again after normalising
     s = _logits(q, k) * 0.3
@@ -318,6 +329,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
     Variant("two_layers", two_layers, _qkv(), sites=2),
     Variant("scan_layers", scan_layers, _qkv(), sites=1),
+    Variant("zero_one_int_masks", zero_one_int_masks, _qkv() + (((B,), I32),),
+            expect={"causal": True, "mask_kind": "lengths"}),
     Variant("softmax_remasked", softmax_remasked, _qkv() + (((B,), I32),),
             expect={"zero_empty_rows": True, "mask_kind": "lengths"}),
     Variant("no_match_remasked_by_other_mask", no_match_remasked_by_other_mask, _qkv() + (((B,), I32),), sites=0),

@@ -111,21 +111,107 @@ def _conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: MaskTerms, 
     if name == "stablehlo.not":
         _conjuncts(op.operands[0], labels, sizes, terms, not negated)
         return
-    if name == "stablehlo.select" and not negated and constant_scalar(op.operands[2]) == 0.0:
-        # select(p, x, false) == p & x
-        _conjuncts(op.operands[0], labels, sizes, terms, negated)
-        _conjuncts(op.operands[1], labels, sizes, terms, negated)
+    if name == "stablehlo.select" and op is not None and _select_conjuncts(op, labels, sizes, terms, negated):
         return
-    if name in _LAYOUT and op is not None:
-        inner = layout.backward(op, labels, sizes)
-        if inner is not None:
-            _conjuncts(op.operands[0], inner, sizes, terms, negated)
-            return
+    if name == "stablehlo.compare" and op is not None and _nonzero_conjuncts(op, labels, sizes, terms, negated):
+        return
+    inner = _see_through(op, labels, sizes)
+    if inner is not None:
+        _conjuncts(op.operands[0], inner, sizes, terms, negated)
+        return
     atom = _atom(value, labels, sizes, negated)
     if atom is not None:
         terms.atoms.append(atom)
         return
     terms.opaque.append(Opaque(value, labels, negated))
+
+
+def _see_through(op: ir.Operation | None, labels: Labels, sizes: Sizes) -> Labels | None:
+    """Operand labels of a layout op, or of a dynamic_slice that takes its whole operand at offset 0."""
+    if op is None:
+        return None
+    if op.name in _LAYOUT:
+        return layout.backward(op, labels, sizes)
+    if (op.name == "stablehlo.dynamic_slice"
+            and all(constant_scalar(index) == 0.0 for index in list(op.operands)[1:])
+            and list(ir.DenseI64ArrayAttr(op.attributes["slice_sizes"])) == list(layout.static_shape(op.operands[0])
+                                                                                 or ())):
+        return labels
+    return None
+
+
+def _select_conjuncts(op: ir.Operation, labels: Labels, sizes: Sizes, terms: MaskTerms, negated: bool) -> bool:
+    """Boolean selects with a constant branch: select(p, x, c) and select(p, c, x)."""
+    pred, on_true, on_false = op.operands
+    true_const, false_const = constant_scalar(on_true), constant_scalar(on_false)
+    if false_const is not None and not negated and not false_const:
+        # select(p, x, false) == p & x
+        _conjuncts(pred, labels, sizes, terms, False)
+        _conjuncts(on_true, labels, sizes, terms, False)
+        return True
+    if true_const is not None and not negated and not true_const:
+        # select(p, false, x) == not p & x
+        _conjuncts(pred, labels, sizes, terms, True)
+        _conjuncts(on_false, labels, sizes, terms, False)
+        return True
+    if true_const is not None and negated and true_const:
+        # not select(p, true, x) == not p & not x
+        _conjuncts(pred, labels, sizes, terms, True)
+        _conjuncts(on_false, labels, sizes, terms, True)
+        return True
+    if false_const is not None and negated and false_const:
+        # not select(p, x, true) == p & not x
+        _conjuncts(pred, labels, sizes, terms, False)
+        _conjuncts(on_true, labels, sizes, terms, True)
+        return True
+    return False
+
+
+def _nonzero_conjuncts(op: ir.Operation, labels: Labels, sizes: Sizes, terms: MaskTerms, negated: bool) -> bool:
+    """`x != 0` / `x == 0` where x is a 0/1 number built from booleans (keras builds masks that way)."""
+    direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
+    if direction not in ("NE", "EQ"):
+        return False
+    lhs, rhs = op.operands
+    number = lhs if constant_scalar(rhs) == 0.0 else rhs if constant_scalar(lhs) == 0.0 else None
+    if number is None:
+        return False
+    trial = MaskTerms()
+    if not _zero_one_conjuncts(number, labels, sizes, trial, negated == (direction == "NE")):
+        return False
+    terms.atoms += trial.atoms
+    terms.opaque += trial.opaque
+    terms.always_false |= trial.always_false
+    return True
+
+
+def _zero_one_conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: MaskTerms, negated: bool) -> bool:
+    """Reads a number known to be 0 or 1: convert(bool), min/mul (and), max (or). False if it cannot."""
+    op = defining_op(value)
+    if op is None:
+        return False
+    if op.name == "stablehlo.constant":
+        folded = constant_scalar(value)
+        if folded not in (0.0, 1.0):
+            return False
+        if bool(folded) == negated:
+            terms.always_false = True
+        return True
+    if op.name == "stablehlo.convert" and _is_bool(op.operands[0]):
+        _conjuncts(op.operands[0], labels, sizes, terms, negated)
+        return True
+    if (op.name in ("stablehlo.minimum", "stablehlo.multiply") and not negated) or (
+            op.name == "stablehlo.maximum" and negated):
+        return all(_zero_one_conjuncts(operand, labels, sizes, terms, negated) for operand in op.operands)
+    inner = _see_through(op, labels, sizes)
+    if inner is not None:
+        return _zero_one_conjuncts(op.operands[0], inner, sizes, terms, negated)
+    return False
+
+
+def _is_bool(value: ir.Value) -> bool:
+    etype = ir.RankedTensorType(value.type).element_type
+    return isinstance(etype, ir.IntegerType) and etype.width == 1
 
 
 def _atom(value: ir.Value, labels: Labels, sizes: Sizes, negated: bool = False) -> Atom | None:
@@ -153,7 +239,9 @@ def _affine(value: ir.Value, labels: Labels, sizes: Sizes, depth: int = 24) -> A
     if depth == 0:
         return None
     vtype = value.type
-    if not isinstance(vtype, ir.RankedTensorType) or not isinstance(vtype.element_type, ir.IntegerType):
+    if not isinstance(vtype, ir.RankedTensorType) or not isinstance(vtype.element_type, (ir.IntegerType, ir.FloatType)):
+        return None
+    if _is_bool(value):
         return None
     op = defining_op(value)
     name = op.name if op is not None else None
@@ -184,8 +272,9 @@ def _affine(value: ir.Value, labels: Labels, sizes: Sizes, depth: int = 24) -> A
                 inner_affine = _affine(op.operands[this], labels, sizes, depth - 1)
                 return inner_affine.scaled(int(factor)) if inner_affine is not None else None
         return None
-    # Anything else is external data: fine if it varies only along the batch.
-    if all(label in ((), ("B",)) for label in labels):
+    # Anything else is external data: fine if it is an integer that varies only along the batch (a float
+    # bound would not survive the lengths operand's int32).
+    if isinstance(vtype.element_type, ir.IntegerType) and all(label in ((), ("B",)) for label in labels):
         return Affine(ext=Ext(value, labels), ext_sign=1)
     return None
 
@@ -193,7 +282,8 @@ def _affine(value: ir.Value, labels: Labels, sizes: Sizes, depth: int = 24) -> A
 def _affine_constant(value: ir.Value, labels: Labels) -> Affine | None:
     folded = constant_scalar(value)
     if folded is not None:
-        return Affine(const=int(folded))
+        # Positions in float (keras builds iotas in f32) are exact integers up to 2**24.
+        return Affine(const=int(folded)) if float(folded).is_integer() and abs(folded) < 2**24 else None
     array = dense_values(value)
     if array is None:
         return None
