@@ -60,7 +60,7 @@ from hlofuse.testing.modules import assert_outputs_close, clone_module, count_co
 
 _COMMON = {"deadline": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow],
            "print_blob": True}
-settings.register_profile("ci", max_examples=42, **_COMMON)
+settings.register_profile("ci", max_examples=36, **_COMMON)
 settings.register_profile("thorough", max_examples=400, **_COMMON)
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
