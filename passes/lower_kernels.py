@@ -5,8 +5,8 @@ Emits, by `target`:
   reference  a call to the plain-jnp reference (hlofuse.kernels.reference), lowered by JAX into this
              module. It runs anywhere, and since it is built from the composite's attributes alone,
              comparing it with the original program checks that fusion read the attributes right.
-  cpu        `stablehlo.custom_call @hlofuse_attention` (XLA FFI, api_version 4) when the native
-             kernels are built and support the attributes.
+  cpu        `stablehlo.custom_call @hlofuse_attention` (XLA FFI, api_version 4, the attributes as FFI
+             attributes) when the native kernels are built and support the dtypes and attributes.
   tpu, gpu, neuron
              kernels are not in this build yet.
 A composite that no kernel takes stays as it is, with a remark saying why: XLA then inlines its
@@ -73,12 +73,35 @@ def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module:
     composite.erase()
 
 
+def _cpu_attention_kernel(attrs: AttentionAttrs, composite: ir.Operation) -> Callable[..., Any]:
+    """The native CPU kernel as a JAX function, or Unsupported saying why it cannot take this composite."""
+    from hlofuse.kernels import cpu
+
+    if not cpu.is_available():
+        raise Unsupported("the native CPU kernel library is not built (pip install . builds it)")
+    dtypes = {str(ir.RankedTensorType(v.type).element_type) for v in list(composite.operands)[:3]}
+    if len(dtypes) != 1 or not dtypes <= {"f32", "bf16"}:
+        raise Unsupported(f"the CPU kernel takes q, k, v all f32 or all bf16, not {sorted(dtypes)}")
+    if attrs.zero_empty_rows:
+        raise Unsupported("the CPU kernel does not zero rows that see no key (zero_empty_rows)")
+    from hlofuse.kernels.cpu.attention import attention as cpu_attention
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        return cpu_attention(q, k, v, **kwargs)
+
+    return kernel
+
+
 def _lower_attention(composite: ir.Operation, module: ir.Operation, target: str) -> str:
     attrs = AttentionAttrs.from_ir(composite.attributes["composite_attributes"])
     if target == "reference":
         inline_jax_function(attrs.bind_operands(attention_reference), composite, module,
                             f"{ATTENTION}.reference")
         return "attention_to_reference"
+    if target == "cpu":
+        kernel = _cpu_attention_kernel(attrs, composite)
+        inline_jax_function(attrs.bind_operands(kernel), composite, module, f"{ATTENTION}.cpu")
+        return "attention_to_cpu_kernel"
     raise Unsupported(f"no {target} kernel for hlofuse.attention in this build")
 
 

@@ -51,3 +51,12 @@ for name in ("HOME", "TMPDIR", "XLA_FLAGS", "JAX_PLATFORMS"):
     if name in os.environ:
         config.environment[name] = os.environ[name]
 config.environment.setdefault("JAX_PLATFORMS", "cpu")
+
+# `REQUIRES: cpu-kernels` marks tests that need the native CPU kernel library (built by pip install .).
+try:
+    from hlofuse.kernels import cpu as _cpu_kernels
+
+    if _cpu_kernels.is_available():
+        config.available_features.add("cpu-kernels")
+except ImportError:
+    pass

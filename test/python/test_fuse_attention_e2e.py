@@ -63,3 +63,23 @@ def test_variant_is_fused_and_matches(variant: Variant) -> None:
         assert lowering.counters["attention_to_reference"] == variant.sites
         assert count_composites(referenced) == 0
         _compare(expected, run_module(referenced, args))
+        _check_cpu_kernel(fused, expected, args, variant)
+
+
+def _check_cpu_kernel(fused: ir.Module, expected: list[np.ndarray], args: list[np.ndarray], variant: Variant) -> None:
+    """target=cpu: the native kernel takes what it supports; the rest stay composites, with a remark."""
+    from hlofuse.kernels import cpu
+
+    if not cpu.is_available():
+        pytest.skip("the native CPU kernels are not built")
+    kernel = clone_module(fused)
+    result = run_pipeline(kernel, "builtin.module(hlofuse-lower-kernels{target=cpu})")
+    lowered = result.counters["attention_to_cpu_kernel"]
+    kept = result.counters["attention_kept_composite"]
+    assert lowered + kept == variant.sites
+    assert len(result.remarks) == kept
+    dtype = np.dtype(variant.shapes[0][1]).name
+    if dtype in ("float32", "bfloat16") and not variant.expect.get("zero_empty_rows"):
+        assert lowered == variant.sites, [str(r) for r in result.remarks]
+        assert "hlofuse_attention" in str(kernel)
+    _compare(expected, run_module(kernel, args))

@@ -25,10 +25,12 @@ _registered = False
 
 def library_path() -> Path | None:
     """Where the kernel library is: next to this package, else $HLOFUSE_CPU_KERNELS_LIB; None if absent."""
-    here = Path(__file__).resolve().parent
-    for name in _LIB_NAMES:
-        if (here / name).is_file():
-            return here / name
+    # An editable install keeps the built library in site-packages, which the package path also lists.
+    folders = [Path(__file__).resolve().parent, *(Path(p) for p in __path__)]
+    for folder in folders:
+        for name in _LIB_NAMES:
+            if (folder / name).is_file():
+                return folder / name
     env = os.environ.get(LIB_ENV)
     if env and Path(env).is_file():
         return Path(env)
