@@ -15,6 +15,8 @@ decomposition, so the program stays exactly right.
     %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
   becomes (target=reference)
     %0 = call @hlofuse.attention.reference(%q, %k, %v)
+
+Which function implements which composite on which target is the table in hlofuse.kernels.
 """
 
 from __future__ import annotations
@@ -29,19 +31,16 @@ from hlofuse.passes.prepare import erase_unreferenced_private_funcs, inline_priv
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
-from hlofuse.composites import ATTENTION, ATTENTION_VERSION, AttentionAttrs
+from hlofuse.composites import ATTENTION, ATTENTION_VERSION, attribute_values
 from hlofuse.ir import build
-from hlofuse.kernels.reference import attention_reference
+from hlofuse.kernels import CompositeCall, Unsupported, kernel_for, known_targets
 from hlofuse.pipeline import ModulePass, PassState
 
-TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference")
+# The composite versions this build lowers.
+VERSIONS = {ATTENTION: ATTENTION_VERSION}
 
 _DTYPES: dict[str, Any] = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "f64": jnp.float64,
                            "i32": jnp.int32, "i64": jnp.int64, "i1": jnp.bool_}
-
-
-class Unsupported(Exception):
-    """The target has no kernel for this composite; the message is the remark."""
 
 
 def _spec(value: ir.Value) -> jax.ShapeDtypeStruct:
@@ -73,36 +72,12 @@ def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module:
     composite.erase()
 
 
-def _cpu_attention_kernel(attrs: AttentionAttrs, composite: ir.Operation) -> Callable[..., Any]:
-    """The native CPU kernel as a JAX function, or Unsupported saying why it cannot take this composite."""
-    from hlofuse.kernels import cpu
-
-    if not cpu.is_available():
-        raise Unsupported("the native CPU kernel library is not built (pip install . builds it)")
-    dtypes = {str(ir.RankedTensorType(v.type).element_type) for v in list(composite.operands)[:3]}
-    if len(dtypes) != 1 or not dtypes <= {"f32", "bf16"}:
-        raise Unsupported(f"the CPU kernel takes q, k, v all f32 or all bf16, not {sorted(dtypes)}")
-    if attrs.zero_empty_rows:
-        raise Unsupported("the CPU kernel does not zero rows that see no key (zero_empty_rows)")
-    from hlofuse.kernels.cpu.attention import attention as cpu_attention
-
-    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        return cpu_attention(q, k, v, **kwargs)
-
-    return kernel
-
-
-def _lower_attention(composite: ir.Operation, module: ir.Operation, target: str) -> str:
-    attrs = AttentionAttrs.from_ir(composite.attributes["composite_attributes"])
-    if target == "reference":
-        inline_jax_function(attrs.bind_operands(attention_reference), composite, module,
-                            f"{ATTENTION}.reference")
-        return "attention_to_reference"
-    if target == "cpu":
-        kernel = _cpu_attention_kernel(attrs, composite)
-        inline_jax_function(attrs.bind_operands(kernel), composite, module, f"{ATTENTION}.cpu")
-        return "attention_to_cpu_kernel"
-    raise Unsupported(f"no {target} kernel for hlofuse.attention in this build")
+def _composite_call(composite: ir.Operation) -> CompositeCall:
+    name = ir.StringAttr(composite.attributes["name"]).value
+    version = ir.IntegerAttr(composite.attributes["version"]).value if "version" in composite.attributes else 0
+    types = tuple((tuple(ir.RankedTensorType(v.type).shape), str(ir.RankedTensorType(v.type).element_type))
+                  for v in composite.operands)
+    return CompositeCall(name, version, attribute_values(composite.attributes["composite_attributes"]), types)
 
 
 def _composites(module: ir.Operation) -> list[ir.Operation]:
@@ -127,24 +102,24 @@ class LowerKernelsPass(ModulePass):
     target: str = "cpu"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
-        if self.target not in TARGETS:
-            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(TARGETS)})")
+        if self.target not in known_targets():
+            raise ValueError(f"unknown target '{self.target}' (known: {', '.join(known_targets())})")
         lowered_any = False
         for composite in _composites(module):
-            name = ir.StringAttr(composite.attributes["name"]).value
-            if name != ATTENTION:
+            call = _composite_call(composite)
+            if call.name not in VERSIONS:
                 continue
-            version = ir.IntegerAttr(composite.attributes["version"]).value if "version" in composite.attributes \
-                else 0
+            short = call.name.removeprefix("hlofuse.")
             try:
-                if version != ATTENTION_VERSION:
-                    raise Unsupported(f"version {version} is not {ATTENTION_VERSION}")
-                rule = _lower_attention(composite, module, self.target)
+                if call.version != VERSIONS[call.name]:
+                    raise Unsupported(f"version {call.version} is not {VERSIONS[call.name]}")
+                kernel = kernel_for(call, self.target)
             except Unsupported as reason:
                 state.remark(composite, f"kept as a composite: {reason}")
-                state.count("attention_kept_composite")
+                state.count(f"{short}_kept_composite")
                 continue
-            state.count(rule)
+            inline_jax_function(kernel, composite, module, f"{call.name}.{self.target}")
+            state.count(f"{short}_to_{self.target}")
             lowered_any = True
         if lowered_any:
             erase_unreferenced_private_funcs(module)

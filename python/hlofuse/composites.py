@@ -40,9 +40,11 @@ class AttentionAttrs:
 
     @staticmethod
     def from_ir(attributes: ir.Attribute) -> AttentionAttrs:
-        values: dict[str, Any] = {}
-        for named in ir.DictAttr(attributes):
-            values[named.name] = _python_value(named.attr)
+        return AttentionAttrs.from_dict(attribute_values(attributes))
+
+    @staticmethod
+    def from_dict(attributes: dict[str, Any]) -> AttentionAttrs:
+        values = dict(attributes)
         values["operands"] = tuple(values.get("operands", ("q", "k", "v")))
         known = {f.name for f in dataclasses.fields(AttentionAttrs)}
         unknown = set(values) - known
@@ -67,6 +69,11 @@ class AttentionAttrs:
             return fn(q, k, v, **named, **kwargs)
 
         return call
+
+
+def attribute_values(attributes: ir.Attribute) -> dict[str, Any]:
+    """A composite's attribute dictionary as Python values."""
+    return {named.name: _python_value(named.attr) for named in ir.DictAttr(attributes)}
 
 
 def _python_value(attr: ir.Attribute) -> Any:  # noqa: ANN401

@@ -74,7 +74,7 @@ def _check_cpu_kernel(fused: ir.Module, expected: list[np.ndarray], args: list[n
         pytest.skip("the native CPU kernels are not built")
     kernel = clone_module(fused)
     result = run_pipeline(kernel, "builtin.module(hlofuse-lower-kernels{target=cpu})")
-    lowered = result.counters["attention_to_cpu_kernel"]
+    lowered = result.counters["attention_to_cpu"]
     kept = result.counters["attention_kept_composite"]
     assert lowered + kept == variant.sites
     assert len(result.remarks) == kept

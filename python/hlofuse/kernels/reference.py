@@ -7,8 +7,14 @@ and attributes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from hlofuse.kernels import CompositeCall
 
 UNBOUNDED = -1
 
@@ -90,3 +96,10 @@ def attention_reference(
     probs = probs.reshape(b, kv_heads, groups, t, s)
     out = jnp.einsum("bkgts,bskd->btkgd", probs.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, n, v.shape[-1]).astype(q.dtype)
+
+
+def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
+    """target=reference: the composite's meaning computed from its attributes alone."""
+    from hlofuse.composites import AttentionAttrs
+
+    return AttentionAttrs.from_dict(call.attributes).bind_operands(attention_reference)

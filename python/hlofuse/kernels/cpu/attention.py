@@ -8,6 +8,8 @@ query and key blocks with an online softmax so the (T, S) logits never exist in 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +17,9 @@ import numpy as np
 
 from hlofuse.kernels.cpu import register
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+
+if TYPE_CHECKING:
+    from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_attention"
 
@@ -129,4 +134,24 @@ def attention(
     )
 
 
-__all__ = ["BlockSizes", "attention", "attention_reference"]
+def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
+    """target=cpu: this kernel for an `hlofuse.attention` composite, or Unsupported saying why not."""
+    from hlofuse.composites import AttentionAttrs
+    from hlofuse.kernels import Unsupported, cpu
+
+    if not cpu.is_available():
+        raise Unsupported("the native CPU kernel library is not built (pip install . builds it)")
+    dtypes = {dtype for _, dtype in call.operand_types[:3]}
+    if len(dtypes) != 1 or not dtypes <= {"f32", "bf16"}:
+        raise Unsupported(f"the CPU kernel takes q, k, v all f32 or all bf16, not {sorted(dtypes)}")
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if attrs.zero_empty_rows:
+        raise Unsupported("the CPU kernel does not zero rows that see no key (zero_empty_rows)")
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        return attention(q, k, v, **kwargs)
+
+    return attrs.bind_operands(kernel)
+
+
+__all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference"]

@@ -1,0 +1,51 @@
+"""Which kernel implements a composite on a target: one table, one entry per (composite, target).
+
+Each entry names a function `lowering(call: CompositeCall) -> Callable` that returns a JAX function of
+the composite's operands computing exactly the composite's reference semantics, or raises
+`Unsupported` saying why it cannot (a dtype, an attribute, a missing library). hlofuse-lower-kernels
+lowers that JAX function into the module in place of the composite.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# (composite name, target) -> "module:function". Backends add their rows here.
+LOWERINGS: dict[tuple[str, str], str] = {
+    ("hlofuse.attention", "reference"): "hlofuse.kernels.reference:attention_lowering",
+    ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:attention_lowering",
+}
+
+# Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.
+TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference")
+
+
+class Unsupported(Exception):
+    """The target has no kernel for this composite; the message is the remark."""
+
+
+@dataclass(frozen=True)
+class CompositeCall:
+    """What a lowering may look at: the composite's name, version, attributes and operand types."""
+
+    name: str
+    version: int
+    attributes: dict[str, Any]
+    operand_types: tuple[tuple[tuple[int, ...], str], ...]  # (shape, element type such as "f32")
+
+
+def known_targets() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(TARGETS + tuple(target for _, target in LOWERINGS)))
+
+
+def kernel_for(call: CompositeCall, target: str) -> Callable[..., Any]:
+    """The JAX function implementing `call` on `target`; raises Unsupported when there is none."""
+    entry = LOWERINGS.get((call.name, target))
+    if entry is None:
+        raise Unsupported(f"no {target} kernel for {call.name} in this build")
+    module_name, function_name = entry.split(":")
+    lowering = getattr(importlib.import_module(module_name), function_name)
+    return lowering(call)
