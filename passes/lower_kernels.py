@@ -49,9 +49,18 @@ def _spec(value: ir.Value) -> jax.ShapeDtypeStruct:
 
 
 def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module: ir.Operation,
-                        base_name: str) -> None:
-    """Lowers `fn` for the composite's operand types, adds it to `module`, and calls it instead."""
-    lowered = jax.jit(fn).lower(*[_spec(v) for v in composite.operands])
+                        base_name: str, platforms: tuple[str, ...] | None = None) -> None:
+    """Lowers `fn` for the composite's operand types, adds it to `module`, and calls it instead.
+
+    `platforms` (default: `fn.lowering_platforms` if set, else the default backend) lowers `fn` for
+    other platforms than this host's, e.g. ("tpu",) for a Pallas Mosaic kernel on a CPU-only host.
+    """
+    specs = [_spec(v) for v in composite.operands]
+    platforms = platforms or getattr(fn, "lowering_platforms", None)
+    if platforms:
+        lowered = jax.jit(fn).trace(*specs).lower(lowering_platforms=tuple(platforms))
+    else:
+        lowered = jax.jit(fn).lower(*specs)
     imported = ir.Module.parse(lowered.as_text(), context=module.context)
     inline_private_calls(imported.operation)
     main = next(op.operation for op in imported.body.operations
