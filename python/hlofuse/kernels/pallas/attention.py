@@ -1,0 +1,283 @@
+"""Pallas flash attention for TPU (Mosaic) and GPU (Triton), with the composite's exact semantics.
+
+`attention` computes `attention_reference` (docs/composites.md) of the canonical operands: q (B,T,N,H),
+k (B,S,K,H), v (B,S,K,D), GQA/MQA, causal and sliding windows with a query offset, soft-cap, an
+additive bias, a boolean mask and q/kv lengths, in f32 or bf16 with f32 softmax and accumulation
+(FlashAttention-2, Dao 2023: online softmax, one pass over K/V per q tile). Blocks that no row of a
+tile can see are skipped. `decode_attention` is the same kernel split over the KV axis
+(flash-decoding) with a combine step, for T <= 8 queries against a long cache.
+
+Masked logits count as -inf inside the kernel. That is the reference's `where(mask, s, masked_value)`
+whenever a row sees some key and masked_value is -inf or far below any logit (hence the limit
+MASKED_VALUE_LIMIT); a row that sees no key becomes NaN (-inf) or the uniform average of all values
+(finite), exactly as in the reference.
+
+Targets (hlofuse.kernels.LOWERINGS): `tpu` and `gpu` lower the kernels for that platform even on a
+CPU-only host (`tpu_custom_call`, `__gpu$xla.gpu.triton`); `tpu-interpret` and `gpu-interpret` run
+the same kernels in Pallas interpret mode on any host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from hlofuse.kernels.pallas import common, gpu, tpu
+from hlofuse.kernels.pallas.common import Plan
+from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+
+if TYPE_CHECKING:
+    from hlofuse.kernels import CompositeCall
+
+BACKENDS = ("tpu", "gpu")
+# A finite masked_value must be at least this far below zero: the kernel gives masked keys weight 0,
+# the reference exp(masked_value - max logit), equal in f32 for any |logit| < -limit - 104.
+MASKED_VALUE_LIMIT = -1e4
+DTYPES = {"tpu": (jnp.float32, jnp.bfloat16), "gpu": (jnp.float32, jnp.bfloat16, jnp.float16)}
+# Queries at most this long against a longer cache take the decode path (the composite's `decode`).
+DECODE_MAX_T = 8
+# Auto num_splits for the GPU aims at this many programs (about two waves on an H100/H200).
+GPU_TARGET_PROGRAMS = 264
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """Tiles of the Pallas kernels.
+
+    block_q: query rows per tile, counted over the G = N/K heads that share a kv head (a tile holds
+    block_q // G query positions). block_k: keys per tile. num_splits: parts the kv axis is split into
+    (flash-decoding; 0 = pick from the shapes, 1 = none). num_warps, num_stages: Triton only.
+    TPU tiles are multiples of (8, 128); GPU tiles are powers of two, at least 16.
+    """
+
+    block_q: int
+    block_k: int
+    num_splits: int = 0
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        if self.block_q < 1 or self.block_k < 1 or self.num_splits < 0 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"invalid BlockSizes {self}")
+
+    @classmethod
+    def get_default(cls, backend: str = "tpu", *, decode: bool = False) -> BlockSizes:
+        if backend == "tpu":
+            return cls(block_q=16, block_k=1024) if decode else cls(block_q=256, block_k=512)
+        if backend == "gpu":
+            return cls(block_q=16, block_k=128) if decode else cls(block_q=64, block_k=64)
+        raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
+
+    def check(self, backend: str) -> None:
+        """Raises ValueError when the tiles do not fit `backend`'s layout rules."""
+        if backend == "tpu" and (self.block_q % tpu.SUBLANES or self.block_k % tpu.LANES):
+            raise ValueError(
+                f"TPU block_q {self.block_q} must be a multiple of {tpu.SUBLANES} and block_k {self.block_k} "
+                f"a multiple of {tpu.LANES}"
+            )
+        if backend == "gpu":
+            for name, x in (("block_q", self.block_q), ("block_k", self.block_k), ("num_warps", self.num_warps)):
+                if x & (x - 1) or (x < 16 and name != "num_warps"):
+                    raise ValueError(f"GPU {name} {x} must be a power of two (block sizes at least 16)")
+
+
+def _plan(
+    backend: str,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    blocks: BlockSizes,
+    attrs: dict[str, Any],
+) -> Plan:
+    b, t, n, h = q.shape
+    s, kv_heads, d = k.shape[1], k.shape[2], v.shape[3]
+    rows = t * (n // kv_heads)
+    if backend == "tpu":
+        sublanes = 16 if q.dtype == jnp.bfloat16 else tpu.SUBLANES
+        block_q = min(blocks.block_q, common.round_up(rows, sublanes))
+        block_k = min(blocks.block_k, common.round_up(s, tpu.LANES))
+        head_pad, value_pad = common.round_up(h, tpu.LANES), common.round_up(d, tpu.LANES)
+    else:
+        block_q = min(blocks.block_q, max(16, common.next_pow2(rows)))
+        block_k = min(blocks.block_k, max(16, common.next_pow2(s)))
+        head_pad, value_pad = max(16, common.next_pow2(h)), max(16, common.next_pow2(d))
+    num_k_blocks = -(-s // block_k)
+    splits = blocks.num_splits
+    if splits == 0:
+        programs = b * kv_heads * -(-rows // block_q)
+        if backend == "gpu":
+            splits = max(1, min(num_k_blocks // 2, GPU_TARGET_PROGRAMS // programs))
+        else:  # one TensorCore walks the splits in turn; two (megacore) can share them
+            splits = 2 if programs == 1 and num_k_blocks >= 4 else 1
+    splits = min(splits, num_k_blocks)
+    return Plan(
+        b=b, t=t, n=n, kv_heads=kv_heads, h=h, d=d, s=s, block_q=block_q, block_k=block_k,
+        head_pad=head_pad, value_pad=value_pad, num_splits=splits, **attrs,
+    )  # fmt: skip
+
+
+def _check_shapes(q: jax.Array, k: jax.Array, v: jax.Array, backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
+    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"q, k, v must be rank 4, got {q.shape}, {k.shape}, {v.shape}")
+    b, _, n, h = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    if k.shape != (b, s, kv_heads, h):
+        raise ValueError(f"k shape {k.shape} does not match q shape {q.shape} (B and H)")
+    if v.shape[:3] != (b, s, kv_heads):
+        raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} (B, S, K)")
+    if kv_heads == 0 or n % kv_heads:
+        raise ValueError(f"query heads N={n} are not a multiple of kv heads K={kv_heads}")
+    if q.dtype not in DTYPES[backend] or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(
+            f"q, k, v must share one dtype of {[jnp.dtype(d).name for d in DTYPES[backend]]} on {backend}, "
+            f"got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+
+
+def attention(
+    q: jax.Array,  # (B, T, N, H)
+    k: jax.Array,  # (B, S, K, H), N % K == 0
+    v: jax.Array,  # (B, S, K, D)
+    *,
+    scale: float,
+    causal: bool = False,
+    window_left: int = UNBOUNDED,
+    window_right: int = UNBOUNDED,
+    q_offset: int = 0,
+    softcap: float = 0.0,
+    masked_value: float = float("-inf"),
+    bias: jax.Array | None = None,  # (B|1, N|1, T|1, S|1), added to the logits
+    mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
+    q_lengths: jax.Array | None = None,  # (B,) int
+    kv_lengths: jax.Array | None = None,  # (B,) int
+    backend: str = "tpu",
+    block_sizes: BlockSizes | None = None,
+    interpret: Any = False,  # noqa: ANN401  (True, or pltpu.InterpretParams for the TPU interpreter)
+) -> jax.Array:  # (B, T, N, D), in q's dtype
+    """`attention_reference`'s semantics computed by the Pallas kernel of `backend` ("tpu" or "gpu")."""
+    _check_shapes(q, k, v, backend)
+    if not math.isinf(masked_value) and masked_value > MASKED_VALUE_LIMIT:
+        raise ValueError(f"masked_value {masked_value} > {MASKED_VALUE_LIMIT}: masked keys would carry weight")
+    if math.isinf(masked_value) and masked_value > 0:
+        raise ValueError(f"masked_value {masked_value} must be -inf or finite")
+    decode = q.shape[1] <= DECODE_MAX_T < k.shape[1]
+    blocks = block_sizes or BlockSizes.get_default(backend, decode=decode)
+    blocks.check(backend)
+    attrs = {
+        "scale": float(scale), "softcap": float(softcap), "causal": bool(causal), "window_left": int(window_left),
+        "window_right": int(window_right), "q_offset": int(q_offset), "masked_value": float(masked_value),
+    }  # fmt: skip
+    plan = _plan(backend, q, k, v, blocks, attrs)
+    side_dtype = jnp.int32 if backend == "tpu" else jnp.int8
+    bias_p = mask_p = None
+    if bias is not None:
+        bias_p, (bb, bh, br) = common.broadcast_operand(bias, "bias", plan, jnp.float32)
+        plan = dataclasses.replace(plan, bias_batch=bb, bias_heads=bh, bias_rows=br)
+    if mask is not None:
+        mask_p, (mb, mh, mr) = common.broadcast_operand(mask.astype(jnp.bool_), "mask", plan, side_dtype)
+        plan = dataclasses.replace(plan, mask_batch=mb, mask_heads=mh, mask_rows=mr)
+    lens = common.lengths(plan, q_lengths, kv_lengths)
+    empty = None if plan.empty_is_nan else common.empty_rows(plan, v)  # (B, K, D_pad)
+
+    qr = common.rows_layout(q, plan.kv_heads, plan.rows_pad, plan.head_pad)
+    pad_keys = plan.keys_pad - plan.s
+    if backend == "tpu":
+        kr = jnp.pad(k.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad_keys), (0, plan.head_pad - plan.h)))
+        vr = jnp.pad(v.transpose(0, 2, 1, 3), ((0, 0), (0, 0), (0, pad_keys), (0, plan.value_pad - plan.d)))
+        out = tpu.flash_attention(
+            plan, qr, kr, vr, lens, bias_p, mask_p, None if empty is None else empty[:, :, None, :],
+            out_dtype=q.dtype, interpret=interpret,
+        )  # fmt: skip
+        if plan.num_splits > 1:
+            out = (out[0], out[1][..., 0], out[2][..., 0])
+    else:
+        kr = jnp.pad(k, ((0, 0), (0, pad_keys), (0, 0), (0, plan.head_pad - plan.h)))
+        vr = jnp.pad(v, ((0, 0), (0, pad_keys), (0, 0), (0, plan.value_pad - plan.d)))
+        out = gpu.flash_attention(
+            plan, qr, kr, vr, lens, bias_p, mask_p, empty, out_dtype=q.dtype,
+            num_warps=blocks.num_warps, num_stages=blocks.num_stages, interpret=interpret,
+        )  # fmt: skip
+    o = out[0] if plan.num_splits == 1 else common.combine(plan, *out, empty).astype(q.dtype)
+    return common.from_rows(o, plan.t, plan.n, plan.d)
+
+
+def decode_attention(
+    q: jax.Array,  # (B, T, N, H), T <= 8
+    k: jax.Array,  # (B, S, K, H): the KV cache
+    v: jax.Array,  # (B, S, K, D)
+    *,
+    scale: float,
+    backend: str = "tpu",
+    block_sizes: BlockSizes | None = None,
+    **kwargs: Any,  # noqa: ANN401  (as `attention`: causal, q_offset, kv_lengths, ...)
+) -> jax.Array:  # (B, T, N, D)
+    """Flash-decoding: `attention` with the kv axis split across programs and a combine step."""
+    if q.ndim != 4 or q.shape[1] > DECODE_MAX_T:
+        raise ValueError(f"decode_attention takes at most {DECODE_MAX_T} queries, got q shape {q.shape}")
+    blocks = block_sizes or BlockSizes.get_default(backend, decode=True)
+    return attention(q, k, v, scale=scale, backend=backend, block_sizes=blocks, **kwargs)
+
+
+# ----------------------------------------------------------------------------- lowerings
+
+
+def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Callable[..., Any]:
+    """An `hlofuse.attention` composite as this kernel, or Unsupported saying why not."""
+    from hlofuse.composites import AttentionAttrs
+    from hlofuse.kernels import Unsupported
+
+    target = f"{backend}-interpret" if interpret else backend
+    dtypes = [dtype for _, dtype in call.operand_types[:3]]
+    allowed = {"tpu": ("f32", "bf16"), "gpu": ("f32", "bf16", "f16")}[backend]
+    if len(set(dtypes)) != 1 or dtypes[0] not in allowed:
+        raise Unsupported(f"the {target} kernel takes q, k, v all of one dtype in {list(allowed)}, not {dtypes}")
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if attrs.layout != "BTNH":
+        raise Unsupported(f"the {target} kernel takes layout BTNH, not {attrs.layout}")
+    if attrs.zero_empty_rows:
+        raise Unsupported(f"the {target} kernel does not zero rows that see no key (zero_empty_rows)")
+    mv = attrs.masked_value
+    if (math.isinf(mv) and mv > 0) or (not math.isinf(mv) and mv > MASKED_VALUE_LIMIT):
+        raise Unsupported(
+            f"the {target} kernel gives masked keys weight 0, which needs masked_value -inf or "
+            f"<= {MASKED_VALUE_LIMIT:g}, not {mv:g}"
+        )
+    entry = decode_attention if attrs.decode else attention
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        return entry(q, k, v, backend=backend, interpret=interpret, **kwargs)
+
+    fn = attrs.bind_operands(kernel)
+    if platform is not None:
+        fn.lowering_platforms = (platform,)  # type: ignore[attr-defined]  # read by inline_jax_function
+    return fn
+
+
+# target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
+tpu_lowering = functools.partial(_lowering, backend="tpu", interpret=False, platform="tpu")
+gpu_lowering = functools.partial(_lowering, backend="gpu", interpret=False, platform="cuda")
+# target=tpu-interpret / gpu-interpret: the same kernels in Pallas' HLO interpreter, on this host.
+# (The TPU interpreter proper, pltpu.InterpretParams, calls back into Python through host callbacks
+# that belong to the executable they were lowered in, so it cannot be inlined into another module;
+# the kernel tests run it directly.)
+tpu_interpret_lowering = functools.partial(_lowering, backend="tpu", interpret=True, platform=None)
+gpu_interpret_lowering = functools.partial(_lowering, backend="gpu", interpret=True, platform=None)
+
+__all__ = [
+    "BlockSizes",
+    "attention",
+    "attention_reference",
+    "decode_attention",
+    "gpu_interpret_lowering",
+    "gpu_lowering",
+    "tpu_interpret_lowering",
+    "tpu_lowering",
+]
