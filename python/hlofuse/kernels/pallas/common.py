@@ -175,9 +175,7 @@ def from_rows(o: jax.Array, t: int, n: int, d: int) -> jax.Array:
     return o.transpose(0, 2, 1, 3, 4).reshape(b, t, n, d)
 
 
-def broadcast_operand(
-    x: jax.Array, name: str, plan: Plan, dtype: jnp.dtype
-) -> tuple[jax.Array, tuple[int, int, int]]:
+def broadcast_operand(x: jax.Array, name: str, plan: Plan, dtype: jnp.dtype) -> tuple[jax.Array, tuple[int, int, int]]:
     """bias/mask (B|1, N|1, T|1, S|1) -> (B|1, K|1, 1|rows_pad, keys_pad) and its (batch, heads, rows) sizes.
 
     A row vector shared by all rows of a kv head stays one row; anything else is spread over the rows.

@@ -130,7 +130,7 @@ def flash_attention(
         in_specs.append(side_spec((plan.mask_batch, plan.mask_heads, plan.mask_rows)))
         operands.append(mask)
     if empty is not None:
-        in_specs.append(pl.BlockSpec((None, None, 1, plan.value_pad), lambda b, h, iq, split, i, lens_ref: (b, h, 0, 0)))
+        in_specs.append(pl.BlockSpec((None, None, 1, plan.value_pad), lambda b, h, *_: (b, h, 0, 0)))
         operands.append(empty)
 
     b, kh, rp, dp = plan.b, plan.kv_heads, plan.rows_pad, plan.value_pad
