@@ -17,10 +17,14 @@ from typing import Any
 LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "reference"): "hlofuse.kernels.reference:attention_lowering",
     ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:attention_lowering",
+    ("hlofuse.attention", "tpu"): "hlofuse.kernels.pallas.attention:tpu_lowering",
+    ("hlofuse.attention", "gpu"): "hlofuse.kernels.pallas.attention:gpu_lowering",
+    ("hlofuse.attention", "tpu-interpret"): "hlofuse.kernels.pallas.attention:tpu_interpret_lowering",
+    ("hlofuse.attention", "gpu-interpret"): "hlofuse.kernels.pallas.attention:gpu_interpret_lowering",
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.
-TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference")
+TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-interpret")
 
 
 class Unsupported(Exception):
