@@ -1,17 +1,34 @@
-"""The main job: jit a small transformer block with and without hlofuse and compare.
+"""The main job: generate tokens with a small Llama-style decoder, jitted with and without hlofuse.
 
-    python -m hlofuse.demo [--layers 2] [--seq 128] [--heads 8] [--kv-heads 2] [--head-dim 64]
+The model has random weights: token embedding, then pre-norm decoder layers (RMSNorm, grouped-query
+attention with rotary position embeddings, a SwiGLU MLP), a final norm and an LM head. Generation
+runs a prefill over the prompt and then one decode step per new token, with greedy (argmax)
+sampling and a KV cache of --cache-len slots per layer, written with `jax.lax.dynamic_update_slice`.
+Each step attends over the whole cache and masks the unwritten slots with
+`jax.nn.dot_product_attention(..., key_value_seq_lengths=...)`. In the decode step hlofuse reads that
+mask as the composite's kv_lengths, so the CPU kernel reads only the valid prefix of the cache; in
+the prefill (causal, at position 0) the causal bound already keeps the kernel to the prompt.
 
-Prints what hlofuse fused (per rule), that the outputs agree, and the compiled programs' run times.
+Both programs (prefill and decode step) are jitted twice: plain, and with
+`compiler_options={"hlofuse_pipeline": "default"}`. The two generations run in lockstep (one plain
+step, then one hlofuse step), so a noisy machine slows both alike. The demo prints the prefill time,
+the median decode step time (per-token latency) and the speed-up, what hlofuse fused and lowered,
+and whether the two generations produced the same tokens. The exit code is 1 if the tokens differ
+(unless they part at a near-tie of the top two logits, within the dtype's rounding: see
+`compare_tokens`) or if some attention site of either program was not fused.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 import warnings
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import jax
 import jax.numpy as jnp
@@ -19,99 +36,375 @@ import numpy as np
 
 import hlofuse
 from hlofuse import pipeline
+from hlofuse.jax import HlofuseFallbackWarning
+
+Params = dict[str, Any]
+Cache = tuple[jax.Array, jax.Array]  # k, v: (layers, B, S, K, H) each
+Sample = tuple[jax.Array, jax.Array, jax.Array]  # token (B,) i32, top-2 logit gap (B,), max |logit| (B,)
+
+PRESETS: dict[str, dict[str, int]] = {
+    # finishes in well under a minute on 2 cores
+    "small": dict(layers=4, d_model=512, heads=8, kv_heads=2, head_dim=64, vocab=4096, prompt_len=128,
+                  new_tokens=32, batch=1, cache_len=1024),
+    # a 2k cache: the decode step's attention is where the time goes, and the kernel reads only the prefix
+    "medium": dict(layers=4, d_model=1024, heads=16, kv_heads=4, head_dim=64, vocab=8192, prompt_len=512,
+                   new_tokens=64, batch=1, cache_len=2048),
+}
 
 
-def transformer_block(params: dict[str, jax.Array], x: jax.Array, *, heads: int, kv_heads: int) -> jax.Array:
-    """Pre-norm decoder block: causal GQA self-attention and a gated MLP, as in Llama."""
-    b, t, d = x.shape
-    head_dim = params["wq"].shape[1] // heads
+@dataclasses.dataclass(frozen=True)
+class Config:
+    layers: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    cache_len: int
+    dtype: Any
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
 
-    def rms_norm(y: jax.Array) -> jax.Array:
-        return y * jax.lax.rsqrt(jnp.mean(y * y, axis=-1, keepdims=True) + 1e-6)
-
-    h = rms_norm(x)
-    q = (h @ params["wq"]).reshape(b, t, heads, head_dim)
-    k = (h @ params["wk"]).reshape(b, t, kv_heads, head_dim)
-    v = (h @ params["wv"]).reshape(b, t, kv_heads, head_dim)
-    attn = jax.nn.dot_product_attention(q, k, v, is_causal=True).reshape(b, t, heads * head_dim)
-    x = x + attn @ params["wo"]
-    h = rms_norm(x)
-    return x + (jax.nn.silu(h @ params["w1"]) * (h @ params["w3"])) @ params["w2"]
-
-
-def model(params: list[dict[str, jax.Array]], x: jax.Array, *, heads: int, kv_heads: int) -> jax.Array:
-    for layer in params:
-        x = transformer_block(layer, x, heads=heads, kv_heads=kv_heads)
-    return x
+    @property
+    def ffn_dim(self) -> int:
+        return 256 * ((8 * self.d_model // 3 + 255) // 256)  # Llama's 2/3 * 4d, rounded up
 
 
-def init_params(key: jax.Array, layers: int, dim: int, heads: int, kv_heads: int,
-                head_dim: int) -> list[dict[str, jax.Array]]:
-    shapes = {"wq": (dim, heads * head_dim), "wk": (dim, kv_heads * head_dim), "wv": (dim, kv_heads * head_dim),
-              "wo": (heads * head_dim, dim), "w1": (dim, 4 * dim), "w3": (dim, 4 * dim), "w2": (4 * dim, dim)}
-    params = []
-    for _ in range(layers):
-        layer = {}
-        for name, shape in shapes.items():
-            key, sub = jax.random.split(key)
-            layer[name] = jax.random.normal(sub, shape, jnp.float32) / np.sqrt(shape[0])
-        params.append(layer)
-    return params
+# --------------------------------------------------------------------------------------------------
+# The model, written as a JAX user would write it.
 
 
-def _median_ms(fn: object, *args: object, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))  # type: ignore[operator]
-        times.append((time.perf_counter() - start) * 1e3)
-    return float(np.median(times))
+def init_params(key: jax.Array, cfg: Config) -> Params:
+    """Random weights with fan-in scaling (so activations stay O(1) through the layers)."""
+
+    def dense(k: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+        return (jax.random.normal(k, shape, jnp.float32) / np.sqrt(shape[-2])).astype(cfg.dtype)
+
+    d, n, kv, h, f = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.ffn_dim
+    keys = iter(jax.random.split(key, 2 + 7 * cfg.layers))
+    layers = []
+    for _ in range(cfg.layers):
+        layers.append({
+            "attn_norm": jnp.ones((d,), cfg.dtype),
+            "wq": dense(next(keys), (d, n * h)),
+            "wk": dense(next(keys), (d, kv * h)),
+            "wv": dense(next(keys), (d, kv * h)),
+            "wo": dense(next(keys), (n * h, d)),
+            "mlp_norm": jnp.ones((d,), cfg.dtype),
+            "w_gate": dense(next(keys), (d, f)),
+            "w_up": dense(next(keys), (d, f)),
+            "w_down": dense(next(keys), (f, d)),
+        })
+    return {
+        "embed": jax.random.normal(next(keys), (cfg.vocab, d), jnp.float32).astype(cfg.dtype),
+        "layers": layers,
+        "final_norm": jnp.ones((d,), cfg.dtype),
+        "lm_head": dense(next(keys), (d, cfg.vocab)),
+    }
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float) -> jax.Array:
+    """Rotary embedding (rotate-half form) of x (B, T, heads, H) at positions (B, T)."""
+    half = x.shape[-1] // 2
+    freqs = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[:, :, None, None].astype(jnp.float32) * freqs  # (B, T, 1, half)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def decoder(params: Params, tokens: jax.Array, cache: Cache, pos: jax.Array, cfg: Config,
+            *, causal: bool) -> tuple[jax.Array, Cache]:
+    """Runs tokens (B, T) at cache positions pos..pos+T-1; returns the last position's logits and the cache.
+
+    Every layer writes its new keys and values into the cache, then attends over all S slots of it,
+    with `key_value_seq_lengths = pos + T` hiding the slots not written yet. `causal` adds the causal
+    mask among the T new tokens (jax.nn aligns it top-left, which is right for a prefill at pos 0).
+    """
+    b, t = tokens.shape
+    n, kv, h = cfg.heads, cfg.kv_heads, cfg.head_dim
+    positions = pos + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    lengths = jnp.full((b,), pos + t, jnp.int32)
+    k_cache, v_cache = cache
+    x = params["embed"][tokens]
+    for i, layer in enumerate(params["layers"]):
+        y = rms_norm(x, layer["attn_norm"], cfg.norm_eps)
+        q = rope((y @ layer["wq"]).reshape(b, t, n, h), positions, cfg.rope_base)
+        k = rope((y @ layer["wk"]).reshape(b, t, kv, h), positions, cfg.rope_base)
+        v = (y @ layer["wv"]).reshape(b, t, kv, h)
+        k_cache = jax.lax.dynamic_update_slice(k_cache, k[None], (i, 0, pos, 0, 0))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, v[None], (i, 0, pos, 0, 0))
+        attn = jax.nn.dot_product_attention(q, k_cache[i], v_cache[i], is_causal=causal,
+                                            key_value_seq_lengths=lengths)
+        x = x + attn.reshape(b, t, n * h) @ layer["wo"]
+        y = rms_norm(x, layer["mlp_norm"], cfg.norm_eps)
+        x = x + (jax.nn.silu(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"]
+    x = rms_norm(x[:, -1], params["final_norm"], cfg.norm_eps)
+    logits = jnp.dot(x, params["lm_head"], preferred_element_type=jnp.float32)
+    return logits, (k_cache, v_cache)
+
+
+def greedy(logits: jax.Array) -> Sample:
+    """Argmax sampling; also returns each row's top-2 logit gap and largest |logit| (to spot near-ties)."""
+    top2 = jax.lax.top_k(logits, 2)[0]
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), top2[:, 0] - top2[:, 1], jnp.max(jnp.abs(logits), axis=-1)
+
+
+def prefill(params: Params, prompt: jax.Array, cfg: Config) -> tuple[Sample, Cache]:
+    """Fills a fresh cache with the prompt (B, T); returns the first generated token (B,) and the cache."""
+    shape = (cfg.layers, prompt.shape[0], cfg.cache_len, cfg.kv_heads, cfg.head_dim)
+    cache = (jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
+    logits, cache = decoder(params, prompt, cache, jnp.int32(0), cfg, causal=True)
+    return greedy(logits), cache
+
+
+def decode_step(params: Params, token: jax.Array, cache: Cache, pos: jax.Array,
+                cfg: Config) -> tuple[Sample, Cache]:
+    """Feeds the token (B,) at cache position pos; returns the next token and the updated cache."""
+    logits, cache = decoder(params, token[:, None], cache, pos, cfg, causal=False)
+    return greedy(logits), cache
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver.
+
+
+class Progress:
+    """A one-line progress bar on a terminal stream; silent when disabled."""
+
+    def __init__(self, total: int, label: str, *, enabled: bool, stream: TextIO = sys.stderr) -> None:
+        self.total, self.label, self.enabled, self.stream = total, label, enabled, stream
+        self.done = 0
+        self.start = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        elapsed = time.perf_counter() - self.start
+        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+                          f"{self.done}/{self.total} {elapsed:5.1f}s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+@dataclasses.dataclass
+class Variant:
+    """One way of compiling the two programs, and what it measured."""
+
+    name: str
+    prefill: Callable[..., Any]
+    decode: Callable[..., Any]
+    stats: dict[str, Counter[str]] = dataclasses.field(default_factory=dict)
+    compile_s: float = 0.0
+    prefill_ms: list[float] = dataclasses.field(default_factory=list)
+    decode_ms: list[float] = dataclasses.field(default_factory=list)
+    samples: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = dataclasses.field(default_factory=list)
+    cache: Cache | None = None
+
+    def record(self, sample: Sample) -> None:
+        token, gap, scale = sample
+        self.samples.append((np.asarray(token), np.asarray(gap), np.asarray(scale)))
+
+    def tokens(self) -> np.ndarray:
+        return np.stack([s[0] for s in self.samples], axis=1)  # (B, new_tokens)
+
+
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[Any, float]:  # noqa: ANN401
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return out, (time.perf_counter() - start) * 1e3
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def compare_tokens(plain: Variant, fused: Variant, dtype: Any) -> tuple[bool, str]:  # noqa: ANN401
+    """Whether the two generations agree, and a line saying so.
+
+    Identical tokens agree. Otherwise the generations must be identical up to the first difference,
+    and there the plain model's top-2 logits must be a near-tie: closer than the rounding of `dtype`
+    can move them (4 units of roundoff of the largest |logit|). Past that token the two continue from
+    different prefixes, so the rest is not compared. With f32 this tolerance is about 5e-7 relative,
+    so a difference there almost always means a wrong result.
+    """
+    a, b = plain.tokens(), fused.tokens()
+    if np.array_equal(a, b):
+        return True, f"tokens identical: yes ({a.size} tokens)"
+    step = int(np.argmax((a != b).any(axis=0)))
+    row = int(np.argmax(a[:, step] != b[:, step]))
+    gap, scale = (float(x[row]) for x in plain.samples[step][1:])
+    tol = 4 * float(jnp.finfo(dtype).eps) * scale
+    where = f"first difference at new token {step} of row {row}: plain {a[row, step]}, hlofuse {b[row, step]}"
+    if gap <= tol:
+        return True, (f"tokens identical: up to a near-tie ({where}; plain's top-2 logits differ by {gap:.3g}, "
+                      f"within {dtype_name(dtype)} rounding {tol:.3g}, so either token is right)")
+    return False, f"tokens identical: NO ({where}; plain's top-2 logits differ by {gap:.3g} > tolerance {tol:.3g})"
+
+
+def dtype_name(dtype: Any) -> str:  # noqa: ANN401
+    return "bf16" if dtype == jnp.bfloat16 else "f32"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hlofuse.demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(PRESETS), default="small",
+                        help="preset sizes; the flags below override single values (default: %(default)s)")
+    presets = "; ".join(f"{name}: " + ", ".join(f"{k.replace('_', '-')} {v}" for k, v in preset.items())
+                        for name, preset in PRESETS.items())
+    sizes = parser.add_argument_group("model and generation sizes", f"default: the preset's ({presets})")
+    sizes.add_argument("--layers", type=int)
+    sizes.add_argument("--d-model", type=int)
+    sizes.add_argument("--heads", type=int, help="query heads")
+    sizes.add_argument("--kv-heads", type=int, help="key/value heads (GQA: divides --heads)")
+    sizes.add_argument("--head-dim", type=int)
+    sizes.add_argument("--vocab", type=int)
+    sizes.add_argument("--prompt-len", type=int)
+    sizes.add_argument("--new-tokens", type=int, help="tokens generated: 1 from the prefill, the rest decoded")
+    sizes.add_argument("--batch", type=int)
+    sizes.add_argument("--cache-len", type=int, help="KV cache slots (>= prompt-len + new-tokens - 1)")
+    parser.add_argument("--dtype", choices=["f32", "bf16"], default="f32", help="weights and activations")
+    parser.add_argument("--seed", type=int, default=0, help="weights and prompt (default: %(default)s)")
+    parser.add_argument("--prefill-repeats", type=int, default=3,
+                        help="timed prefill runs per variant, median reported (default: %(default)s)")
+    parser.add_argument("--pipeline", default="default", help="hlofuse pipeline (default: %(default)s)")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal)")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hlofuse.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--dim", type=int, default=256)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per program (median reported)")
-    parser.add_argument("--pipeline", default="default", help="hlofuse pipeline (default: %(default)s)")
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.dim % args.heads or args.heads % args.kv_heads:
-        parser.error("--dim must be a multiple of --heads, and --heads of --kv-heads")
+    sizes = dict(PRESETS[args.size])
+    for name in sizes:
+        if getattr(args, name) is not None:
+            sizes[name] = getattr(args, name)
+    if min(sizes.values()) < 1:
+        parser.error("every size must be at least 1")
+    if sizes["heads"] % sizes["kv_heads"]:
+        parser.error("--kv-heads must divide --heads")
+    if sizes["head_dim"] % 2:
+        parser.error("--head-dim must be even (rotary embedding)")
+    if sizes["cache_len"] < sizes["prompt_len"] + sizes["new_tokens"] - 1:
+        parser.error("--cache-len must be at least --prompt-len + --new-tokens - 1")
+    cfg = Config(layers=sizes["layers"], d_model=sizes["d_model"], heads=sizes["heads"], kv_heads=sizes["kv_heads"],
+                 head_dim=sizes["head_dim"], vocab=sizes["vocab"], cache_len=sizes["cache_len"],
+                 dtype=jnp.bfloat16 if args.dtype == "bf16" else jnp.float32)
+    batch, prompt_len, new_tokens = sizes["batch"], sizes["prompt_len"], sizes["new_tokens"]
+    progress_on = sys.stderr.isatty() if args.progress is None else args.progress
 
-    head_dim = args.dim // args.heads
-    params = init_params(jax.random.key(0), args.layers, args.dim, args.heads, args.kv_heads, head_dim)
-    x = jax.random.normal(jax.random.key(1), (args.batch, args.seq, args.dim), jnp.float32)
+    key_params, key_prompt = jax.random.split(jax.random.key(args.seed))
+    params = init_params(key_params, cfg)
+    prompt = jax.random.randint(key_prompt, (batch, prompt_len), 0, cfg.vocab, jnp.int32)
+    attn_kind = "MHA" if cfg.kv_heads == cfg.heads else "MQA" if cfg.kv_heads == 1 else "GQA"
+    n_params = sum(int(np.prod(p.shape)) for p in jax.tree.leaves(params))
+    print(f"hlofuse {hlofuse.__version__} on jax {jax.__version__} ({jax.default_backend()}, "
+          f"{os.cpu_count()} cpus), --size {args.size}")
+    print(f"model: {cfg.layers} layers, d_model {cfg.d_model}, heads {cfg.heads}/{cfg.kv_heads} ({attn_kind}), "
+          f"head_dim {cfg.head_dim}, ffn {cfg.ffn_dim}, vocab {cfg.vocab}, {args.dtype}, "
+          f"{n_params / 1e6:.1f}M params (random, seed {args.seed})")
+    print(f"generate: batch {batch}, prompt {prompt_len}, {new_tokens} new tokens (greedy), "
+          f"KV cache {cfg.cache_len} slots")
 
-    def forward(p: list[dict[str, jax.Array]], y: jax.Array) -> jax.Array:
-        return model(p, y, heads=args.heads, kv_heads=args.kv_heads)
+    def prefill_fn(p: Params, tokens: jax.Array) -> tuple[Sample, Cache]:
+        return prefill(p, tokens, cfg)
 
-    print(f"hlofuse {hlofuse.__version__} on jax {jax.__version__} ({jax.default_backend()}): "
-          f"{args.layers} layers, B={args.batch} T={args.seq} D={args.dim} heads={args.heads}/{args.kv_heads}")
-    plain = jax.jit(forward)
-    before = pipeline.STATS.copy()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a fallback would mean hlofuse did nothing: say so loudly
-        fused = jax.jit(forward, compiler_options={"hlofuse_pipeline": args.pipeline})
-        fused_out = fused(params, x)
-    counts = pipeline.STATS - before
-    expected = plain(params, x)
+    def decode_fn(p: Params, token: jax.Array, cache: Cache, pos: jax.Array) -> tuple[Sample, Cache]:
+        return decode_step(p, token, cache, pos, cfg)
 
-    print("fused:", ", ".join(f"{rule} x{n}" for rule, n in sorted(counts.items())) or "nothing")
-    error = float(jnp.max(jnp.abs(fused_out - expected)) / (jnp.max(jnp.abs(expected)) + 1e-30))
-    agree = bool(np.allclose(np.asarray(fused_out), np.asarray(expected), rtol=1e-5, atol=1e-5))
-    print(f"outputs agree: {'yes' if agree else 'NO'} (max relative difference {error:.2e})")
-    plain_ms = _median_ms(plain, params, x, repeats=args.repeats)
-    fused_ms = _median_ms(fused, params, x, repeats=args.repeats)
-    print(f"median time: plain {plain_ms:.2f} ms, hlofuse {fused_ms:.2f} ms (ratio {fused_ms / plain_ms:.2f})")
-    if counts.get("softmax_of_qk_to_attention", 0) != args.layers:
-        print(f"expected {args.layers} fused attention sites", file=sys.stderr)
-        return 1
-    return 0 if agree else 1
+    options = {"hlofuse_pipeline": args.pipeline}
+    variants = [
+        Variant("plain", jax.jit(prefill_fn), jax.jit(decode_fn, donate_argnums=2)),
+        Variant("hlofuse", jax.jit(prefill_fn, compiler_options=options),
+                jax.jit(decode_fn, donate_argnums=2, compiler_options=options)),
+    ]
+    decode_steps = new_tokens - 1
+    bar = Progress(2 * (2 + args.prefill_repeats + decode_steps), "compile, prefill, decode", enabled=progress_on)
+
+    # Compile: the first call of each program. A fallback would mean hlofuse did nothing: stop and say why.
+    for variant in variants:
+        start = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", HlofuseFallbackWarning)
+                before = pipeline.STATS.copy()
+                (token, _, _), cache = jax.block_until_ready(variant.prefill(params, prompt))
+                variant.stats["prefill"] = pipeline.STATS - before
+                bar.update()
+                before = pipeline.STATS.copy()
+                jax.block_until_ready(variant.decode(params, token, cache, jnp.int32(prompt_len)))
+                variant.stats["decode"] = pipeline.STATS - before
+                bar.update()
+        except HlofuseFallbackWarning as fallback:
+            bar.close()
+            print(f"hlofuse fell back to the plain program, so nothing was fused: {fallback}")
+            return 1
+        variant.compile_s = time.perf_counter() - start
+
+    # Prefill, alternating the variants; the last run's token and cache start the generation.
+    for _ in range(max(args.prefill_repeats, 1)):
+        for variant in variants:
+            (sample, variant.cache), ms = _timed(variant.prefill, params, prompt)
+            variant.prefill_ms.append(ms)
+            variant.samples = []
+            variant.record(sample)
+            bar.update()
+    # Decode in lockstep: one plain step, one hlofuse step, each from its own previous token.
+    for step in range(decode_steps):
+        pos = jnp.int32(prompt_len + step)
+        for variant in variants:
+            token = jnp.asarray(variant.samples[-1][0])
+            (sample, variant.cache), ms = _timed(variant.decode, params, token, variant.cache, pos)
+            variant.decode_ms.append(ms)
+            variant.record(sample)
+            bar.update()
+    bar.close()
+
+    plain, fused = variants
+    ok = True
+    print()
+    for program in ("prefill", "decode"):
+        counts = fused.stats[program]
+        listed = ", ".join(f"{rule} x{n}" for rule, n in sorted(counts.items())) or "nothing"
+        print(f"hlofuse on the {program} program: {listed}")
+        if counts.get("softmax_of_qk_to_attention", 0) < cfg.layers:
+            print(f"  expected {cfg.layers} fused attention sites, one per layer (HLOFUSE_REMARKS=1 says why not)")
+            ok = False
+        elif args.pipeline == "default" and counts.get("attention_to_cpu", 0) < cfg.layers:
+            print(f"  note: not every site runs on the CPU kernel (backend {jax.default_backend()})")
+
+    print()
+    print(f"{'':26}{'plain XLA':>12}{'hlofuse':>12}{'speed-up':>10}")
+    rows = [("compile (both programs)", plain.compile_s * 1e3, fused.compile_s * 1e3),
+            (f"prefill ({prompt_len} tokens)", _median(plain.prefill_ms), _median(fused.prefill_ms)),
+            ("decode step (median)", _median(plain.decode_ms), _median(fused.decode_ms))]
+    for label, t_plain, t_fused in rows:
+        print(f"{label:26}{t_plain:10.2f}ms{t_fused:10.2f}ms{t_plain / t_fused:9.2f}x")
+    if decode_steps:
+        rates = [1e3 * batch / _median(v.decode_ms) for v in variants]
+        print(f"{'decode throughput':26}{rates[0]:8.1f}tok/s{rates[1]:8.1f}tok/s")
+
+    print()
+    shown = min(new_tokens, 16)
+    print(f"generated (hlofuse, row 0, first {shown}): {fused.tokens()[0, :shown].tolist()}")
+    agree, line = compare_tokens(plain, fused, cfg.dtype)
+    print(line)
+    return 0 if ok and agree else 1
 
 
 if __name__ == "__main__":
