@@ -31,16 +31,16 @@ from hlofuse.passes.prepare import erase_unreferenced_private_funcs, inline_priv
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
-from hlofuse.composites import ATTENTION, ATTENTION_VERSION, attribute_values
+from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, attribute_values
 from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, Unsupported, kernel_for, known_targets
 from hlofuse.pipeline import ModulePass, PassState
 
 # The composite versions this build lowers.
-VERSIONS = {ATTENTION: ATTENTION_VERSION}
+VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
 
 _DTYPES: dict[str, Any] = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "f64": jnp.float64,
-                           "i32": jnp.int32, "i64": jnp.int64, "i1": jnp.bool_}
+                           "i32": jnp.int32, "i64": jnp.int64, "i1": jnp.bool_, "ui32": jnp.uint32}
 
 
 def _spec(value: ir.Value) -> jax.ShapeDtypeStruct:

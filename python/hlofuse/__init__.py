@@ -12,8 +12,9 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from hlofuse.api import attention as attention
+    from hlofuse.api import sample as sample
 
-__all__ = ["__version__", "attention"]
+__all__ = ["__version__", "attention", "sample"]
 
 
 def __getattr__(name: str) -> Any:  # noqa: ANN401 - lazy re-export keeps `import hlofuse` cheap
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:  # noqa: ANN401 - lazy re-export keeps `impor
         from hlofuse.api import attention
 
         return attention
+    if name == "sample":
+        from hlofuse.api import sample
+
+        return sample
     raise AttributeError(f"module 'hlofuse' has no attribute {name!r}")

@@ -6,7 +6,7 @@ import math
 
 import jax
 
-from hlofuse.composites import ATTENTION, ATTENTION_VERSION
+from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
 
 
@@ -66,3 +66,50 @@ def attention(
 
     composite = jax.lax.composite(decomposition, ATTENTION, ATTENTION_VERSION)
     return composite(*(operands[role] for role in present), **attributes, operands=tuple(present))
+
+
+def sample(
+    logits: jax.Array,  # (..., V) float
+    key: jax.Array,  # (2,) uint32 raw threefry key (jax.random.PRNGKey)
+    *,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+) -> jax.Array:  # (...,) int32 token ids
+    """Draws one token per row as one `hlofuse.sample` composite, whose decomposition is the jnp reference.
+
+    temperature 0 is greedy (argmax). Otherwise the token is drawn as jax.random.categorical would
+    draw it after the filters: top-k alone is the rank-space `top_k` form (categorical over the top-k
+    logits / T), top-p alone the nucleus mask `top_p_mask`, both `top_k_top_p_mask`, min-p alone `min_p`.
+    """
+    from hlofuse.kernels.sampling_reference import FORMS, sample_reference
+
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or not 0 <= min_p <= 1:
+        raise ValueError(f"invalid sampling parameters temperature={temperature}, top_k={top_k}, top_p={top_p}, "
+                         f"min_p={min_p}")
+    if temperature == 0:
+        form = "greedy"
+    elif min_p > 0:
+        if top_k or top_p < 1:
+            raise ValueError("min_p does not combine with top_k / top_p in hlofuse.sample")
+        form = "min_p"
+    elif top_k and top_p < 1:
+        form = "top_k_top_p_mask"
+    elif top_k:
+        form = "top_k"
+    elif top_p < 1:
+        form = "top_p_mask"
+    else:
+        form = "temperature"
+    attributes = {"mode": FORMS[form].mode, "form": form, "temperature": float(temperature or 1.0),
+                  "k": int(top_k), "p": float(top_p), "min_p": float(min_p)}
+
+    def decomposition(*values: jax.Array, **attrs: object) -> jax.Array:
+        return sample_reference(values[0], values[1] if len(values) > 1 else None, form=str(attrs["form"]),
+                                temperature=float(attrs["temperature"]), k=int(attrs["k"]),
+                                p=float(attrs["p"]), min_p=float(attrs["min_p"]))
+
+    composite = jax.lax.composite(decomposition, SAMPLE, SAMPLE_VERSION)
+    operands = (logits,) if form == "greedy" else (logits, key)
+    return composite(*operands, **attributes)

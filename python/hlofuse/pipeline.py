@@ -25,6 +25,7 @@ from hlofuse.remarks import Remark, remark_at
 PASS_CLASSES: dict[str, str] = {
     "hlofuse-prepare": "hlofuse.passes.prepare:PreparePass",
     "hlofuse-fuse-attention": "hlofuse.passes.fuse_attention:FuseAttentionPass",
+    "hlofuse-fuse-sampling": "hlofuse.passes.fuse_sampling:FuseSamplingPass",
     "hlofuse-lower-kernels": "hlofuse.passes.lower_kernels:LowerKernelsPass",
 }
 
@@ -165,7 +166,7 @@ def instantiate(name: str, options: dict[str, str]) -> ModulePass:
 def default_pipeline(target: str | None) -> str:
     """The standard pipeline: normalise, fuse, then lower the composites a `target` kernel supports."""
     lower = f",hlofuse-lower-kernels{{target={target}}}" if target else ""
-    return f"builtin.module(hlofuse-prepare,hlofuse-fuse-attention{lower})"
+    return f"builtin.module(hlofuse-prepare,hlofuse-fuse-attention,hlofuse-fuse-sampling{lower})"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "gpu"): "hlofuse.kernels.pallas.attention:gpu_lowering",
     ("hlofuse.attention", "tpu-interpret"): "hlofuse.kernels.pallas.attention:tpu_interpret_lowering",
     ("hlofuse.attention", "gpu-interpret"): "hlofuse.kernels.pallas.attention:gpu_interpret_lowering",
+    ("hlofuse.sample", "reference"): "hlofuse.kernels.sampling_reference:sampling_lowering",
+    ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:sampling_lowering",
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.

@@ -1,0 +1,334 @@
+"""hlofuse-fuse-sampling: raises token sampling to `stablehlo.composite "hlofuse.sample"`.
+
+Anchors on every argmax over the last axis (JAX's variadic `reduce` of (values, iota)). For each, it
+tries the sampler forms of hlofuse.kernels.sampling_reference.FORMS (greedy, argmax of a softmax,
+temperature + categorical, top-k by `lax.top_k` in rank space or as a mask, nucleus top-p by sort +
+softmax + cumsum + threshold, min-p, top-k then top-p): each form is lowered for the site's logits
+shape, dtype and k, with sentinel constants for temperature, p and min-p, and the site is fused only if
+the program computes, op for op, that lowering (hlofuse.ir.template_match). The Gumbel noise therefore
+comes from the same threefry2x32 counters as in JAX, and the composite's attributes plus its form
+reproduce the program's token ids exactly.
+
+    %t = <sort, softmax, cumsum, select, threefry, log, argmax...>(%logits, %key)
+  becomes
+    %t = stablehlo.composite "hlofuse.sample" %logits, %key {composite_attributes = {form = "top_p_mask",
+         k = 0 : i64, min_p = 0.0 : f64, mode = "top_p", p = 0.9 : f64, temperature = 0.7 : f64},
+         decomposition = @hlofuse.sample.impl, version = 1 : i32}
+
+Sites whose interior values have users outside them are left alone, and an argmax over
+Gumbel-perturbed logits that no form matches gets a remark (a near-miss).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+from jaxlib.mlir import ir
+
+from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
+from hlofuse.ir import build
+from hlofuse.ir.match import defining_op
+from hlofuse.ir.template_match import TemplateMatch, match_template
+from hlofuse.kernels.sampling_reference import FORMS, Form
+from hlofuse.pipeline import ModulePass, PassState
+
+# Parameter values no program writes: the template's constants that stand for the site's parameters.
+SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789}
+THREEFRY_KS_PARITY = 0x1BD11BDA  # threefry2x32's key-schedule constant: noise is in the slice
+_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+_SEARCH_FORWARD = 12  # ops between the argmax and the token ids (take_along_axis, reshapes)
+
+
+class NoMatch(Exception):
+    """An argmax that is not fused; the message is the remark."""
+
+
+# ----- anchors -------------------------------------------------------------------------------------
+
+
+def _is_argmax(op: ir.Operation) -> bool:
+    """reduce((x, iota), (init, 0)) over x's last dim, as jnp.argmax lowers."""
+    if op.name != "stablehlo.reduce" or len(op.operands) != 4 or len(op.results) != 2:
+        return False
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+    x_type = ir.RankedTensorType(op.operands[0].type)
+    iota = defining_op(op.operands[1])
+    if len(dims) != 1 or dims[0] != x_type.rank - 1 or iota is None or iota.name != "stablehlo.iota":
+        return False
+    return isinstance(x_type.element_type, ir.FloatType)
+
+
+def _backward_ops(value: ir.Value, limit: int = 4000) -> Iterator[ir.Operation]:
+    seen: set[ir.Operation] = set()
+    stack = [value]
+    while stack and len(seen) < limit:
+        op = defining_op(stack.pop())
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        yield op
+        stack.extend(op.operands)
+
+
+def _has_noise(value: ir.Value) -> bool:
+    """Whether threefry (hence random noise) feeds `value`."""
+    for op in _backward_ops(value):
+        if op.name == "stablehlo.constant":
+            attr = op.attributes["value"]
+            if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and "ui32" in str(attr.type):
+                if ir.IntegerAttr(attr.get_splat_value()).value == THREEFRY_KS_PARITY:
+                    return True
+    return False
+
+
+def _forward_values(value: ir.Value, depth: int) -> list[ir.Value]:
+    """`value` and the results of ops up to `depth` uses downstream, nearest first."""
+    found, frontier, seen = [value], [value], {value}
+    for _ in range(depth):
+        nxt = []
+        for v in frontier:
+            for use in v.uses:
+                for result in use.owner.operation.results:
+                    if result not in seen:
+                        seen.add(result)
+                        nxt.append(result)
+        found += nxt
+        frontier = nxt
+    return found
+
+
+# ----- templates -----------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _template_text(form_name: str, shape: tuple[int, ...], dtype: str, k: int) -> str:
+    """The form lowered for these logits, with sentinel parameters, after hlofuse-prepare."""
+    from hlofuse.pipeline import run_pipeline
+
+    form = FORMS[form_name]
+    fn = functools.partial(form.fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
+                           min_p=SENTINELS["min_p"])
+    lowered = jax.jit(fn).lower(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]),
+                                jax.ShapeDtypeStruct((2,), jnp.uint32))
+    module = lowered.compiler_ir("stablehlo")
+    module = ir.Module.parse(module.operation.get_asm(binary=True), context=module.context)
+    run_pipeline(module, "builtin.module(hlofuse-prepare)")
+    return str(module)
+
+
+@dataclass(frozen=True)
+class Template:
+    root: ir.Value
+    args: list[ir.Value]
+
+
+def _template(form: Form, shape: tuple[int, ...], dtype: str, k: int, context: ir.Context) -> Template:
+    module = ir.Module.parse(_template_text(form.name, shape, dtype, k), context=context)
+    _keep_alive.append(module)
+    main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
+    block = main.regions[0].blocks[0]
+    args = list(block.arguments)
+    if not form.stochastic:
+        args = args[:1]
+    return Template(list(block.operations)[-1].operation.operands[0], args)
+
+
+# Parsed templates must outlive the values taken from them within one pass run.
+_keep_alive: list[ir.Module] = []
+
+
+# ----- one site ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Site:
+    form: Form
+    root: ir.Value
+    match: TemplateMatch
+    k: int
+
+    def attrs(self) -> SampleAttrs:
+        params = self.match.params
+        return SampleAttrs(mode=self.form.mode, form=self.form.name,
+                           temperature=params.get("temperature", 1.0), k=self.k,
+                           p=params.get("p", 1.0), min_p=params.get("min_p", 0.0))
+
+
+def _element(value: ir.Value) -> str:
+    return str(ir.RankedTensorType(value.type).element_type)
+
+
+def _shape(value: ir.Value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[ir.Operation],
+                ops_present: set[str]) -> Iterator[tuple[Form, tuple[int, ...], str, int]]:
+    """(form, logits shape, dtype, k) worth lowering for this argmax."""
+    x = argmax.operands[0]
+    shape, dtype = _shape(x), _element(x)
+    for form in sorted(FORMS.values(), key=lambda f: (-len(f.marker_ops), -len(f.params))):
+        if form.stochastic != noisy or not set(form.marker_ops) <= ops_present:
+            continue
+        if "k" not in form.params:
+            yield form, shape, dtype, 0
+            continue
+        for top_k in top_ks:
+            source, k = top_k.operands[0], ir.IntegerAttr(top_k.attributes["k"]).value
+            if form.name in ("top_k", "temperature_top_k") and shape[-1] == k:
+                yield form, _shape(source), _element(source), k
+            elif _shape(source) == shape and _element(source) == dtype and k < shape[-1]:
+                yield form, shape, dtype, k
+
+
+def analyze(argmax: ir.Operation, top_ks: list[ir.Operation], ops_present: set[str]) -> Site:
+    noisy = _has_noise(argmax.operands[0])
+    tried: list[str] = []
+    for form, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
+        if dtype not in _DTYPES:
+            continue
+        template = _template(form, shape, dtype, k, argmax.context)
+        root_name = defining_op(template.root).name
+        tried.append(form.name)
+        for root in _forward_values(argmax.results[1], _SEARCH_FORWARD):
+            op = defining_op(root)
+            if op is None or op.name != root_name or str(root.type) != str(template.root.type):
+                continue
+            found = match_template(root, template.root, template.args, SENTINELS)
+            if found is not None:
+                return Site(form, root, found, k)
+    what = "Gumbel-perturbed logits" if noisy else "logits"
+    raise NoMatch(f"argmax over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})")
+
+
+# ----- the rewrite ---------------------------------------------------------------------------------
+
+
+def _interior(site: Site) -> set[ir.Operation]:
+    return set(site.match.ops.values())
+
+
+def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
+    for op in interior:
+        if op.name in build.LEAF_OPS:
+            continue
+        for result in op.results:
+            if result == site.root:
+                continue
+            for use in result.uses:
+                user = use.owner.operation
+                if not _inside(user, interior):
+                    raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name})")
+
+
+def _inside(op: ir.Operation, interior: set[ir.Operation]) -> bool:
+    while True:
+        if op in interior:
+            return True
+        parent = op.parent
+        if parent is None or parent.name == "func.func":
+            return False
+        op = parent.operation
+
+
+def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
+    """Outlines the matched ops into @hlofuse.sample.impl and calls it through the composite."""
+    interior = _interior(site)
+    _check_escapes(site, interior)
+    leaves = [site.match.leaves[i] for i in sorted(site.match.leaves)]
+    root_op = defining_op(site.root)
+    block = root_op.parent.regions[0].blocks[0]
+    ordered = [op.operation for op in block.operations if op.operation in interior]
+
+    def body(args: list[ir.Value]) -> list[ir.Value]:
+        mapping = dict(zip(leaves, args, strict=True))
+        for op in ordered:
+            clone = op.clone()
+            _remap(clone, mapping)
+            for old, new in zip(op.results, clone.results, strict=True):
+                mapping[old] = new
+        return [mapping[site.root]]
+
+    location = root_op.location
+    name = build.unique_symbol(module, f"{SAMPLE}.impl")
+    name = build.build_private_func(module, name, [v.type for v in leaves], body, location)
+    with location, ir.InsertionPoint(root_op):
+        attributes = site.attrs().ir_attributes()
+        op = build.composite(SAMPLE, leaves, [site.root.type], attributes, name, SAMPLE_VERSION)
+    # The composite must come after its operands: right before the root, which follows them all.
+    site.root.replace_all_uses_with(op.results[0])
+    leaf_ops = [o for o in ordered if o.name in build.LEAF_OPS]
+    build.erase_dead([o for o in ordered if o.name not in build.LEAF_OPS])
+    build.erase_dead(leaf_ops)
+    return op
+
+
+def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
+    """Rewires `op`'s operands, and those of every op nested in its regions, through `mapping`."""
+
+    def visit(nested: ir.Operation) -> ir.WalkResult:
+        for index, operand in enumerate(nested.operands):
+            if operand in mapping:
+                nested.operands[index] = mapping[operand]
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+
+
+def _sites(module: ir.Operation) -> Iterator[tuple[ir.Operation, list[ir.Operation], set[str]]]:
+    for fn in build.functions(module, skip_decompositions=True):
+        argmaxes: list[ir.Operation] = []
+        top_ks: list[ir.Operation] = []
+        names: set[str] = set()
+
+        def visit(op: ir.Operation, argmaxes: list[ir.Operation] = argmaxes, top_ks: list[ir.Operation] = top_ks,
+                  names: set[str] = names) -> ir.WalkResult:
+            names.add(op.name)
+            if _is_argmax(op):
+                argmaxes.append(op)
+            elif op.name == "chlo.top_k":
+                top_ks.append(op)
+            return ir.WalkResult.ADVANCE
+
+        fn.walk(visit)
+        for argmax in argmaxes:
+            yield argmax, top_ks, names
+
+
+@dataclass(frozen=True)
+class FuseSamplingPass(ModulePass):
+    """Raises each token sampler (argmax of possibly filtered, Gumbel-perturbed logits) to
+    `stablehlo.composite "hlofuse.sample"` (see module docs)."""
+
+    name: ClassVar[str] = "hlofuse-fuse-sampling"
+    summary: ClassVar[str] = "Raise greedy/temperature/top-k/top-p/min-p samplers to hlofuse.sample composites"
+
+    def run(self, module: ir.Operation, state: PassState) -> None:
+        failed: set[ir.Operation] = set()  # never erased, so these handles stay valid
+        try:
+            while self._fuse_one(module, state, failed):
+                pass  # each rewrite erases ops: collect the sites afresh
+        finally:
+            _keep_alive.clear()
+
+    def _fuse_one(self, module: ir.Operation, state: PassState, failed: set[ir.Operation]) -> bool:
+        for argmax, top_ks, names in list(_sites(module)):
+            if argmax in failed:
+                continue
+            try:
+                site = analyze(argmax, top_ks, names)
+                rewrite(site, module)
+            except NoMatch as reason:
+                failed.add(argmax)
+                if "Gumbel" in str(reason) or "outside" in str(reason):
+                    state.remark(argmax, f"sampler not fused: {reason}")
+                    state.count("sampling_not_fused")
+                continue
+            state.count(f"{site.form.name}_to_sample")
+            return True
+        return False

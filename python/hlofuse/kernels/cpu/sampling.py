@@ -1,0 +1,94 @@
+"""Token sampling on the CPU: the `hlofuse_sample` XLA FFI kernel (sampling.cc) and its binding.
+
+`sample` returns the token ids of `sample_reference` (the composite's contract) for the forms it
+supports, without sorting the vocabulary: one pass for the row max (and the softmax sum where a filter
+needs probabilities), a pivot search for the top-k / top-p / min-p threshold over the few candidates
+that can pass it, then Gumbel noise from threefry2x32 computed only at the counters of the surviving
+tokens. Rows run in parallel, and a row's vocabulary is split across threads when rows are few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hlofuse.kernels.sampling_reference import sample_reference
+
+if TYPE_CHECKING:
+    from hlofuse.kernels import CompositeCall
+
+TARGET = "hlofuse_sample"
+# form -> the kernel's form code (sampling.cc: enum class Form).
+FORM_CODES = {"greedy": 0, "greedy_softmax": 0, "categorical": 1, "temperature": 1, "top_k": 2,
+              "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7}
+
+
+def is_available() -> bool:
+    """True when the native library is built and exports the sampling kernel."""
+    from hlofuse.kernels import cpu
+
+    if not cpu.is_available():
+        return False
+    try:
+        return bool(getattr(cpu._load(), TARGET))
+    except AttributeError:
+        return False
+
+
+def sample(
+    logits: jax.Array,  # (..., V) f32 or bf16
+    key: jax.Array | None,  # (2,) uint32
+    *,
+    form: str,
+    temperature: float = 1.0,
+    k: int = 0,
+    p: float = 1.0,
+    min_p: float = 0.0,
+) -> jax.Array:  # (...,) int32
+    """`sample_reference`'s token ids, computed by the native CPU kernel."""
+    from hlofuse.kernels import cpu
+
+    if form not in FORM_CODES:
+        raise ValueError(f"the CPU sampler has no form '{form}'")
+    if logits.dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
+    cpu.register()
+    batch, vocab = logits.shape[:-1], logits.shape[-1]
+    rows = int(np.prod(batch, dtype=np.int64))
+    if key is None:
+        key = jnp.zeros((2,), jnp.uint32)
+    out_type = jax.ShapeDtypeStruct((rows,), jnp.int32)
+    call = jax.ffi.ffi_call(TARGET, out_type, vmap_method="sequential")
+    tokens = call(logits.reshape(rows, vocab), key.astype(jnp.uint32), form=np.int64(FORM_CODES[form]),
+                  temperature=np.float32(temperature), k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p))
+    return tokens.reshape(batch)
+
+
+def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
+    """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
+    from hlofuse.composites import SampleAttrs
+    from hlofuse.kernels import Unsupported
+
+    if not is_available():
+        raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
+    attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.form not in FORM_CODES:
+        raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
+    dtype = call.operand_types[0][1]
+    if dtype not in ("f32", "bf16"):
+        raise Unsupported(f"the CPU sampler takes f32 or bf16 logits, not {dtype}")
+    if attrs.k > call.operand_types[0][0][-1]:
+        raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return sample(logits, key, form=attrs.form, **attrs.params())
+
+    return kernel
+
+
+
+__all__ = ["FORM_CODES", "sample", "sample_reference", "sampling_lowering"]

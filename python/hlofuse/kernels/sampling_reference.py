@@ -1,0 +1,169 @@
+"""Token samplers as JAX programs write them: the forms hlofuse-fuse-sampling recognises, and the oracle.
+
+Each `Form` is a plain-jnp function `fn(logits, key, *, temperature, k, p, min_p) -> token ids` written
+the way a family of samplers writes it (MaxText/JetStream, gemma, keras-hub; reconstructed from their
+documented behaviour, not copied). Three things use the same functions:
+  - the fusion pass lowers each form (with sentinel constants for temperature, p and min_p) and fuses a
+    program's subgraph only if it is op-for-op that lowering, so the composite's meaning is exact;
+  - `sample_reference(logits, key, attrs)` is the contract of `stablehlo.composite "hlofuse.sample"`
+    (docs/composites.md): every kernel returns exactly its token ids;
+  - `hlofuse-lower-kernels{target=reference}` lowers a composite to its form, which is how tests check
+    that fusion read the attributes right.
+
+Noise: every stochastic form draws Gumbel noise with `jax.random.categorical` (threefry2x32, partitionable
+counters: element i of the noise array uses counter i of its row-major flat index). Forms whose noise
+array is (..., V) index it by vocabulary id; rank-space forms (`top_k`) index it by position in the
+top-k list (value descending, ties by lower vocabulary id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+if TYPE_CHECKING:
+    from hlofuse.composites import SampleAttrs
+    from hlofuse.kernels import CompositeCall
+
+NEG_INF = -jnp.inf
+
+
+def _argmax(x: jax.Array) -> jax.Array:
+    return jnp.argmax(x, axis=-1)
+
+
+def greedy(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
+    """argmax(logits): first index of the largest value (NaN counts as largest)."""
+    return _argmax(logits)
+
+
+def greedy_softmax(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
+    """argmax(softmax(logits)), as samplers write `argmax(probs)`."""
+    return _argmax(jax.nn.softmax(logits, axis=-1))
+
+
+def categorical(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
+    """jax.random.categorical(key, logits): Gumbel-max over the vocabulary, temperature 1."""
+    return jax.random.categorical(key, logits, axis=-1)
+
+
+def temperature(logits: jax.Array, key: jax.Array, *, temperature: float, **_: Any) -> jax.Array:
+    """categorical(key, logits / T)."""
+    return jax.random.categorical(key, logits / temperature, axis=-1)
+
+
+def _take(indices: jax.Array, position: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(indices, position[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, **_: Any) -> jax.Array:
+    """JetStream / gemma style: categorical over the top-k logits / T, mapped back through their ids."""
+    values, indices = jax.lax.top_k(logits, k)
+    return _take(indices, jax.random.categorical(key, values / temperature, axis=-1))
+
+
+def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, **_: Any) -> jax.Array:
+    """keras-hub style: temperature first, then categorical over the top-k."""
+    values, indices = jax.lax.top_k(logits / temperature, k)
+    return _take(indices, jax.random.categorical(key, values, axis=-1))
+
+
+def _mask_top_k(logits: jax.Array, k: int) -> jax.Array:
+    kth = jax.lax.top_k(logits, k)[0][..., -1:]
+    return jnp.where(logits < kth, NEG_INF, logits)
+
+
+def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, **_: Any) -> jax.Array:
+    """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
+    return jax.random.categorical(key, _mask_top_k(logits, k) / temperature, axis=-1)
+
+
+def _mask_top_p(logits: jax.Array, p: float) -> jax.Array:
+    ordered = jnp.sort(logits, axis=-1)[..., ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff_index = jnp.sum(cumulative < p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
+    return jnp.where(logits < cutoff, NEG_INF, logits)
+
+
+def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, **_: Any) -> jax.Array:
+    """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p."""
+    return jax.random.categorical(key, _mask_top_p(logits, p) / temperature, axis=-1)
+
+
+def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                     **_: Any) -> jax.Array:
+    """Top-k mask, then the nucleus mask over what is left, then / T."""
+    return jax.random.categorical(key, _mask_top_p(_mask_top_k(logits, k), p) / temperature, axis=-1)
+
+
+def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float, **_: Any) -> jax.Array:
+    """Temperature first; keep tokens whose probability is at least min_p times the largest."""
+    scaled = logits / temperature
+    probs = jax.nn.softmax(scaled, axis=-1)
+    keep = probs >= min_p * jnp.max(probs, axis=-1, keepdims=True)
+    return jax.random.categorical(key, jnp.where(keep, scaled, NEG_INF), axis=-1)
+
+
+@dataclass(frozen=True)
+class Form:
+    """One way samplers are written: its mode, the parameters it reads, and its function."""
+
+    name: str
+    mode: str
+    fn: Callable[..., jax.Array]
+    params: tuple[str, ...] = ()  # of temperature, k, p, min_p
+    marker_ops: tuple[str, ...] = ()  # ops a program must contain for the form to be worth lowering
+
+    @property
+    def stochastic(self) -> bool:
+        return self.mode != "greedy"
+
+
+_NOISE = ("stablehlo.while",)  # threefry's rounds
+FORMS: dict[str, Form] = {f.name: f for f in (
+    Form("greedy", "greedy", greedy),
+    Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",)),
+    Form("categorical", "temperature", categorical, marker_ops=_NOISE),
+    Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
+    Form("top_k", "top_k", top_k, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
+    Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
+    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
+    Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",)),
+    Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
+         _NOISE + ("chlo.top_k", "stablehlo.sort")),
+    Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
+)}
+
+
+def sample_reference(
+    logits: jax.Array,  # (..., V) float
+    key: jax.Array | None,  # (2,) uint32, a raw threefry2x32 key; None for greedy forms
+    *,
+    form: str,
+    temperature: float = 1.0,
+    k: int = 0,
+    p: float = 1.0,
+    min_p: float = 0.0,
+) -> jax.Array:  # (...,) int32 token ids
+    """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite."""
+    return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p).astype(jnp.int32)
+
+
+def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
+    """target=reference: the composite's form, rebuilt from its attributes alone."""
+    from hlofuse.composites import SampleAttrs
+
+    attrs: SampleAttrs = SampleAttrs.from_dict(call.attributes)
+
+    def reference(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return sample_reference(logits, key, form=attrs.form, **attrs.params())
+
+    return reference
+
+
+__all__ = ["FORMS", "Form", "sample_reference", "sampling_lowering"]

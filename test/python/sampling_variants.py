@@ -1,0 +1,197 @@
+"""A catalogue of token samplers as JAX programs write them: one entry per variant the fusion must cover.
+
+Each variant is a function of (logits, key) plus the logits' shape and dtype, the form the fusion must
+find (None for a near-miss that must stay unfused, with a remark) and the attributes it must read.
+The e2e tests (test_fuse_sampling_e2e.py) and the lit file test/passes/fuse_sampling.mlir come from
+these entries; regenerate the lit file with `python test/python/sampling_variants.py`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+B, V = 4, 256
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    fn: Callable[..., Any]
+    form: str | None  # None: must not fuse
+    shape: tuple[int, ...] = (B, V)
+    dtype: Any = jnp.float32  # noqa: ANN401
+    expect: dict[str, Any] = field(default_factory=dict)
+    stochastic: bool = True
+
+
+def lower(variant: Variant) -> Any:  # noqa: ANN401
+    args = [jax.ShapeDtypeStruct(variant.shape, variant.dtype)]
+    if variant.stochastic:
+        args.append(jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return jax.jit(variant.fn).lower(*args)
+
+
+# --- greedy ---------------------------------------------------------------------------------------
+
+
+def argmax(x):
+    return jnp.argmax(x, axis=-1)
+
+
+def argmax_of_softmax(x):
+    return jnp.argmax(jax.nn.softmax(x, axis=-1), axis=-1)
+
+
+# --- temperature ----------------------------------------------------------------------------------
+
+
+def categorical(x, key):
+    return jax.random.categorical(key, x)
+
+
+def temperature_07(x, key):
+    return jax.random.categorical(key, x / 0.7, axis=-1)
+
+
+def temperature_upcast(x, key):
+    return jax.random.categorical(key, x.astype(jnp.float32) / 1.3)
+
+
+def split_key(x, key):
+    _, sub = jax.random.split(key)
+    return jax.random.categorical(sub, x / 0.8)
+
+
+# --- top-k ----------------------------------------------------------------------------------------
+
+
+def jetstream_top_k(x, key):
+    values, ids = jax.lax.top_k(x, 40)
+    pick = jax.random.categorical(key, values / 0.6).astype(jnp.int32)
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+
+def keras_top_k(x, key):
+    values, ids = jax.lax.top_k(x / 0.9, 8)
+    pick = jax.random.categorical(key, values)
+    return jnp.take_along_axis(ids, pick[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def maxtext_top_k_mask(x, key):
+    kth = jax.lax.top_k(x, 16)[0][..., -1:]
+    return jax.random.categorical(key, jnp.where(x < kth, -jnp.inf, x) / 0.8)
+
+
+# --- top-p, min-p and combinations ------------------------------------------------------------------
+
+
+def _nucleus(x, p):
+    ordered = jnp.sort(x, axis=-1)[..., ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < p, axis=-1, keepdims=True), axis=-1)
+    return jnp.where(x < cutoff, -jnp.inf, x)
+
+
+def jetstream_top_p(x, key):
+    return jax.random.categorical(key, _nucleus(x, 0.9) / 0.7)
+
+
+def top_k_then_top_p(x, key):
+    kth = jax.lax.top_k(x, 50)[0][..., -1:]
+    return jax.random.categorical(key, _nucleus(jnp.where(x < kth, -jnp.inf, x), 0.95) / 0.6)
+
+
+def min_p_sampler(x, key):
+    scaled = x / 0.9
+    probs = jax.nn.softmax(scaled, axis=-1)
+    keep = probs >= 0.05 * jnp.max(probs, axis=-1, keepdims=True)
+    return jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf))
+
+
+# --- near-misses -----------------------------------------------------------------------------------
+
+
+def no_match_noise_escapes(x, key):
+    noisy = jax.random.gumbel(key, x.shape, x.dtype) + x / 0.7
+    return jnp.argmax(noisy, axis=-1), noisy
+
+
+def no_match_uniform_noise(x, key):
+    """Perturbed by uniform, not Gumbel, noise: no sampler form."""
+    return jnp.argmax(x + jax.random.uniform(key, x.shape), axis=-1)
+
+
+def unknown_filter_is_categorical(x, key):
+    """A filter no form knows (<= kth, then * 1/T): exact as categorical over what it computes."""
+    kth = jax.lax.top_k(x, 16)[0][..., -1:]
+    return jax.random.categorical(key, jnp.where(x <= kth, x, -jnp.inf) * 1.25)
+
+
+VARIANTS: list[Variant] = [
+    Variant("argmax", argmax, "greedy", stochastic=False, expect={"mode": "greedy"}),
+    Variant("argmax_bf16", argmax, "greedy", dtype=jnp.bfloat16, stochastic=False),
+    Variant("argmax_rank1", argmax, "greedy", shape=(V,), stochastic=False),
+    Variant("argmax_of_softmax", argmax_of_softmax, "greedy_softmax", stochastic=False),
+    Variant("categorical", categorical, "categorical", expect={"mode": "temperature", "temperature": 1.0}),
+    Variant("temperature_07", temperature_07, "temperature", expect={"temperature": 0.7}),
+    Variant("temperature_bf16", temperature_07, "temperature", dtype=jnp.bfloat16,
+            expect={"temperature": 0.69921875}),
+    Variant("temperature_upcast_bf16", temperature_upcast, "temperature", dtype=jnp.bfloat16),
+    Variant("temperature_rank3", temperature_07, "temperature", shape=(2, 3, V)),
+    Variant("split_key", split_key, "temperature", expect={"temperature": 0.8}),
+    Variant("jetstream_top_k", jetstream_top_k, "top_k", expect={"mode": "top_k", "k": 40, "temperature": 0.6}),
+    Variant("jetstream_top_k_bf16", jetstream_top_k, "top_k", dtype=jnp.bfloat16, expect={"k": 40}),
+    Variant("keras_top_k", keras_top_k, "temperature_top_k", expect={"k": 8, "temperature": 0.9}),
+    Variant("maxtext_top_k_mask", maxtext_top_k_mask, "top_k_mask", expect={"k": 16, "temperature": 0.8}),
+    Variant("jetstream_top_p", jetstream_top_p, "top_p_mask", expect={"mode": "top_p", "p": 0.9}),
+    Variant("jetstream_top_p_bf16", jetstream_top_p, "top_p_mask", dtype=jnp.bfloat16),
+    Variant("top_k_then_top_p", top_k_then_top_p, "top_k_top_p_mask",
+            expect={"mode": "top_k+top_p", "k": 50, "p": 0.95}),
+    Variant("min_p", min_p_sampler, "min_p", expect={"mode": "min_p", "min_p": 0.05, "temperature": 0.9}),
+    Variant("no_match_noise_escapes", no_match_noise_escapes, None),
+    Variant("unknown_filter_is_categorical", unknown_filter_is_categorical, "categorical"),
+    Variant("no_match_uniform_noise", no_match_uniform_noise, None),
+]
+
+LIT = Path(__file__).resolve().parents[1] / "passes" / "fuse_sampling.mlir"
+HEADER = (
+    "// Generated by test/python/sampling_variants.py from its VARIANTS; do not edit by hand.\n"
+    "// RUN: hlofuse-opt %s --split-input-file"
+    " --pass-pipeline='builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)' | filecheck %s\n"
+    "// RUN: hlofuse-opt %s --split-input-file --hlofuse-prepare --hlofuse-fuse-sampling --remarks"
+    " 2>&1 >/dev/null | filecheck %s --check-prefix=REMARK\n"
+)
+
+
+def _lit_case(variant: Variant) -> str:
+    text = lower(variant).as_text()
+    text = re.sub(r"module @\S+", f"module @{variant.name}", text, count=1)
+    text = text.replace("func.func public @main(", f"func.func public @{variant.name}(", 1)
+    lines = [f"// CHECK-LABEL: func.func public @{variant.name}("]
+    if variant.form is None:
+        lines += ['// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
+                  "// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused"]
+    else:
+        lines += [f'// CHECK: stablehlo.composite "hlofuse.sample"{{{{.*}}}}form = "{variant.form}"',
+                  '// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
+                  "// CHECK: func.func private @hlofuse.sample.impl"]
+    return "\n".join(lines) + "\n" + text
+
+
+def render_lit() -> str:
+    return HEADER + "\n// -----\n\n".join(_lit_case(v) for v in VARIANTS)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(0 if LIT.read_text() == render_lit() else 1)
+    LIT.write_text(render_lit())
+    print(f"wrote {LIT} ({len(VARIANTS)} cases)")

@@ -1,0 +1,111 @@
+"""Every sampler variant: fused to the expected form and attributes, and the same token ids as the original.
+
+Three programs run on the same logits and keys: the original, the fused one (XLA inlines the
+composite's decomposition) and the fused one lowered to the reference form rebuilt from the attributes
+alone, plus the native CPU kernel where it takes the composite. Logits come in several distributions
+(flat, peaked, ties, -inf entries), each over several keys: token ids must be equal, not close.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax._src import compiler
+from jax._src.lib import _jax as xla_client
+from jaxlib.mlir import ir
+from sampling_variants import VARIANTS, Variant, lower
+
+from hlofuse.composites import SampleAttrs
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import clone_module, count_composites
+
+KEYS = 6
+
+
+def compile_module(module: ir.Module) -> Callable[..., list[np.ndarray]]:
+    """Compiles `module` once for the CPU; the result runs it on numpy arguments."""
+    backend = jax.devices("cpu")[0].client
+    device = backend.local_devices()[0]
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=backend)
+    executable = backend.compile_and_load(module, executable_devices=xla_client.DeviceList((device,)),
+                                          compile_options=options)
+
+    def run(*args: np.ndarray) -> list[np.ndarray]:
+        buffers = [jax.device_put(np.asarray(a), device) for a in args]
+        results = executable.execute_sharded(buffers).disassemble_into_single_device_arrays()
+        return [np.asarray(r[0]) for r in results]
+
+    return run
+
+
+def logits_cases(shape: tuple[int, ...], dtype: np.dtype, seed: int = 0) -> dict[str, np.ndarray]:
+    """Logit distributions that stress the filters and the tie rules."""
+    rng = np.random.default_rng(seed)
+    v = shape[-1]
+    normal = rng.standard_normal(shape).astype(np.float32)
+    peaked = normal * 6.0
+    ties = np.round(normal * 2.0) / 2.0  # a handful of distinct values, each shared by many tokens
+    with_inf = normal.copy()
+    with_inf[..., rng.random(v) < 0.3] = -np.inf
+    flat = np.zeros(shape, np.float32)
+    cases = {"normal": normal, "peaked": peaked, "ties": ties, "neg_inf": with_inf, "flat": flat}
+    return {name: x.astype(dtype) for name, x in cases.items()}
+
+
+def _sample_attrs(module: ir.Module) -> list[SampleAttrs]:
+    found: list[SampleAttrs] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.composite":
+            found.append(SampleAttrs.from_ir(op.attributes["composite_attributes"]))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def _cpu_kernel_module(fused: ir.Module) -> ir.Module | None:
+    from hlofuse.kernels import cpu
+
+    if not cpu.is_available():
+        return None
+    kernel = clone_module(fused)
+    result = run_pipeline(kernel, "builtin.module(hlofuse-lower-kernels{target=cpu})")
+    return kernel if result.counters["sample_to_cpu"] else None
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
+    original = lower(variant).compiler_ir("stablehlo")
+    fused = clone_module(original)
+    result = run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    sites = 0 if variant.form is None else 1
+    assert count_composites(fused, "hlofuse.sample") == sites, [str(r) for r in result.remarks]
+    if variant.form is None:
+        assert result.remarks, "a near-miss must say why it was not fused"
+        return
+    (attrs,) = _sample_attrs(fused)
+    assert attrs.form == variant.form
+    for key, want in variant.expect.items():
+        got = getattr(attrs, key)
+        assert got == pytest.approx(want, rel=1e-6) if isinstance(want, float) else got == want, (key, got, want)
+
+    referenced = clone_module(fused)
+    lowering = run_pipeline(referenced, "builtin.module(hlofuse-lower-kernels{target=reference})")
+    assert lowering.counters["sample_to_reference"] == 1
+    programs = {"original": original, "fused": fused, "reference": referenced}
+    kernel = _cpu_kernel_module(fused)
+    if kernel is not None:
+        programs["cpu"] = kernel
+    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
+    dtype = np.dtype(ml_dtypes.bfloat16) if variant.dtype == jax.numpy.bfloat16 else np.dtype(variant.dtype)
+    for case, logits in logits_cases(variant.shape, dtype).items():
+        for seed in range(KEYS if variant.stochastic else 1):
+            args = [logits] + ([np.array([seed, 1000 + seed], np.uint32)] if variant.stochastic else [])
+            want = runs["original"](*args)[0]
+            for name, run in runs.items():
+                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
