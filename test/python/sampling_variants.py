@@ -173,9 +173,10 @@ HEADER = (
 
 def _lit_case(variant: Variant) -> str:
     text = lower(variant).as_text()
-    text = re.sub(r"module @\S+", f"module @{variant.name}", text, count=1)
-    text = text.replace("func.func public @main(", f"func.func public @{variant.name}(", 1)
-    lines = [f"// CHECK-LABEL: func.func public @{variant.name}("]
+    name = f"sample_{variant.name}"  # not a name JAX gives its helpers (@argmax)
+    text = re.sub(r"module @\S+", f"module @{name}", text, count=1)
+    text = text.replace("func.func public @main(", f"func.func public @{name}(", 1)
+    lines = [f"// CHECK-LABEL: func.func public @{name}("]
     if variant.form is None:
         lines += ['// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
                   "// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused"]
