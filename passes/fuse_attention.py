@@ -158,8 +158,9 @@ STAGE_RULES: Sequence[Rule] = (
 # Stages must follow the canonical order scale -> soft-cap -> bias/mask that the kernels implement.
 _PHASE = {"scale": 0, "softcap": 1, "bias": 2, "mask": 2}
 
-# q * c before the dot is a scale on the logits.
+# q * c or q / c before the dot is a scale on the logits.
 PRESCALED = P.commutative("stablehlo.multiply", P.any("x"), P.const(name="c"))
+PRESCALED_DIV = P("stablehlo.divide", P.any("x"), P.const(name="c"))
 
 
 # ----- dims and roles ------------------------------------------------------------------------------
@@ -201,11 +202,19 @@ def _forward_labels(start: Labels, ops: Sequence[ir.Operation], sizes: dict[str,
 
 
 def _kv_repeat(value: ir.Value, heads_dim: int) -> tuple[ir.Value, int, list[ir.Operation]] | None:
-    """K or V repeated per query group: reshape(broadcast(x)) merging (kv heads, groups) into heads.
+    """K or V repeated per query group: reshape(broadcast(x)) merging (kv heads, groups) into heads,
+    possibly behind transposes and converts (jnp.repeat, then a BNTH transpose).
 
-    Returns (x, groups, [broadcast, reshape]) or None.
+    Returns (x, groups, the ops from the dot operand back to x) or None.
     """
+    chain: list[ir.Operation] = []
     reshape = defining_op(value)
+    while reshape is not None and reshape.name in ("stablehlo.transpose", "stablehlo.convert"):
+        if reshape.name == "stablehlo.transpose":
+            heads_dim = list(ir.DenseI64ArrayAttr(reshape.attributes["permutation"]))[heads_dim]
+        chain.append(reshape)
+        value = reshape.operands[0]
+        reshape = defining_op(value)
     if reshape is None or reshape.name != "stablehlo.reshape":
         return None
     bcast = defining_op(reshape.operands[0])
@@ -225,21 +234,47 @@ def _kv_repeat(value: ir.Value, heads_dim: int) -> tuple[ir.Value, int, list[ir.
             return None
         if out_dim != h + 1 and src_shape[src_dim] != mid_shape[out_dim]:
             return None
-    return bcast.operands[0], groups, [bcast, reshape]
+    return bcast.operands[0], groups, [*chain, reshape, bcast]
 
 
-def _group_dim_of_query(q: ir.Value, batch_dims: list[int], free_dims: list[int]) -> int | None:
-    """For a 5-D query (.., K, G, ..): the free dim split off the same source dim as a batch dim."""
+def _backward_labels(labels: Labels, ops: Sequence[ir.Operation], sizes: dict[str, int], what: str) -> Labels:
+    """Labels of the first operand of the last op, following `ops` from a use back to a source."""
+    for op in ops:
+        if op.name in ("stablehlo.multiply", "stablehlo.divide"):
+            continue  # elementwise: the operand has the result's dims
+        inner = layout.backward(op, labels, sizes)
+        if inner is None:
+            raise NoMatch(f"cannot follow {what} through {op.name}")
+        labels = layout.normalize(inner, sizes)
+    return labels
+
+
+def _prescaled(q: ir.Value) -> tuple[ir.Value, float, list[ir.Operation]] | None:
+    """q * c or q / c behind any transposes, reshapes and converts: (q, c, the ops from q back to q)."""
+    chain: list[ir.Operation] = []
+    value = q
+    op = defining_op(value)
+    while op is not None and op.name in ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert"):
+        chain.append(op)
+        value = op.operands[0]
+        op = defining_op(value)
+    found = match(PRESCALED, value) or match(PRESCALED_DIV, value)
+    if found is None or found["c"] <= 0 or op is None:
+        return None
+    factor = found["c"] if op.name == "stablehlo.multiply" else 1.0 / found["c"]
+    return found["x"], factor, [*chain, op]
+
+
+def _group_dim_of_query(q: ir.Value, heads_dim: int | None, free_dims: list[int]) -> int | None:
+    """For a 5-D query (.., K, G, ..): the free dim split off the heads dim (K major, G minor)."""
     reshape = defining_op(q)
-    if reshape is None or reshape.name != "stablehlo.reshape":
+    if heads_dim is None or reshape is None or reshape.name != "stablehlo.reshape":
         return None
     out_shape, in_shape = _shape(q), _shape(reshape.operands[0])
-    if len(out_shape) != len(in_shape) + 1:
-        return None
-    for d in range(len(out_shape) - 1):
-        merged = out_shape[:d] + (out_shape[d] * out_shape[d + 1],) + out_shape[d + 2:]
-        if merged == in_shape and d in batch_dims and d + 1 in free_dims:
-            return d + 1
+    d = heads_dim
+    merged = out_shape[:d] + (out_shape[d] * out_shape[d + 1],) + out_shape[d + 2:] if d + 1 < len(out_shape) else ()
+    if len(out_shape) == len(in_shape) + 1 and merged == in_shape and d + 1 in free_dims:
+        return d + 1
     return None
 
 
@@ -268,7 +303,6 @@ class Site:
     length_adjust: dict[str, int] = field(default_factory=dict)
     out_labels: Labels = ()
     extra_interior_roots: list[ir.Value] = field(default_factory=list)
-    prescale: ir.Operation | None = None
     mask_negated: bool = False  # the mask operand is not(original predicate)
     zero_empty_rows: bool = False
 
@@ -387,7 +421,7 @@ def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[
         raise NoMatch(f"the q·k dot has {nb} batch dims; expected batch and heads")
     group_dim = None
     if len(q_free) == 2:
-        group_dim = _group_dim_of_query(q, q_batch, q_free)
+        group_dim = _group_dim_of_query(q, q_batch[-1] if q_batch else None, q_free)
         if group_dim is None:
             raise NoMatch("the query has two free dims and neither is a head group")
     elif len(q_free) != 1:
@@ -465,12 +499,12 @@ def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[
         raise NoMatch("the P·V dot's output mixes roles the kernels cannot produce")
 
     # Canonical inputs.
-    prescaled = match(PRESCALED, q)
-    if prescaled is not None and prescaled["c"] > 0:
-        site.scale *= prescaled["c"]
-        site.prescale = defining_op(q)
-        q = prescaled["x"]
-        q_labels = layout.normalize(q_labels, sizes)
+    prescaled = _prescaled(q)
+    if prescaled is not None:
+        source, factor, ops = prescaled
+        q_labels = _backward_labels(q_labels, ops, sizes, "the scaled query")
+        site.scale *= factor
+        q = source
     site.inputs["q"], site.input_labels["q"] = q, q_labels
     for role, value, labels in (("k", k, k_labels), ("v", v, v_labels)):
         heads_dim = next((d for d, lb in enumerate(labels) if "K" in lb or "G" in lb), None)
@@ -481,10 +515,7 @@ def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[
             raise NoMatch(f"{role} is not repeated like the other of k and v")
         if repeat is not None:
             source, _, ops = repeat
-            source_labels = layout.backward(ops[0], layout.backward(ops[1], labels, sizes) or (), sizes)
-            if source_labels is None:
-                raise NoMatch(f"cannot follow {role}'s repeat")
-            value, labels = source, layout.normalize(source_labels, sizes)
+            value, labels = source, _backward_labels(labels, ops, sizes, f"{role}'s repeat")
         site.inputs[role], site.input_labels[role] = value, labels
 
 
@@ -574,7 +605,13 @@ def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
     single_query = site.sizes["T"] == 1
     for atom in atoms:
         diff, direction = atom.diff, atom.direction
-        cs, ct = diff.coeff("S"), 0 if single_query else diff.coeff("T")
+        cs, ct = diff.coeff("S"), diff.coeff("T")
+        if single_query and cs:
+            # The only query row is t = 0: a bound on s alone is a band, and t may be dropped beside a length.
+            ct = 0 if diff.ext is not None else -cs
+        elif single_query and diff.ext is not None:
+            # `0 < len[b]` with t = 0 is the query length bound `t < len[b]`.
+            ct = -diff.ext_sign
         others = [r for r, c in diff.coeffs if c and r not in ("S", "T")]
         if cs < 0 or (cs == 0 and ct < 0):
             diff, direction = diff.scaled(-1), {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(direction,
@@ -600,11 +637,14 @@ def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
             unread.append(atom)
     if rights:
         site.causal, site.q_offset, site.window_right = True, min(rights), 0
-    if lefts:
-        left = min(lefts) + (site.q_offset if rights else 0)
-        if left < 0:
+    if lefts and rights:
+        site.window_left = min(lefts) + site.q_offset
+        if site.window_left < 0:
             raise NoMatch("the sliding window is empty")
-        site.window_left = left
+    elif lefts:
+        # Only s - t >= -left: with no right bound, q_offset can carry a negative left bound.
+        left = min(lefts)
+        site.q_offset, site.window_left = max(0, -left), max(0, left)
     return unread
 
 

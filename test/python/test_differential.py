@@ -91,12 +91,9 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
     layouts = ("btnh", "v_left") if gqa == "grouped" else LAYOUTS
     if b == 1 or n == 1:
         layouts = tuple(x for x in layouts if x != "matmul")  # gap "matmul_unit_batch"
-    # Not with T = 1: gap "single_query_iota".
-    causal = t > 1 and draw(st.booleans())
-    window = st.one_of(st.none(), st.integers(0, 8)) if t > 1 else st.none()
+    causal = draw(st.booleans())
+    window = st.one_of(st.none(), st.integers(0, 8))
     window_left, window_right = draw(window), draw(window) if nn or not causal else None
-    if not nn and not causal and window_right is None and window_left is not None and s - t > window_left:
-        window_left = None  # gap "offset_left_window"
     spec = AttentionSpec(
         b=b, t=t, s=s, n=n, kv=kv, h=h, d=d, dtype=dtype,
         upcast="none" if dtype == "float32" or nn else draw(st.sampled_from(UPCASTS)),
@@ -113,14 +110,12 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
         combine=draw(st.sampled_from(COMBINES)),
         mask=draw(st.one_of(st.none(), st.sampled_from(MASK_SHAPES[:2] if nn else MASK_SHAPES))),
         bias=draw(st.one_of(st.none(), st.sampled_from(BIAS_SHAPES[:2] if nn else BIAS_SHAPES))),
-        q_lengths=t > 1 and draw(st.booleans()),  # not with T = 1: gap "single_query_iota"
+        q_lengths=draw(st.booleans()),
         kv_lengths=draw(st.booleans()),
     )
     # Infinite fills only where every query row keeps a key (module docstring of attention_programs).
     empty_rows = spec.q_lengths or not structural_visibility(spec).any(axis=1).all()
     fills = [f for f in FILLS if not empty_rows or allows_empty_rows(dataclasses.replace(spec, fill=f))]
-    if spec.logits_dtype == "float16":
-        fills = [f for f in fills if f != "-1e9"]  # gap "overflowing_fill"
     return dataclasses.replace(spec, fill=draw(st.sampled_from(fills)))
 
 
@@ -140,21 +135,11 @@ def _attention_attrs(module: ir.Module) -> list[AttentionAttrs]:
 
 
 def _check_attrs(spec: AttentionSpec, attrs: AttentionAttrs, strict: bool) -> None:
-    """The attributes the spec determines (docs/composites.md), windows compared as visibility. Unless
-    `strict`, two gaps where the fusion is right but reads less than it could are let through."""
+    """The attributes the spec determines (docs/composites.md), windows compared as visibility."""
     rel = max(4 * ROUNDOFF[spec.logits_dtype if spec.scale in ("multiply", "divide_sqrt") else spec.dtype], 1e-6)
-    scales = [pytest.approx(total_scale(spec), rel=rel)]
-    if spec.scale.startswith("prescale_q") and not strict:
-        scales.append(1.0)  # gap "prescale_not_folded"
-    assert attrs.scale in scales, "scale"
+    assert attrs.scale == pytest.approx(total_scale(spec), rel=rel), "scale"
     assert attrs.softcap == pytest.approx(spec.softcap, rel=1e-6), "softcap"
-    kv_heads = [spec.kv]
-    if spec.gqa == "repeat" and spec.layout in ("bnth", "matmul") and not strict:
-        kv_heads.append(spec.n)  # gap "repeat_then_transpose"
-    heads = [(spec.n, k) for k in kv_heads]
-    if spec.t == 1 and spec.kv == 1 and not strict:
-        heads.append((1, 1))  # gap "single_query_mqa"
-    assert (attrs.num_heads, attrs.num_kv_heads) in heads, "num_heads, num_kv_heads"
+    assert (attrs.num_heads, attrs.num_kv_heads) == (spec.n, spec.kv), "num_heads, num_kv_heads"
     assert attrs.decode == (spec.t <= 8 < spec.s), "decode"
     parts = {"additive": bool(spec.bias), "boolean": bool(spec.mask), "lengths": spec.q_lengths or spec.kv_lengths}
     assert set(attrs.mask_kind.split("+")) - {"none"} == {k for k, on in parts.items() if on}, "mask_kind"
@@ -280,30 +265,32 @@ KNOWN_GAPS = {
     "matmul_unit_batch": dataclasses.replace(_SMALL, b=1, layout="matmul"),
     # Not fused: a softmax over one key; remark "the softmax does not reduce over a single key dim".
     "single_key": dataclasses.replace(_SMALL, s=1),
-    # With T = 1 the pass zeroes the T coefficient of every iota atom, so `cols <= rows + off` is never read
-    # as causal and `arange(T) < q_len` never as lengths: both become the boolean mask operand, and with a
-    # second boolean the site is not fused ("the mask combines more than one boolean tensor").
-    "single_query_iota": dataclasses.replace(_SMALL, t=1, s=6, causal=True, mask="ts"),
-    # A bottom-right left-only window (j >= i + (S - T) - L, no right bound) with S - T > L is refused:
-    # "the sliding window is empty", though every row sees keys.
-    "offset_left_window": dataclasses.replace(_SMALL, t=4, s=12, window_left=2),
-    # WRONG ATTRIBUTE: where(pred, s_f16, -1e9) converts the f32 constant -1e9 to f16, i.e. -inf, but the
-    # composite says masked_value = -1e9. Fully masked rows are NaN in the original and a uniform average
-    # under attention_reference (and any kernel that follows the contract).
-    "overflowing_fill": dataclasses.replace(_SMALL, dtype="float16", fill="-1e9", q_lengths=True),
-    # Right, but q stays scaled outside the composite (scale = 1): a scale on q behind a transpose or
-    # reshape, or a divide by jnp.sqrt, is not folded into `scale`.
-    "prescale_not_folded": dataclasses.replace(_SMALL, scale="prescale_q", layout="bnth"),
-    # Right, but not GQA: jnp.repeat of k/v followed by a transpose to (B,N,S,H) is not recognised, so
-    # the composite takes the repeated k/v with num_kv_heads = N.
-    "repeat_then_transpose": dataclasses.replace(_SMALL, n=4, kv=1, gqa="repeat", layout="bnth"),
-    # WRONG ATTRIBUTES, right numbers: with T = 1 and K = 1 the G query heads are read as query rows, so the
-    # composite says num_heads = num_kv_heads = 1 (and decode, T = G <= 8) for an N-head program.
-    "single_query_mqa": dataclasses.replace(_SMALL, t=1, s=11, kv=1, api="nn"),
 }
 
 
 @pytest.mark.parametrize("spec", [pytest.param(spec, id=name) for name, spec in KNOWN_GAPS.items()])
 @pytest.mark.xfail(strict=True, reason="known fusion gap; see the comment on its KNOWN_GAPS entry")
 def test_known_gap(spec: AttentionSpec) -> None:
+    _one_site(spec, strict=True)
+
+
+# Gaps the differential test found and that are fixed: each stays as a regression test.
+FIXED_GAPS = {
+    # T = 1: `cols <= rows + off` is a band and `arange(T) < q_len` a q length.
+    "single_query_iota": dataclasses.replace(_SMALL, t=1, s=6, causal=True, mask="ts"),
+    # A bottom-right left-only window (j >= i + (S - T) - L) with S - T > L.
+    "offset_left_window": dataclasses.replace(_SMALL, t=4, s=12, window_left=2),
+    # where(pred, s_f16, -1e9): the fill is -1e9 converted to f16, i.e. -inf.
+    "overflowing_fill": dataclasses.replace(_SMALL, dtype="float16", fill="-1e9", q_lengths=True),
+    # A q scale behind a transpose, or a divide by jnp.sqrt, is folded into `scale`.
+    "prescale_through_transpose": dataclasses.replace(_SMALL, scale="prescale_q", layout="bnth"),
+    # jnp.repeat of k/v then a transpose to (B,N,S,H) is GQA.
+    "repeat_then_transpose": dataclasses.replace(_SMALL, n=4, kv=1, gqa="repeat", layout="bnth"),
+    # T = 1 and K = 1: the G query heads are heads, not query rows.
+    "single_query_mqa": dataclasses.replace(_SMALL, t=1, s=11, kv=1, api="nn"),
+}
+
+
+@pytest.mark.parametrize("spec", [pytest.param(spec, id=name) for name, spec in FIXED_GAPS.items()])
+def test_fixed_gap(spec: AttentionSpec) -> None:
     _one_site(spec, strict=True)

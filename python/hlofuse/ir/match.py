@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 from jaxlib.mlir import ir
 
@@ -227,7 +228,6 @@ _UNARY_FOLDS: dict[str, Callable[[float], float]] = {
     "stablehlo.sqrt": math.sqrt,
     "stablehlo.rsqrt": lambda x: 1.0 / math.sqrt(x),
     "stablehlo.negate": lambda x: -x,
-    "stablehlo.convert": lambda x: x,
     "stablehlo.broadcast_in_dim": lambda x: x,
     "stablehlo.reshape": lambda x: x,
     "stablehlo.exponential": math.exp,
@@ -282,6 +282,9 @@ def constant_scalar(value: ir.Value, depth: int = 8) -> float | None:
             except (TypeError, ValueError):
                 return None
         return None
+    if op.name == "stablehlo.convert":
+        inner = constant_scalar(op.operands[0], depth - 1)
+        return None if inner is None else round_to_type(inner, ir.RankedTensorType(op.results[0].type).element_type)
     if op.name in _UNARY_FOLDS and len(op.operands) == 1:
         inner = constant_scalar(op.operands[0], depth - 1)
         if inner is None:
@@ -300,3 +303,20 @@ def constant_scalar(value: ir.Value, depth: int = 8) -> float | None:
         except (ValueError, ZeroDivisionError, OverflowError):
             return None
     return None
+
+
+def round_to_type(value: float, element_type: ir.Type) -> float:
+    """`value` as `element_type` holds it: -1e9 converted to f16 is -inf, 0.3 to bf16 is 0.30078125."""
+    name = str(element_type)
+    with np.errstate(over="ignore"):
+        if name == "f16":
+            return float(np.float16(value))
+        if name == "bf16":
+            return float(np.array(value, dtype=np.float32).astype(ml_dtypes.bfloat16))
+        if name == "f32":
+            return float(np.float32(value))
+    if isinstance(element_type, ir.IntegerType):
+        if element_type.width == 1:
+            return float(bool(value))
+        return float(int(value)) if math.isfinite(value) else value
+    return value
