@@ -1,0 +1,115 @@
+"""hlofuse-lower-kernels onto the Pallas kernels: cross-platform lowering and end-to-end jit runs.
+
+target=tpu / gpu lower the kernels for a platform this host does not have, so the checks are
+structural: the composite becomes Mosaic's `tpu_custom_call` or Triton's `__gpu$xla.gpu.triton`.
+target=tpu-interpret / gpu-interpret run the same kernels in interpret mode, so jitted programs from
+the variant catalogue must match the plain program here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_variants import VARIANTS, Variant, lower
+from jaxlib.mlir import ir
+
+import hlofuse
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import clone_module, count_composites
+
+CUSTOM_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
+
+
+def _composite_module(t: int = 16, s: int = 16, dtype: jnp.dtype = jnp.float32, **kwargs: object) -> ir.Module:
+    """One explicit hlofuse.attention composite: q (2, T, 4, 32), k/v (2, S, 2, 32), GQA."""
+    specs = [
+        jax.ShapeDtypeStruct((2, t, 4, 32), dtype),
+        jax.ShapeDtypeStruct((2, s, 2, 32), dtype),
+        jax.ShapeDtypeStruct((2, s, 2, 32), dtype),
+        jax.ShapeDtypeStruct((2,), jnp.int32),
+    ]
+
+    def f(q: jax.Array, k: jax.Array, v: jax.Array, kv_len: jax.Array) -> jax.Array:
+        return hlofuse.attention(q, k, v, kv_lengths=kv_len, **kwargs)  # type: ignore[arg-type]
+
+    return clone_module(jax.jit(f).lower(*specs).compiler_ir("stablehlo"))
+
+
+def _custom_call_targets(module: ir.Module) -> list[str]:
+    found: list[str] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.custom_call":
+            found.append(ir.StringAttr(op.attributes["call_target_name"]).value)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+@pytest.mark.parametrize("target", ["tpu", "gpu"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(causal=True),  # prefill
+        dict(t=1, s=64, dtype=jnp.bfloat16, causal=True, q_offset=63),  # decode: split KV + combine
+        dict(window=(4, 0), softcap=30.0, masked_value=-1e9),
+    ],
+    ids=["prefill_causal", "decode_bf16", "window_softcap"],
+)
+def test_lower_kernels_emits_the_platform_custom_call(target: str, kwargs: dict[str, object]) -> None:
+    module = _composite_module(**kwargs)  # type: ignore[arg-type]
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert result.counters[f"attention_to_{target}"] == 1, [str(r) for r in result.remarks]
+    assert count_composites(module) == 0
+    assert _custom_call_targets(module) == [CUSTOM_CALLS[target]]
+    module.operation.verify()
+
+
+@pytest.mark.parametrize("target", ["tpu", "gpu", "tpu-interpret", "gpu-interpret"])
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (dict(zero_empty_rows=True), "does not zero rows that see no key"),
+        (dict(causal=True, masked_value=-100.0), "needs masked_value -inf or <= -10000, not -100"),
+    ],
+    ids=["zero_empty_rows", "masked_value"],
+)
+def test_unsupported_attributes_stay_composites_with_a_remark(target: str, kwargs: dict[str, object],
+                                                              reason: str) -> None:  # fmt: skip
+    module = _composite_module(**kwargs)  # type: ignore[arg-type]
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert count_composites(module) == 1
+    assert result.counters["attention_kept_composite"] == 1
+    assert any(reason in str(remark) for remark in result.remarks), [str(r) for r in result.remarks]
+
+
+def test_f16_stays_a_composite_on_tpu_only() -> None:
+    for target, kept in (("tpu", 1), ("gpu", 0)):
+        module = _composite_module(dtype=jnp.float16, causal=True)
+        result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+        assert count_composites(module) == kept, [str(r) for r in result.remarks]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+E2E = ("causal_tril_inf", "nn_causal_gqa_bf16", "nn_bias_lengths_window", "decode_with_cache")
+VARIANT_BY_NAME = {variant.name: variant for variant in VARIANTS}
+
+
+@pytest.mark.parametrize("target", ["tpu-interpret", "gpu-interpret"])
+@pytest.mark.parametrize("name", E2E)
+def test_jit_on_the_interpreted_kernel_matches_the_plain_program(target: str, name: str) -> None:
+    variant: Variant = VARIANT_BY_NAME[name]
+    fused = clone_module(lower(variant).compiler_ir("stablehlo"))
+    result = run_pipeline(fused, "default", target=target)
+    assert result.counters[f"attention_to_{target}"] == variant.sites, [str(r) for r in result.remarks]
+
+    options = {"hlofuse_pipeline": "default", "hlofuse_target": target, "hlofuse_strict": True}
+    args = variant.args()
+    got = np.asarray(jax.jit(variant.fn, compiler_options=options)(*args), np.float32)
+    want = np.asarray(jax.jit(variant.fn)(*args), np.float32)
+    low_precision = variant.shapes[0][1] == jnp.bfloat16
+    np.testing.assert_allclose(got, want, rtol=0 if low_precision else 1e-5, atol=3e-2 if low_precision else 1e-5)
