@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
@@ -301,6 +302,7 @@ class Site:
     inputs: dict[str, ir.Value] = field(default_factory=dict)
     input_labels: dict[str, Labels] = field(default_factory=dict)
     length_adjust: dict[str, int] = field(default_factory=dict)
+    const_lengths: dict[str, int] = field(default_factory=dict)  # lengths fixed at compile time
     out_labels: Labels = ()
     extra_interior_roots: list[ir.Value] = field(default_factory=list)
     mask_negated: bool = False  # the mask operand is not(original predicate)
@@ -633,6 +635,16 @@ def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
         elif cs == 0 and ct == 1 and diff.ext is not None and diff.ext_sign == -1 and direction in ("LT", "LE"):
             if not _set_length(site, "q_lengths", atom, -diff.const + (1 if direction == "LE" else 0)):
                 unread.append(atom)
+        elif (cs, ct) in ((1, 0), (0, 1)) and diff.ext is None and direction in ("LT", "LE"):
+            # s < L or t < L with L a constant: a length known at compile time (e.g. a prefill at position 0)
+            role, extent = ("kv_lengths", "S") if cs else ("q_lengths", "T")
+            bound = -diff.const + (1 if direction == "LE" else 0)
+            if bound >= site.sizes[extent]:
+                continue  # always true
+            if role in site.inputs or site.const_lengths.get(role, bound) != bound or bound <= 0:
+                unread.append(atom)
+            else:
+                site.const_lengths[role] = bound
         else:
             unread.append(atom)
     if rights:
@@ -651,6 +663,8 @@ def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
 def _set_length(site: Site, role: str, atom: Atom, adjust: int) -> bool:
     ext = atom.diff.ext
     assert ext is not None
+    if role in site.const_lengths:
+        return False
     if role in site.inputs:
         return site.inputs[role] == ext.value and site.length_adjust[role] == adjust
     site.inputs[role], site.input_labels[role], site.length_adjust[role] = ext.value, ext.labels, adjust
@@ -743,14 +757,18 @@ def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
 def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     """Emits canonical operands, the decomposition and the composite; replaces the P·V dot's result."""
     sizes = site.sizes
-    roles = [r for r in OPERAND_ORDER if r in site.inputs]
-    boundaries = {site.inputs[r]: r for r in roles}
+    roles = [r for r in OPERAND_ORDER if r in site.inputs or r in site.const_lengths]
+    boundaries = {site.inputs[r]: r for r in roles if r in site.inputs}
     interior = build.backward_slice(site.pv_dot.results[0], boundaries)
     _check_escapes(site, interior, boundaries)
     location = site.pv_dot.location
     with location, ir.InsertionPoint(site.pv_dot):
         operands = []
         for role in roles:
+            if role in site.const_lengths:
+                lengths = np.full((sizes["B"],), site.const_lengths[role], dtype=np.int32)
+                operands.append(stablehlo.constant(ir.DenseElementsAttr.get(lengths)))
+                continue
             value, labels = site.inputs[role], site.input_labels[role]
             if role.endswith("lengths"):
                 operands.append(_canonical_length(value, labels, site.length_adjust[role], sizes))
@@ -761,6 +779,8 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     def body(args: Sequence[ir.Value]) -> list[ir.Value]:
         mapping: dict[ir.Value, ir.Value] = {}
         for role, arg in zip(roles, args, strict=True):
+            if role in site.const_lengths:
+                continue  # the original computes this bound from constants of its own
             original, labels = site.inputs[role], site.input_labels[role]
             if role.endswith("lengths"):
                 rebuilt = _rebuild_length(arg, site.length_adjust[role], original, labels, sizes)

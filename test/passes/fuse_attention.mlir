@@ -1471,6 +1471,87 @@ module @nn_query_lengths attributes {mhlo.num_partitions = 1 : i32, mhlo.num_rep
 
 // -----
 
+// CHECK-LABEL: func.func public @nn_constant_lengths(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "lengths"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @nn_constant_lengths attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @nn_constant_lengths(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %c = stablehlo.constant dense<10> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<2xi32>
+    %1 = stablehlo.reshape %arg0 : (tensor<2x16x4x8xf32>) -> tensor<2x16x4x1x8xf32>
+    %2 = stablehlo.dot_general %1, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [4] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x1x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x1x16xf32>
+    %cst = stablehlo.constant dense<0.353553385> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x1x16xf32>
+    %4 = stablehlo.multiply %2, %3 : tensor<2x4x16x1x16xf32>
+    %c_0 = stablehlo.constant dense<true> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<2x4x16x16xi1>
+    %c_1 = stablehlo.constant dense<true> : tensor<i1>
+    %6 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %7 = call @tril(%6) : (tensor<16x16xi1>) -> tensor<16x16xi1>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %10 = stablehlo.and %5, %9 : tensor<2x4x16x16xi1>
+    %11 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [2] : (tensor<16xi32>) -> tensor<1x1x16xi32>
+    %13 = stablehlo.broadcast_in_dim %0, dims = [0] : (tensor<2xi32>) -> tensor<2x1x1xi32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2] : (tensor<1x1x16xi32>) -> tensor<2x1x16xi32>
+    %15 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2] : (tensor<2x1x1xi32>) -> tensor<2x1x16xi32>
+    %16 = stablehlo.compare LT, %14, %15, SIGNED : (tensor<2x1x16xi32>, tensor<2x1x16xi32>) -> tensor<2x1x16xi1>
+    %c_2 = stablehlo.constant dense<true> : tensor<i1>
+    %17 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i1>) -> tensor<2x1x16xi1>
+    %18 = stablehlo.and %17, %16 : tensor<2x1x16xi1>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 2, 3] : (tensor<2x1x16xi1>) -> tensor<2x1x1x16xi1>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x4x16x16xi1>
+    %21 = stablehlo.and %10, %20 : tensor<2x4x16x16xi1>
+    %cst_3 = stablehlo.constant dense<-2.38197633E+38> : tensor<f32>
+    %22 = call @_where(%21, %4, %cst_3) : (tensor<2x4x16x16xi1>, tensor<2x4x16x1x16xf32>, tensor<f32>) -> tensor<1x2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %23 = stablehlo.reduce(%22 init: %cst_4) applies stablehlo.maximum across dimensions = [4] : (tensor<1x2x4x16x16xf32>, tensor<f32>) -> tensor<1x2x4x16xf32>
+    %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %24 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<1x2x4x16xf32>
+    %25 = stablehlo.maximum %24, %23 : tensor<1x2x4x16xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2, 3] : (tensor<1x2x4x16xf32>) -> tensor<1x2x4x16x1xf32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [0, 1, 2, 3, 4] : (tensor<1x2x4x16x1xf32>) -> tensor<1x2x4x16x16xf32>
+    %28 = stablehlo.subtract %22, %27 : tensor<1x2x4x16x16xf32>
+    %29 = stablehlo.exponential %28 : tensor<1x2x4x16x16xf32>
+    %cst_6 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %30 = stablehlo.reduce(%29 init: %cst_6) applies stablehlo.add across dimensions = [4] : (tensor<1x2x4x16x16xf32>, tensor<f32>) -> tensor<1x2x4x16xf32>
+    %31 = stablehlo.broadcast_in_dim %30, dims = [0, 1, 2, 3] : (tensor<1x2x4x16xf32>) -> tensor<1x2x4x16x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2, 3, 4] : (tensor<1x2x4x16x1xf32>) -> tensor<1x2x4x16x16xf32>
+    %33 = stablehlo.divide %29, %32 : tensor<1x2x4x16x16xf32>
+    %34 = stablehlo.dot_general %arg2, %33, batching_dims = [0, 2] x [1, 2], contracting_dims = [1] x [4], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<1x2x4x16x16xf32>) -> tensor<2x4x8x1x16xf32>
+    %35 = stablehlo.transpose %34, dims = [3, 0, 4, 1, 2] : (tensor<2x4x8x1x16xf32>) -> tensor<1x2x16x4x8xf32>
+    %36 = stablehlo.transpose %35, dims = [1, 2, 3, 0, 4] : (tensor<1x2x16x4x8xf32>) -> tensor<2x16x4x1x8xf32>
+    %37 = stablehlo.reshape %36 : (tensor<2x16x4x1x8xf32>) -> tensor<2x16x4x8xf32>
+    return %37 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xi1>) -> tensor<16x16xi1> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xi1>
+    return %6 : tensor<16x16xi1>
+  }
+  func.func private @_where(%arg0: tensor<2x4x16x16xi1>, %arg1: tensor<2x4x16x1x16xf32>, %arg2: tensor<f32>) -> tensor<1x2x4x16x16xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [1, 2, 3, 4] : (tensor<2x4x16x16xi1>) -> tensor<1x2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [1, 2, 3, 4] : (tensor<2x4x16x16xf32>) -> tensor<1x2x4x16x16xf32>
+    %3 = stablehlo.transpose %arg1, dims = [3, 0, 1, 2, 4] : (tensor<2x4x16x1x16xf32>) -> tensor<1x2x4x16x16xf32>
+    %4 = stablehlo.select %1, %3, %2 : tensor<1x2x4x16x16xi1>, tensor<1x2x4x16x16xf32>
+    return %4 : tensor<1x2x4x16x16xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @nn_mask(
 // CHECK: stablehlo.composite "hlofuse.attention"
 // CHECK-SAME: mask_kind = "boolean"

@@ -193,6 +193,12 @@ def nn_query_lengths(q, k, v, q_len, kv_len):
     return jax.nn.dot_product_attention(q, k, v, query_seq_lengths=q_len, key_value_seq_lengths=kv_len)
 
 
+def nn_constant_lengths(q, k, v):
+    # a prefill at position 0: the lengths are constants
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                        key_value_seq_lengths=jnp.full((q.shape[0],), 10, jnp.int32))
+
+
 def nn_mask(q, k, v, mask):
     return jax.nn.dot_product_attention(q, k, v, mask=mask)
 
@@ -326,6 +332,7 @@ VARIANTS: tuple[Variant, ...] = (
         _qkv() + (((B,), I32), ((B,), I32)),
         expect={"mask_kind": "lengths"},
     ),
+    Variant("nn_constant_lengths", nn_constant_lengths, _qkv(), expect={"causal": True, "mask_kind": "lengths"}),
     Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
     Variant("two_layers", two_layers, _qkv(), sites=2),
     Variant("scan_layers", scan_layers, _qkv(), sites=1),
