@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jax
 
-TARGETS = ("hlofuse_attention",)
+TARGETS = ("hlofuse_attention", "hlofuse_sample")
 LIB_ENV = "HLOFUSE_CPU_KERNELS_LIB"
 _LIB_NAMES = ("libhlofuse_cpu_kernels.so", "libhlofuse_cpu_kernels.dylib", "hlofuse_cpu_kernels.dll")
 

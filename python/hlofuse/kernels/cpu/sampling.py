@@ -23,8 +23,11 @@ if TYPE_CHECKING:
 
 TARGET = "hlofuse_sample"
 # form -> the kernel's form code (sampling.cc: enum class Form).
-FORM_CODES = {"greedy": 0, "greedy_softmax": 0, "categorical": 1, "temperature": 1, "top_k": 2,
+FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7}
+
+# Forms whose filter compares probabilities: the program rounds them (and their cumulative sum) to bf16.
+BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
 
 
 def is_available() -> bool:
@@ -81,6 +84,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     dtype = call.operand_types[0][1]
     if dtype not in ("f32", "bf16"):
         raise Unsupported(f"the CPU sampler takes f32 or bf16 logits, not {dtype}")
+    if dtype == "bf16" and attrs.form in BF16_UNSUPPORTED:
+        raise Unsupported(f"'{attrs.form}' on bf16 logits thresholds bf16-rounded probabilities, which the CPU "
+                          "sampler does not reproduce")
     if attrs.k > call.operand_types[0][0][-1]:
         raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
 
