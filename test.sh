@@ -9,5 +9,5 @@ ruff check python passes test tools
 echo "== lit"
 lit -sv test/
 echo "== pytest"
-# Run from the source tree against the installed wheel (tests import hlofuse from site-packages).
+# The editable install makes `import hlofuse` resolve to this checkout.
 python -m pytest -n 2 -p no:cacheprovider test/

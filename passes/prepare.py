@@ -53,10 +53,17 @@ def _calls_to(module: ir.Operation, callees: dict[str, ir.Operation]) -> list[ir
     return calls
 
 
+_SYMBOL_USERS = ("stablehlo.composite", "stablehlo.custom_call")
+
+
 def _referenced_symbols(module: ir.Operation) -> set[str]:
     used: set[str] = set()
 
     def visit(op: ir.Operation) -> ir.WalkResult:
+        name = op.name
+        # Plain StableHLO ops never name a symbol; skipping them keeps this walk cheap on big modules.
+        if name.startswith("stablehlo.") and name not in _SYMBOL_USERS:
+            return ir.WalkResult.ADVANCE
         attributes = op.attributes
         for index in range(len(attributes)):
             attr = attributes[index].attr

@@ -1,4 +1,5 @@
-# Sourced by run.sh and test.sh: creates .venv when missing and (re)installs hlofuse into it.
+# Sourced by run.sh and test.sh: creates .venv when missing and (re)installs hlofuse into it, editable, so
+# the tests and the demo run the checkout (the C++ kernels build into build/ and install into the venv).
 # HLOFUSE_EXTRAS selects optional dependencies (e.g. "test").
 VENV="${VENV:-$PWD/.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -9,4 +10,4 @@ fi
 spec="."
 if [ -n "${HLOFUSE_EXTRAS:-}" ]; then spec=".[${HLOFUSE_EXTRAS}]"; fi
 echo "hlofuse: building and installing $spec into $VENV (first run downloads jax and builds the C++ kernels)" >&2
-"$VENV/bin/python" -m pip install --quiet "$spec"
+"$VENV/bin/python" -m pip install --quiet --editable "$spec"
