@@ -165,22 +165,40 @@ float NucleusCutoff(const Row& x, float floor, float p) {
   size_t eligible = 0;
   for (int64_t i = 0; i < x.n; ++i)
     if (x[i] >= floor) z += std::exp(static_cast<double>(x[i]) - m), ++eligible;
-  std::vector<float> cand;
+  // Candidates near the max, widened until they hold mass >= p (one pass each).
+  std::vector<std::pair<float, double>> cand;  // (value, exp(value - max) / z)
   for (double delta = 8.0;; delta *= 2) {
     cand.clear();
     double mass = 0;
     const float lo = std::max(floor, static_cast<float>(m - delta));
     for (int64_t i = 0; i < x.n; ++i) {
       const float v = x[i];
-      if (v >= lo) cand.push_back(v), mass += std::exp(static_cast<double>(v) - m);
+      if (v >= lo) {
+        const double w = std::exp(static_cast<double>(v) - m) / z;
+        cand.emplace_back(v, w);
+        mass += w;
+      }
     }
-    if (mass / z >= p || cand.size() == eligible || delta > 1e30) break;
+    if (mass >= p || cand.size() == eligible || delta > 1e30) break;
   }
-  std::sort(cand.begin(), cand.end(), std::greater<float>());
-  double cum = 0;
-  for (float v : cand) {
-    cum += std::exp(static_cast<double>(v) - m) / z;
-    if (static_cast<float>(cum) >= p) return v;
+  // Quickselect on mass: the largest v with mass(x >= v) >= p, partitioning around pivots (no sort).
+  double above = 0;  // mass of the values above the current range
+  size_t begin = 0, end = cand.size();
+  while (begin < end) {
+    const float pivot = cand[begin + (end - begin) / 2].first;
+    auto gt = std::partition(cand.begin() + begin, cand.begin() + end, [&](const auto& c) { return c.first > pivot; });
+    auto eq = std::partition(gt, cand.begin() + end, [&](const auto& c) { return c.first == pivot; });
+    double upper = 0, equal = 0;
+    for (auto it = cand.begin() + begin; it != gt; ++it) upper += it->second;
+    for (auto it = gt; it != eq; ++it) equal += it->second;
+    if (static_cast<float>(above + upper) >= p) {
+      end = gt - cand.begin();
+    } else if (static_cast<float>(above + upper + equal) >= p) {
+      return pivot;
+    } else {
+      above += upper + equal;
+      begin = eq - cand.begin();
+    }
   }
   return kNegInf;
 }
