@@ -170,3 +170,10 @@ def test_block_sizes_are_validated() -> None:
     for backend in ("tpu", "gpu"):
         for decode in (False, True):
             BlockSizes.get_default(backend, decode=decode).check(backend)
+
+
+def test_tpu_tiles_too_large_for_vmem_are_rejected() -> None:
+    q = jax.ShapeDtypeStruct((1, 2048, 1, 128), jnp.float32)
+    big = functools.partial(attention, scale=1.0, block_sizes=BlockSizes(block_q=1024, block_k=2048))
+    with pytest.raises(ValueError, match=r"block_q=1024, block_k=2048 .* MiB of VMEM > 32 MiB"):
+        jax.eval_shape(big, q, q, q)

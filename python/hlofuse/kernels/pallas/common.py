@@ -227,7 +227,7 @@ def combine(
     plan: Plan,
     acc: jax.Array,  # (B, K, splits, rows_pad, D_pad) f32, unnormalised
     m: jax.Array,  # (B, K, splits, rows_pad) f32
-    l: jax.Array,  # (B, K, splits, rows_pad) f32  # noqa: E741
+    l: jax.Array,  # (B, K, splits, rows_pad) f32
     empty: jax.Array | None,  # (B, K, D_pad) f32, None = NaN
 ) -> jax.Array:  # (B, K, rows_pad, D_pad) f32
     """Flash-decoding's second step: merges the splits' partial softmaxes by their running maxima."""
@@ -241,7 +241,7 @@ def combine(
 
 def finalize(
     acc: jax.Array,  # (B, K, rows, D_pad) or a tile (rows, D_pad), f32
-    l: jax.Array,  # same rank, last dim 1  # noqa: E741
+    l: jax.Array,  # same rank, last dim 1
     empty: jax.Array | None,  # broadcasts to acc; None = NaN
 ) -> jax.Array:
     """acc / l, and the empty-row value where no key was visible (l == 0)."""

@@ -63,7 +63,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
         jnp.zeros((bq, 1), jnp.float32),
         jnp.zeros((bq, plan.value_pad), jnp.float32),
     )
-    m, l, acc = lax.fori_loop(start, stop, body, init)  # noqa: E741
+    m, l, acc = lax.fori_loop(start, stop, body, init)
     if plan.num_splits == 1:
         (o_ref,) = out_refs
         empty = None if empty_ref is None else empty_ref[...][None, :]  # (1, value_pad)

@@ -28,6 +28,19 @@ from hlofuse.kernels.pallas.common import Plan
 
 LANES = 128
 SUBLANES = 8
+# The scoped VMEM a kernel may use without raising the limit (16 MiB on v4/v5e, more on later chips),
+# and the most this module asks for (every TPU since v4 has at least 32 MiB of VMEM).
+DEFAULT_SCOPED_VMEM = 16 * 2**20
+MAX_VMEM = 32 * 2**20
+
+
+def vmem_bytes(plan: Plan, itemsize: int) -> int:
+    """Estimated VMEM of one grid step: double-buffered tiles, scratch and the f32 (block_q, block_k) temporaries."""
+    bq, bk, hp, dp = plan.block_q, plan.block_k, plan.head_pad, plan.value_pad
+    tiles = (bq * hp + bk * hp + bk * dp) * itemsize + bq * dp * max(itemsize, 4) + 2 * bq * LANES * 4
+    tiles += (int(plan.bias_rows > 0) + int(plan.mask_rows > 0)) * bq * bk * 4
+    scratch = (2 * bq * LANES + bq * dp) * 4
+    return 2 * tiles + scratch + 4 * bq * bk * 4
 
 
 def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: Any) -> None:
@@ -153,6 +166,12 @@ def flash_attention(
             pl.BlockSpec((None, None, None, bq, LANES), split_map),
             pl.BlockSpec((None, None, None, bq, LANES), split_map),
         )
+    vmem = vmem_bytes(plan, jnp.dtype(q.dtype).itemsize)
+    if vmem > MAX_VMEM:
+        raise ValueError(
+            f"TPU tiles block_q={bq}, block_k={bk} with head dims ({plan.head_pad}, {dp}) need about "
+            f"{vmem / 2**20:.1f} MiB of VMEM > {MAX_VMEM // 2**20} MiB: use smaller BlockSizes"
+        )
     kernel = functools.partial(_kernel, plan, bias is not None, mask is not None, empty is not None)
     return pl.pallas_call(
         kernel,
@@ -169,7 +188,8 @@ def flash_attention(
         ),
         out_shape=out_shape,
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary")
+            dimension_semantics=("parallel", "parallel", "parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=MAX_VMEM if vmem > DEFAULT_SCOPED_VMEM else None,
         ),
         interpret=interpret,
         name="hlofuse_flash_attention_tpu",
