@@ -16,6 +16,7 @@ from attention_variants import VARIANTS, Variant, lower
 from jaxlib.mlir import ir
 
 import hlofuse
+from hlofuse.kernels.pallas.attention import BlockSizes, decode_attention
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites
 
@@ -66,6 +67,21 @@ def test_lower_kernels_emits_the_platform_custom_call(target: str, kwargs: dict[
     assert count_composites(module) == 0
     assert _custom_call_targets(module) == [CUSTOM_CALLS[target]]
     module.operation.verify()
+
+
+@pytest.mark.parametrize(("backend", "platform"), [("tpu", "tpu"), ("gpu", "cuda")])
+def test_flash_decoding_lowers_cross_platform(backend: str, platform: str) -> None:
+    """The split-KV path (partial outputs, then the jnp combine) lowers for the platform too."""
+    q = jax.ShapeDtypeStruct((2, 1, 8, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 4096, 2, 128), jnp.bfloat16)
+    lengths = jax.ShapeDtypeStruct((2,), jnp.int32)
+    blocks = BlockSizes(block_q=16, block_k=512, num_splits=4)
+
+    def f(q: jax.Array, k: jax.Array, v: jax.Array, kv_len: jax.Array) -> jax.Array:
+        return decode_attention(q, k, v, scale=0.1, kv_lengths=kv_len, backend=backend, block_sizes=blocks)
+
+    text = jax.jit(f).trace(q, kv, kv, lengths).lower(lowering_platforms=(platform,)).as_text()
+    assert text.count(f"stablehlo.custom_call @{CUSTOM_CALLS[backend]}(") == 1
 
 
 @pytest.mark.parametrize("target", ["tpu", "gpu", "tpu-interpret", "gpu-interpret"])
