@@ -114,6 +114,8 @@ def _leads_to_dot(value: ir.Value, depth: int = 16) -> bool:
         return False
     if op.name == "stablehlo.dot_general":
         return True
+    if op.name == "stablehlo.broadcast_in_dim" and layout.is_unit_broadcast(op):
+        return _leads_to_dot(op.operands[0], depth - 1)
     if op.name in ("stablehlo.constant", "stablehlo.iota", "stablehlo.broadcast_in_dim", "stablehlo.reduce"):
         return False
     return any(_leads_to_dot(v, depth - 1) for v in op.operands
@@ -128,6 +130,9 @@ STAGE_RULES: Sequence[Rule] = (
     Rule("convert", P("stablehlo.convert", P.any("x"), name="out"),
          lambda x, out: Stage("convert", x, out)),
     Rule("layout", P(("stablehlo.transpose", "stablehlo.reshape"), P.any("x"), name="out"),
+         lambda x, out: Stage("layout", x, out)),
+    Rule("unit_broadcast", P("stablehlo.broadcast_in_dim", P.any("x"), name="out",
+                             where=lambda c: layout.is_unit_broadcast(defining_op(c["out"]))),
          lambda x, out: Stage("layout", x, out)),
     # tanh(s / c) * c
     Rule("softcap_div", P.commutative("stablehlo.multiply", P("stablehlo.tanh", P("stablehlo.divide", P.any("x"),
@@ -444,6 +449,11 @@ def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[
     if k_repeat is not None:
         sizes.update(K=heads // k_repeat[1], G=k_repeat[1])
     heads_label: tuple[str, ...] = ("K",) if group_dim is not None else ("K", "G")
+    if nb == 1 and group_dim is None and k_repeat is None:
+        # One batch-like dim and no head groups: batch and heads are interchangeable here, and calling it
+        # the batch lets per-sequence lengths index it (jnp.matmul drops a unit heads or batch dim).
+        sizes.update(B=heads, K=1)
+        heads_label = ("B",)
     batch_labels = [("B",), heads_label] if nb == 2 else [heads_label] if nb == 1 else []
 
     def label_q(d: int) -> tuple[str, ...]:

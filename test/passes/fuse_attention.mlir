@@ -966,6 +966,48 @@ module @matmul_style attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replica
 
 // -----
 
+// CHECK-LABEL: func.func public @matmul_unit_batch(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @matmul_unit_batch attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @matmul_unit_batch(%arg0: tensor<1x16x4x8xf32>, %arg1: tensor<1x16x4x8xf32>, %arg2: tensor<1x16x4x8xf32>) -> (tensor<1x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.transpose %arg0, dims = [0, 2, 1, 3] : (tensor<1x16x4x8xf32>) -> tensor<1x4x16x8xf32>
+    %1 = stablehlo.transpose %arg1, dims = [0, 2, 1, 3] : (tensor<1x16x4x8xf32>) -> tensor<1x4x16x8xf32>
+    %2 = stablehlo.transpose %arg2, dims = [0, 2, 1, 3] : (tensor<1x16x4x8xf32>) -> tensor<1x4x16x8xf32>
+    %3 = stablehlo.transpose %1, dims = [0, 1, 3, 2] : (tensor<1x4x16x8xf32>) -> tensor<1x4x8x16xf32>
+    %4 = stablehlo.reshape %0 : (tensor<1x4x16x8xf32>) -> tensor<4x16x8xf32>
+    %5 = stablehlo.reshape %3 : (tensor<1x4x8x16xf32>) -> tensor<4x8x16xf32>
+    %6 = stablehlo.dot_general %4, %5, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<4x16x8xf32>, tensor<4x8x16xf32>) -> tensor<4x16x16xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [1, 2, 3] : (tensor<4x16x16xf32>) -> tensor<1x4x16x16xf32>
+    %cst = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1x4x16x16xf32>
+    %9 = stablehlo.multiply %7, %8 : tensor<1x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = stablehlo.reduce(%9 init: %cst_0) applies stablehlo.maximum across dimensions = [3] : (tensor<1x4x16x16xf32>, tensor<f32>) -> tensor<1x4x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1x4x16xf32>
+    %12 = stablehlo.maximum %11, %10 : tensor<1x4x16xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2] : (tensor<1x4x16xf32>) -> tensor<1x4x16x1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2, 3] : (tensor<1x4x16x1xf32>) -> tensor<1x4x16x16xf32>
+    %15 = stablehlo.subtract %9, %14 : tensor<1x4x16x16xf32>
+    %16 = stablehlo.exponential %15 : tensor<1x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_2) applies stablehlo.add across dimensions = [3] : (tensor<1x4x16x16xf32>, tensor<f32>) -> tensor<1x4x16xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2] : (tensor<1x4x16xf32>) -> tensor<1x4x16x1xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2, 3] : (tensor<1x4x16x1xf32>) -> tensor<1x4x16x16xf32>
+    %20 = stablehlo.divide %16, %19 : tensor<1x4x16x16xf32>
+    %21 = stablehlo.reshape %20 : (tensor<1x4x16x16xf32>) -> tensor<4x16x16xf32>
+    %22 = stablehlo.reshape %2 : (tensor<1x4x16x8xf32>) -> tensor<4x16x8xf32>
+    %23 = stablehlo.dot_general %21, %22, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<4x16x16xf32>, tensor<4x16x8xf32>) -> tensor<4x16x8xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [1, 2, 3] : (tensor<4x16x8xf32>) -> tensor<1x4x16x8xf32>
+    %25 = stablehlo.transpose %24, dims = [0, 2, 1, 3] : (tensor<1x4x16x8xf32>) -> tensor<1x16x4x8xf32>
+    return %25 : tensor<1x16x4x8xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @bf16_f32_softmax(
 // CHECK: stablehlo.composite "hlofuse.attention"
 // CHECK-NOT: stablehlo.composite "hlofuse.attention"

@@ -308,6 +308,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("gqa_grouped_einsum", gqa_grouped_einsum, _qkv(k=K), expect={"num_heads": N, "num_kv_heads": K}),
     Variant("bnth_layout", bnth_layout, _qkv()),
     Variant("matmul_style", matmul_style, _qkv()),
+    Variant("matmul_unit_batch", matmul_style, ((((1, T, N, H), F32),) * 3)),
     Variant("bf16_f32_softmax", bf16_f32_softmax, _qkv(dtype=BF16)),
     Variant("all_bf16", all_bf16, _qkv(dtype=BF16)),
     Variant("f16_f32_softmax", bf16_f32_softmax, _qkv(dtype=jnp.float16)),

@@ -77,7 +77,25 @@ def forward(op: ir.Operation, in_labels: Labels, sizes: Sizes) -> Labels | None:
         return tuple(in_labels[p] for p in perm)
     if name == "stablehlo.reshape":
         return regroup(in_labels, out_shape, sizes)
+    if name == "stablehlo.broadcast_in_dim" and is_unit_broadcast(op):
+        # Only inserts size-1 dims: a reshape in disguise (jnp.matmul writes unit batch dims this way).
+        dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+        labels: list[Label] = [()] * len(out_shape)
+        for in_dim, out_dim in enumerate(dims):
+            labels[out_dim] = in_labels[in_dim]
+        return tuple(labels)
     return None
+
+
+def is_unit_broadcast(op: ir.Operation) -> bool:
+    """A broadcast_in_dim that keeps every operand dim as is and adds only dims of size 1."""
+    in_shape, out_shape = static_shape(op.operands[0]), static_shape(op.results[0])
+    if in_shape is None or out_shape is None:
+        return False
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+    return dims == sorted(dims) and all(in_shape[i] == out_shape[d] for i, d in enumerate(dims)) and all(
+        out_shape[d] == 1 for d in range(len(out_shape)) if d not in dims
+    )
 
 
 def backward(op: ir.Operation, out_labels: Labels, sizes: Sizes) -> Labels | None:
