@@ -1,22 +1,22 @@
 """hlofuse-lower-kernels: replaces each hlofuse composite with the target's kernel.
 
-Matches: `stablehlo.composite "hlofuse.attention"` (version 1).
-Emits, by `target`:
-  reference  a call to the plain-jnp reference (hlofuse.kernels.reference), lowered by JAX into this
-             module. It runs anywhere, and since it is built from the composite's attributes alone,
-             comparing it with the original program checks that fusion read the attributes right.
-  cpu        `stablehlo.custom_call @hlofuse_attention` (XLA FFI, api_version 4, the attributes as FFI
-             attributes) when the native kernels are built and support the dtypes and attributes.
-  tpu, gpu, neuron
-             kernels are not in this build yet.
-A composite that no kernel takes stays as it is, with a remark saying why: XLA then inlines its
-decomposition, so the program stays exactly right.
+Matches: `stablehlo.composite "hlofuse.attention"` and `"hlofuse.sample"` (version 1).
+Emits, by `target` (the table in hlofuse.kernels says which function implements what):
+  reference      a call to the plain-jnp reference, lowered by JAX into this module. It runs anywhere,
+                 and since it is built from the composite's attributes alone, comparing it with the
+                 original program checks that fusion read the attributes right.
+  cpu            `stablehlo.custom_call @hlofuse_attention` / `@hlofuse_sample*` (XLA FFI, api_version 4,
+                 the attributes as FFI attributes) when the native kernels are built.
+  tpu, gpu       the Pallas kernels' `tpu_custom_call` (Mosaic) / `__gpu$xla.gpu.triton`, lowered for
+                 that platform on any host.
+  tpu-interpret, gpu-interpret
+                 the same Pallas kernels in interpret mode, to check them on a CPU.
+A composite that no kernel takes (a dtype, an attribute, a missing library) stays as it is, with a
+remark saying why: XLA then inlines its decomposition, so the program stays exactly right.
 
     %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
   becomes (target=reference)
     %0 = call @hlofuse.attention.reference(%q, %k, %v)
-
-Which function implements which composite on which target is the table in hlofuse.kernels.
 """
 
 from __future__ import annotations
