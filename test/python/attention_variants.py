@@ -208,6 +208,11 @@ def two_layers(q, k, v):
     return causal_tril_inf(x, k, v)
 
 
+def inside_nested_jit(q, k, v):
+    # a jitted helper becomes a private func.call in the outer program
+    return jax.jit(causal_tril_inf)(q, k, v) * 2.0
+
+
 def scan_layers(q, k, v):
     def layer(x, _):
         return causal_tril_inf(x, k, v), None
@@ -337,6 +342,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
     Variant("two_layers", two_layers, _qkv(), sites=2),
     Variant("scan_layers", scan_layers, _qkv(), sites=1),
+    Variant("inside_nested_jit", inside_nested_jit, _qkv(), expect={"causal": True}),
     Variant("zero_one_int_masks", zero_one_int_masks, _qkv() + (((B,), I32),),
             expect={"causal": True, "mask_kind": "lengths"}),
     Variant("softmax_remasked", softmax_remasked, _qkv() + (((B,), I32),),
