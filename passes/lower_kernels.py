@@ -35,6 +35,7 @@ from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERS
 from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, Unsupported, kernel_for, known_targets
 from hlofuse.pipeline import ModulePass, PassState
+from hlofuse.sharding import annotate_if_partitioned
 
 # The composite versions this build lowers.
 VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
@@ -132,3 +133,4 @@ class LowerKernelsPass(ModulePass):
             lowered_any = True
         if lowered_any:
             erase_unreferenced_private_funcs(module)
+            annotate_if_partitioned(module)  # sdy rules for the kernels' custom calls (hlofuse.sharding)

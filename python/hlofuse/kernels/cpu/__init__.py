@@ -70,6 +70,8 @@ def register() -> None:
         lib = _load()
         for name in TARGETS:
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
+            # Under SPMD, calls annotated with `num_batch_dims` (hlofuse.sharding) run per shard.
+            jax.ffi.register_ffi_target_as_batch_partitionable(name)
         _registered = True
 
 

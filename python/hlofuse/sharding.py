@@ -1,0 +1,196 @@
+"""Sharding rules for the kernel custom calls hlofuse emits, so XLA's SPMD partitioner (Shardy) keeps
+them local instead of all-gathering their operands.
+
+After hlofuse-lower-kernels has inlined a kernel's JAX function (`inline_jax_function`), `annotate`
+walks that function for hlofuse's custom calls and gives each
+
+- an `sdy.sharding_rule` naming its factors (batch, query and key sequence, heads, head dims, vocab),
+  which steers Shardy's propagation through the call, and
+- where the call's leading dims are batch-like in every operand and result, the frontend attribute
+  `num_batch_dims`; with the target registered by `jax.ffi.register_ffi_target_as_batch_partitionable`
+  (`hlofuse.kernels.cpu.register`), XLA then runs the call per shard on those dims, with no collectives.
+
+Factors that are not batch dims (heads, sequences, head dims, vocab) are all-gathered before the call
+if they arrive sharded: still exactly right, but with communication (docs/sharding.md says which cases
+are local and which are not yet).
+
+    %0 = stablehlo.custom_call @hlofuse_attention(%q, %k, %v) {...}
+  becomes
+    %0 = stablehlo.custom_call @hlofuse_attention(%q, %k, %v) {...,
+           mhlo.frontend_attributes = {num_batch_dims = "1"},
+           sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l], [i, m, k, l], [i, m, k, n])
+                                                     ->([i, j, k, n]) {i=2, j=16, k=4, l=64, m=16, n=64}>}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from jaxlib.mlir import ir
+
+# Custom-call targets that get a rule here, and the function that writes it.
+ATTENTION_TARGETS = ("hlofuse_attention",)
+SAMPLE_TARGETS = ("hlofuse_sample",)
+
+RULE_ATTR = "sdy.sharding_rule"
+FRONTEND_ATTR = "mhlo.frontend_attributes"
+
+
+@dataclass
+class _Factors:
+    """Factor names and sizes, in order of first appearance (Shardy wants special factors sorted)."""
+
+    sizes: dict[str, int] = field(default_factory=dict)
+    need_replication: list[str] = field(default_factory=list)
+
+    def new(self, size: int) -> str:
+        index = len(self.sizes)
+        # i, j, ..., z, then z_1, z_2, ... (Shardy's own spelling for many factors)
+        name = chr(ord("i") + index) if index < 18 else f"z_{index - 17}"
+        self.sizes[name] = size
+        return name
+
+
+def _dims(value: ir.Value) -> list[int]:
+    return list(ir.RankedTensorType(value.type).shape)
+
+
+def _mapping(dims: Sequence[Sequence[str]]) -> str:
+    return "[" + ", ".join("".join(d) for d in dims) + "]"
+
+
+def _rule(operands: Sequence[Sequence[Sequence[str]]], results: Sequence[Sequence[Sequence[str]]],
+          factors: _Factors, context: ir.Context) -> ir.Attribute:
+    sizes = ", ".join(f"{name}={size}" for name, size in factors.sizes.items())
+    special = ""
+    order = list(factors.sizes)
+    if factors.need_replication:
+        names = sorted(set(factors.need_replication), key=order.index)
+        special = " need_replication={" + ", ".join(names) + "}"
+    text = ("#sdy.op_sharding_rule<(" + ", ".join(_mapping(o) for o in operands) + ")->("
+            + ", ".join(_mapping(r) for r in results) + ") {" + sizes + "}" + special + ">")
+    return ir.Attribute.parse(text, context)
+
+
+def attention_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
+    """The rule of an `hlofuse_attention` call (q, k, v, then bias?, mask?, q_lengths?, kv_lengths?)
+    and its number of batch dims.
+
+    q (B,T,N,H) -> [b, t, (k g), h]; k (B,S,K,H) -> [b, s, k, h]; v (B,S,K,D) -> [b, s, k, d];
+    out (B,T,N,D) -> [b, t, (k g), d]: query head n reads kv head n // G, so N is the compound (K, G).
+    A (B|1,N|1,T|1,S|1) bias or mask uses the same factors, and a size-1 dim a factor of its own.
+    """
+    context = op.context
+    operands = list(op.operands)
+    q, k, v = (_dims(x) for x in operands[:3])
+    b, t, n, h = q
+    s, kv, d = k[1], k[2], v[3]
+    f = _Factors()
+    fb, ft = f.new(b), f.new(t)
+    if kv == n:
+        heads = [f.new(n)]
+        fk = heads[0]
+    else:
+        fk, fg = f.new(kv), f.new(n // kv)
+        heads = [fk, fg]
+    fh = f.new(h)
+    fs = f.new(s)
+    fd = fh if d == h else f.new(d)
+    mappings: list[list[list[str]]] = [[[fb], [ft], heads, [fh]], [[fb], [fs], [fk], [fh]],
+                                       [[fb], [fs], [fk], [fd]]]
+    full = {0: [fb], 1: heads, 2: [ft], 3: [fs]}
+    for extra in operands[3:]:
+        dims = _dims(extra)
+        if len(dims) == 4:
+            mappings.append([full[i] if dims[i] != 1 or full[i] == [fb] and b == 1 else [f.new(1)]
+                             for i in range(4)])
+        else:  # (B,) lengths
+            mappings.append([[fb]])
+    # Only B is cut per device; every other factor is gathered before the call.
+    f.need_replication = [x for x in f.sizes if x != fb]
+    rule = _rule(mappings, [[[fb], [ft], heads, [fd]]], f, context)
+    return rule, 1
+
+
+def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
+    """The rule of an `hlofuse_sample` call: logits (R, V), key (2,) -> ids (R,); R is the batch.
+
+    Only the rule (propagation): with no batch-partitionable form the partitioner runs the call on
+    gathered logits, which is exact but not local (docs/sharding.md)."""
+    operands = list(op.operands)
+    rows, vocab = _dims(operands[0])
+    f = _Factors()
+    fr, fv = f.new(rows), f.new(vocab)
+    mappings = [[[fr], [fv]]]
+    for extra in operands[1:]:
+        mappings.append([[f.new(size)] for size in _dims(extra)])
+    f.need_replication = [x for x in f.sizes if x != fr]
+    # No num_batch_dims: XLA's batch partitioner cuts the leading dim of *every* operand, and the
+    # kernel's key is an unbatched (2,). So sharded rows are gathered before the call for now.
+    return _rule(mappings, [[[fr]]], f, op.context), 0
+
+
+def _target(op: ir.Operation) -> str | None:
+    if op.name != "stablehlo.custom_call" or "call_target_name" not in op.attributes:
+        return None
+    return ir.StringAttr(op.attributes["call_target_name"]).value
+
+
+def annotate_op(op: ir.Operation) -> bool:
+    """Adds the rule (and `num_batch_dims`) to one hlofuse custom call; False if it is not one."""
+    target = _target(op)
+    if target in ATTENTION_TARGETS:
+        rule, batch_dims = attention_rule(op)
+    elif target in SAMPLE_TARGETS:
+        rule, batch_dims = sample_rule(op)
+    else:
+        return False
+    op.attributes[RULE_ATTR] = rule
+    if batch_dims:
+        entries = {}
+        if FRONTEND_ATTR in op.attributes:
+            old = ir.DictAttr(op.attributes[FRONTEND_ATTR])
+            entries = {old[i].name: old[i].attr for i in range(len(old))}
+        entries["num_batch_dims"] = ir.StringAttr.get(str(batch_dims), op.context)
+        op.attributes[FRONTEND_ATTR] = ir.DictAttr.get(entries, op.context)
+    return True
+
+
+def is_partitioned(module: ir.Operation) -> bool:
+    """True when `module` is compiled for more than one device (`mhlo.num_partitions` > 1 or a
+    `sdy.mesh` with more than one device): only then do the calls need rules."""
+    attrs = module.attributes
+    if "mhlo.num_partitions" in attrs and ir.IntegerAttr(attrs["mhlo.num_partitions"]).value > 1:
+        return True
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "sdy.mesh":
+            sizes = [int(x) for x in re.findall(r'"[^"]*"\s*=\s*(\d+)', str(op.operation.attributes["mesh"]))]
+            if math.prod(sizes) > 1:
+                return True
+    return False
+
+
+def annotate(root: ir.Operation) -> int:
+    """Annotates every hlofuse kernel custom call under `root`; returns how many."""
+    count = 0
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal count
+        if annotate_op(op):
+            count += 1
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return count
+
+
+def annotate_if_partitioned(module: ir.Operation) -> int:
+    """hlofuse-lower-kernels' hook: annotates the module's hlofuse calls when it runs on several devices
+    (single-device modules stay exactly as before)."""
+    return annotate(module) if is_partitioned(module) else 0
+
+
+__all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "is_partitioned", "sample_rule"]

@@ -1,0 +1,213 @@
+"""Sharded programs compiled with and without hlofuse on 8 host devices; prints one JSON report.
+
+Run by test_sharding.py in a subprocess (the device count must be set before JAX starts, and the
+rest of the suite keeps one device): `python test/python/sharding_cases.py [case ...]`.
+For each case: whether the fused result equals the unfused one, how many hlofuse kernel calls the
+compiled HLO has, and the collectives (all-gather, all-reduce, all-to-all, collective-permute,
+reduce-scatter) in each compiled program.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import json  # noqa: E402
+import math  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
+KERNELS = ("hlofuse_attention", "hlofuse_sample")
+OPTIONS = {"hlofuse_pipeline": "default", "hlofuse_strict": True}
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Plain jnp attention, BTNH; GQA through jnp.repeat when k has fewer heads."""
+    groups = q.shape[2] // k.shape[2]
+    if groups > 1:
+        k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]).astype(np.float32)
+    return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
+
+
+def mesh_of(shape: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Mesh:
+    """A mesh whose axes are Auto: the partitioner (Shardy) propagates and chooses, as in most programs."""
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+
+
+_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "pred": 1, "f64": 8, "s64": 8}
+
+
+def collectives(text: str) -> dict[str, int]:
+    """Collective instructions by kind, and `bytes`: the summed size of their results."""
+    counts = {name: 0 for name in COLLECTIVES}
+    counts["bytes"] = 0
+    for line in text.splitlines():
+        for name in COLLECTIVES:
+            # `%all-gather.3 = f32[8,16]{1,0} all-gather(...)` (or an async `all-reduce-start(`)
+            if re.search(rf"\s{name}(?:-start)?\(", line):
+                counts[name] += 1
+                for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", line.split(f" {name}")[0]):
+                    counts["bytes"] += _BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+    return counts
+
+
+def run(fn: Callable[..., Any], args: tuple[Any, ...], in_specs: tuple[Any, ...], out_spec: Any,
+        mesh: jax.sharding.Mesh, exact: bool = False) -> dict[str, Any]:
+    shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
+    placed = tuple(jax.device_put(a, s) for a, s in zip(args, shardings, strict=True))
+    jitted = jax.jit(fn, in_shardings=shardings, out_shardings=NamedSharding(mesh, out_spec))
+    lowered = jitted.lower(*placed)
+    plain = lowered.compile()
+    fused = lowered.compile(OPTIONS)
+    want = np.asarray(plain(*placed))
+    got = np.asarray(fused(*placed))
+    text = fused.as_text()
+    if exact:
+        equal = bool(np.array_equal(want, got))
+    else:
+        equal = bool(np.allclose(want, got, rtol=1e-5, atol=1e-5))
+    return {"equal": equal, "kernels": {k: text.count(f'custom_call_target="{k}"') for k in KERNELS},
+            "fused": collectives(text), "unfused": collectives(plain.as_text())}
+
+
+def _qkv(b: int, t: int, s: int, n: int, kv: int, h: int, seed: int = 0) -> tuple[jax.Array, ...]:
+    keys = jax.random.split(jax.random.key(seed), 3)
+    return (jax.random.normal(keys[0], (b, t, n, h), jnp.float32),
+            jax.random.normal(keys[1], (b, s, kv, h), jnp.float32),
+            jax.random.normal(keys[2], (b, s, kv, h), jnp.float32))
+
+
+def case_data_parallel() -> dict[str, Any]:
+    mesh = mesh_of((8,), ("data",))
+    spec = P("data")
+    return run(attention, _qkv(8, 16, 16, 4, 4, 16), (spec,) * 3, spec, mesh)
+
+
+def case_data_parallel_2d() -> dict[str, Any]:
+    """2-D mesh, batch over both axes; GQA (8 heads on 2 kv heads)."""
+    mesh = mesh_of((4, 2), ("data", "fsdp"))
+    spec = P(("data", "fsdp"))
+    return run(attention, _qkv(8, 8, 32, 8, 2, 16), (spec,) * 3, spec, mesh)
+
+
+def case_data_parallel_decode() -> dict[str, Any]:
+    """Decode (one query against a 64-key cache) with the batch sharded: the kernel's decode path."""
+    mesh = mesh_of((8,), ("data",))
+    spec = P("data")
+    return run(attention, _qkv(8, 1, 64, 4, 2, 16), (spec,) * 3, spec, mesh)
+
+
+def _megatron(mesh: jax.sharding.Mesh, kv: int, batch_axis: str | None) -> dict[str, Any]:
+    b, t, e, n, h = 4, 16, 64, 8, 16
+
+    def layer(x: jax.Array, wq: jax.Array, wk: jax.Array, wv: jax.Array, wo: jax.Array) -> jax.Array:
+        q = jnp.einsum("bte,enh->btnh", x, wq)
+        k = jnp.einsum("bte,enh->btnh", x, wk)
+        v = jnp.einsum("bte,enh->btnh", x, wv)
+        return jnp.einsum("btnh,nhe->bte", attention(q, k, v), wo)
+
+    keys = jax.random.split(jax.random.key(1), 5)
+    args = (jax.random.normal(keys[0], (b, t, e)), jax.random.normal(keys[1], (e, n, h)) / 8,
+            jax.random.normal(keys[2], (e, kv, h)) / 8, jax.random.normal(keys[3], (e, kv, h)) / 8,
+            jax.random.normal(keys[4], (n, h, e)) / 8)
+    w = P(None, "model")
+    return run(layer, args, (P(batch_axis), w, w, w, P("model")), P(batch_axis), mesh)
+
+
+def case_head_parallel() -> dict[str, Any]:
+    """Megatron-style: q/k/v projections sharded by heads over 8 devices, the output projection reduces."""
+    return _megatron(mesh_of((8,), ("model",)), kv=8, batch_axis=None)
+
+
+def case_head_parallel_2d() -> dict[str, Any]:
+    """2-D mesh: batch over `data` (2), heads over `model` (4)."""
+    return _megatron(mesh_of((2, 4), ("data", "model")), kv=8, batch_axis="data")
+
+
+def case_gqa_kv_heads_sharded() -> dict[str, Any]:
+    """GQA, 8 query heads on 4 kv heads, kv heads sharded over 4 devices (2-D mesh with data=2)."""
+    return _megatron(mesh_of((2, 4), ("data", "model")), kv=4, batch_axis="data")
+
+
+def case_decode_kv_sequence_sharded() -> dict[str, Any]:
+    """Decode against a KV cache whose sequence is sharded over 8 devices (flash-decoding's split)."""
+    mesh = mesh_of((8,), ("seq",))
+    kv_spec = P(None, "seq")
+    return run(attention, _qkv(2, 1, 256, 4, 4, 16), (P(), kv_spec, kv_spec), P(), mesh)
+
+
+def _greedy(logits: jax.Array) -> jax.Array:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def _top_k(logits: jax.Array, key: jax.Array) -> jax.Array:
+    values, ids = jax.lax.top_k(logits, 8)
+    pick = jax.random.categorical(jax.random.wrap_key_data(key), values / 0.7, axis=-1)
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0].astype(jnp.int32)
+
+
+def _logits(rows: int, vocab: int) -> jax.Array:
+    return 3 * jax.random.normal(jax.random.key(2), (rows, vocab), jnp.float32)
+
+
+def case_sampling_batch_sharded() -> dict[str, Any]:
+    mesh = mesh_of((8,), ("data",))
+    return run(_greedy, (_logits(16, 1024),), (P("data"),), P("data"), mesh, exact=True)
+
+
+def case_sampling_top_k_batch_sharded() -> dict[str, Any]:
+    mesh = mesh_of((8,), ("data",))
+    key = jax.random.key_data(jax.random.key(3)).astype(jnp.uint32)
+    return run(_top_k, (_logits(16, 1024), key), (P("data"), P()), P("data"), mesh, exact=True)
+
+
+def case_sampling_vocab_sharded() -> dict[str, Any]:
+    mesh = mesh_of((8,), ("vocab",))
+    return run(_greedy, (_logits(4, 1024),), (P(None, "vocab"),), P(), mesh, exact=True)
+
+
+def case_shard_map() -> dict[str, Any]:
+    """Attention and greedy sampling inside a shard_map body (batch over `data`, heads over `model`)."""
+    mesh = mesh_of((2, 4), ("data", "model"))
+    spec = P("data", None, "model")
+
+    def body(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        out = attention(q, k, v)
+        return _greedy(out.reshape(out.shape[0], -1))[:, None, None]
+
+    def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=P("data", None, "model"))(q, k, v)
+
+    return run(f, _qkv(4, 8, 16, 8, 8, 16), (spec,) * 3, P("data", None, "model"), mesh, exact=True)
+
+
+CASES: dict[str, Callable[[], dict[str, Any]]] = {
+    name.removeprefix("case_"): fn for name, fn in globals().items() if name.startswith("case_")
+}
+
+
+def main(argv: list[str]) -> None:
+    names = argv or list(CASES)
+    report: dict[str, Any] = {}
+    for name in names:
+        try:
+            report[name] = CASES[name]()
+        except Exception as error:  # noqa: BLE001 - reported per case, the test says which failed
+            report[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    assert len(jax.devices()) == 8, jax.devices()
+    main(sys.argv[1:])
