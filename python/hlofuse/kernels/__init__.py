@@ -21,12 +21,14 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "gpu"): "hlofuse.kernels.pallas.attention:gpu_lowering",
     ("hlofuse.attention", "tpu-interpret"): "hlofuse.kernels.pallas.attention:tpu_interpret_lowering",
     ("hlofuse.attention", "gpu-interpret"): "hlofuse.kernels.pallas.attention:gpu_interpret_lowering",
+    ("hlofuse.attention", "neuron"): "hlofuse.kernels.nki.attention:neuron_lowering",
+    ("hlofuse.attention", "neuron-sim"): "hlofuse.kernels.nki.attention:neuron_sim_lowering",
     ("hlofuse.sample", "reference"): "hlofuse.kernels.sampling_reference:sampling_lowering",
     ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:sampling_lowering",
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.
-TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-interpret")
+TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-interpret", "neuron-sim")
 
 
 class Unsupported(Exception):
