@@ -52,12 +52,17 @@ from attention_programs import (
 )
 from hypothesis import HealthCheck, settings
 from hypothesis import given as hypothesis_given
-from jaxlib.mlir import ir
 
 from hlofuse.composites import AttentionAttrs
 from hlofuse.kernels.reference import attention_visibility
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import assert_outputs_close, clone_module, count_composites, run_module
+from hlofuse.testing.modules import (
+    assert_outputs_close,
+    attention_attrs,
+    clone_module,
+    count_composites,
+    run_module,
+)
 
 _COMMON = {"deadline": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow],
            "print_blob": True}
@@ -118,18 +123,6 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
 
 
 # ----- the checks --------------------------------------------------------------------------------------
-
-
-def _attention_attrs(module: ir.Module) -> list[AttentionAttrs]:
-    found: list[AttentionAttrs] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.composite":
-            found.append(AttentionAttrs.from_ir(op.attributes["composite_attributes"]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
 
 
 def _check_attrs(spec: AttentionSpec, attrs: AttentionAttrs, strict: bool) -> None:
@@ -195,7 +188,7 @@ def _check_program(spec: AttentionSpec, fn: Callable[..., jax.Array], arg_specs:
     result = run_pipeline(fused, "default")
     remarks = "\n".join(str(r) for r in result.remarks)
     assert count_composites(fused) == sites, f"{spec}\nremarks:\n{remarks}"
-    for attrs in _attention_attrs(fused):
+    for attrs in attention_attrs(fused):
         try:
             _check_attrs(spec, attrs, strict)
         except AssertionError as e:

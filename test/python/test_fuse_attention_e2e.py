@@ -12,25 +12,18 @@ import pytest
 from attention_variants import VARIANTS, Variant, lower
 from jaxlib.mlir import ir
 
-from hlofuse.composites import AttentionAttrs
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import assert_outputs_close, clone_module, count_composites, run_module
+from hlofuse.testing.modules import (
+    assert_outputs_close,
+    attention_attrs,
+    clone_module,
+    count_composites,
+    run_module,
+)
 
 # bf16/f16 programs round differently once fused (f32 softmax inside the reference); allow the
 # original program's own rounding noise at these sizes.
 LOW_PRECISION_ATOL = {"bfloat16": 3e-2, "float16": 4e-3}
-
-
-def _attention_attrs(module: ir.Module) -> list[AttentionAttrs]:
-    found: list[AttentionAttrs] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.composite":
-            found.append(AttentionAttrs.from_ir(op.attributes["composite_attributes"]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
 
 
 def _compare(expected: list[np.ndarray], actual: list[np.ndarray]) -> None:
@@ -49,7 +42,7 @@ def test_variant_is_fused_and_matches(variant: Variant) -> None:
     assert count_composites(fused) == variant.sites, [str(r) for r in result.remarks]
     if variant.sites == 0:
         assert result.remarks, "a near-miss must say why it was not fused"
-    for attrs in _attention_attrs(fused):
+    for attrs in attention_attrs(fused):
         for key, want in variant.expect.items():
             got = getattr(attrs, key)
             assert got == pytest.approx(want) if isinstance(want, float) else got == want, (key, got, want)

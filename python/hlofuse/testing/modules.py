@@ -23,6 +23,8 @@ from jax._src.lib import xla_client
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
+from hlofuse.composites import ATTENTION, AttentionAttrs
+
 # Element type (as MLIR prints it) -> numpy dtype name.
 _ELEMENT_DTYPES = {
     "f64": "float64",
@@ -208,3 +210,17 @@ def assert_outputs_close(
             equal_nan=True,
             err_msg=f"output {i} ({e.dtype.name})",
         )
+
+
+def attention_attrs(module: ir.Module | ir.Operation) -> list[AttentionAttrs]:
+    """The attributes of every `hlofuse.attention` composite in `module`, in walk order."""
+    operation = module.operation if isinstance(module, ir.Module) else module
+    found: list[AttentionAttrs] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.composite" and ir.StringAttr(op.attributes["name"]).value == ATTENTION:
+            found.append(AttentionAttrs.from_ir(op.attributes["composite_attributes"]))
+        return ir.WalkResult.ADVANCE
+
+    operation.walk(visit)
+    return found
