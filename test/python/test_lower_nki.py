@@ -1,0 +1,82 @@
+"""hlofuse-lower-kernels onto the NKI kernels: target=neuron-sim end to end, target=neuron without the SDK.
+
+target=neuron-sim runs the NKI kernels on this host (the emulator, or NKI's simulator where neuronxcc
+imports) through a CPU custom call, so jitted programs from the variant catalogue must match the plain
+program. target=neuron needs the Neuron SDK; without it each composite stays, with a remark saying how
+to install it, and the program still compiles and runs (XLA inlines the decomposition).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from attention_variants import VARIANTS, Variant, lower
+
+import hlofuse
+from hlofuse.kernels.nki import hostcall
+from hlofuse.kernels.nki.attention import HAVE_NEURONXCC
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import clone_module, count_composites
+
+E2E = ("causal_tril_inf", "nn_causal_gqa_bf16", "nn_bias_lengths_window", "decode_with_cache", "sliding_window")
+VARIANT_BY_NAME = {variant.name: variant for variant in VARIANTS}
+
+
+@pytest.mark.parametrize("name", E2E)
+def test_jit_on_neuron_sim_matches_the_plain_program(name: str) -> None:
+    variant: Variant = VARIANT_BY_NAME[name]
+    fused = clone_module(lower(variant).compiler_ir("stablehlo"))
+    result = run_pipeline(fused, "default", target="neuron-sim")
+    assert result.counters["attention_to_neuron-sim"] == variant.sites, [str(r) for r in result.remarks]
+
+    options = {"hlofuse_pipeline": "default", "hlofuse_target": "neuron-sim", "hlofuse_strict": True}
+    args = variant.args()
+    got = np.asarray(jax.jit(variant.fn, compiler_options=options)(*args), np.float32)
+    assert not hostcall.last_errors()
+    want = np.asarray(jax.jit(variant.fn)(*args), np.float32)
+    low_precision = variant.shapes[0][1] == jnp.bfloat16
+    np.testing.assert_allclose(got, want, rtol=0 if low_precision else 1e-5, atol=3e-2 if low_precision else 1e-5)
+
+
+def _composite_module(**kwargs: object) -> object:
+    specs = [jax.ShapeDtypeStruct((2, 16, 4, 32), jnp.float32), jax.ShapeDtypeStruct((2, 16, 2, 32), jnp.float32),
+             jax.ShapeDtypeStruct((2, 16, 2, 32), jnp.float32)]  # fmt: skip
+
+    def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        return hlofuse.attention(q, k, v, **kwargs)  # type: ignore[arg-type]
+
+    return jax.jit(f).lower(*specs)
+
+
+def test_neuron_sim_keeps_unsupported_composites_with_a_remark() -> None:
+    module = clone_module(_composite_module(zero_empty_rows=True, causal=True).compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron-sim})")
+    assert count_composites(module) == 1
+    assert any("does not take this composite: rows that see no key" in str(r) for r in result.remarks)
+
+
+@pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
+def test_neuron_without_the_sdk_keeps_the_composite_with_the_install_remark() -> None:
+    lowered = _composite_module(causal=True)
+    module = clone_module(lowered.compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron})")
+    assert count_composites(module) == 1
+    assert result.counters["attention_kept_composite"] == 1
+    remarks = [str(r) for r in result.remarks]
+    assert any("no neuron kernel without the Neuron SDK" in r and "pip install neuronx-cc" in r for r in remarks)
+
+
+@pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
+def test_hlofuse_opt_prints_the_install_remark(tmp_path: object) -> None:
+    path = tmp_path / "attention.mlir"  # type: ignore[operator]
+    path.write_text(_composite_module(causal=True).as_text())
+    cli = [sys.executable, "-m", "hlofuse.tools.opt", str(path), "--hlofuse-lower-kernels=target=neuron", "--remarks"]
+    run = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "kept as a composite: no neuron kernel without the Neuron SDK" in run.stderr
+    assert 'stablehlo.composite "hlofuse.attention"' in run.stdout
