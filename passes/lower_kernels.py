@@ -35,7 +35,7 @@ from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERS
 from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, Unsupported, kernel_for, known_targets
 from hlofuse.pipeline import ModulePass, PassState
-from hlofuse.sharding import annotate_if_partitioned
+from hlofuse.sharding import annotate_if_partitioned, is_partitioned
 
 # The composite versions this build lowers.
 VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
@@ -110,10 +110,17 @@ class LowerKernelsPass(ModulePass):
     summary: ClassVar[str] = "Lower hlofuse composites to the target's kernels (cpu|tpu|gpu|neuron|reference)"
 
     target: str = "cpu"
+    # In a module compiled for several devices: "keep" leaves composites to XLA's partitioner, which
+    # splits them along any sharded dim; "batch" lowers anyway (kernels split only along the batch, so
+    # other sharded dims are gathered; see docs/sharding.md).
+    multi_device: str = "keep"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         if self.target not in known_targets():
             raise ValueError(f"unknown target '{self.target}' (known: {', '.join(known_targets())})")
+        if self.multi_device not in ("keep", "batch"):
+            raise ValueError(f"multi_device takes keep or batch, not '{self.multi_device}'")
+        keep_partitioned = self.multi_device == "keep" and is_partitioned(module)
         lowered_any = False
         for composite in _composites(module):
             call = _composite_call(composite)
@@ -123,6 +130,9 @@ class LowerKernelsPass(ModulePass):
             try:
                 if call.version != VERSIONS[call.name]:
                     raise Unsupported(f"version {call.version} is not {VERSIONS[call.name]}")
+                if keep_partitioned:
+                    raise Unsupported("the module runs on several devices and the kernels partition only along "
+                                      "the batch; XLA partitions the composite instead (multi_device=batch lowers)")
                 kernel = kernel_for(call, self.target)
             except Unsupported as reason:
                 state.remark(composite, f"kept as a composite: {reason}")

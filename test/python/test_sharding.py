@@ -1,9 +1,11 @@
 """hlofuse kernels under XLA's SPMD partitioner (Shardy), on 8 host devices in a subprocess.
 
-sharding_cases.py compiles each sharded program twice (plain and with the hlofuse pipeline) and
-reports: results equal, hlofuse kernel calls in the compiled HLO, and collectives in both programs.
-Each case must fuse, match the unfused result, and use no more collectives (by count and by bytes)
-than the unfused program. Cases hlofuse cannot keep local yet are strict xfails saying why.
+sharding_cases.py compiles each sharded program three times: plain, with kernels opted in for
+multi-device modules (`hlofuse-lower-kernels{multi_device=batch}`), and with the default pipeline,
+which keeps composites in multi-device modules. It reports results, hlofuse kernel calls in the
+compiled HLO, and collectives. With kernels opted in, each case must fuse, match the unfused result and
+use no more collectives (by count and by bytes) than the unfused program; cases hlofuse cannot keep
+local yet are strict xfails saying why. The default pipeline must never add communication.
 """
 
 from __future__ import annotations
@@ -78,3 +80,13 @@ def test_single_device_modules_are_untouched() -> None:
         assert not is_partitioned(ir.Module.parse("module {}").operation)
         m = ir.Module.parse("module attributes {mhlo.num_partitions = 8 : i32} {}")
         assert is_partitioned(m.operation)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_default_pipeline_adds_no_communication(report: dict[str, Any], case: str) -> None:
+    got = report[case]
+    assert "error" not in got, got["error"]
+    assert got["default_equal"], f"{case}: the default pipeline changed the result"
+    default, unfused = got["default"], got["unfused"]
+    more = {k: (default[k], unfused[k]) for k in (*COLLECTIVES, "bytes") if default[k] > unfused[k]}
+    assert not more, f"{case}: the default pipeline added communication (default, unfused): {more}"
