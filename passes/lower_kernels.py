@@ -11,8 +11,12 @@ Emits, by `target` (the table in hlofuse.kernels says which function implements 
                  that platform on any host.
   tpu-interpret, gpu-interpret
                  the same Pallas kernels in interpret mode, to check them on a CPU.
+  neuron         the NKI kernels traced with nki.jit (`AwsNeuronCustomNativeKernel`) when the Neuron
+                 SDK (neuronxcc) imports; without it the composite stays, with a remark saying so.
+  neuron-sim     the NKI kernels on the host, under NKI's simulator or hlofuse's NumPy emulation.
 A composite that no kernel takes (a dtype, an attribute, a missing library) stays as it is, with a
-remark saying why: XLA then inlines its decomposition, so the program stays exactly right.
+remark saying why: XLA then inlines its decomposition, so the program stays exactly right. So does
+every composite of a module compiled for several devices, unless `multi_device=batch` (docs/sharding.md).
 
     %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
   becomes (target=reference)
