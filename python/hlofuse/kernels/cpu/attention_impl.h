@@ -197,8 +197,8 @@ struct Scratch {
   float* qr;     // (Mp, Hp) scaled Q, rows zero-padded to Hp (few-row tiles: the dot-product path)
   float* s;      // (block_k, Mp) logits, then probabilities
   float* o;      // (Mp, Dp) unnormalised output
-  float* kp;     // (block_k, Hp) K block as f32 (bf16 inputs, or padded rows for the dot path)
-  float* vp;     // (block_k, Dp) V block as f32, zero-padded (bf16 inputs or D % kW != 0)
+  float* kp;     // (block_k, Hp) K block as f32, packed (see k_block)
+  float* vp;     // (block_k, Dp) V block as f32, packed and zero-padded (see v_block)
   float* m;      // (Mp) running max
   float* l;      // (Mp) running sum
   float* alpha;  // (Mp) rescale factor of the last block
@@ -327,13 +327,15 @@ inline void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
   for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
-// K block rows [j0, j0 + jn) as f32: a pointer and its row stride (no copy for f32 inputs).
-// With `padded`, rows are zero-padded to a multiple of kW (the dot path loads whole vectors).
+// K block rows [j0, j0 + jn) as f32: a pointer and its row stride. The GEMM path (`padded` false)
+// always copies into kp: in place, the rows sit K*H*4 bytes apart (a multiple of 4 KiB for common
+// shapes), so a block's rows share a few L1 sets and evict each other. The dot path (`padded`,
+// rows zero-padded to a multiple of kW) reads f32 rows in place when H is already a multiple.
 inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, bool padded,
                             float* kp, int64_t* ld) {
   const int64_t H = args.H, hp = padded ? round_up(H, kW) : H;
   const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * H, stride = args.K * H;
-  if (args.dtype == ElemType::kF32 && hp == H) {
+  if (args.dtype == ElemType::kF32 && padded && hp == H) {
     *ld = stride;
     return static_cast<const float*>(args.k) + off;
   }
@@ -351,11 +353,12 @@ inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j
 }
 
 // V block rows [j0, j0 + jn) as f32 with a row stride whose rows are Dp wide (zero-padded on copy).
+// Copied into vp except for few-row (dot path) tiles with f32 rows already Dp wide; see k_block.
 inline const float* v_block(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
                             int64_t jn, float* vp, int64_t* ld) {
   const int64_t D = args.D, dp = plan.d_pad, stride = args.K * D;
   const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * D;
-  if (args.dtype == ElemType::kF32 && D == dp) {
+  if (args.dtype == ElemType::kF32 && D == dp && use_qk_dot(tl.rows)) {
     *ld = stride;
     return static_cast<const float*>(args.v) + off;
   }
