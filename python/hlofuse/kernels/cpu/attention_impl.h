@@ -321,6 +321,13 @@ inline void pack_q(const AttentionArgs& args, const AttentionPlan& plan, const T
   }
 }
 
+// A short f32 row, inlined: a libc memcpy call costs more than copying one 256-512 byte row.
+inline void f32_row_copy(const float* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + kW <= n; i += kW) vstore(dst + i, vload(src + i));
+  for (; i < n; ++i) dst[i] = src[i];
+}
+
 inline void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + kW <= n; i += kW) vstore(dst + i, vload_bf16(src + i));
@@ -342,7 +349,7 @@ inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j
   for (int64_t j = 0; j < jn; ++j) {
     float* dst = kp + j * hp;
     if (args.dtype == ElemType::kF32) {
-      std::memcpy(dst, static_cast<const float*>(args.k) + off + j * stride, H * sizeof(float));
+      f32_row_copy(static_cast<const float*>(args.k) + off + j * stride, dst, H);
     } else {
       bf16_row_to_f32(static_cast<const uint16_t*>(args.k) + off + j * stride, dst, H);
     }
@@ -365,7 +372,7 @@ inline const float* v_block(const AttentionArgs& args, const AttentionPlan& plan
   for (int64_t j = 0; j < jn; ++j) {
     float* dst = vp + j * dp;
     if (args.dtype == ElemType::kF32) {
-      std::memcpy(dst, static_cast<const float*>(args.v) + off + j * stride, D * sizeof(float));
+      f32_row_copy(static_cast<const float*>(args.v) + off + j * stride, dst, D);
     } else {
       bf16_row_to_f32(static_cast<const uint16_t*>(args.v) + off + j * stride, dst, D);
     }
