@@ -51,7 +51,7 @@ inline vf vexp_nonpos(vf x) {
   p = vfma(p, r, vset1(0.5f));
   p = vfma(p, r, vset1(1.0f));
   p = vfma(p, r, vset1(1.0f));
-  return vselect_lt(x, lo, vzero(), vmul(p, vpow2i(n)));
+  return vexp_finish(x, lo, p, n);
 }
 
 // tanh: odd Taylor series below |y| = 0.55 (10 terms), (1 - e^-2|y|) / (1 + e^-2|y|) above.

@@ -28,6 +28,8 @@ inline vf vpow2i(vf n) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
 }
 inline vf vselect_lt(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_LT_OQ)); }
+// x < lo ? 0 : p * 2^n, for integral n in [-126, 127].
+inline vf vexp_finish(vf x, vf lo, vf p, vf n) { return vselect_lt(x, lo, vzero(), vmul(p, vpow2i(n))); }
 inline vf vselect_eq(vf a, vf b, vf x, vf y) { return _mm256_blendv_ps(y, x, _mm256_cmp_ps(a, b, _CMP_EQ_OQ)); }
 inline vf vselect_in(vf j, vf lo, vf hi, vf s, vf mv) {
   vf in = _mm256_and_ps(_mm256_cmp_ps(lo, j, _CMP_LE_OQ), _mm256_cmp_ps(j, hi, _CMP_LT_OQ));

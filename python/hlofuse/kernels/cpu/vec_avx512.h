@@ -22,6 +22,11 @@ inline vf vpow2i(vf n) {
   __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
   return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
 }
+// x < lo ? 0 : p * 2^n, for integral n (no range limit: scalef under- and overflows like a multiply).
+// A NaN x keeps p's NaN.
+inline vf vexp_finish(vf x, vf lo, vf p, vf n) {
+  return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), p, n);
+}
 // a < b ? x : y
 inline vf vselect_lt(vf a, vf b, vf x, vf y) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), y, x);

@@ -24,6 +24,8 @@ inline vf vpow2i(vf n) {
   return f;
 }
 inline vf vselect_lt(vf a, vf b, vf x, vf y) { return a < b ? x : y; }
+// x < lo ? 0 : p * 2^n, for integral n in [-126, 127].
+inline vf vexp_finish(vf x, vf lo, vf p, vf n) { return vselect_lt(x, lo, vzero(), vmul(p, vpow2i(n))); }
 inline vf vselect_eq(vf a, vf b, vf x, vf y) { return a == b ? x : y; }
 inline vf vselect_in(vf j, vf lo, vf hi, vf s, vf mv) { return (lo <= j && j < hi) ? s : mv; }
 inline vf vcopysign(vf mag, vf sign) { return std::copysign(mag, sign); }
