@@ -88,6 +88,34 @@ def _max_over_same_dim(captures: dict[str, Any]) -> bool:
 
 # softmax(x) = exp(x - max x) / sum exp(x - max x)
 SOFTMAX = P("stablehlo.divide", SHIFTED_EXP, ROW_SUM, name="probs", where=_max_over_same_dim)
+# (exp(x - max x) · v) / sum exp(x - max x): normalising after the P·V dot, as MaxText does.
+ROW_SUM_MOVED = P.through(BROADCASTS + ("stablehlo.transpose",), P(
+    "stablehlo.reduce", P.through(CONVERTS, P.any("exp")), P.const(0.0), name="sum_reduce",
+    where=_reduces_with("stablehlo.add", "sum_reduce")))
+NORMALIZED_AFTER_PV = P("stablehlo.divide", P.any("numerator"), ROW_SUM_MOVED, name="normalized")
+OUTPUT_LAYOUT_OPS = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
+
+
+def _match_normalized_after_pv(value: ir.Value) -> dict[str, Any] | None:
+    """Captures of NORMALIZED_AFTER_PV whose numerator is a dot of the same shifted exp, or None."""
+    captures = match(NORMALIZED_AFTER_PV, value)
+    if captures is None:
+        return None
+    exp_captures = match(SHIFTED_EXP, captures["exp"])
+    if exp_captures is None:
+        return None
+    captures.update(exp_captures)
+    if not _max_over_same_dim(captures):
+        return None
+    chain: list[ir.Operation] = []
+    op = defining_op(captures["numerator"])
+    while op is not None and op.name in OUTPUT_LAYOUT_OPS:
+        chain.append(op)
+        op = defining_op(op.operands[0])
+    if op is None or op.name != "stablehlo.dot_general":
+        return None
+    captures["output_chain"] = chain[::-1]
+    return captures
 
 
 def _reduce_dim(value: ir.Value) -> int:
@@ -311,6 +339,9 @@ class Site:
     out_labels: Labels = ()
     extra_interior_roots: list[ir.Value] = field(default_factory=list)
     mask_negated: bool = False  # the mask operand is not(original predicate)
+    # What the composite replaces: the P·V dot, or the divide after it when normalised there.
+    result: ir.Value | None = None
+    result_labels: Labels = ()
     zero_empty_rows: bool = False
 
 
@@ -358,13 +389,14 @@ class ProbsPath:
     p_operand: ir.Value
 
 
-def _probs_to_pv(probs: ir.Value) -> ProbsPath:
-    """Follows single-use converts, transposes, reshapes and zeroing selects to the P·V dot."""
+def _probs_to_pv(probs: ir.Value, also_used_by: frozenset[ir.Operation] = frozenset()) -> ProbsPath:
+    """Follows single-use converts, transposes, reshapes and zeroing selects to the P·V dot; uses of
+    `probs` by `also_used_by` (the row sum when normalising after the dot) are part of the site."""
     layout_ops: list[ir.Operation] = []
     remask_preds: list[ir.Value] = []
     value = probs
     for _ in range(8):
-        uses = list(value.uses)
+        uses = [use for use in value.uses if use.owner.operation not in also_used_by]
         if len(uses) != 1:
             raise NoMatch(f"the softmax output has {len(uses)} users; only a single P·V dot can be fused")
         user = uses[0].owner.operation
@@ -383,14 +415,62 @@ def _probs_to_pv(probs: ir.Value) -> ProbsPath:
 def analyze(probs: ir.Value, captures: dict[str, Any]) -> Site:
     logits = captures["logits"]
     reduce_dim = _reduce_dim(captures["sum_reduce"])
-    path = _probs_to_pv(probs)
+    normalized_after = "numerator" in captures
+    path = _probs_to_pv(captures["exp"] if normalized_after else probs,
+                        _ops_between(captures["exp"], captures["sum_reduce"]) if normalized_after else frozenset())
     qk_dot, stages = _logit_stages(logits)
     _check_stage_order(stages)
     site = Site(probs, path.pv_dot, qk_dot, stages)
     _assign_roles(site, logits, reduce_dim, path.layout_ops, path.p_operand)
+    site.result, site.result_labels = site.pv_dot.results[0], site.out_labels
+    if normalized_after:
+        chain = captures["output_chain"]
+        if (chain[0].operands[0] if chain else captures["numerator"]) != site.pv_dot.results[0]:
+            raise NoMatch("the row sum divides a different dot than the one the exp feeds")
+        site.result, site.result_labels = probs, _forward_labels(site.out_labels, chain, site.sizes)
+        _check_row_sum_alignment(site, captures, reduce_dim)
     _read_stages(site)
     _read_remasks(site, path.remask_preds)
     return site
+
+
+def _check_row_sum_alignment(site: Site, captures: dict[str, Any], reduce_dim: int) -> None:
+    """The row sum that divides the P·V output must be broadcast along the same rows (b, heads, t)."""
+    sizes = site.sizes
+    stage_layout = [defining_op(s.output) for s in site.stages if s.kind in ("layout", "convert")]
+    row_labels = list(_forward_labels(site.input_labels["qk_out"], stage_layout, sizes))
+    del row_labels[reduce_dim]
+    labels: Labels = tuple(row_labels)
+    path: list[ir.Operation] = []
+    op = defining_op(defining_op(captures["normalized"]).operands[1])
+    while op is not None and op != defining_op(captures["sum_reduce"]):
+        path.append(op)
+        op = defining_op(op.operands[0])
+    for op in reversed(path):
+        if op.name == "stablehlo.broadcast_in_dim":
+            dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+            out: list[tuple[str, ...]] = [()] * len(_shape(op.results[0]))
+            for in_dim, out_dim in enumerate(dims):
+                out[out_dim] = labels[in_dim]
+            labels = tuple(out)
+        else:
+            labels = _forward_labels(labels, [op], sizes)
+    rows = {a for label in site.result_labels for a in label} - {"D"}
+    if {a for label in labels for a in label} != rows or any(
+            label and label != want for label, want in zip(labels, site.result_labels, strict=True)):
+        raise NoMatch("the row sum is not broadcast along the rows of the P·V output")
+
+
+def _ops_between(source: ir.Value, sink: ir.Value) -> frozenset[ir.Operation]:
+    """The ops on the single-operand path from `source` up to and including `sink`'s producer."""
+    ops: set[ir.Operation] = set()
+    op = defining_op(sink)
+    while op is not None:
+        ops.add(op)
+        if op.operands[0] == source:
+            return frozenset(ops)
+        op = defining_op(op.operands[0])
+    return frozenset(ops)
 
 
 def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[ir.Operation],
@@ -769,7 +849,8 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     sizes = site.sizes
     roles = [r for r in OPERAND_ORDER if r in site.inputs or r in site.const_lengths]
     boundaries = {site.inputs[r]: r for r in roles if r in site.inputs}
-    interior = build.backward_slice(site.pv_dot.results[0], boundaries)
+    assert site.result is not None
+    interior = build.backward_slice(site.result, boundaries)
     _check_escapes(site, interior, boundaries)
     location = site.pv_dot.location
     with location, ir.InsertionPoint(site.pv_dot):
@@ -800,18 +881,18 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
                 rebuilt = layout.relayout(arg, _canonical_labels(role, site), labels, sizes)
             mapping.setdefault(original, rebuilt)
         build.clone_ops(interior, mapping)
-        out = mapping[site.pv_dot.results[0]]
-        return [layout.relayout(out, site.out_labels, _canonical_labels("out", site), sizes)]
+        out = mapping[site.result]
+        return [layout.relayout(out, site.result_labels, _canonical_labels("out", site), sizes)]
 
     name = build.unique_symbol(module, f"{COMPOSITE_NAME}.impl")
     name = build.build_private_func(module, name, [v.type for v in operands], body, location)
     out_shape = [layout.label_size(lb, sizes) for lb in _canonical_labels("out", site)]
-    out_type = ir.RankedTensorType.get(out_shape, layout.element_type(site.pv_dot.results[0]))
+    out_type = ir.RankedTensorType.get(out_shape, layout.element_type(site.result))
     with location, ir.InsertionPoint(site.pv_dot):
         op = build.composite(COMPOSITE_NAME, operands, [out_type], _attributes(site, roles), name,
                              COMPOSITE_VERSION)
-        result = layout.relayout(op.results[0], _canonical_labels("out", site), site.out_labels, sizes)
-    site.pv_dot.results[0].replace_all_uses_with(result)
+        result = layout.relayout(op.results[0], _canonical_labels("out", site), site.result_labels, sizes)
+    site.result.replace_all_uses_with(result)
     build.erase_dead(interior)
     return op
 
@@ -827,7 +908,7 @@ def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir
             continue
         for result in op.results:
             tainted.add(result)
-            if op == site.pv_dot:
+            if result == site.result:
                 continue
             for use in result.uses:
                 if use.owner.operation not in inside:
@@ -842,7 +923,7 @@ def _find_softmaxes(module: ir.Operation) -> tuple[list[tuple[ir.Value, dict[str
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "stablehlo.divide":
-            captures = match(SOFTMAX, op.results[0])
+            captures = match(SOFTMAX, op.results[0]) or _match_normalized_after_pv(op.results[0])
             if captures is not None:
                 found.append((op.results[0], captures))
         elif op.name == "stablehlo.exponential" and match(SHIFTED_EXP, op.results[0]) is not None:

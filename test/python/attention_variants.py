@@ -213,6 +213,18 @@ def inside_nested_jit(q, k, v):
     return jax.jit(causal_tril_inf)(q, k, v) * 2.0
 
 
+def normalized_after_pv(q, k, v):
+    # MaxText-style: unnormalised exp(s - max) · v, then divided by the row sum moved to BTN1
+    s = _logits(q, k) * 0.3
+    rows, cols = jnp.arange(q.shape[1])[:, None], jnp.arange(k.shape[1])[None, :]
+    s = jnp.where(cols <= rows, s, -0.7 * float(jnp.finfo(jnp.float32).max))
+    local_max = jnp.max(s, axis=-1, keepdims=True)
+    local_exps = jnp.exp(s - local_max)
+    local_sum = jnp.moveaxis(jnp.sum(local_exps, axis=-1, keepdims=True), 1, 2)  # (B, T, N, 1)
+    local_out = jnp.einsum("bnts,bsnh->btnh", local_exps, v)
+    return local_out / local_sum
+
+
 def scan_layers(q, k, v):
     def layer(x, _):
         return causal_tril_inf(x, k, v), None
@@ -342,6 +354,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("nn_mask", nn_mask, _qkv() + (((B, N, T, T), BOOL),), expect={"mask_kind": "boolean"}),
     Variant("two_layers", two_layers, _qkv(), sites=2),
     Variant("scan_layers", scan_layers, _qkv(), sites=1),
+    Variant("normalized_after_pv", normalized_after_pv, _qkv(), expect={"causal": True}),
     Variant("inside_nested_jit", inside_nested_jit, _qkv(), expect={"causal": True}),
     Variant("zero_one_int_masks", zero_one_int_masks, _qkv() + (((B,), I32),),
             expect={"causal": True, "mask_kind": "lengths"}),
