@@ -384,28 +384,62 @@ inline const float* v_block(const AttentionArgs& args, const AttentionPlan& plan
 
 //===--- One key block ---------------------------------------------------------------------===//
 
-// S^T += bias and S^T = masked_value where the bool mask hides a key (row-wise, scalar).
+// S^T += bias, then S^T = masked_value where the bool mask hides a key. Per kW rows: where the keys
+// are contiguous (stride 1), kW x kW blocks are loaded along the keys and transposed into S^T's
+// layout; the rest (other key strides, the last jn % kW keys) is scalar.
 inline void apply_bias_and_mask(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
                                 int64_t jn, float* s) {
   const int64_t mp = plan.rows_pad;
-  for (int64_t r = 0; r < tl.rows; ++r) {
-    const int64_t t = row_t(tl, plan, r), n = row_n(tl, plan, r);
+  const int64_t* bst = args.bias_strides;
+  const int64_t* mst = args.mask_strides;
+  const bool bias_bf16 = args.bias_dtype == ElemType::kBF16;
+  const vf mv = vset1(args.masked_value), zero = vzero();
+  int64_t boff[kW], moff[kW];
+  vf blk[kW];
+  for (int64_t c = 0; c < mp; c += kW) {
+    const int64_t nr = imin(kW, tl.rows - c);  // real rows in this chunk; padding rows reuse the last
+    if (nr <= 0) break;
+    for (int64_t i = 0; i < kW; ++i) {
+      const int64_t r = c + imin(i, nr - 1), t = row_t(tl, plan, r), n = row_n(tl, plan, r);
+      boff[i] = tl.b * bst[0] + n * bst[1] + t * bst[2] + j0 * bst[3];
+      moff[i] = tl.b * mst[0] + n * mst[1] + t * mst[2] + j0 * mst[3];
+    }
     if (args.bias) {
-      const int64_t* st = args.bias_strides;
-      const int64_t base = tl.b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
-      if (args.bias_dtype == ElemType::kF32) {
-        const float* bp = static_cast<const float*>(args.bias) + base;
-        for (int64_t j = 0; j < jn; ++j) s[j * mp + r] += bp[j * st[3]];
-      } else {
-        const uint16_t* bp = static_cast<const uint16_t*>(args.bias) + base;
-        for (int64_t j = 0; j < jn; ++j) s[j * mp + r] += bf16_to_f32(bp[j * st[3]]);
+      int64_t j = 0;
+      if (bst[3] == 1) {
+        for (; j + kW <= jn; j += kW) {
+          for (int64_t i = 0; i < kW; ++i) {
+            blk[i] = bias_bf16 ? vload_bf16(static_cast<const uint16_t*>(args.bias) + boff[i] + j)
+                               : vload(static_cast<const float*>(args.bias) + boff[i] + j);
+          }
+          vtranspose(blk);
+          for (int64_t u = 0; u < kW; ++u) vstore(s + (j + u) * mp + c, vadd(vload(s + (j + u) * mp + c), blk[u]));
+        }
+      }
+      for (; j < jn; ++j) {
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t at = boff[i] + j * bst[3];
+          s[j * mp + c + i] += bias_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(args.bias)[at])
+                                         : static_cast<const float*>(args.bias)[at];
+        }
       }
     }
     if (args.mask) {
-      const int64_t* st = args.mask_strides;
-      const uint8_t* mp8 = args.mask + tl.b * st[0] + n * st[1] + t * st[2] + j0 * st[3];
-      for (int64_t j = 0; j < jn; ++j)
-        if (!mp8[j * st[3]]) s[j * mp + r] = args.masked_value;
+      int64_t j = 0;
+      if (mst[3] == 1) {
+        for (; j + kW <= jn; j += kW) {
+          for (int64_t i = 0; i < kW; ++i) blk[i] = vload_u8(args.mask + moff[i] + j);
+          vtranspose(blk);
+          for (int64_t u = 0; u < kW; ++u) {
+            float* p = s + (j + u) * mp + c;
+            vstore(p, vselect_eq(blk[u], zero, mv, vload(p)));
+          }
+        }
+      }
+      for (; j < jn; ++j) {
+        for (int64_t i = 0; i < nr; ++i)
+          if (!args.mask[moff[i] + j * mst[3]]) s[j * mp + c + i] = args.masked_value;
+      }
     }
   }
 }

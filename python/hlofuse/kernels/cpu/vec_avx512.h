@@ -56,3 +56,21 @@ inline vf vload_bf16(const uint16_t* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
+// r[i] = column i of the 16 x 16 matrix whose rows are r[0..15].
+inline void vtranspose(vf* r) {
+  vf t[16], u[16];
+  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+    u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {  // u[4i + k], 128-bit lane L: column 4L + k of rows 4i .. 4i + 3
+    const vf x0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), x1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+    const vf y0 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44), y1 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+    r[k] = _mm512_shuffle_f32x4(x0, y0, 0x88), r[4 + k] = _mm512_shuffle_f32x4(x0, y0, 0xDD);
+    r[8 + k] = _mm512_shuffle_f32x4(x1, y1, 0x88), r[12 + k] = _mm512_shuffle_f32x4(x1, y1, 0xDD);
+  }
+}
+inline vf vload_u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}

@@ -42,3 +42,5 @@ inline vf vload_bf16(const uint16_t* p) {
   std::memcpy(&f, &u, sizeof(f));
   return f;
 }
+inline void vtranspose(vf*) {}  // one lane: a 1 x 1 matrix
+inline vf vload_u8(const uint8_t* p) { return static_cast<float>(*p); }
