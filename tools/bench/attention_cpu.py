@@ -2,6 +2,7 @@
 (jax.jit of attention_reference) and torch.nn.functional.scaled_dot_product_attention.
 
     python tools/bench/attention_cpu.py [--quick] [--shapes SPEC;SPEC...] [--repeats N]
+    python tools/bench/attention_cpu.py --compare A.so --compare B.so [--shapes ...] [--repeats N]
 
 A SPEC is comma-separated key=value pairs over B, T, S, N, K, H, dtype (f32|bf16) and causal (0|1),
 e.g. "T=4096,S=4096,N=8,K=8,H=128,dtype=f32,causal=1". Prints a markdown table of median times,
@@ -10,6 +11,11 @@ bytes (compiled.memory_analysis()), the extra peak memory of each compiled progr
 kernel's own scratch (per thread, about 4 * (block_q * (2H + D) + block_k * (H + D)) bytes, plus
 splits * block_q * D floats per tile on the decode path) is allocated inside the call and not
 visible to XLA.
+
+With --compare (twice or more), each library (a scratch cmake build of the kernel, e.g. before and
+after a change) is registered under its own FFI target and timed in this one process against torch,
+the repetitions interleaved (A, B, ..., torch, A, B, ...), so that load from other jobs on a shared
+machine hits every column alike. It prints medians, each library / torch and each library / the first.
 """
 
 from __future__ import annotations
@@ -150,6 +156,91 @@ def run_case(case: Case, repeats: int) -> dict[str, Any]:
     return row
 
 
+def torch_sdpa(case: Case, q: jax.Array, k: jax.Array, v: jax.Array, scale: float) -> Callable[[], None]:
+    """torch's scaled_dot_product_attention on copies of q, k, v in its (B, N, T, H) layout."""
+    tdtype = torch.float32 if case.dtype == "f32" else torch.bfloat16
+    tq, tk, tv = (
+        torch.from_numpy(np.array(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous() for x in (q, k, v)
+    )
+    causal = case.causal and not case.decode
+
+    def run() -> None:
+        with torch.no_grad():
+            torch.nn.functional.scaled_dot_product_attention(
+                tq, tk, tv, is_causal=causal, scale=scale, enable_gqa=case.N != case.K
+            )
+
+    return run
+
+
+def compare_case(targets: list[str], case: Case, repeats: int) -> list[float]:
+    """Median seconds of each target's kernel, then torch's (if installed), repetitions interleaved."""
+    from hlofuse.kernels.cpu import attention as attention_module
+
+    dtype = jnp.float32 if case.dtype == "f32" else jnp.bfloat16
+    rng = np.random.default_rng(0)
+    shapes = ((case.B, case.T, case.N, case.H), (case.B, case.S, case.K, case.H), (case.B, case.S, case.K, case.H))
+    q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32), dtype) for s in shapes)
+    kw = dict(scale=case.H**-0.5, causal=case.causal, q_offset=case.q_offset)
+    fns: list[Callable[[], Any]] = []
+    default_target = attention_module.TARGET
+    try:
+        for target in targets:
+            attention_module.TARGET = target  # read when the call is traced
+            compiled = jax.jit(functools.partial(attention, **kw)).lower(q, k, v).compile()
+            fns.append(lambda c=compiled: c(q, k, v).block_until_ready())
+    finally:
+        attention_module.TARGET = default_target
+    if torch is not None:
+        fns.append(torch_sdpa(case, q, k, v, kw["scale"]))
+    times: list[list[float]] = [[] for _ in fns]
+    for fn in fns:
+        fn()
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
+def compare_libraries(libs: list[str], cases: list[Case], repeats: int) -> None:
+    """Side-by-side table of kernel libraries (and torch), repetitions interleaved."""
+    import ctypes
+
+    targets = []
+    for i, path in enumerate(libs):
+        target = f"hlofuse_attention_compare{i}"
+        lib = ctypes.cdll.LoadLibrary(str(Path(path).resolve()))
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.hlofuse_attention), platform="cpu")
+        targets.append(target)
+    names = [Path(p).name for p in libs]
+    cols = names if len(set(names)) == len(names) else list(libs)
+    print(
+        "| case | "
+        + " | ".join(f"{c} ms" for c in cols)
+        + " | torch SDPA ms | "
+        + " | ".join(f"{c} / torch" for c in cols)
+        + " | "
+        + " | ".join(f"{c} / {cols[0]}" for c in cols[1:])
+        + " |"
+    )
+    print("|---|" + "---:|" * (3 * len(cols)))
+    for case in cases:
+        med = compare_case(targets, case, repeats)
+        lib_med, torch_med = med[: len(libs)], (med[len(libs)] if torch is not None else None)
+        print(
+            f"| {case.name} | "
+            + " | ".join(fmt_ms(m) for m in lib_med)
+            + f" | {fmt_ms(torch_med)} | "
+            + " | ".join(fmt_ratio(m, torch_med) for m in lib_med)
+            + " | "
+            + " | ".join(fmt_ratio(m, lib_med[0]) for m in lib_med[1:])
+            + " |",
+            flush=True,
+        )
+
+
 def fmt_ms(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 1e3:.2f}"
 
@@ -167,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="four small cases")
     ap.add_argument("--shapes", help="';'-separated case specs, e.g. 'T=4096,N=8,K=8,H=128,dtype=f32,causal=1'")
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per program (median reported)")
+    ap.add_argument(
+        "--compare", action="append", metavar="LIB", help="a kernel library to time side by side (give two or more)"
+    )
     args = ap.parse_args(argv)
 
     cases = [Case.parse(s) for s in args.shapes.split(";")] if args.shapes else default_cases(args.quick)
@@ -176,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         torch_note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     else:
         torch_note = "torch not installed: its column is n/a (pip install torch for it)"
+    if args.compare:
+        if len(args.compare) < 2:
+            ap.error("--compare needs two or more libraries")
+        print(f"jax {jax.__version__}; {threads} CPU threads; {torch_note}; repetitions interleaved\n")
+        compare_libraries(args.compare, cases, args.repeats)
+        return 0
     cpu.register()
     print(f"jax {jax.__version__}; hlofuse kernel ISA {cpu.isa()}; {threads} CPU threads; {torch_note}\n")
     print(
