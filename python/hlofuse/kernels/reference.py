@@ -44,6 +44,37 @@ def attention_visibility(
     return visible
 
 
+def attention_mask(
+    t: int,
+    s: int,
+    *,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    q_offset: int,
+    mask: jax.Array | None = None,
+    q_lengths: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+) -> jax.Array:  # (B|1, N|1, T, S) bool
+    """Every visibility constraint of the composite at once: True where query t may see key s."""
+    visible = attention_visibility(
+        t, s, causal=causal, window_left=window_left, window_right=window_right, q_offset=q_offset
+    )[None, None]
+    if mask is not None:
+        visible = visible & mask
+    if kv_lengths is not None:
+        visible = visible & (jnp.arange(s)[None, None, None, :] < kv_lengths[:, None, None, None])
+    if q_lengths is not None:
+        visible = visible & (jnp.arange(t)[None, None, :, None] < q_lengths[:, None, None, None])
+    return visible
+
+
+def zero_empty_rows_of(out: jax.Array, visible: jax.Array) -> jax.Array:
+    """`out` (B, T, N, D) with the rows that see no key set to 0; `visible` as attention_mask gives it."""
+    seen = jnp.any(visible, axis=-1)  # (B|1, N|1, T)
+    return jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
+
+
 def attention_reference(
     q: jax.Array,  # (B, T, N, H)
     k: jax.Array,  # (B, S, K, H), N % K == 0
@@ -80,15 +111,8 @@ def attention_reference(
     logits = logits.reshape(b, n, t, s)
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    visible = attention_visibility(
-        t, s, causal=causal, window_left=window_left, window_right=window_right, q_offset=q_offset
-    )[None, None]
-    if mask is not None:
-        visible = visible & mask
-    if kv_lengths is not None:
-        visible = visible & (jnp.arange(s)[None, None, None, :] < kv_lengths[:, None, None, None])
-    if q_lengths is not None:
-        visible = visible & (jnp.arange(t)[None, None, :, None] < q_lengths[:, None, None, None])
+    visible = attention_mask(t, s, causal=causal, window_left=window_left, window_right=window_right,
+                             q_offset=q_offset, mask=mask, q_lengths=q_lengths, kv_lengths=kv_lengths)
     logits = jnp.where(visible, logits, jnp.float32(masked_value))
     probs = jax.nn.softmax(logits, axis=-1)
     if zero_empty_rows:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels.cpu import register
-from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.kernels.reference import UNBOUNDED, attention_mask, attention_reference, zero_empty_rows_of
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -145,11 +145,19 @@ def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
     if len(dtypes) != 1 or not dtypes <= {"f32", "bf16"}:
         raise Unsupported(f"the CPU kernel takes q, k, v all f32 or all bf16, not {sorted(dtypes)}")
     attrs = AttentionAttrs.from_dict(call.attributes)
-    if attrs.zero_empty_rows:
-        raise Unsupported("the CPU kernel does not zero rows that see no key (zero_empty_rows)")
+    if attrs.zero_empty_rows and attrs.masked_value > -1e4:
+        # Zeroing whole rows afterwards is exact only if masked keys already weigh exactly 0.
+        raise Unsupported("zero_empty_rows with a mask fill above -1e4")
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        return attention(q, k, v, **kwargs)
+        out = attention(q, k, v, **kwargs)
+        if not zero_empty_rows:
+            return out
+        visible = attention_mask(q.shape[1], k.shape[1], causal=kwargs["causal"],
+                                 window_left=kwargs["window_left"], window_right=kwargs["window_right"],
+                                 q_offset=kwargs["q_offset"], mask=kwargs.get("mask"),
+                                 q_lengths=kwargs.get("q_lengths"), kv_lengths=kwargs.get("kv_lengths"))
+        return zero_empty_rows_of(out, visible)
 
     return attrs.bind_operands(kernel)
 
