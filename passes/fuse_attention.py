@@ -32,19 +32,17 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from hlofuse.composites import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION
 from hlofuse.ir import build, layout
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
-from hlofuse.ir.match import P, Rule, constant_scalar, defining_op, first_rule, match
+from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match
 from hlofuse.pipeline import ModulePass, PassState
 
-COMPOSITE_NAME = "hlofuse.attention"
-COMPOSITE_VERSION = 1
 UNBOUNDED = -1
 DECODE_MAX_QUERIES = 8
 
 BROADCASTS = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert")
-CONVERTS = ("stablehlo.convert",)
 
 
 class NoMatch(Exception):
@@ -93,7 +91,8 @@ ROW_SUM_MOVED = P.through(BROADCASTS + ("stablehlo.transpose",), P(
     "stablehlo.reduce", P.through(CONVERTS, P.any("exp")), P.const(0.0), name="sum_reduce",
     where=_reduces_with("stablehlo.add", "sum_reduce")))
 NORMALIZED_AFTER_PV = P("stablehlo.divide", P.any("numerator"), ROW_SUM_MOVED, name="normalized")
-OUTPUT_LAYOUT_OPS = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
+# Ops that only move or retype data, which the site's layout chains may contain.
+DATA_MOVES = ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert")
 
 
 def _match_normalized_after_pv(value: ir.Value) -> dict[str, Any] | None:
@@ -109,7 +108,7 @@ def _match_normalized_after_pv(value: ir.Value) -> dict[str, Any] | None:
         return None
     chain: list[ir.Operation] = []
     op = defining_op(captures["numerator"])
-    while op is not None and op.name in OUTPUT_LAYOUT_OPS:
+    while op is not None and op.name in DATA_MOVES:
         chain.append(op)
         op = defining_op(op.operands[0])
     if op is None or op.name != "stablehlo.dot_general":
@@ -288,7 +287,7 @@ def _prescaled(q: ir.Value) -> tuple[ir.Value, float, list[ir.Operation]] | None
     chain: list[ir.Operation] = []
     value = q
     op = defining_op(value)
-    while op is not None and op.name in ("stablehlo.transpose", "stablehlo.reshape", "stablehlo.convert"):
+    while op is not None and op.name in DATA_MOVES:
         chain.append(op)
         value = op.operands[0]
         op = defining_op(value)
@@ -337,7 +336,6 @@ class Site:
     length_adjust: dict[str, int] = field(default_factory=dict)
     const_lengths: dict[str, int] = field(default_factory=dict)  # lengths fixed at compile time
     out_labels: Labels = ()
-    extra_interior_roots: list[ir.Value] = field(default_factory=list)
     mask_negated: bool = False  # the mask operand is not(original predicate)
     # What the composite replaces: the P·V dot, or the divide after it when normalised there.
     result: ir.Value | None = None
@@ -404,7 +402,7 @@ def _probs_to_pv(probs: ir.Value, also_used_by: frozenset[ir.Operation] = frozen
             return ProbsPath(layout_ops, remask_preds, user, value)
         if user.name == "stablehlo.select" and user.operands[1] == value and constant_scalar(user.operands[2]) == 0.0:
             remask_preds.append(user.operands[0])
-        elif user.name in ("stablehlo.convert", "stablehlo.transpose", "stablehlo.reshape"):
+        elif user.name in DATA_MOVES:
             layout_ops.append(user)
         else:
             raise NoMatch(f"the softmax output feeds {user.name}, not a dot_general")
@@ -448,11 +446,7 @@ def _check_row_sum_alignment(site: Site, captures: dict[str, Any], reduce_dim: i
         op = defining_op(op.operands[0])
     for op in reversed(path):
         if op.name == "stablehlo.broadcast_in_dim":
-            dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
-            out: list[tuple[str, ...]] = [()] * len(_shape(op.results[0]))
-            for in_dim, out_dim in enumerate(dims):
-                out[out_dim] = labels[in_dim]
-            labels = tuple(out)
+            labels = layout.broadcast_labels(op, labels)
         else:
             labels = _forward_labels(labels, [op], sizes)
     rows = {a for label in site.result_labels for a in label} - {"D"}
@@ -763,9 +757,6 @@ def _set_length(site: Site, role: str, atom: Atom, adjust: int) -> bool:
 
 # ----- the rewrite ---------------------------------------------------------------------------------
 
-OPERAND_ORDER = ("q", "k", "v", "bias", "mask", "q_lengths", "kv_lengths")
-
-
 def _canonical_labels(role: str, site: Site) -> Labels:
     sizes = site.sizes
     if role == "q":
@@ -847,7 +838,7 @@ def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
 def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     """Emits canonical operands, the decomposition and the composite; replaces the P·V dot's result."""
     sizes = site.sizes
-    roles = [r for r in OPERAND_ORDER if r in site.inputs or r in site.const_lengths]
+    roles = [r for r in ATTENTION_OPERANDS if r in site.inputs or r in site.const_lengths]
     boundaries = {site.inputs[r]: r for r in roles if r in site.inputs}
     assert site.result is not None
     interior = build.backward_slice(site.result, boundaries)
@@ -884,13 +875,12 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
         out = mapping[site.result]
         return [layout.relayout(out, site.result_labels, _canonical_labels("out", site), sizes)]
 
-    name = build.unique_symbol(module, f"{COMPOSITE_NAME}.impl")
+    name = build.unique_symbol(module, f"{ATTENTION}.impl")
     name = build.build_private_func(module, name, [v.type for v in operands], body, location)
     out_shape = [layout.label_size(lb, sizes) for lb in _canonical_labels("out", site)]
     out_type = ir.RankedTensorType.get(out_shape, layout.element_type(site.result))
     with location, ir.InsertionPoint(site.pv_dot):
-        op = build.composite(COMPOSITE_NAME, operands, [out_type], _attributes(site, roles), name,
-                             COMPOSITE_VERSION)
+        op = build.composite(ATTENTION, operands, [out_type], _attributes(site, roles), name, ATTENTION_VERSION)
         result = layout.relayout(op.results[0], _canonical_labels("out", site), site.result_labels, sizes)
     site.result.replace_all_uses_with(result)
     build.erase_dead(interior)

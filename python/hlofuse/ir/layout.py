@@ -79,12 +79,17 @@ def forward(op: ir.Operation, in_labels: Labels, sizes: Sizes) -> Labels | None:
         return regroup(in_labels, out_shape, sizes)
     if name == "stablehlo.broadcast_in_dim" and is_unit_broadcast(op):
         # Only inserts size-1 dims: a reshape in disguise (jnp.matmul writes unit batch dims this way).
-        dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
-        labels: list[Label] = [()] * len(out_shape)
-        for in_dim, out_dim in enumerate(dims):
-            labels[out_dim] = in_labels[in_dim]
-        return tuple(labels)
+        return broadcast_labels(op, in_labels)
     return None
+
+
+def broadcast_labels(op: ir.Operation, in_labels: Labels) -> Labels:
+    """A broadcast_in_dim's result labels: operand dims keep theirs, added dims get `()` (no variation)."""
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+    labels: list[Label] = [()] * len(ir.RankedTensorType(op.results[0].type).shape)
+    for in_dim, out_dim in enumerate(dims):
+        labels[out_dim] = in_labels[in_dim]
+    return tuple(labels)
 
 
 def is_unit_broadcast(op: ir.Operation) -> bool:

@@ -24,7 +24,7 @@ Captures = dict[str, Any]
 
 # Ops that only move or retype data: safe to look through where a pattern says so.
 LAYOUT_OPS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim")
-CONVERT = ("stablehlo.convert",)
+CONVERTS = ("stablehlo.convert",)
 
 
 def defining_op(value: ir.Value) -> ir.Operation | None:
