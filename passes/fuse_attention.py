@@ -32,7 +32,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse.composites import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION
+from hlofuse.composites import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION, is_decode, mask_kind
 from hlofuse.ir import build, layout
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
@@ -40,7 +40,6 @@ from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, fi
 from hlofuse.pipeline import ModulePass, PassState
 
 UNBOUNDED = -1
-DECODE_MAX_QUERIES = 8
 
 BROADCASTS = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert")
 
@@ -812,11 +811,7 @@ def _f64(number: float) -> ir.Attribute:
 def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
     sizes = site.sizes
     i64 = ir.IntegerType.get_signless(64)
-    kinds = [k for k, r in (("additive", "bias"), ("boolean", "mask")) if r in roles]
-    if "q_lengths" in roles or "kv_lengths" in roles:
-        kinds.append("lengths")
     layout_name = "BTNH"
-    decode = sizes["T"] <= DECODE_MAX_QUERIES < sizes["S"]
     return {
         "scale": _f64(site.scale),
         "causal": ir.BoolAttr.get(site.causal),
@@ -825,11 +820,11 @@ def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
         "q_offset": ir.IntegerAttr.get(i64, site.q_offset),
         "softcap": _f64(site.softcap),
         "masked_value": _f64(site.masked_value),
-        "mask_kind": ir.StringAttr.get("+".join(kinds) or "none"),
+        "mask_kind": ir.StringAttr.get(mask_kind(roles)),
         "num_heads": ir.IntegerAttr.get(i64, sizes["K"] * sizes["G"]),
         "num_kv_heads": ir.IntegerAttr.get(i64, sizes["K"]),
         "layout": ir.StringAttr.get(layout_name),
-        "decode": ir.BoolAttr.get(decode),
+        "decode": ir.BoolAttr.get(is_decode(sizes["T"], sizes["S"])),
         "zero_empty_rows": ir.BoolAttr.get(site.zero_empty_rows),
         "operands": ir.ArrayAttr.get([ir.StringAttr.get(r) for r in roles]),
     }

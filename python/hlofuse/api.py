@@ -6,7 +6,7 @@ import math
 
 import jax
 
-from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION
+from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, is_decode, mask_kind
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
 
 
@@ -44,15 +44,12 @@ def attention(
     operands = {"q": q, "k": k, "v": v, "bias": bias, "mask": mask, "q_lengths": q_lengths,
                 "kv_lengths": kv_lengths}
     present = [role for role, value in operands.items() if value is not None]
-    kinds = [kind for kind, role in (("additive", "bias"), ("boolean", "mask")) if role in present]
-    if q_lengths is not None or kv_lengths is not None:
-        kinds.append("lengths")
     attributes = {
         "scale": float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])),
         "causal": causal, "window_left": int(window_left), "window_right": int(window_right),
         "q_offset": int(q_offset), "softcap": float(softcap), "masked_value": float(masked_value),
-        "mask_kind": "+".join(kinds) or "none", "num_heads": int(q.shape[2]), "num_kv_heads": int(k.shape[2]),
-        "layout": "BTNH", "decode": bool(q.shape[1] <= 8 < k.shape[1]), "zero_empty_rows": zero_empty_rows,
+        "mask_kind": mask_kind(present), "num_heads": int(q.shape[2]), "num_kv_heads": int(k.shape[2]),
+        "layout": "BTNH", "decode": is_decode(q.shape[1], k.shape[1]), "zero_empty_rows": zero_empty_rows,
     }
 
     def decomposition(*values: jax.Array, **attrs: object) -> jax.Array:

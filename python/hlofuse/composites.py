@@ -7,7 +7,7 @@ lowering (and the reference used in tests) interprets a composite in one way.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,22 @@ ATTENTION_VERSION = 1
 ATTENTION_OPERANDS = ("q", "k", "v", "bias", "mask", "q_lengths", "kv_lengths")
 SAMPLE = "hlofuse.sample"
 SAMPLE_VERSION = 1
+
+
+# A site is a decode when a few queries attend to a longer KV cache.
+DECODE_MAX_QUERIES = 8
+
+
+def mask_kind(roles: Sequence[str]) -> str:
+    """The `mask_kind` attribute from the operands present: `none` or `+`-joined additive/boolean/lengths."""
+    kinds = [kind for kind, role in (("additive", "bias"), ("boolean", "mask")) if role in roles]
+    if "q_lengths" in roles or "kv_lengths" in roles:
+        kinds.append("lengths")
+    return "+".join(kinds) or "none"
+
+
+def is_decode(queries: int, keys: int) -> bool:
+    return queries <= DECODE_MAX_QUERIES < keys
 
 
 @dataclass(frozen=True)
