@@ -18,12 +18,13 @@ import jax
 import ml_dtypes
 import numpy as np
 from jax._src import compiler
-from jax._src.interpreters import mlir as jax_mlir
 from jax._src.lib import xla_client
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
 from hlofuse.composites import ATTENTION, AttentionAttrs
+from hlofuse.ir.context import clone_module as clone_module  # re-exported for the tests
+from hlofuse.ir.context import parse_module
 
 # Element type (as MLIR prints it) -> numpy dtype name.
 _ELEMENT_DTYPES = {
@@ -54,15 +55,8 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-def parse_module_text(text: str) -> ir.Module:
-    """Parse StableHLO text (or bytecode) in a context with every dialect JAX registers."""
-    with jax_mlir.make_ir_context():
-        return ir.Module.parse(text)
-
-
-def clone_module(module: ir.Module) -> ir.Module:
-    """A deep copy of `module` in the same context (passes rewrite in place)."""
-    return ir.Module.parse(module.operation.get_asm(binary=True), context=module.context)
+# StableHLO text or bytecode, parsed in a context with every dialect JAX registers.
+parse_module_text = parse_module
 
 
 def main_func(module: ir.Module) -> func.FuncOp:
