@@ -564,6 +564,7 @@ inline void finalize(const AttentionArgs& args, const AttentionPlan& plan, const
     const float inv = m == -kInf ? __builtin_nanf("") : 1.0f / l;
     const float* orow = sc.o + r * dp;
     const int64_t off = ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * D;
+    if (args.lse) args.lse[off / D] = m == -kInf ? -kInf : m + std::log(l);
     for (int64_t d = 0; d < D; ++d) {
       float x = orow[d];
       if (virtual_key) x = x * a + (e != 0.0f ? e * sc.vsum[d] : 0.0f);

@@ -29,6 +29,7 @@ struct AttentionArgs {
   int64_t mask_strides[4];
   const int32_t* q_lengths;   // (B,)
   const int32_t* kv_lengths;  // (B,)
+  float* lse;                 // (B,T,N) log-sum-exp of each row's logits, or null (issue 6: shards combine)
   // Attributes.
   float scale;
   float softcap;       // 0 = none
