@@ -4,7 +4,12 @@
 // Operands: q (B,T,N,H), k (B,S,K,H), v (B,S,K,D), then the optional operands that are present,
 // in this order: bias (B|1,N|1,T|1,S|1) f32|bf16, mask (same broadcast) pred, q_lengths (B,) s32,
 // kv_lengths (B,) s32. The has_bias / has_mask / has_q_lengths / has_kv_lengths attributes say
-// which are present. Result: (B,T,N,D) in q's dtype.
+// which are present. Results: out (B,T,N,D) in q's dtype, then optionally lse (B,T,N) f32, each
+// row's log-sum-exp of its logits (so shards of the key range combine exactly).
+//
+// B may be several leading dims (L..., T, N, H), folded into one: under SPMD, XLA's batch
+// partitioner cuts leading dims only, so a multi-device lowering moves the kv heads (and key-range
+// splits) in front. Bias and mask then lead with L (folded likewise) or all 1s, lengths are L.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -128,41 +133,77 @@ std::string DimsStr(ffi::Span<const int64_t> dims) {
   return s + ")";
 }
 
-// Strides (in elements) of a (B|1, N|1, T|1, S|1) operand, 0 on broadcast dims.
-ffi::Error BroadcastStrides(const char* what, ffi::AnyBuffer buf, const int64_t full[4], int64_t strides[4]) {
+// Strides (in elements) of a (L|1s..., N|1, T|1, S|1) operand, 0 on broadcast dims; its leading dims
+// are either all 1 or exactly `lead`, folded into one (B) dim.
+ffi::Error BroadcastStrides(const char* what, ffi::AnyBuffer buf, ffi::Span<const int64_t> lead, const int64_t full[4],
+                            int64_t strides[4]) {
   auto dims = buf.dimensions();
-  if (dims.size() != 4) return ffi::Error::InvalidArgument(std::string(what) + " must be rank 4, got " + DimsStr(dims));
+  const size_t nl = lead.size();
+  if (dims.size() != nl + 3)
+    return ffi::Error::InvalidArgument(std::string(what) + " must be rank " + std::to_string(nl + 3) + ", got " +
+                                       DimsStr(dims));
+  bool ones = true, same = true;
+  for (size_t i = 0; i < nl; ++i) ones &= dims[i] == 1, same &= dims[i] == lead[i];
+  if (!ones && !same)
+    return ffi::Error::InvalidArgument(std::string(what) + " dims " + DimsStr(dims) + " lead with neither " +
+                                       DimsStr(lead) + " nor 1s");
+  int64_t folded[4] = {ones ? 1 : full[0], dims[nl], dims[nl + 1], dims[nl + 2]};
   int64_t stride = 1;
   for (int i = 3; i >= 0; --i) {
-    if (dims[i] != 1 && dims[i] != full[i])
+    if (folded[i] != 1 && folded[i] != full[i])
       return ffi::Error::InvalidArgument(std::string(what) + " dims " + DimsStr(dims) +
                                          " do not broadcast to (B,N,T,S)");
-    strides[i] = dims[i] == 1 ? 0 : stride;
-    stride *= dims[i];
+    strides[i] = folded[i] == 1 ? 0 : stride;
+    stride *= folded[i];
   }
   return ffi::Error::Success();
 }
 
+// True when a and b have the same first n dims.
+bool SameLead(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b, size_t n) {
+  if (a.size() < n || b.size() < n) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return false;
+  return true;
+}
+
 ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                     ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> out, float scale, bool causal,
+                     ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra,
+                     float scale, bool causal,
                      int64_t window_left, int64_t window_right, int64_t q_offset, float softcap,
                      float masked_value, bool has_bias, bool has_mask, bool has_q_lengths, bool has_kv_lengths,
                      int64_t block_q, int64_t block_k, int64_t kv_splits) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), od = out->dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || vd.size() != 4 || od.size() != 4)
-    return ffi::Error::InvalidArgument("q, k, v and out must be rank 4");
+  const size_t rank = qd.size();
+  if (rank < 4 || kd.size() != rank || vd.size() != rank || od.size() != rank)
+    return ffi::Error::InvalidArgument("q, k, v and out must have one rank >= 4, got q " + DimsStr(qd) + " k " +
+                                       DimsStr(kd) + " v " + DimsStr(vd) + " out " + DimsStr(od));
+  const size_t nl = rank - 3;  // leading (batch) dims, folded into B
+  const ffi::Span<const int64_t> lead = qd.first(nl);
   AttentionArgs a{};
-  a.B = qd[0], a.T = qd[1], a.N = qd[2], a.H = qd[3];
-  a.S = kd[1], a.K = kd[2], a.D = vd[3];
-  if (kd[0] != a.B || kd[3] != a.H || vd[0] != a.B || vd[1] != a.S || vd[2] != a.K)
+  a.B = 1;
+  for (size_t i = 0; i < nl; ++i) a.B *= qd[i];
+  a.T = qd[nl], a.N = qd[nl + 1], a.H = qd[nl + 2];
+  a.S = kd[nl], a.K = kd[nl + 1], a.D = vd[nl + 2];
+  if (!SameLead(kd, qd, nl) || kd[nl + 2] != a.H || !SameLead(vd, qd, nl) || vd[nl] != a.S || vd[nl + 1] != a.K)
     return ffi::Error::InvalidArgument("k " + DimsStr(kd) + " / v " + DimsStr(vd) + " do not match q " + DimsStr(qd));
   if (a.K == 0 || a.N % a.K != 0)
     return ffi::Error::InvalidArgument("N=" + std::to_string(a.N) + " is not a multiple of K=" + std::to_string(a.K));
-  if (od[0] != a.B || od[1] != a.T || od[2] != a.N || od[3] != a.D)
+  if (!SameLead(od, qd, nl) || od[nl] != a.T || od[nl + 1] != a.N || od[nl + 2] != a.D)
     return ffi::Error::InvalidArgument("out " + DimsStr(od) + " is not (B,T,N,D)");
   if (!ElemTypeOf(q.element_type(), &a.dtype) || k.element_type() != q.element_type() ||
       v.element_type() != q.element_type() || out->element_type() != q.element_type())
     return ffi::Error::InvalidArgument("q, k, v and out must all be f32 or all bf16");
+  if (extra.size() > 1) return ffi::Error::InvalidArgument("at most one extra result (lse)");
+  if (extra.size() == 1) {
+    auto lse = extra.get<ffi::AnyBuffer>(0);
+    if (!lse.has_value()) return lse.error();
+    auto ld = (*lse)->dimensions();
+    if ((*lse)->element_type() != ffi::DataType::F32 || ld.size() != rank - 1 || !SameLead(ld, qd, nl) ||
+        ld[nl] != a.T || ld[nl + 1] != a.N)
+      return ffi::Error::InvalidArgument("lse " + DimsStr(ld) + " must be f32 (B,T,N)");
+    a.lse = static_cast<float*>((*lse)->untyped_data());
+  }
   a.q = q.untyped_data(), a.k = k.untyped_data(), a.v = v.untyped_data(), a.out = out->untyped_data();
 
   const int64_t full[4] = {a.B, a.N, a.T, a.S};
@@ -176,14 +217,14 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
     if (!buf.has_value()) return buf.error();
     if (!ElemTypeOf(buf->element_type(), &a.bias_dtype))
       return ffi::Error::InvalidArgument("bias must be f32 or bf16");
-    if (auto err = BroadcastStrides("bias", *buf, full, a.bias_strides); err.failure()) return err;
+    if (auto err = BroadcastStrides("bias", *buf, lead, full, a.bias_strides); err.failure()) return err;
     a.bias = buf->untyped_data();
   }
   if (has_mask) {
     auto buf = take("mask");
     if (!buf.has_value()) return buf.error();
     if (buf->element_type() != ffi::DataType::PRED) return ffi::Error::InvalidArgument("mask must be bool");
-    if (auto err = BroadcastStrides("mask", *buf, full, a.mask_strides); err.failure()) return err;
+    if (auto err = BroadcastStrides("mask", *buf, lead, full, a.mask_strides); err.failure()) return err;
     a.mask = static_cast<const uint8_t*>(buf->untyped_data());
   }
   for (auto [present, what, dst] : {std::make_tuple(has_q_lengths, "q_lengths", &a.q_lengths),
@@ -191,8 +232,9 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
     if (!present) continue;
     auto buf = take(what);
     if (!buf.has_value()) return buf.error();
-    if (buf->element_type() != ffi::DataType::S32 || buf->dimensions().size() != 1 || buf->dimensions()[0] != a.B)
-      return ffi::Error::InvalidArgument(std::string(what) + " must be int32 of shape (B,)");
+    if (buf->element_type() != ffi::DataType::S32 || buf->dimensions().size() != nl ||
+        !SameLead(buf->dimensions(), qd, nl))
+      return ffi::Error::InvalidArgument(std::string(what) + " must be int32 of shape " + DimsStr(lead));
     *dst = static_cast<const int32_t*>(buf->untyped_data());
   }
   if (next != optional.size()) return ffi::Error::InvalidArgument("unexpected extra operands");
@@ -200,9 +242,11 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   a.scale = scale, a.softcap = softcap, a.masked_value = masked_value;
   a.window_left = window_left, a.window_right = causal ? 0 : window_right, a.q_offset = q_offset;
 
+  if (a.lse && a.D == 0) return ffi::Error::InvalidArgument("lse needs D > 0");
   if (a.B * a.T * a.N * a.D == 0) return ffi::Error::Success();
-  if (a.S == 0) {  // softmax over no keys: the reference's P.V is an empty sum
+  if (a.S == 0) {  // softmax over no keys: the reference's P.V is an empty sum, the log-sum-exp -inf
     std::memset(a.out, 0, static_cast<size_t>(a.B * a.T * a.N * a.D) * (a.dtype == ElemType::kF32 ? 4 : 2));
+    if (a.lse) std::fill(a.lse, a.lse + a.B * a.T * a.N, -__builtin_inff());
     return ffi::Error::Success();
   }
 
@@ -248,6 +292,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_attention, hlofuse::cpu::Attention,
                                   .Arg<ffi::AnyBuffer>()  // v
                                   .RemainingArgs()        // bias?, mask?, q_lengths?, kv_lengths?
                                   .Ret<ffi::AnyBuffer>()  // out
+                                  .RemainingRets()        // lse?
                                   .Attr<float>("scale")
                                   .Attr<bool>("causal")
                                   .Attr<int64_t>("window_left")

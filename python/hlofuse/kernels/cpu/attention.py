@@ -47,21 +47,25 @@ class BlockSizes:
         return cls()
 
 
-def _as_4d(x: jax.Array, name: str, full: tuple[int, int, int, int]) -> jax.Array:
-    if x.ndim > 4:
-        raise ValueError(
-            f"{name} has rank {x.ndim} > 4; expected (B|1, N|1, T|1, S|1) broadcasting to {full}"
-        )
-    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
-    for got, want in zip(x.shape, full, strict=True):
+def _broadcastable(x: jax.Array, name: str, lead: tuple[int, ...], full: tuple[int, int, int]) -> jax.Array:
+    """x as (L|1s..., N|1, T|1, S|1): leading 1s added, and leading dims that mix 1s and L broadcast to L
+    (the kernel folds L into one batch dim, which is either broadcast or not)."""
+    rank = len(lead) + 3
+    if x.ndim > rank:
+        raise ValueError(f"{name} has rank {x.ndim} > {rank}; expected (B|1, N|1, T|1, S|1) broadcasting to "
+                         f"{(*lead, *full)}")
+    x = x.reshape((1,) * (rank - x.ndim) + x.shape)
+    for got, want in zip(x.shape, (*lead, *full), strict=True):
         if got not in (1, want):
-            raise ValueError(f"{name} shape {x.shape} does not broadcast to (B, N, T, S) = {full}")
+            raise ValueError(f"{name} shape {x.shape} does not broadcast to (B, N, T, S) = {(*lead, *full)}")
+    if x.shape[:len(lead)] not in (lead, (1,) * len(lead)):
+        x = jnp.broadcast_to(x, lead + x.shape[len(lead):])
     return x
 
 
-def _lengths(x: jax.Array, name: str, b: int) -> jax.Array:
-    if x.shape != (b,):
-        raise ValueError(f"{name} shape {x.shape} != (B,) = ({b},)")
+def _lengths(x: jax.Array, name: str, lead: tuple[int, ...]) -> jax.Array:
+    if x.shape != lead:
+        raise ValueError(f"{name} shape {x.shape} != the leading (batch) dims {lead}")
     return x.astype(jnp.int32)
 
 
@@ -83,14 +87,56 @@ def attention(
     kv_lengths: jax.Array | None = None,  # (B,) int
     block_sizes: BlockSizes | None = None,
 ) -> jax.Array:  # (B, T, N, D), in q's dtype
-    """`attention_reference`'s semantics, computed by the native CPU kernel (f32 or bf16 q/k/v)."""
-    if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-        raise ValueError(f"q, k, v must be rank 4, got {q.shape}, {k.shape}, {v.shape}")
-    b, t, n, h = q.shape
-    s, kv_heads = k.shape[1], k.shape[2]
-    if k.shape != (b, s, kv_heads, h):
+    """`attention_reference`'s semantics, computed by the native CPU kernel (f32 or bf16 q/k/v).
+
+    B may be several leading dims L (q (*L, T, N, H), k (*L, S, K, H), ...; lengths of shape L): the
+    kernel treats them as one batch dim, which lets XLA's batch partitioner cut any of them."""
+    return _attention_call(q, k, v, bias=bias, mask=mask, q_lengths=q_lengths, kv_lengths=kv_lengths,
+                           block_sizes=block_sizes, return_lse=False, scale=scale, causal=causal,
+                           window_left=window_left, window_right=window_right, q_offset=q_offset, softcap=softcap,
+                           masked_value=masked_value)[0]
+
+
+def attention_with_lse(
+    q: jax.Array,  # (*L, T, N, H)
+    k: jax.Array,  # (*L, S, K, H)
+    v: jax.Array,  # (*L, S, K, D)
+    **kwargs: Any,  # as `attention`
+) -> tuple[jax.Array, jax.Array]:  # out (*L, T, N, D) in q's dtype, lse (*L, T, N) f32
+    """`attention`, plus each row's log-sum-exp of its (masked) logits: -inf for a row that sees no key.
+    Two calls over disjoint key ranges combine exactly: out = sum_i exp(lse_i - lse) out_i with
+    lse = logsumexp_i(lse_i)."""
+    out, lse = _attention_call(q, k, v, return_lse=True, **kwargs)
+    return out, lse
+
+
+def _attention_call(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    bias: jax.Array | None = None,
+    mask: jax.Array | None = None,
+    q_lengths: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    block_sizes: BlockSizes | None = None,
+    return_lse: bool,
+    scale: float,
+    causal: bool = False,
+    window_left: int = UNBOUNDED,
+    window_right: int = UNBOUNDED,
+    q_offset: int = 0,
+    softcap: float = 0.0,
+    masked_value: float = float("-inf"),
+) -> list[jax.Array]:
+    if q.ndim < 4 or k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must share one rank >= 4, got {q.shape}, {k.shape}, {v.shape}")
+    lead = tuple(q.shape[:-3])
+    t, n, h = q.shape[-3:]
+    s, kv_heads = k.shape[-3], k.shape[-2]
+    if k.shape != (*lead, s, kv_heads, h):
         raise ValueError(f"k shape {k.shape} does not match q shape {q.shape} (B and H)")
-    if v.shape[:3] != (b, s, kv_heads):
+    if v.shape[:-1] != (*lead, s, kv_heads):
         raise ValueError(f"v shape {v.shape} does not match k shape {k.shape} (B, S, K)")
     if kv_heads == 0 or n % kv_heads:
         raise ValueError(f"query heads N={n} are not a multiple of kv heads K={kv_heads}")
@@ -101,21 +147,23 @@ def attention(
     blocks = block_sizes or BlockSizes.get_default()
     register()
 
-    full = (b, n, t, s)
+    full = (n, t, s)
     operands = [q, k, v]
     if bias is not None:
-        bias = _as_4d(bias, "bias", full)
+        bias = _broadcastable(bias, "bias", lead, full)
         operands.append(bias if bias.dtype in (jnp.float32, jnp.bfloat16) else bias.astype(jnp.float32))
     if mask is not None:
-        operands.append(_as_4d(mask, "mask", full).astype(jnp.bool_))
+        operands.append(_broadcastable(mask, "mask", lead, full).astype(jnp.bool_))
     if q_lengths is not None:
-        operands.append(_lengths(q_lengths, "q_lengths", b))
+        operands.append(_lengths(q_lengths, "q_lengths", lead))
     if kv_lengths is not None:
-        operands.append(_lengths(kv_lengths, "kv_lengths", b))
+        operands.append(_lengths(kv_lengths, "kv_lengths", lead))
 
-    out_type = jax.ShapeDtypeStruct((b, t, n, v.shape[3]), q.dtype)
-    call = jax.ffi.ffi_call(TARGET, out_type, vmap_method="sequential")
-    return call(
+    out_types = [jax.ShapeDtypeStruct((*lead, t, n, v.shape[-1]), q.dtype)]
+    if return_lse:
+        out_types.append(jax.ShapeDtypeStruct((*lead, t, n), jnp.float32))
+    call = jax.ffi.ffi_call(TARGET, out_types, vmap_method="sequential")
+    results = call(
         *operands,
         scale=np.float32(scale),
         causal=np.bool_(causal),
@@ -132,6 +180,7 @@ def attention(
         block_k=np.int64(blocks.block_k),
         kv_splits=np.int64(blocks.kv_splits),
     )
+    return list(results)
 
 
 def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
@@ -162,4 +211,4 @@ def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
     return attrs.bind_operands(kernel)
 
 
-__all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference"]
+__all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse"]
