@@ -25,6 +25,7 @@ every composite of a module compiled for several devices, unless `multi_device=b
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -39,7 +40,14 @@ from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERS
 from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, Unsupported, kernel_for, known_targets
 from hlofuse.pipeline import ModulePass, PassState
-from hlofuse.sharding import annotate_if_partitioned, is_partitioned
+from hlofuse.sharding import annotate_if_partitioned, device_count
+
+# (composite, target) -> the lowering used instead in a module compiled for several devices, called as
+# `lowering(call, devices)`: its kernel takes the dims to keep local (heads, key-range splits) as leading
+# batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on one device.
+PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
+    ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:partitioned_lowering",
+}
 
 # The composite versions this build lowers.
 VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
@@ -94,6 +102,17 @@ def _composite_call(composite: ir.Operation) -> CompositeCall:
     return CompositeCall(name, version, attribute_values(composite.attributes["composite_attributes"]), types)
 
 
+def _kernel(call: CompositeCall, target: str, devices: int) -> Callable[..., Any]:
+    """The target's kernel for `call` in a module compiled for `devices` devices; raises Unsupported."""
+    entry = PARTITIONED_LOWERINGS.get((call.name, target)) if devices > 1 else None
+    if entry is None:
+        return kernel_for(call, target)
+    module_name, function_name = entry.split(":")
+    lowering: Callable[[CompositeCall, int], Callable[..., Any]] = getattr(importlib.import_module(module_name),
+                                                                           function_name)
+    return lowering(call, devices)
+
+
 def _composites(module: ir.Operation) -> list[ir.Operation]:
     found: list[ir.Operation] = []
 
@@ -124,7 +143,8 @@ class LowerKernelsPass(ModulePass):
             raise ValueError(f"unknown target '{self.target}' (known: {', '.join(known_targets())})")
         if self.multi_device not in ("keep", "batch"):
             raise ValueError(f"multi_device takes keep or batch, not '{self.multi_device}'")
-        keep_partitioned = self.multi_device == "keep" and is_partitioned(module)
+        devices = device_count(module)
+        keep_partitioned = self.multi_device == "keep" and devices > 1
         lowered_any = False
         for composite in _composites(module):
             call = _composite_call(composite)
@@ -135,9 +155,10 @@ class LowerKernelsPass(ModulePass):
                 if call.version != VERSIONS[call.name]:
                     raise Unsupported(f"version {call.version} is not {VERSIONS[call.name]}")
                 if keep_partitioned:
-                    raise Unsupported("the module runs on several devices and the kernels partition only along "
-                                      "the batch; XLA partitions the composite instead (multi_device=batch lowers)")
-                kernel = kernel_for(call, self.target)
+                    raise Unsupported("the module runs on several devices and a kernel call gathers the dims "
+                                      "it cannot cut (a KV sequence outside decode, a vocab); XLA partitions the "
+                                      "composite instead (multi_device=batch lowers)")
+                kernel = _kernel(call, self.target, devices)
             except Unsupported as reason:
                 state.remark(composite, f"kept as a composite: {reason}")
                 state.count(f"{short}_kept_composite")

@@ -76,43 +76,55 @@ def _rule(operands: Sequence[Sequence[Sequence[str]]], results: Sequence[Sequenc
 
 
 def attention_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
-    """The rule of an `hlofuse_attention` call (q, k, v, then bias?, mask?, q_lengths?, kv_lengths?)
-    and its number of batch dims.
+    """The rule of an `hlofuse_attention` call (q, k, v, then bias?, mask?, q_lengths?, kv_lengths?;
+    results out, then lse?) and its number of batch dims.
 
-    q (B,T,N,H) -> [b, t, (k g), h]; k (B,S,K,H) -> [b, s, k, h]; v (B,S,K,D) -> [b, s, k, d];
-    out (B,T,N,D) -> [b, t, (k g), d]: query head n reads kv head n // G, so N is the compound (K, G).
-    A (B|1,N|1,T|1,S|1) bias or mask uses the same factors, and a size-1 dim a factor of its own.
+    q (*L,T,N,H) -> [*l, t, (k g), h]; k (*L,S,K,H) -> [*l, s, k, h]; v (*L,S,K,D) -> [*l, s, k, d];
+    out (*L,T,N,D) -> [*l, t, (k g), d]; lse (*L,T,N) -> [*l, t, (k g)]: query head n reads kv head
+    n // G, so N is the compound (K, G). L is the batch (B) in one-device layouts and (B, K[, P]) in
+    the multi-device one (hlofuse.kernels.cpu.attention.partitioned_lowering); every L dim is a batch
+    dim. A (L|1, N|1, T|1, S|1) bias or mask uses the same factors, a size-1 dim a factor of its own;
+    lengths are `[*l]`.
     """
     context = op.context
     operands = list(op.operands)
     q, k, v = (_dims(x) for x in operands[:3])
-    b, t, n, h = q
-    s, kv, d = k[1], k[2], v[3]
+    nl = len(q) - 3
+    t, n, h = q[nl:]
+    s, kv, d = k[nl], k[nl + 1], v[nl + 2]
     f = _Factors()
-    fb, ft = f.new(b), f.new(t)
+    lead = [f.new(size) for size in q[:nl]]
+    ft = f.new(t)
     if kv == n:
         heads = [f.new(n)]
         fk = heads[0]
+    elif kv == 1:  # Shardy takes no size-1 factor in a compound dim
+        heads = [f.new(n)]
+        fk = f.new(1)
     else:
         fk, fg = f.new(kv), f.new(n // kv)
         heads = [fk, fg]
     fh = f.new(h)
     fs = f.new(s)
     fd = fh if d == h else f.new(d)
-    mappings: list[list[list[str]]] = [[[fb], [ft], heads, [fh]], [[fb], [fs], [fk], [fh]],
-                                       [[fb], [fs], [fk], [fd]]]
-    full = {0: [fb], 1: heads, 2: [ft], 3: [fs]}
+    batch = [[x] for x in lead]
+    mappings: list[list[list[str]]] = [[*batch, [ft], heads, [fh]], [*batch, [fs], [fk], [fh]],
+                                       [*batch, [fs], [fk], [fd]]]
+    full = [*batch, heads, [ft], [fs]]
     for extra in operands[3:]:
         dims = _dims(extra)
-        if len(dims) == 4:
-            mappings.append([full[i] if dims[i] != 1 or full[i] == [fb] and b == 1 else [f.new(1)]
-                             for i in range(4)])
-        else:  # (B,) lengths
-            mappings.append([[fb]])
-    # Only B is cut per device; every other factor is gathered before the call.
-    f.need_replication = [x for x in f.sizes if x != fb]
-    rule = _rule(mappings, [[[fb], [ft], heads, [fd]]], f, context)
-    return rule, 1
+        if len(dims) == nl + 3:
+            mappings.append([full[i] if dims[i] != 1 or q[i] == 1 and i < nl else [f.new(1)]
+                             for i in range(nl + 3)])
+        else:  # lengths (*L,)
+            mappings.append(batch)
+    results = [[*batch, [ft], heads, [fd]]]
+    if len(op.results) > 1:  # lse
+        results.append([*batch, [ft], heads])
+    # Only the leading dims are cut per device; every other factor is gathered before the call.
+    f.need_replication = [x for x in f.sizes if x not in lead]
+    rule = _rule(mappings, results, f, context)
+    return rule, nl
 
 
 def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
@@ -159,18 +171,23 @@ def annotate_op(op: ir.Operation) -> bool:
     return True
 
 
-def is_partitioned(module: ir.Operation) -> bool:
-    """True when `module` is compiled for more than one device (`mhlo.num_partitions` > 1 or a
-    `sdy.mesh` with more than one device): only then do the calls need rules."""
+def device_count(module: ir.Operation) -> int:
+    """How many devices `module` is compiled for: `mhlo.num_partitions`, else the largest `sdy.mesh`."""
     attrs = module.attributes
-    if "mhlo.num_partitions" in attrs and ir.IntegerAttr(attrs["mhlo.num_partitions"]).value > 1:
-        return True
+    count = 1
+    if "mhlo.num_partitions" in attrs:
+        count = ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
     for op in module.regions[0].blocks[0].operations:
         if op.operation.name == "sdy.mesh":
             sizes = [int(x) for x in re.findall(r'"[^"]*"\s*=\s*(\d+)', str(op.operation.attributes["mesh"]))]
-            if math.prod(sizes) > 1:
-                return True
-    return False
+            count = max(count, math.prod(sizes))
+    return count
+
+
+def is_partitioned(module: ir.Operation) -> bool:
+    """True when `module` is compiled for more than one device (`mhlo.num_partitions` > 1 or a
+    `sdy.mesh` with more than one device): only then do the calls need rules."""
+    return device_count(module) > 1
 
 
 def annotate(root: ir.Operation) -> int:
@@ -193,4 +210,5 @@ def annotate_if_partitioned(module: ir.Operation) -> int:
     return annotate(module) if is_partitioned(module) else 0
 
 
-__all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "is_partitioned", "sample_rule"]
+__all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "device_count", "is_partitioned",
+           "sample_rule"]

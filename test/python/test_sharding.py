@@ -24,24 +24,19 @@ from hlofuse.kernels import cpu
 SCRIPT = Path(__file__).with_name("sharding_cases.py")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
-_HEADS = ("the CPU kernel takes rank-4 BTNH operands and XLA's batch partitioner cuts leading dims only, "
-          "so sharded heads are all-gathered before the call (needs a kernel that folds leading (B, K) "
-          "batch dims)")
 _SAMPLE_KEY = ("XLA's batch partitioner cuts every operand's leading dim and hlofuse_sample's key is an "
                "unbatched (2,), so the call has no num_batch_dims and sharded rows are gathered")
 XFAIL = {
-    "head_parallel": _HEADS,
-    "head_parallel_2d": _HEADS,
-    "gqa_kv_heads_sharded": _HEADS,
-    "decode_kv_sequence_sharded": ("KV sequence sharded: the kernel returns no per-shard (max, sum), so the "
-                                   "flash-decoding combine is not emitted and K/V are all-gathered"),
     "sampling_batch_sharded": _SAMPLE_KEY,
     "sampling_vocab_sharded": ("vocab sharded: no per-shard top-k + merge yet; the logits are all-gathered "
                                "(fewer collectives than the unfused program, but more bytes)"),
 }
 # sampling_top_k_batch_sharded: gathered rows as well, but XLA's own top_k gathers the same bytes.
-CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "shard_map", "sampling_top_k_batch_sharded",
-         *XFAIL)
+# Attention cases: the multi-device lowering puts kv heads (and, for decode, key-range splits) in front as
+# batch dims, so sharded batch, heads and decode KV sequence all stay local.
+ATTENTION_CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "head_parallel", "head_parallel_2d",
+                   "gqa_kv_heads_sharded", "decode_kv_sequence_sharded")
+CASES = (*ATTENTION_CASES, "shard_map", "sampling_top_k_batch_sharded", *XFAIL)
 
 pytestmark = pytest.mark.skipif(not cpu.is_available(), reason="native CPU kernels are not built")
 

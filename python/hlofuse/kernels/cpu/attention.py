@@ -19,6 +19,7 @@ from hlofuse.kernels.cpu import register
 from hlofuse.kernels.reference import UNBOUNDED, attention_mask, attention_reference, zero_empty_rows_of
 
 if TYPE_CHECKING:
+    from hlofuse.composites import AttentionAttrs
     from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_attention"
@@ -183,8 +184,8 @@ def _attention_call(
     return list(results)
 
 
-def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
-    """target=cpu: this kernel for an `hlofuse.attention` composite, or Unsupported saying why not."""
+def _supported_attrs(call: CompositeCall) -> AttentionAttrs:
+    """The composite's attributes if this kernel takes them, else Unsupported saying why not."""
     from hlofuse.composites import AttentionAttrs
     from hlofuse.kernels import Unsupported, cpu
 
@@ -197,18 +198,136 @@ def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
     if attrs.zero_empty_rows and attrs.masked_value > -1e4:
         # Zeroing whole rows afterwards is exact only if masked keys already weigh exactly 0.
         raise Unsupported("zero_empty_rows with a mask fill above -1e4")
+    return attrs
+
+
+def _zeroed_if_asked(out: jax.Array, q: jax.Array, k: jax.Array, zero_empty_rows: bool,
+                     kwargs: dict[str, Any]) -> jax.Array:
+    if not zero_empty_rows:
+        return out
+    visible = attention_mask(q.shape[1], k.shape[1], causal=kwargs["causal"],
+                             window_left=kwargs["window_left"], window_right=kwargs["window_right"],
+                             q_offset=kwargs["q_offset"], mask=kwargs.get("mask"),
+                             q_lengths=kwargs.get("q_lengths"), kv_lengths=kwargs.get("kv_lengths"))
+    return zero_empty_rows_of(out, visible)
+
+
+def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
+    """target=cpu: this kernel for an `hlofuse.attention` composite, or Unsupported saying why not."""
+    attrs = _supported_attrs(call)
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        out = attention(q, k, v, **kwargs)
-        if not zero_empty_rows:
-            return out
-        visible = attention_mask(q.shape[1], k.shape[1], causal=kwargs["causal"],
-                                 window_left=kwargs["window_left"], window_right=kwargs["window_right"],
-                                 q_offset=kwargs["q_offset"], mask=kwargs.get("mask"),
-                                 q_lengths=kwargs.get("q_lengths"), kv_lengths=kwargs.get("kv_lengths"))
-        return zero_empty_rows_of(out, visible)
+        return _zeroed_if_asked(attention(q, k, v, **kwargs), q, k, zero_empty_rows, kwargs)
 
     return attrs.bind_operands(kernel)
 
 
-__all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse"]
+#===--- Multi-device layout -----------------------------------------------------------------===#
+# XLA's batch partitioner (`num_batch_dims`, hlofuse.sharding) runs a call per shard of its LEADING
+# dims only. So in a module compiled for several devices the call takes the kv heads, and for decode
+# P splits of the key range, as leading batch dims:
+#   q (B,T,N,H) -> (B, K, [P,] T, G, H)     k (B,S,K,H) -> (B, K, [P,] S/P, 1, H)     (N = K * G)
+# Heads sharded (Megatron, GQA with kv heads sharded) cut K; a KV cache sharded along S cuts P, and
+# the P partial results combine exactly through their log-sum-exps: a max and two sums over P, the
+# same reductions (and bytes) the unfused softmax's partitioned program communicates.
+
+
+def kv_splits_for(attrs: AttentionAttrs, call: CompositeCall, devices: int) -> int:
+    """P: how many key-range splits a multi-device decode call takes as a leading batch dim (1 = none).
+
+    Only decode (T == 1) splits, with no bias or mask operand and no left window: the causal / right
+    window bound of a single query row is a key-length bound, which each split can shift by its offset.
+    """
+    t, s = call.operand_types[0][0][1], call.operand_types[1][0][1]
+    if devices < 2 or t != 1 or s % devices or attrs.window_left != UNBOUNDED:
+        return 1
+    if {"bias", "mask"} & set(attrs.operands):
+        return 1
+    return devices
+
+
+def _heads_leading(x: jax.Array, groups: int, splits: int) -> jax.Array:
+    """(B, L, K*groups, H) -> (B, K, [splits,] L/splits, groups, H): kv heads (and key splits) lead."""
+    b, length, heads, h = x.shape
+    kv = heads // groups
+    x = x.reshape(b, splits, length // splits, kv, groups, h)
+    x = jnp.transpose(x, (0, 3, 1, 2, 4, 5))
+    return x if splits > 1 else x.reshape(b, kv, length, groups, h)
+
+
+def _broadcast_operand(x: jax.Array, kv: int, groups: int) -> jax.Array:
+    """A (B|1, N|1, T|1, S|1) bias or mask as (B|1, K|1, G|1, T|1, S|1); the caller broadcasts its
+    leading dims to the call's (the batch partitioner cuts every operand's leading dims alike)."""
+    x = x.reshape((1,) * (4 - x.ndim) + x.shape)
+    b1, n1, t1, s1 = x.shape
+    x = x.reshape(b1, kv, groups, t1, s1) if n1 != 1 else x.reshape(b1, 1, 1, t1, s1)
+    return x
+
+
+def _combine_splits(out: jax.Array, lse: jax.Array, dtype: Any) -> jax.Array:  # noqa: ANN401
+    """out (B, K, P, T, G, D), lse (B, K, P, T, G) -> (B, K, T, G, D): the softmax over all P key ranges.
+
+    A split that sees no key (lse -inf, out NaN) weighs 0; a row no split sees is 0/0 = NaN, as the
+    reference's fully masked row is."""
+    top = jnp.max(lse, axis=2, keepdims=True)
+    empty = lse == -jnp.inf
+    weight = jnp.where(empty, 0.0, jnp.exp(lse - jnp.where(jnp.isfinite(top), top, 0.0)))
+    parts = jnp.where(empty[..., None], 0.0, out.astype(jnp.float32))
+    total = jnp.sum(weight[..., None] * parts, axis=2) / jnp.sum(weight, axis=2)[..., None]
+    return total.astype(dtype)
+
+
+def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
+    """target=cpu in a module compiled for `devices` > 1 devices: the kernel with kv heads (and, for
+    decode, `kv_splits_for` key ranges) as leading batch dims, so the partitioner keeps it local when
+    batch, heads or the KV sequence are sharded. Same results as `attention_lowering`'s."""
+    attrs = _supported_attrs(call)
+    splits = kv_splits_for(attrs, call, devices)
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        b, t, n, _ = q.shape
+        s, kv = k.shape[1], k.shape[2]
+        groups = n // kv
+        lead = (b, kv, splits) if splits > 1 else (b, kv)
+        qh = q.reshape(b, t, kv, groups, q.shape[3]).transpose(0, 2, 1, 3, 4)  # (B, K, T, G, H)
+        if splits > 1:
+            qh = jnp.broadcast_to(qh[:, :, None], (b, kv, splits, *qh.shape[2:]))
+        kh, vh = _heads_leading(k, 1, splits), _heads_leading(v, 1, splits)
+        local = dict(kwargs)
+        for name in ("bias", "mask"):
+            if local.get(name) is not None:
+                x = _broadcast_operand(local[name], kv, groups)
+                local[name] = jnp.broadcast_to(x, lead + x.shape[2:])
+        if local.get("q_lengths") is not None:
+            local["q_lengths"] = jnp.broadcast_to(local["q_lengths"].reshape(b, *(1,) * (len(lead) - 1)), lead)
+        if splits > 1:
+            local["kv_lengths"] = _split_kv_lengths(local, b, s, splits, lead)
+            local.update(causal=False, window_right=UNBOUNDED, q_offset=0)
+            out, lse = attention_with_lse(qh, kh, vh, **local)
+            out = _combine_splits(out, lse, q.dtype)
+        else:
+            if local.get("kv_lengths") is not None:
+                local["kv_lengths"] = jnp.broadcast_to(local["kv_lengths"][:, None], lead)
+            out = attention(qh, kh, vh, **local)
+        out = out.transpose(0, 2, 1, 3, 4).reshape(b, t, n, v.shape[3])  # (B, K, T, G, D) -> (B, T, N, D)
+        return _zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)
+
+    return attrs.bind_operands(kernel)
+
+
+def _split_kv_lengths(kwargs: dict[str, Any], b: int, s: int, splits: int, lead: tuple[int, ...]) -> jax.Array:
+    """(B, K, P) key lengths of each split: the composite's kv_lengths and, for the one query row, its
+    causal / right-window bound (key j visible iff j <= q_offset + right), shifted by the split's offset."""
+    limit = jnp.full((b,), s, jnp.int32)
+    if kwargs.get("kv_lengths") is not None:
+        limit = jnp.minimum(limit, kwargs["kv_lengths"].astype(jnp.int32))
+    right = 0 if kwargs["causal"] else kwargs["window_right"]
+    if right != UNBOUNDED:
+        limit = jnp.minimum(limit, jnp.int32(max(0, kwargs["q_offset"] + right + 1)))
+    offsets = jnp.arange(splits, dtype=jnp.int32) * (s // splits)
+    per_split = jnp.clip(limit[:, None] - offsets[None, :], 0, s // splits)  # (B, P)
+    return jnp.broadcast_to(per_split[:, None, :], lead)
+
+
+__all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse",
+           "kv_splits_for", "partitioned_lowering"]
