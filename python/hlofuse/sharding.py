@@ -34,6 +34,12 @@ from jaxlib.mlir import ir
 # Custom-call targets that get a rule here, and the function that writes it.
 ATTENTION_TARGETS = ("hlofuse_attention",)
 SAMPLE_TARGETS = ("hlofuse_sample",)
+# The calls other targets' kernels emit (Pallas Mosaic TPU, Pallas Triton / Mosaic GPU, NKI). These names
+# are shared with every other kernel of those backends, so only calls inside a function hlofuse-lower-kernels
+# inlined (`hlofuse.<op>.<target>`) get a rule.
+FOREIGN_TARGETS = ("tpu_custom_call", "__gpu$xla.gpu.triton", "mosaic_gpu", "mosaic_gpu_v2",
+                   "AwsNeuronCustomNativeKernel")
+KERNEL_FUNC_PREFIX = "hlofuse."
 
 RULE_ATTR = "sdy.sharding_rule"
 FRONTEND_ATTR = "mhlo.frontend_attributes"
@@ -145,6 +151,28 @@ def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
     return _rule(mappings, [[[fr]]], f, op.context), 0
 
 
+def foreign_rule(op: ir.Operation, batch: int) -> tuple[ir.Attribute, int]:
+    """The rule of a Pallas / NKI kernel call inside an hlofuse kernel function whose batch is `batch`.
+
+    Every operand and result of those calls leads with the batch B (the kernels' grids run over B first:
+    q, k, v in the kernels' layouts, the (B, 2) lengths, partial results) or with a broadcast 1
+    (bias, mask): dim 0 of size B is the factor b, every other dim a factor of its own, kept whole
+    (`need_replication`). No `num_batch_dims`: XLA has no batch partitioner for these targets, so the
+    rule steers propagation (the batch sharding flows through the call) and the partitioner still runs
+    the call on whole operands."""
+    f = _Factors()
+    fb = f.new(batch)
+
+    def mapping(value: ir.Value) -> list[list[str]]:
+        dims = _dims(value)
+        return [[fb] if i == 0 and size == batch else [f.new(size)] for i, size in enumerate(dims)]
+
+    operands = [mapping(x) for x in op.operands]
+    results = [mapping(x) for x in op.results]
+    f.need_replication = [x for x in f.sizes if x != fb]
+    return _rule(operands, results, f, op.context), 0
+
+
 def _target(op: ir.Operation) -> str | None:
     if op.name != "stablehlo.custom_call" or "call_target_name" not in op.attributes:
         return None
@@ -160,14 +188,7 @@ def annotate_op(op: ir.Operation) -> bool:
         rule, batch_dims = sample_rule(op)
     else:
         return False
-    op.attributes[RULE_ATTR] = rule
-    if batch_dims:
-        entries = {}
-        if FRONTEND_ATTR in op.attributes:
-            old = ir.DictAttr(op.attributes[FRONTEND_ATTR])
-            entries = {old[i].name: old[i].attr for i in range(len(old))}
-        entries["num_batch_dims"] = ir.StringAttr.get(str(batch_dims), op.context)
-        op.attributes[FRONTEND_ATTR] = ir.DictAttr.get(entries, op.context)
+    _set_rule(op, rule, batch_dims)
     return True
 
 
@@ -190,18 +211,55 @@ def is_partitioned(module: ir.Operation) -> bool:
     return device_count(module) > 1
 
 
-def annotate(root: ir.Operation) -> int:
-    """Annotates every hlofuse kernel custom call under `root`; returns how many."""
+def _set_rule(op: ir.Operation, rule: ir.Attribute, batch_dims: int) -> None:
+    op.attributes[RULE_ATTR] = rule
+    if batch_dims:
+        entries = {}
+        if FRONTEND_ATTR in op.attributes:
+            old = ir.DictAttr(op.attributes[FRONTEND_ATTR])
+            entries = {old[i].name: old[i].attr for i in range(len(old))}
+        entries["num_batch_dims"] = ir.StringAttr.get(str(batch_dims), op.context)
+        op.attributes[FRONTEND_ATTR] = ir.DictAttr.get(entries, op.context)
+
+
+def _annotate_foreign_calls(func_op: ir.Operation) -> int:
+    """Rules for the Pallas / NKI calls inside one `hlofuse.<op>.<target>` function (batch: its arg 0's
+    dim 0, B in every composite's canonical operands)."""
+    args = func_op.regions[0].blocks[0].arguments
+    try:
+        batch = _dims(args[0])[0]
+    except (IndexError, ValueError):  # no argument, or not a ranked tensor of rank >= 1
+        return 0
     count = 0
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal count
+        if _target(op) in FOREIGN_TARGETS and RULE_ATTR not in op.attributes:
+            _set_rule(op, *foreign_rule(op, batch))
+            count += 1
+        return ir.WalkResult.ADVANCE
+
+    func_op.walk(visit)
+    return count
+
+
+def annotate(root: ir.Operation) -> int:
+    """Annotates every hlofuse kernel custom call under `root` (hlofuse's own targets anywhere, other
+    targets' calls inside hlofuse kernel functions); returns how many."""
+    count = 0
+    kernel_funcs: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         nonlocal count
         if annotate_op(op):
             count += 1
+        elif (op.name == "func.func" and "sym_name" in op.attributes
+              and ir.StringAttr(op.attributes["sym_name"]).value.startswith(KERNEL_FUNC_PREFIX)):
+            kernel_funcs.append(op)
         return ir.WalkResult.ADVANCE
 
     root.walk(visit)
-    return count
+    return count + sum(_annotate_foreign_calls(op) for op in kernel_funcs)
 
 
 def annotate_if_partitioned(module: ir.Operation) -> int:
@@ -210,5 +268,5 @@ def annotate_if_partitioned(module: ir.Operation) -> int:
     return annotate(module) if is_partitioned(module) else 0
 
 
-__all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "device_count", "is_partitioned",
-           "sample_rule"]
+__all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "device_count", "foreign_rule",
+           "is_partitioned", "sample_rule"]

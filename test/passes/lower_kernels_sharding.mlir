@@ -1,0 +1,111 @@
+// hlofuse-lower-kernels in modules compiled for several devices (docs/sharding.md): the calls hlofuse emits
+// carry Shardy rules; the CPU kernel takes kv heads (and, for decode, key-range splits) as leading batch
+// dims; the default (multi_device=keep) leaves composites to XLA's partitioner; one-device modules are
+// lowered exactly as before.
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=batch})' | filecheck %s --check-prefix=CPU
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu})' --remarks 2>&1 | filecheck %s --check-prefix=KEEP
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu multi_device=batch})' | filecheck %s --check-prefix=TPU
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu multi_device=batch})' | filecheck %s --check-prefix=GPU
+// REQUIRES: cpu-kernels
+
+// Megatron / GQA with kv heads sharded: q (B,T,N,H) = (2,16,8,16) on K = 4 kv heads becomes
+// (B, K, T, G, H), k and v (B, K, S, 1, H); B and K are batch dims, so either may be sharded.
+// CPU-LABEL: func.func public @heads_sharded
+// CPU: call @hlofuse.attention.cpu
+// CPU: func.func private @hlofuse.attention.cpu
+// CPU: %[[Q:.*]] = stablehlo.transpose {{.*}} -> tensor<2x4x16x2x16xf32>
+// CPU: stablehlo.custom_call @hlofuse_attention(%[[Q]],
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, n], [i, j, o, m, n], [i, j, o, m, n])->([i, j, k, l, n])
+// CPU-SAME: need_replication={k, l, m, n, o}
+// CPU-SAME: (tensor<2x4x16x2x16xf32>, tensor<2x4x16x1x16xf32>, tensor<2x4x16x1x16xf32>) -> tensor<2x4x16x2x16xf32>
+// CPU: stablehlo.transpose {{.*}} -> tensor<2x16x4x2x16xf32>
+// KEEP: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: the module runs on several devices
+// KEEP-LABEL: func.func public @heads_sharded
+// KEEP: stablehlo.composite "hlofuse.attention"
+// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// TPU: stablehlo.custom_call @tpu_custom_call(
+// TPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i, k, l, m], [i, n, o, p], [i, q, r, s])->([i, t, u, v])
+// TPU-NOT: num_batch_dims
+// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
+// GPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i, k, l, m], [i, n, o, p], [i, q, r, s])->([i, t, u, v])
+// GPU-NOT: num_batch_dims
+module @heads attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["data"=2, "model"=4]>
+  func.func public @heads_sharded(%arg0: tensor<2x16x8x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>}, %arg1: tensor<2x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>}, %arg2: tensor<2x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>}) -> tensor<2x16x8x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %arg0, %arg1, %arg2 {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 8 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 0.25 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = 0 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x16x8x16xf32>, tensor<2x16x4x16xf32>, tensor<2x16x4x16xf32>) -> tensor<2x16x8x16xf32>
+    return %0 : tensor<2x16x8x16xf32>
+  }
+  func.func private @impl(%arg0: tensor<2x16x8x16xf32>, %arg1: tensor<2x16x4x16xf32>, %arg2: tensor<2x16x4x16xf32>) -> tensor<2x16x8x16xf32> {
+    return %arg0 : tensor<2x16x8x16xf32>
+  }
+}
+
+// -----
+
+// Decode against a KV cache sharded along S over 8 devices: the key range splits into P = 8 leading
+// batch dims, the call also returns each split's log-sum-exp, and the splits combine through a max
+// and two sums over P (the reductions the partitioner turns into all-reduces).
+// CPU-LABEL: func.func public @decode_kv_sequence_sharded
+// CPU: func.func private @hlofuse.attention.cpu
+// CPU: %[[OUT:.*]]:2 = stablehlo.custom_call @hlofuse_attention(
+// CPU-SAME: has_kv_lengths = true
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "3"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n], [i, j, k, o, m, n], [i, j, k, o, m, n], [i, j, k])->([i, j, k, l, m, n], [i, j, k, l, m])
+// CPU-SAME: -> (tensor<2x4x8x1x1x16xf32>, tensor<2x4x8x1x1xf32>)
+// CPU: stablehlo.reduce(%[[OUT]]#1 {{.*}} applies stablehlo.maximum across dimensions = [2]
+// CPU: stablehlo.reduce({{.*}} applies stablehlo.add across dimensions = [2]
+// CPU: stablehlo.reduce({{.*}} applies stablehlo.add across dimensions = [2]
+// KEEP-LABEL: func.func public @decode_kv_sequence_sharded
+// KEEP: stablehlo.composite "hlofuse.attention"
+// The Pallas calls lead with B = 2 everywhere (lengths, rows, K, V, partial results): B is their one
+// shared factor.
+// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// TPU: stablehlo.custom_call @tpu_custom_call(
+// TPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i,
+// TPU-SAME: {i=2,
+// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
+// GPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i,
+// GPU-SAME: {i=2,
+module @decode attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["seq"=8]>
+  func.func public @decode_kv_sequence_sharded(%arg0: tensor<2x1x4x16xf32>, %arg1: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg2: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) -> tensor<2x1x4x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %arg0, %arg1, %arg2 {composite_attributes = {causal = false, decode = true, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 0.25 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = -1 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x1x4x16xf32>, tensor<2x256x4x16xf32>, tensor<2x256x4x16xf32>) -> tensor<2x1x4x16xf32>
+    return %0 : tensor<2x1x4x16xf32>
+  }
+  func.func private @impl(%arg0: tensor<2x1x4x16xf32>, %arg1: tensor<2x256x4x16xf32>, %arg2: tensor<2x256x4x16xf32>) -> tensor<2x1x4x16xf32> {
+    return %arg0 : tensor<2x1x4x16xf32>
+  }
+}
+
+// -----
+
+// One device: the kernel takes the canonical rank-4 operands, with no transposes, rule or batch dims.
+// CPU-LABEL: func.func public @no_match_one_device
+// CPU: func.func private @hlofuse.attention.cpu
+// CPU-NOT: stablehlo.transpose
+// CPU: stablehlo.custom_call @hlofuse_attention(%arg0, %arg1, %arg2)
+// CPU-NOT: num_batch_dims
+// CPU-NOT: sdy.sharding_rule
+// CPU-SAME: (tensor<2x16x8x16xf32>, tensor<2x16x4x16xf32>, tensor<2x16x4x16xf32>) -> tensor<2x16x8x16xf32>
+// KEEP-LABEL: func.func public @no_match_one_device
+// KEEP: call @hlofuse.attention.cpu
+// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// TPU: stablehlo.custom_call @tpu_custom_call(
+// TPU-NOT: sdy.sharding_rule
+// TPU: return
+// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
+// GPU-NOT: sdy.sharding_rule
+// GPU: return
+module @one_device attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @no_match_one_device(%arg0: tensor<2x16x8x16xf32>, %arg1: tensor<2x16x4x16xf32>, %arg2: tensor<2x16x4x16xf32>) -> tensor<2x16x8x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %arg0, %arg1, %arg2 {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 8 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 0.25 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = 0 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x16x8x16xf32>, tensor<2x16x4x16xf32>, tensor<2x16x4x16xf32>) -> tensor<2x16x8x16xf32>
+    return %0 : tensor<2x16x8x16xf32>
+  }
+  func.func private @impl(%arg0: tensor<2x16x8x16xf32>, %arg1: tensor<2x16x4x16xf32>, %arg2: tensor<2x16x4x16xf32>) -> tensor<2x16x8x16xf32> {
+    return %arg0 : tensor<2x16x8x16xf32>
+  }
+}
