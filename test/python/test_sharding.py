@@ -85,3 +85,36 @@ def test_default_pipeline_adds_no_communication(report: dict[str, Any], case: st
     default, unfused = got["default"], got["unfused"]
     more = {k: (default[k], unfused[k]) for k in (*COLLECTIVES, "bytes") if default[k] > unfused[k]}
     assert not more, f"{case}: the default pipeline added communication (default, unfused): {more}"
+
+
+_FOREIGN = """
+module attributes {mhlo.num_partitions = 8 : i32} {
+  func.func private @hlofuse.attention.neuron(%q: tensor<2x4x16x8xf32>, %k: tensor<2x16x4x8xf32>)
+      -> tensor<2x4x8x16xf32> {
+    %0 = stablehlo.custom_call @AwsNeuronCustomNativeKernel(%q, %k)
+      : (tensor<2x4x16x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x8x16xf32>
+    return %0 : tensor<2x4x8x16xf32>
+  }
+  func.func private @user_kernel(%q: tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32> {
+    %0 = stablehlo.custom_call @tpu_custom_call(%q) : (tensor<2x4x16x8xf32>) -> tensor<2x4x16x8xf32>
+    return %0 : tensor<2x4x16x8xf32>
+  }
+}
+"""
+
+
+def test_foreign_kernel_calls_get_a_batch_rule_only_inside_hlofuse_functions() -> None:
+    """NKI / Pallas calls in `hlofuse.<op>.<target>` functions get B (dim 0 of the function's q) as their
+    one shared factor; the same call target in a user's own function is left alone."""
+    from hlofuse.ir.context import parse_module
+    from hlofuse.sharding import RULE_ATTR, annotate
+
+    module = parse_module(_FOREIGN)
+    assert annotate(module.operation) == 1
+    text = str(module)
+    neuron = next(line for line in text.splitlines() if "AwsNeuronCustomNativeKernel" in line)
+    assert ("#sdy.op_sharding_rule<([i, j, k, l], [i, m, n, o])->([i, p, q, r]) {i=2, j=4, k=16, l=8, m=16, n=4, "
+            "o=8, p=4, q=8, r=16} need_replication={j, k, l, m, n, o, p, q, r}>") in neuron
+    assert "num_batch_dims" not in neuron
+    user = next(line for line in text.splitlines() if "tpu_custom_call" in line)
+    assert RULE_ATTR not in user
