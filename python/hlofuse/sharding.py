@@ -2,24 +2,28 @@
 them local instead of all-gathering their operands.
 
 After hlofuse-lower-kernels has inlined a kernel's JAX function (`inline_jax_function`), `annotate`
-walks that function for hlofuse's custom calls and gives each
+walks the module for hlofuse's custom calls and gives each
 
 - an `sdy.sharding_rule` naming its factors (batch, query and key sequence, heads, head dims, vocab),
   which steers Shardy's propagation through the call, and
 - where the call's leading dims are batch-like in every operand and result, the frontend attribute
   `num_batch_dims`; with the target registered by `jax.ffi.register_ffi_target_as_batch_partitionable`
   (`hlofuse.kernels.cpu.register`), XLA then runs the call per shard on those dims, with no collectives.
+  In multi-device modules the CPU attention call leads with (B, K[, P]) (kv heads, decode key-range
+  splits: hlofuse.kernels.cpu.attention.partitioned_lowering), so all three stay local.
 
-Factors that are not batch dims (heads, sequences, head dims, vocab) are all-gathered before the call
-if they arrive sharded: still exactly right, but with communication (docs/sharding.md says which cases
-are local and which are not yet).
+Factors that are not batch dims are all-gathered before the call if they arrive sharded: still exactly
+right, but with communication (docs/sharding.md says which cases are local). The Pallas and NKI calls
+inside hlofuse kernel functions get a rule with B as their one shared factor and no `num_batch_dims`
+(XLA has no batch partitioner for those targets).
 
-    %0 = stablehlo.custom_call @hlofuse_attention(%q, %k, %v) {...}
+    %0 = stablehlo.custom_call @hlofuse_attention(%q, %k, %v) {...}     q (B, K, T, G, H), k (B, K, S, 1, H)
   becomes
     %0 = stablehlo.custom_call @hlofuse_attention(%q, %k, %v) {...,
-           mhlo.frontend_attributes = {num_batch_dims = "1"},
-           sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l], [i, m, k, l], [i, m, k, n])
-                                                     ->([i, j, k, n]) {i=2, j=16, k=4, l=64, m=16, n=64}>}
+           mhlo.frontend_attributes = {num_batch_dims = "2"},
+           sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, n], [i, j, o, m, n], [i, j, o, m, n])
+                                 ->([i, j, k, l, n]) {i=2, j=4, k=16, l=2, m=1, n=16, o=16}
+                                 need_replication={k, l, m, n, o}>}
 """
 
 from __future__ import annotations
