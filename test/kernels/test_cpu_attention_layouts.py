@@ -130,7 +130,7 @@ PARTITIONED = [  # (B, T, S, N, K, H, attributes, optional operands)
     (3, 1, 32, 4, 1, 8, dict(window_right=3, q_offset=10, masked_value=-1e9), ()),
     (2, 1, 64, 4, 2, 16, dict(masked_value=-1e9, zero_empty_rows=True), ("q_lengths", "kv_lengths")),
     (2, 1, 64, 4, 2, 16, dict(), ("kv_lengths",)),  # a row with kv length 0: NaN, as the reference
-    (2, 1, 64, 4, 2, 16, dict(window_left=5, q_offset=40), ()),  # left window: no splits
+    (2, 1, 64, 4, 2, 16, dict(window_left=5, q_offset=40), ("kv_lengths",)),  # left window: no splits
     (2, 9, 64, 4, 2, 16, dict(causal=True, q_offset=55, softcap=5.0), ("bias", "mask")),  # prefill: no splits
 ]
 

@@ -152,6 +152,23 @@ def case_decode_kv_sequence_sharded() -> dict[str, Any]:
     return run(attention, _qkv(2, 1, 256, 4, 4, 16), (P(), kv_spec, kv_spec), P(), mesh)
 
 
+def _cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
+    """Decode against a KV cache filled up to a per-row length (keys >= length masked with -inf)."""
+    s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]).astype(np.float32)
+    s = jnp.where(jnp.arange(k.shape[1])[None, None, None, :] < lengths[:, None, None, None], s, -jnp.inf)
+    return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
+
+
+def case_decode_kv_sequence_sharded_lengths() -> dict[str, Any]:
+    """2-D mesh: batch over `data` (2), the cache's sequence over `seq` (4), per-row cache lengths; each
+    device holds 2 of the 8 key-range splits, some of them past a row's length (they weigh 0)."""
+    mesh = mesh_of((2, 4), ("data", "seq"))
+    kv_spec = P("data", "seq")
+    lengths = jnp.asarray([200, 37, 256, 1], jnp.int32)
+    return run(_cache_attention, (*_qkv(4, 1, 256, 8, 8, 16), lengths), (P("data"), kv_spec, kv_spec, P("data")),
+               P("data"), mesh)
+
+
 def _greedy(logits: jax.Array) -> jax.Array:
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 

@@ -35,7 +35,7 @@ XFAIL = {
 # Attention cases: the multi-device lowering puts kv heads (and, for decode, key-range splits) in front as
 # batch dims, so sharded batch, heads and decode KV sequence all stay local.
 ATTENTION_CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "head_parallel", "head_parallel_2d",
-                   "gqa_kv_heads_sharded", "decode_kv_sequence_sharded")
+                   "gqa_kv_heads_sharded", "decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths")
 CASES = (*ATTENTION_CASES, "shard_map", "sampling_top_k_batch_sharded", *XFAIL)
 
 pytestmark = pytest.mark.skipif(not cpu.is_available(), reason="native CPU kernels are not built")
