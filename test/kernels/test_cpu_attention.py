@@ -156,9 +156,11 @@ def test_decode_split(splits, dtype):
     _check(q, k, v, block_sizes=blocks, window_left=700, q_offset=1199)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("blocks", [BlockSizes(1, 1), BlockSizes(16, 48), BlockSizes(128, 256), BlockSizes(7, 13)])
-def test_block_sizes(blocks):
-    _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, jnp.float32), causal=True, block_sizes=blocks)
+def test_block_sizes(blocks, dtype):
+    # bf16 with AMX: key blocks that are not whole 16- or 32-key tiles, and tiles of few rows.
+    _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, dtype), causal=True, block_sizes=blocks)
 
 
 def test_head_dim_differs_from_value_dim():
