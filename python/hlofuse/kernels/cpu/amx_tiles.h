@@ -101,6 +101,3 @@ inline void amx_pair_rows(__m512i a, __m512i b, __m512i* lo, __m512i* hi) {
   *lo = _mm512_permutex2var_epi16(a, _mm512_load_si512(kLo), b);
   *hi = _mm512_permutex2var_epi16(a, _mm512_load_si512(kHi), b);
 }
-
-// The high halves of 16 f32 already rounded to bf16: 16 bf16.
-inline __m256i amx_bf16_of(vf x) { return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(x), 16)); }

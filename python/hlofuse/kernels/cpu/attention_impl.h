@@ -465,16 +465,25 @@ inline void v_block_vnni(const AttentionArgs& args, const AttentionPlan& plan, c
   }
 }
 
-// pb (Mp, Ja) = P^T (jn, Mp) transposed, 16 x 16 at a time; keys [jn, Ja) are zero.
+// pb (Mp, Ja) = P^T (jn, Mp) transposed; keys [jn, Ja) are zero. P is already rounded to bf16, so
+// rows 2 j2 and 2 j2 + 1 of P^T pack into one vector of 32-bit words (p[2 j2][r], p[2 j2 + 1][r]),
+// and one 16 x 16 transpose of those words yields 32 keys of 16 rows of P: half the shuffles of
+// transposing f32 and narrowing afterwards.
 inline void p_rows_bf16(const AttentionPlan& plan, int64_t jn, int64_t ldp, const float* s, uint16_t* pb) {
   const int64_t mp = plan.rows_pad, ja = round_up(jn, 32);
+  const __m512i hi_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
   vf blk[16];
   for (int64_t c = 0; c < mp; c += 16) {
-    for (int64_t j0 = 0; j0 < ja; j0 += 16) {
-      for (int64_t i = 0; i < 16; ++i) blk[i] = j0 + i < jn ? vload(s + (j0 + i) * mp + c) : vzero();
+    for (int64_t j0 = 0; j0 < ja; j0 += 32) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t j = j0 + 2 * i;
+        const __m512i even = j < jn ? _mm512_castps_si512(vload(s + j * mp + c)) : _mm512_setzero_si512();
+        const __m512i odd = j + 1 < jn ? _mm512_castps_si512(vload(s + (j + 1) * mp + c)) : _mm512_setzero_si512();
+        // (even >> 16) | (odd & 0xffff0000)
+        blk[i] = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, hi_half, 0xF8));
+      }
       vtranspose(blk);
-      for (int64_t u = 0; u < 16; ++u)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pb + (c + u) * ldp + j0), amx_bf16_of(blk[u]));
+      for (int64_t u = 0; u < 16; ++u) vstore(reinterpret_cast<float*>(pb + (c + u) * ldp + j0), blk[u]);
     }
   }
 }
@@ -495,10 +504,18 @@ inline void rescale_o(const AttentionPlan& plan, const float* alpha, float* o) {
   }
 }
 
-// S^T = scale * K_blk . Q^T (rows [0, jn) are the block's keys).
-inline void qk_amx(const AttentionArgs& args, const AttentionPlan& plan, int64_t jn, const Scratch& sc) {
+// S^T = scale * K_blk . Q^T (rows [0, jn) are the block's keys). K tiles load in place when the
+// block is whole tiles (H a multiple of 32, jn of 16); otherwise from a zero-padded copy.
+inline void qk_amx(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
+                   const Scratch& sc) {
   const int64_t mp = plan.rows_pad, ha = round_up(args.H, 32);
-  const AmxOperand kt{reinterpret_cast<const char*>(sc.kb), ha * 2, 16 * ha * 2, 64};
+  AmxOperand kt{reinterpret_cast<const char*>(sc.kb), ha * 2, 16 * ha * 2, 64};
+  if (args.H % 32 == 0 && jn % 16 == 0) {
+    const int64_t ld = args.K * args.H * 2;
+    kt = {static_cast<const char*>(args.k) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.H * 2, ld, 16 * ld, 64};
+  } else {
+    k_block_bf16(args, tl, j0, jn, sc.kb);
+  }
   const AmxOperand qt{reinterpret_cast<const char*>(sc.qv), mp * 4, 64, 16 * mp * 4};
   amx_gemm<false>(div_up(jn, 16), mp / 16, ha / 32, kt, qt, sc.s, mp * 4);
   const vf scale = vset1(args.scale);
@@ -601,7 +618,7 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   // S^T (jn, Mp) = K_blk . Q^T
 #if defined(HLOFUSE_AMX_TILES)
   const bool amx = use_amx(args, tl.rows);
-  if (amx) k_block_bf16(args, tl, j0, jn, sc.kb), qk_amx(args, plan, jn, sc);
+  if (amx) qk_amx(args, plan, tl, j0, jn, sc);
 #else
   constexpr bool amx = false;
 #endif
