@@ -415,14 +415,29 @@ inline bool use_amx(const AttentionArgs& args, int64_t rows) {
   return args.dtype == ElemType::kBF16 && !use_qk_dot(rows);
 }
 
-// qv (Ha/2, Mp): word (h2, r) = (q[r][2 h2], q[r][2 h2 + 1]). Unscaled: scaling S^T in f32 (as the
-// reference does) avoids rounding scale * q to bf16.
+// qv (Ha/2, Mp): word (h2, r) = (q[r][2 h2], q[r][2 h2 + 1]), i.e. the 32-bit transpose of the
+// tile's q rows. Unscaled: scaling S^T in f32 (as the reference does) avoids rounding scale * q to bf16.
 inline void pack_q_vnni(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, uint32_t* qv) {
   const int64_t mp = plan.rows_pad, H = args.H, ha = round_up(H, 32);
+  auto q_row = [&](int64_t r) {
+    return static_cast<const uint16_t*>(args.q) +
+           ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * H;
+  };
+  if (H % 32 == 0) {
+    vf blk[16];
+    for (int64_t c = 0; c < mp; c += 16) {
+      for (int64_t h2 = 0; h2 < H / 2; h2 += 16) {
+        for (int64_t i = 0; i < 16; ++i)
+          blk[i] = c + i < tl.rows ? vload(reinterpret_cast<const float*>(q_row(c + i)) + h2) : vzero();
+        vtranspose(blk);
+        for (int64_t u = 0; u < 16; ++u) vstore(reinterpret_cast<float*>(qv + (h2 + u) * mp + c), blk[u]);
+      }
+    }
+    return;
+  }
   for (int64_t i = 0; i < ha / 2 * mp; ++i) qv[i] = 0;
   for (int64_t r = 0; r < tl.rows; ++r) {
-    const uint16_t* src = static_cast<const uint16_t*>(args.q) +
-                          ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * H;
+    const uint16_t* src = q_row(r);
     for (int64_t h = 0; h < H; ++h) qv[(h / 2) * mp + r] |= static_cast<uint32_t>(src[h]) << (16 * (h & 1));
   }
 }
@@ -504,7 +519,7 @@ inline void rescale_o(const AttentionPlan& plan, const float* alpha, float* o) {
   }
 }
 
-// S^T = scale * K_blk . Q^T (rows [0, jn) are the block's keys). K tiles load in place when the
+// S^T = K_blk . Q^T, unscaled (rows [0, jn) are the block's keys). K tiles load in place when the
 // block is whole tiles (H a multiple of 32, jn of 16); otherwise from a zero-padded copy.
 inline void qk_amx(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
                    const Scratch& sc) {
@@ -518,8 +533,6 @@ inline void qk_amx(const AttentionArgs& args, const AttentionPlan& plan, const T
   }
   const AmxOperand qt{reinterpret_cast<const char*>(sc.qv), mp * 4, 64, 16 * mp * 4};
   amx_gemm<false>(div_up(jn, 16), mp / 16, ha / 32, kt, qt, sc.s, mp * 4);
-  const vf scale = vset1(args.scale);
-  for (int64_t i = 0; i < jn * mp; i += kW) vstore(sc.s + i, vmul(vload(sc.s + i), scale));
 }
 
 // O = diag(alpha) O + P . V_blk, with V_blk already in vb.
@@ -633,6 +646,18 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
     }
   }
 
+  // The AMX products leave S^T unscaled. The scale joins the first pass that reads S^T: its own
+  // pass before soft-cap, bias or mask, else the range mask or the max and exp below (scale > 0
+  // keeps the max where it is).
+  float pending = 1.0f;
+#if defined(HLOFUSE_AMX_TILES)
+  if (amx) pending = args.scale;
+#endif
+  if (pending != 1.0f && (args.softcap != 0.0f || args.bias || args.mask || !(pending > 0.0f))) {
+    const vf f = vset1(pending);
+    for (int64_t i = 0; i < jn * mp; i += kW) vstore(s + i, vmul(vload(s + i), f));
+    pending = 1.0f;
+  }
   if (args.softcap != 0.0f) {
     const vf cap = vset1(args.softcap), inv = vset1(1.0f / args.softcap);
     for (int64_t i = 0; i < jn * mp; i += kW) vstore(s + i, vmul(vtanh(vmul(vload(s + i), inv)), cap));
@@ -643,25 +668,28 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   const vf mv = vset1(args.masked_value), neg_inf = vset1(-kInf);
   const bool round_p = args.dtype == ElemType::kBF16;
   for (int64_t c = 0; c < mp; c += kW) {
+    vf f = vset1(pending);
     if (partial) {
       const vf lo = vload(sc.lo + c), hi = vload(sc.hi + c);
       for (int64_t j = 0; j < jn; ++j) {
         float* p = s + j * mp + c;
-        vstore(p, vselect_in(vset1(static_cast<float>(j0 + j)), lo, hi, vload(p), mv));
+        vstore(p, vselect_in(vset1(static_cast<float>(j0 + j)), lo, hi, vmul(vload(p), f), mv));
       }
+      f = vset1(1.0f);
     }
     vf mx = neg_inf, mx2 = neg_inf;  // two chains: vmax latency, not throughput, bounds this loop
     int64_t j = 0;
     for (; j + 2 <= jn; j += 2) mx = vmax(mx, vload(s + j * mp + c)), mx2 = vmax(mx2, vload(s + (j + 1) * mp + c));
     if (j < jn) mx = vmax(mx, vload(s + j * mp + c));
-    mx = vmax(mx, mx2);
+    mx = vmul(vmax(mx, mx2), f);
     const vf m_old = vload(sc.m + c);
     const vf m_new = vmax(m_old, mx);
     const vf m_use = vselect_eq(m_new, neg_inf, vzero(), m_new);  // all -inf so far: p = 0
+    const vf neg_m = vsub(vzero(), m_use);
     vf sum = vzero();
     for (int64_t j = 0; j < jn; ++j) {
       float* p = s + j * mp + c;
-      vf e = vexp_nonpos(vsub(vload(p), m_use));
+      vf e = vexp_nonpos(vfma(vload(p), f, neg_m));  // f == 1: exactly s - m
       sum = vadd(sum, e);
       vstore(p, round_p ? vround_bf16(e) : e);
     }
