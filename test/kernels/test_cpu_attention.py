@@ -19,7 +19,7 @@ if not cpu.is_available():
 
 from hlofuse.kernels.cpu.attention import BlockSizes, attention, attention_reference  # noqa: E402
 
-_ORDER = ("avx512", "avx2", "generic")
+_ORDER = ("amx", "avx512", "avx2", "generic")
 ISAS = list(_ORDER[_ORDER.index(cpu.isa()) :])  # the best one this CPU runs, and every fallback below it
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=0, atol=2e-2)}
 
@@ -156,9 +156,11 @@ def test_decode_split(splits, dtype):
     _check(q, k, v, block_sizes=blocks, window_left=700, q_offset=1199)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("blocks", [BlockSizes(1, 1), BlockSizes(16, 48), BlockSizes(128, 256), BlockSizes(7, 13)])
-def test_block_sizes(blocks):
-    _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, jnp.float32), causal=True, block_sizes=blocks)
+def test_block_sizes(blocks, dtype):
+    # bf16 with AMX: key blocks that are not whole 16- or 32-key tiles, and tiles of few rows.
+    _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, dtype), causal=True, block_sizes=blocks)
 
 
 def test_head_dim_differs_from_value_dim():

@@ -26,6 +26,14 @@
 #include "attention_kernel.h"
 #include "xla/ffi/api/ffi.h"
 
+#if defined(HLOFUSE_HAVE_AMX_KERNEL)
+#include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#endif
+
 namespace ffi = xla::ffi;
 
 namespace hlofuse::cpu {
@@ -50,13 +58,41 @@ bool CpuHasAvx2() {
 #endif
 }
 
-// The best kernel this CPU runs; HLOFUSE_CPU_ISA=avx512|avx2|generic asks for a lower one.
+#if defined(HLOFUSE_HAVE_AMX_KERNEL)
+// AMX-BF16 in cpuid, the tile state enabled by the OS (XCR0 bits 17-18), and on Linux the kernel's
+// permission for this process to use it (requested once; the answer covers every thread). Any "no"
+// leaves the AVX-512 kernel in charge.
+bool RequestAmx() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+  if (!amx_bf16 || !amx_tile || !__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1)) return false;  // OSXSAVE
+  uint32_t xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if (((xcr0_lo >> 17) & 3) != 3) return false;
+#if defined(__linux__)
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
+#endif
+  return true;
+}
+
+bool CpuHasAmx() {
+  static const bool granted = CpuHasAvx512() && RequestAmx();
+  return granted;
+}
+#endif
+
+// The best kernel this CPU runs; HLOFUSE_CPU_ISA=amx|avx512|avx2|generic asks for a lower one.
 KernelTable SelectKernels() {
   const char* env = std::getenv("HLOFUSE_CPU_ISA");
   const std::string_view want = env ? env : "";
+#if defined(HLOFUSE_HAVE_AMX_KERNEL)
+  if ((want.empty() || want == "amx") && CpuHasAmx()) return AmxKernels();
+#endif
 #if defined(HLOFUSE_HAVE_X86_KERNELS)
-  if (CpuHasAvx512() && (want.empty() || want == "avx512")) return Avx512Kernels();
-  if (CpuHasAvx2() && (want.empty() || want == "avx512" || want == "avx2")) return Avx2Kernels();
+  if (CpuHasAvx512() && (want.empty() || want == "amx" || want == "avx512")) return Avx512Kernels();
+  if (CpuHasAvx2() && (want.empty() || want == "amx" || want == "avx512" || want == "avx2")) return Avx2Kernels();
 #endif
   return GenericKernels();
 }
@@ -308,7 +344,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_attention, hlofuse::cpu::Attention,
                                   .Attr<int64_t>("block_k")
                                   .Attr<int64_t>("kv_splits"));
 
-// Which kernel a call would run on this CPU ("avx512", "avx2" or "generic"), for tests and benches.
+// Which kernel a call would run on this CPU ("amx", "avx512", "avx2" or "generic"), for tests and benches.
 extern "C" __attribute__((visibility("default"))) const char* hlofuse_cpu_isa() {
   return hlofuse::cpu::SelectKernels().name;
 }

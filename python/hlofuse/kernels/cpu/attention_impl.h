@@ -191,6 +191,13 @@ inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, c
 
 //===--- Tiles and scratch -----------------------------------------------------------------===//
 
+#if defined(HLOFUSE_AMX_TILES)
+// AMX stores S^T in whole 16-key tiles and reads P in 32-key steps.
+inline int64_t s_rows(int64_t block_k) { return round_up(block_k, 32); }
+#else
+inline int64_t s_rows(int64_t block_k) { return block_k; }
+#endif
+
 // Per-worker scratch, in floats; every region starts on a 64-byte boundary.
 struct Scratch {
   float* qt;     // (H, Mp) scaled Q^T
@@ -205,6 +212,12 @@ struct Scratch {
   float* lo;     // (Mp) first visible key of each row
   float* hi;     // (Mp) one past the last visible key
   float* vsum;   // (Dp) sum of v over skipped keys
+#if defined(HLOFUSE_AMX_TILES)
+  uint32_t* qv;  // (Ha / 2, Mp) unscaled Q^T as bf16 pairs along H (the VNNI layout), Ha = H rounded to 32
+  uint16_t* kb;  // (Ja, Ha) K block as bf16, Ja = block_k rounded to 32; padding is zero
+  uint16_t* pb;  // (Mp, Ja) P as bf16 rows (S^T transposed); keys past the block are zero
+  uint32_t* vb;  // (Ja / 2, Dp) V block as bf16 pairs along the keys (VNNI); padding is zero
+#endif
 };
 
 inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& plan, float* base, int64_t* total) {
@@ -218,7 +231,7 @@ inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& pla
   Scratch sc;
   sc.qt = take(args.H * mp);
   sc.qr = take(mp * round_up(args.H, kW));
-  sc.s = take(bk * mp);
+  sc.s = take(s_rows(bk) * mp);
   sc.o = take(mp * dp);
   sc.kp = take(bk * round_up(args.H, kW));
   sc.vp = take(bk * dp);
@@ -228,6 +241,13 @@ inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& pla
   sc.lo = take(mp);
   sc.hi = take(mp);
   sc.vsum = take(dp);
+#if defined(HLOFUSE_AMX_TILES)
+  const int64_t ha = round_up(args.H, 32), ja = round_up(bk, 32);
+  sc.qv = reinterpret_cast<uint32_t*>(take(ha / 2 * mp));
+  sc.kb = reinterpret_cast<uint16_t*>(take(ja * ha / 2));
+  sc.pb = reinterpret_cast<uint16_t*>(take(mp * ja / 2));
+  sc.vb = reinterpret_cast<uint32_t*>(take(ja / 2 * dp));
+#endif
   if (total) *total = off;
   return sc;
 }
@@ -382,6 +402,150 @@ inline const float* v_block(const AttentionArgs& args, const AttentionPlan& plan
   return vp;
 }
 
+#if defined(HLOFUSE_AMX_TILES)
+//===--- AMX tiles (bf16) --------------------------------------------------------------------===//
+//
+// bf16 tiles of more than a few rows compute both products on AMX tiles (bf16 in, f32 out) in the
+// same S^T layout as the FMA path, so masking and the online softmax below are shared:
+//   S^T (Jt, Mp) = K_blk (Jt, Ha) . Q^T (Ha, Mp), then * scale in f32
+//   O (Mp, Dp)  += P (Mp, Ja) . V_blk (Ja, Dp), P = S^T transposed, already rounded to bf16
+// Jt and Ja are jn rounded up to 16 and 32 keys, Ha is H rounded up to 32; padding is zero.
+
+inline bool use_amx(const AttentionArgs& args, int64_t rows) {
+  return args.dtype == ElemType::kBF16 && !use_qk_dot(rows);
+}
+
+// qv (Ha/2, Mp): word (h2, r) = (q[r][2 h2], q[r][2 h2 + 1]), i.e. the 32-bit transpose of the
+// tile's q rows. Unscaled: scaling S^T in f32 (as the reference does) avoids rounding scale * q to bf16.
+inline void pack_q_vnni(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, uint32_t* qv) {
+  const int64_t mp = plan.rows_pad, H = args.H, ha = round_up(H, 32);
+  auto q_row = [&](int64_t r) {
+    return static_cast<const uint16_t*>(args.q) +
+           ((tl.b * args.T + row_t(tl, plan, r)) * args.N + row_n(tl, plan, r)) * H;
+  };
+  if (H % 32 == 0) {
+    vf blk[16];
+    for (int64_t c = 0; c < mp; c += 16) {
+      for (int64_t h2 = 0; h2 < H / 2; h2 += 16) {
+        for (int64_t i = 0; i < 16; ++i)
+          blk[i] = c + i < tl.rows ? vload(reinterpret_cast<const float*>(q_row(c + i)) + h2) : vzero();
+        vtranspose(blk);
+        for (int64_t u = 0; u < 16; ++u) vstore(reinterpret_cast<float*>(qv + (h2 + u) * mp + c), blk[u]);
+      }
+    }
+    return;
+  }
+  for (int64_t i = 0; i < ha / 2 * mp; ++i) qv[i] = 0;
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    const uint16_t* src = q_row(r);
+    for (int64_t h = 0; h < H; ++h) qv[(h / 2) * mp + r] |= static_cast<uint32_t>(src[h]) << (16 * (h & 1));
+  }
+}
+
+// kb (Jt, Ha) = K rows [j0, j0 + jn), contiguous for the same reason as k_block.
+inline void k_block_bf16(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, uint16_t* kb) {
+  const int64_t H = args.H, ha = round_up(H, 32), stride = args.K * H;
+  const uint16_t* src = static_cast<const uint16_t*>(args.k) + ((tl.b * args.S + j0) * args.K + tl.kh) * H;
+  for (int64_t j = 0; j < round_up(jn, 16); ++j) {
+    uint16_t* dst = kb + j * ha;
+    int64_t h = 0;
+    if (j < jn)
+      for (; h < H; ++h) dst[h] = src[j * stride + h];
+    for (; h < ha; ++h) dst[h] = 0;
+  }
+}
+
+// vb (Ja/2, Dp): word (j2, d) = (v[j0 + 2 j2][d], v[j0 + 2 j2 + 1][d]).
+inline void v_block_vnni(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
+                         int64_t jn, uint32_t* vb) {
+  const int64_t D = args.D, dp = plan.d_pad, stride = args.K * D;
+  const uint16_t* src = static_cast<const uint16_t*>(args.v) + ((tl.b * args.S + j0) * args.K + tl.kh) * D;
+  for (int64_t j = 0; j < round_up(jn, 32); j += 2) {
+    const uint16_t* r0 = j < jn ? src + j * stride : nullptr;
+    const uint16_t* r1 = j + 1 < jn ? src + (j + 1) * stride : nullptr;
+    uint32_t* dst = vb + (j / 2) * dp;
+    int64_t d = 0;
+    if (r1) {
+      for (; d + 32 <= D; d += 32) {
+        __m512i lo, hi;
+        amx_pair_rows(_mm512_loadu_si512(r0 + d), _mm512_loadu_si512(r1 + d), &lo, &hi);
+        _mm512_storeu_si512(dst + d, lo);
+        _mm512_storeu_si512(dst + d + 16, hi);
+      }
+    }
+    for (; d < dp; ++d) {
+      const uint32_t lo = r0 && d < D ? r0[d] : 0u, hi = r1 && d < D ? r1[d] : 0u;
+      dst[d] = lo | hi << 16;
+    }
+  }
+}
+
+// pb (Mp, Ja) = P^T (jn, Mp) transposed; keys [jn, Ja) are zero. P is already rounded to bf16, so
+// rows 2 j2 and 2 j2 + 1 of P^T pack into one vector of 32-bit words (p[2 j2][r], p[2 j2 + 1][r]),
+// and one 16 x 16 transpose of those words yields 32 keys of 16 rows of P: half the shuffles of
+// transposing f32 and narrowing afterwards.
+inline void p_rows_bf16(const AttentionPlan& plan, int64_t jn, int64_t ldp, const float* s, uint16_t* pb) {
+  const int64_t mp = plan.rows_pad, ja = round_up(jn, 32);
+  const __m512i hi_half = _mm512_set1_epi32(static_cast<int32_t>(0xffff0000u));
+  vf blk[16];
+  for (int64_t c = 0; c < mp; c += 16) {
+    for (int64_t j0 = 0; j0 < ja; j0 += 32) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t j = j0 + 2 * i;
+        const __m512i even = j < jn ? _mm512_castps_si512(vload(s + j * mp + c)) : _mm512_setzero_si512();
+        const __m512i odd = j + 1 < jn ? _mm512_castps_si512(vload(s + (j + 1) * mp + c)) : _mm512_setzero_si512();
+        // (even >> 16) | (odd & 0xffff0000)
+        blk[i] = _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_srli_epi32(even, 16), odd, hi_half, 0xF8));
+      }
+      vtranspose(blk);
+      for (int64_t u = 0; u < 16; ++u) vstore(reinterpret_cast<float*>(pb + (c + u) * ldp + j0), blk[u]);
+    }
+  }
+}
+
+// O rows *= alpha. Tiles accumulate in place, so the FMA path's rescale-on-load is a separate pass
+// here; rows whose running max did not move (alpha == 1, most rows after the first blocks) skip it.
+inline void rescale_o(const AttentionPlan& plan, const float* alpha, float* o) {
+  const int64_t dp = plan.d_pad;
+  for (int64_t c = 0; c < plan.rows_pad; c += 16) {
+    uint32_t moved = _mm512_cmp_ps_mask(vload(alpha + c), vset1(1.0f), _CMP_NEQ_UQ);
+    while (moved) {
+      const int64_t r = c + __builtin_ctz(moved);
+      moved &= moved - 1;
+      const vf a = vset1(alpha[r]);
+      float* row = o + r * dp;
+      for (int64_t d = 0; d < dp; d += kW) vstore(row + d, vmul(vload(row + d), a));
+    }
+  }
+}
+
+// S^T = K_blk . Q^T, unscaled (rows [0, jn) are the block's keys). K tiles load in place when the
+// block is whole tiles (H a multiple of 32, jn of 16); otherwise from a zero-padded copy.
+inline void qk_amx(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
+                   const Scratch& sc) {
+  const int64_t mp = plan.rows_pad, ha = round_up(args.H, 32);
+  AmxOperand kt{reinterpret_cast<const char*>(sc.kb), ha * 2, 16 * ha * 2, 64};
+  if (args.H % 32 == 0 && jn % 16 == 0) {
+    const int64_t ld = args.K * args.H * 2;
+    kt = {static_cast<const char*>(args.k) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.H * 2, ld, 16 * ld, 64};
+  } else {
+    k_block_bf16(args, tl, j0, jn, sc.kb);
+  }
+  const AmxOperand qt{reinterpret_cast<const char*>(sc.qv), mp * 4, 64, 16 * mp * 4};
+  amx_gemm<false>(div_up(jn, 16), mp / 16, ha / 32, kt, qt, sc.s, mp * 4);
+}
+
+// O = diag(alpha) O + P . V_blk, with V_blk already in vb.
+inline void pv_amx(const AttentionPlan& plan, int64_t jn, const Scratch& sc) {
+  const int64_t mp = plan.rows_pad, dp = plan.d_pad, ldp = round_up(plan.block_k, 32);
+  rescale_o(plan, sc.alpha, sc.o);
+  p_rows_bf16(plan, jn, ldp, sc.s, sc.pb);
+  const AmxOperand p{reinterpret_cast<const char*>(sc.pb), ldp * 2, 16 * ldp * 2, 64};
+  const AmxOperand v{reinterpret_cast<const char*>(sc.vb), dp * 4, 64, 16 * dp * 4};
+  amx_gemm<true>(mp / 16, dp / 16, div_up(jn, 32), p, v, sc.o, dp * 4);
+}
+#endif  // HLOFUSE_AMX_TILES
+
 //===--- One key block ---------------------------------------------------------------------===//
 
 // S^T += bias, then S^T = masked_value where the bool mask hides a key. Per kW rows: where the keys
@@ -465,15 +629,35 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   if (kb + 1 < kb_end) prefetch_kv(args, tl, j0 + jn, imin(plan.block_k, args.S - j0 - jn));
 
   // S^T (jn, Mp) = K_blk . Q^T
-  int64_t ldk;
-  const bool dot = use_qk_dot(tl.rows);
-  const float* kb_ptr = k_block(args, tl, j0, jn, dot, sc.kp, &ldk);
-  if (dot) {
-    qk_dot_rows(tl.rows, jn, round_up(args.H, kW), sc.qr, kb_ptr, ldk, s, mp);
-  } else {
-    gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
+#if defined(HLOFUSE_AMX_TILES)
+  const bool amx = use_amx(args, tl.rows);
+  if (amx) qk_amx(args, plan, tl, j0, jn, sc);
+#else
+  constexpr bool amx = false;
+#endif
+  if (!amx) {
+    int64_t ldk;
+    const bool dot = use_qk_dot(tl.rows);
+    const float* kb_ptr = k_block(args, tl, j0, jn, dot, sc.kp, &ldk);
+    if (dot) {
+      qk_dot_rows(tl.rows, jn, round_up(args.H, kW), sc.qr, kb_ptr, ldk, s, mp);
+    } else {
+      gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
+    }
   }
 
+  // The AMX products leave S^T unscaled. The scale joins the first pass that reads S^T: its own
+  // pass before soft-cap, bias or mask, else the range mask or the max and exp below (scale > 0
+  // keeps the max where it is).
+  float pending = 1.0f;
+#if defined(HLOFUSE_AMX_TILES)
+  if (amx) pending = args.scale;
+#endif
+  if (pending != 1.0f && (args.softcap != 0.0f || args.bias || args.mask || !(pending > 0.0f))) {
+    const vf f = vset1(pending);
+    for (int64_t i = 0; i < jn * mp; i += kW) vstore(s + i, vmul(vload(s + i), f));
+    pending = 1.0f;
+  }
   if (args.softcap != 0.0f) {
     const vf cap = vset1(args.softcap), inv = vset1(1.0f / args.softcap);
     for (int64_t i = 0; i < jn * mp; i += kW) vstore(s + i, vmul(vtanh(vmul(vload(s + i), inv)), cap));
@@ -484,25 +668,28 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   const vf mv = vset1(args.masked_value), neg_inf = vset1(-kInf);
   const bool round_p = args.dtype == ElemType::kBF16;
   for (int64_t c = 0; c < mp; c += kW) {
+    vf f = vset1(pending);
     if (partial) {
       const vf lo = vload(sc.lo + c), hi = vload(sc.hi + c);
       for (int64_t j = 0; j < jn; ++j) {
         float* p = s + j * mp + c;
-        vstore(p, vselect_in(vset1(static_cast<float>(j0 + j)), lo, hi, vload(p), mv));
+        vstore(p, vselect_in(vset1(static_cast<float>(j0 + j)), lo, hi, vmul(vload(p), f), mv));
       }
+      f = vset1(1.0f);
     }
     vf mx = neg_inf, mx2 = neg_inf;  // two chains: vmax latency, not throughput, bounds this loop
     int64_t j = 0;
     for (; j + 2 <= jn; j += 2) mx = vmax(mx, vload(s + j * mp + c)), mx2 = vmax(mx2, vload(s + (j + 1) * mp + c));
     if (j < jn) mx = vmax(mx, vload(s + j * mp + c));
-    mx = vmax(mx, mx2);
+    mx = vmul(vmax(mx, mx2), f);
     const vf m_old = vload(sc.m + c);
     const vf m_new = vmax(m_old, mx);
     const vf m_use = vselect_eq(m_new, neg_inf, vzero(), m_new);  // all -inf so far: p = 0
+    const vf neg_m = vsub(vzero(), m_use);
     vf sum = vzero();
     for (int64_t j = 0; j < jn; ++j) {
       float* p = s + j * mp + c;
-      vf e = vexp_nonpos(vsub(vload(p), m_use));
+      vf e = vexp_nonpos(vfma(vload(p), f, neg_m));  // f == 1: exactly s - m
       sum = vadd(sum, e);
       vstore(p, round_p ? vround_bf16(e) : e);
     }
@@ -513,6 +700,13 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   }
 
   // O = diag(alpha) O + P . V_blk
+#if defined(HLOFUSE_AMX_TILES)
+  if (amx) {
+    v_block_vnni(args, plan, tl, j0, jn, sc.vb);
+    pv_amx(plan, jn, sc);
+    return;
+  }
+#endif
   int64_t ldv;
   const float* vb = v_block(args, plan, tl, j0, jn, sc.vp, &ldv);
   gemm<true>(tl.rows, dp, jn, s, 1, mp, vb, ldv, sc.o, dp, sc.alpha);
@@ -589,9 +783,18 @@ inline void tile_item(const AttentionArgs& args, const AttentionPlan& plan, int6
   const int64_t nb = tl.kb1 - tl.kb0;
   const int64_t b0 = tl.kb0 + nb * split / plan.splits, b1 = tl.kb0 + nb * (split + 1) / plan.splits;
   init_state(plan, sc);
+#if defined(HLOFUSE_AMX_TILES)
+  const bool amx = b0 < b1 && use_amx(args, tl.rows);
+  if (amx) amx_begin(), pack_q_vnni(args, plan, tl, sc.qv);
+#else
+  constexpr bool amx = false;
+#endif
   if (b0 < b1 && use_qk_dot(tl.rows)) pack_q_rows(args, plan, tl, sc.qr);
-  if (b0 < b1 && !use_qk_dot(tl.rows)) pack_q(args, plan, tl, sc.qt);
+  if (b0 < b1 && !use_qk_dot(tl.rows) && !amx) pack_q(args, plan, tl, sc.qt);
   for (int64_t kb = b0; kb < b1; ++kb) process_block(args, plan, tl, kb, b1, sc);
+#if defined(HLOFUSE_AMX_TILES)
+  if (amx) amx_end();
+#endif
   if (plan.splits == 1) {
     finalize(args, plan, tl, tl.kb0 * plan.block_k, imin(tl.kb1 * plan.block_k, args.S), sc);
     return;

@@ -1,0 +1,33 @@
+// The attention kernel with AMX tiles for bf16 (see CMakeLists.txt for this file's -m flags): the
+// AVX-512 body of attention_avx512.cc plus AMX products for bf16 tiles (amx_tiles.h). f32 inputs and
+// few-row tiles run exactly the AVX-512 code. attention.cc picks it only when cpuid reports AMX-BF16
+// and the kernel grants this process the tile state (Linux: arch_prctl ARCH_REQ_XCOMP_PERM).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
+
+#include "attention_kernel.h"
+
+#define HLOFUSE_AMX_TILES 1
+
+namespace hlofuse::cpu {
+namespace amx {
+namespace {
+#include "vec_avx512.h"
+#include "amx_tiles.h"
+#include "attention_impl.h"
+
+void TileItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
+  tile_item(args, plan, item, scratch);
+}
+void CombineItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
+  combine_item(args, plan, item, scratch);
+}
+int64_t ScratchSize(const AttentionArgs& args, const AttentionPlan& plan) { return scratch_floats(args, plan); }
+}  // namespace
+}  // namespace amx
+
+KernelTable AmxKernels() { return {"amx", amx::kW, amx::TileItem, amx::CombineItem, amx::ScratchSize}; }
+
+}  // namespace hlofuse::cpu
