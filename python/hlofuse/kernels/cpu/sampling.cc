@@ -1,23 +1,30 @@
 // hlofuse_sample: token sampling over (rows, V) logits without sorting the vocabulary.
 //
-// Returns the token ids of hlofuse.kernels.sampling_reference for each form (sampling.py's FORM_CODES):
-// the filters find their threshold from a bounded candidate set (a min-heap of k for top-k, the
-// tokens within a growing distance of the row max for top-p), and Gumbel noise is computed only for
-// the tokens that survive, from threefry2x32 at the same counters JAX uses (counter = flat index of
-// the noise element), with the same float steps (bf16 rounds after every op, as XLA does).
+// Returns the token ids of hlofuse.kernels.sampling_reference for each form (sampling.py's FORM_CODES).
+// The filters find their threshold without a sort (a k-element heap behind a threshold test for
+// top-k; a histogram of probability mass by distance from the row max, then a quickselect inside the
+// one bin where the cumulative mass reaches p, for top-p). Gumbel-max then draws noise only where it
+// can change the winner: JAX's f32 Gumbel noise is bounded (uniform u < 1), so a token whose
+// y + gmax rounds below the best score so far cannot win and gets no threefry at all, and a token
+// whose 12 leading random bits bound its noise below what it needs gets no log. The noise that is
+// drawn comes from threefry2x32 at JAX's counters (the flat index of the noise element), computed
+// 16 / 8 / 4 counters at a time by the ISA chosen at run time, with the same float steps as JAX.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <queue>
+#include <string_view>
 #include <vector>
 
+#include "sampling_simd.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -32,6 +39,7 @@ enum class Form : int64_t {
 
 constexpr float kTiny = 1.17549435e-38f;  // finfo(f32).tiny == finfo(bf16).tiny
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 //===--- Floats ----------------------------------------------------------------------------===//
 
@@ -53,22 +61,70 @@ float RoundBf16(float f) {
   return f;
 }
 
-struct Row {
-  const void* data;
-  bool bf16;
-  int64_t n;
-  float operator[](int64_t i) const {
-    return bf16 ? Bf16ToF32(static_cast<const uint16_t*>(data)[i]) : static_cast<const float*>(data)[i];
-  }
-  float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
+// An order-preserving map of floats to integers (-0 and +0 share 0), and back.
+int32_t OrderKey(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, 4);
+  return i >= 0 ? i : std::numeric_limits<int32_t>::min() - i;
+}
+float FromOrderKey(int32_t k) {
+  const uint32_t bits = k >= 0 ? static_cast<uint32_t>(k) : 0x80000000u | static_cast<uint32_t>(-k);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+//===--- ISA selection and the vector loops --------------------------------------------------===//
+
+struct SimdOps {
+  const char* name;
+  void (*threefry)(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out, int64_t n);
+  double (*exp_shifted)(const float* x, float m, float* w, int64_t n);
 };
 
-//===--- threefry2x32 and Gumbel noise -------------------------------------------------------===//
+constexpr int kMaxLanes = 16;
+
+#define HLOFUSE_SIMD_OPS(NAME, LANES, TARGET)                                                               \
+  TARGET void NAME##Threefry(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out,    \
+                             int64_t n) {                                                                 \
+    sampling_simd::Threefry<LANES>(k0, k1, base, idx, out, n);                                              \
+  }                                                                                                         \
+  TARGET double NAME##ExpShifted(const float* x, float m, float* w, int64_t n) {                            \
+    return sampling_simd::ExpShifted<LANES>(x, m, w, n);                                                    \
+  }                                                                                                         \
+  constexpr SimdOps k##NAME##Ops{#NAME, NAME##Threefry, NAME##ExpShifted};
+
+#define HLOFUSE_NO_TARGET
+HLOFUSE_SIMD_OPS(generic, 4, HLOFUSE_NO_TARGET)
+#if defined(__x86_64__)
+HLOFUSE_SIMD_OPS(avx2, 8, __attribute__((target("avx2,fma"))))
+HLOFUSE_SIMD_OPS(avx512, 16, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))))
+#endif
+#undef HLOFUSE_SIMD_OPS
+#undef HLOFUSE_NO_TARGET
+
+// The widest ISA this CPU runs; HLOFUSE_CPU_ISA=avx512|avx2|generic asks for a lower one.
+const SimdOps& SelectOps() {
+  const char* env = std::getenv("HLOFUSE_CPU_ISA");
+  const std::string_view want = env ? env : "";
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      (want.empty() || want == "avx512"))
+    return kavx512Ops;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      (want.empty() || want == "avx512" || want == "avx2"))
+    return kavx2Ops;
+#endif
+  return kgenericOps;
+}
+
+//===--- Gumbel noise ----------------------------------------------------------------------===//
 
 inline uint32_t Rotl(uint32_t v, int r) { return (v << r) | (v >> (32 - r)); }
 
 // threefry2x32 (20 rounds) of the counter (hi, lo) under key (k0, k1): JAX's random bits at flat
-// index hi:lo are out[0] ^ out[1].
+// index hi:lo are out[0] ^ out[1]. The scalar twin of sampling_simd::Threefry, for tests of the lanes.
 uint32_t ThreefryBits(uint32_t k0, uint32_t k1, uint64_t counter) {
   static constexpr int kRot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
   const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
@@ -85,43 +141,47 @@ uint32_t ThreefryBits(uint32_t k0, uint32_t k1, uint64_t counter) {
   return x0 ^ x1;
 }
 
-// jax.random.gumbel(key, ..., dtype)[counter]: -log(-log(uniform(tiny, 1))).
-float Gumbel(uint32_t k0, uint32_t k1, uint64_t counter, bool bf16) {
-  const uint32_t bits = ThreefryBits(k0, k1, counter);
-  if (bf16) {  // 8 random bits, 7 of them into the mantissa; every op rounds to bf16
-    const uint16_t mant = static_cast<uint16_t>(((bits & 0xffu) >> 1) | 0x3f80u);
-    const float f = Bf16ToF32(mant) - 1.0f;
-    const float u = std::max(kTiny, RoundBf16(f + kTiny));
-    return -RoundBf16(std::log(-RoundBf16(std::log(u))));
-  }
-  uint32_t fbits = (bits >> 9) | 0x3f800000u;
+// jax.random.gumbel's f32 steps on 23 random mantissa bits: -log(-log(uniform(tiny, 1))).
+float GumbelF32(uint32_t mantissa) {
+  uint32_t fbits = mantissa | 0x3f800000u;
   float f;
   std::memcpy(&f, &fbits, 4);
   const float u = std::max(kTiny, (f - 1.0f) * 1.0f + kTiny);
   return -std::log(-std::log(u));
 }
 
-//===--- Row helpers -----------------------------------------------------------------------===//
+// bf16: 8 random bits, 7 of them into the mantissa; every op rounds to bf16 (XLA does).
+float GumbelBf16(uint32_t bits) {
+  const uint16_t mant = static_cast<uint16_t>(((bits & 0xffu) >> 1) | 0x3f80u);
+  const float f = Bf16ToF32(mant) - 1.0f;
+  const float u = std::max(kTiny, RoundBf16(f + kTiny));
+  return -RoundBf16(std::log(-RoundBf16(std::log(u))));
+}
 
-struct Params {
-  Form form;
-  float temperature;  // already in the logits' dtype
-  int64_t k;
-  float p;
-  float min_p;
-  uint32_t k0, k1;
+// Bounds of the noise, computed once with the same float steps as the noise itself.
+struct NoiseTables {
+  static constexpr int kBucketBits = 12;  // f32 noise bucketed by its leading random bits
+  float f32_upper[1 << kBucketBits];      // the largest noise of any mantissa in the bucket, plus margin
+  float bf16[128];                         // bf16 noise has 128 values: all of them, exactly
+  float f32_max = 0, bf16_max = kNegInf;
+
+  NoiseTables() {
+    // The noise grows with the mantissa; the margin (>> the 1-ulp non-monotonicity a libm log may
+    // have) keeps each bucket's bound above every value inside it.
+    constexpr int kShift = 23 - kBucketBits;
+    for (uint32_t b = 0; b < (1u << kBucketBits); ++b)
+      f32_upper[b] = GumbelF32(((b + 1) << kShift) - 1) + 1e-3f;
+    f32_max = f32_upper[(1 << kBucketBits) - 1];
+    for (uint32_t v = 0; v < 128; ++v) bf16[v] = GumbelBf16(v << 1), bf16_max = std::max(bf16_max, bf16[v]);
+  }
 };
 
-// First index of the largest value; NaN counts as largest (jnp.argmax).
-int32_t ArgMax(const Row& x) {
-  int64_t best = 0;
-  float best_v = x[0];
-  for (int64_t i = 1; i < x.n && !std::isnan(best_v); ++i) {
-    const float v = x[i];
-    if (v > best_v || std::isnan(v)) best = i, best_v = v;
-  }
-  return static_cast<int32_t>(best);
+const NoiseTables& Tables() {
+  static const NoiseTables tables;
+  return tables;
 }
+
+//===--- Candidates and the Gumbel bound ----------------------------------------------------===//
 
 // Keeps the best `score` with the lowest index on ties; -inf scores still win over nothing.
 struct Best {
@@ -132,22 +192,139 @@ struct Best {
   }
 };
 
-// The top `k` (value descending, index ascending on ties) of `value(i)` over i < n.
-template <typename F>
-std::vector<std::pair<float, int64_t>> TopK(int64_t n, int64_t k, F value) {
+// Counts what the bound saved, for tests (hlofuse_sample_stats).
+std::atomic<int64_t> g_noise_draws{0}, g_noise_logs{0};
+
+// argmax_i(round(gumbel[base + idx_i] + y_i)) over the offered (idx, y), lowest idx on ties. Offers are
+// buffered; a candidate that cannot beat the best so far even with the largest noise is dropped before
+// its threefry, and one whose bucket bound cannot beat it is dropped before its logs.
+class GumbelArgmax {
+ public:
+  static constexpr int kChunk = 256;  // a multiple of every ISA's lanes
+
+  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16)
+      : ops_(ops), tables_(Tables()), k0_(k0), k1_(k1), base_(base), bf16_(bf16),
+        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max) {}
+
+  float Round(float f) const { return bf16_ ? RoundBf16(f) : f; }
+
+  // The smallest y that may still win: round(y + gmax) >= best (y >= -inf until a first score).
+  float threshold() const { return threshold_; }
+
+  void Offer(int64_t i, float y) {
+    if (!(y >= threshold_)) return;
+    idx_[n_] = static_cast<int32_t>(i);
+    y_[n_++] = y;
+    if (n_ == kChunk) Flush();
+  }
+
+  void Flush() {
+    if (n_ == 0) return;
+    const int64_t padded = (n_ + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
+    for (int64_t j = n_; j < padded; ++j) idx_[j] = 0;
+    ops_.threefry(k0_, k1_, base_, idx_, bits_, padded);
+    int64_t logs = 0;
+    for (int64_t j = 0; j < n_; ++j) {
+      const float y = y_[j];
+      float score;
+      if (bf16_) {
+        score = RoundBf16(tables_.bf16[(bits_[j] & 0xffu) >> 1] + y);
+      } else {
+        if (best_.index >= 0 && tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)] + y < best_.score)
+          continue;
+        ++logs;
+        score = GumbelF32(bits_[j] >> 9) + y;
+      }
+      best_.Offer(idx_[j], score);
+    }
+    g_noise_draws.fetch_add(n_, std::memory_order_relaxed);
+    g_noise_logs.fetch_add(logs, std::memory_order_relaxed);
+    n_ = 0;
+    UpdateThreshold();
+  }
+
+  const Best& best() {
+    Flush();
+    return best_;
+  }
+
+ private:
+  // Binary search over the float order for the smallest y with round(y + gmax) >= best (monotone in y).
+  void UpdateThreshold() {
+    if (best_.index < 0 || best_.score == kNegInf) return;
+    if (std::isnan(best_.score)) return;
+    int32_t lo = OrderKey(kNegInf), hi = OrderKey(kPosInf);  // pred(hi) holds: inf + gmax = inf
+    while (lo < hi) {
+      const int32_t mid = static_cast<int32_t>((static_cast<int64_t>(lo) + hi) >> 1);  // floor
+      if (Round(FromOrderKey(mid) + gmax_) >= best_.score) hi = mid;
+      else lo = mid + 1;
+    }
+    threshold_ = FromOrderKey(lo);
+  }
+
+  const SimdOps& ops_;
+  const NoiseTables& tables_;
+  uint32_t k0_, k1_;
+  uint64_t base_;
+  bool bf16_;
+  float gmax_;
+  float threshold_ = kNegInf;
+  Best best_;
+  int64_t n_ = 0;
+  alignas(64) int32_t idx_[kChunk];
+  alignas(64) uint32_t bits_[kChunk];
+  float y_[kChunk];
+};
+
+//===--- Row helpers -----------------------------------------------------------------------===//
+
+struct Params {
+  Form form;
+  float temperature;  // already in the logits' dtype
+  int64_t k;
+  float p;
+  float min_p;
+};
+
+// One row: its logits as f32 (bf16 widened exactly), and scratch the size of the row.
+struct Row {
+  const float* x;
+  int64_t n;
+  bool bf16;
+  float* y;  // scratch: the scaled logits
+  float* w;  // scratch: exp(x - max)
+  float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
+};
+
+// First index of the largest value; NaN counts as largest (jnp.argmax).
+int32_t ArgMax(const float* x, int64_t n) {
+  float m = kNegInf;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    nan |= x[i] != x[i];
+    m = x[i] > m ? x[i] : m;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (nan ? x[i] != x[i] : x[i] == m) return static_cast<int32_t>(i);
+  return 0;
+}
+
+// The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
+// a value enters the full heap only if it is strictly above the heap's worst: one compare per element.
+std::vector<std::pair<float, int64_t>> TopK(const float* v, int64_t n, int64_t k) {
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   std::priority_queue<std::pair<float, int64_t>, std::vector<std::pair<float, int64_t>>, decltype(before)> heap(
       before);
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = value(i);
-    if (static_cast<int64_t>(heap.size()) < k) {
-      heap.emplace(v, i);
-    } else if (before({v, i}, heap.top())) {
-      heap.pop();
-      heap.emplace(v, i);
-    }
+  int64_t i = 0;
+  for (; i < n && static_cast<int64_t>(heap.size()) < k; ++i) heap.emplace(v[i], i);
+  float worst = heap.top().first;
+  for (; i < n; ++i) {
+    if (!(v[i] > worst)) continue;
+    heap.pop();
+    heap.emplace(v[i], i);
+    worst = heap.top().first;
   }
   std::vector<std::pair<float, int64_t>> out;
   while (!heap.empty()) out.push_back(heap.top()), heap.pop();
@@ -155,34 +332,9 @@ std::vector<std::pair<float, int64_t>> TopK(int64_t n, int64_t k, F value) {
   return out;
 }
 
-// Nucleus cutoff: the largest value v with mass(x >= v) >= p over the tokens with x >= floor, or
-// -inf when the whole mass stays below p (then nothing is cut). Only tokens near the max are sorted.
-float NucleusCutoff(const Row& x, float floor, float p) {
-  float m = kNegInf;
-  for (int64_t i = 0; i < x.n; ++i) m = std::max(m, x[i] >= floor ? x[i] : kNegInf);
-  if (m == kNegInf) return kNegInf;
-  double z = 0;
-  size_t eligible = 0;
-  for (int64_t i = 0; i < x.n; ++i)
-    if (x[i] >= floor) z += std::exp(static_cast<double>(x[i]) - m), ++eligible;
-  // Candidates near the max, widened until they hold mass >= p (one pass each).
-  std::vector<std::pair<float, double>> cand;  // (value, exp(value - max) / z)
-  for (double delta = 8.0;; delta *= 2) {
-    cand.clear();
-    double mass = 0;
-    const float lo = std::max(floor, static_cast<float>(m - delta));
-    for (int64_t i = 0; i < x.n; ++i) {
-      const float v = x[i];
-      if (v >= lo) {
-        const double w = std::exp(static_cast<double>(v) - m) / z;
-        cand.emplace_back(v, w);
-        mass += w;
-      }
-    }
-    if (mass >= p || cand.size() == eligible || delta > 1e30) break;
-  }
-  // Quickselect on mass: the largest v with mass(x >= v) >= p, partitioning around pivots (no sort).
-  double above = 0;  // mass of the values above the current range
+// Over (value, mass) candidates: the largest value v with float((above + mass(value >= v)) / z) >= p,
+// by three-way quickselect around pivots (no sort); -inf if even all of them stay below p.
+float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, double z, float p) {
   size_t begin = 0, end = cand.size();
   while (begin < end) {
     const float pivot = cand[begin + (end - begin) / 2].first;
@@ -191,9 +343,9 @@ float NucleusCutoff(const Row& x, float floor, float p) {
     double upper = 0, equal = 0;
     for (auto it = cand.begin() + begin; it != gt; ++it) upper += it->second;
     for (auto it = gt; it != eq; ++it) equal += it->second;
-    if (static_cast<float>(above + upper) >= p) {
+    if (static_cast<float>((above + upper) / z) >= p) {
       end = gt - cand.begin();
-    } else if (static_cast<float>(above + upper + equal) >= p) {
+    } else if (static_cast<float>((above + upper + equal) / z) >= p) {
       return pivot;
     } else {
       above += upper + equal;
@@ -203,62 +355,139 @@ float NucleusCutoff(const Row& x, float floor, float p) {
   return kNegInf;
 }
 
-int32_t SampleKept(const Row& x, const Params& prm, int64_t row, float floor) {
-  // categorical(key, where(x >= floor, x, -inf) / T): noise indexed by vocabulary id.
-  Best best;
-  const uint64_t base = static_cast<uint64_t>(row) * x.n;
-  for (int64_t i = 0; i < x.n; ++i) {
-    const float v = x[i];
-    if (!(v >= floor)) continue;
-    const float y = x.Round(v / prm.temperature);
-    best.Offer(i, x.Round(Gumbel(prm.k0, prm.k1, base + i, x.bf16) + y));
+// Nucleus cutoff of the whole row: the largest value v with mass(x >= v) >= p, or -inf when the whole
+// mass stays below p (then nothing is cut). One pass for the max, one vector pass for exp(x - max),
+// one pass binning the mass by distance from the max; only the bin where the cumulative mass reaches p
+// is searched token by token.
+float NucleusCutoff(const SimdOps& ops, const Row& r, float p) {
+  constexpr int kBinsPerUnit = 64, kBins = 64 * kBinsPerUnit;
+  float m = kNegInf;
+  for (int64_t i = 0; i < r.n; ++i) m = r.x[i] > m ? r.x[i] : m;
+  if (m == kNegInf || m == kPosInf) return m == kNegInf ? kNegInf : kPosInf;
+  const double z = ops.exp_shifted(r.x, m, r.w, r.n);
+  auto bin = [&](float v) { return static_cast<int>(std::min<float>((m - v) * kBinsPerUnit, kBins - 1)); };
+  std::vector<double> mass(kBins, 0.0);
+  for (int64_t i = 0; i < r.n; ++i)
+    if (r.w[i] > 0) mass[bin(r.x[i])] += r.w[i];
+  double above = 0;
+  std::vector<std::pair<float, double>> cand;
+  for (int b = 0; b < kBins; ++b) {
+    if (mass[b] == 0) continue;
+    if (static_cast<float>((above + mass[b]) / z) >= p) {
+      cand.clear();
+      for (int64_t i = 0; i < r.n; ++i)
+        if (r.w[i] > 0 && bin(r.x[i]) == b) cand.emplace_back(r.x[i], r.w[i]);
+      const float cutoff = SelectCutoff(cand, above, z, p);
+      if (cutoff != kNegInf) return cutoff;
+    }
+    above += mass[b];  // summed in a different order, the bin total can round past p: search on
   }
+  return kNegInf;
+}
+
+// Nucleus cutoff over a few candidates (x >= kth after a top-k mask): mass from f64 exp.
+float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
+  float m = kNegInf;
+  for (const auto& c : cand) m = std::max(m, c.first);
+  if (m == kNegInf || m == kPosInf) return m;
+  double z = 0;
+  for (auto& c : cand) z += c.second = std::exp(static_cast<double>(c.first) - m);
+  return SelectCutoff(cand, 0.0, z, p);
+}
+
+// categorical over the tokens `keep` accepts, scores y = round(x / T): noise indexed by vocabulary id.
+// `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the largest y go
+// first, so the bound is tight before the remaining tokens are scanned.
+template <typename Keep>
+int32_t SampleKept(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, uint64_t base,
+                   float ylo, Keep keep) {
+  float ymax = kNegInf;
+  for (int64_t i = 0; i < r.n; ++i) {
+    const float y = r.Round(r.x[i] / prm.temperature);
+    r.y[i] = y;
+    ymax = y >= ylo && y > ymax ? y : ymax;
+  }
+  GumbelArgmax sampler(ops, k0, k1, base, r.bf16);
+  const float seed = std::max(ylo, ymax - 1.0f);
+  for (int64_t i = 0; i < r.n; ++i)
+    if (r.y[i] >= seed && keep(i)) sampler.Offer(i, r.y[i]);
+  sampler.Flush();
+  for (int64_t i = 0; i < r.n; ++i) {
+    const float y = r.y[i];
+    if (y >= ylo && y < seed && y >= sampler.threshold() && keep(i)) sampler.Offer(i, y);
+  }
+  const Best& best = sampler.best();
   if (best.index < 0 || best.score == kNegInf) return 0;  // every score -inf: argmax picks index 0
   return static_cast<int32_t>(best.index);
 }
 
-int32_t SampleRow(const Row& x, const Params& prm, int64_t row) {
+// y floor implied by x >= floor: round(x / T) is monotone in x for T > 0.
+float ScaledFloor(const Row& r, float floor, float t) {
+  return t > 0 && floor != kNegInf ? r.Round(floor / t) : kNegInf;
+}
+
+int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, int64_t row) {
+  const uint64_t vocab_base = static_cast<uint64_t>(row) * r.n;
+  auto everything = [](int64_t) { return true; };
   switch (prm.form) {
     case Form::kGreedy:
-      return ArgMax(x);
+      return ArgMax(r.x, r.n);
     case Form::kTemperature:
-      return SampleKept(x, prm, row, kNegInf);
+      return SampleKept(ops, r, prm, k0, k1, vocab_base, kNegInf, everything);
     case Form::kTopK:
     case Form::kTemperatureTopK: {
+      // Rank-space: noise at counters row * k + rank.
       const bool first = prm.form == Form::kTemperatureTopK;
-      auto top = TopK(x.n, prm.k, [&](int64_t i) { return first ? x.Round(x[i] / prm.temperature) : x[i]; });
-      Best best;
-      const uint64_t base = static_cast<uint64_t>(row) * prm.k;
-      for (int64_t r = 0; r < static_cast<int64_t>(top.size()); ++r) {
-        const float y = first ? top[r].first : x.Round(top[r].first / prm.temperature);
-        best.Offer(r, x.Round(Gumbel(prm.k0, prm.k1, base + r, x.bf16) + y));
+      const float* v = r.x;
+      if (first) {
+        for (int64_t i = 0; i < r.n; ++i) r.y[i] = r.Round(r.x[i] / prm.temperature);
+        v = r.y;
       }
+      auto top = TopK(v, r.n, prm.k);
+      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
+      for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
+        sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / prm.temperature));
+      const Best& best = sampler.best();
       return static_cast<int32_t>(top[best.index < 0 ? 0 : best.index].second);
     }
-    case Form::kTopKMask:
-      return SampleKept(x, prm, row, TopK(x.n, prm.k, [&](int64_t i) { return x[i]; }).back().first);
-    case Form::kTopPMask:
-      return SampleKept(x, prm, row, NucleusCutoff(x, kNegInf, prm.p));
+    case Form::kTopKMask: {
+      const float kth = TopK(r.x, r.n, prm.k).back().first;
+      return SampleKept(ops, r, prm, k0, k1, vocab_base, ScaledFloor(r, kth, prm.temperature),
+                        [&](int64_t i) { return r.x[i] >= kth; });
+    }
+    case Form::kTopPMask: {
+      const float cutoff = NucleusCutoff(ops, r, prm.p);
+      return SampleKept(ops, r, prm, k0, k1, vocab_base, ScaledFloor(r, cutoff, prm.temperature),
+                        [&](int64_t i) { return r.x[i] >= cutoff; });
+    }
     case Form::kTopKTopPMask: {
-      const float kth = TopK(x.n, prm.k, [&](int64_t i) { return x[i]; }).back().first;
-      return SampleKept(x, prm, row, std::max(kth, NucleusCutoff(x, kth, prm.p)));
+      // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored.
+      const float kth = TopK(r.x, r.n, prm.k).back().first;
+      std::vector<std::pair<float, double>> cand;
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < r.n; ++i)
+        if (r.x[i] >= kth) ids.push_back(i), cand.emplace_back(r.x[i], 0.0);
+      const float cutoff = std::max(kth, NucleusCutoffOf(cand, prm.p));
+      GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16);
+      for (int64_t i : ids)
+        if (r.x[i] >= cutoff) sampler.Offer(i, r.Round(r.x[i] / prm.temperature));
+      const Best& best = sampler.best();
+      if (best.index < 0 || best.score == kNegInf) return 0;
+      return static_cast<int32_t>(best.index);
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
       float m = kNegInf;
-      for (int64_t i = 0; i < x.n; ++i) m = std::max(m, x.Round(x[i] / prm.temperature));
-      double z = 0;
-      for (int64_t i = 0; i < x.n; ++i) z += std::exp(x.Round(x[i] / prm.temperature) - m);
-      const float zf = static_cast<float>(z);
-      const float threshold = prm.min_p * (1.0f / zf);
-      Best best;
-      const uint64_t base = static_cast<uint64_t>(row) * x.n;
-      for (int64_t i = 0; i < x.n; ++i) {
-        const float y = x.Round(x[i] / prm.temperature);
-        if (!(std::exp(y - m) / zf >= threshold)) continue;
-        best.Offer(i, Gumbel(prm.k0, prm.k1, base + i, false) + y);
+      for (int64_t i = 0; i < r.n; ++i) {
+        r.y[i] = r.Round(r.x[i] / prm.temperature);
+        m = r.y[i] > m ? r.y[i] : m;
       }
-      return static_cast<int32_t>(best.index < 0 ? 0 : best.index);
+      const float zf = static_cast<float>(ops.exp_shifted(r.y, m, r.w, r.n));
+      const float threshold = prm.min_p * (1.0f / zf);
+      // exp(y - m) / zf >= min_p / zf needs y - m >= log(min_p) up to rounding: 1 is a wide margin.
+      const float ylo = prm.min_p > 0 ? m + std::log(prm.min_p) - 1.0f : kNegInf;
+      return SampleKept(ops, r, prm, k0, k1, vocab_base, ylo,
+                        [&](int64_t i) { return std::exp(r.y[i] - m) / zf >= threshold; });
     }
   }
   return 0;
@@ -298,27 +527,47 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)> 
   job->cv.wait(lock, [&] { return job->done.load() == n; });
 }
 
-ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> key,
-                  ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t form, float temperature, int64_t k, float p,
-                  float min_p) {
+// A per-thread buffer kept across calls (a row's worth of floats, three times).
+float* ThreadScratch(int64_t floats) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < floats) buf.resize(floats);
+  return buf.data();
+}
+
+ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> keys,
+                  ffi::Buffer<ffi::S32> row_ids, ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t form,
+                  float temperature, int64_t k, float p, float min_p) {
   const auto dims = logits.dimensions();
   if (dims.size() != 2) return ffi::Error::InvalidArgument("hlofuse_sample: logits must be (rows, V)");
   const bool bf16 = logits.element_type() == ffi::DataType::BF16;
   if (!bf16 && logits.element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("hlofuse_sample: logits must be f32 or bf16");
-  if (key.element_count() != 2) return ffi::Error::InvalidArgument("hlofuse_sample: key must be (2,) uint32");
-  if (form < 0 || form > 7) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const int64_t rows = dims[0], vocab = dims[1];
+  if (keys.element_count() != 2 * rows)
+    return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
+  if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
+  if (form < 0 || form > 7) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = form >= 2 && form <= 6 && form != 5;
   if (vocab < 1 || (needs_k && (k < 1 || k > vocab)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
-  Params prm{static_cast<Form>(form), bf16 ? RoundBf16(temperature) : temperature, k, p, min_p,
-             key.typed_data()[0], key.typed_data()[1]};
+  if (vocab > std::numeric_limits<int32_t>::max())
+    return ffi::Error::InvalidArgument("hlofuse_sample: V must fit in int32");
+  const Params prm{static_cast<Form>(form), bf16 ? RoundBf16(temperature) : temperature, k, p, min_p};
+  const SimdOps& ops = SelectOps();
   const char* base = static_cast<const char*>(logits.untyped_data());
-  const int64_t row_bytes = vocab * (bf16 ? 2 : 4);
+  const uint32_t* key = keys.typed_data();
+  const int32_t* ids = row_ids.typed_data();
   int32_t* tokens = out->typed_data();
   ParallelFor(pool, rows, [&](int64_t r) {
-    tokens[r] = SampleRow(Row{base + r * row_bytes, bf16, vocab}, prm, r);
+    float* scratch = ThreadScratch(3 * vocab);
+    const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
+    if (bf16) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
+      for (int64_t i = 0; i < vocab; ++i) scratch[2 * vocab + i] = Bf16ToF32(h[i]);
+      x = scratch + 2 * vocab;
+    }
+    const Row row{x, vocab, bf16, scratch, scratch + vocab};
+    tokens[r] = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r]);
   });
   return ffi::Error::Success();
 }
@@ -332,10 +581,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()          // logits (rows, V)
-                                  .Arg<ffi::Buffer<ffi::U32>>()   // key (2,)
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // keys (rows, 2): the key, per row
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // row ids (rows,): global row index
                                   .Ret<ffi::Buffer<ffi::S32>>()   // tokens (rows,)
                                   .Attr<int64_t>("form")
                                   .Attr<float>("temperature")
                                   .Attr<int64_t>("k")
                                   .Attr<float>("p")
                                   .Attr<float>("min_p"));
+
+// The vector ISA the sampler picks here ($HLOFUSE_CPU_ISA lowers it).
+extern "C" __attribute__((visibility("default"))) const char* hlofuse_sample_isa() {
+  return hlofuse::cpu::SelectOps().name;
+}
+
+// Noise draws (threefry) and exact noise evaluations (logs) since the last call, over all rows.
+extern "C" __attribute__((visibility("default"))) void hlofuse_sample_stats(int64_t* draws, int64_t* logs) {
+  *draws = hlofuse::cpu::g_noise_draws.exchange(0);
+  *logs = hlofuse::cpu::g_noise_logs.exchange(0);
+}
