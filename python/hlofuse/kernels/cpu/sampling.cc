@@ -27,6 +27,10 @@
 #include "sampling_simd.h"
 #include "xla/ffi/api/ffi.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace ffi = xla::ffi;
 
 namespace hlofuse::cpu {
@@ -79,7 +83,11 @@ float FromOrderKey(int32_t k) {
 struct SimdOps {
   const char* name;
   void (*threefry)(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out, int64_t n);
-  double (*exp_shifted)(const float* x, float m, float* w, int64_t n);
+  double (*exp_shifted)(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale, float last_bin);
+  float (*max_of)(const float* x, int64_t n, bool* nan);
+  int64_t (*find_first)(const float* x, int64_t n, float value, bool nan);
+  float (*scale_max)(const float* x, float t, bool bf16, float* y, int64_t n);
+  int64_t (*collect_range)(const float* v, float lo, float hi, int64_t begin, int64_t end, int32_t* out);
 };
 
 constexpr int kMaxLanes = 16;
@@ -89,16 +97,77 @@ constexpr int kMaxLanes = 16;
                              int64_t n) {                                                                 \
     sampling_simd::Threefry<LANES>(k0, k1, base, idx, out, n);                                              \
   }                                                                                                         \
-  TARGET double NAME##ExpShifted(const float* x, float m, float* w, int64_t n) {                            \
-    return sampling_simd::ExpShifted<LANES>(x, m, w, n);                                                    \
+  TARGET double NAME##ExpShifted(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale, \
+                                 float last_bin) {                                                          \
+    return sampling_simd::ExpShifted<LANES>(x, m, w, n, bins, bin_scale, last_bin);                         \
   }                                                                                                         \
-  constexpr SimdOps k##NAME##Ops{#NAME, NAME##Threefry, NAME##ExpShifted};
+  TARGET float NAME##MaxOf(const float* x, int64_t n, bool* nan) {                                          \
+    return sampling_simd::MaxOf<LANES>(x, n, nan);                                                          \
+  }                                                                                                         \
+  TARGET int64_t NAME##FindFirst(const float* x, int64_t n, float value, bool nan) {                        \
+    return sampling_simd::FindFirst<LANES>(x, n, value, nan);                                               \
+  }                                                                                                         \
+  TARGET float NAME##ScaleMax(const float* x, float t, bool bf16, float* y, int64_t n) {                    \
+    return sampling_simd::ScaleMax<LANES>(x, t, bf16, y, n);                                                \
+  }                                                                                                         \
+  constexpr SimdOps k##NAME##Ops{#NAME,           NAME##Threefry, NAME##ExpShifted,   NAME##MaxOf,          \
+                                 NAME##FindFirst, NAME##ScaleMax, NAME##CollectRangeMask};
+
+// CollectRange with the ISA's compare-to-bitmask (GCC lowers vector-extension float compares of 16
+// lanes lane by lane): the indices of the set bits are written in order.
+#if defined(__x86_64__)
+#define HLOFUSE_COLLECT_RANGE(NAME, TARGET, LANES, VEC, LOAD, SET1, MASK)                                    \
+  TARGET int64_t NAME##CollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end,      \
+                                        int32_t* out) {                                                     \
+    /* x >= top holds only for x == +inf == hi */                                                          \
+    const float top = hi == kPosInf ? hi : std::numeric_limits<float>::quiet_NaN();                        \
+    const VEC lo_v = SET1(lo), hi_v = SET1(hi), top_v = SET1(top);                                          \
+    int64_t count = 0, i = begin;                                                                           \
+    for (; i + LANES <= end; i += LANES) {                                                                  \
+      const VEC x = LOAD(v + i);                                                                            \
+      uint32_t bits = MASK(x, lo_v, hi_v, top_v);                                                           \
+      while (bits) {                                                                                        \
+        out[count++] = static_cast<int32_t>(i + __builtin_ctz(bits));                                       \
+        bits &= bits - 1;                                                                                   \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (; i < end; ++i) {                                                                                  \
+      out[count] = static_cast<int32_t>(i);                                                                 \
+      count += v[i] >= lo && (v[i] < hi || v[i] >= top);                                                    \
+    }                                                                                                       \
+    return count;                                                                                           \
+  }
+
+#define HLOFUSE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define HLOFUSE_TARGET_AVX2 __attribute__((target("avx2,fma")))
+HLOFUSE_TARGET_AVX512 inline uint32_t Avx512RangeMask(__m512 x, __m512 lo, __m512 hi, __m512 top) {
+  return _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ) &
+         (_mm512_cmp_ps_mask(x, hi, _CMP_LT_OQ) | _mm512_cmp_ps_mask(x, top, _CMP_GE_OQ));
+}
+HLOFUSE_TARGET_AVX2 inline uint32_t Avx2RangeMask(__m256 x, __m256 lo, __m256 hi, __m256 top) {
+  const __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ),
+                                  _mm256_or_ps(_mm256_cmp_ps(x, hi, _CMP_LT_OQ), _mm256_cmp_ps(x, top, _CMP_GE_OQ)));
+  return static_cast<uint32_t>(_mm256_movemask_ps(in));
+}
+inline uint32_t Sse2RangeMask(__m128 x, __m128 lo, __m128 hi, __m128 top) {
+  const __m128 in = _mm_and_ps(_mm_cmpge_ps(x, lo), _mm_or_ps(_mm_cmplt_ps(x, hi), _mm_cmpge_ps(x, top)));
+  return static_cast<uint32_t>(_mm_movemask_ps(in));
+}
+HLOFUSE_COLLECT_RANGE(avx512, HLOFUSE_TARGET_AVX512, 16, __m512, _mm512_loadu_ps, _mm512_set1_ps, Avx512RangeMask)
+HLOFUSE_COLLECT_RANGE(avx2, HLOFUSE_TARGET_AVX2, 8, __m256, _mm256_loadu_ps, _mm256_set1_ps, Avx2RangeMask)
+HLOFUSE_COLLECT_RANGE(generic, , 4, __m128, _mm_loadu_ps, _mm_set1_ps, Sse2RangeMask)
+#undef HLOFUSE_COLLECT_RANGE
+#else
+int64_t genericCollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end, int32_t* out) {
+  return sampling_simd::CollectRange<4>(v, lo, hi, begin, end, out);
+}
+#endif
 
 #define HLOFUSE_NO_TARGET
 HLOFUSE_SIMD_OPS(generic, 4, HLOFUSE_NO_TARGET)
 #if defined(__x86_64__)
-HLOFUSE_SIMD_OPS(avx2, 8, __attribute__((target("avx2,fma"))))
-HLOFUSE_SIMD_OPS(avx512, 16, __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))))
+HLOFUSE_SIMD_OPS(avx2, 8, HLOFUSE_TARGET_AVX2)
+HLOFUSE_SIMD_OPS(avx512, 16, HLOFUSE_TARGET_AVX512)
 #endif
 #undef HLOFUSE_SIMD_OPS
 #undef HLOFUSE_NO_TARGET
@@ -291,27 +360,26 @@ struct Row {
   const float* x;
   int64_t n;
   bool bf16;
-  float* y;  // scratch: the scaled logits
-  float* w;  // scratch: exp(x - max)
+  float* y;        // scratch: the scaled logits
+  float* w;        // scratch: exp(x - max)
+  float* bins;     // scratch: histogram bins
+  int32_t* ids;    // scratch: candidate indices (n + kMaxLanes)
   float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
 };
 
 // First index of the largest value; NaN counts as largest (jnp.argmax).
-int32_t ArgMax(const float* x, int64_t n) {
-  float m = kNegInf;
+int32_t ArgMax(const SimdOps& ops, const float* x, int64_t n) {
   bool nan = false;
-  for (int64_t i = 0; i < n; ++i) {
-    nan |= x[i] != x[i];
-    m = x[i] > m ? x[i] : m;
-  }
-  for (int64_t i = 0; i < n; ++i)
-    if (nan ? x[i] != x[i] : x[i] == m) return static_cast<int32_t>(i);
-  return 0;
+  const float m = ops.max_of(x, n, &nan);
+  const int64_t i = ops.find_first(x, n, m, nan);
+  return static_cast<int32_t>(i < n ? i : 0);
 }
 
 // The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
-// a value enters the full heap only if it is strictly above the heap's worst: one compare per element.
-std::vector<std::pair<float, int64_t>> TopK(const float* v, int64_t n, int64_t k) {
+// a value enters the full heap only if it is strictly above the heap's worst; the scan collects those
+// in vector blocks.
+std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k,
+                                            int32_t* ids) {
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
@@ -319,12 +387,18 @@ std::vector<std::pair<float, int64_t>> TopK(const float* v, int64_t n, int64_t k
       before);
   int64_t i = 0;
   for (; i < n && static_cast<int64_t>(heap.size()) < k; ++i) heap.emplace(v[i], i);
-  float worst = heap.top().first;
-  for (; i < n; ++i) {
-    if (!(v[i] > worst)) continue;
-    heap.pop();
-    heap.emplace(v[i], i);
-    worst = heap.top().first;
+  constexpr int64_t kBlock = 1024;
+  for (; i < n; i += kBlock) {
+    const float worst = heap.top().first;
+    // above worst: the open interval (worst, inf] as [nextafter(worst), inf]
+    const float lo = std::nextafter(worst, kPosInf);
+    const int64_t found = ops.collect_range(v, lo, kPosInf, i, std::min(n, i + kBlock), ids);
+    for (int64_t j = 0; j < found; ++j) {
+      const int64_t at = ids[j];
+      if (!(v[at] > heap.top().first)) continue;
+      heap.pop();
+      heap.emplace(v[at], at);
+    }
   }
   std::vector<std::pair<float, int64_t>> out;
   while (!heap.empty()) out.push_back(heap.top()), heap.pop();
@@ -356,27 +430,26 @@ float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, do
 }
 
 // Nucleus cutoff of the whole row: the largest value v with mass(x >= v) >= p, or -inf when the whole
-// mass stays below p (then nothing is cut). One pass for the max, one vector pass for exp(x - max),
-// one pass binning the mass by distance from the max; only the bin where the cumulative mass reaches p
-// is searched token by token.
+// mass stays below p (then nothing is cut). One vector pass for the max, one for exp(x - max) and each
+// token's bin (by distance from the max, 1/64 wide), one scalar pass adding the mass into the bins;
+// only the bin where the cumulative mass reaches p is searched token by token.
 float NucleusCutoff(const SimdOps& ops, const Row& r, float p) {
   constexpr int kBinsPerUnit = 64, kBins = 64 * kBinsPerUnit;
-  float m = kNegInf;
-  for (int64_t i = 0; i < r.n; ++i) m = r.x[i] > m ? r.x[i] : m;
-  if (m == kNegInf || m == kPosInf) return m == kNegInf ? kNegInf : kPosInf;
-  const double z = ops.exp_shifted(r.x, m, r.w, r.n);
-  auto bin = [&](float v) { return static_cast<int>(std::min<float>((m - v) * kBinsPerUnit, kBins - 1)); };
+  bool nan = false;
+  const float m = ops.max_of(r.x, r.n, &nan);
+  if (m == kNegInf || m == kPosInf) return m;
+  const double z = ops.exp_shifted(r.x, m, r.w, r.n, r.bins, kBinsPerUnit, kBins - 1);
   std::vector<double> mass(kBins, 0.0);
-  for (int64_t i = 0; i < r.n; ++i)
-    if (r.w[i] > 0) mass[bin(r.x[i])] += r.w[i];
+  for (int64_t i = 0; i < r.n; ++i) mass[static_cast<int>(r.bins[i])] += r.w[i];
   double above = 0;
   std::vector<std::pair<float, double>> cand;
   for (int b = 0; b < kBins; ++b) {
     if (mass[b] == 0) continue;
     if (static_cast<float>((above + mass[b]) / z) >= p) {
       cand.clear();
-      for (int64_t i = 0; i < r.n; ++i)
-        if (r.w[i] > 0 && bin(r.x[i]) == b) cand.emplace_back(r.x[i], r.w[i]);
+      const int64_t found = ops.collect_range(r.bins, b, b + 1, 0, r.n, r.ids);
+      for (int64_t j = 0; j < found; ++j)
+        if (r.w[r.ids[j]] > 0) cand.emplace_back(r.x[r.ids[j]], r.w[r.ids[j]]);
       const float cutoff = SelectCutoff(cand, above, z, p);
       if (cutoff != kNegInf) return cutoff;
     }
@@ -395,26 +468,25 @@ float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
   return SelectCutoff(cand, 0.0, z, p);
 }
 
-// categorical over the tokens `keep` accepts, scores y = round(x / T): noise indexed by vocabulary id.
-// `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the largest y go
-// first, so the bound is tight before the remaining tokens are scanned.
+// categorical over the tokens `keep` accepts, scored by r.y (x / T, computed by the caller, whose max over
+// y >= ylo is ymax); `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the
+// largest y go first, so that the bound is tight when the rest are scanned, in blocks, each collecting
+// only the y that can still win.
 template <typename Keep>
-int32_t SampleKept(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, uint64_t base,
+int32_t SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
                    float ylo, Keep keep) {
-  float ymax = kNegInf;
-  for (int64_t i = 0; i < r.n; ++i) {
-    const float y = r.Round(r.x[i] / prm.temperature);
-    r.y[i] = y;
-    ymax = y >= ylo && y > ymax ? y : ymax;
-  }
   GumbelArgmax sampler(ops, k0, k1, base, r.bf16);
   const float seed = std::max(ylo, ymax - 1.0f);
-  for (int64_t i = 0; i < r.n; ++i)
-    if (r.y[i] >= seed && keep(i)) sampler.Offer(i, r.y[i]);
+  int64_t found = ops.collect_range(r.y, seed, kPosInf, 0, r.n, r.ids);
+  for (int64_t j = 0; j < found; ++j)
+    if (keep(r.ids[j])) sampler.Offer(r.ids[j], r.y[r.ids[j]]);
   sampler.Flush();
-  for (int64_t i = 0; i < r.n; ++i) {
-    const float y = r.y[i];
-    if (y >= ylo && y < seed && y >= sampler.threshold() && keep(i)) sampler.Offer(i, y);
+  constexpr int64_t kBlock = 4096;
+  for (int64_t i = 0; i < r.n; i += kBlock) {
+    const float lo = std::max(ylo, sampler.threshold());
+    found = ops.collect_range(r.y, lo, seed, i, std::min(r.n, i + kBlock), r.ids);
+    for (int64_t j = 0; j < found; ++j)
+      if (keep(r.ids[j])) sampler.Offer(r.ids[j], r.y[r.ids[j]]);
   }
   const Best& best = sampler.best();
   if (best.index < 0 || best.score == kNegInf) return 0;  // every score -inf: argmax picks index 0
@@ -428,65 +500,65 @@ float ScaledFloor(const Row& r, float floor, float t) {
 
 int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, int64_t row) {
   const uint64_t vocab_base = static_cast<uint64_t>(row) * r.n;
+  const float t = prm.temperature;
   auto everything = [](int64_t) { return true; };
   switch (prm.form) {
     case Form::kGreedy:
-      return ArgMax(r.x, r.n);
-    case Form::kTemperature:
-      return SampleKept(ops, r, prm, k0, k1, vocab_base, kNegInf, everything);
+      return ArgMax(ops, r.x, r.n);
+    case Form::kTemperature: {
+      const float ymax = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
+    }
     case Form::kTopK:
     case Form::kTemperatureTopK: {
       // Rank-space: noise at counters row * k + rank.
       const bool first = prm.form == Form::kTemperatureTopK;
       const float* v = r.x;
       if (first) {
-        for (int64_t i = 0; i < r.n; ++i) r.y[i] = r.Round(r.x[i] / prm.temperature);
+        ops.scale_max(r.x, t, r.bf16, r.y, r.n);
         v = r.y;
       }
-      auto top = TopK(v, r.n, prm.k);
+      auto top = TopK(ops, v, r.n, prm.k, r.ids);
       GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
-        sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / prm.temperature));
+        sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / t));
       const Best& best = sampler.best();
       return static_cast<int32_t>(top[best.index < 0 ? 0 : best.index].second);
     }
     case Form::kTopKMask: {
-      const float kth = TopK(r.x, r.n, prm.k).back().first;
-      return SampleKept(ops, r, prm, k0, k1, vocab_base, ScaledFloor(r, kth, prm.temperature),
-                        [&](int64_t i) { return r.x[i] >= kth; });
+      const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
+      const float ylo = ScaledFloor(r, kth, t);
+      float ymax = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
     }
     case Form::kTopPMask: {
       const float cutoff = NucleusCutoff(ops, r, prm.p);
-      return SampleKept(ops, r, prm, k0, k1, vocab_base, ScaledFloor(r, cutoff, prm.temperature),
+      const float ymax = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, ScaledFloor(r, cutoff, t),
                         [&](int64_t i) { return r.x[i] >= cutoff; });
     }
     case Form::kTopKTopPMask: {
       // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored.
-      const float kth = TopK(r.x, r.n, prm.k).back().first;
+      const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
+      const int64_t found = ops.collect_range(r.x, kth, kPosInf, 0, r.n, r.ids);
       std::vector<std::pair<float, double>> cand;
-      std::vector<int64_t> ids;
-      for (int64_t i = 0; i < r.n; ++i)
-        if (r.x[i] >= kth) ids.push_back(i), cand.emplace_back(r.x[i], 0.0);
+      for (int64_t j = 0; j < found; ++j) cand.emplace_back(r.x[r.ids[j]], 0.0);
       const float cutoff = std::max(kth, NucleusCutoffOf(cand, prm.p));
       GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16);
-      for (int64_t i : ids)
-        if (r.x[i] >= cutoff) sampler.Offer(i, r.Round(r.x[i] / prm.temperature));
+      for (int64_t j = 0; j < found; ++j)
+        if (r.x[r.ids[j]] >= cutoff) sampler.Offer(r.ids[j], r.Round(r.x[r.ids[j]] / t));
       const Best& best = sampler.best();
       if (best.index < 0 || best.score == kNegInf) return 0;
       return static_cast<int32_t>(best.index);
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
-      float m = kNegInf;
-      for (int64_t i = 0; i < r.n; ++i) {
-        r.y[i] = r.Round(r.x[i] / prm.temperature);
-        m = r.y[i] > m ? r.y[i] : m;
-      }
-      const float zf = static_cast<float>(ops.exp_shifted(r.y, m, r.w, r.n));
+      const float m = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      const float zf = static_cast<float>(ops.exp_shifted(r.y, m, r.w, r.n, nullptr, 0, 0));
       const float threshold = prm.min_p * (1.0f / zf);
       // exp(y - m) / zf >= min_p / zf needs y - m >= log(min_p) up to rounding: 1 is a wide margin.
       const float ylo = prm.min_p > 0 ? m + std::log(prm.min_p) - 1.0f : kNegInf;
-      return SampleKept(ops, r, prm, k0, k1, vocab_base, ylo,
+      return SampleKept(ops, r, m, k0, k1, vocab_base, ylo,
                         [&](int64_t i) { return std::exp(r.y[i] - m) / zf >= threshold; });
     }
   }
@@ -559,14 +631,17 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   const int32_t* ids = row_ids.typed_data();
   int32_t* tokens = out->typed_data();
   ParallelFor(pool, rows, [&](int64_t r) {
-    float* scratch = ThreadScratch(3 * vocab);
+    const int64_t stride = vocab + kMaxLanes;
+    float* scratch = ThreadScratch(5 * stride);
     const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
     if (bf16) {
       const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
-      for (int64_t i = 0; i < vocab; ++i) scratch[2 * vocab + i] = Bf16ToF32(h[i]);
-      x = scratch + 2 * vocab;
+      float* wide = scratch + 4 * stride;
+      for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
+      x = wide;
     }
-    const Row row{x, vocab, bf16, scratch, scratch + vocab};
+    const Row row{x, vocab, bf16, scratch, scratch + stride, scratch + 2 * stride,
+                  reinterpret_cast<int32_t*>(scratch + 3 * stride)};
     tokens[r] = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r]);
   });
   return ffi::Error::Success();
