@@ -9,10 +9,9 @@ tokens. Rows run in parallel, and a row's vocabulary is split across threads whe
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-
-import ctypes
 
 import jax
 import jax.numpy as jnp
