@@ -271,14 +271,23 @@ class GumbelArgmax {
  public:
   static constexpr int kChunk = 256;  // a multiple of every ISA's lanes
 
-  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16)
+  // `start`: a best already found elsewhere (the argmax is then over its candidate too).
+  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, Best start = {})
       : ops_(ops), tables_(Tables()), k0_(k0), k1_(k1), base_(base), bf16_(bf16),
-        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max) {}
+        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max), best_(start) {
+    if (best_.index >= 0) Raise(best_.score);
+  }
 
   float Round(float f) const { return bf16_ ? RoundBf16(f) : f; }
 
-  // The smallest y that may still win: round(y + gmax) >= best (y >= -inf until a first score).
+  // The smallest y that may still win: round(y + gmax) >= bound (y >= -inf until a first score).
   float threshold() const { return threshold_; }
+
+  // A score some token elsewhere reaches: nothing scoring below it can be the argmax.
+  float bound() const { return bound_; }
+  void Raise(float score) {
+    if (score > bound_) bound_ = score, UpdateThreshold();
+  }
 
   void Offer(int64_t i, float y) {
     if (!(y >= threshold_)) return;
@@ -299,12 +308,12 @@ class GumbelArgmax {
       if (bf16_) {
         score = RoundBf16(tables_.bf16[(bits_[j] & 0xffu) >> 1] + y);
       } else {
-        if (best_.index >= 0 && tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)] + y < best_.score)
-          continue;
+        if (tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)] + y < bound_) continue;
         ++logs;
         score = GumbelF32(bits_[j] >> 9) + y;
       }
       best_.Offer(idx_[j], score);
+      bound_ = best_.score > bound_ ? best_.score : bound_;
     }
     g_noise_draws.fetch_add(n_, std::memory_order_relaxed);
     g_noise_logs.fetch_add(logs, std::memory_order_relaxed);
@@ -318,14 +327,13 @@ class GumbelArgmax {
   }
 
  private:
-  // Binary search over the float order for the smallest y with round(y + gmax) >= best (monotone in y).
+  // Binary search over the float order for the smallest y with round(y + gmax) >= bound (monotone in y).
   void UpdateThreshold() {
-    if (best_.index < 0 || best_.score == kNegInf) return;
-    if (std::isnan(best_.score)) return;
+    if (!(bound_ > kNegInf)) return;
     int32_t lo = OrderKey(kNegInf), hi = OrderKey(kPosInf);  // pred(hi) holds: inf + gmax = inf
     while (lo < hi) {
       const int32_t mid = static_cast<int32_t>((static_cast<int64_t>(lo) + hi) >> 1);  // floor
-      if (Round(FromOrderKey(mid) + gmax_) >= best_.score) hi = mid;
+      if (Round(FromOrderKey(mid) + gmax_) >= bound_) hi = mid;
       else lo = mid + 1;
     }
     threshold_ = FromOrderKey(lo);
@@ -337,8 +345,9 @@ class GumbelArgmax {
   uint64_t base_;
   bool bf16_;
   float gmax_;
-  float threshold_ = kNegInf;
   Best best_;
+  float bound_ = kNegInf;
+  float threshold_ = kNegInf;
   int64_t n_ = 0;
   alignas(64) int32_t idx_[kChunk];
   alignas(64) uint32_t bits_[kChunk];
@@ -355,6 +364,16 @@ struct Params {
   float min_p;
 };
 
+// Every full-vocabulary pass runs over fixed chunks of the row whose partial results (max, f64 sums,
+// histograms, best candidates) are combined in chunk order: the same arithmetic whether the chunks run
+// one after another (rows in parallel) or on several threads (fewer rows than threads), so the token ids
+// never depend on the thread count.
+constexpr int64_t kChunkTokens = 32768;
+int64_t NumChunks(int64_t n) { return (n + kChunkTokens - 1) / kChunkTokens; }
+
+// Runs fn(0..n-1): in order on the calling thread, or on the pool when a row's chunks are split.
+using ForEach = std::function<void(int64_t, const std::function<void(int64_t)>&)>;
+
 // One row: its logits as f32 (bf16 widened exactly), and scratch the size of the row.
 struct Row {
   const float* x;
@@ -363,16 +382,49 @@ struct Row {
   float* y;        // scratch: the scaled logits
   float* w;        // scratch: exp(x - max)
   float* bins;     // scratch: histogram bins
-  int32_t* ids;    // scratch: candidate indices (n + kMaxLanes)
+  int32_t* ids;    // scratch: candidate indices (n + chunks + 1)
+  const ForEach* each;
   float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
+  int64_t chunks() const { return NumChunks(n); }
+  int64_t begin(int64_t c) const { return c * kChunkTokens; }
+  int64_t end(int64_t c) const { return std::min(n, (c + 1) * kChunkTokens); }
+  int32_t* ids_of(int64_t c) const { return ids + begin(c) + c; }  // room for end - begin + 1
+  // Runs fn(c) for every chunk, on the pool when the row is split.
+  void ForChunks(const std::function<void(int64_t)>& fn) const { (*each)(chunks(), fn); }
 };
 
+// max(x / T) over the row, writing y; chunked.
+float ScaleMaxRow(const SimdOps& ops, const Row& r, float t) {
+  std::vector<float> part(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    part[c] = ops.scale_max(r.x + r.begin(c), t, r.bf16, r.y + r.begin(c), r.end(c) - r.begin(c));
+  });
+  float m = kNegInf;
+  for (float v : part) m = v > m ? v : m;
+  return m;
+}
+
+// max(v) over the row (NaN ignored), chunked; *nan says whether v has a NaN.
+float MaxRow(const SimdOps& ops, const Row& r, const float* v, bool* nan) {
+  std::vector<float> part(r.chunks());
+  std::vector<char> part_nan(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    bool chunk_nan = false;
+    part[c] = ops.max_of(v + r.begin(c), r.end(c) - r.begin(c), &chunk_nan);
+    part_nan[c] = chunk_nan;
+  });
+  float m = kNegInf;
+  *nan = false;
+  for (int64_t c = 0; c < r.chunks(); ++c) m = part[c] > m ? part[c] : m, *nan |= part_nan[c] != 0;
+  return m;
+}
+
 // First index of the largest value; NaN counts as largest (jnp.argmax).
-int32_t ArgMax(const SimdOps& ops, const float* x, int64_t n) {
+int32_t ArgMax(const SimdOps& ops, const Row& r) {
   bool nan = false;
-  const float m = ops.max_of(x, n, &nan);
-  const int64_t i = ops.find_first(x, n, m, nan);
-  return static_cast<int32_t>(i < n ? i : 0);
+  const float m = MaxRow(ops, r, r.x, &nan);
+  const int64_t i = ops.find_first(r.x, r.n, m, nan);
+  return static_cast<int32_t>(i < r.n ? i : 0);
 }
 
 // The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
@@ -436,11 +488,23 @@ float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, do
 float NucleusCutoff(const SimdOps& ops, const Row& r, float p) {
   constexpr int kBinsPerUnit = 64, kBins = 64 * kBinsPerUnit;
   bool nan = false;
-  const float m = ops.max_of(r.x, r.n, &nan);
+  const float m = MaxRow(ops, r, r.x, &nan);
   if (m == kNegInf || m == kPosInf) return m;
-  const double z = ops.exp_shifted(r.x, m, r.w, r.n, r.bins, kBinsPerUnit, kBins - 1);
+  std::vector<double> part_z(r.chunks());
+  std::vector<std::vector<double>> part_mass(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    const int64_t b = r.begin(c), e = r.end(c);
+    part_z[c] = ops.exp_shifted(r.x + b, m, r.w + b, e - b, r.bins + b, kBinsPerUnit, kBins - 1);
+    part_mass[c].assign(kBins, 0.0);
+    double* mass = part_mass[c].data();
+    for (int64_t i = b; i < e; ++i) mass[static_cast<int>(r.bins[i])] += r.w[i];
+  });
+  double z = 0;
   std::vector<double> mass(kBins, 0.0);
-  for (int64_t i = 0; i < r.n; ++i) mass[static_cast<int>(r.bins[i])] += r.w[i];
+  for (int64_t c = 0; c < r.chunks(); ++c) {
+    z += part_z[c];
+    for (int b = 0; b < kBins; ++b) mass[b] += part_mass[c][b];
+  }
   double above = 0;
   std::vector<std::pair<float, double>> cand;
   for (int b = 0; b < kBins; ++b) {
@@ -471,24 +535,49 @@ float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
 // categorical over the tokens `keep` accepts, scored by r.y (x / T, computed by the caller, whose max over
 // y >= ylo is ymax); `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the
 // largest y go first, so that the bound is tight when the rest are scanned, in blocks, each collecting
-// only the y that can still win.
+// only the y that can still win. Each chunk keeps its own best (from the seeds' best on), and the chunks'
+// bests are combined in order.
 template <typename Keep>
 int32_t SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
                    float ylo, Keep keep) {
-  GumbelArgmax sampler(ops, k0, k1, base, r.bf16);
   const float seed = std::max(ylo, ymax - 1.0f);
-  int64_t found = ops.collect_range(r.y, seed, kPosInf, 0, r.n, r.ids);
-  for (int64_t j = 0; j < found; ++j)
-    if (keep(r.ids[j])) sampler.Offer(r.ids[j], r.y[r.ids[j]]);
-  sampler.Flush();
-  constexpr int64_t kBlock = 4096;
-  for (int64_t i = 0; i < r.n; i += kBlock) {
-    const float lo = std::max(ylo, sampler.threshold());
-    found = ops.collect_range(r.y, lo, seed, i, std::min(r.n, i + kBlock), r.ids);
+  std::vector<Best> part(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16);
+    int32_t* ids = r.ids_of(c);
+    const int64_t found = ops.collect_range(r.y, seed, kPosInf, r.begin(c), r.end(c), ids);
     for (int64_t j = 0; j < found; ++j)
-      if (keep(r.ids[j])) sampler.Offer(r.ids[j], r.y[r.ids[j]]);
-  }
-  const Best& best = sampler.best();
+      if (keep(ids[j])) sampler.Offer(ids[j], r.y[ids[j]]);
+    part[c] = sampler.best();
+  });
+  Best seeds;
+  for (const Best& b : part)
+    if (b.index >= 0) seeds.Offer(b.index, b.score);
+  // The best score any chunk has reached so far, shared so that every chunk prunes with it.
+  std::atomic<float> shared(seeds.index >= 0 ? seeds.score : kNegInf);
+  r.ForChunks([&](int64_t c) {
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, seeds);
+    int32_t* ids = r.ids_of(c);
+    auto share = [&] {
+      float seen = shared.load(std::memory_order_relaxed);
+      while (sampler.bound() > seen && !shared.compare_exchange_weak(seen, sampler.bound())) {
+      }
+      sampler.Raise(seen);
+    };
+    constexpr int64_t kBlock = 4096;
+    for (int64_t i = r.begin(c); i < r.end(c); i += kBlock) {
+      share();
+      const float lo = std::max(ylo, sampler.threshold());
+      const int64_t found = ops.collect_range(r.y, lo, seed, i, std::min(r.end(c), i + kBlock), ids);
+      for (int64_t j = 0; j < found; ++j)
+        if (keep(ids[j])) sampler.Offer(ids[j], r.y[ids[j]]);
+    }
+    part[c] = sampler.best();
+    share();
+  });
+  Best best = seeds;
+  for (const Best& b : part)
+    if (b.index >= 0) best.Offer(b.index, b.score);
   if (best.index < 0 || best.score == kNegInf) return 0;  // every score -inf: argmax picks index 0
   return static_cast<int32_t>(best.index);
 }
@@ -504,9 +593,9 @@ int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t 
   auto everything = [](int64_t) { return true; };
   switch (prm.form) {
     case Form::kGreedy:
-      return ArgMax(ops, r.x, r.n);
+      return ArgMax(ops, r);
     case Form::kTemperature: {
-      const float ymax = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
     }
     case Form::kTopK:
@@ -528,12 +617,12 @@ int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t 
     case Form::kTopKMask: {
       const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
       const float ylo = ScaledFloor(r, kth, t);
-      float ymax = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
     }
     case Form::kTopPMask: {
       const float cutoff = NucleusCutoff(ops, r, prm.p);
-      const float ymax = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+      const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, ScaledFloor(r, cutoff, t),
                         [&](int64_t i) { return r.x[i] >= cutoff; });
     }
@@ -553,8 +642,14 @@ int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t 
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
-      const float m = ops.scale_max(r.x, t, r.bf16, r.y, r.n);
-      const float zf = static_cast<float>(ops.exp_shifted(r.y, m, r.w, r.n, nullptr, 0, 0));
+      const float m = ScaleMaxRow(ops, r, t);
+      std::vector<double> part_z(r.chunks());
+      r.ForChunks([&](int64_t c) {
+        part_z[c] = ops.exp_shifted(r.y + r.begin(c), m, r.w + r.begin(c), r.end(c) - r.begin(c), nullptr, 0, 0);
+      });
+      double z = 0;
+      for (double v : part_z) z += v;
+      const float zf = static_cast<float>(z);
       const float threshold = prm.min_p * (1.0f / zf);
       // exp(y - m) / zf >= min_p / zf needs y - m >= log(min_p) up to rounding: 1 is a wide margin.
       const float ylo = prm.min_p > 0 ? m + std::log(prm.min_p) - 1.0f : kNegInf;
@@ -630,8 +725,15 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   const uint32_t* key = keys.typed_data();
   const int32_t* ids = row_ids.typed_data();
   int32_t* tokens = out->typed_data();
-  ParallelFor(pool, rows, [&](int64_t r) {
-    const int64_t stride = vocab + kMaxLanes;
+  // Fewer rows than threads: rows one after another, each row's chunks on the pool.
+  const int64_t threads = pool.num_threads() + 1;
+  const bool split = rows < threads && NumChunks(vocab) > 1 && std::getenv("HLOFUSE_SAMPLE_NO_SPLIT") == nullptr;
+  const ForEach in_order = [](int64_t n, const std::function<void(int64_t)>& fn) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  };
+  const ForEach on_pool = [&pool](int64_t n, const std::function<void(int64_t)>& fn) { ParallelFor(pool, n, fn); };
+  auto sample_row = [&](int64_t r) {
+    const int64_t stride = vocab + NumChunks(vocab) + kMaxLanes;
     float* scratch = ThreadScratch(5 * stride);
     const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
     if (bf16) {
@@ -641,9 +743,14 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
       x = wide;
     }
     const Row row{x, vocab, bf16, scratch, scratch + stride, scratch + 2 * stride,
-                  reinterpret_cast<int32_t*>(scratch + 3 * stride)};
+                  reinterpret_cast<int32_t*>(scratch + 3 * stride), split ? &on_pool : &in_order};
     tokens[r] = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r]);
-  });
+  };
+  if (split) {
+    for (int64_t r = 0; r < rows; ++r) sample_row(r);
+  } else {
+    ParallelFor(pool, rows, sample_row);
+  }
   return ffi::Error::Success();
 }
 
