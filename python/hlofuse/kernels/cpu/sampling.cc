@@ -1,24 +1,35 @@
 // hlofuse_sample: token sampling over (rows, V) logits without sorting the vocabulary.
 //
-// Returns the token ids of hlofuse.kernels.sampling_reference for each form (sampling.py's FORM_CODES):
-// the filters find their threshold from a bounded candidate set (a min-heap of k for top-k, the
-// tokens within a growing distance of the row max for top-p), and Gumbel noise is computed only for
-// the tokens that survive, from threefry2x32 at the same counters JAX uses (counter = flat index of
-// the noise element), with the same float steps (bf16 rounds after every op, as XLA does).
+// Returns the token ids of hlofuse.kernels.sampling_reference for each form (sampling.py's FORM_CODES).
+// The filters find their threshold without a sort (a k-element heap behind a threshold test for
+// top-k; a histogram of probability mass by distance from the row max, then a quickselect inside the
+// one bin where the cumulative mass reaches p, for top-p). Gumbel-max then draws noise only where it
+// can change the winner: JAX's f32 Gumbel noise is bounded (uniform u < 1), so a token whose
+// y + gmax rounds below the best score so far cannot win and gets no threefry at all, and a token
+// whose 12 leading random bits bound its noise below what it needs gets no log. The noise that is
+// drawn comes from threefry2x32 at JAX's counters (the flat index of the noise element), computed
+// 16 / 8 / 4 counters at a time by the ISA chosen at run time, with the same float steps as JAX.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <queue>
+#include <string_view>
 #include <vector>
 
+#include "sampling_simd.h"
 #include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace ffi = xla::ffi;
 
@@ -32,6 +43,7 @@ enum class Form : int64_t {
 
 constexpr float kTiny = 1.17549435e-38f;  // finfo(f32).tiny == finfo(bf16).tiny
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
 //===--- Floats ----------------------------------------------------------------------------===//
 
@@ -53,22 +65,135 @@ float RoundBf16(float f) {
   return f;
 }
 
-struct Row {
-  const void* data;
-  bool bf16;
-  int64_t n;
-  float operator[](int64_t i) const {
-    return bf16 ? Bf16ToF32(static_cast<const uint16_t*>(data)[i]) : static_cast<const float*>(data)[i];
-  }
-  float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
+// An order-preserving map of floats to integers (-0 and +0 share 0), and back.
+int32_t OrderKey(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, 4);
+  return i >= 0 ? i : std::numeric_limits<int32_t>::min() - i;
+}
+float FromOrderKey(int32_t k) {
+  const uint32_t bits = k >= 0 ? static_cast<uint32_t>(k) : 0x80000000u | static_cast<uint32_t>(-k);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+//===--- ISA selection and the vector loops --------------------------------------------------===//
+
+struct SimdOps {
+  const char* name;
+  void (*threefry)(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out, int64_t n);
+  double (*exp_shifted)(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale, float last_bin);
+  float (*max_of)(const float* x, int64_t n, bool* nan);
+  int64_t (*find_first)(const float* x, int64_t n, float value, bool nan);
+  float (*scale_max)(const float* x, float t, bool bf16, float* y, int64_t n);
+  int64_t (*collect_range)(const float* v, float lo, float hi, int64_t begin, int64_t end, int32_t* out);
 };
 
-//===--- threefry2x32 and Gumbel noise -------------------------------------------------------===//
+constexpr int kMaxLanes = 16;
+
+#define HLOFUSE_SIMD_OPS(NAME, LANES, TARGET)                                                               \
+  TARGET void NAME##Threefry(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out,    \
+                             int64_t n) {                                                                 \
+    sampling_simd::Threefry<LANES>(k0, k1, base, idx, out, n);                                              \
+  }                                                                                                         \
+  TARGET double NAME##ExpShifted(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale, \
+                                 float last_bin) {                                                          \
+    return sampling_simd::ExpShifted<LANES>(x, m, w, n, bins, bin_scale, last_bin);                         \
+  }                                                                                                         \
+  TARGET float NAME##MaxOf(const float* x, int64_t n, bool* nan) {                                          \
+    return sampling_simd::MaxOf<LANES>(x, n, nan);                                                          \
+  }                                                                                                         \
+  TARGET int64_t NAME##FindFirst(const float* x, int64_t n, float value, bool nan) {                        \
+    return sampling_simd::FindFirst<LANES>(x, n, value, nan);                                               \
+  }                                                                                                         \
+  TARGET float NAME##ScaleMax(const float* x, float t, bool bf16, float* y, int64_t n) {                    \
+    return sampling_simd::ScaleMax<LANES>(x, t, bf16, y, n);                                                \
+  }                                                                                                         \
+  constexpr SimdOps k##NAME##Ops{#NAME,           NAME##Threefry, NAME##ExpShifted,   NAME##MaxOf,          \
+                                 NAME##FindFirst, NAME##ScaleMax, NAME##CollectRangeMask};
+
+// CollectRange with the ISA's compare-to-bitmask (GCC lowers vector-extension float compares of 16
+// lanes lane by lane): the indices of the set bits are written in order.
+#if defined(__x86_64__)
+#define HLOFUSE_COLLECT_RANGE(NAME, TARGET, LANES, VEC, LOAD, SET1, MASK)                                    \
+  TARGET int64_t NAME##CollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end,      \
+                                        int32_t* out) {                                                     \
+    /* x >= top holds only for x == +inf == hi */                                                          \
+    const float top = hi == kPosInf ? hi : std::numeric_limits<float>::quiet_NaN();                        \
+    const VEC lo_v = SET1(lo), hi_v = SET1(hi), top_v = SET1(top);                                          \
+    int64_t count = 0, i = begin;                                                                           \
+    for (; i + LANES <= end; i += LANES) {                                                                  \
+      const VEC x = LOAD(v + i);                                                                            \
+      uint32_t bits = MASK(x, lo_v, hi_v, top_v);                                                           \
+      while (bits) {                                                                                        \
+        out[count++] = static_cast<int32_t>(i + __builtin_ctz(bits));                                       \
+        bits &= bits - 1;                                                                                   \
+      }                                                                                                     \
+    }                                                                                                       \
+    for (; i < end; ++i) {                                                                                  \
+      out[count] = static_cast<int32_t>(i);                                                                 \
+      count += v[i] >= lo && (v[i] < hi || v[i] >= top);                                                    \
+    }                                                                                                       \
+    return count;                                                                                           \
+  }
+
+#define HLOFUSE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define HLOFUSE_TARGET_AVX2 __attribute__((target("avx2,fma")))
+HLOFUSE_TARGET_AVX512 inline uint32_t Avx512RangeMask(__m512 x, __m512 lo, __m512 hi, __m512 top) {
+  return _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ) &
+         (_mm512_cmp_ps_mask(x, hi, _CMP_LT_OQ) | _mm512_cmp_ps_mask(x, top, _CMP_GE_OQ));
+}
+HLOFUSE_TARGET_AVX2 inline uint32_t Avx2RangeMask(__m256 x, __m256 lo, __m256 hi, __m256 top) {
+  const __m256 in = _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ),
+                                  _mm256_or_ps(_mm256_cmp_ps(x, hi, _CMP_LT_OQ), _mm256_cmp_ps(x, top, _CMP_GE_OQ)));
+  return static_cast<uint32_t>(_mm256_movemask_ps(in));
+}
+inline uint32_t Sse2RangeMask(__m128 x, __m128 lo, __m128 hi, __m128 top) {
+  const __m128 in = _mm_and_ps(_mm_cmpge_ps(x, lo), _mm_or_ps(_mm_cmplt_ps(x, hi), _mm_cmpge_ps(x, top)));
+  return static_cast<uint32_t>(_mm_movemask_ps(in));
+}
+HLOFUSE_COLLECT_RANGE(avx512, HLOFUSE_TARGET_AVX512, 16, __m512, _mm512_loadu_ps, _mm512_set1_ps, Avx512RangeMask)
+HLOFUSE_COLLECT_RANGE(avx2, HLOFUSE_TARGET_AVX2, 8, __m256, _mm256_loadu_ps, _mm256_set1_ps, Avx2RangeMask)
+HLOFUSE_COLLECT_RANGE(generic, , 4, __m128, _mm_loadu_ps, _mm_set1_ps, Sse2RangeMask)
+#undef HLOFUSE_COLLECT_RANGE
+#else
+int64_t genericCollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end, int32_t* out) {
+  return sampling_simd::CollectRange<4>(v, lo, hi, begin, end, out);
+}
+#endif
+
+#define HLOFUSE_NO_TARGET
+HLOFUSE_SIMD_OPS(generic, 4, HLOFUSE_NO_TARGET)
+#if defined(__x86_64__)
+HLOFUSE_SIMD_OPS(avx2, 8, HLOFUSE_TARGET_AVX2)
+HLOFUSE_SIMD_OPS(avx512, 16, HLOFUSE_TARGET_AVX512)
+#endif
+#undef HLOFUSE_SIMD_OPS
+#undef HLOFUSE_NO_TARGET
+
+// The widest ISA this CPU runs; HLOFUSE_CPU_ISA=avx512|avx2|generic asks for a lower one.
+const SimdOps& SelectOps() {
+  const char* env = std::getenv("HLOFUSE_CPU_ISA");
+  const std::string_view want = env ? env : "";
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+      (want.empty() || want == "avx512"))
+    return kavx512Ops;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      (want.empty() || want == "avx512" || want == "avx2"))
+    return kavx2Ops;
+#endif
+  return kgenericOps;
+}
+
+//===--- Gumbel noise ----------------------------------------------------------------------===//
 
 inline uint32_t Rotl(uint32_t v, int r) { return (v << r) | (v >> (32 - r)); }
 
 // threefry2x32 (20 rounds) of the counter (hi, lo) under key (k0, k1): JAX's random bits at flat
-// index hi:lo are out[0] ^ out[1].
+// index hi:lo are out[0] ^ out[1]. The scalar twin of sampling_simd::Threefry, for tests of the lanes.
 uint32_t ThreefryBits(uint32_t k0, uint32_t k1, uint64_t counter) {
   static constexpr int kRot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
   const uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
@@ -85,43 +210,47 @@ uint32_t ThreefryBits(uint32_t k0, uint32_t k1, uint64_t counter) {
   return x0 ^ x1;
 }
 
-// jax.random.gumbel(key, ..., dtype)[counter]: -log(-log(uniform(tiny, 1))).
-float Gumbel(uint32_t k0, uint32_t k1, uint64_t counter, bool bf16) {
-  const uint32_t bits = ThreefryBits(k0, k1, counter);
-  if (bf16) {  // 8 random bits, 7 of them into the mantissa; every op rounds to bf16
-    const uint16_t mant = static_cast<uint16_t>(((bits & 0xffu) >> 1) | 0x3f80u);
-    const float f = Bf16ToF32(mant) - 1.0f;
-    const float u = std::max(kTiny, RoundBf16(f + kTiny));
-    return -RoundBf16(std::log(-RoundBf16(std::log(u))));
-  }
-  uint32_t fbits = (bits >> 9) | 0x3f800000u;
+// jax.random.gumbel's f32 steps on 23 random mantissa bits: -log(-log(uniform(tiny, 1))).
+float GumbelF32(uint32_t mantissa) {
+  uint32_t fbits = mantissa | 0x3f800000u;
   float f;
   std::memcpy(&f, &fbits, 4);
   const float u = std::max(kTiny, (f - 1.0f) * 1.0f + kTiny);
   return -std::log(-std::log(u));
 }
 
-//===--- Row helpers -----------------------------------------------------------------------===//
+// bf16: 8 random bits, 7 of them into the mantissa; every op rounds to bf16 (XLA does).
+float GumbelBf16(uint32_t bits) {
+  const uint16_t mant = static_cast<uint16_t>(((bits & 0xffu) >> 1) | 0x3f80u);
+  const float f = Bf16ToF32(mant) - 1.0f;
+  const float u = std::max(kTiny, RoundBf16(f + kTiny));
+  return -RoundBf16(std::log(-RoundBf16(std::log(u))));
+}
 
-struct Params {
-  Form form;
-  float temperature;  // already in the logits' dtype
-  int64_t k;
-  float p;
-  float min_p;
-  uint32_t k0, k1;
+// Bounds of the noise, computed once with the same float steps as the noise itself.
+struct NoiseTables {
+  static constexpr int kBucketBits = 12;  // f32 noise bucketed by its leading random bits
+  float f32_upper[1 << kBucketBits];      // the largest noise of any mantissa in the bucket, plus margin
+  float bf16[128];                         // bf16 noise has 128 values: all of them, exactly
+  float f32_max = 0, bf16_max = kNegInf;
+
+  NoiseTables() {
+    // The noise grows with the mantissa; the margin (>> the 1-ulp non-monotonicity a libm log may
+    // have) keeps each bucket's bound above every value inside it.
+    constexpr int kShift = 23 - kBucketBits;
+    for (uint32_t b = 0; b < (1u << kBucketBits); ++b)
+      f32_upper[b] = GumbelF32(((b + 1) << kShift) - 1) + 1e-3f;
+    f32_max = f32_upper[(1 << kBucketBits) - 1];
+    for (uint32_t v = 0; v < 128; ++v) bf16[v] = GumbelBf16(v << 1), bf16_max = std::max(bf16_max, bf16[v]);
+  }
 };
 
-// First index of the largest value; NaN counts as largest (jnp.argmax).
-int32_t ArgMax(const Row& x) {
-  int64_t best = 0;
-  float best_v = x[0];
-  for (int64_t i = 1; i < x.n && !std::isnan(best_v); ++i) {
-    const float v = x[i];
-    if (v > best_v || std::isnan(v)) best = i, best_v = v;
-  }
-  return static_cast<int32_t>(best);
+const NoiseTables& Tables() {
+  static const NoiseTables tables;
+  return tables;
 }
+
+//===--- Candidates and the Gumbel bound ----------------------------------------------------===//
 
 // Keeps the best `score` with the lowest index on ties; -inf scores still win over nothing.
 struct Best {
@@ -132,21 +261,195 @@ struct Best {
   }
 };
 
-// The top `k` (value descending, index ascending on ties) of `value(i)` over i < n.
-template <typename F>
-std::vector<std::pair<float, int64_t>> TopK(int64_t n, int64_t k, F value) {
+// Counts what the bound saved, for tests (hlofuse_sample_stats).
+std::atomic<int64_t> g_noise_draws{0}, g_noise_logs{0};
+
+// argmax_i(round(gumbel[base + idx_i] + y_i)) over the offered (idx, y), lowest idx on ties. Offers are
+// buffered; a candidate that cannot beat the best so far even with the largest noise is dropped before
+// its threefry, and one whose bucket bound cannot beat it is dropped before its logs.
+class GumbelArgmax {
+ public:
+  static constexpr int kChunk = 256;  // a multiple of every ISA's lanes
+
+  // `start`: a best already found elsewhere (the argmax is then over its candidate too).
+  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, Best start = {})
+      : ops_(ops), tables_(Tables()), k0_(k0), k1_(k1), base_(base), bf16_(bf16),
+        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max), best_(start) {
+    if (best_.index >= 0) Raise(best_.score);
+  }
+
+  float Round(float f) const { return bf16_ ? RoundBf16(f) : f; }
+
+  // The smallest y that may still win: round(y + gmax) >= bound (y >= -inf until a first score).
+  float threshold() const { return threshold_; }
+
+  // A score some token elsewhere reaches: nothing scoring below it can be the argmax.
+  float bound() const { return bound_; }
+  void Raise(float score) {
+    if (score > bound_) bound_ = score, UpdateThreshold();
+  }
+
+  void Offer(int64_t i, float y) {
+    if (!(y >= threshold_)) return;
+    idx_[n_] = static_cast<int32_t>(i);
+    y_[n_++] = y;
+    if (n_ == kChunk) Flush();
+  }
+
+  void Flush() {
+    if (n_ == 0) return;
+    const int64_t padded = (n_ + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
+    for (int64_t j = n_; j < padded; ++j) idx_[j] = 0;
+    ops_.threefry(k0_, k1_, base_, idx_, bits_, padded);
+    int64_t logs = 0;
+    for (int64_t j = 0; j < n_; ++j) {
+      const float y = y_[j];
+      float score;
+      if (bf16_) {
+        score = RoundBf16(tables_.bf16[(bits_[j] & 0xffu) >> 1] + y);
+      } else {
+        if (tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)] + y < bound_) continue;
+        ++logs;
+        score = GumbelF32(bits_[j] >> 9) + y;
+      }
+      best_.Offer(idx_[j], score);
+      bound_ = best_.score > bound_ ? best_.score : bound_;
+    }
+    g_noise_draws.fetch_add(n_, std::memory_order_relaxed);
+    g_noise_logs.fetch_add(logs, std::memory_order_relaxed);
+    n_ = 0;
+    UpdateThreshold();
+  }
+
+  const Best& best() {
+    Flush();
+    return best_;
+  }
+
+ private:
+  // Binary search over the float order for the smallest y with round(y + gmax) >= bound (monotone in y).
+  void UpdateThreshold() {
+    if (!(bound_ > kNegInf)) return;
+    int32_t lo = OrderKey(kNegInf), hi = OrderKey(kPosInf);  // pred(hi) holds: inf + gmax = inf
+    while (lo < hi) {
+      const int32_t mid = static_cast<int32_t>((static_cast<int64_t>(lo) + hi) >> 1);  // floor
+      if (Round(FromOrderKey(mid) + gmax_) >= bound_) hi = mid;
+      else lo = mid + 1;
+    }
+    threshold_ = FromOrderKey(lo);
+  }
+
+  const SimdOps& ops_;
+  const NoiseTables& tables_;
+  uint32_t k0_, k1_;
+  uint64_t base_;
+  bool bf16_;
+  float gmax_;
+  Best best_;
+  float bound_ = kNegInf;
+  float threshold_ = kNegInf;
+  int64_t n_ = 0;
+  alignas(64) int32_t idx_[kChunk];
+  alignas(64) uint32_t bits_[kChunk];
+  float y_[kChunk];
+};
+
+//===--- Row helpers -----------------------------------------------------------------------===//
+
+struct Params {
+  Form form;
+  float temperature;  // already in the logits' dtype
+  int64_t k;
+  float p;
+  float min_p;
+};
+
+// Every full-vocabulary pass runs over fixed chunks of the row whose partial results (max, f64 sums,
+// histograms, best candidates) are combined in chunk order: the same arithmetic whether the chunks run
+// one after another (rows in parallel) or on several threads (fewer rows than threads), so the token ids
+// never depend on the thread count.
+constexpr int64_t kChunkTokens = 32768;
+int64_t NumChunks(int64_t n) { return (n + kChunkTokens - 1) / kChunkTokens; }
+
+// Runs fn(0..n-1): in order on the calling thread, or on the pool when a row's chunks are split.
+using ForEach = std::function<void(int64_t, const std::function<void(int64_t)>&)>;
+
+// One row: its logits as f32 (bf16 widened exactly), and scratch the size of the row.
+struct Row {
+  const float* x;
+  int64_t n;
+  bool bf16;
+  float* y;        // scratch: the scaled logits
+  float* w;        // scratch: exp(x - max)
+  float* bins;     // scratch: histogram bins
+  int32_t* ids;    // scratch: candidate indices (n + chunks + 1)
+  const ForEach* each;
+  float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
+  int64_t chunks() const { return NumChunks(n); }
+  int64_t begin(int64_t c) const { return c * kChunkTokens; }
+  int64_t end(int64_t c) const { return std::min(n, (c + 1) * kChunkTokens); }
+  int32_t* ids_of(int64_t c) const { return ids + begin(c) + c; }  // room for end - begin + 1
+  // Runs fn(c) for every chunk, on the pool when the row is split.
+  void ForChunks(const std::function<void(int64_t)>& fn) const { (*each)(chunks(), fn); }
+};
+
+// max(x / T) over the row, writing y; chunked.
+float ScaleMaxRow(const SimdOps& ops, const Row& r, float t) {
+  std::vector<float> part(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    part[c] = ops.scale_max(r.x + r.begin(c), t, r.bf16, r.y + r.begin(c), r.end(c) - r.begin(c));
+  });
+  float m = kNegInf;
+  for (float v : part) m = v > m ? v : m;
+  return m;
+}
+
+// max(v) over the row (NaN ignored), chunked; *nan says whether v has a NaN.
+float MaxRow(const SimdOps& ops, const Row& r, const float* v, bool* nan) {
+  std::vector<float> part(r.chunks());
+  std::vector<char> part_nan(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    bool chunk_nan = false;
+    part[c] = ops.max_of(v + r.begin(c), r.end(c) - r.begin(c), &chunk_nan);
+    part_nan[c] = chunk_nan;
+  });
+  float m = kNegInf;
+  *nan = false;
+  for (int64_t c = 0; c < r.chunks(); ++c) m = part[c] > m ? part[c] : m, *nan |= part_nan[c] != 0;
+  return m;
+}
+
+// First index of the largest value; NaN counts as largest (jnp.argmax).
+int32_t ArgMax(const SimdOps& ops, const Row& r) {
+  bool nan = false;
+  const float m = MaxRow(ops, r, r.x, &nan);
+  const int64_t i = ops.find_first(r.x, r.n, m, nan);
+  return static_cast<int32_t>(i < r.n ? i : 0);
+}
+
+// The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
+// a value enters the full heap only if it is strictly above the heap's worst; the scan collects those
+// in vector blocks.
+std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k,
+                                            int32_t* ids) {
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
   std::priority_queue<std::pair<float, int64_t>, std::vector<std::pair<float, int64_t>>, decltype(before)> heap(
       before);
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = value(i);
-    if (static_cast<int64_t>(heap.size()) < k) {
-      heap.emplace(v, i);
-    } else if (before({v, i}, heap.top())) {
+  int64_t i = 0;
+  for (; i < n && static_cast<int64_t>(heap.size()) < k; ++i) heap.emplace(v[i], i);
+  constexpr int64_t kBlock = 1024;
+  for (; i < n; i += kBlock) {
+    const float worst = heap.top().first;
+    // above worst: the open interval (worst, inf] as [nextafter(worst), inf]
+    const float lo = std::nextafter(worst, kPosInf);
+    const int64_t found = ops.collect_range(v, lo, kPosInf, i, std::min(n, i + kBlock), ids);
+    for (int64_t j = 0; j < found; ++j) {
+      const int64_t at = ids[j];
+      if (!(v[at] > heap.top().first)) continue;
       heap.pop();
-      heap.emplace(v, i);
+      heap.emplace(v[at], at);
     }
   }
   std::vector<std::pair<float, int64_t>> out;
@@ -155,34 +458,9 @@ std::vector<std::pair<float, int64_t>> TopK(int64_t n, int64_t k, F value) {
   return out;
 }
 
-// Nucleus cutoff: the largest value v with mass(x >= v) >= p over the tokens with x >= floor, or
-// -inf when the whole mass stays below p (then nothing is cut). Only tokens near the max are sorted.
-float NucleusCutoff(const Row& x, float floor, float p) {
-  float m = kNegInf;
-  for (int64_t i = 0; i < x.n; ++i) m = std::max(m, x[i] >= floor ? x[i] : kNegInf);
-  if (m == kNegInf) return kNegInf;
-  double z = 0;
-  size_t eligible = 0;
-  for (int64_t i = 0; i < x.n; ++i)
-    if (x[i] >= floor) z += std::exp(static_cast<double>(x[i]) - m), ++eligible;
-  // Candidates near the max, widened until they hold mass >= p (one pass each).
-  std::vector<std::pair<float, double>> cand;  // (value, exp(value - max) / z)
-  for (double delta = 8.0;; delta *= 2) {
-    cand.clear();
-    double mass = 0;
-    const float lo = std::max(floor, static_cast<float>(m - delta));
-    for (int64_t i = 0; i < x.n; ++i) {
-      const float v = x[i];
-      if (v >= lo) {
-        const double w = std::exp(static_cast<double>(v) - m) / z;
-        cand.emplace_back(v, w);
-        mass += w;
-      }
-    }
-    if (mass >= p || cand.size() == eligible || delta > 1e30) break;
-  }
-  // Quickselect on mass: the largest v with mass(x >= v) >= p, partitioning around pivots (no sort).
-  double above = 0;  // mass of the values above the current range
+// Over (value, mass) candidates: the largest value v with float((above + mass(value >= v)) / z) >= p,
+// by three-way quickselect around pivots (no sort); -inf if even all of them stay below p.
+float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, double z, float p) {
   size_t begin = 0, end = cand.size();
   while (begin < end) {
     const float pivot = cand[begin + (end - begin) / 2].first;
@@ -191,9 +469,9 @@ float NucleusCutoff(const Row& x, float floor, float p) {
     double upper = 0, equal = 0;
     for (auto it = cand.begin() + begin; it != gt; ++it) upper += it->second;
     for (auto it = gt; it != eq; ++it) equal += it->second;
-    if (static_cast<float>(above + upper) >= p) {
+    if (static_cast<float>((above + upper) / z) >= p) {
       end = gt - cand.begin();
-    } else if (static_cast<float>(above + upper + equal) >= p) {
+    } else if (static_cast<float>((above + upper + equal) / z) >= p) {
       return pivot;
     } else {
       above += upper + equal;
@@ -203,62 +481,180 @@ float NucleusCutoff(const Row& x, float floor, float p) {
   return kNegInf;
 }
 
-int32_t SampleKept(const Row& x, const Params& prm, int64_t row, float floor) {
-  // categorical(key, where(x >= floor, x, -inf) / T): noise indexed by vocabulary id.
-  Best best;
-  const uint64_t base = static_cast<uint64_t>(row) * x.n;
-  for (int64_t i = 0; i < x.n; ++i) {
-    const float v = x[i];
-    if (!(v >= floor)) continue;
-    const float y = x.Round(v / prm.temperature);
-    best.Offer(i, x.Round(Gumbel(prm.k0, prm.k1, base + i, x.bf16) + y));
+// Nucleus cutoff of the whole row: the largest value v with mass(x >= v) >= p, or -inf when the whole
+// mass stays below p (then nothing is cut). One vector pass for the max, one for exp(x - max) and each
+// token's bin (by distance from the max, 1/64 wide), one scalar pass adding the mass into the bins;
+// only the bin where the cumulative mass reaches p is searched token by token.
+float NucleusCutoff(const SimdOps& ops, const Row& r, float p) {
+  constexpr int kBinsPerUnit = 64, kBins = 64 * kBinsPerUnit;
+  bool nan = false;
+  const float m = MaxRow(ops, r, r.x, &nan);
+  if (m == kNegInf || m == kPosInf) return m;
+  std::vector<double> part_z(r.chunks());
+  std::vector<std::vector<double>> part_mass(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    const int64_t b = r.begin(c), e = r.end(c);
+    part_z[c] = ops.exp_shifted(r.x + b, m, r.w + b, e - b, r.bins + b, kBinsPerUnit, kBins - 1);
+    part_mass[c].assign(kBins, 0.0);
+    double* mass = part_mass[c].data();
+    for (int64_t i = b; i < e; ++i) mass[static_cast<int>(r.bins[i])] += r.w[i];
+  });
+  double z = 0;
+  std::vector<double> mass(kBins, 0.0);
+  for (int64_t c = 0; c < r.chunks(); ++c) {
+    z += part_z[c];
+    for (int b = 0; b < kBins; ++b) mass[b] += part_mass[c][b];
   }
+  double above = 0;
+  std::vector<std::pair<float, double>> cand;
+  for (int b = 0; b < kBins; ++b) {
+    if (mass[b] == 0) continue;
+    if (static_cast<float>((above + mass[b]) / z) >= p) {
+      cand.clear();
+      const int64_t found = ops.collect_range(r.bins, b, b + 1, 0, r.n, r.ids);
+      for (int64_t j = 0; j < found; ++j)
+        if (r.w[r.ids[j]] > 0) cand.emplace_back(r.x[r.ids[j]], r.w[r.ids[j]]);
+      const float cutoff = SelectCutoff(cand, above, z, p);
+      if (cutoff != kNegInf) return cutoff;
+    }
+    above += mass[b];  // summed in a different order, the bin total can round past p: search on
+  }
+  return kNegInf;
+}
+
+// Nucleus cutoff over a few candidates (x >= kth after a top-k mask): mass from f64 exp.
+float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
+  float m = kNegInf;
+  for (const auto& c : cand) m = std::max(m, c.first);
+  if (m == kNegInf || m == kPosInf) return m;
+  double z = 0;
+  for (auto& c : cand) z += c.second = std::exp(static_cast<double>(c.first) - m);
+  return SelectCutoff(cand, 0.0, z, p);
+}
+
+// categorical over the tokens `keep` accepts, scored by r.y (x / T, computed by the caller, whose max over
+// y >= ylo is ymax); `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the
+// largest y go first, so that the bound is tight when the rest are scanned, in blocks, each collecting
+// only the y that can still win. Each chunk keeps its own best (from the seeds' best on), and the chunks'
+// bests are combined in order.
+template <typename Keep>
+int32_t SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
+                   float ylo, Keep keep) {
+  const float seed = std::max(ylo, ymax - 1.0f);
+  std::vector<Best> part(r.chunks());
+  r.ForChunks([&](int64_t c) {
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16);
+    int32_t* ids = r.ids_of(c);
+    const int64_t found = ops.collect_range(r.y, seed, kPosInf, r.begin(c), r.end(c), ids);
+    for (int64_t j = 0; j < found; ++j)
+      if (keep(ids[j])) sampler.Offer(ids[j], r.y[ids[j]]);
+    part[c] = sampler.best();
+  });
+  Best seeds;
+  for (const Best& b : part)
+    if (b.index >= 0) seeds.Offer(b.index, b.score);
+  // The best score any chunk has reached so far, shared so that every chunk prunes with it.
+  std::atomic<float> shared(seeds.index >= 0 ? seeds.score : kNegInf);
+  r.ForChunks([&](int64_t c) {
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, seeds);
+    int32_t* ids = r.ids_of(c);
+    auto share = [&] {
+      float seen = shared.load(std::memory_order_relaxed);
+      while (sampler.bound() > seen && !shared.compare_exchange_weak(seen, sampler.bound())) {
+      }
+      sampler.Raise(seen);
+    };
+    constexpr int64_t kBlock = 4096;
+    for (int64_t i = r.begin(c); i < r.end(c); i += kBlock) {
+      share();
+      const float lo = std::max(ylo, sampler.threshold());
+      const int64_t found = ops.collect_range(r.y, lo, seed, i, std::min(r.end(c), i + kBlock), ids);
+      for (int64_t j = 0; j < found; ++j)
+        if (keep(ids[j])) sampler.Offer(ids[j], r.y[ids[j]]);
+    }
+    part[c] = sampler.best();
+    share();
+  });
+  Best best = seeds;
+  for (const Best& b : part)
+    if (b.index >= 0) best.Offer(b.index, b.score);
   if (best.index < 0 || best.score == kNegInf) return 0;  // every score -inf: argmax picks index 0
   return static_cast<int32_t>(best.index);
 }
 
-int32_t SampleRow(const Row& x, const Params& prm, int64_t row) {
+// y floor implied by x >= floor: round(x / T) is monotone in x for T > 0.
+float ScaledFloor(const Row& r, float floor, float t) {
+  return t > 0 && floor != kNegInf ? r.Round(floor / t) : kNegInf;
+}
+
+int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, int64_t row) {
+  const uint64_t vocab_base = static_cast<uint64_t>(row) * r.n;
+  const float t = prm.temperature;
+  auto everything = [](int64_t) { return true; };
   switch (prm.form) {
     case Form::kGreedy:
-      return ArgMax(x);
-    case Form::kTemperature:
-      return SampleKept(x, prm, row, kNegInf);
+      return ArgMax(ops, r);
+    case Form::kTemperature: {
+      const float ymax = ScaleMaxRow(ops, r, t);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
+    }
     case Form::kTopK:
     case Form::kTemperatureTopK: {
+      // Rank-space: noise at counters row * k + rank.
       const bool first = prm.form == Form::kTemperatureTopK;
-      auto top = TopK(x.n, prm.k, [&](int64_t i) { return first ? x.Round(x[i] / prm.temperature) : x[i]; });
-      Best best;
-      const uint64_t base = static_cast<uint64_t>(row) * prm.k;
-      for (int64_t r = 0; r < static_cast<int64_t>(top.size()); ++r) {
-        const float y = first ? top[r].first : x.Round(top[r].first / prm.temperature);
-        best.Offer(r, x.Round(Gumbel(prm.k0, prm.k1, base + r, x.bf16) + y));
+      const float* v = r.x;
+      if (first) {
+        ops.scale_max(r.x, t, r.bf16, r.y, r.n);
+        v = r.y;
       }
+      auto top = TopK(ops, v, r.n, prm.k, r.ids);
+      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
+      for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
+        sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / t));
+      const Best& best = sampler.best();
       return static_cast<int32_t>(top[best.index < 0 ? 0 : best.index].second);
     }
-    case Form::kTopKMask:
-      return SampleKept(x, prm, row, TopK(x.n, prm.k, [&](int64_t i) { return x[i]; }).back().first);
-    case Form::kTopPMask:
-      return SampleKept(x, prm, row, NucleusCutoff(x, kNegInf, prm.p));
+    case Form::kTopKMask: {
+      const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
+      const float ylo = ScaledFloor(r, kth, t);
+      const float ymax = ScaleMaxRow(ops, r, t);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
+    }
+    case Form::kTopPMask: {
+      const float cutoff = NucleusCutoff(ops, r, prm.p);
+      const float ymax = ScaleMaxRow(ops, r, t);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, ScaledFloor(r, cutoff, t),
+                        [&](int64_t i) { return r.x[i] >= cutoff; });
+    }
     case Form::kTopKTopPMask: {
-      const float kth = TopK(x.n, prm.k, [&](int64_t i) { return x[i]; }).back().first;
-      return SampleKept(x, prm, row, std::max(kth, NucleusCutoff(x, kth, prm.p)));
+      // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored.
+      const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
+      const int64_t found = ops.collect_range(r.x, kth, kPosInf, 0, r.n, r.ids);
+      std::vector<std::pair<float, double>> cand;
+      for (int64_t j = 0; j < found; ++j) cand.emplace_back(r.x[r.ids[j]], 0.0);
+      const float cutoff = std::max(kth, NucleusCutoffOf(cand, prm.p));
+      GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16);
+      for (int64_t j = 0; j < found; ++j)
+        if (r.x[r.ids[j]] >= cutoff) sampler.Offer(r.ids[j], r.Round(r.x[r.ids[j]] / t));
+      const Best& best = sampler.best();
+      if (best.index < 0 || best.score == kNegInf) return 0;
+      return static_cast<int32_t>(best.index);
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
-      float m = kNegInf;
-      for (int64_t i = 0; i < x.n; ++i) m = std::max(m, x.Round(x[i] / prm.temperature));
+      const float m = ScaleMaxRow(ops, r, t);
+      std::vector<double> part_z(r.chunks());
+      r.ForChunks([&](int64_t c) {
+        part_z[c] = ops.exp_shifted(r.y + r.begin(c), m, r.w + r.begin(c), r.end(c) - r.begin(c), nullptr, 0, 0);
+      });
       double z = 0;
-      for (int64_t i = 0; i < x.n; ++i) z += std::exp(x.Round(x[i] / prm.temperature) - m);
+      for (double v : part_z) z += v;
       const float zf = static_cast<float>(z);
       const float threshold = prm.min_p * (1.0f / zf);
-      Best best;
-      const uint64_t base = static_cast<uint64_t>(row) * x.n;
-      for (int64_t i = 0; i < x.n; ++i) {
-        const float y = x.Round(x[i] / prm.temperature);
-        if (!(std::exp(y - m) / zf >= threshold)) continue;
-        best.Offer(i, Gumbel(prm.k0, prm.k1, base + i, false) + y);
-      }
-      return static_cast<int32_t>(best.index < 0 ? 0 : best.index);
+      // exp(y - m) / zf >= min_p / zf needs y - m >= log(min_p) up to rounding: 1 is a wide margin.
+      const float ylo = prm.min_p > 0 ? m + std::log(prm.min_p) - 1.0f : kNegInf;
+      return SampleKept(ops, r, m, k0, k1, vocab_base, ylo,
+                        [&](int64_t i) { return std::exp(r.y[i] - m) / zf >= threshold; });
     }
   }
   return 0;
@@ -298,28 +694,63 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)> 
   job->cv.wait(lock, [&] { return job->done.load() == n; });
 }
 
-ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> key,
-                  ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t form, float temperature, int64_t k, float p,
-                  float min_p) {
+// A per-thread buffer kept across calls (a row's worth of floats, three times).
+float* ThreadScratch(int64_t floats) {
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < floats) buf.resize(floats);
+  return buf.data();
+}
+
+ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> keys,
+                  ffi::Buffer<ffi::S32> row_ids, ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t form,
+                  float temperature, int64_t k, float p, float min_p) {
   const auto dims = logits.dimensions();
   if (dims.size() != 2) return ffi::Error::InvalidArgument("hlofuse_sample: logits must be (rows, V)");
   const bool bf16 = logits.element_type() == ffi::DataType::BF16;
   if (!bf16 && logits.element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("hlofuse_sample: logits must be f32 or bf16");
-  if (key.element_count() != 2) return ffi::Error::InvalidArgument("hlofuse_sample: key must be (2,) uint32");
-  if (form < 0 || form > 7) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const int64_t rows = dims[0], vocab = dims[1];
+  if (keys.element_count() != 2 * rows)
+    return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
+  if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
+  if (form < 0 || form > 7) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = form >= 2 && form <= 6 && form != 5;
   if (vocab < 1 || (needs_k && (k < 1 || k > vocab)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
-  Params prm{static_cast<Form>(form), bf16 ? RoundBf16(temperature) : temperature, k, p, min_p,
-             key.typed_data()[0], key.typed_data()[1]};
+  if (vocab > std::numeric_limits<int32_t>::max())
+    return ffi::Error::InvalidArgument("hlofuse_sample: V must fit in int32");
+  const Params prm{static_cast<Form>(form), bf16 ? RoundBf16(temperature) : temperature, k, p, min_p};
+  const SimdOps& ops = SelectOps();
   const char* base = static_cast<const char*>(logits.untyped_data());
-  const int64_t row_bytes = vocab * (bf16 ? 2 : 4);
+  const uint32_t* key = keys.typed_data();
+  const int32_t* ids = row_ids.typed_data();
   int32_t* tokens = out->typed_data();
-  ParallelFor(pool, rows, [&](int64_t r) {
-    tokens[r] = SampleRow(Row{base + r * row_bytes, bf16, vocab}, prm, r);
-  });
+  // Fewer rows than threads: rows one after another, each row's chunks on the pool.
+  const int64_t threads = pool.num_threads() + 1;
+  const bool split = rows < threads && NumChunks(vocab) > 1 && std::getenv("HLOFUSE_SAMPLE_NO_SPLIT") == nullptr;
+  const ForEach in_order = [](int64_t n, const std::function<void(int64_t)>& fn) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+  };
+  const ForEach on_pool = [&pool](int64_t n, const std::function<void(int64_t)>& fn) { ParallelFor(pool, n, fn); };
+  auto sample_row = [&](int64_t r) {
+    const int64_t stride = vocab + NumChunks(vocab) + kMaxLanes;
+    float* scratch = ThreadScratch(5 * stride);
+    const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
+    if (bf16) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
+      float* wide = scratch + 4 * stride;
+      for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
+      x = wide;
+    }
+    const Row row{x, vocab, bf16, scratch, scratch + stride, scratch + 2 * stride,
+                  reinterpret_cast<int32_t*>(scratch + 3 * stride), split ? &on_pool : &in_order};
+    tokens[r] = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r]);
+  };
+  if (split) {
+    for (int64_t r = 0; r < rows; ++r) sample_row(r);
+  } else {
+    ParallelFor(pool, rows, sample_row);
+  }
   return ffi::Error::Success();
 }
 
@@ -332,10 +763,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::AnyBuffer>()          // logits (rows, V)
-                                  .Arg<ffi::Buffer<ffi::U32>>()   // key (2,)
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // keys (rows, 2): the key, per row
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // row ids (rows,): global row index
                                   .Ret<ffi::Buffer<ffi::S32>>()   // tokens (rows,)
                                   .Attr<int64_t>("form")
                                   .Attr<float>("temperature")
                                   .Attr<int64_t>("k")
                                   .Attr<float>("p")
                                   .Attr<float>("min_p"));
+
+// The vector ISA the sampler picks here ($HLOFUSE_CPU_ISA lowers it).
+extern "C" __attribute__((visibility("default"))) const char* hlofuse_sample_isa() {
+  return hlofuse::cpu::SelectOps().name;
+}
+
+// Noise draws (threefry) and exact noise evaluations (logs) since the last call, over all rows.
+extern "C" __attribute__((visibility("default"))) void hlofuse_sample_stats(int64_t* draws, int64_t* logs) {
+  *draws = hlofuse::cpu::g_noise_draws.exchange(0);
+  *logs = hlofuse::cpu::g_noise_logs.exchange(0);
+}

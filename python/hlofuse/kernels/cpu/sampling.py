@@ -9,6 +9,7 @@ tokens. Rows run in parallel, and a row's vocabulary is split across threads whe
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,24 @@ def is_available() -> bool:
         return False
 
 
+def isa() -> str:
+    """The vector ISA the sampler picks here: "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
+    from hlofuse.kernels import cpu
+
+    fn = cpu._load().hlofuse_sample_isa
+    fn.restype = ctypes.c_char_p
+    return str(fn().decode())
+
+
+def noise_stats() -> tuple[int, int]:
+    """(noise draws, exact noise evaluations) over all rows since the last call: what the Gumbel bound left."""
+    from hlofuse.kernels import cpu
+
+    draws, logs = ctypes.c_int64(0), ctypes.c_int64(0)
+    cpu._load().hlofuse_sample_stats(ctypes.byref(draws), ctypes.byref(logs))
+    return draws.value, logs.value
+
+
 def sample(
     logits: jax.Array,  # (..., V) f32 or bf16
     key: jax.Array | None,  # (2,) uint32
@@ -66,7 +85,9 @@ def sample(
         key = jnp.zeros((2,), jnp.uint32)
     out_type = jax.ShapeDtypeStruct((rows,), jnp.int32)
     call = jax.ffi.ffi_call(TARGET, out_type, vmap_method="sequential")
-    tokens = call(logits.reshape(rows, vocab), key.astype(jnp.uint32), form=np.int64(FORM_CODES[form]),
+    keys = jnp.broadcast_to(key.astype(jnp.uint32), (rows, 2))
+    row_ids = jax.lax.iota(jnp.int32, rows)
+    tokens = call(logits.reshape(rows, vocab), keys, row_ids, form=np.int64(FORM_CODES[form]),
                   temperature=np.float32(temperature), k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p))
     return tokens.reshape(batch)
 
@@ -96,5 +117,4 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return kernel
 
 
-
-__all__ = ["FORM_CODES", "sample", "sample_reference", "sampling_lowering"]
+__all__ = ["FORM_CODES", "isa", "noise_stats", "sample", "sample_reference", "sampling_lowering"]
