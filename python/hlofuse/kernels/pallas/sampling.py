@@ -237,7 +237,8 @@ def _bisect(rows: _Rows, lo: jax.Array, hi: jax.Array, holds: Callable[[jax.Arra
 
     def body(_: int, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         lo, hi = carry
-        mid = lax.shift_right_arithmetic(lo, np.int32(1)) + lax.shift_right_arithmetic(hi, np.int32(1)) + ((lo | hi) & 1)
+        half = functools.partial(lax.shift_right_arithmetic, y=np.int32(1))
+        mid = half(lo) + half(hi) + ((lo | hi) & 1)  # ceil((lo + hi) / 2) without int32 overflow
         ok = holds(mid) & (lo < hi)
         return jnp.where(ok, mid, lo), jnp.where(ok | (lo >= hi), hi, mid - 1)
 
