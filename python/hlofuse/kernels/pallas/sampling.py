@@ -17,7 +17,8 @@ for the forms in FORMS. No kernel sorts the vocabulary:
 
 Layout: rows go to the grid (TPU: 8 rows per block on the sublanes, 16 for bf16; GPU: one row per
 program); a block holds its rows' whole vocabulary (TPU: in VMEM, read by every pass without going
-back to HBM) and each pass walks it in lane tiles of `block_v`.
+back to HBM) and each pass walks it in lane tiles of `block_v`. The TPU kernel takes the logits as
+(tiles, rows, block_v), so that a tile is a leading-dimension index of the VMEM block.
 
 Targets (hlofuse.kernels.LOWERINGS): `tpu` / `gpu` lower the kernel for that platform on any host,
 `tpu-interpret` / `gpu-interpret` run it in Pallas' HLO interpreter. Forms and dtypes the kernel does
@@ -384,12 +385,17 @@ def sample_block(rows: _Rows) -> jax.Array:
 
 
 def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> jax.Array:  # noqa: ANN401
-    """logits (rows_pad, vocab_pad) -> (rows_pad, 128) int32, lane-replicated."""
-    r, bv = plan.block_rows, plan.block_v
+    """logits (num_tiles, rows_pad, block_v) -> (rows_pad, 128) int32, lane-replicated.
+
+    The tile index is the leading (untiled) dimension, so a pass reads tile j of the VMEM block with a
+    dynamic index Mosaic takes on any dimension but the last two; each tile is whole (8, 128) vregs.
+    """
+    r = plan.block_rows
+    rows_pad = logits.shape[1]
 
     def kernel(key_ref: Any, x_ref: Any, o_ref: Any) -> None:  # noqa: ANN401
         def load(j: jax.Array) -> jax.Array:
-            return x_ref[:, pl.ds(pl.multiple_of(j * bv, bv), bv)].astype(jnp.float32)  # (rows, block_v)
+            return x_ref[j].astype(jnp.float32)  # (rows, block_v)
 
         rows = _Rows(plan, load, pl.program_id(0) * r, key_ref[0], key_ref[1])
         o_ref[...] = jnp.broadcast_to(sample_block(rows), o_ref.shape)
@@ -399,11 +405,11 @@ def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> 
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
-            grid=(logits.shape[0] // r,),
-            in_specs=[pl.BlockSpec((r, plan.vocab_pad), lambda i, key: (i, 0))],
+            grid=(rows_pad // r,),
+            in_specs=[pl.BlockSpec((plan.num_tiles, r, plan.block_v), lambda i, key: (0, i, 0))],
             out_specs=pl.BlockSpec((r, LANES), lambda i, key: (i, 0)),
         ),
-        out_shape=jax.ShapeDtypeStruct((logits.shape[0], LANES), jnp.int32),
+        out_shape=jax.ShapeDtypeStruct((rows_pad, LANES), jnp.int32),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=MAX_VMEM if vmem > DEFAULT_SCOPED_VMEM else None,
         ),
@@ -522,7 +528,8 @@ def sample(
         if vmem > MAX_VMEM:
             raise ValueError(f"a TPU block of {plan.block_rows} rows x {plan.vocab_pad} needs about "
                              f"{vmem / 2**20:.1f} MiB of VMEM > {MAX_VMEM // 2**20} MiB")
-        out = _tpu_call(plan, x, raw, interpret)[:rows, 0]
+        tiles = x.reshape(rows_pad, plan.num_tiles, plan.block_v).transpose(1, 0, 2)  # one copy unless 1 tile
+        out = _tpu_call(plan, tiles, raw, interpret)[:rows, 0]
     else:
         out = _gpu_call(plan, x, raw, blocks.num_warps, interpret)[:rows, 0]
     return out.reshape(batch)
