@@ -3,7 +3,8 @@
 target=tpu / gpu lower the kernels for a platform this host does not have, so the checks are
 structural: the composite becomes Mosaic's `tpu_custom_call` or Triton's `__gpu$xla.gpu.triton`.
 target=tpu-interpret / gpu-interpret run the same kernels in interpret mode, so jitted programs from
-the variant catalogue must match the plain program here.
+the variant catalogues (attention_variants, sampling_variants) must match the plain program here:
+outputs to float tolerance for attention, the same token ids for sampling.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 from attention_variants import VARIANTS, Variant, lower
 from jaxlib.mlir import ir
+from sampling_variants import VARIANTS as SAMPLERS
+from sampling_variants import lower as lower_sampler
 
 import hlofuse
 from hlofuse.kernels.pallas.attention import BlockSizes, decode_attention
@@ -129,3 +132,88 @@ def test_jit_on_the_interpreted_kernel_matches_the_plain_program(target: str, na
     want = np.asarray(jax.jit(variant.fn)(*args), np.float32)
     low_precision = variant.shapes[0][1] == jnp.bfloat16
     np.testing.assert_allclose(got, want, rtol=0 if low_precision else 1e-5, atol=3e-2 if low_precision else 1e-5)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+SAMPLER_BY_NAME = {variant.name: variant for variant in SAMPLERS}
+
+
+def _sample_module(dtype: jnp.dtype = jnp.float32, **kwargs: object) -> ir.Module:
+    """One explicit hlofuse.sample composite over (3, 1000) logits."""
+    specs = [jax.ShapeDtypeStruct((3, 1000), dtype), jax.ShapeDtypeStruct((2,), jnp.uint32)]
+
+    def f(logits: jax.Array, key: jax.Array) -> jax.Array:
+        return hlofuse.sample(logits, key, **kwargs)  # type: ignore[arg-type]
+
+    return clone_module(jax.jit(f).lower(*specs).compiler_ir("stablehlo"))
+
+
+@pytest.mark.parametrize("target", ["tpu", "gpu"])
+@pytest.mark.parametrize(
+    ("dtype", "kwargs"),
+    [
+        (jnp.float32, dict(temperature=0.7, top_k=40, top_p=0.9)),
+        (jnp.bfloat16, dict(temperature=0.7, top_k=40)),  # rank-space top-k
+    ],
+    ids=["top_k_top_p", "top_k_bf16"],
+)
+def test_lower_kernels_emits_the_platform_custom_call_for_sampling(target: str, dtype: jnp.dtype,
+                                                                    kwargs: dict[str, object]) -> None:  # fmt: skip
+    module = _sample_module(dtype, **kwargs)
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
+    assert count_composites(module, "hlofuse.sample") == 0
+    assert _custom_call_targets(module) == [CUSTOM_CALLS[target]]
+    module.operation.verify()
+
+
+@pytest.mark.parametrize("target", ["tpu", "gpu", "tpu-interpret", "gpu-interpret"])
+@pytest.mark.parametrize(
+    ("dtype", "kwargs", "reason"),
+    [
+        (jnp.bfloat16, dict(temperature=0.7, top_p=0.9), "does not reproduce 'top_p_mask' on bf16 logits"),
+        (jnp.bfloat16, dict(temperature=1.0, min_p=0.1), "does not reproduce 'min_p' on bf16 logits"),
+        (jnp.float16, dict(temperature=0.7), "takes f32 or bf16 logits, not f16"),
+    ],
+    ids=["top_p_bf16", "min_p_bf16", "f16"],
+)
+def test_unsupported_samplers_stay_composites_with_a_remark(target: str, dtype: jnp.dtype, kwargs: dict[str, object],
+                                                            reason: str) -> None:  # fmt: skip
+    module = _sample_module(dtype, **kwargs)
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert count_composites(module, "hlofuse.sample") == 1
+    assert result.counters["sample_kept_composite"] == 1
+    assert any(reason in str(remark) for remark in result.remarks), [str(r) for r in result.remarks]
+
+
+def _sampler_inputs(name: str) -> list[list[object]]:
+    """Logits of several shapes of distribution (normal, peaked, ties, -inf entries, flat) x 2 keys."""
+    variant = SAMPLER_BY_NAME[name]
+    rng = np.random.default_rng(0)
+    normal = rng.standard_normal(variant.shape).astype(np.float32)
+    with_inf = normal.copy()
+    with_inf[..., rng.random(variant.shape[-1]) < 0.3] = -np.inf
+    cases = [normal, normal * 6.0, np.round(normal * 2.0) / 2.0, with_inf, np.zeros_like(normal)]
+    keys = [jax.random.key_data(jax.random.PRNGKey(seed)) for seed in (0, 1)] if variant.stochastic else [None]
+    return [[jnp.asarray(x, variant.dtype), *([] if key is None else [key])] for x in cases for key in keys]
+
+
+# Every mode on both interpreters; the other top-k forms on the TPU one (the kernels share their passes).
+SAMPLER_E2E = [(name, target) for target in ("tpu-interpret", "gpu-interpret")
+               for name in ("argmax_bf16", "temperature_bf16", "jetstream_top_k", "jetstream_top_p", "min_p",
+                            "top_k_then_top_p")]
+SAMPLER_E2E += [("keras_top_k", "tpu-interpret"), ("maxtext_top_k_mask", "tpu-interpret")]
+
+
+@pytest.mark.parametrize(("name", "target"), SAMPLER_E2E)
+def test_jit_on_the_interpreted_sampler_returns_the_plain_programs_tokens(name: str, target: str) -> None:
+    variant = SAMPLER_BY_NAME[name]
+    fused = clone_module(lower_sampler(variant).compiler_ir("stablehlo"))
+    result = run_pipeline(fused, "default", target=target)
+    assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
+
+    options = {"hlofuse_pipeline": "default", "hlofuse_target": target, "hlofuse_strict": True}
+    kernel, plain = jax.jit(variant.fn, compiler_options=options), jax.jit(variant.fn)
+    for args in _sampler_inputs(name):
+        np.testing.assert_array_equal(kernel(*args), plain(*args))

@@ -25,6 +25,10 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "neuron-sim"): "hlofuse.kernels.nki.attention:neuron_sim_lowering",
     ("hlofuse.sample", "reference"): "hlofuse.kernels.sampling_reference:sampling_lowering",
     ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:sampling_lowering",
+    ("hlofuse.sample", "tpu"): "hlofuse.kernels.pallas.sampling:tpu_lowering",
+    ("hlofuse.sample", "gpu"): "hlofuse.kernels.pallas.sampling:gpu_lowering",
+    ("hlofuse.sample", "tpu-interpret"): "hlofuse.kernels.pallas.sampling:tpu_interpret_lowering",
+    ("hlofuse.sample", "gpu-interpret"): "hlofuse.kernels.pallas.sampling:gpu_interpret_lowering",
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.

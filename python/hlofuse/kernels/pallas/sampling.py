@@ -1,0 +1,581 @@
+"""Pallas token sampling for TPU (Mosaic) and GPU (Triton): `sample_reference`'s token ids without a sort.
+
+`sample(logits, key, form=..., ...)` returns exactly the token ids of
+`hlofuse.kernels.sampling_reference.sample_reference` (the `hlofuse.sample` contract, docs/composites.md)
+for the forms in FORMS. No kernel sorts the vocabulary:
+
+- greedy and the Gumbel-max draws are one arg-max pass (first index of the largest score, NaN largest);
+- the top-k value threshold (the k-th largest) is a bisection over the order-preserving int32 image of
+  the float values: the largest t with count(x >= t) >= k, 32 counting passes;
+- the nucleus cutoff is the same bisection on mass: the largest t with mass(x >= t) >= p, which is the
+  program's `sorted[sum(cumsum(softmax(sorted)) < p)]` (ties at the cutoff all stay, as in the program);
+- rank-space top-k (`top_k`, `temperature_top_k`) walks the top-k in rank order, one arg-max pass per
+  rank (value descending, lower id first on ties), drawing the noise at counter row * k + rank;
+- the Gumbel noise is threefry2x32 computed in the kernel from int32 vector ops at JAX's counter (the
+  flat index of the noise element) with jax.random.gumbel's float steps, rounded to bf16 after every
+  op for bf16 logits, so it is the noise `jax.random.categorical` draws, bit for bit.
+
+Layout: rows go to the grid (TPU: 8 rows per block on the sublanes, 16 for bf16; GPU: one row per
+program); a block holds its rows' whole vocabulary (TPU: in VMEM, read by every pass without going
+back to HBM) and each pass walks it in lane tiles of `block_v`. The TPU kernel takes the logits as
+(tiles, rows, block_v), so that a tile is a leading-dimension index of the VMEM block.
+
+Targets (hlofuse.kernels.LOWERINGS): `tpu` / `gpu` lower the kernel for that platform on any host,
+`tpu-interpret` / `gpu-interpret` run it in Pallas' HLO interpreter. Forms and dtypes the kernel does
+not reproduce exactly raise `Unsupported` (the composite stays, with the message as its remark).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import triton as pltriton
+
+from hlofuse.kernels.pallas.common import next_pow2, round_up
+from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
+from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
+from hlofuse.kernels.sampling_reference import sample_reference
+
+if TYPE_CHECKING:
+    from hlofuse.kernels import CompositeCall
+
+BACKENDS = ("tpu", "gpu")
+FORMS = ("greedy", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask",
+         "top_k_top_p_mask", "min_p")
+DTYPES = ("f32", "bf16")
+# Forms that threshold probabilities: with bf16 logits the program rounds each probability and each
+# step of its cumulative sum to bf16, in an order only a sort reproduces.
+BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
+# Threefry counters are the flat noise index; the kernel computes the low 32 bits (the high half is 0).
+MAX_COUNTER = 2**32
+
+_TINY = float(np.finfo(np.float32).tiny)  # == finfo(bfloat16).tiny
+_INT_MIN = np.int32(np.iinfo(np.int32).min)
+_INT_MAX = np.int32(np.iinfo(np.int32).max)
+_NEG_INF_KEY = np.int32(np.float32(-np.inf).view(np.int32) ^ _INT_MAX)  # order_key(-inf)
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = np.int32(0x1BD11BDA)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """block_rows: rows per program (TPU: a multiple of 8, 16 for bf16; GPU: 1). block_v: lanes per tile of
+    a pass over the vocabulary (TPU: a multiple of 128; GPU: a power of two). 0 = pick from the shapes."""
+
+    block_rows: int = 0
+    block_v: int = 0
+    num_warps: int = 4  # Triton only
+
+    def __post_init__(self) -> None:
+        if self.block_rows < 0 or self.block_v < 0 or self.num_warps < 1:
+            raise ValueError(f"invalid {self}")
+
+    @classmethod
+    def get_default(cls, backend: str, vocab: int, dtype: Any) -> BlockSizes:  # noqa: ANN401
+        if backend == "gpu":
+            return cls(block_rows=1, block_v=min(2048, next_pow2(vocab)))
+        rows = 16 if jnp.dtype(dtype) == jnp.bfloat16 else 8
+        return cls(block_rows=rows, block_v=_tpu_block_v(round_up(vocab, LANES)))
+
+    def check(self, backend: str) -> None:
+        if backend == "tpu" and (self.block_rows % 8 or self.block_v % LANES):
+            raise ValueError(f"TPU tiles need block_rows % 8 == 0 and block_v % {LANES} == 0, got {self}")
+        if backend == "gpu" and (self.block_rows != 1 or self.block_v != next_pow2(self.block_v)):
+            raise ValueError(f"GPU tiles need block_rows == 1 and a power-of-two block_v, got {self}")
+
+
+def _tpu_block_v(vocab_pad: int, most: int = 4096) -> int:
+    """The largest multiple of 128 lanes dividing vocab_pad, at most `most`: no padding beyond 128."""
+    lanes = vocab_pad // LANES
+    return LANES * max(d for d in range(1, most // LANES + 1) if lanes % d == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Static shapes and attributes of one kernel call."""
+
+    form: str
+    bf16: bool
+    vocab: int
+    vocab_pad: int
+    block_rows: int
+    block_v: int
+    temperature: float  # in the logits' dtype, as the program's constant
+    k: int
+    p: float
+    min_p: float
+
+    @property
+    def num_tiles(self) -> int:
+        return self.vocab_pad // self.block_v
+
+
+# ----------------------------------------------------------------------------- element helpers
+
+
+def _round(plan: Plan, x: jax.Array) -> jax.Array:
+    """x rounded to the logits' dtype: XLA computes each bf16 op in f32 and rounds its result."""
+    return x.astype(jnp.bfloat16).astype(jnp.float32) if plan.bf16 else x
+
+
+def _scaled(plan: Plan, x: jax.Array) -> jax.Array:
+    """x / T in the logits' dtype."""
+    return x if plan.temperature == 1.0 else _round(plan, x / jnp.float32(plan.temperature))
+
+
+def order_key(x: jax.Array) -> jax.Array:
+    """int32 image of f32 values with the same order (-0 and +0 map to 0, as they compare equal)."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    key = bits ^ (lax.shift_right_arithmetic(bits, np.int32(31)) & _INT_MAX)
+    return jnp.where(x == 0, np.int32(0), key)
+
+
+def from_order_key(key: jax.Array) -> jax.Array:
+    """The f32 value of an order key (the map is its own inverse on the sign-magnitude bits)."""
+    return lax.bitcast_convert_type(key ^ (lax.shift_right_arithmetic(key, np.int32(31)) & _INT_MAX), jnp.float32)
+
+
+def _rotl(x: jax.Array, r: int) -> jax.Array:
+    return lax.shift_left(x, np.int32(r)) | lax.shift_right_logical(x, np.int32(32 - r))
+
+
+def threefry_bits(k0: jax.Array, k1: jax.Array, counter: jax.Array) -> jax.Array:
+    """JAX's random bits at flat index `counter` (< 2**32) under key (k0, k1): threefry2x32 of the counter
+    (hi = 0, lo = counter), out0 ^ out1. int32 arithmetic wraps like uint32."""
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0 = jnp.zeros_like(counter) + ks[0]
+    x1 = counter + ks[1]
+    for block in range(5):
+        for r in _ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = _rotl(x1, r) ^ x0
+        x0 = x0 + ks[(block + 1) % 3]
+        x1 = x1 + ks[(block + 2) % 3] + np.int32(block + 1)
+    return x0 ^ x1
+
+
+def gumbel(plan: Plan, bits: jax.Array) -> jax.Array:
+    """jax.random.gumbel's value (in f32) for these random bits: -log(-log(uniform(tiny, 1)))."""
+    if plan.bf16:  # uniform draws 8 bits for bf16 and keeps 7 as the mantissa of [1, 2)
+        mantissa = lax.shift_right_logical(bits & np.int32(0xFF), np.int32(1)) | np.int32(0x3F80)
+        f = lax.bitcast_convert_type(lax.shift_left(mantissa, np.int32(16)), jnp.float32)
+    else:
+        f = lax.bitcast_convert_type(lax.shift_right_logical(bits, np.int32(9)) | np.int32(0x3F800000), jnp.float32)
+    u = jnp.maximum(jnp.float32(_TINY), _round(plan, (f - jnp.float32(1.0)) + jnp.float32(_TINY)))
+    return -_round(plan, jnp.log(-_round(plan, jnp.log(u))))
+
+
+# ----------------------------------------------------------------------------- passes over a row block
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """One program's view: `load(j)` gives lane tile j, (rows, block_v) f32; rows start at `row0`."""
+
+    plan: Plan
+    load: Callable[[jax.Array], jax.Array]
+    row0: jax.Array
+    k0: jax.Array
+    k1: jax.Array
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.plan.block_rows, self.plan.block_v
+
+    def ids(self, j: jax.Array) -> jax.Array:
+        return j * self.plan.block_v + lax.broadcasted_iota(jnp.int32, self.shape, 1)
+
+    def rows(self) -> jax.Array:  # (rows, 1)
+        return self.row0 + lax.broadcasted_iota(jnp.int32, (self.plan.block_rows, 1), 0)
+
+    def fold(self, step: Callable[..., Any], init: Any) -> Any:  # noqa: ANN401
+        """step(j, x (rows, block_v), ids, carry) -> carry over every lane tile."""
+
+        def body(j: jax.Array, carry: Any) -> Any:  # noqa: ANN401
+            return step(j, self.load(j), self.ids(j), carry)
+
+        return lax.fori_loop(0, self.plan.num_tiles, body, init)
+
+    def column(self, value: Any, dtype: Any = jnp.int32) -> jax.Array:  # noqa: ANN401
+        return jnp.full((self.plan.block_rows, 1), value, dtype)
+
+
+def _tile_argmax(s: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(max, first id of the max, first id of a NaN or INT_MAX) of a tile, per row."""
+    nan = s != s
+    nan_id = jnp.min(jnp.where(nan, ids, _INT_MAX), axis=1, keepdims=True)
+    s = jnp.where(nan, -jnp.inf, s)
+    best = jnp.max(s, axis=1, keepdims=True)
+    return best, jnp.min(jnp.where(s == best, ids, _INT_MAX), axis=1, keepdims=True), nan_id
+
+
+def _argmax(rows: _Rows, score: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> jax.Array:
+    """jnp.argmax of score(j, x, ids) over the vocabulary: first index of the max, NaN counts as largest."""
+
+    def step(j: jax.Array, x: jax.Array, ids: jax.Array, carry: Any) -> Any:  # noqa: ANN401
+        best, best_id, nan_id = carry
+        t_best, t_id, t_nan = _tile_argmax(score(j, x, ids), ids)
+        take = (best_id == _INT_MAX) | (t_best > best)  # earlier tiles win ties
+        return jnp.where(take, t_best, best), jnp.where(take, t_id, best_id), jnp.minimum(nan_id, t_nan)
+
+    init = (rows.column(-jnp.inf, jnp.float32), rows.column(_INT_MAX), rows.column(_INT_MAX))
+    _, best_id, nan_id = rows.fold(step, init)
+    return jnp.where(nan_id != _INT_MAX, nan_id, best_id)
+
+
+def _bisect(rows: _Rows, lo: jax.Array, hi: jax.Array, holds: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """The largest order key t in [lo, hi] with holds(t) (holds is monotone: true up to some t, then false;
+    holds(lo) must be true). 32 halvings cover the int32 range."""
+
+    def body(_: int, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        lo, hi = carry
+        half = functools.partial(lax.shift_right_arithmetic, y=np.int32(1))
+        mid = half(lo) + half(hi) + ((lo | hi) & 1)  # ceil((lo + hi) / 2) without int32 overflow
+        ok = holds(mid) & (lo < hi)
+        return jnp.where(ok, mid, lo), jnp.where(ok | (lo >= hi), hi, mid - 1)
+
+    return lax.fori_loop(0, 32, body, (lo, hi))[0]
+
+
+def _count_at_least(rows: _Rows, values: Callable[[jax.Array], jax.Array], t: jax.Array) -> jax.Array:
+    def step(j: jax.Array, x: jax.Array, ids: jax.Array, acc: jax.Array) -> jax.Array:
+        return acc + jnp.sum((order_key(values(x)) >= t).astype(jnp.int32), axis=1, keepdims=True)
+
+    return rows.fold(step, rows.column(0))
+
+
+def kth_largest(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """(rows, 1) f32: lax.top_k(values, k)[0][..., -1], the largest t with count(values >= t) >= k."""
+    k = rows.plan.k
+    t = _bisect(rows, rows.column(_INT_MIN), rows.column(_INT_MAX), lambda t: _count_at_least(rows, values, t) >= k)
+    return from_order_key(t)
+
+
+def _row_max(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    def step(j: jax.Array, x: jax.Array, ids: jax.Array, m: jax.Array) -> jax.Array:
+        return jnp.maximum(m, jnp.max(values(x), axis=1, keepdims=True))
+
+    return rows.fold(step, rows.column(-jnp.inf, jnp.float32))
+
+
+def _softmax_sum(rows: _Rows, values: Callable[[jax.Array], jax.Array], m: jax.Array) -> jax.Array:
+    def step(j: jax.Array, x: jax.Array, ids: jax.Array, z: jax.Array) -> jax.Array:
+        return z + jnp.sum(jnp.exp(values(x) - m), axis=1, keepdims=True)
+
+    return rows.fold(step, rows.column(0.0, jnp.float32))
+
+
+def nucleus_cutoff(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """(rows, 1) f32: the program's `sorted[sum(cumsum(softmax(sorted)) < p)]`, i.e. the largest t with
+    mass(values >= t) >= p, probabilities exp(x - max) / sum as jax.nn.softmax computes them; -inf (cut
+    nothing) when the whole mass stays below p or the row is all -inf."""
+    m = _row_max(rows, values)
+    z = _softmax_sum(rows, values, m)
+
+    def mass(t: jax.Array) -> jax.Array:
+        def step(j: jax.Array, x: jax.Array, ids: jax.Array, acc: jax.Array) -> jax.Array:
+            y = values(x)
+            prob = jnp.exp(y - m) / z
+            return acc + jnp.sum(jnp.where(order_key(y) >= t, prob, 0.0), axis=1, keepdims=True)
+
+        return rows.fold(step, rows.column(0.0, jnp.float32))
+
+    p = jnp.float32(rows.plan.p)
+    lo = rows.column(_NEG_INF_KEY)
+    t = _bisect(rows, lo, order_key(m), lambda t: mass(t) >= p)
+    cut = (m > -jnp.inf) & (mass(lo) >= p)
+    return jnp.where(cut, from_order_key(t), -jnp.inf)
+
+
+def _noise(rows: _Rows, ids: jax.Array, per_row: int) -> jax.Array:
+    """Gumbel noise of the elements `ids` of each row's noise vector of length `per_row`."""
+    counter = rows.rows() * np.int32(per_row) + ids  # wraps modulo 2**32 like the uint32 it stands for
+    return gumbel(rows.plan, threefry_bits(rows.k0, rows.k1, counter))
+
+
+def _categorical(rows: _Rows, logits: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """jax.random.categorical(key, logits(x)) with the noise indexed by vocabulary id."""
+    plan = rows.plan
+
+    def score(j: jax.Array, x: jax.Array, ids: jax.Array) -> jax.Array:
+        return _round(plan, logits(x) + _noise(rows, ids, plan.vocab))
+
+    return _argmax(rows, score)
+
+
+def _rank_top_k(rows: _Rows, temperature_first: bool) -> jax.Array:
+    """`top_k` / `temperature_top_k`: categorical over the top-k (rank order) mapped back to their ids.
+
+    Rank r is found by one pass: the largest value below rank r-1's (equal values: the next larger id).
+    """
+    plan = rows.plan
+    select = (lambda x: _scaled(plan, x)) if temperature_first else (lambda x: x)
+
+    def next_rank(prev_key: jax.Array, prev_id: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def step(j: jax.Array, x: jax.Array, ids: jax.Array, carry: Any) -> Any:  # noqa: ANN401
+            best_key, best_id = carry
+            key = order_key(select(x))
+            left = (key < prev_key) | ((key == prev_key) & (ids > prev_id))
+            t_key = jnp.max(jnp.where(left, key, _INT_MIN), axis=1, keepdims=True)
+            t_id = jnp.min(jnp.where(left & (key == t_key), ids, _INT_MAX), axis=1, keepdims=True)
+            take = (t_key > best_key) | ((t_key == best_key) & (t_id < best_id))
+            return jnp.where(take, t_key, best_key), jnp.where(take, t_id, best_id)
+
+        return rows.fold(step, (rows.column(_INT_MIN), rows.column(_INT_MAX)))
+
+    def body(rank: jax.Array, carry: Any) -> Any:  # noqa: ANN401
+        prev_key, prev_id, best, best_id = carry
+        key, token = next_rank(prev_key, prev_id)
+        value = from_order_key(key)
+        y = value if temperature_first else _scaled(plan, value)
+        s = _round(plan, y + _noise(rows, jnp.broadcast_to(rank, key.shape), plan.k))
+        take = (best_id < 0) | (s > best) | ((s != s) & (best == best))  # first NaN, else first max
+        return key, token, jnp.where(take, s, best), jnp.where(take, token, best_id)
+
+    init = (rows.column(_INT_MAX), rows.column(-1), rows.column(-jnp.inf, jnp.float32), rows.column(-1))
+    return lax.fori_loop(0, plan.k, body, init)[3]
+
+
+def _min_p_keep(rows: _Rows) -> Callable[[jax.Array], jax.Array]:
+    """softmax(y) >= min_p * max(softmax(y)) with y = x / T, as the program computes it in f32."""
+    plan = rows.plan
+    scaled = functools.partial(_scaled, plan)
+    m = _row_max(rows, scaled)
+    z = _softmax_sum(rows, scaled, m)
+    threshold = jnp.float32(plan.min_p) * (jnp.float32(1.0) / z)  # max(softmax) = exp(0) / z
+    return lambda x: jnp.exp(scaled(x) - m) / z >= threshold
+
+
+def sample_block(rows: _Rows) -> jax.Array:
+    """(rows, 1) int32 token ids of one program's rows."""
+    plan = rows.plan
+    form = plan.form
+    neg_inf = jnp.float32(-jnp.inf)
+    if form == "greedy":
+        return _argmax(rows, lambda j, x, ids: x)
+    if form in ("categorical", "temperature"):
+        return _categorical(rows, functools.partial(_scaled, plan))
+    if form in ("top_k", "temperature_top_k"):
+        return _rank_top_k(rows, form == "temperature_top_k")
+    if form == "min_p":
+        keep = _min_p_keep(rows)
+        return _categorical(rows, lambda x: jnp.where(keep(x), _scaled(plan, x), neg_inf))
+    # Mask forms: where(x < threshold, -inf, x), then / T (the program's predicate, so NaN stays NaN).
+    masked: Callable[[jax.Array], jax.Array] = lambda x: x  # noqa: E731
+    if form in ("top_k_mask", "top_k_top_p_mask"):
+        kth = kth_largest(rows, masked)
+        masked = lambda x: jnp.where(x < kth, neg_inf, x)  # noqa: E731
+    if form in ("top_p_mask", "top_k_top_p_mask"):
+        cutoff = nucleus_cutoff(rows, masked)
+        inner = masked
+        masked = lambda x: jnp.where(inner(x) < cutoff, neg_inf, inner(x))  # noqa: E731
+    return _categorical(rows, lambda x: _scaled(plan, masked(x)))
+
+
+# ----------------------------------------------------------------------------- pallas_calls
+
+
+def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> jax.Array:  # noqa: ANN401
+    """logits (num_tiles, rows_pad, block_v) -> (rows_pad, 128) int32, lane-replicated.
+
+    The tile index is the leading (untiled) dimension, so a pass reads tile j of the VMEM block with a
+    dynamic index Mosaic takes on any dimension but the last two; each tile is whole (8, 128) vregs.
+    """
+    r = plan.block_rows
+    rows_pad = logits.shape[1]
+
+    def kernel(key_ref: Any, x_ref: Any, o_ref: Any) -> None:  # noqa: ANN401
+        def load(j: jax.Array) -> jax.Array:
+            return x_ref[j].astype(jnp.float32)  # (rows, block_v)
+
+        rows = _Rows(plan, load, pl.program_id(0) * r, key_ref[0], key_ref[1])
+        o_ref[...] = jnp.broadcast_to(sample_block(rows), o_ref.shape)
+
+    vmem = vmem_bytes(plan, logits.dtype)
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=(rows_pad // r,),
+            in_specs=[pl.BlockSpec((plan.num_tiles, r, plan.block_v), lambda i, key: (0, i, 0))],
+            out_specs=pl.BlockSpec((r, LANES), lambda i, key: (i, 0)),
+        ),
+        out_shape=jax.ShapeDtypeStruct((rows_pad, LANES), jnp.int32),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel",), vmem_limit_bytes=MAX_VMEM if vmem > DEFAULT_SCOPED_VMEM else None,
+        ),
+        interpret=interpret,
+        name="hlofuse_sample_tpu",
+    )(key, logits)
+
+
+def _gpu_call(plan: Plan, logits: jax.Array, key: jax.Array, num_warps: int, interpret: Any) -> jax.Array:  # noqa: ANN401
+    """logits (rows, vocab_pad) -> (rows, 1) int32; one program per row, tiles loaded from global memory."""
+    bv = plan.block_v
+
+    def kernel(key_ref: Any, x_ref: Any, o_ref: Any) -> None:  # noqa: ANN401
+        def load(j: jax.Array) -> jax.Array:
+            return x_ref[:, pl.ds(pl.multiple_of(j * bv, bv), bv)].astype(jnp.float32)  # (1, block_v)
+
+        rows = _Rows(plan, load, pl.program_id(0), key_ref[0], key_ref[1])
+        o_ref[...] = sample_block(rows)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(logits.shape[0],),
+        in_specs=[pl.BlockSpec((2,), lambda i: (0,)), pl.BlockSpec((1, plan.vocab_pad), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((1, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((logits.shape[0], 1), jnp.int32),
+        compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="hlofuse_sample_gpu",
+    )(key, logits)
+
+
+def vmem_bytes(plan: Plan, dtype: Any) -> int:  # noqa: ANN401
+    """VMEM of one TPU grid step: the double-buffered row block plus a few f32 tiles of temporaries."""
+    block = plan.block_rows * plan.vocab_pad * jnp.dtype(dtype).itemsize
+    return 2 * block + 16 * plan.block_rows * plan.block_v * 4 + 2 * plan.block_rows * LANES * 4
+
+
+def _plan(form: str, vocab: int, dtype: Any, backend: str, blocks: BlockSizes, temperature: float = 1.0,  # noqa: ANN401
+          k: int = 0, p: float = 1.0, min_p: float = 0.0) -> Plan:
+    if backend == "tpu":
+        vocab_pad = round_up(vocab, LANES)
+        block_v = blocks.block_v or _tpu_block_v(vocab_pad)
+        vocab_pad = round_up(vocab_pad, block_v)
+    else:
+        block_v = blocks.block_v or min(2048, next_pow2(vocab))
+        vocab_pad = round_up(vocab, block_v)
+    bf16 = jnp.dtype(dtype) == jnp.bfloat16
+    if "temperature" not in REFERENCE_FORMS[form].params:  # categorical ignores the attribute
+        temperature = 1.0
+    t = float(np.asarray(temperature, np.float32).astype(dtype).astype(np.float32))
+    return Plan(form=form, bf16=bf16, vocab=vocab, vocab_pad=vocab_pad, block_rows=blocks.block_rows,
+                block_v=block_v, temperature=t, k=int(k), p=float(p), min_p=float(min_p))
+
+
+def dtype_name(dtype: Any) -> str:  # noqa: ANN401
+    return {jnp.dtype(jnp.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16"}.get(jnp.dtype(dtype), jnp.dtype(dtype).name)
+
+
+def check(form: str, name: str, shape: tuple[int, ...], k: int) -> str | None:
+    """Why the kernel cannot compute `form` on (shape) logits of dtype `name` exactly, or None when it can."""
+    if form not in FORMS:
+        why = "softmax rounding can tie distinct logits" if form == "greedy_softmax" else "not implemented"
+        return f"has no form '{form}' ({why})"
+    if name not in DTYPES:
+        return f"takes f32 or bf16 logits, not {name}"
+    if name == "bf16" and form in BF16_UNSUPPORTED:
+        return (f"does not reproduce '{form}' on bf16 logits: the program thresholds bf16-rounded probabilities "
+                "and their bf16 cumulative sum")
+    vocab = shape[-1] if shape else 0
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    if form in ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask") and not 1 <= k <= vocab:
+        return f"needs 1 <= k <= V, not k = {k}, V = {vocab}"
+    per_row = k if form in ("top_k", "temperature_top_k") else vocab
+    if rows * per_row > MAX_COUNTER:
+        return f"draws noise at counters below 2**32 only, not {rows} rows x {per_row}"
+    return None
+
+
+def sample(
+    logits: jax.Array,  # (..., V) f32 or bf16
+    key: jax.Array | None,  # (2,) uint32 raw threefry key; None for greedy
+    *,
+    form: str,
+    temperature: float = 1.0,
+    k: int = 0,
+    p: float = 1.0,
+    min_p: float = 0.0,
+    backend: str = "tpu",
+    block_sizes: BlockSizes | None = None,
+    interpret: Any = False,  # noqa: ANN401  (True, or pltpu.InterpretParams for the TPU interpreter)
+) -> jax.Array:  # (...,) int32
+    """`sample_reference`'s token ids computed by the Pallas kernel of `backend` ("tpu" or "gpu")."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    why = check(form, dtype_name(logits.dtype), logits.shape, k)
+    if why is not None:
+        raise ValueError(f"the {backend} sampler {why}")
+    if form != "greedy" and key is None:
+        raise ValueError(f"form '{form}' needs a key")
+    blocks = block_sizes or BlockSizes.get_default(backend, logits.shape[-1], logits.dtype)
+    if not blocks.block_rows or not blocks.block_v:
+        default = BlockSizes.get_default(backend, logits.shape[-1], logits.dtype)
+        blocks = dataclasses.replace(blocks, block_rows=blocks.block_rows or default.block_rows,
+                                     block_v=blocks.block_v or default.block_v)
+    blocks.check(backend)
+    plan = _plan(form, logits.shape[-1], logits.dtype, backend, blocks, temperature, k, p, min_p)
+    batch = logits.shape[:-1]
+    rows = int(np.prod(batch, dtype=np.int64))
+    rows_pad = round_up(rows, plan.block_rows)
+    x = logits.reshape(rows, plan.vocab)
+    if rows_pad != rows or plan.vocab_pad != plan.vocab:  # padded tokens are -inf: never drawn, never counted
+        x = jnp.pad(x, ((0, rows_pad - rows), (0, plan.vocab_pad - plan.vocab)), constant_values=-jnp.inf)
+    raw = jnp.zeros((2,), jnp.int32) if key is None else lax.bitcast_convert_type(key.astype(jnp.uint32), jnp.int32)
+    if backend == "tpu":
+        vmem = vmem_bytes(plan, x.dtype)
+        if vmem > MAX_VMEM:
+            raise ValueError(f"a TPU block of {plan.block_rows} rows x {plan.vocab_pad} needs about "
+                             f"{vmem / 2**20:.1f} MiB of VMEM > {MAX_VMEM // 2**20} MiB")
+        tiles = x.reshape(rows_pad, plan.num_tiles, plan.block_v).transpose(1, 0, 2)  # one copy unless 1 tile
+        out = _tpu_call(plan, tiles, raw, interpret)[:rows, 0]
+    else:
+        out = _gpu_call(plan, x, raw, blocks.num_warps, interpret)[:rows, 0]
+    return out.reshape(batch)
+
+
+# ----------------------------------------------------------------------------- lowerings
+
+
+def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Callable[..., Any]:
+    """An `hlofuse.sample` composite as this kernel, or Unsupported saying why not."""
+    from hlofuse.composites import SampleAttrs
+    from hlofuse.kernels import Unsupported
+
+    target = f"{backend}-interpret" if interpret else backend
+    attrs = SampleAttrs.from_dict(call.attributes)
+    (shape, dtype), *_ = call.operand_types
+    why = check(attrs.form, dtype, shape, attrs.k)
+    if why is not None:
+        raise Unsupported(f"the {target} sampler {why}")
+    if backend == "tpu":
+        jdtype = jnp.bfloat16 if dtype == "bf16" else jnp.float32
+        plan = _plan(attrs.form, shape[-1], jdtype, backend, BlockSizes.get_default(backend, shape[-1], jdtype))
+        if vmem_bytes(plan, jdtype) > MAX_VMEM:
+            raise Unsupported(f"the {target} sampler keeps a block of rows in VMEM; V = {shape[-1]} is too large")
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return sample(logits, key, form=attrs.form, backend=backend, interpret=interpret, **attrs.params())
+
+    if platform is not None:
+        kernel.lowering_platforms = (platform,)  # type: ignore[attr-defined]  # read by inline_jax_function
+    return kernel
+
+
+# target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
+tpu_lowering = functools.partial(_lowering, backend="tpu", interpret=False, platform="tpu")
+gpu_lowering = functools.partial(_lowering, backend="gpu", interpret=False, platform="cuda")
+# target=tpu-interpret / gpu-interpret: the same kernels in Pallas' HLO interpreter, on this host.
+tpu_interpret_lowering = functools.partial(_lowering, backend="tpu", interpret=True, platform=None)
+gpu_interpret_lowering = functools.partial(_lowering, backend="gpu", interpret=True, platform=None)
+
+__all__ = [
+    "BlockSizes",
+    "gpu_interpret_lowering",
+    "gpu_lowering",
+    "sample",
+    "sample_reference",
+    "tpu_interpret_lowering",
+    "tpu_lowering",
+]
