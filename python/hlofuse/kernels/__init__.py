@@ -25,6 +25,8 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "neuron-sim"): "hlofuse.kernels.nki.attention:neuron_sim_lowering",
     ("hlofuse.sample", "reference"): "hlofuse.kernels.sampling_reference:sampling_lowering",
     ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:sampling_lowering",
+    ("hlofuse.sample", "neuron"): "hlofuse.kernels.nki.sampling:neuron_lowering",
+    ("hlofuse.sample", "neuron-sim"): "hlofuse.kernels.nki.sampling:neuron_sim_lowering",
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.
