@@ -79,7 +79,7 @@ def _host(out: int, ins: Any, opaque: bytes, length: int, status: int) -> None: 
     except Exception:  # noqa: BLE001  (nothing can propagate through XLA; see the module docstring)
         message = traceback.format_exc()
         _errors.append(message)
-        logger.error("hlofuse: NKI host call %s failed; its result is NaN (-1 for ints):\n%s", spec["function"], message)
+        logger.error("hlofuse: NKI host call %s failed; result NaN (ints -1):\n%s", spec["function"], message)
         result[...] = -1 if np.issubdtype(result.dtype, np.integer) else np.nan
 
 

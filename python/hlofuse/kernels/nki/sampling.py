@@ -326,7 +326,7 @@ def check_form(form: str, dtype: str, vocab: int, k: int, temperature: float) ->
         raise ValueError(f"temperature {temperature} is not a positive finite number")
 
 
-def sample(
+def kernel_tokens(
     logits: jax.Array,  # (..., V) f32 | bf16 | f16
     key: jax.Array | None,  # (2,) uint32 raw threefry2x32 key; None for greedy
     *,
@@ -338,8 +338,8 @@ def sample(
     runner: str = "sim",
     block_sizes: BlockSizes | None = None,
     steps: int = SEARCH_STEPS,
-) -> jax.Array:  # (...,) int32
-    """`sample_reference`'s token ids by the NKI kernel.
+) -> jax.Array:  # (...,) int32: token ids, UNCERTIFIED where the kernel cannot vouch for a row
+    """The kernel's own output, without the reference for uncertified rows (`sample` adds it).
 
     runner "sim": on this host inside the program (a CPU custom call), under NKI's simulator when
     neuronxcc imports and the emulator otherwise ("emulator" / "simulator" force one). runner "device":
@@ -366,12 +366,28 @@ def sample(
         simulator = runner == "simulator" or (runner == "sim" and HAVE_NEURONXCC)
         kwargs = {"config": dataclasses.asdict(cfg), "simulator": simulator}
         tokens = hostcall.host_call(run_kernel, operands, kwargs, jax.ShapeDtypeStruct((rows, 1), jnp.int32))
-    tokens = tokens.reshape(batch)
+    return tokens.reshape(batch)
+
+
+def sample(
+    logits: jax.Array,  # (..., V) f32 | bf16 | f16
+    key: jax.Array | None,  # (2,) uint32 raw threefry2x32 key; None for greedy
+    *,
+    form: str,
+    temperature: float = 1.0,
+    k: int = 0,
+    p: float = 1.0,
+    min_p: float = 0.0,
+    **kernel_options: Any,  # noqa: ANN401  (runner, block_sizes, steps: see kernel_tokens)
+) -> jax.Array:  # (...,) int32
+    """`sample_reference`'s token ids by the NKI kernel; rows it marks UNCERTIFIED come from the reference."""
+    params = {"temperature": temperature, "k": k, "p": p, "min_p": min_p}
+    tokens = kernel_tokens(logits, key, form=form, **params, **kernel_options)
 
     def reference() -> jax.Array:
-        return sample_reference(logits, key, form=form, temperature=temperature, k=k, p=p, min_p=min_p)
+        return sample_reference(logits, key, form=form, **params)
 
-    # rows the kernel could not vouch for (NaN, an unconverged search): the reference, only when needed
+    # a NaN logit or an unconverged search: the reference, whose sort runs only when some row needs it
     return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), reference, lambda: tokens)
 
 
@@ -420,6 +436,7 @@ neuron_sim_lowering = functools.partial(_lowering, runner="sim")
 __all__ = [
     "BlockSizes",
     "check_form",
+    "kernel_tokens",
     "neuron_lowering",
     "neuron_sim_lowering",
     "run_kernel",
