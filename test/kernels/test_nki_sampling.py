@@ -32,6 +32,7 @@ from hlofuse.kernels.nki.sampling import (
 
 PARAMS: dict[str, dict[str, Any]] = {
     "greedy": {}, "categorical": {}, "temperature": {"temperature": 0.7},
+    "top_k": {"temperature": 0.6, "k": 40}, "temperature_top_k": {"temperature": 1.3, "k": 7},
     "top_k_mask": {"temperature": 0.8, "k": 50}, "top_p_mask": {"temperature": 0.7, "p": 0.9},
     "top_k_top_p_mask": {"temperature": 0.6, "k": 64, "p": 0.8}, "min_p": {"temperature": 0.9, "min_p": 0.05},
 }  # fmt: skip
@@ -169,7 +170,7 @@ def test_block_sizes_are_checked() -> None:
 @pytest.mark.parametrize(
     ("form", "dtype", "vocab", "k", "message"),
     [
-        ("top_k", "float32", 100, 5, "form 'top_k' is not taken (its noise is indexed by rank"),
+        ("top_k", "float32", 1000, 300, "k = 300 exceeds 256 for the rank-space form 'top_k'"),
         ("greedy_softmax", "float32", 100, 0, "softmax rounding can tie distinct logits"),
         ("top_p_mask", "bfloat16", 100, 0, "'top_p_mask' on bfloat16 logits thresholds bfloat16-rounded"),
         ("top_k_mask", "float32", 100, 101, "k = 101 is outside [1, vocabulary 100]"),

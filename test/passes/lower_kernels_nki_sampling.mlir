@@ -73,13 +73,33 @@ func.func private @hlofuse.sample.impl(%arg0: tensor<4x256xbf16>, %arg1: tensor<
 
 // -----
 
-// Near-miss: the rank-space top-k form indexes its noise by rank among the top k.
-// SIM-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: the neuron-sim sampler does not take this composite: form 'top_k' is not taken (its noise is indexed by rank
-// SIM-LABEL: func.func public @no_match_rank_space_top_k
+// Near-miss: the rank-space top-k form walks the top k's distinct values, one pass each, so k is bounded.
+// SIM-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: the neuron-sim sampler does not take this composite: k = 300 exceeds 256 for the rank-space form 'top_k'
+
+// SIM-LABEL: func.func public @no_match_rank_space_top_k_over_256
 // SIM: stablehlo.composite "hlofuse.sample"
 // SIM-NOT: hlofuse_nki_host_call
-// NEURON-LABEL: func.func public @no_match_rank_space_top_k
-func.func public @no_match_rank_space_top_k(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+// NEURON-LABEL: func.func public @no_match_rank_space_top_k_over_256
+func.func public @no_match_rank_space_top_k_over_256(%arg0: tensor<4x512xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+  %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_k", k = 300 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 6.000000e-01 : f64}, decomposition = @hlofuse.sample.impl, version = 1 : i32} : (tensor<4x512xf32>, tensor<2xui32>) -> tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+func.func private @hlofuse.sample.impl(%arg0: tensor<4x512xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+  %0 = stablehlo.constant dense<0> : tensor<4xi32>
+  return %0 : tensor<4xi32>
+}
+
+// -----
+
+// The rank-space top-k form (JetStream / gemma): the noise operand holds the top k's noise only.
+// SIM-LABEL: func.func public @rank_space_top_k_to_nki_host_call
+// SIM-NOT: stablehlo.composite "hlofuse.sample"
+// SIM: stablehlo.custom_call @hlofuse_nki_host_call(%arg0, %{{[0-9]+}})
+// SIM-SAME: \22form\22: \22top_k\22
+// SIM-SAME: (tensor<4x256xf32>, tensor<4x40xf32>) -> tensor<4x1xi32>
+// NEURON-LABEL: func.func public @rank_space_top_k_to_nki_host_call
+// NEURON: stablehlo.composite "hlofuse.sample"
+func.func public @rank_space_top_k_to_nki_host_call(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
   %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_k", k = 40 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 6.000000e-01 : f64}, decomposition = @hlofuse.sample.impl, version = 1 : i32} : (tensor<4x256xf32>, tensor<2xui32>) -> tensor<4xi32>
   return %0 : tensor<4xi32>
 }

@@ -59,9 +59,12 @@ from hlofuse.kernels.sampling_reference import FORMS, sample_reference
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
 
-# Forms whose noise is indexed by vocabulary id; rank-space forms (top_k, temperature_top_k) need each
-# survivor's rank among the top k, and greedy_softmax can tie distinct logits by rounding.
-KERNEL_FORMS = ("greedy", "categorical", "temperature", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")
+# Every form but greedy_softmax, whose softmax rounding can tie distinct logits.
+KERNEL_FORMS = ("greedy", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask",
+                "top_k_top_p_mask", "min_p")
+# Noise indexed by rank among the top k: one pass per distinct value of the top k, so k is bounded.
+RANK_FORMS = ("top_k", "temperature_top_k")
+MAX_RANK_K = 256
 # Filters on probabilities: the program rounds them (and their cumulative sum) to the logits' dtype.
 F32_ONLY_FORMS = ("top_p_mask", "top_k_top_p_mask", "min_p")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -196,8 +199,73 @@ def _search(load: Callable[[int, int], Any], chunks: list[tuple[int, int]], rows
     return nl.where(keep_all, NEG_INF, lo), certified
 
 
+def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows: int,  # noqa: ANN401
+                chunks: list[tuple[int, int]], top: Any, cfg: KernelConfig, vocab: int) -> tuple[Any, Any]:  # noqa: ANN401
+    """(token id, certified) for the rank-space forms: categorical over the top k, noise indexed by rank.
+
+    Walks the distinct values downward, one pass each: group j is every token equal to w_j, holding ranks
+    base_j .. base_j + count - 1 in id order (lax.top_k's order), cut at rank k. Its best score is over
+    noise[base_j:...] alone, so the winning rank is found without ranking single tokens; the token is then
+    the (rank - base)-th occurrence of its value in id order, found by bisection over ids.
+    """
+    k = cfg.k
+    dtype = getattr(nl, cfg.dtype)
+    divisor = cfg.temperature if cfg.form == "top_k" else 1.0  # temperature_top_k walks x / T already
+    g = nl.load(noise_ref[nl.ds(r0, rows), nl.ds(0, k)], dtype=nl.float32)  # (rows, k): noise by rank
+    ranks = nisa.iota(nl.arange(rows)[:, None] * 0 + nl.arange(k)[None, :], dtype=nl.float32)
+    w = nl.copy(top)  # value of the current group: the row max first
+    valid = nl.full((rows, 1), 1.0, dtype=nl.float32, buffer=nl.sbuf)
+    base = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    best = nl.full((rows, 1), NEG_INF, dtype=nl.float32, buffer=nl.sbuf)
+    best_rank = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    best_w = nl.copy(top)
+    best_base = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for _ in nl.sequential_range(k):
+        count = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        below = nl.full((rows, 1), NEG_INF, dtype=nl.float32, buffer=nl.sbuf)  # the next group's value
+        for c0, size in chunks:
+            x = values(c0, size)
+            count[...] = nl.add(count, nl.sum(nl.where(nl.equal(x, w), 1.0, 0.0), axis=1, keepdims=True))
+            below[...] = nl.maximum(below, nl.max(nl.where(nl.less(x, w), x, NEG_INF), axis=1, keepdims=True))
+        take = nl.minimum(nl.multiply(count, valid), nl.subtract(float(k), base))
+        in_group = nl.logical_and(nl.greater_equal(ranks, base), nl.less(ranks, nl.add(base, take)))
+        v = nl.divide(w, divisor)
+        score = nl.add(nl.copy(v, dtype=dtype), g)  # values / T + noise, each rounded as the program does
+        score = nl.where(in_group, nl.copy(score, dtype=dtype), NEG_INF)
+        group_max = nl.max(score, axis=1, keepdims=True)
+        first = nl.logical_and(in_group, nl.equal(score, group_max))
+        group_rank = nl.min(nl.where(first, ranks, float(k)), axis=1, keepdims=True)
+        better = nl.greater(group_max, best)  # strictly: a later rank never wins a tie
+        best_rank[...] = nl.where(better, group_rank, best_rank)
+        best_w[...] = nl.where(better, w, best_w)
+        best_base[...] = nl.where(better, base, best_base)
+        best[...] = nl.maximum(best, group_max)
+        base[...] = nl.add(base, take)
+        valid[...] = nl.where(nl.less(below, w), valid, 0.0)  # no value below w: no more groups
+        w[...] = below
+    # the token: the smallest id a with count(x == best_w, id <= a) > rank - base; lo < a <= hi, integers
+    target = nl.add(nl.subtract(best_rank, best_base), 1.0)
+    lo = nl.full((rows, 1), -1.0, dtype=nl.float32, buffer=nl.sbuf)
+    hi = nl.full((rows, 1), float(vocab - 1), dtype=nl.float32, buffer=nl.sbuf)
+    for _ in nl.sequential_range(math.ceil(math.log2(vocab)) + 1):
+        mid = nl.multiply(nl.add(lo, hi), 0.5)
+        count = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        floor = nl.full((rows, 1), -1.0, dtype=nl.float32, buffer=nl.sbuf)  # largest id <= mid
+        for c0, size in chunks:
+            x = values(c0, size)
+            ids = nisa.iota(nl.arange(rows)[:, None] * 0 + nl.arange(size)[None, :] + c0, dtype=nl.float32)
+            upto = nl.less_equal(ids, mid)
+            hit = nl.logical_and(upto, nl.equal(x, best_w))
+            count[...] = nl.add(count, nl.sum(nl.where(hit, 1.0, 0.0), axis=1, keepdims=True))
+            floor[...] = nl.maximum(floor, nl.max(nl.where(upto, ids, -1.0), axis=1, keepdims=True))
+        reached = nl.greater_equal(count, target)
+        hi[...] = nl.where(reached, floor, hi)
+        lo[...] = nl.where(reached, lo, floor)
+    return hi, nl.where(nl.equal(nl.subtract(hi, lo), 1.0), 1.0, 0.0)
+
+
 def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  # noqa: ANN401
-    """logits (R, V), noise (R, V) or None -> out (R, 1) int32 token ids (UNCERTIFIED for rows to redo)."""
+    """logits (R, V), noise (R, V) | (R, k) | None -> out (R, 1) int32 token ids (UNCERTIFIED: rows to redo)."""
     total_rows, vocab = logits_ref.shape
     out_ref = nl.ndarray((total_rows, 1), dtype=nl.int32, buffer=nl.shared_hbm)
     chunks = _chunks(vocab, cfg.block_v)
@@ -213,8 +281,15 @@ def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  
             y = nl.divide(raw(c0, size), cfg.temperature)  # x / T in the logits' dtype, as XLA rounds it
             return nl.copy(y, dtype=dtype) if rounds else y
 
-        # the values the filter reads: x for the masks, x / T for min-p
-        filtered = scaled if cfg.form == "min_p" else raw
+        # the values the filter reads: x for the masks and top_k, x / T for min-p and temperature_top_k
+        filtered = scaled if cfg.form in ("min_p", "temperature_top_k") else raw
+        if cfg.form in RANK_FORMS:
+            stats = _row_stats(filtered, chunks, rows, z=False)
+            token, certified = _rank_space(filtered, noise_ref, r0, rows, chunks, stats["max"], cfg, vocab)
+            certified = nl.minimum(certified, nl.where(nl.greater(stats["bad"], 0.0), 0.0, 1.0))
+            token = nl.where(nl.greater(certified, 0.0), token, float(UNCERTIFIED))
+            nl.store(out_ref[nl.ds(r0, rows), :], value=nl.copy(token, dtype=nl.int32))
+            continue
         z = cfg.form in F32_ONLY_FORMS
         stats = _row_stats(filtered, chunks, rows, z=z and cfg.form != "top_k_top_p_mask")
         certified = nl.where(nl.greater(stats["bad"], 0.0), 0.0, 1.0)
@@ -275,7 +350,7 @@ def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  
 
 
 KERNELS = {"sample": _sample_kernel}
-_HELPERS = (_u, _u_inverse, _row_stats, _search)
+_HELPERS = (_u, _u_inverse, _row_stats, _search, _rank_space)
 
 
 @functools.cache
@@ -310,9 +385,8 @@ def run_kernel(logits: np.ndarray, *noise: np.ndarray, config: dict[str, Any], s
 def check_form(form: str, dtype: str, vocab: int, k: int, temperature: float) -> None:
     """Raises ValueError naming the value when the kernel cannot reproduce this sampler exactly."""
     if form not in KERNEL_FORMS:
-        why = ("its noise is indexed by rank among the top k, which needs each survivor's rank"
-               if form in ("top_k", "temperature_top_k") else "softmax rounding can tie distinct logits")
-        raise ValueError(f"form '{form}' is not taken ({why}); the kernel takes {', '.join(KERNEL_FORMS)}")
+        raise ValueError(f"form '{form}' is not taken (softmax rounding can tie distinct logits); the kernel takes "
+                         f"{', '.join(KERNEL_FORMS)}")
     if dtype not in DTYPES:
         raise ValueError(f"logits dtype {dtype} is not one of {', '.join(DTYPES)}")
     if dtype != "float32" and form in F32_ONLY_FORMS:
@@ -320,8 +394,11 @@ def check_form(form: str, dtype: str, vocab: int, k: int, temperature: float) ->
                          "does not reproduce (it sums in fp32)")
     if not 1 <= vocab <= MAX_VOCAB:
         raise ValueError(f"vocabulary {vocab} is outside [1, {MAX_VOCAB}] (ids are exact in fp32 below 2^24)")
-    if form in ("top_k_mask", "top_k_top_p_mask") and not 1 <= k <= vocab:
+    if form in ("top_k_mask", "top_k_top_p_mask", *RANK_FORMS) and not 1 <= k <= vocab:
         raise ValueError(f"k = {k} is outside [1, vocabulary {vocab}]")
+    if form in RANK_FORMS and k > MAX_RANK_K:
+        raise ValueError(f"k = {k} exceeds {MAX_RANK_K} for the rank-space form '{form}' (one pass over the "
+                         "logits per distinct value of the top k)")
     if FORMS[form].stochastic and not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature {temperature} is not a positive finite number")
 
@@ -350,14 +427,17 @@ def kernel_tokens(
     check_form(form, dtype, vocab, k, temperature)
     blocks = block_sizes or BlockSizes.get_default()
     rows = math.prod(batch)
-    cfg = KernelConfig(form=form, temperature=float(temperature), k=int(k), p=float(p), min_p=float(min_p),
+    # `x / T` with a Python T divides by T rounded to the logits' dtype (JAX's weak typing)
+    rounded_t = float(np.asarray(temperature, dtype=jnp.dtype(logits.dtype)).astype(np.float32))
+    cfg = KernelConfig(form=form, temperature=rounded_t, k=int(k), p=float(p), min_p=float(min_p),
                        dtype=dtype, block_rows=blocks.block_rows, block_v=blocks.block_v, steps=steps)
     operands = [logits.reshape(rows, vocab)]
     if FORMS[form].stochastic:
         if key is None:
             raise ValueError(f"form '{form}' draws noise: it needs a key")
         # the exact call jax.random.categorical makes (threefry bits at the same counters)
-        operands.append(jax.random.gumbel(key, logits.shape, logits.dtype).reshape(rows, vocab))
+        width = k if form in RANK_FORMS else vocab  # rank-space forms draw noise for the top k only
+        operands.append(jax.random.gumbel(key, (*batch, width), logits.dtype).reshape(rows, width))
     if runner == "device":
         tokens = _device_call(cfg, operands)
     else:
