@@ -1,9 +1,10 @@
 """hlofuse-lower-kernels onto the NKI kernels: target=neuron-sim end to end, target=neuron without the SDK.
 
 target=neuron-sim runs the NKI kernels on this host (the emulator, or NKI's simulator where neuronxcc
-imports) through a CPU custom call, so jitted programs from the variant catalogue must match the plain
-program. target=neuron needs the Neuron SDK; without it each composite stays, with a remark saying how
-to install it, and the program still compiles and runs (XLA inlines the decomposition).
+imports) through a CPU custom call, so jitted programs from the attention and sampling catalogues must
+match the plain program (sampling: the same token ids for the same key). target=neuron needs the
+Neuron SDK; without it each composite stays, with a remark saying how to install it, and the program
+still compiles and runs (XLA inlines the decomposition).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sampling_variants
 from attention_variants import VARIANTS, Variant, lower
 
 import hlofuse
-from hlofuse.kernels.nki import hostcall
+from hlofuse.kernels.nki import hostcall, sampling
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites
@@ -80,3 +82,53 @@ def test_hlofuse_opt_prints_the_install_remark(tmp_path: object) -> None:
     assert run.returncode == 0, run.stderr
     assert "kept as a composite: no neuron kernel without the Neuron SDK" in run.stderr
     assert 'stablehlo.composite "hlofuse.attention"' in run.stdout
+
+
+# ----------------------------------------------------------------------------- sampling
+
+SAMPLERS = [v for v in sampling_variants.VARIANTS if v.form is not None]
+
+
+def _nki_takes(variant: sampling_variants.Variant) -> bool:
+    dtype = jnp.dtype(variant.dtype).name
+    return variant.form in sampling.KERNEL_FORMS and (dtype == "float32" or variant.form not in sampling.F32_ONLY_FORMS)
+
+
+@pytest.mark.parametrize("variant", SAMPLERS, ids=[v.name for v in SAMPLERS])
+def test_sampler_on_neuron_sim_returns_the_programs_tokens(variant: sampling_variants.Variant) -> None:
+    module = clone_module(sampling_variants.lower(variant).compiler_ir("stablehlo"))
+    result = run_pipeline(module, "default", target="neuron-sim")
+    remarks = [str(r) for r in result.remarks]
+    if _nki_takes(variant):
+        assert result.counters["sample_to_neuron-sim"] == 1, remarks
+    else:  # stays a composite, saying why; XLA inlines the original (its execution: test_fuse_sampling_e2e)
+        assert result.counters["sample_kept_composite"] == 1, remarks
+        assert any("the neuron-sim sampler does not take this composite" in r for r in remarks), remarks
+        return
+
+    options = {"hlofuse_pipeline": "default", "hlofuse_target": "neuron-sim", "hlofuse_strict": True}
+    fused, plain = jax.jit(variant.fn, compiler_options=options), jax.jit(variant.fn)
+    rng = np.random.default_rng(0)
+    for seed, x in enumerate((rng.standard_normal(variant.shape) * 3, np.round(rng.standard_normal(variant.shape)))):
+        args = [jnp.asarray(x, variant.dtype)]
+        if variant.stochastic:
+            args.append(jnp.array([seed, 2024 + seed], jnp.uint32))
+        np.testing.assert_array_equal(fused(*args), plain(*args), err_msg=f"input {seed}")
+        assert not hostcall.last_errors()
+
+
+def _sample_module(**kwargs: object) -> object:
+    def f(x: jax.Array, key: jax.Array) -> jax.Array:
+        return hlofuse.sample(x, key, **kwargs)  # type: ignore[arg-type]
+
+    return jax.jit(f).lower(jax.ShapeDtypeStruct((4, 256), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32))
+
+
+@pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
+def test_neuron_without_the_sdk_keeps_the_sample_composite_with_the_install_remark() -> None:
+    module = clone_module(_sample_module(temperature=0.7, top_p=0.9).compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron})")
+    assert count_composites(module, "hlofuse.sample") == 1
+    assert result.counters["sample_kept_composite"] == 1
+    remarks = [str(r) for r in result.remarks]
+    assert any("no neuron kernel without the Neuron SDK" in r and "pip install neuronx-cc" in r for r in remarks)

@@ -29,6 +29,8 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.sample", "gpu"): "hlofuse.kernels.pallas.sampling:gpu_lowering",
     ("hlofuse.sample", "tpu-interpret"): "hlofuse.kernels.pallas.sampling:tpu_interpret_lowering",
     ("hlofuse.sample", "gpu-interpret"): "hlofuse.kernels.pallas.sampling:gpu_interpret_lowering",
+    ("hlofuse.sample", "neuron"): "hlofuse.kernels.nki.sampling:neuron_lowering",
+    ("hlofuse.sample", "neuron-sim"): "hlofuse.kernels.nki.sampling:neuron_sim_lowering",
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.

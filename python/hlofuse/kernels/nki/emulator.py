@@ -426,17 +426,22 @@ def _elementwise(name: str, fn: Callable[..., np.ndarray], out_dtype: np.dtype |
 
 
 exp = _elementwise("exp", np.exp)
+log = _elementwise("log", np.log)
 tanh = _elementwise("tanh", np.tanh)
 add = _elementwise("add", np.add)
 subtract = _elementwise("subtract", np.subtract)
 multiply = _elementwise("multiply", np.multiply)
 divide = _elementwise("divide", np.divide)
 maximum = _elementwise("maximum", np.maximum)
+minimum = _elementwise("minimum", np.minimum)
 equal = _elementwise("equal", np.equal, bool_)
+not_equal = _elementwise("not_equal", np.not_equal, bool_)
+greater = _elementwise("greater", np.greater, bool_)
 less = _elementwise("less", np.less, bool_)
 less_equal = _elementwise("less_equal", np.less_equal, bool_)
 greater_equal = _elementwise("greater_equal", np.greater_equal, bool_)
 logical_and = _elementwise("logical_and", np.logical_and, bool_)
+logical_or = _elementwise("logical_or", np.logical_or, bool_)
 
 
 def where(condition: Tile, x: Tile | float, y: Tile | float, dtype: Any = None) -> Tile:  # noqa: ANN401
@@ -464,6 +469,7 @@ def _reduction(name: str, fn: Callable[..., np.ndarray]) -> Callable[..., Tile]:
 
 
 reduce_max = _reduction("max", np.max)  # nl.max (named so the builtin max stays usable here)
+reduce_min = _reduction("min", np.min)  # nl.min
 reduce_sum = _reduction("sum", np.sum)  # nl.sum
 
 
@@ -677,10 +683,11 @@ def _namespace(prefix: str, names: dict[str, Any], **more: Any) -> _Namespace:  
 
 nl = _namespace("nl", {name: globals()[name] for name in (
     "float32", "float16", "bfloat16", "int32", "uint8", "bool_", "sbuf", "psum", "hbm", "shared_hbm",
-    "private_hbm", "tile_size", "ndarray", "zeros", "full", "load", "store", "copy", "exp", "tanh", "add",
-    "subtract", "multiply", "divide", "maximum", "equal", "less", "less_equal", "greater_equal", "logical_and",
-    "where", "affine_range", "sequential_range", "static_range", "program_id", "arange", "ds",
-)}, max=reduce_max, sum=reduce_sum)  # fmt: skip
+    "private_hbm", "tile_size", "ndarray", "zeros", "full", "load", "store", "copy", "exp", "log", "tanh", "add",
+    "subtract", "multiply", "divide", "maximum", "minimum", "equal", "not_equal", "less", "less_equal", "greater",
+    "greater_equal", "logical_and", "logical_or", "where", "affine_range", "sequential_range", "static_range",
+    "program_id", "arange", "ds",
+)}, max=reduce_max, min=reduce_min, sum=reduce_sum)  # fmt: skip
 nisa = _namespace("nisa", {"nc_matmul": nc_matmul, "nc_transpose": nc_transpose, "iota": iota})
 nki = _namespace("nki", {"jit": jit, "language": nl, "isa": nisa})
 

@@ -10,7 +10,9 @@ persistent compilation cache. The function runs in the emulator or NKI's simulat
 
 XLA's status API (XlaCustomCallStatusSetFailure) is not exported by jaxlib, so an exception in the host
 function cannot fail the execution: it is logged at ERROR level, kept in `last_errors()`, and the
-result is filled with NaN. Static limits are checked when the kernel is lowered, so this is rare.
+result is filled with NaN (-1 for integer results: the sampler's UNCERTIFIED, which makes its wrapper
+recompute those rows with the reference). Static limits are checked when the kernel is lowered, so this
+is rare.
 """
 
 from __future__ import annotations
@@ -77,8 +79,8 @@ def _host(out: int, ins: Any, opaque: bytes, length: int, status: int) -> None: 
     except Exception:  # noqa: BLE001  (nothing can propagate through XLA; see the module docstring)
         message = traceback.format_exc()
         _errors.append(message)
-        logger.error("hlofuse: NKI host call %s failed; its result is NaN:\n%s", spec["function"], message)
-        result[...] = np.nan
+        logger.error("hlofuse: NKI host call %s failed; result NaN (ints -1):\n%s", spec["function"], message)
+        result[...] = -1 if np.issubdtype(result.dtype, np.integer) else np.nan
 
 
 def _register() -> None:
