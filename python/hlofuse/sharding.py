@@ -138,21 +138,25 @@ def attention_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
 
 
 def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
-    """The rule of an `hlofuse_sample` call: logits (R, V), key (2,) -> ids (R,); R is the batch.
+    """The rule of an `hlofuse_sample` call: logits (R, V), keys (R, 2), row ids (R,) -> ids (R,), and
+    its one batch dim R.
 
-    Only the rule (propagation): with no batch-partitionable form the partitioner runs the call on
-    gathered logits, which is exact but not local (docs/sharding.md)."""
+    Every operand leads with the rows R (each row carries its own key and its global row id, from which
+    the kernel counts the noise), so XLA's batch partitioner can cut R on every operand and each device
+    samples its own rows with the noise the whole program would draw for them. V and the key words are
+    kept whole on each device (`need_replication`)."""
     operands = list(op.operands)
     rows, vocab = _dims(operands[0])
     f = _Factors()
     fr, fv = f.new(rows), f.new(vocab)
     mappings = [[[fr], [fv]]]
+    batched = True
     for extra in operands[1:]:
-        mappings.append([[f.new(size)] for size in _dims(extra)])
+        dims = _dims(extra)
+        batched = batched and bool(dims) and dims[0] == rows
+        mappings.append([[fr] if i == 0 and size == rows else [f.new(size)] for i, size in enumerate(dims)])
     f.need_replication = [x for x in f.sizes if x != fr]
-    # No num_batch_dims: XLA's batch partitioner cuts the leading dim of *every* operand, and the
-    # kernel's key is an unbatched (2,). So sharded rows are gathered before the call for now.
-    return _rule(mappings, [[[fr]]], f, op.context), 0
+    return _rule(mappings, [[[fr]]], f, op.context), 1 if batched else 0
 
 
 def foreign_rule(op: ir.Operation, batch: int) -> tuple[ir.Attribute, int]:

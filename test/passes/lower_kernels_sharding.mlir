@@ -109,3 +109,28 @@ module @one_device attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas 
     return %arg0 : tensor<2x16x8x16xf32>
   }
 }
+
+// -----
+
+// Sampling with the rows sharded: every operand of the CPU call leads with the rows (logits, a key per row,
+// each row's global id, from which the kernel counts the noise), so R is a batch dim and each device
+// samples its own rows.
+// CPU-LABEL: func.func public @sample_rows_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU: stablehlo.custom_call @hlofuse_sample(
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "1"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i, k], [i])->([i]) {i=16, j=1024, k=2} need_replication={j, k}>
+// CPU-SAME: (tensor<16x1024xf32>, tensor<16x2xui32>, tensor<16xi32>) -> tensor<16xi32>
+// KEEP-LABEL: func.func public @sample_rows_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_rows attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["data"=8]>
+  func.func public @sample_rows_sharded(%arg0: tensor<16x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>}, %arg1: tensor<2xui32>) -> tensor<16xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "temperature", k = 0 : i64, min_p = 0.000000e+00 : f64, mode = "temperature", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<16x1024xf32>, tensor<2xui32>) -> tensor<16xi32>
+    return %0 : tensor<16xi32>
+  }
+  func.func private @impl(%arg0: tensor<16x1024xf32>, %arg1: tensor<2xui32>) -> tensor<16xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<16xi32>
+    return %0 : tensor<16xi32>
+  }
+}

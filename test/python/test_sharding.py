@@ -24,19 +24,17 @@ from hlofuse.kernels import cpu
 SCRIPT = Path(__file__).with_name("sharding_cases.py")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
-_SAMPLE_KEY = ("XLA's batch partitioner cuts every operand's leading dim and hlofuse_sample's key is an "
-               "unbatched (2,), so the call has no num_batch_dims and sharded rows are gathered")
 XFAIL = {
-    "sampling_batch_sharded": _SAMPLE_KEY,
     "sampling_vocab_sharded": ("vocab sharded: no per-shard top-k + merge yet; the logits are all-gathered "
                                "(fewer collectives than the unfused program, but more bytes)"),
 }
-# sampling_top_k_batch_sharded: gathered rows as well, but XLA's own top_k gathers the same bytes.
+# Sampling with the rows sharded stays local: every operand of hlofuse_sample leads with the rows (a key and
+# a global row id per row), so the call carries num_batch_dims = 1.
 # Attention cases: the multi-device lowering puts kv heads (and, for decode, key-range splits) in front as
 # batch dims, so sharded batch, heads and decode KV sequence all stay local.
 ATTENTION_CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "head_parallel", "head_parallel_2d",
                    "gqa_kv_heads_sharded", "decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths")
-CASES = (*ATTENTION_CASES, "shard_map", "sampling_top_k_batch_sharded", *XFAIL)
+CASES = (*ATTENTION_CASES, "shard_map", "sampling_batch_sharded", "sampling_top_k_batch_sharded", *XFAIL)
 
 pytestmark = pytest.mark.skipif(not cpu.is_available(), reason="native CPU kernels are not built")
 
