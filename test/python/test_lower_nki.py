@@ -20,6 +20,7 @@ import sampling_variants
 from attention_variants import VARIANTS, Variant, lower
 
 import hlofuse
+from hlofuse.jax.hook import HlofuseCompileError, HlofuseFallbackWarning
 from hlofuse.kernels.nki import hostcall, sampling
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC
 from hlofuse.pipeline import run_pipeline
@@ -82,6 +83,23 @@ def test_hlofuse_opt_prints_the_install_remark(tmp_path: object) -> None:
     assert run.returncode == 0, run.stderr
     assert "kept as a composite: no neuron kernel without the Neuron SDK" in run.stderr
     assert 'stablehlo.composite "hlofuse.attention"' in run.stdout
+
+
+@pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
+def test_jit_with_an_explicit_neuron_target_and_no_sdk_warns_and_runs_the_original() -> None:
+    """Asked for by name, target=neuron without the SDK is a failed hlofuse compile: a warning naming the
+    missing SDK and the original program, or HlofuseCompileError under hlofuse_strict."""
+    def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        s = jnp.einsum("btnh,bsnh->bnts", q, k) * 0.25
+        return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
+
+    q = jax.random.normal(jax.random.key(0), (1, 16, 2, 16), jnp.float32)
+    options = {"hlofuse_pipeline": "default", "hlofuse_target": "neuron"}
+    with pytest.warns(HlofuseFallbackWarning, match="target 'neuron'.*pip install neuronx-cc"):
+        got = jax.jit(f, compiler_options=options)(q, q, q)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(f)(q, q, q)))
+    with pytest.raises(HlofuseCompileError, match="Neuron SDK"):
+        jax.jit(f, compiler_options={**options, "hlofuse_strict": True})(q, q, q)
 
 
 # ----------------------------------------------------------------------------- sampling
