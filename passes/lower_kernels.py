@@ -12,7 +12,9 @@ Emits, by `target` (the table in hlofuse.kernels says which function implements 
   tpu-interpret, gpu-interpret
                  the same Pallas kernels in interpret mode, to check them on a CPU.
   neuron         the NKI kernels traced with nki.jit (`AwsNeuronCustomNativeKernel`) when the Neuron
-                 SDK (neuronxcc) imports; without it the composite stays, with a remark saying so.
+                 SDK (neuronxcc) imports; without it the pass fails with TargetUnavailable, whose message
+                 says how to install the SDK (hlofuse-opt: one error line, exit 1; jax.jit: a fallback
+                 warning and the original program, or HlofuseCompileError under hlofuse_strict).
   neuron-sim     the NKI kernels on the host, under NKI's simulator or hlofuse's NumPy emulation.
 A composite that no kernel takes (a dtype, an attribute, a missing library) stays as it is, with a
 remark saying why: XLA then inlines its decomposition, so the program stays exactly right. So does
@@ -38,7 +40,7 @@ from jaxlib.mlir.dialects import func
 
 from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, attribute_values
 from hlofuse.ir import build
-from hlofuse.kernels import CompositeCall, Unsupported, kernel_for, known_targets
+from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kernel_for, known_targets, target_unavailable
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.sharding import annotate_if_partitioned, device_count
 
@@ -145,11 +147,12 @@ class LowerKernelsPass(ModulePass):
             raise ValueError(f"multi_device takes keep or batch, not '{self.multi_device}'")
         devices = device_count(module)
         keep_partitioned = self.multi_device == "keep" and devices > 1
+        composites = [op for op in _composites(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
+        if composites and (why := target_unavailable(self.target)) is not None:
+            raise TargetUnavailable(f"target '{self.target}' cannot lower {len(composites)} composite(s) here: {why}")
         lowered_any = False
-        for composite in _composites(module):
+        for composite in composites:
             call = _composite_call(composite)
-            if call.name not in VERSIONS:
-                continue
             short = call.name.removeprefix("hlofuse.")
             try:
                 if call.version != VERSIONS[call.name]:

@@ -3,8 +3,8 @@
 target=neuron-sim runs the NKI kernels on this host (the emulator, or NKI's simulator where neuronxcc
 imports) through a CPU custom call, so jitted programs from the attention and sampling catalogues must
 match the plain program (sampling: the same token ids for the same key). target=neuron needs the
-Neuron SDK; without it each composite stays, with a remark saying how to install it, and the program
-still compiles and runs (XLA inlines the decomposition).
+Neuron SDK; without it the pass fails with a message saying how to install it (hlofuse-opt: one error
+line; jax.jit: a fallback warning and the original program, an error under hlofuse_strict).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import hlofuse
 from hlofuse.jax.hook import HlofuseCompileError, HlofuseFallbackWarning
 from hlofuse.kernels.nki import hostcall, sampling
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC
-from hlofuse.pipeline import run_pipeline
+from hlofuse.pipeline import PassFailure, run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites
 
 E2E = ("causal_tril_inf", "nn_causal_gqa_bf16", "nn_bias_lengths_window", "decode_with_cache", "sliding_window")
@@ -64,38 +64,37 @@ def test_neuron_sim_keeps_unsupported_composites_with_a_remark() -> None:
 
 
 @pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
-def test_neuron_without_the_sdk_keeps_the_composite_with_the_install_remark() -> None:
+def test_neuron_without_the_sdk_fails_the_pass_with_the_install_message() -> None:
     lowered = _composite_module(causal=True)
     module = clone_module(lowered.compiler_ir("stablehlo"))
-    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron})")
-    assert count_composites(module) == 1
-    assert result.counters["attention_kept_composite"] == 1
-    remarks = [str(r) for r in result.remarks]
-    assert any("no neuron kernel without the Neuron SDK" in r and "pip install neuronx-cc" in r for r in remarks)
+    expected = r"target 'neuron' cannot lower 1 composite\(s\) here: .*pip install neuronx-cc"
+    with pytest.raises(PassFailure, match=expected):
+        run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron})")
 
 
 @pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
-def test_hlofuse_opt_prints_the_install_remark(tmp_path: object) -> None:
+def test_hlofuse_opt_exits_with_the_install_message_and_no_traceback(tmp_path: object) -> None:
     path = tmp_path / "attention.mlir"  # type: ignore[operator]
     path.write_text(_composite_module(causal=True).as_text())
-    cli = [sys.executable, "-m", "hlofuse.tools.opt", str(path), "--hlofuse-lower-kernels=target=neuron", "--remarks"]
+    cli = [sys.executable, "-m", "hlofuse.tools.opt", str(path), "--hlofuse-lower-kernels=target=neuron"]
     run = subprocess.run(cli, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert "kept as a composite: no neuron kernel without the Neuron SDK" in run.stderr
-    assert 'stablehlo.composite "hlofuse.attention"' in run.stdout
+    assert run.returncode == 1, run.stderr
+    assert "no neuron kernel without the Neuron SDK" in run.stderr and "pip install neuronx-cc" in run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stdout == ""
 
 
 @pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
-def test_jit_with_an_explicit_neuron_target_and_no_sdk_warns_and_runs_the_original() -> None:
-    """Asked for by name, target=neuron without the SDK is a failed hlofuse compile: a warning naming the
-    missing SDK and the original program, or HlofuseCompileError under hlofuse_strict."""
+def test_jit_with_the_neuron_target_and_no_sdk_warns_and_runs_the_original() -> None:
+    """target=neuron without the SDK is a failed hlofuse compile: a warning naming the missing SDK and the
+    original program, or HlofuseCompileError under hlofuse_strict."""
     def f(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         s = jnp.einsum("btnh,bsnh->bnts", q, k) * 0.25
         return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
 
     q = jax.random.normal(jax.random.key(0), (1, 16, 2, 16), jnp.float32)
     options = {"hlofuse_pipeline": "default", "hlofuse_target": "neuron"}
-    with pytest.warns(HlofuseFallbackWarning, match="target 'neuron'.*pip install neuronx-cc"):
+    with pytest.warns(HlofuseFallbackWarning, match="hlofuse-lower-kernels.*pip install neuronx-cc"):
         got = jax.jit(f, compiler_options=options)(q, q, q)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(f)(q, q, q)))
     with pytest.raises(HlofuseCompileError, match="Neuron SDK"):
@@ -143,10 +142,8 @@ def _sample_module(**kwargs: object) -> object:
 
 
 @pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")
-def test_neuron_without_the_sdk_keeps_the_sample_composite_with_the_install_remark() -> None:
+def test_neuron_without_the_sdk_fails_on_a_sample_composite_too() -> None:
     module = clone_module(_sample_module(temperature=0.7, top_p=0.9).compiler_ir("stablehlo"))
-    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron})")
+    with pytest.raises(PassFailure, match="no neuron kernel without the Neuron SDK"):
+        run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron})")
     assert count_composites(module, "hlofuse.sample") == 1
-    assert result.counters["sample_kept_composite"] == 1
-    remarks = [str(r) for r in result.remarks]
-    assert any("no neuron kernel without the Neuron SDK" in r and "pip install neuronx-cc" in r for r in remarks)

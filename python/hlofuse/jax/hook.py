@@ -270,12 +270,6 @@ def _compile_with_hlofuse(
 
     target = options.target or platform_target(str(getattr(backend, "platform", "")))
     name = _module_name(computation)
-    missing = _missing_sdk(options.target)
-    if missing is not None:
-        # Asked for by name, a target whose kernels cannot be built here is a failed hlofuse compile, not
-        # a silent remark: the user would otherwise run the original program believing it fused.
-        _fall_back_or_raise(f"target '{options.target}'", missing, name, options, target)
-        return original(backend, computation, devices, compile_options, *args, **kwargs)
     try:
         rewritten, result = rewrite_module(computation, options.pipeline, target)
     except Exception as error:
@@ -296,17 +290,6 @@ def _compile_with_hlofuse(
     executable = original(backend, computation, devices, compile_options, *args, **kwargs)
     _fall_back_or_raise("XLA compile of the rewritten module", failure, name, options, target)
     return executable
-
-
-def _missing_sdk(explicit_target: str | None) -> Exception | None:
-    """The error to report when an explicitly requested target needs an SDK this host lacks (only
-    `neuron`: its kernels need neuronx-cc); None otherwise. A target chosen from the backend, and
-    hlofuse-opt, keep the per-site remark instead."""
-    if explicit_target != "neuron":
-        return None
-    from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, INSTALL_MESSAGE
-
-    return None if HAVE_NEURONXCC else RuntimeError(INSTALL_MESSAGE)
 
 
 def _fall_back_or_raise(

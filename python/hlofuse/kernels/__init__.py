@@ -37,8 +37,30 @@ LOWERINGS: dict[tuple[str, str], str] = {
 TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-interpret", "neuron-sim")
 
 
+# target -> "module:function" returning why this host cannot build the target's kernels at all (a missing
+# SDK), or None. A lowering pass asked for such a target fails with that message instead of leaving every
+# composite behind with a remark: the user asked for kernels that cannot exist here.
+AVAILABILITY: dict[str, str] = {
+    "neuron": "hlofuse.kernels.nki.attention:missing_sdk",
+}
+
+
 class Unsupported(Exception):
     """The target has no kernel for this composite; the message is the remark."""
+
+
+class TargetUnavailable(RuntimeError):
+    """The target's kernels cannot be built on this host (AVAILABILITY says why)."""
+
+
+def target_unavailable(target: str) -> str | None:
+    """Why `target`'s kernels cannot be built on this host, or None when they can."""
+    entry = AVAILABILITY.get(target)
+    if entry is None:
+        return None
+    module_name, function_name = entry.split(":")
+    reason: str | None = getattr(importlib.import_module(module_name), function_name)()
+    return reason
 
 
 @dataclass(frozen=True)

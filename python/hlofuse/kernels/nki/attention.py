@@ -59,6 +59,12 @@ INSTALL_MESSAGE = (
     "https://pip.repos.neuron.amazonaws.com), or use target=neuron-sim to run the NKI kernels on the CPU"
 )
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def missing_sdk() -> str | None:
+    """Why target=neuron cannot lower here (no neuronxcc), or None (hlofuse.kernels.AVAILABILITY)."""
+    return None if HAVE_NEURONXCC else INSTALL_MESSAGE
+
 MAX_HEAD_DIM = 128  # q·kᵀ contracts over H on the partition dim
 MAX_VALUE_DIM = 512  # P·V's moving free size
 DECODE_MAX_T = 8
@@ -436,6 +442,7 @@ __all__ = [
     "attention",
     "attention_reference",
     "decode_attention",
+    "missing_sdk",
     "neuron_lowering",
     "neuron_sim_lowering",
     "run_kernel",
