@@ -114,7 +114,9 @@ def test_f16_stays_a_composite_on_tpu_only() -> None:
 
 # ----------------------------------------------------------------------------- end to end
 
-E2E = ("causal_tril_inf", "nn_causal_gqa_bf16", "nn_bias_lengths_window", "decode_with_cache")
+# Every variant of the catalogue that fuses, on both interpreters. The sites a target does not take (f16
+# on the TPU, keras' re-masked softmax) must say why, and the program must still match.
+E2E = [variant.name for variant in VARIANTS if variant.sites > 0]
 VARIANT_BY_NAME = {variant.name: variant for variant in VARIANTS}
 
 
@@ -124,14 +126,18 @@ def test_jit_on_the_interpreted_kernel_matches_the_plain_program(target: str, na
     variant: Variant = VARIANT_BY_NAME[name]
     fused = clone_module(lower(variant).compiler_ir("stablehlo"))
     result = run_pipeline(fused, "default", target=target)
-    assert result.counters[f"attention_to_{target}"] == variant.sites, [str(r) for r in result.remarks]
+    lowered = result.counters.get(f"attention_to_{target}", 0)
+    kept = [str(r) for r in result.remarks if "kept as a composite" in str(r)]
+    assert lowered + len(kept) >= variant.sites, [str(r) for r in result.remarks]
+    assert lowered > 0 or kept, f"{name}: neither lowered nor kept with a remark"
 
     options = {"hlofuse_pipeline": "default", "hlofuse_target": target, "hlofuse_strict": True}
     args = variant.args()
     got = np.asarray(jax.jit(variant.fn, compiler_options=options)(*args), np.float32)
     want = np.asarray(jax.jit(variant.fn)(*args), np.float32)
-    low_precision = variant.shapes[0][1] == jnp.bfloat16
-    np.testing.assert_allclose(got, want, rtol=0 if low_precision else 1e-5, atol=3e-2 if low_precision else 1e-5)
+    dtype = variant.shapes[0][1]
+    atol = {jnp.bfloat16: 3e-2, jnp.float16: 4e-3}.get(dtype, 1e-5)
+    np.testing.assert_allclose(got, want, rtol=0 if atol > 1e-5 else 1e-5, atol=atol)
 
 
 # ----------------------------------------------------------------------------- sampling
