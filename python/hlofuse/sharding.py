@@ -138,25 +138,32 @@ def attention_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
 
 
 def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
-    """The rule of an `hlofuse_sample` call: logits (R, V), keys (R, 2), row ids (R,) -> ids (R,), and
-    its one batch dim R.
+    """The rule of an `hlofuse_sample` call: logits (*L, V), keys (*L, 2), row ids (*L,), then offsets?
+    (*L,) -> ids (*L,), then scores? (*L,); and its number of batch dims, len(L).
 
-    Every operand leads with the rows R (each row carries its own key and its global row id, from which
-    the kernel counts the noise), so XLA's batch partitioner can cut R on every operand and each device
-    samples its own rows with the noise the whole program would draw for them. V and the key words are
-    kept whole on each device (`need_replication`)."""
+    L is the rows R on one device and (R, P) in the multi-device layout (P vocabulary splits:
+    hlofuse.kernels.cpu.sampling.partitioned_lowering). Every operand and result leads with L (each row
+    or split carries its own key, global row id and vocabulary offset, from which the kernel counts the
+    noise), so XLA's batch partitioner can cut any L dim on every operand and each device samples its own
+    rows and splits with the noise the whole program would draw for them. The split's V and the key words
+    are kept whole on each device (`need_replication`)."""
     operands = list(op.operands)
-    rows, vocab = _dims(operands[0])
+    logits = _dims(operands[0])
+    lead = logits[:-1]
     f = _Factors()
-    fr, fv = f.new(rows), f.new(vocab)
-    mappings = [[[fr], [fv]]]
+    fl = [f.new(size) for size in lead]
+    fv = f.new(logits[-1])
+    batch = [[x] for x in fl]
+    mappings = [[*batch, [fv]]]
     batched = True
     for extra in operands[1:]:
         dims = _dims(extra)
-        batched = batched and bool(dims) and dims[0] == rows
-        mappings.append([[fr] if i == 0 and size == rows else [f.new(size)] for i, size in enumerate(dims)])
-    f.need_replication = [x for x in f.sizes if x != fr]
-    return _rule(mappings, [[[fr]]], f, op.context), 1 if batched else 0
+        batched = batched and dims[:len(lead)] == lead
+        mappings.append([[fl[i]] if i < len(lead) and size == lead[i] else [f.new(size)]
+                         for i, size in enumerate(dims)])
+    f.need_replication = [x for x in f.sizes if x not in fl]
+    results = [batch for _ in op.results]
+    return _rule(mappings, results, f, op.context), len(lead) if batched else 0
 
 
 def foreign_rule(op: ir.Operation, batch: int) -> tuple[ir.Attribute, int]:

@@ -20,6 +20,7 @@ import numpy as np
 from hlofuse.kernels.sampling_reference import sample_reference
 
 if TYPE_CHECKING:
+    from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_sample"
@@ -78,18 +79,97 @@ def sample(
         raise ValueError(f"the CPU sampler has no form '{form}'")
     if logits.dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
-    cpu.register()
     batch, vocab = logits.shape[:-1], logits.shape[-1]
     rows = int(np.prod(batch, dtype=np.int64))
+    keys = _keys(key, (rows,))
+    row_ids = jax.lax.iota(jnp.int32, rows)
+    (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, temperature=temperature, k=k,
+                             p=p, min_p=min_p)
+    return tokens.reshape(batch)
+
+
+def _keys(key: jax.Array | None, lead: tuple[int, ...]) -> jax.Array:
+    """The key, one copy per row (the batch partitioner cuts every operand's leading dims alike)."""
     if key is None:
         key = jnp.zeros((2,), jnp.uint32)
-    out_type = jax.ShapeDtypeStruct((rows,), jnp.int32)
-    call = jax.ffi.ffi_call(TARGET, out_type, vmap_method="sequential")
-    keys = jnp.broadcast_to(key.astype(jnp.uint32), (rows, 2))
-    row_ids = jax.lax.iota(jnp.int32, rows)
-    tokens = call(logits.reshape(rows, vocab), keys, row_ids, form=np.int64(FORM_CODES[form]),
-                  temperature=np.float32(temperature), k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p))
-    return tokens.reshape(batch)
+    return jnp.broadcast_to(key.astype(jnp.uint32), (*lead, 2))
+
+
+def _sample_call(
+    logits: jax.Array,  # (*L, V)
+    keys: jax.Array,  # (*L, 2) uint32
+    row_ids: jax.Array,  # (*L,) int32: each row's global index, from which its noise is counted
+    offsets: jax.Array | None = None,  # (*L,) int32: each row's first token in a vocabulary of vocab_total
+    *,
+    vocab_total: int = 0,
+    with_scores: bool = False,
+    form: str,
+    temperature: float,
+    k: int,
+    p: float,
+    min_p: float,
+) -> list[jax.Array]:  # tokens (*L,) int32 [, scores (*L,) f32]
+    from hlofuse.kernels import cpu
+
+    if form not in FORM_CODES:
+        raise ValueError(f"the CPU sampler has no form '{form}'")
+    if logits.dtype not in (jnp.float32, jnp.bfloat16):
+        raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
+    cpu.register()
+    lead = logits.shape[:-1]
+    out_types = [jax.ShapeDtypeStruct(lead, jnp.int32)]
+    if with_scores:
+        out_types.append(jax.ShapeDtypeStruct(lead, jnp.float32))
+    operands = [logits, keys, row_ids] if offsets is None else [logits, keys, row_ids, offsets.astype(jnp.int32)]
+    call = jax.ffi.ffi_call(TARGET, out_types, vmap_method="sequential")
+    return list(call(*operands, form=np.int64(FORM_CODES[form]), temperature=np.float32(temperature),
+                     k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p), vocab_total=np.int64(vocab_total)))
+
+
+#===--- Vocabulary splits ---------------------------------------------------------------------===#
+# A row's vocabulary in P splits, each sampled by its own kernel row with the noise the whole row draws
+# for its tokens (counter row * V + global id), then merged by (score, id): the partial results of a
+# vocabulary sharded over devices. Only forms whose keep-set is the whole row split this way; the rest
+# need a row-wide threshold or rank first (`partitioned_lowering`).
+SPLIT_FORMS = ("greedy", "categorical", "temperature")
+
+
+def sample_splits(
+    logits: jax.Array,  # (R, P, V/P) f32 or bf16: split p holds tokens [p * V/P, (p + 1) * V/P)
+    key: jax.Array | None,  # (2,) uint32
+    *,
+    form: str,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:  # ids (R, P) int32 in the global vocabulary, scores (R, P) f32
+    """Each split's winner and its score (the logit for greedy, round(gumbel + logit / T) otherwise), drawn
+    with the noise `sample` draws for the same tokens of the whole (R, V) row. `merge_splits` combines them
+    into `sample`'s ids."""
+    if form not in SPLIT_FORMS:
+        raise ValueError(f"'{form}' cannot be sampled per vocabulary split (splits: {SPLIT_FORMS})")
+    rows, splits, width = logits.shape
+    row_ids = jnp.broadcast_to(jax.lax.iota(jnp.int32, rows)[:, None], (rows, splits))
+    offsets = jnp.broadcast_to(jax.lax.iota(jnp.int32, splits)[None, :] * width, (rows, splits))
+    tokens, scores = _sample_call(logits, _keys(key, (rows, splits)), row_ids, offsets, vocab_total=splits * width,
+                                  with_scores=True, form=form, temperature=temperature, k=0, p=1.0, min_p=0.0)
+    return tokens, scores
+
+
+def _pick(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """The better of two (score, id) candidates: the larger score, NaN above all (jnp.argmax), the smaller
+    id on ties. A total order, so the reduction over P may run in any order (the partitioner's)."""
+    (sa, ia), (sb, ib) = a, b
+    a_nan, b_nan = jnp.isnan(sa), jnp.isnan(sb)
+    tie = (sa == sb) | (a_nan & b_nan)
+    a_wins = (sa > sb) | (a_nan & ~b_nan) | (tie & (ia < ib))
+    return jnp.where(a_wins, sa, sb), jnp.where(a_wins, ia, ib)
+
+
+def merge_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P), (R, P) -> (R,) int32
+    """The winner over the P splits of each row: one reduction over P, which the partitioner runs on each
+    device's splits and then across devices (as it does the unfused program's argmax)."""
+    init = (jnp.array(-jnp.inf, jnp.float32), jnp.array(np.iinfo(np.int32).max, jnp.int32))
+    _, best = jax.lax.reduce((scores, ids), init, _pick, (1,))
+    return best
 
 
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
@@ -117,4 +197,85 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return kernel
 
 
-__all__ = ["FORM_CODES", "isa", "noise_stats", "sample", "sample_reference", "sampling_lowering"]
+#===--- Multi-device layout -----------------------------------------------------------------===#
+# XLA's batch partitioner (`num_batch_dims`, hlofuse.sharding) runs a call per shard of its LEADING dims
+# only, so in a module compiled for P devices the vocabulary becomes a leading dim of splits:
+#   logits (*B, V) -> (R, P, V/P)     a reshape: a V sharded over devices arrives sharded along P
+#   ids, scores (R, P) -> merged over P -> (*B,)
+# R and P are both batch dims (num_batch_dims = 2): rows sharded cut R, a vocabulary sharded cuts P, and
+# the merge is one small reduction over P that the partitioner runs like the unfused program's argmax.
+# Forms with a row-wide threshold or rank take a top-k per split first, merged on the P * k candidates.
+TOP_K_FORMS = ("top_k", "temperature_top_k", "top_k_mask")
+
+
+def vocab_splits_for(form: str, vocab: int, devices: int) -> int:
+    """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row)."""
+    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS):
+        return 1
+    return devices
+
+
+def _split_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """x (R, P, V/P) -> the row's top k over all splits: values (R, k) and global ids (R, k), value
+    descending, lower id first on ties, as lax.top_k over the whole row orders them. Each split's own top
+    min(k, V/P) holds every token of the row's top k that lies in it, and the candidates are concatenated
+    in id order, so the merge's ties also go to the lower id."""
+    rows, splits, width = x.shape
+    values, ids = jax.lax.top_k(x, min(k, width))  # (R, P, k')
+    ids = ids + (jax.lax.iota(jnp.int32, splits) * width)[None, :, None]
+    values, pos = jax.lax.top_k(values.reshape(rows, -1), k)
+    return values, jnp.take_along_axis(ids.reshape(rows, -1), pos, axis=-1)
+
+
+def _sample_split_row(x: jax.Array, key: jax.Array | None, form: str, temperature: float) -> jax.Array:
+    """(R, P, V/P) -> (R,): per-split kernel calls, merged over P."""
+    ids, scores = sample_splits(x, key, form=form, temperature=temperature)
+    return merge_splits(ids, scores)
+
+
+def _sample_split(x: jax.Array, key: jax.Array | None, form: str, attrs: SampleAttrs) -> jax.Array:
+    """`sample_reference`'s ids for logits x (R, P, V/P): the P splits of each row's vocabulary."""
+    t, k = attrs.temperature, attrs.k
+    if form in SPLIT_FORMS:
+        return _sample_split_row(x, key, form, t)
+    if form == "top_k_mask":
+        # Keep x >= the row's k-th largest (every tie of it), then temperature sampling over the kept
+        # tokens with vocabulary-space noise: the program's where(x < kth, -inf, x) / T, split.
+        kth = _split_top_k(x, k)[0][:, -1]
+        return _sample_split_row(jnp.where(x < kth[:, None, None], -jnp.inf, x), key, "temperature", t)
+    # Rank-space forms: the noise is counted by rank in the merged top k, drawn by the kernel over the
+    # (R, k) candidates (their order is already the kernel's top-k order, so rank = position).
+    values, ids = _split_top_k(x / t if form == "temperature_top_k" else x, k)
+    pos = sample(values, key, form="top_k", temperature=1.0 if form == "temperature_top_k" else t, k=k)
+    return jnp.take_along_axis(ids, pos[:, None], axis=-1)[:, 0]
+
+
+def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
+    """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
+    vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
+    the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
+    (top-p, min-p) or a V the device count does not divide keep its whole-row call, with a remark."""
+    from hlofuse.composites import SampleAttrs
+
+    whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
+    attrs = SampleAttrs.from_dict(call.attributes)
+    vocab = call.operand_types[0][0][-1]
+    splits = vocab_splits_for(attrs.form, vocab, devices)
+    if splits == 1:
+        why = (f"V = {vocab} is not a multiple of the {devices} devices" if vocab % devices else
+               f"'{attrs.form}' needs its row-wide threshold before any split")
+        whole_row.hlofuse_remark = (  # type: ignore[attr-defined]
+            f"sampled by whole rows ({why}): a vocabulary sharded over devices is gathered before the call")
+        return whole_row
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        batch = logits.shape[:-1]
+        rows = int(np.prod(batch, dtype=np.int64))
+        x = logits.reshape(rows, splits, vocab // splits)
+        return _sample_split(x, key, attrs.form, attrs).reshape(batch)
+
+    return kernel
+
+
+__all__ = ["FORM_CODES", "SPLIT_FORMS", "isa", "merge_splits", "noise_stats", "partitioned_lowering", "sample",
+           "sample_reference", "sample_splits", "sampling_lowering", "vocab_splits_for"]
