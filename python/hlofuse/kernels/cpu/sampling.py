@@ -20,7 +20,6 @@ import numpy as np
 from hlofuse.kernels.sampling_reference import sample_reference
 
 if TYPE_CHECKING:
-    from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_sample"
@@ -204,57 +203,24 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
 #   ids, scores (R, P) -> merged over P -> (*B,)
 # R and P are both batch dims (num_batch_dims = 2): rows sharded cut R, a vocabulary sharded cuts P, and
 # the merge is one small reduction over P that the partitioner runs like the unfused program's argmax.
-# Forms with a row-wide threshold or rank take a top-k per split first, merged on the P * k candidates.
-TOP_K_FORMS = ("top_k", "temperature_top_k", "top_k_mask")
+# Forms with a row-wide threshold (top-k, top-p, min-p) or rank-space noise (top_k) keep the whole-row
+# call: XLA's partitioner gathers lax.top_k's operand even along its batch dims, so a per-split top-k in
+# JAX would gather the logits too (measured: docs/sharding.md); a per-split top-k in the kernel is left.
 
 
 def vocab_splits_for(form: str, vocab: int, devices: int) -> int:
     """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row)."""
-    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS):
+    if devices < 2 or vocab % devices or form not in SPLIT_FORMS:
         return 1
     return devices
-
-
-def _split_top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """x (R, P, V/P) -> the row's top k over all splits: values (R, k) and global ids (R, k), value
-    descending, lower id first on ties, as lax.top_k over the whole row orders them. Each split's own top
-    min(k, V/P) holds every token of the row's top k that lies in it, and the candidates are concatenated
-    in id order, so the merge's ties also go to the lower id."""
-    rows, splits, width = x.shape
-    values, ids = jax.lax.top_k(x, min(k, width))  # (R, P, k')
-    ids = ids + (jax.lax.iota(jnp.int32, splits) * width)[None, :, None]
-    values, pos = jax.lax.top_k(values.reshape(rows, -1), k)
-    return values, jnp.take_along_axis(ids.reshape(rows, -1), pos, axis=-1)
-
-
-def _sample_split_row(x: jax.Array, key: jax.Array | None, form: str, temperature: float) -> jax.Array:
-    """(R, P, V/P) -> (R,): per-split kernel calls, merged over P."""
-    ids, scores = sample_splits(x, key, form=form, temperature=temperature)
-    return merge_splits(ids, scores)
-
-
-def _sample_split(x: jax.Array, key: jax.Array | None, form: str, attrs: SampleAttrs) -> jax.Array:
-    """`sample_reference`'s ids for logits x (R, P, V/P): the P splits of each row's vocabulary."""
-    t, k = attrs.temperature, attrs.k
-    if form in SPLIT_FORMS:
-        return _sample_split_row(x, key, form, t)
-    if form == "top_k_mask":
-        # Keep x >= the row's k-th largest (every tie of it), then temperature sampling over the kept
-        # tokens with vocabulary-space noise: the program's where(x < kth, -inf, x) / T, split.
-        kth = _split_top_k(x, k)[0][:, -1]
-        return _sample_split_row(jnp.where(x < kth[:, None, None], -jnp.inf, x), key, "temperature", t)
-    # Rank-space forms: the noise is counted by rank in the merged top k, drawn by the kernel over the
-    # (R, k) candidates (their order is already the kernel's top-k order, so rank = position).
-    values, ids = _split_top_k(x / t if form == "temperature_top_k" else x, k)
-    pos = sample(values, key, form="top_k", temperature=1.0 if form == "temperature_top_k" else t, k=k)
-    return jnp.take_along_axis(ids, pos[:, None], axis=-1)[:, 0]
 
 
 def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
     """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
     vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
     the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
-    (top-p, min-p) or a V the device count does not divide keep its whole-row call, with a remark."""
+    (the top-k, top-p and min-p forms) or a V the device count does not divide keep its whole-row call,
+    with a remark."""
     from hlofuse.composites import SampleAttrs
 
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
@@ -263,7 +229,7 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     splits = vocab_splits_for(attrs.form, vocab, devices)
     if splits == 1:
         why = (f"V = {vocab} is not a multiple of the {devices} devices" if vocab % devices else
-               f"'{attrs.form}' needs its row-wide threshold before any split")
+               f"'{attrs.form}' needs a row-wide threshold or rank before any split")
         whole_row.hlofuse_remark = (  # type: ignore[attr-defined]
             f"sampled by whole rows ({why}): a vocabulary sharded over devices is gathered before the call")
         return whole_row
@@ -271,8 +237,9 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         batch = logits.shape[:-1]
         rows = int(np.prod(batch, dtype=np.int64))
-        x = logits.reshape(rows, splits, vocab // splits)
-        return _sample_split(x, key, attrs.form, attrs).reshape(batch)
+        x = logits.reshape(rows, splits, vocab // splits)  # (R, P, V/P)
+        ids, scores = sample_splits(x, key, form=attrs.form, temperature=attrs.temperature)
+        return merge_splits(ids, scores).reshape(batch)
 
     return kernel
 
