@@ -247,9 +247,14 @@ def _annotate_foreign_calls(func_op: ir.Operation) -> int:
         return 0
     count = 0
 
+    def leads_with_batch(op: ir.Operation) -> bool:
+        return any(_dims(x)[:1] == [batch] for x in (*op.operands, *op.results))
+
     def visit(op: ir.Operation) -> ir.WalkResult:
         nonlocal count
-        if _target(op) in FOREIGN_TARGETS and RULE_ATTR not in op.attributes:
+        # A call with no operand or result leading with B (a kernel that pads the rows, as the Pallas
+        # sampler pads 4 rows to 8 sublanes) shares no factor: no rule (Shardy rejects an unused factor).
+        if _target(op) in FOREIGN_TARGETS and RULE_ATTR not in op.attributes and leads_with_batch(op):
             _set_rule(op, *foreign_rule(op, batch))
             count += 1
         return ir.WalkResult.ADVANCE
