@@ -72,12 +72,6 @@ def sample(
     min_p: float = 0.0,
 ) -> jax.Array:  # (...,) int32
     """`sample_reference`'s token ids, computed by the native CPU kernel."""
-    from hlofuse.kernels import cpu
-
-    if form not in FORM_CODES:
-        raise ValueError(f"the CPU sampler has no form '{form}'")
-    if logits.dtype not in (jnp.float32, jnp.bfloat16):
-        raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
     batch, vocab = logits.shape[:-1], logits.shape[-1]
     rows = int(np.prod(batch, dtype=np.int64))
     keys = _keys(key, (rows,))
