@@ -37,7 +37,7 @@ from jaxlib.mlir import ir
 
 # Custom-call targets that get a rule here, and the function that writes it.
 ATTENTION_TARGETS = ("hlofuse_attention",)
-SAMPLE_TARGETS = ("hlofuse_sample",)
+SAMPLE_TARGETS = ("hlofuse_sample", "hlofuse_sample_top_k")
 # The calls other targets' kernels emit (Pallas Mosaic TPU, Pallas Triton / Mosaic GPU, NKI). These names
 # are shared with every other kernel of those backends, so only calls inside a function hlofuse-lower-kernels
 # inlined (`hlofuse.<op>.<target>`) get a rule.
@@ -139,7 +139,8 @@ def attention_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
 
 def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
     """The rule of an `hlofuse_sample` call: logits (*L, V), keys (*L, 2), row ids (*L,), then offsets?
-    (*L,) -> ids (*L,), then scores? (*L,); and its number of batch dims, len(L).
+    (*L,) -> ids (*L,), then scores? (*L,); and its number of batch dims, len(L). Also of an
+    `hlofuse_sample_top_k` call: logits (*L, V), offsets (*L,) -> values, ids (*L, k).
 
     L is the rows R on one device and (R, P) in the multi-device layout (P vocabulary splits:
     hlofuse.kernels.cpu.sampling.partitioned_lowering). Every operand and result leads with L (each row
@@ -153,16 +154,17 @@ def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
     f = _Factors()
     fl = [f.new(size) for size in lead]
     fv = f.new(logits[-1])
-    batch = [[x] for x in fl]
-    mappings = [[*batch, [fv]]]
     batched = True
-    for extra in operands[1:]:
-        dims = _dims(extra)
+
+    def mapping(value: ir.Value) -> list[list[str]]:
+        nonlocal batched
+        dims = _dims(value)
         batched = batched and dims[:len(lead)] == lead
-        mappings.append([[fl[i]] if i < len(lead) and size == lead[i] else [f.new(size)]
-                         for i, size in enumerate(dims)])
+        return [[fl[i]] if i < len(lead) and size == lead[i] else [f.new(size)] for i, size in enumerate(dims)]
+
+    mappings = [[*([x] for x in fl), [fv]], *(mapping(x) for x in operands[1:])]
+    results = [mapping(x) for x in op.results]
     f.need_replication = [x for x in f.sizes if x not in fl]
-    results = [batch for _ in op.results]
     return _rule(mappings, results, f, op.context), len(lead) if batched else 0
 
 

@@ -122,7 +122,7 @@ def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...
     """The multi-device lowering on 8 devices: split forms with V a multiple of 8, else whole rows with a
     remark; the same ids either way."""
     fn = sampling.partitioned_lowering(_sample_call(form, shape, "f32"), 8)
-    splits = form in sampling.SPLIT_FORMS and shape[-1] % 8 == 0
+    splits = form in (*sampling.SPLIT_FORMS, *sampling.TOP_K_FORMS) and shape[-1] % 8 == 0
     assert (getattr(fn, "hlofuse_remark", None) is None) == splits
     x = jnp.asarray(_logits("normal", (int(np.prod(shape[:-1])), shape[-1]), 1)).reshape(shape)
     key = jnp.array([3, 4], jnp.uint32)
@@ -130,3 +130,41 @@ def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...
     np.testing.assert_array_equal(jax.jit(fn)(x, key), ref)
     text = jax.jit(fn).lower(x, key).as_text()
     assert (f"vocab_total = {shape[-1]}" in text) == splits
+    assert ("hlofuse_sample_top_k" in text) == (splits and form == "top_k_mask")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_top_k_candidates_are_the_splits_top_k(dtype: str) -> None:
+    """Each split's top min(k, W) with global ids: value descending, lower id first on ties (a stable sort;
+    XLA's CPU lax.top_k itself breaks ties out of order once k nears the row, seen at k >= 1000 of 1037)."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    for kind in ("normal", "ties", "neg_inf", "flat"):
+        x = np.asarray(_logits(kind, (3, 4 * 1037), 0).astype(np_dtype)).reshape(3, 4, 1037)
+        order = np.argsort(-x.astype(np.float32), axis=-1, kind="stable")
+        for k in (1, 50, 2000):
+            values, ids = sampling.top_k_candidates(jnp.asarray(x), k)
+            want_ids = order[..., :min(k, 1037)]
+            np.testing.assert_array_equal(values, np.take_along_axis(x, want_ids, axis=-1).astype(np.float32),
+                                          err_msg=f"{kind} k={k}")
+            np.testing.assert_array_equal(ids, want_ids + (np.arange(4) * 1037)[None, :, None],
+                                          err_msg=f"{kind} k={k}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("k", [1, 50, 300])
+def test_top_k_mask_splits_match_reference(dtype: str, k: int) -> None:
+    """top_k_mask over P vocabulary splits (k-th value from the splits' candidates, then temperature per
+    split and the merge) against `sample_reference`, over several keys; k = 300 exceeds a split's 125."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    params = {"temperature": 0.8, "k": k}
+    for rows, splits, width in SPLIT_SHAPES[:3]:
+        call = CompositeCall("hlofuse.sample", 1, {"mode": "top_k", "form": "top_k_mask", **params},
+                             (((rows, splits * width), "bf16" if dtype == "bfloat16" else "f32"), ((2,), "ui32")))
+        fn = jax.jit(sampling.partitioned_lowering(call, splits))
+        ref = jax.jit(lambda x, key: sample_reference(x, key, form="top_k_mask", **params))  # noqa: B023
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+            for seed in range(3):
+                x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
+                key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
+                np.testing.assert_array_equal(fn(x, key), ref(x, key),
+                                              err_msg=f"{kind} {(rows, splits, width)} seed {seed}")

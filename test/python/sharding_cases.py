@@ -27,7 +27,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
-KERNELS = ("hlofuse_attention", "hlofuse_sample")
+KERNELS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
 # Kernels in a multi-device module are opt-in (multi_device=batch); the default keeps the composites.
 PIPELINE = ("builtin.module(hlofuse-prepare,hlofuse-fuse-attention,hlofuse-fuse-sampling,"
             "hlofuse-lower-kernels{target=cpu multi_device=batch})")

@@ -27,8 +27,9 @@ COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "
 XFAIL: dict[str, str] = {}
 # Sampling with the rows sharded stays local: every operand of hlofuse_sample leads with the rows (a key and
 # a global row id per row), so the call carries batch dims. With the vocabulary sharded, greedy and
-# temperature sampling run per vocabulary split (a leading batch dim P) and merge (score, id) over P; the
-# top-k forms keep whole rows, so their vocabulary is gathered (still no more than the unfused top-k does).
+# temperature sampling run per vocabulary split (a leading batch dim P) and merge (score, id) over P;
+# top_k_mask first takes each split's top k (hlofuse_sample_top_k) for the row's k-th value; the rank-space
+# top_k keeps whole rows, so its vocabulary is gathered (no more than the unfused lax.top_k gathers).
 SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sampling_vocab_sharded",
                   "sampling_temperature_vocab_sharded", "sampling_vocab_sharded_2d", "sampling_top_k_vocab_sharded",
                   "sampling_top_k_mask_vocab_sharded")

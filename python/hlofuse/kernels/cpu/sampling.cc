@@ -820,8 +820,61 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   return ffi::Error::Success();
 }
 
+// Each row's top k: candidates (*L, k) as values (f32; bf16 widened exactly) and global ids (offset +
+// index), value descending, lower id first on ties (lax.top_k's order). The top k of a whole row is the
+// top k of its splits' candidates, concatenated in split order, so the splits of a sharded vocabulary
+// merge on P * k candidates instead of the row.
+ffi::Error SampleTopK(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> offsets,
+                      ffi::Result<ffi::Buffer<ffi::F32>> values, ffi::Result<ffi::Buffer<ffi::S32>> ids, int64_t k) {
+  const auto dims = logits.dimensions();
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample_top_k: logits must be (*L, V)");
+  const bool bf16 = logits.element_type() == ffi::DataType::BF16;
+  if (!bf16 && logits.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_k: logits must be f32 or bf16");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
+  if (k < 1 || k > vocab) return ffi::Error::InvalidArgument("hlofuse_sample_top_k: need 1 <= k <= V");
+  if (offsets.element_count() != rows)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_k: offsets must be (*L,) int32");
+  if (values->element_count() != rows * k || ids->element_count() != rows * k)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_k: values and ids must be (*L, k)");
+  const SimdOps& ops = SelectOps();
+  const char* base = static_cast<const char*>(logits.untyped_data());
+  const int32_t* offset = offsets.typed_data();
+  float* out_values = values->typed_data();
+  int32_t* out_ids = ids->typed_data();
+  ParallelFor(pool, rows, [&](int64_t r) {
+    float* scratch = ThreadScratch(2 * (vocab + kMaxLanes));
+    const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
+    if (bf16) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
+      float* wide = scratch + vocab + kMaxLanes;
+      for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
+      x = wide;
+    }
+    const auto top = TopK(ops, x, vocab, k, reinterpret_cast<int32_t*>(scratch));
+    for (int64_t j = 0; j < k; ++j) {
+      out_values[r * k + j] = top[j].first;
+      out_ids[r * k + j] = static_cast<int32_t>(top[j].second + offset[r]);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace hlofuse::cpu
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_top_k(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_top_k, hlofuse::cpu::SampleTopK,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()          // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // offsets (*L,): each row's first global id
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // values (*L, k)
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // ids (*L, k): global vocabulary ids
+                                  .Attr<int64_t>("k"));
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample(XLA_FFI_CallFrame* call_frame);
 

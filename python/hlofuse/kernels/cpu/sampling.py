@@ -20,9 +20,11 @@ import numpy as np
 from hlofuse.kernels.sampling_reference import sample_reference
 
 if TYPE_CHECKING:
+    from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_sample"
+TOP_K_TARGET = "hlofuse_sample_top_k"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7}
@@ -197,24 +199,60 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
 #   ids, scores (R, P) -> merged over P -> (*B,)
 # R and P are both batch dims (num_batch_dims = 2): rows sharded cut R, a vocabulary sharded cuts P, and
 # the merge is one small reduction over P that the partitioner runs like the unfused program's argmax.
-# Forms with a row-wide threshold (top-k, top-p, min-p) or rank-space noise (top_k) keep the whole-row
-# call: XLA's partitioner gathers lax.top_k's operand even along its batch dims, so a per-split top-k in
-# JAX would gather the logits too (measured: docs/sharding.md); a per-split top-k in the kernel is left.
+# top_k_mask takes each split's top k first (`hlofuse_sample_top_k`, batch-partitionable like the sampler:
+# XLA's partitioner gathers lax.top_k's whole operand, even along its batch dims), finds the row's k-th
+# value on the (R, P * k) candidates, then samples the kept tokens per split. The rank-space forms (top_k,
+# temperature_top_k) keep the whole-row call: their draw needs the candidates' values and ids together,
+# and XLA then gathers the values and all-reduces the id selection, one collective more than the
+# unfused program's single gather (docs/sharding.md, "What is left"). Top-p and min-p keep it too.
+TOP_K_FORMS = ("top_k_mask",)
 
 
 def vocab_splits_for(form: str, vocab: int, devices: int) -> int:
     """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row)."""
-    if devices < 2 or vocab % devices or form not in SPLIT_FORMS:
+    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS):
         return 1
     return devices
+
+
+def top_k_candidates(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """x (*L, P, W) -> each split's top min(k, W): values (*L, P, k') f32, global ids (*L, P, k') int32 (split
+    p holds ids [p * W, (p + 1) * W)), value descending, lower id first on ties, as lax.top_k orders them.
+
+    Concatenated in split order, the candidates of a row hold its top k in the same order: a token of the
+    row's top k is in its split's top k, and among equal values, earlier positions have lower ids."""
+    from hlofuse.kernels import cpu
+
+    cpu.register()
+    *lead, splits, width = x.shape
+    kk = min(k, width)
+    offsets = jnp.broadcast_to(jax.lax.iota(jnp.int32, splits) * width, (*lead, splits))
+    out_types = [jax.ShapeDtypeStruct((*lead, splits, kk), jnp.float32),
+                 jax.ShapeDtypeStruct((*lead, splits, kk), jnp.int32)]
+    call = jax.ffi.ffi_call(TOP_K_TARGET, out_types, vmap_method="sequential")
+    values, ids = call(x, offsets, k=np.int64(kk))
+    return values, ids
+
+
+def _sample_top_k_mask_splits(x: jax.Array, key: jax.Array | None, attrs: SampleAttrs) -> jax.Array:
+    """(R, P, V/P) -> (R,) for top_k_mask: the row's k-th largest value is the k-th of its splits' top-k
+    candidates (the top k of the (R, P * k) candidates, again by the kernel: lax.top_k would be gathered);
+    then x >= kth (every tie of it stays) is sampled as temperature over the splits, which is the program's
+    where(x < kth, -inf, x) / T with the same vocabulary-space noise."""
+    rows, k = x.shape[0], attrs.k
+    values, _ = top_k_candidates(x, k)  # (R, P, k') f32
+    kth = top_k_candidates(values.reshape(rows, 1, -1), k)[0][:, 0, k - 1].astype(x.dtype)
+    masked = jnp.where(x < kth[:, None, None], -jnp.inf, x)
+    ids, scores = sample_splits(masked, key, form="temperature", temperature=attrs.temperature)
+    return merge_splits(ids, scores)
 
 
 def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
     """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
     vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
     the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
-    (the top-k, top-p and min-p forms) or a V the device count does not divide keep its whole-row call,
-    with a remark."""
+    (top_k, temperature_top_k, top-p, min-p) or a V the device count does not divide keep its whole-row
+    call, with a remark."""
     from hlofuse.composites import SampleAttrs
 
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
@@ -232,11 +270,13 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
         batch = logits.shape[:-1]
         rows = int(np.prod(batch, dtype=np.int64))
         x = logits.reshape(rows, splits, vocab // splits)  # (R, P, V/P)
+        if attrs.form == "top_k_mask":
+            return _sample_top_k_mask_splits(x, key, attrs).reshape(batch)
         ids, scores = sample_splits(x, key, form=attrs.form, temperature=attrs.temperature)
         return merge_splits(ids, scores).reshape(batch)
 
     return kernel
 
 
-__all__ = ["FORM_CODES", "SPLIT_FORMS", "isa", "merge_splits", "noise_stats", "partitioned_lowering", "sample",
-           "sample_reference", "sample_splits", "sampling_lowering", "vocab_splits_for"]
+__all__ = ["FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits", "noise_stats", "partitioned_lowering",
+           "sample", "sample_reference", "sample_splits", "sampling_lowering", "top_k_candidates", "vocab_splits_for"]
