@@ -192,3 +192,36 @@ module @sample_top_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_r
     return %0 : tensor<4xi32>
   }
 }
+
+// -----
+
+// top_k_mask with the vocabulary sharded: each split's top k (hlofuse_sample_top_k, its values and global
+// ids), then the top k of the (R, 1, P * k) candidates for the row's k-th value, then x < kth -> -inf and
+// temperature sampling per split, merged over P.
+// CPU-LABEL: func.func public @sample_top_k_mask_vocab_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU: %[[X:.*]] = stablehlo.reshape %arg0 : (tensor<4x1024xf32>) -> tensor<4x8x128xf32>
+// CPU: %[[TOP:.*]]:2 = stablehlo.custom_call @hlofuse_sample_top_k(%[[X]],
+// CPU-SAME: k = 8 : i64
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k], [i, j])->([i, j, l], [i, j, m]) {i=4, j=8, k=128, l=8, m=8} need_replication={k, l, m}>
+// CPU: %[[CAND:.*]] = stablehlo.reshape %[[TOP]]#0 : (tensor<4x8x8xf32>) -> tensor<4x1x64xf32>
+// CPU: stablehlo.custom_call @hlofuse_sample_top_k(%[[CAND]],
+// CPU: %[[LOW:.*]] = stablehlo.compare LT, %[[X]],
+// CPU: %[[MASKED:.*]] = stablehlo.select %[[LOW]], {{.*}}, %[[X]]
+// CPU: %[[OUT:.*]]:2 = stablehlo.custom_call @hlofuse_sample(%[[MASKED]],
+// CPU-SAME: vocab_total = 1024
+// CPU: stablehlo.reduce(%[[OUT]]#1 init: {{.*}}), (%[[OUT]]#0 init: {{.*}}) across dimensions = [1]
+// KEEP-LABEL: func.func public @sample_top_k_mask_vocab_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_top_k_mask_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["vocab"=8]>
+  func.func public @sample_top_k_mask_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_k_mask", k = 8 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%arg0: tensor<4x1024xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+}
