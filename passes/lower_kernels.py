@@ -49,7 +49,11 @@ from hlofuse.sharding import annotate_if_partitioned, device_count
 # batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on one device.
 PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:partitioned_lowering",
+    ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:partitioned_lowering",
 }
+# A kernel function may carry a remark (this attribute, a str) about how it was lowered: a near-miss that
+# still lowers, e.g. a sampling form that cannot split the vocabulary and so gathers a sharded one.
+KERNEL_REMARK_ATTR = "hlofuse_remark"
 
 # The composite versions this build lowers.
 VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
@@ -166,6 +170,9 @@ class LowerKernelsPass(ModulePass):
                 state.remark(composite, f"kept as a composite: {reason}")
                 state.count(f"{short}_kept_composite")
                 continue
+            remark = getattr(kernel, KERNEL_REMARK_ATTR, None)
+            if remark:
+                state.remark(composite, str(remark))
             inline_jax_function(kernel, composite, module, f"{call.name}.{self.target}")
             state.count(f"{short}_to_{self.target}")
             lowered_any = True

@@ -37,7 +37,7 @@ from jaxlib.mlir import ir
 
 # Custom-call targets that get a rule here, and the function that writes it.
 ATTENTION_TARGETS = ("hlofuse_attention",)
-SAMPLE_TARGETS = ("hlofuse_sample",)
+SAMPLE_TARGETS = ("hlofuse_sample", "hlofuse_sample_top_k")
 # The calls other targets' kernels emit (Pallas Mosaic TPU, Pallas Triton / Mosaic GPU, NKI). These names
 # are shared with every other kernel of those backends, so only calls inside a function hlofuse-lower-kernels
 # inlined (`hlofuse.<op>.<target>`) get a rule.
@@ -138,25 +138,34 @@ def attention_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
 
 
 def sample_rule(op: ir.Operation) -> tuple[ir.Attribute, int]:
-    """The rule of an `hlofuse_sample` call: logits (R, V), keys (R, 2), row ids (R,) -> ids (R,), and
-    its one batch dim R.
+    """The rule of an `hlofuse_sample` call: logits (*L, V), keys (*L, 2), row ids (*L,), then offsets?
+    (*L,) -> ids (*L,), then scores? (*L,); and its number of batch dims, len(L). Also of an
+    `hlofuse_sample_top_k` call: logits (*L, V), offsets (*L,) -> values, ids (*L, k).
 
-    Every operand leads with the rows R (each row carries its own key and its global row id, from which
-    the kernel counts the noise), so XLA's batch partitioner can cut R on every operand and each device
-    samples its own rows with the noise the whole program would draw for them. V and the key words are
-    kept whole on each device (`need_replication`)."""
+    L is the rows R on one device and (R, P) in the multi-device layout (P vocabulary splits:
+    hlofuse.kernels.cpu.sampling.partitioned_lowering). Every operand and result leads with L (each row
+    or split carries its own key, global row id and vocabulary offset, from which the kernel counts the
+    noise), so XLA's batch partitioner can cut any L dim on every operand and each device samples its own
+    rows and splits with the noise the whole program would draw for them. The split's V and the key words
+    are kept whole on each device (`need_replication`)."""
     operands = list(op.operands)
-    rows, vocab = _dims(operands[0])
+    logits = _dims(operands[0])
+    lead = logits[:-1]
     f = _Factors()
-    fr, fv = f.new(rows), f.new(vocab)
-    mappings = [[[fr], [fv]]]
+    fl = [f.new(size) for size in lead]
+    fv = f.new(logits[-1])
     batched = True
-    for extra in operands[1:]:
-        dims = _dims(extra)
-        batched = batched and bool(dims) and dims[0] == rows
-        mappings.append([[fr] if i == 0 and size == rows else [f.new(size)] for i, size in enumerate(dims)])
-    f.need_replication = [x for x in f.sizes if x != fr]
-    return _rule(mappings, [[[fr]]], f, op.context), 1 if batched else 0
+
+    def mapping(value: ir.Value) -> list[list[str]]:
+        nonlocal batched
+        dims = _dims(value)
+        batched = batched and dims[:len(lead)] == lead
+        return [[fl[i]] if i < len(lead) and size == lead[i] else [f.new(size)] for i, size in enumerate(dims)]
+
+    mappings = [[*([x] for x in fl), [fv]], *(mapping(x) for x in operands[1:])]
+    results = [mapping(x) for x in op.results]
+    f.need_replication = [x for x in f.sizes if x not in fl]
+    return _rule(mappings, results, f, op.context), len(lead) if batched else 0
 
 
 def foreign_rule(op: ir.Operation, batch: int) -> tuple[ir.Attribute, int]:
@@ -240,9 +249,14 @@ def _annotate_foreign_calls(func_op: ir.Operation) -> int:
         return 0
     count = 0
 
+    def leads_with_batch(op: ir.Operation) -> bool:
+        return any(_dims(x)[:1] == [batch] for x in (*op.operands, *op.results))
+
     def visit(op: ir.Operation) -> ir.WalkResult:
         nonlocal count
-        if _target(op) in FOREIGN_TARGETS and RULE_ATTR not in op.attributes:
+        # A call with no operand or result leading with B (a kernel that pads the rows, as the Pallas
+        # sampler pads 4 rows to 8 sublanes) shares no factor: no rule (Shardy rejects an unused factor).
+        if _target(op) in FOREIGN_TARGETS and RULE_ATTR not in op.attributes and leads_with_batch(op):
             _set_rule(op, *foreign_rule(op, batch))
             count += 1
         return ir.WalkResult.ADVANCE

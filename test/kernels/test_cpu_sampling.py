@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from hlofuse.kernels import CompositeCall
 from hlofuse.kernels.cpu import sampling
 from hlofuse.kernels.sampling_reference import sample_reference
 
@@ -79,3 +80,113 @@ def test_rows_split_across_threads_match_reference(form: str, dtype: str, monkey
             with monkeypatch.context() as env:
                 env.setenv("HLOFUSE_SAMPLE_NO_SPLIT", "1")
                 np.testing.assert_array_equal(np.asarray(ker(x, key)), want, err_msg=f"{kind} {shape} unsplit")
+
+
+# Vocabulary splits (the multi-device layout, sampling.partitioned_lowering): each split's call and the
+# merge over splits give `sample_reference`'s ids. V is not a multiple of the kernel's vector lanes, its
+# 256-candidate noise chunks or its 32768-token row chunks in most of these shapes, and (1, 3, 23000) splits
+# a row wider than one row chunk.
+SPLIT_SHAPES = ((3, 8, 125), (2, 4, 1037), (1, 3, 23000), (5, 2, 1))
+
+
+@pytest.mark.parametrize("form", sampling.SPLIT_FORMS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_split_calls_and_merge_match_reference(form: str, dtype: str) -> None:
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    params = PARAMS[form]
+    ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+
+    @jax.jit
+    def split(x: jax.Array, key: jax.Array) -> jax.Array:
+        rows, vocab = x.shape
+        ids, scores = sampling.sample_splits(x.reshape(rows, splits, vocab // splits), key, form=form,
+                                             temperature=params.get("temperature", 1.0))
+        return sampling.merge_splits(ids, scores)
+
+    for rows, splits, width in SPLIT_SHAPES:
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+            for seed in range(3):
+                x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
+                key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
+                np.testing.assert_array_equal(split(x, key), ref(x, key),
+                                              err_msg=f"{kind} {(rows, splits, width)} seed {seed}")
+
+
+def test_split_scores_are_the_winners() -> None:
+    """Greedy: each split's winner is its first largest logit (global id) and its score that logit; NaN wins
+    the merge as it wins jnp.argmax, and an all -inf row picks id 0."""
+    x = np.asarray(_logits("normal", (3, 40), 0))
+    x[1, 17] = np.nan
+    x[1, 33] = np.nan
+    x[2] = -np.inf
+    ids, scores = sampling.sample_splits(jnp.asarray(x).reshape(3, 4, 10), None, form="greedy")
+    want_ids = np.argmax(x.reshape(3, 4, 10), axis=-1) + np.arange(4) * 10
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(scores, np.take_along_axis(x, want_ids, axis=-1))
+    np.testing.assert_array_equal(sampling.merge_splits(ids, scores), np.argmax(x, axis=-1))
+
+
+def test_splits_reject_threshold_forms() -> None:
+    with pytest.raises(ValueError, match="cannot be sampled per vocabulary split"):
+        sampling.sample_splits(jnp.zeros((1, 2, 8)), jnp.zeros((2,), jnp.uint32), form="top_k_mask")
+
+
+def _sample_call(form: str, shape: tuple[int, ...], dtype: str) -> CompositeCall:
+    params = PARAMS[form]
+    attrs = {"mode": form, "form": form, **params}
+    operands = ((shape, dtype), ((2,), "ui32"))
+    return CompositeCall("hlofuse.sample", 1, attrs, operands)
+
+
+@pytest.mark.parametrize("form", sorted(PARAMS))
+@pytest.mark.parametrize("shape", [(2, 3, 1024), (3, 1001)])
+def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...]) -> None:
+    """The multi-device lowering on 8 devices: split forms with V a multiple of 8, else whole rows with a
+    remark; the same ids either way."""
+    fn = sampling.partitioned_lowering(_sample_call(form, shape, "f32"), 8)
+    splits = form in (*sampling.SPLIT_FORMS, *sampling.TOP_K_FORMS) and shape[-1] % 8 == 0
+    assert (getattr(fn, "hlofuse_remark", None) is None) == splits
+    x = jnp.asarray(_logits("normal", (int(np.prod(shape[:-1])), shape[-1]), 1)).reshape(shape)
+    key = jnp.array([3, 4], jnp.uint32)
+    ref = sample_reference(x, key, form=form, **PARAMS[form])
+    np.testing.assert_array_equal(jax.jit(fn)(x, key), ref)
+    text = jax.jit(fn).lower(x, key).as_text()
+    assert (f"vocab_total = {shape[-1]}" in text) == splits
+    assert ("hlofuse_sample_top_k" in text) == (splits and form == "top_k_mask")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_top_k_candidates_are_the_splits_top_k(dtype: str) -> None:
+    """Each split's top min(k, W) with global ids: value descending, lower id first on ties (a stable sort;
+    XLA's CPU lax.top_k itself breaks ties out of order once k nears the row, seen at k >= 1000 of 1037)."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    for kind in ("normal", "ties", "neg_inf", "flat"):
+        x = np.asarray(_logits(kind, (3, 4 * 1037), 0).astype(np_dtype)).reshape(3, 4, 1037)
+        order = np.argsort(-x.astype(np.float32), axis=-1, kind="stable")
+        for k in (1, 50, 2000):
+            values, ids = sampling.top_k_candidates(jnp.asarray(x), k)
+            want_ids = order[..., :min(k, 1037)]
+            np.testing.assert_array_equal(values, np.take_along_axis(x, want_ids, axis=-1).astype(np.float32),
+                                          err_msg=f"{kind} k={k}")
+            np.testing.assert_array_equal(ids, want_ids + (np.arange(4) * 1037)[None, :, None],
+                                          err_msg=f"{kind} k={k}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("k", [1, 50, 300])
+def test_top_k_mask_splits_match_reference(dtype: str, k: int) -> None:
+    """top_k_mask over P vocabulary splits (k-th value from the splits' candidates, then temperature per
+    split and the merge) against `sample_reference`, over several keys; k = 300 exceeds a split's 125."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    params = {"temperature": 0.8, "k": k}
+    for rows, splits, width in SPLIT_SHAPES[:3]:
+        call = CompositeCall("hlofuse.sample", 1, {"mode": "top_k", "form": "top_k_mask", **params},
+                             (((rows, splits * width), "bf16" if dtype == "bfloat16" else "f32"), ((2,), "ui32")))
+        fn = jax.jit(sampling.partitioned_lowering(call, splits))
+        ref = jax.jit(lambda x, key: sample_reference(x, key, form="top_k_mask", **params))  # noqa: B023
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+            for seed in range(3):
+                x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
+                key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
+                np.testing.assert_array_equal(fn(x, key), ref(x, key),
+                                              err_msg=f"{kind} {(rows, splits, width)} seed {seed}")

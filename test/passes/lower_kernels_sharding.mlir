@@ -1,9 +1,10 @@
 // hlofuse-lower-kernels in modules compiled for several devices (docs/sharding.md): the calls hlofuse emits
-// carry Shardy rules; the CPU kernel takes kv heads (and, for decode, key-range splits) as leading batch
-// dims; the default (multi_device=keep) leaves composites to XLA's partitioner; one-device modules are
+// carry Shardy rules; the CPU kernels take kv heads (and, for decode, key-range splits) or vocabulary splits
+// as leading batch dims; the default (multi_device=keep) leaves composites to XLA's partitioner; one-device modules are
 // lowered exactly as before.
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=batch})' | filecheck %s --check-prefix=CPU
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu})' --remarks 2>&1 | filecheck %s --check-prefix=KEEP
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=batch})' --remarks 2>&1 | filecheck %s --check-prefix=REMARK
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu multi_device=batch})' | filecheck %s --check-prefix=TPU
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu multi_device=batch})' | filecheck %s --check-prefix=GPU
 // REQUIRES: cpu-kernels
@@ -112,15 +113,15 @@ module @one_device attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas 
 
 // -----
 
-// Sampling with the rows sharded: every operand of the CPU call leads with the rows (logits, a key per row,
-// each row's global id, from which the kernel counts the noise), so R is a batch dim and each device
-// samples its own rows.
+// Sampling with the rows sharded: every operand of the CPU call leads with the rows and the vocabulary
+// splits (logits, a key per row, each row's global id and each split's offset, from which the kernel
+// counts the noise), so R (i) is a batch dim and each device samples its own rows, all 8 splits of them.
 // CPU-LABEL: func.func public @sample_rows_sharded
 // CPU: func.func private @hlofuse.sample.cpu
 // CPU: stablehlo.custom_call @hlofuse_sample(
-// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "1"}
-// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i, k], [i])->([i]) {i=16, j=1024, k=2} need_replication={j, k}>
-// CPU-SAME: (tensor<16x1024xf32>, tensor<16x2xui32>, tensor<16xi32>) -> tensor<16xi32>
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k], [i, j, l], [i, j], [i, j])->([i, j], [i, j]) {i=16, j=8, k=128, l=2} need_replication={k, l}>
+// CPU-SAME: (tensor<16x8x128xf32>, tensor<16x8x2xui32>, tensor<16x8xi32>, tensor<16x8xi32>) -> (tensor<16x8xi32>, tensor<16x8xf32>)
 // KEEP-LABEL: func.func public @sample_rows_sharded
 // KEEP: stablehlo.composite "hlofuse.sample"
 module @sample_rows attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
@@ -132,5 +133,95 @@ module @sample_rows attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas
   func.func private @impl(%arg0: tensor<16x1024xf32>, %arg1: tensor<2xui32>) -> tensor<16xi32> {
     %0 = stablehlo.constant dense<0> : tensor<16xi32>
     return %0 : tensor<16xi32>
+  }
+}
+
+// -----
+
+// Sampling with the vocabulary sharded over 8 devices: the logits (R, V) are reshaped (no data movement)
+// into P = 8 vocabulary splits (R, P, V/P), a V sharding arriving as a sharding of P; R and P are batch
+// dims. Each split's call takes its offset into the global vocabulary (vocab_total = V), counts its noise
+// at row * V + global id, and returns its winner and the winner's score; one reduction over P merges
+// them (largest score, smallest id on ties, NaN largest).
+// CPU-LABEL: func.func public @sample_vocab_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU: %[[X:.*]] = stablehlo.reshape %arg0 : (tensor<4x1024xf32>) -> tensor<4x8x128xf32>
+// CPU: %[[OUT:.*]]:2 = stablehlo.custom_call @hlofuse_sample(%[[X]],
+// CPU-SAME: vocab_total = 1024
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k], [i, j, l], [i, j], [i, j])->([i, j], [i, j]) {i=4, j=8, k=128, l=2} need_replication={k, l}>
+// CPU-SAME: (tensor<4x8x128xf32>, tensor<4x8x2xui32>, tensor<4x8xi32>, tensor<4x8xi32>) -> (tensor<4x8xi32>, tensor<4x8xf32>)
+// CPU: %[[MERGED:.*]]:2 = stablehlo.reduce(%[[OUT]]#1 init: {{.*}}), (%[[OUT]]#0 init: {{.*}}) across dimensions = [1]
+// CPU: return %[[MERGED]]#1 : tensor<4xi32>
+// KEEP-LABEL: func.func public @sample_vocab_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["vocab"=8]>
+  func.func public @sample_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "temperature", k = 0 : i64, min_p = 0.000000e+00 : f64, mode = "temperature", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%arg0: tensor<4x1024xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// Near-miss: top-p needs the row-wide nucleus cutoff before any split, so the call keeps whole rows (R is
+// its one batch dim; a sharded vocabulary is gathered before it), with a remark saying so.
+// REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: sampled by whole rows ('top_p_mask' needs a row-wide threshold or rank before any split)
+// CPU-LABEL: func.func public @no_split_top_p_vocab_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU-NOT: stablehlo.reduce
+// CPU: stablehlo.custom_call @hlofuse_sample(
+// CPU-NOT: vocab_total = 1024
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "1"}
+// CPU-SAME: (tensor<4x1024xf32>, tensor<4x2xui32>, tensor<4xi32>) -> tensor<4xi32>
+// KEEP-LABEL: func.func public @no_split_top_p_vocab_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_top_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["vocab"=8]>
+  func.func public @no_split_top_p_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_p_mask", k = 0 : i64, min_p = 0.000000e+00 : f64, mode = "top_p", p = 9.000000e-01 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%arg0: tensor<4x1024xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// top_k_mask with the vocabulary sharded: each split's top k (hlofuse_sample_top_k, its values and global
+// ids), then the top k of the (R, 1, P * k) candidates for the row's k-th value, then x < kth -> -inf and
+// temperature sampling per split, merged over P.
+// CPU-LABEL: func.func public @sample_top_k_mask_vocab_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU: %[[X:.*]] = stablehlo.reshape %arg0 : (tensor<4x1024xf32>) -> tensor<4x8x128xf32>
+// CPU: %[[TOP:.*]]:2 = stablehlo.custom_call @hlofuse_sample_top_k(%[[X]],
+// CPU-SAME: k = 8 : i64
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k], [i, j])->([i, j, l], [i, j, m]) {i=4, j=8, k=128, l=8, m=8} need_replication={k, l, m}>
+// CPU: %[[CAND:.*]] = stablehlo.reshape %[[TOP]]#0 : (tensor<4x8x8xf32>) -> tensor<4x1x64xf32>
+// CPU: stablehlo.custom_call @hlofuse_sample_top_k(%[[CAND]],
+// CPU: %[[LOW:.*]] = stablehlo.compare LT, %[[X]],
+// CPU: %[[MASKED:.*]] = stablehlo.select %[[LOW]], {{.*}}, %[[X]]
+// CPU: %[[OUT:.*]]:2 = stablehlo.custom_call @hlofuse_sample(%[[MASKED]],
+// CPU-SAME: vocab_total = 1024
+// CPU: stablehlo.reduce(%[[OUT]]#1 init: {{.*}}), (%[[OUT]]#0 init: {{.*}}) across dimensions = [1]
+// KEEP-LABEL: func.func public @sample_top_k_mask_vocab_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_top_k_mask_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["vocab"=8]>
+  func.func public @sample_top_k_mask_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_k_mask", k = 8 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%arg0: tensor<4x1024xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
   }
 }

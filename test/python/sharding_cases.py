@@ -27,7 +27,7 @@ from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
-KERNELS = ("hlofuse_attention", "hlofuse_sample")
+KERNELS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
 # Kernels in a multi-device module are opt-in (multi_device=batch); the default keeps the composites.
 PIPELINE = ("builtin.module(hlofuse-prepare,hlofuse-fuse-attention,hlofuse-fuse-sampling,"
             "hlofuse-lower-kernels{target=cpu multi_device=batch})")
@@ -197,6 +197,44 @@ def case_sampling_top_k_batch_sharded() -> dict[str, Any]:
 def case_sampling_vocab_sharded() -> dict[str, Any]:
     mesh = mesh_of((8,), ("vocab",))
     return run(_greedy, (_logits(4, 1024),), (P(None, "vocab"),), P(), mesh, exact=True)
+
+
+def _temperature(logits: jax.Array, key: jax.Array) -> jax.Array:
+    return jax.random.categorical(jax.random.wrap_key_data(key), logits / 0.7, axis=-1).astype(jnp.int32)
+
+
+def _top_k_mask(logits: jax.Array, key: jax.Array) -> jax.Array:
+    """MaxText style: logits below the 8th largest become -inf, then / T."""
+    kth = jax.lax.top_k(logits, 8)[0][..., -1:]
+    masked = jnp.where(logits < kth, -jnp.inf, logits)
+    return jax.random.categorical(jax.random.wrap_key_data(key), masked / 0.7, axis=-1).astype(jnp.int32)
+
+
+def _vocab_sharded(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A stochastic sampler over logits whose vocabulary is sharded over 8 devices."""
+    mesh = mesh_of((8,), ("vocab",))
+    key = jax.random.key_data(jax.random.key(3)).astype(jnp.uint32)
+    return run(fn, (_logits(4, 1024), key), (P(None, "vocab"), P()), P(), mesh, exact=True)
+
+
+def case_sampling_temperature_vocab_sharded() -> dict[str, Any]:
+    return _vocab_sharded(_temperature)
+
+
+def case_sampling_top_k_vocab_sharded() -> dict[str, Any]:
+    return _vocab_sharded(_top_k)
+
+
+def case_sampling_top_k_mask_vocab_sharded() -> dict[str, Any]:
+    return _vocab_sharded(_top_k_mask)
+
+
+def case_sampling_vocab_sharded_2d() -> dict[str, Any]:
+    """Rows over `data` (2) and the vocabulary over `model` (4): each device holds 2 of the 8 splits of its
+    rows."""
+    mesh = mesh_of((2, 4), ("data", "model"))
+    key = jax.random.key_data(jax.random.key(4)).astype(jnp.uint32)
+    return run(_temperature, (_logits(8, 1024), key), (P("data", "model"), P()), P("data"), mesh, exact=True)
 
 
 def case_shard_map() -> dict[str, Any]:

@@ -24,17 +24,20 @@ from hlofuse.kernels import cpu
 SCRIPT = Path(__file__).with_name("sharding_cases.py")
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 
-XFAIL = {
-    "sampling_vocab_sharded": ("vocab sharded: no per-shard top-k + merge yet; the logits are all-gathered "
-                               "(fewer collectives than the unfused program, but more bytes)"),
-}
+XFAIL: dict[str, str] = {}
 # Sampling with the rows sharded stays local: every operand of hlofuse_sample leads with the rows (a key and
-# a global row id per row), so the call carries num_batch_dims = 1.
+# a global row id per row), so the call carries batch dims. With the vocabulary sharded, greedy and
+# temperature sampling run per vocabulary split (a leading batch dim P) and merge (score, id) over P;
+# top_k_mask first takes each split's top k (hlofuse_sample_top_k) for the row's k-th value; the rank-space
+# top_k keeps whole rows, so its vocabulary is gathered (no more than the unfused lax.top_k gathers).
+SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sampling_vocab_sharded",
+                  "sampling_temperature_vocab_sharded", "sampling_vocab_sharded_2d", "sampling_top_k_vocab_sharded",
+                  "sampling_top_k_mask_vocab_sharded")
 # Attention cases: the multi-device lowering puts kv heads (and, for decode, key-range splits) in front as
 # batch dims, so sharded batch, heads and decode KV sequence all stay local.
 ATTENTION_CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "head_parallel", "head_parallel_2d",
                    "gqa_kv_heads_sharded", "decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths")
-CASES = (*ATTENTION_CASES, "shard_map", "sampling_batch_sharded", "sampling_top_k_batch_sharded", *XFAIL)
+CASES = (*ATTENTION_CASES, "shard_map", *SAMPLING_CASES, *XFAIL)
 
 pytestmark = pytest.mark.skipif(not cpu.is_available(), reason="native CPU kernels are not built")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jax
 
-TARGETS = ("hlofuse_attention", "hlofuse_sample")
+TARGETS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
 LIB_ENV = "HLOFUSE_CPU_KERNELS_LIB"
 _LIB_NAMES = ("libhlofuse_cpu_kernels.so", "libhlofuse_cpu_kernels.dylib", "hlofuse_cpu_kernels.dll")
 

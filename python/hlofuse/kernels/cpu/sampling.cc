@@ -419,12 +419,23 @@ float MaxRow(const SimdOps& ops, const Row& r, const float* v, bool* nan) {
   return m;
 }
 
-// First index of the largest value; NaN counts as largest (jnp.argmax).
-int32_t ArgMax(const SimdOps& ops, const Row& r) {
+// First index of the largest value; NaN counts as largest (jnp.argmax). Its score is the value itself
+// (NaN if the row has one), so that splits of a row merge by the same argmax.
+Best ArgMax(const SimdOps& ops, const Row& r) {
   bool nan = false;
   const float m = MaxRow(ops, r, r.x, &nan);
   const int64_t i = ops.find_first(r.x, r.n, m, nan);
-  return static_cast<int32_t>(i < r.n ? i : 0);
+  Best best;
+  best.index = i < r.n ? i : 0;
+  best.score = r.x[best.index];
+  return best;
+}
+
+// The winner of a Gumbel argmax: index 0 at score -inf when nothing scored above -inf (argmax of an
+// all -inf row picks index 0, and a split holding such a winner must lose every merge it can lose).
+Best Winner(const Best& best) {
+  if (best.index < 0 || best.score == kNegInf) return Best{0, kNegInf};
+  return best;
 }
 
 // The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
@@ -538,7 +549,7 @@ float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
 // only the y that can still win. Each chunk keeps its own best (from the seeds' best on), and the chunks'
 // bests are combined in order.
 template <typename Keep>
-int32_t SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
+Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
                    float ylo, Keep keep) {
   const float seed = std::max(ylo, ymax - 1.0f);
   std::vector<Best> part(r.chunks());
@@ -578,8 +589,7 @@ int32_t SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, ui
   Best best = seeds;
   for (const Best& b : part)
     if (b.index >= 0) best.Offer(b.index, b.score);
-  if (best.index < 0 || best.score == kNegInf) return 0;  // every score -inf: argmax picks index 0
-  return static_cast<int32_t>(best.index);
+  return Winner(best);
 }
 
 // y floor implied by x >= floor: round(x / T) is monotone in x for T > 0.
@@ -587,8 +597,11 @@ float ScaledFloor(const Row& r, float floor, float t) {
   return t > 0 && floor != kNegInf ? r.Round(floor / t) : kNegInf;
 }
 
-int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, int64_t row) {
-  const uint64_t vocab_base = static_cast<uint64_t>(row) * r.n;
+// One row's winner: its index in the row and its score (the logit for greedy, the perturbed score
+// round(gumbel + y) for the stochastic forms). Vocabulary-space noise is counted from `vocab_base`, the
+// counter of the row's token 0 (row * V_global + the split's offset).
+Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0, uint32_t k1, int64_t row,
+               uint64_t vocab_base) {
   const float t = prm.temperature;
   auto everything = [](int64_t) { return true; };
   switch (prm.form) {
@@ -612,7 +625,8 @@ int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t 
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
         sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / t));
       const Best& best = sampler.best();
-      return static_cast<int32_t>(top[best.index < 0 ? 0 : best.index].second);
+      const int64_t rank = best.index < 0 ? 0 : best.index;
+      return Best{top[rank].second, best.score};
     }
     case Form::kTopKMask: {
       const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
@@ -636,9 +650,7 @@ int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t 
       GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16);
       for (int64_t j = 0; j < found; ++j)
         if (r.x[r.ids[j]] >= cutoff) sampler.Offer(r.ids[j], r.Round(r.x[r.ids[j]] / t));
-      const Best& best = sampler.best();
-      if (best.index < 0 || best.score == kNegInf) return 0;
-      return static_cast<int32_t>(best.index);
+      return Winner(sampler.best());
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
@@ -657,7 +669,7 @@ int32_t SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t 
                         [&](int64_t i) { return std::exp(r.y[i] - m) / zf >= threshold; });
     }
   }
-  return 0;
+  return Best{0, kNegInf};
 }
 
 //===--- Threads ---------------------------------------------------------------------------===//
@@ -701,24 +713,74 @@ float* ThreadScratch(int64_t floats) {
   return buf.data();
 }
 
+// The optional operand and result of a vocabulary split (docs/kernels-cpu-sampling.md, "FFI contract"):
+// offsets (*L,) s32, each row's first token in the global vocabulary of `vocab_total` tokens, and
+// scores (*L,) f32, each row's winning score, by which the splits of a row merge.
+struct Split {
+  const int32_t* offsets = nullptr;
+  float* scores = nullptr;
+};
+
+ffi::ErrorOr<Split> SplitOf(ffi::RemainingArgs optional, ffi::RemainingRets extra, int64_t rows, int64_t vocab,
+                            int64_t vocab_total, int64_t form) {
+  Split split;
+  if (optional.size() > 1 || extra.size() > 1)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: at most an offsets operand and a score result"));
+  if ((vocab_total != 0) != (optional.size() == 1))
+    return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: offsets go with vocab_total > 0"));
+  if (optional.size() == 1) {
+    // Only the vocabulary-space forms whose keep-set is the whole row split: a threshold (top-k, top-p,
+    // min-p) or a rank (top_k's noise counter) needs the whole row.
+    if (form != static_cast<int64_t>(Form::kGreedy) && form != static_cast<int64_t>(Form::kTemperature))
+      return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: only greedy and temperature split"));
+    auto offsets = optional.get<ffi::Buffer<ffi::S32>>(0);
+    if (!offsets.has_value()) return ffi::Unexpected(offsets.error());
+    if (offsets->element_count() != rows)
+      return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: offsets must be (rows,) int32"));
+    split.offsets = offsets->typed_data();
+    for (int64_t r = 0; r < rows; ++r)
+      if (split.offsets[r] < 0 || split.offsets[r] + vocab > vocab_total)
+        return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: need 0 <= offset <= vocab_total - V"));
+  }
+  if (extra.size() == 1) {
+    auto scores = extra.get<ffi::Buffer<ffi::F32>>(0);
+    if (!scores.has_value()) return ffi::Unexpected(scores.error());
+    if ((*scores)->element_count() != rows)
+      return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: scores must be (rows,) f32"));
+    split.scores = (*scores)->typed_data();
+  }
+  return split;
+}
+
 ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> keys,
-                  ffi::Buffer<ffi::S32> row_ids, ffi::Result<ffi::Buffer<ffi::S32>> out, int64_t form,
-                  float temperature, int64_t k, float p, float min_p) {
+                  ffi::Buffer<ffi::S32> row_ids, ffi::RemainingArgs optional, ffi::Result<ffi::Buffer<ffi::S32>> out,
+                  ffi::RemainingRets extra, int64_t form, float temperature, int64_t k, float p, float min_p,
+                  int64_t vocab_total) {
   const auto dims = logits.dimensions();
-  if (dims.size() != 2) return ffi::Error::InvalidArgument("hlofuse_sample: logits must be (rows, V)");
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample: logits must be (*L, V)");
   const bool bf16 = logits.element_type() == ffi::DataType::BF16;
   if (!bf16 && logits.element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("hlofuse_sample: logits must be f32 or bf16");
-  const int64_t rows = dims[0], vocab = dims[1];
+  // Leading dims (rows, or rows and vocabulary splits) are one batch of rows.
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
   if (keys.element_count() != 2 * rows)
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
+  if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
   if (form < 0 || form > 7) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = form >= 2 && form <= 6 && form != 5;
   if (vocab < 1 || (needs_k && (k < 1 || k > vocab)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
-  if (vocab > std::numeric_limits<int32_t>::max())
+  if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))
+    return ffi::Error::InvalidArgument("hlofuse_sample: vocab_total must be 0 (this call's V) or >= V");
+  const int64_t vocab_global = vocab_total > 0 ? vocab_total : vocab;
+  if (vocab_global > std::numeric_limits<int32_t>::max())
     return ffi::Error::InvalidArgument("hlofuse_sample: V must fit in int32");
+  auto split_of = SplitOf(optional, extra, rows, vocab, vocab_total, form);
+  if (!split_of.has_value()) return split_of.error();
+  const Split split_io = *split_of;
   const Params prm{static_cast<Form>(form), bf16 ? RoundBf16(temperature) : temperature, k, p, min_p};
   const SimdOps& ops = SelectOps();
   const char* base = static_cast<const char*>(logits.untyped_data());
@@ -744,7 +806,11 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     }
     const Row row{x, vocab, bf16, scratch, scratch + stride, scratch + 2 * stride,
                   reinterpret_cast<int32_t*>(scratch + 3 * stride), split ? &on_pool : &in_order};
-    tokens[r] = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r]);
+    const int64_t offset = split_io.offsets ? split_io.offsets[r] : 0;
+    const uint64_t vocab_base = static_cast<uint64_t>(ids[r]) * vocab_global + offset;
+    const Best best = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r], vocab_base);
+    tokens[r] = static_cast<int32_t>(best.index + offset);
+    if (split_io.scores) split_io.scores[r] = best.score;
   };
   if (split) {
     for (int64_t r = 0; r < rows; ++r) sample_row(r);
@@ -754,23 +820,79 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   return ffi::Error::Success();
 }
 
+// Each row's top k: candidates (*L, k) as values (f32; bf16 widened exactly) and global ids (offset +
+// index), value descending, lower id first on ties (lax.top_k's order). The top k of a whole row is the
+// top k of its splits' candidates, concatenated in split order, so the splits of a sharded vocabulary
+// merge on P * k candidates instead of the row.
+ffi::Error SampleTopK(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::S32> offsets,
+                      ffi::Result<ffi::Buffer<ffi::F32>> values, ffi::Result<ffi::Buffer<ffi::S32>> ids, int64_t k) {
+  const auto dims = logits.dimensions();
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample_top_k: logits must be (*L, V)");
+  const bool bf16 = logits.element_type() == ffi::DataType::BF16;
+  if (!bf16 && logits.element_type() != ffi::DataType::F32)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_k: logits must be f32 or bf16");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
+  if (k < 1 || k > vocab) return ffi::Error::InvalidArgument("hlofuse_sample_top_k: need 1 <= k <= V");
+  if (offsets.element_count() != rows)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_k: offsets must be (*L,) int32");
+  if (values->element_count() != rows * k || ids->element_count() != rows * k)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_k: values and ids must be (*L, k)");
+  const SimdOps& ops = SelectOps();
+  const char* base = static_cast<const char*>(logits.untyped_data());
+  const int32_t* offset = offsets.typed_data();
+  float* out_values = values->typed_data();
+  int32_t* out_ids = ids->typed_data();
+  ParallelFor(pool, rows, [&](int64_t r) {
+    float* scratch = ThreadScratch(2 * (vocab + kMaxLanes));
+    const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
+    if (bf16) {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
+      float* wide = scratch + vocab + kMaxLanes;
+      for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
+      x = wide;
+    }
+    const auto top = TopK(ops, x, vocab, k, reinterpret_cast<int32_t*>(scratch));
+    for (int64_t j = 0; j < k; ++j) {
+      out_values[r * k + j] = top[j].first;
+      out_ids[r * k + j] = static_cast<int32_t>(top[j].second + offset[r]);
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace hlofuse::cpu
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_top_k(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_top_k, hlofuse::cpu::SampleTopK,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()          // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // offsets (*L,): each row's first global id
+                                  .Ret<ffi::Buffer<ffi::F32>>()   // values (*L, k)
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // ids (*L, k): global vocabulary ids
+                                  .Attr<int64_t>("k"));
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample(XLA_FFI_CallFrame* call_frame);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()          // logits (rows, V)
-                                  .Arg<ffi::Buffer<ffi::U32>>()   // keys (rows, 2): the key, per row
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // row ids (rows,): global row index
-                                  .Ret<ffi::Buffer<ffi::S32>>()   // tokens (rows,)
+                                  .Arg<ffi::AnyBuffer>()          // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::U32>>()   // keys (*L, 2): the key, per row
+                                  .Arg<ffi::Buffer<ffi::S32>>()   // row ids (*L,): global row index
+                                  .RemainingArgs()                // offsets? (*L,) s32, with vocab_total > 0
+                                  .Ret<ffi::Buffer<ffi::S32>>()   // tokens (*L,): global vocabulary ids
+                                  .RemainingRets()                // scores? (*L,) f32: each winner's score
                                   .Attr<int64_t>("form")
                                   .Attr<float>("temperature")
                                   .Attr<int64_t>("k")
                                   .Attr<float>("p")
-                                  .Attr<float>("min_p"));
+                                  .Attr<float>("min_p")
+                                  .Attr<int64_t>("vocab_total"));  // 0: V; else the global V of a split
 
 // The vector ISA the sampler picks here ($HLOFUSE_CPU_ISA lowers it).
 extern "C" __attribute__((visibility("default"))) const char* hlofuse_sample_isa() {

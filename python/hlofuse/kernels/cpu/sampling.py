@@ -20,9 +20,11 @@ import numpy as np
 from hlofuse.kernels.sampling_reference import sample_reference
 
 if TYPE_CHECKING:
+    from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_sample"
+TOP_K_TARGET = "hlofuse_sample_top_k"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7}
@@ -72,6 +74,36 @@ def sample(
     min_p: float = 0.0,
 ) -> jax.Array:  # (...,) int32
     """`sample_reference`'s token ids, computed by the native CPU kernel."""
+    batch, vocab = logits.shape[:-1], logits.shape[-1]
+    rows = int(np.prod(batch, dtype=np.int64))
+    keys = _keys(key, (rows,))
+    row_ids = jax.lax.iota(jnp.int32, rows)
+    (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, temperature=temperature, k=k,
+                             p=p, min_p=min_p)
+    return tokens.reshape(batch)
+
+
+def _keys(key: jax.Array | None, lead: tuple[int, ...]) -> jax.Array:
+    """The key, one copy per row (the batch partitioner cuts every operand's leading dims alike)."""
+    if key is None:
+        key = jnp.zeros((2,), jnp.uint32)
+    return jnp.broadcast_to(key.astype(jnp.uint32), (*lead, 2))
+
+
+def _sample_call(
+    logits: jax.Array,  # (*L, V)
+    keys: jax.Array,  # (*L, 2) uint32
+    row_ids: jax.Array,  # (*L,) int32: each row's global index, from which its noise is counted
+    offsets: jax.Array | None = None,  # (*L,) int32: each row's first token in a vocabulary of vocab_total
+    *,
+    vocab_total: int = 0,
+    with_scores: bool = False,
+    form: str,
+    temperature: float,
+    k: int,
+    p: float,
+    min_p: float,
+) -> list[jax.Array]:  # tokens (*L,) int32 [, scores (*L,) f32]
     from hlofuse.kernels import cpu
 
     if form not in FORM_CODES:
@@ -79,17 +111,60 @@ def sample(
     if logits.dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
     cpu.register()
-    batch, vocab = logits.shape[:-1], logits.shape[-1]
-    rows = int(np.prod(batch, dtype=np.int64))
-    if key is None:
-        key = jnp.zeros((2,), jnp.uint32)
-    out_type = jax.ShapeDtypeStruct((rows,), jnp.int32)
-    call = jax.ffi.ffi_call(TARGET, out_type, vmap_method="sequential")
-    keys = jnp.broadcast_to(key.astype(jnp.uint32), (rows, 2))
-    row_ids = jax.lax.iota(jnp.int32, rows)
-    tokens = call(logits.reshape(rows, vocab), keys, row_ids, form=np.int64(FORM_CODES[form]),
-                  temperature=np.float32(temperature), k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p))
-    return tokens.reshape(batch)
+    lead = logits.shape[:-1]
+    out_types = [jax.ShapeDtypeStruct(lead, jnp.int32)]
+    if with_scores:
+        out_types.append(jax.ShapeDtypeStruct(lead, jnp.float32))
+    operands = [logits, keys, row_ids] if offsets is None else [logits, keys, row_ids, offsets.astype(jnp.int32)]
+    call = jax.ffi.ffi_call(TARGET, out_types, vmap_method="sequential")
+    return list(call(*operands, form=np.int64(FORM_CODES[form]), temperature=np.float32(temperature),
+                     k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p), vocab_total=np.int64(vocab_total)))
+
+
+#===--- Vocabulary splits ---------------------------------------------------------------------===#
+# A row's vocabulary in P splits, each sampled by its own kernel row with the noise the whole row draws
+# for its tokens (counter row * V + global id), then merged by (score, id): the partial results of a
+# vocabulary sharded over devices. Only forms whose keep-set is the whole row split this way; the rest
+# need a row-wide threshold or rank first (`partitioned_lowering`).
+SPLIT_FORMS = ("greedy", "categorical", "temperature")
+
+
+def sample_splits(
+    logits: jax.Array,  # (R, P, V/P) f32 or bf16: split p holds tokens [p * V/P, (p + 1) * V/P)
+    key: jax.Array | None,  # (2,) uint32
+    *,
+    form: str,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:  # ids (R, P) int32 in the global vocabulary, scores (R, P) f32
+    """Each split's winner and its score (the logit for greedy, round(gumbel + logit / T) otherwise), drawn
+    with the noise `sample` draws for the same tokens of the whole (R, V) row. `merge_splits` combines them
+    into `sample`'s ids."""
+    if form not in SPLIT_FORMS:
+        raise ValueError(f"'{form}' cannot be sampled per vocabulary split (splits: {SPLIT_FORMS})")
+    rows, splits, width = logits.shape
+    row_ids = jnp.broadcast_to(jax.lax.iota(jnp.int32, rows)[:, None], (rows, splits))
+    offsets = jnp.broadcast_to(jax.lax.iota(jnp.int32, splits)[None, :] * width, (rows, splits))
+    tokens, scores = _sample_call(logits, _keys(key, (rows, splits)), row_ids, offsets, vocab_total=splits * width,
+                                  with_scores=True, form=form, temperature=temperature, k=0, p=1.0, min_p=0.0)
+    return tokens, scores
+
+
+def _pick(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """The better of two (score, id) candidates: the larger score, NaN above all (jnp.argmax), the smaller
+    id on ties. A total order, so the reduction over P may run in any order (the partitioner's)."""
+    (sa, ia), (sb, ib) = a, b
+    a_nan, b_nan = jnp.isnan(sa), jnp.isnan(sb)
+    tie = (sa == sb) | (a_nan & b_nan)
+    a_wins = (sa > sb) | (a_nan & ~b_nan) | (tie & (ia < ib))
+    return jnp.where(a_wins, sa, sb), jnp.where(a_wins, ia, ib)
+
+
+def merge_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P), (R, P) -> (R,) int32
+    """The winner over the P splits of each row: one reduction over P, which the partitioner runs on each
+    device's splits and then across devices (as it does the unfused program's argmax)."""
+    init = (jnp.array(-jnp.inf, jnp.float32), jnp.array(np.iinfo(np.int32).max, jnp.int32))
+    _, best = jax.lax.reduce((scores, ids), init, _pick, (1,))
+    return best
 
 
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
@@ -117,4 +192,91 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return kernel
 
 
-__all__ = ["FORM_CODES", "isa", "noise_stats", "sample", "sample_reference", "sampling_lowering"]
+#===--- Multi-device layout -----------------------------------------------------------------===#
+# XLA's batch partitioner (`num_batch_dims`, hlofuse.sharding) runs a call per shard of its LEADING dims
+# only, so in a module compiled for P devices the vocabulary becomes a leading dim of splits:
+#   logits (*B, V) -> (R, P, V/P)     a reshape: a V sharded over devices arrives sharded along P
+#   ids, scores (R, P) -> merged over P -> (*B,)
+# R and P are both batch dims (num_batch_dims = 2): rows sharded cut R, a vocabulary sharded cuts P, and
+# the merge is one small reduction over P that the partitioner runs like the unfused program's argmax.
+# top_k_mask takes each split's top k first (`hlofuse_sample_top_k`, batch-partitionable like the sampler:
+# XLA's partitioner gathers lax.top_k's whole operand, even along its batch dims), finds the row's k-th
+# value on the (R, P * k) candidates, then samples the kept tokens per split. The rank-space forms (top_k,
+# temperature_top_k) keep the whole-row call: their draw needs the candidates' values and ids together,
+# and XLA then gathers the values and all-reduces the id selection, one collective more than the
+# unfused program's single gather (docs/sharding.md, "What is left"). Top-p and min-p keep it too.
+TOP_K_FORMS = ("top_k_mask",)
+
+
+def vocab_splits_for(form: str, vocab: int, devices: int) -> int:
+    """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row)."""
+    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS):
+        return 1
+    return devices
+
+
+def top_k_candidates(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """x (*L, P, W) -> each split's top min(k, W): values (*L, P, k') f32, global ids (*L, P, k') int32 (split
+    p holds ids [p * W, (p + 1) * W)), value descending, lower id first on ties, as lax.top_k orders them.
+
+    Concatenated in split order, the candidates of a row hold its top k in the same order: a token of the
+    row's top k is in its split's top k, and among equal values, earlier positions have lower ids."""
+    from hlofuse.kernels import cpu
+
+    cpu.register()
+    *lead, splits, width = x.shape
+    kk = min(k, width)
+    offsets = jnp.broadcast_to(jax.lax.iota(jnp.int32, splits) * width, (*lead, splits))
+    out_types = [jax.ShapeDtypeStruct((*lead, splits, kk), jnp.float32),
+                 jax.ShapeDtypeStruct((*lead, splits, kk), jnp.int32)]
+    call = jax.ffi.ffi_call(TOP_K_TARGET, out_types, vmap_method="sequential")
+    values, ids = call(x, offsets, k=np.int64(kk))
+    return values, ids
+
+
+def _sample_top_k_mask_splits(x: jax.Array, key: jax.Array | None, attrs: SampleAttrs) -> jax.Array:
+    """(R, P, V/P) -> (R,) for top_k_mask: the row's k-th largest value is the k-th of its splits' top-k
+    candidates (the top k of the (R, P * k) candidates, again by the kernel: lax.top_k would be gathered);
+    then x >= kth (every tie of it stays) is sampled as temperature over the splits, which is the program's
+    where(x < kth, -inf, x) / T with the same vocabulary-space noise."""
+    rows, k = x.shape[0], attrs.k
+    values, _ = top_k_candidates(x, k)  # (R, P, k') f32
+    kth = top_k_candidates(values.reshape(rows, 1, -1), k)[0][:, 0, k - 1].astype(x.dtype)
+    masked = jnp.where(x < kth[:, None, None], -jnp.inf, x)
+    ids, scores = sample_splits(masked, key, form="temperature", temperature=attrs.temperature)
+    return merge_splits(ids, scores)
+
+
+def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
+    """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
+    vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
+    the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
+    (top_k, temperature_top_k, top-p, min-p) or a V the device count does not divide keep its whole-row
+    call, with a remark."""
+    from hlofuse.composites import SampleAttrs
+
+    whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
+    attrs = SampleAttrs.from_dict(call.attributes)
+    vocab = call.operand_types[0][0][-1]
+    splits = vocab_splits_for(attrs.form, vocab, devices)
+    if splits == 1:
+        why = (f"V = {vocab} is not a multiple of the {devices} devices" if vocab % devices else
+               f"'{attrs.form}' needs a row-wide threshold or rank before any split")
+        whole_row.hlofuse_remark = (  # type: ignore[attr-defined]
+            f"sampled by whole rows ({why}): a vocabulary sharded over devices is gathered before the call")
+        return whole_row
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        batch = logits.shape[:-1]
+        rows = int(np.prod(batch, dtype=np.int64))
+        x = logits.reshape(rows, splits, vocab // splits)  # (R, P, V/P)
+        if attrs.form == "top_k_mask":
+            return _sample_top_k_mask_splits(x, key, attrs).reshape(batch)
+        ids, scores = sample_splits(x, key, form=attrs.form, temperature=attrs.temperature)
+        return merge_splits(ids, scores).reshape(batch)
+
+    return kernel
+
+
+__all__ = ["FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits", "noise_stats", "partitioned_lowering",
+           "sample", "sample_reference", "sample_splits", "sampling_lowering", "top_k_candidates", "vocab_splits_for"]
