@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,9 @@ from jax.experimental import pallas as pl
 
 from hlofuse.kernels.pallas import common
 from hlofuse.kernels.pallas.common import Plan
+
+if TYPE_CHECKING:
+    from hlofuse.kernels import CompositeCall
 
 WARPGROUP_ROWS = 64  # wgmma's M per warpgroup
 SWIZZLE_BYTES = 128
@@ -78,8 +82,11 @@ class BlockSizes:
             raise ValueError(f"Mosaic GPU stages {self.stages} must be at least 1")
 
     @classmethod
-    def get_default(cls) -> BlockSizes:
-        return cls()
+    def get_default(cls, h: int = 128, d: int = 128) -> BlockSizes:
+        """128-key blocks, two slots; 64-key blocks when head dims of 256 would overflow shared memory."""
+        hp, dp = common.round_up(h, SWIZZLE_ELEMS), common.round_up(d, SWIZZLE_ELEMS)
+        block_k = 128 if (64 * hp + 2 * 128 * (hp + dp) + 64 * 128 + 64 * dp) * 2 <= MAX_SMEM else 64
+        return cls(block_k=block_k)
 
 
 def smem_bytes(plan: Plan, stages: int, itemsize: int = 2) -> int:
@@ -288,9 +295,9 @@ def attention(
         )
     if masked_value > 0 or (masked_value != float("-inf") and masked_value > MASKED_VALUE_LIMIT):
         raise ValueError(f"masked_value {masked_value} must be -inf or <= {MASKED_VALUE_LIMIT}")
-    blocks = block_sizes or BlockSizes.get_default()
     b, t, n, h = q.shape
     s, kv_heads, d = k.shape[1], k.shape[2], v.shape[3]
+    blocks = block_sizes or BlockSizes.get_default(h, d)
     tiles = plan_tiles(t * (n // kv_heads), s, h, d, blocks)
     if tiles["value_pad"] > MAX_WGMMA_N:
         raise ValueError(f"the Mosaic GPU kernel takes D <= {MAX_WGMMA_N} (wgmma's largest N), got D = {d}")
@@ -315,3 +322,78 @@ def attention(
     else:  # the uniform average of all S values, per kv head, spread over its G query heads
         fill = jnp.repeat(common.empty_rows(plan, v)[:, :, :d], n // kv_heads, axis=1)[:, None].astype(out.dtype)
     return jnp.where(seen_rows(plan, lens)[:, :, None, None], out, fill)
+
+
+# ----------------------------------------------------------------------------- lowerings
+
+
+def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
+    """An `hlofuse.attention` composite as this kernel, or Unsupported saying why not.
+
+    Decode composites (T <= 8 against a cache) go to the Triton flash-decoding kernel instead: a
+    decode step is T·G rows, mostly padding in a 64-row wgmma tile, and one CTA per (b, kv head)
+    without KV splits would leave most of the GPU idle.
+    """
+    from hlofuse.composites import AttentionAttrs
+    from hlofuse.kernels import Unsupported
+    from hlofuse.kernels.pallas import attention as pallas_attention
+
+    target = "gpu-mosaic-interpret" if interpret else "gpu-mosaic"
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if attrs.decode:
+        triton = pallas_attention.gpu_interpret_lowering if interpret else pallas_attention.gpu_lowering
+        return triton(call)
+    dtypes = [dtype for _, dtype in call.operand_types[:3]]
+    if len(set(dtypes)) != 1 or dtypes[0] not in ("bf16", "f16"):
+        raise Unsupported(
+            f"the {target} kernel takes q, k, v all bf16 or all f16, not {dtypes} (wgmma would run f32 as tf32, "
+            "which does not match the f32 reference; target=gpu takes f32)"
+        )
+    if attrs.layout != "BTNH":
+        raise Unsupported(f"the {target} kernel takes layout BTNH, not {attrs.layout}")
+    if attrs.zero_empty_rows:
+        raise Unsupported(f"the {target} kernel does not zero rows that see no key (zero_empty_rows)")
+    operands = [role for role in attrs.operands if role in ("bias", "mask")]
+    if operands:
+        raise Unsupported(f"the {target} kernel takes no {' or '.join(operands)} operand (target=gpu does)")
+    mv = attrs.masked_value
+    if mv > 0 or (mv != float("-inf") and mv > pallas_attention.MASKED_VALUE_LIMIT):
+        raise Unsupported(
+            f"the {target} kernel gives masked keys weight 0, which needs masked_value -inf or "
+            f"<= {pallas_attention.MASKED_VALUE_LIMIT:g}, not {mv:g}"
+        )
+    d = call.operand_types[2][0][-1]
+    if common.round_up(d, SWIZZLE_ELEMS) > MAX_WGMMA_N:
+        raise Unsupported(f"the {target} kernel takes value head dims up to {MAX_WGMMA_N} (wgmma's N), not {d}")
+
+    def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        return attention(q, k, v, interpret=interpret, **kwargs)
+
+    fn = attrs.bind_operands(kernel)
+    if not interpret:
+        fn.lowering_platforms = ("cuda",)  # type: ignore[attr-defined]  # read by inline_jax_function
+    return fn
+
+
+# Why hlofuse-lower-kernels{target=gpu-mosaic-interpret} fails (seen with jax 0.10.2). Pallas' HLO
+# interpreter (interpret=True, what gpu-interpret and tpu-interpret inline) has no discharge rule for
+# Mosaic GPU's TMA copies, barriers or wgmma, so the only interpreter is the callback-based one.
+INTERPRETER_NOT_INLINABLE = (
+    "the Mosaic GPU interpreter cannot be inlined into another module: it runs the kernel through ordered "
+    "host callbacks (custom_call @xla_ffi_python_cpu_callback {index = N}, N indexing the host-callback list "
+    "of the executable the kernel was lowered in, threaded through a token argument and placed on that "
+    "module's @maximal_mesh_0). Run the kernel directly instead: "
+    "hlofuse.kernels.pallas.mosaic_gpu.attention(..., interpret=True), or use target=gpu-interpret"
+)
+
+
+def interpreter_not_inlinable() -> str | None:
+    """Why target=gpu-mosaic-interpret cannot lower composites (hlofuse.kernels.AVAILABILITY)."""
+    return INTERPRETER_NOT_INLINABLE
+
+
+# target=gpu-mosaic: lowered for cuda (on any host), runs on Hopper only.
+gpu_mosaic_lowering = functools.partial(_lowering, interpret=False)
+# target=gpu-mosaic-interpret: the function that target would inline, the kernel in the Mosaic GPU
+# interpreter. The pass refuses the target (interpreter_not_inlinable); the tests call this directly.
+gpu_mosaic_interpret_lowering = functools.partial(_lowering, interpret=True)
