@@ -57,7 +57,8 @@ CASES: list[tuple[str, tuple[int, ...], Any, dict[str, Any], dict[str, Any], Blo
      dict(window_left=40, window_right=8, q_offset=200, softcap=5.0), {}, BlockSizes(64, 64, stages=1)),
     # MQA; kv lengths 0 and 70, q length 20 of 40: empty rows -> NaN with a -inf fill; three slots.
     ("mqa_lengths_empty_rows_nan", (2, 40, 256, 4, 1, 64, 64), jnp.bfloat16, dict(causal=True, q_offset=100),
-     dict(q_lengths=lambda b, t, s: np.array([t, 20], np.int32), kv_lengths=lambda b, t, s: np.array([0, 70], np.int32)),
+     dict(q_lengths=lambda b, t, s: np.array([t, 20], np.int32),
+          kv_lengths=lambda b, t, s: np.array([0, 70], np.int32)),
      BlockSizes(64, 64, stages=3)),
     # A finite fill (jax.nn's): rows that see no key are the mean of all S values; a 128-key block.
     ("window_empty_rows_finite_fill", (1, 64, 128, 2, 2, 64, 64), jnp.bfloat16,

@@ -3,7 +3,7 @@
 // (cross-platform lowering), so the checks are structural.
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu-mosaic})' | filecheck %s --check-prefix=MGPU
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu-mosaic})' --remarks 2>&1 >/dev/null | filecheck %s --check-prefix=MGPU-REMARK
-// RUN: not hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu-mosaic-interpret})' 2>&1 | filecheck %s --check-prefix=INTERP
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu-mosaic-interpret})' | filecheck %s --check-prefix=INTERP
 
 // bf16 causal GQA (4 query heads on 2 kv heads) with kv lengths: lengths as (B, 2) int32, q in the row
 // layout (B, K, T·G rows padded to one 64-row wgmma tile, H padded to 64), K/V kept (B, S, K, H) with
@@ -22,8 +22,12 @@
 // MGPU-NOT: stablehlo.custom_call
 // MGPU: stablehlo.select
 // MGPU-NOT: func.func private @impl
-// INTERP: error: pass 'hlofuse-lower-kernels' failed: TargetUnavailable: target 'gpu-mosaic-interpret' cannot lower 1 composite(s) here: the Mosaic GPU interpreter cannot be inlined into another module
-// INTERP-NOT: Traceback
+// The interpreted target: a host call that runs the same kernel in the Mosaic GPU interpreter.
+// INTERP-LABEL: func.func public @causal_gqa_lengths_to_mosaic_gpu
+// INTERP: call @"hlofuse.attention.gpu-mosaic-interpret"(%arg0, %arg1, %arg2, %arg3)
+// INTERP: stablehlo.custom_call @hlofuse_nki_host_call(%arg0, %arg1, %arg2, %arg3)
+// INTERP-SAME: hlofuse.kernels.pallas.mosaic_gpu:run_interpreted
+// INTERP-SAME: \22roles\22: [\22kv_lengths\22]
 func.func public @causal_gqa_lengths_to_mosaic_gpu(%arg0: tensor<2x16x4x32xbf16>, %arg1: tensor<2x16x2x32xbf16>, %arg2: tensor<2x16x2x32xbf16>, %arg3: tensor<2xi32>) -> tensor<2x16x4x32xbf16> {
   %0 = stablehlo.composite "hlofuse.attention" %arg0, %arg1, %arg2, %arg3 {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "lengths", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 2 : i64, operands = ["q", "k", "v", "kv_lengths"], q_offset = 0 : i64, scale = 0.17677669529663687 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = 0 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x16x4x32xbf16>, tensor<2x16x2x32xbf16>, tensor<2x16x2x32xbf16>, tensor<2xi32>) -> tensor<2x16x4x32xbf16>
   return %0 : tensor<2x16x4x32xbf16>

@@ -46,7 +46,6 @@ TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-int
 # composite behind with a remark: the user asked for kernels that cannot exist here.
 AVAILABILITY: dict[str, str] = {
     "neuron": "hlofuse.kernels.nki.attention:missing_sdk",
-    "gpu-mosaic-interpret": "hlofuse.kernels.pallas.mosaic_gpu:interpreter_not_inlinable",
 }
 
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
@@ -336,6 +337,7 @@ def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
     """
     from hlofuse.composites import AttentionAttrs
     from hlofuse.kernels import Unsupported
+    from hlofuse.kernels.nki import hostcall
     from hlofuse.kernels.pallas import attention as pallas_attention
 
     target = "gpu-mosaic-interpret" if interpret else "gpu-mosaic"
@@ -367,33 +369,37 @@ def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
         raise Unsupported(f"the {target} kernel takes value head dims up to {MAX_WGMMA_N} (wgmma's N), not {d}")
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        return attention(q, k, v, interpret=interpret, **kwargs)
+        return attention(q, k, v, **kwargs)
 
-    fn = attrs.bind_operands(kernel)
+    def interpreted(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        lengths = {role: kwargs.pop(role) for role in ("q_lengths", "kv_lengths") if role in kwargs}
+        blocks = dataclasses.asdict(BlockSizes.get_default(q.shape[3], v.shape[3]))
+        spec = {"roles": list(lengths), "attrs": kwargs, "blocks": blocks}
+        out = jax.ShapeDtypeStruct((*q.shape[:3], v.shape[3]), q.dtype)
+        return hostcall.host_call(run_interpreted, [q, k, v, *lengths.values()], spec, out)
+
+    fn = attrs.bind_operands(interpreted if interpret else kernel)
     if not interpret:
         fn.lowering_platforms = ("cuda",)  # type: ignore[attr-defined]  # read by inline_jax_function
     return fn
 
 
-# Why hlofuse-lower-kernels{target=gpu-mosaic-interpret} fails (seen with jax 0.10.2). Pallas' HLO
-# interpreter (interpret=True, what gpu-interpret and tpu-interpret inline) has no discharge rule for
-# Mosaic GPU's TMA copies, barriers or wgmma, so the only interpreter is the callback-based one.
-INTERPRETER_NOT_INLINABLE = (
-    "the Mosaic GPU interpreter cannot be inlined into another module: it runs the kernel through ordered "
-    "host callbacks (custom_call @xla_ffi_python_cpu_callback {index = N}, N indexing the host-callback list "
-    "of the executable the kernel was lowered in, threaded through a token argument and placed on that "
-    "module's @maximal_mesh_0). Run the kernel directly instead: "
-    "hlofuse.kernels.pallas.mosaic_gpu.attention(..., interpret=True), or use target=gpu-interpret"
-)
-
-
-def interpreter_not_inlinable() -> str | None:
-    """Why target=gpu-mosaic-interpret cannot lower composites (hlofuse.kernels.AVAILABILITY)."""
-    return INTERPRETER_NOT_INLINABLE
-
-
 # target=gpu-mosaic: lowered for cuda (on any host), runs on Hopper only.
 gpu_mosaic_lowering = functools.partial(_lowering, interpret=False)
-# target=gpu-mosaic-interpret: the function that target would inline, the kernel in the Mosaic GPU
-# interpreter. The pass refuses the target (interpreter_not_inlinable); the tests call this directly.
+# target=gpu-mosaic-interpret: the same kernel in the Mosaic GPU interpreter, through a host call.
 gpu_mosaic_interpret_lowering = functools.partial(_lowering, interpret=True)
+
+
+# The interpreter (InterpretGPUParams) runs a kernel through ordered io_callbacks, which name their
+# Python function by an index into the host callbacks of the executable they were lowered in; inlined
+# into the user's module by hlofuse-lower-kernels they would point nowhere. (Pallas' HLO interpreter,
+# which the other -interpret targets inline, has no rule for TMA copies, barriers or wgmma.) So the
+# target inlines a host call (hlofuse.kernels.nki.hostcall, the custom call neuron-sim uses) that runs
+# this function, which runs the interpreter in its own executable.
+def run_interpreted(q: np.ndarray, k: np.ndarray, v: np.ndarray, *lengths: np.ndarray, roles: list[str],
+                    attrs: dict[str, Any], blocks: dict[str, int]) -> np.ndarray:  # fmt: skip
+    """`attention` in the Mosaic GPU interpreter on host arrays (what target=gpu-mosaic-interpret calls)."""
+    named = {role: jnp.asarray(x) for role, x in zip(roles, lengths, strict=True)}
+    out = attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), **named, **attrs,
+                    block_sizes=BlockSizes(**blocks), interpret=True)  # fmt: skip
+    return np.asarray(out)
