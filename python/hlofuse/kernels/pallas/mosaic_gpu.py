@@ -28,6 +28,10 @@ the Q·Kᵀ operand is the transposed SMEM view (plgpu.transpose_ref, free for 1
 interpreter takes no transposed operand, so there the wrapper passes K as (B, K, H, S) and the kernel
 reads (H, block_k) tiles. And register layout hints (plgpu.layout_cast, the WGMMA-layout iota) are
 dropped when interpreted: the interpreter has no rule for them and they change no value.
+
+Targets (hlofuse.kernels.LOWERINGS): `gpu-mosaic` lowers this kernel for cuda on any host
+(`mosaic_gpu_v2`); `gpu-mosaic-interpret` runs it in the Mosaic GPU interpreter through a host call
+(see run_interpreted). `gpu` stays Triton: nothing here has been measured on a GPU.
 """
 
 from __future__ import annotations
