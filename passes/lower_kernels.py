@@ -11,6 +11,10 @@ Emits, by `target` (the table in hlofuse.kernels says which function implements 
                  that platform on any host.
   tpu-interpret, gpu-interpret
                  the same Pallas kernels in interpret mode, to check them on a CPU.
+  gpu-mosaic     attention on Hopper: the Mosaic GPU kernel's `mosaic_gpu_v2` (prefill; decode goes to
+                 the Triton kernel), lowered for cuda on any host.
+  gpu-mosaic-interpret
+                 that kernel in the Mosaic GPU interpreter, through a host call (docs/kernels-pallas.md).
   neuron         the NKI kernels traced with nki.jit (`AwsNeuronCustomNativeKernel`) when the Neuron
                  SDK (neuronxcc) imports; without it the pass fails with TargetUnavailable, whose message
                  says how to install the SDK (hlofuse-opt: one error line, exit 1; jax.jit: a fallback

@@ -4,7 +4,9 @@ target=tpu / gpu lower the kernels for a platform this host does not have, so th
 structural: the composite becomes Mosaic's `tpu_custom_call` or Triton's `__gpu$xla.gpu.triton`.
 target=tpu-interpret / gpu-interpret run the same kernels in interpret mode, so jitted programs from
 the variant catalogues (attention_variants, sampling_variants) must match the plain program here:
-outputs to float tolerance for attention, the same token ids for sampling.
+outputs to float tolerance for attention, the same token ids for sampling. target=gpu-mosaic lowers the
+Hopper Mosaic GPU attention kernel (`mosaic_gpu_v2`); gpu-mosaic-interpret runs it in the Mosaic GPU
+interpreter through a host call.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sampling_variants import VARIANTS as SAMPLERS
 from sampling_variants import lower as lower_sampler
 
 import hlofuse
+from hlofuse.kernels.nki import hostcall
 from hlofuse.kernels.pallas.attention import BlockSizes, decode_attention
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites
@@ -138,6 +141,85 @@ def test_jit_on_the_interpreted_kernel_matches_the_plain_program(target: str, na
     dtype = variant.shapes[0][1]
     atol = {jnp.bfloat16: 3e-2, jnp.float16: 4e-3}.get(dtype, 1e-5)
     np.testing.assert_allclose(got, want, rtol=0 if atol > 1e-5 else 1e-5, atol=atol)
+
+
+# ----------------------------------------------------------------------------- Mosaic GPU (Hopper)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(dtype=jnp.bfloat16, causal=True),
+        dict(t=64, s=200, dtype=jnp.float16, window=(40, 8), softcap=30.0, q_offset=100, masked_value=-1e9),
+    ],
+    ids=["causal_bf16", "window_softcap_f16"],
+)
+def test_gpu_mosaic_emits_one_mosaic_gpu_call(kwargs: dict[str, object]) -> None:
+    module = _composite_module(**kwargs)  # type: ignore[arg-type]
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=gpu-mosaic})")
+    assert result.counters["attention_to_gpu-mosaic"] == 1, [str(r) for r in result.remarks]
+    assert count_composites(module) == 0
+    assert _custom_call_targets(module) == ["mosaic_gpu_v2"]
+    module.operation.verify()
+
+
+def test_gpu_mosaic_leaves_decode_to_the_triton_kernel() -> None:
+    module = _composite_module(t=1, s=64, dtype=jnp.bfloat16, causal=True, q_offset=63)
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=gpu-mosaic})")
+    assert result.counters["attention_to_gpu-mosaic"] == 1, [str(r) for r in result.remarks]
+    assert _custom_call_targets(module) == [CUSTOM_CALLS["gpu"]]
+
+
+@pytest.mark.parametrize("target", ["gpu-mosaic", "gpu-mosaic-interpret"])
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        (dict(causal=True), "takes q, k, v all bf16 or all f16, not ['f32', 'f32', 'f32'] (wgmma would run f32"),
+        (dict(dtype=jnp.bfloat16, zero_empty_rows=True), "does not zero rows that see no key"),
+        (dict(dtype=jnp.bfloat16, masked_value=-100.0), "gives masked keys weight 0, which needs masked_value -inf"),
+    ],
+    ids=["f32", "zero_empty_rows", "masked_value"],
+)
+def test_gpu_mosaic_keeps_unsupported_composites_with_a_remark(target: str, kwargs: dict[str, object],
+                                                               reason: str) -> None:  # fmt: skip
+    module = _composite_module(**kwargs)  # type: ignore[arg-type]
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert count_composites(module) == 1
+    assert any(f"the {target} kernel {reason}" in str(remark) for remark in result.remarks), [
+        str(r) for r in result.remarks
+    ]
+
+
+def test_gpu_mosaic_keeps_a_bias_composite_with_a_remark() -> None:
+    q = jax.ShapeDtypeStruct((1, 64, 2, 64), jnp.bfloat16)
+    bias = jax.ShapeDtypeStruct((1, 2, 64, 64), jnp.float32)
+    lowered = jax.jit(lambda q, k, v, b: hlofuse.attention(q, k, v, bias=b)).lower(q, q, q, bias)
+    module = clone_module(lowered.compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=gpu-mosaic})")
+    assert count_composites(module) == 1
+    assert any("the gpu-mosaic kernel takes no bias operand" in str(r) for r in result.remarks)
+
+
+# bf16/f16 catalogue variants (the kernel takes no f32), and decode (handed to Triton flash-decoding).
+MOSAIC_E2E = ("nn_causal_gqa_bf16", "all_bf16", "f16_f32_softmax", "decode_with_cache")
+
+
+@pytest.mark.parametrize("name", MOSAIC_E2E)
+def test_jit_on_the_interpreted_mosaic_gpu_kernel_matches_the_plain_program(name: str) -> None:
+    variant: Variant = VARIANT_BY_NAME[name]
+    fused = clone_module(lower(variant).compiler_ir("stablehlo"))
+    result = run_pipeline(fused, "default", target="gpu-mosaic")
+    assert result.counters["attention_to_gpu-mosaic"] == variant.sites, [str(r) for r in result.remarks]
+    expected = "__gpu$xla.gpu.triton" if name.startswith("decode") else "mosaic_gpu_v2"
+    assert _custom_call_targets(fused) == [expected] * variant.sites
+
+    options = {"hlofuse_pipeline": "default", "hlofuse_target": "gpu-mosaic-interpret", "hlofuse_strict": True}
+    args = variant.args()
+    got = np.asarray(jax.jit(variant.fn, compiler_options=options)(*args), np.float32)
+    assert not hostcall.last_errors()
+    want = np.asarray(jax.jit(variant.fn)(*args), np.float32)
+    low_precision = variant.shapes[0][1] in (jnp.bfloat16, jnp.float16)
+    np.testing.assert_allclose(got, want, rtol=0 if low_precision else 1e-5, atol=3e-2 if low_precision else 1e-5)
 
 
 # ----------------------------------------------------------------------------- sampling

@@ -1,17 +1,19 @@
-"""GPU attention, side by side in one process: the hlofuse Pallas (Triton) kernels, XLA's unfused program
-(jax.jit of attention_reference) and jax.nn.dot_product_attention(implementation="cudnn").
+"""GPU attention, side by side in one process: the hlofuse Pallas kernels (Triton, and Mosaic GPU for Hopper),
+XLA's unfused program (jax.jit of attention_reference) and jax.nn.dot_product_attention(implementation="cudnn").
 
     python tools/bench/attention_gpu.py [--quick] [--shapes SPEC;SPEC...] [--repeats N] [--blocks BQ,BK,W,S]
 
 A SPEC is comma-separated key=value pairs over B, T, S, N, K, H, dtype (bf16|f16|f32) and causal (0|1),
 e.g. "B=4,T=4096,N=32,K=8,H=128,dtype=bf16,causal=1"; T <= 8 < S is a decode step (flash-decoding).
 Prints a markdown table of median times, TFLOP/s over the visible query-key pairs (4 * pairs * H
-flops), the Pallas kernel's speed as a ratio of the others' times (> 1: Pallas is faster) and its
-largest difference from XLA's output. cuDNN takes only bf16/f16, and some shapes not at all: its
-column then reads n/a with the reason below the table. The default set runs in about 2-4 minutes on
+flops), each hlofuse kernel's speed as a ratio of the others' times (> 1: the kernel is faster) and its
+largest difference from XLA's output. cuDNN takes only bf16/f16, and some shapes not at all; the Mosaic
+GPU kernel takes bf16/f16 prefill on Hopper (sm_90) only (decode is left to Triton): their columns then
+read n/a with the reason below the table. The default set runs in about 2-4 minutes on
 an H100/H200 and stops starting new cases after --budget seconds (default 420), so one run stays
-under 8 minutes. Needs a CUDA GPU; --cpu-smoke runs two tiny cases in interpret mode instead, to check
-the script itself on a CPU-only host (its times mean nothing).
+under 8 minutes. Needs a CUDA GPU; --cpu-smoke runs three tiny cases in interpret mode instead (the
+Mosaic GPU kernel in its own interpreter), to check the script itself on a CPU-only host (its times mean
+nothing).
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from hlofuse.kernels.pallas import mosaic_gpu  # noqa: E402
 from hlofuse.kernels.pallas.attention import BlockSizes, attention, attention_reference  # noqa: E402
 from hlofuse.kernels.reference import attention_visibility  # noqa: E402
 
 DTYPES = {"bf16": jnp.bfloat16, "f16": jnp.float16, "f32": jnp.float32}
+KERNELS = ("pallas", "mosaic")  # hlofuse's: Pallas on Triton, Pallas on Mosaic GPU
+LABELS = ("pallas", "mosaic", "xla", "cudnn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +121,11 @@ def run_case(case: Case, repeats: int, blocks: BlockSizes | None, interpret: boo
     kw = dict(scale=case.H**-0.5, causal=case.causal, q_offset=case.q_offset)
     programs: dict[str, Callable[..., jax.Array]] = {
         "pallas": functools.partial(attention, backend="gpu", block_sizes=blocks, interpret=interpret, **kw),
+        "mosaic": functools.partial(mosaic_gpu.attention, interpret=interpret, **kw),
         "xla": functools.partial(attention_reference, **kw),
     }
+    if case.decode:  # the gpu-mosaic target hands decode to the Triton kernel
+        del programs["mosaic"]
     if not interpret:  # cuDNN's mask is top-left causal: only T == S (or decode, unmasked) compares
         if case.decode or case.T == case.S:
             programs["cudnn"] = functools.partial(
@@ -136,10 +144,11 @@ def run_case(case: Case, repeats: int, blocks: BlockSizes | None, interpret: boo
             row["notes"].append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
     flops = 4.0 * visible_pairs(case) * case.H
     row["tflops"] = {label: flops / row[f"{label}_s"] / 1e12 if row[f"{label}_s"] else None for label in programs}
-    row["err"] = None
-    if "pallas" in outputs and "xla" in outputs:
-        diff = jnp.abs(outputs["pallas"].astype(jnp.float32) - outputs["xla"].astype(jnp.float32))
-        row["err"] = float(jnp.max(diff))
+    for label in KERNELS:
+        row[f"{label}_err"] = None
+        if label in outputs and "xla" in outputs:
+            diff = jnp.abs(outputs[label].astype(jnp.float32) - outputs["xla"].astype(jnp.float32))
+            row[f"{label}_err"] = float(jnp.max(diff))
     return row
 
 
@@ -180,16 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         blocks = BlockSizes(*fields[:2], 0, *fields[2:])
         blocks.check("gpu")
     if args.cpu_smoke:
-        cases = [Case(32, 32, N=4, K=2, H=16, dtype="f32"), Case(1, 256, N=4, K=2, H=16, dtype="bf16")]
+        cases = [Case(32, 32, N=4, K=2, H=16, dtype="f32"), Case(1, 256, N=4, K=2, H=16, dtype="bf16"),
+                 Case(64, 128, N=4, K=2, H=64, dtype="bf16")]
     else:
         cases = [Case.parse(s) for s in args.shapes.split(";")] if args.shapes else default_cases(args.quick)
 
     print(f"jax {jax.__version__}; {device}; {args.repeats} repeats, median\n")
     print(
-        "| case | Pallas ms | XLA unfused ms | cuDNN ms | Pallas TFLOP/s | XLA TFLOP/s | cuDNN TFLOP/s "
-        "| XLA / Pallas | cuDNN / Pallas | max abs diff vs XLA |"
+        "| case | Triton ms | Mosaic ms | XLA unfused ms | cuDNN ms | Triton TFLOP/s | Mosaic TFLOP/s | XLA TFLOP/s "
+        "| cuDNN TFLOP/s | XLA / Triton | XLA / Mosaic | cuDNN / Triton | cuDNN / Mosaic "
+        "| Triton max abs diff vs XLA | Mosaic max abs diff vs XLA |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|" + "---:|" * 14)
     notes: list[str] = []
     start = time.perf_counter()
     for case in cases:
@@ -197,17 +208,12 @@ def main(argv: list[str] | None = None) -> int:
             notes.append(f"{case.name}: skipped, past the {args.budget:.0f} s budget")
             continue
         r = run_case(case, args.repeats, blocks, args.cpu_smoke)
-        ms = {
-            label: None if r.get(f"{label}_s") is None else r[f"{label}_s"] * 1e3
-            for label in ("pallas", "xla", "cudnn")
-        }
+        ms = {label: None if r.get(f"{label}_s") is None else r[f"{label}_s"] * 1e3 for label in LABELS}
         tf = r["tflops"]
-        print(
-            f"| {r['case']} | {fmt(ms['pallas'], '.3f')} | {fmt(ms['xla'], '.3f')} | {fmt(ms['cudnn'], '.3f')} "
-            f"| {fmt(tf.get('pallas'), '.1f')} | {fmt(tf.get('xla'), '.1f')} | {fmt(tf.get('cudnn'), '.1f')} "
-            f"| {ratio(ms['pallas'], ms['xla'])} | {ratio(ms['pallas'], ms['cudnn'])} | {fmt(r['err'], '.2e')} |",
-            flush=True,
-        )
+        cells = [fmt(ms[label], ".3f") for label in LABELS] + [fmt(tf.get(label), ".1f") for label in LABELS]
+        cells += [ratio(ms[kernel], ms[base]) for base in ("xla", "cudnn") for kernel in KERNELS]
+        cells += [fmt(r[f"{kernel}_err"], ".2e") for kernel in KERNELS]
+        print(f"| {r['case']} | " + " | ".join(cells) + " |", flush=True)
         notes += [f"{r['case']}: {note}" for note in r["notes"]]
     for note in notes:
         print(f"- {note}")

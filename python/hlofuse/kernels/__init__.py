@@ -21,6 +21,8 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "gpu"): "hlofuse.kernels.pallas.attention:gpu_lowering",
     ("hlofuse.attention", "tpu-interpret"): "hlofuse.kernels.pallas.attention:tpu_interpret_lowering",
     ("hlofuse.attention", "gpu-interpret"): "hlofuse.kernels.pallas.attention:gpu_interpret_lowering",
+    ("hlofuse.attention", "gpu-mosaic"): "hlofuse.kernels.pallas.mosaic_gpu:gpu_mosaic_lowering",
+    ("hlofuse.attention", "gpu-mosaic-interpret"): "hlofuse.kernels.pallas.mosaic_gpu:gpu_mosaic_interpret_lowering",
     ("hlofuse.attention", "neuron"): "hlofuse.kernels.nki.attention:neuron_lowering",
     ("hlofuse.attention", "neuron-sim"): "hlofuse.kernels.nki.attention:neuron_sim_lowering",
     ("hlofuse.sample", "reference"): "hlofuse.kernels.sampling_reference:sampling_lowering",
@@ -34,7 +36,9 @@ LOWERINGS: dict[tuple[str, str], str] = {
 }
 
 # Targets hlofuse knows, whether or not a kernel for a given composite exists on them yet.
-TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-interpret", "neuron-sim")
+# `gpu` is Triton; `gpu-mosaic` (Mosaic GPU, Hopper) is opt-in until it is measured on hardware.
+TARGETS = ("cpu", "tpu", "gpu", "neuron", "reference", "tpu-interpret", "gpu-interpret", "gpu-mosaic",
+           "gpu-mosaic-interpret", "neuron-sim")
 
 
 # target -> "module:function" returning why this host cannot build the target's kernels at all (a missing

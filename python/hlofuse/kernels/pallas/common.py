@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -120,11 +122,20 @@ def kv_block_range(plan: Plan, iq: jax.Array, q_len: jax.Array, kv_len: jax.Arra
 
 
 def visible(
-    plan: Plan, row0: jax.Array, key0: jax.Array, q_len: jax.Array, kv_len: jax.Array, shape: tuple[int, int]
+    plan: Plan,
+    row0: jax.Array,
+    key0: jax.Array,
+    q_len: jax.Array,
+    kv_len: jax.Array,
+    shape: tuple[int, int],
+    iota: Callable[[Any, tuple[int, int], int], jax.Array] = lax.broadcasted_iota,
 ) -> jax.Array:
-    """(rows, keys) bool of one tile: causal/window, lengths and key padding (not the mask operand)."""
-    rows = row0 + lax.broadcasted_iota(jnp.int32, shape, 0)
-    keys = key0 + lax.broadcasted_iota(jnp.int32, shape, 1)
+    """(rows, keys) bool of one tile: causal/window, lengths and key padding (not the mask operand).
+
+    `iota` makes the index tiles: Mosaic GPU passes one that fixes the register layout (wgmma's).
+    """
+    rows = row0 + iota(jnp.int32, shape, 0)
+    keys = key0 + iota(jnp.int32, shape, 1)
     t = rows if plan.groups == 1 else lax.div(rows, jnp.int32(plan.groups))
     ok = (keys < jnp.minimum(kv_len, plan.s)) & (t < q_len)
     rel = keys - t - plan.q_offset
