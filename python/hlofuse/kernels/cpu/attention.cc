@@ -97,7 +97,7 @@ constexpr std::string_view kIsaOrder[] = {"amx", "avx512bf16", "avx512", "avx2",
 
 // The best kernel this CPU runs; HLOFUSE_CPU_ISA=amx|avx512bf16|avx512|avx2|generic asks for a lower
 // one (an unknown name gets generic). avx512bf16 is the default only on AMD: on Intel's AMX Xeons
-// vdpbf16ps runs at half the rate of f32 FMAs, so widening bf16 to f32 was faster there (see
+// vdpbf16ps reached half the FLOP rate of f32 FMAs, so widening bf16 to f32 was faster there (see
 // docs/kernels-cpu.md); asked for by name it runs wherever the CPU has AVX512-BF16.
 KernelTable SelectKernels() {
   const char* env = std::getenv("HLOFUSE_CPU_ISA");
