@@ -19,7 +19,7 @@ if not cpu.is_available():
 
 from hlofuse.kernels.cpu.attention import BlockSizes, attention, attention_reference  # noqa: E402
 
-_ORDER = ("amx", "avx512", "avx2", "generic")
+_ORDER = ("amx", "avx512bf16", "avx512", "avx2", "generic")
 ISAS = list(_ORDER[_ORDER.index(cpu.isa()) :])  # the best one this CPU runs, and every fallback below it
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=0, atol=2e-2)}
 

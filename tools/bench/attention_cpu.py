@@ -14,8 +14,10 @@ visible to XLA.
 
 With --compare (twice or more), each library (a scratch cmake build of the kernel, e.g. before and
 after a change) is registered under its own FFI target and timed in this one process against torch,
-the repetitions interleaved (A, B, ..., torch, A, B, ...), so that load from other jobs on a shared
-machine hits every column alike. It prints medians, each library / torch and each library / the first.
+the repetitions interleaved (each repetition runs A, B, ..., torch once, in a fresh random order), so
+that load from other jobs on a shared machine, and what each program leaves behind in the caches and
+on the cores for the next, hits every column alike. It prints medians, each library / torch and each
+library / the first.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import dataclasses
 import functools
 import os
+import random
 import statistics
 import sys
 import time
@@ -32,6 +35,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+# torch's OpenMP threads otherwise spin after each op, taking the cores from whatever runs next (XLA's
+# pool, or other jobs on a shared machine). Measured on 2 shared cores: torch alone at T1 S2048 K8 f32
+# took 12 ms with spinning threads and 0.30 ms without; interleaved, the hlofuse call after torch was
+# up to 3x slower. Set it before torch loads its OpenMP runtime; an explicit setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -196,10 +204,18 @@ def compare_case(targets: list[str], case: Case, repeats: int) -> list[float]:
     times: list[list[float]] = [[] for _ in fns]
     for fn in fns:
         fn()
+    # Each repetition runs the columns in a fresh (seeded) random order, so that every column follows
+    # each other one about as often: the call right after torch shares the cores with torch's
+    # still-spinning OpenMP threads and finds the caches full of torch's copies (measured: with the
+    # order fixed, the first of two identical libraries took 1.2x the second at T1 S2048 K8 f32 and
+    # 3x at S8192; a rotated order keeps the same neighbours).
+    order = list(range(len(fns)))
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for i, fn in enumerate(fns):
+        shuffle(order)
+        for i in order:
             t0 = time.perf_counter()
-            fn()
+            fns[i]()
             times[i].append(time.perf_counter() - t0)
     return [statistics.median(t) for t in times]
 

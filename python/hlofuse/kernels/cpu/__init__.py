@@ -76,7 +76,7 @@ def register() -> None:
 
 
 def isa() -> str:
-    """The vector ISA the kernels pick here: "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
+    """The kernel picked here: "amx", "avx512bf16", "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
     fn = _load().hlofuse_cpu_isa
     fn.restype = ctypes.c_char_p
     return fn().decode()

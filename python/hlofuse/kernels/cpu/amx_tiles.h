@@ -1,4 +1,5 @@
-// AMX tile primitives for attention_impl.h, included after vec_avx512.h inside the amx namespace.
+// AMX tile primitives for attention_impl.h, included after vec_avx512.h and bf16_tiles.h inside the
+// amx namespace.
 //
 // One AMX product, tdpbf16ps C += A . B, takes C as 16 x 16 f32, A as 16 rows x 32 bf16 and B as
 // 16 rows x 16 bf16 *pairs* (the "VNNI" layout: B row k2 holds (B[2*k2][n], B[2*k2+1][n]) for each
@@ -16,8 +17,8 @@ struct alignas(64) AmxTileConfig {
   uint8_t rows[16];
 };
 
-// Loads the configuration for this thread; the tiles hold state until amx_end releases them.
-inline void amx_begin() {
+// Loads the configuration for this thread; the tiles hold state until tiles_end releases them.
+inline void tiles_begin() {
   AmxTileConfig cfg;
   std::memset(&cfg, 0, sizeof(cfg));
   cfg.palette = 1;
@@ -25,18 +26,11 @@ inline void amx_begin() {
   _tile_loadconfig(&cfg);
 }
 
-inline void amx_end() { _tile_release(); }
-
-// One operand of a tiled product, in bytes: tile (i, k) starts at p + i * step_mn + k * step_k and
-// its rows are ld apart.
-struct AmxOperand {
-  const char* p;
-  int64_t ld, step_mn, step_k;
-};
+inline void tiles_end() { _tile_release(); }
 
 // C tiles (i0 + {0, 1}, j0 + {0, 1}) (+)= sum over ksteps of A(i, k) . B(j, k); NI, NJ in {1, 2}.
 template <int NI, int NJ, bool LOAD_C>
-inline void amx_block(int64_t ksteps, const char* a, const AmxOperand& A, const char* b, const AmxOperand& B,
+inline void amx_block(int64_t ksteps, const char* a, const TileOperand& A, const char* b, const TileOperand& B,
                       char* c, int64_t ldc, int64_t c_i, int64_t c_j) {
   if constexpr (LOAD_C) {
     _tile_loadd(0, c, ldc);
@@ -73,7 +67,7 @@ inline void amx_block(int64_t ksteps, const char* a, const AmxOperand& A, const 
 
 // C (mt x nt tiles of 16 x 16 f32, rows ldc bytes apart) (+)= A . B over ksteps tiles of 32 along k.
 template <bool LOAD_C>
-void amx_gemm(int64_t mt, int64_t nt, int64_t ksteps, const AmxOperand& A, const AmxOperand& B, float* c,
+void tile_gemm(int64_t mt, int64_t nt, int64_t ksteps, const TileOperand& A, const TileOperand& B, float* c,
               int64_t ldc) {
   char* cb = reinterpret_cast<char*>(c);
   const int64_t c_i = 16 * ldc, c_j = 64;
@@ -89,15 +83,4 @@ void amx_gemm(int64_t mt, int64_t nt, int64_t ksteps, const AmxOperand& A, const
       else amx_block<1, 1, LOAD_C>(ksteps, a, A, b, B, cij, ldc, c_i, c_j);
     }
   }
-}
-
-// 32 bf16 of row a and 32 of row b (same columns) interleaved as pairs (a[d], b[d]): columns 0-15
-// in lo, 16-31 in hi. This is the VNNI layout of two consecutive k rows.
-inline void amx_pair_rows(__m512i a, __m512i b, __m512i* lo, __m512i* hi) {
-  alignas(64) static constexpr uint16_t kLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                                                   8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                                   24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  *lo = _mm512_permutex2var_epi16(a, _mm512_load_si512(kLo), b);
-  *hi = _mm512_permutex2var_epi16(a, _mm512_load_si512(kHi), b);
 }

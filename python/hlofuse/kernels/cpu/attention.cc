@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -83,16 +84,36 @@ bool CpuHasAmx() {
 }
 #endif
 
-// The best kernel this CPU runs; HLOFUSE_CPU_ISA=amx|avx512|avx2|generic asks for a lower one.
+bool CpuHasAvx512Bf16() {
+#if defined(HLOFUSE_HAVE_AVX512BF16_KERNEL)
+  return CpuHasAvx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+// Kernels from best to plainest; HLOFUSE_CPU_ISA names the best one a call may use.
+constexpr std::string_view kIsaOrder[] = {"amx", "avx512bf16", "avx512", "avx2", "generic"};
+
+// The best kernel this CPU runs; HLOFUSE_CPU_ISA=amx|avx512bf16|avx512|avx2|generic asks for a lower
+// one (an unknown name gets generic). avx512bf16 is the default only on AMD: on Intel's AMX Xeons
+// vdpbf16ps reached half the FLOP rate of f32 FMAs, so widening bf16 to f32 was faster there (see
+// docs/kernels-cpu.md); asked for by name it runs wherever the CPU has AVX512-BF16.
 KernelTable SelectKernels() {
   const char* env = std::getenv("HLOFUSE_CPU_ISA");
-  const std::string_view want = env ? env : "";
+  const std::string_view want = env && *env ? env : kIsaOrder[0];
+  size_t cap = 0;
+  while (cap < std::size(kIsaOrder) - 1 && kIsaOrder[cap] != want) ++cap;
+  auto allowed = [&](size_t rank) { return cap <= rank; };
 #if defined(HLOFUSE_HAVE_AMX_KERNEL)
-  if ((want.empty() || want == "amx") && CpuHasAmx()) return AmxKernels();
+  if (allowed(0) && CpuHasAmx()) return AmxKernels();
+#endif
+#if defined(HLOFUSE_HAVE_AVX512BF16_KERNEL)
+  if (allowed(1) && CpuHasAvx512Bf16() && (cap == 1 || __builtin_cpu_is("amd"))) return Avx512Bf16Kernels();
 #endif
 #if defined(HLOFUSE_HAVE_X86_KERNELS)
-  if (CpuHasAvx512() && (want.empty() || want == "amx" || want == "avx512")) return Avx512Kernels();
-  if (CpuHasAvx2() && (want.empty() || want == "amx" || want == "avx512" || want == "avx2")) return Avx2Kernels();
+  if (allowed(2) && CpuHasAvx512()) return Avx512Kernels();
+  if (allowed(3) && CpuHasAvx2()) return Avx2Kernels();
 #endif
   return GenericKernels();
 }
@@ -344,7 +365,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_attention, hlofuse::cpu::Attention,
                                   .Attr<int64_t>("block_k")
                                   .Attr<int64_t>("kv_splits"));
 
-// Which kernel a call would run on this CPU ("amx", "avx512", "avx2" or "generic"), for tests and benches.
+// Which kernel a call would run on this CPU ("amx", "avx512bf16", "avx512", "avx2" or "generic"), for tests
+// and benches.
 extern "C" __attribute__((visibility("default"))) const char* hlofuse_cpu_isa() {
   return hlofuse::cpu::SelectKernels().name;
 }

@@ -9,12 +9,13 @@
 
 #include "attention_kernel.h"
 
-#define HLOFUSE_AMX_TILES 1
+#define HLOFUSE_BF16_TILES 1
 
 namespace hlofuse::cpu {
 namespace amx {
 namespace {
 #include "vec_avx512.h"
+#include "bf16_tiles.h"
 #include "amx_tiles.h"
 #include "attention_impl.h"
 

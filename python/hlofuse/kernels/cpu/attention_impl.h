@@ -191,8 +191,8 @@ inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, c
 
 //===--- Tiles and scratch -----------------------------------------------------------------===//
 
-#if defined(HLOFUSE_AMX_TILES)
-// AMX stores S^T in whole 16-key tiles and reads P in 32-key steps.
+#if defined(HLOFUSE_BF16_TILES)
+// The bf16 tile products store S^T in whole 16-key tiles and read P in 32-key steps.
 inline int64_t s_rows(int64_t block_k) { return round_up(block_k, 32); }
 #else
 inline int64_t s_rows(int64_t block_k) { return block_k; }
@@ -212,7 +212,7 @@ struct Scratch {
   float* lo;     // (Mp) first visible key of each row
   float* hi;     // (Mp) one past the last visible key
   float* vsum;   // (Dp) sum of v over skipped keys
-#if defined(HLOFUSE_AMX_TILES)
+#if defined(HLOFUSE_BF16_TILES)
   uint32_t* qv;  // (Ha / 2, Mp) unscaled Q^T as bf16 pairs along H (the VNNI layout), Ha = H rounded to 32
   uint16_t* kb;  // (Ja, Ha) K block as bf16, Ja = block_k rounded to 32; padding is zero
   uint16_t* pb;  // (Mp, Ja) P as bf16 rows (S^T transposed); keys past the block are zero
@@ -241,7 +241,7 @@ inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& pla
   sc.lo = take(mp);
   sc.hi = take(mp);
   sc.vsum = take(dp);
-#if defined(HLOFUSE_AMX_TILES)
+#if defined(HLOFUSE_BF16_TILES)
   const int64_t ha = round_up(args.H, 32), ja = round_up(bk, 32);
   sc.qv = reinterpret_cast<uint32_t*>(take(ha / 2 * mp));
   sc.kb = reinterpret_cast<uint16_t*>(take(ja * ha / 2));
@@ -402,16 +402,17 @@ inline const float* v_block(const AttentionArgs& args, const AttentionPlan& plan
   return vp;
 }
 
-#if defined(HLOFUSE_AMX_TILES)
-//===--- AMX tiles (bf16) --------------------------------------------------------------------===//
+#if defined(HLOFUSE_BF16_TILES)
+//===--- bf16 tiles (AMX, or AVX512-BF16 dot products) ---------------------------------------===//
 //
-// bf16 tiles of more than a few rows compute both products on AMX tiles (bf16 in, f32 out) in the
-// same S^T layout as the FMA path, so masking and the online softmax below are shared:
+// bf16 tiles of more than a few rows compute both products as bf16 pair products with f32 sums
+// (tile_gemm: AMX tdpbf16ps in amx_tiles.h, or vdpbf16ps in dpbf16_tiles.h) in the same S^T layout
+// as the FMA path, so masking and the online softmax below are shared:
 //   S^T (Jt, Mp) = K_blk (Jt, Ha) . Q^T (Ha, Mp), then * scale in f32
 //   O (Mp, Dp)  += P (Mp, Ja) . V_blk (Ja, Dp), P = S^T transposed, already rounded to bf16
 // Jt and Ja are jn rounded up to 16 and 32 keys, Ha is H rounded up to 32; padding is zero.
 
-inline bool use_amx(const AttentionArgs& args, int64_t rows) {
+inline bool use_bf16_tiles(const AttentionArgs& args, int64_t rows) {
   return args.dtype == ElemType::kBF16 && !use_qk_dot(rows);
 }
 
@@ -468,7 +469,7 @@ inline void v_block_vnni(const AttentionArgs& args, const AttentionPlan& plan, c
     if (r1) {
       for (; d + 32 <= D; d += 32) {
         __m512i lo, hi;
-        amx_pair_rows(_mm512_loadu_si512(r0 + d), _mm512_loadu_si512(r1 + d), &lo, &hi);
+        pair_rows(_mm512_loadu_si512(r0 + d), _mm512_loadu_si512(r1 + d), &lo, &hi);
         _mm512_storeu_si512(dst + d, lo);
         _mm512_storeu_si512(dst + d + 16, hi);
       }
@@ -521,30 +522,30 @@ inline void rescale_o(const AttentionPlan& plan, const float* alpha, float* o) {
 
 // S^T = K_blk . Q^T, unscaled (rows [0, jn) are the block's keys). K tiles load in place when the
 // block is whole tiles (H a multiple of 32, jn of 16); otherwise from a zero-padded copy.
-inline void qk_amx(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
+inline void qk_tiles(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
                    const Scratch& sc) {
   const int64_t mp = plan.rows_pad, ha = round_up(args.H, 32);
-  AmxOperand kt{reinterpret_cast<const char*>(sc.kb), ha * 2, 16 * ha * 2, 64};
+  TileOperand kt{reinterpret_cast<const char*>(sc.kb), ha * 2, 16 * ha * 2, 64};
   if (args.H % 32 == 0 && jn % 16 == 0) {
     const int64_t ld = args.K * args.H * 2;
     kt = {static_cast<const char*>(args.k) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.H * 2, ld, 16 * ld, 64};
   } else {
     k_block_bf16(args, tl, j0, jn, sc.kb);
   }
-  const AmxOperand qt{reinterpret_cast<const char*>(sc.qv), mp * 4, 64, 16 * mp * 4};
-  amx_gemm<false>(div_up(jn, 16), mp / 16, ha / 32, kt, qt, sc.s, mp * 4);
+  const TileOperand qt{reinterpret_cast<const char*>(sc.qv), mp * 4, 64, 16 * mp * 4};
+  tile_gemm<false>(div_up(jn, 16), mp / 16, ha / 32, kt, qt, sc.s, mp * 4);
 }
 
 // O = diag(alpha) O + P . V_blk, with V_blk already in vb.
-inline void pv_amx(const AttentionPlan& plan, int64_t jn, const Scratch& sc) {
+inline void pv_tiles(const AttentionPlan& plan, int64_t jn, const Scratch& sc) {
   const int64_t mp = plan.rows_pad, dp = plan.d_pad, ldp = round_up(plan.block_k, 32);
   rescale_o(plan, sc.alpha, sc.o);
   p_rows_bf16(plan, jn, ldp, sc.s, sc.pb);
-  const AmxOperand p{reinterpret_cast<const char*>(sc.pb), ldp * 2, 16 * ldp * 2, 64};
-  const AmxOperand v{reinterpret_cast<const char*>(sc.vb), dp * 4, 64, 16 * dp * 4};
-  amx_gemm<true>(mp / 16, dp / 16, div_up(jn, 32), p, v, sc.o, dp * 4);
+  const TileOperand p{reinterpret_cast<const char*>(sc.pb), ldp * 2, 16 * ldp * 2, 64};
+  const TileOperand v{reinterpret_cast<const char*>(sc.vb), dp * 4, 64, 16 * dp * 4};
+  tile_gemm<true>(mp / 16, dp / 16, div_up(jn, 32), p, v, sc.o, dp * 4);
 }
-#endif  // HLOFUSE_AMX_TILES
+#endif  // HLOFUSE_BF16_TILES
 
 //===--- One key block ---------------------------------------------------------------------===//
 
@@ -629,13 +630,13 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   if (kb + 1 < kb_end) prefetch_kv(args, tl, j0 + jn, imin(plan.block_k, args.S - j0 - jn));
 
   // S^T (jn, Mp) = K_blk . Q^T
-#if defined(HLOFUSE_AMX_TILES)
-  const bool amx = use_amx(args, tl.rows);
-  if (amx) qk_amx(args, plan, tl, j0, jn, sc);
+#if defined(HLOFUSE_BF16_TILES)
+  const bool tiles = use_bf16_tiles(args, tl.rows);
+  if (tiles) qk_tiles(args, plan, tl, j0, jn, sc);
 #else
-  constexpr bool amx = false;
+  constexpr bool tiles = false;
 #endif
-  if (!amx) {
+  if (!tiles) {
     int64_t ldk;
     const bool dot = use_qk_dot(tl.rows);
     const float* kb_ptr = k_block(args, tl, j0, jn, dot, sc.kp, &ldk);
@@ -646,12 +647,12 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
     }
   }
 
-  // The AMX products leave S^T unscaled. The scale joins the first pass that reads S^T: its own
+  // The bf16 tile products leave S^T unscaled. The scale joins the first pass that reads S^T: its own
   // pass before soft-cap, bias or mask, else the range mask or the max and exp below (scale > 0
   // keeps the max where it is).
   float pending = 1.0f;
-#if defined(HLOFUSE_AMX_TILES)
-  if (amx) pending = args.scale;
+#if defined(HLOFUSE_BF16_TILES)
+  if (tiles) pending = args.scale;
 #endif
   if (pending != 1.0f && (args.softcap != 0.0f || args.bias || args.mask || !(pending > 0.0f))) {
     const vf f = vset1(pending);
@@ -700,10 +701,10 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
   }
 
   // O = diag(alpha) O + P . V_blk
-#if defined(HLOFUSE_AMX_TILES)
-  if (amx) {
+#if defined(HLOFUSE_BF16_TILES)
+  if (tiles) {
     v_block_vnni(args, plan, tl, j0, jn, sc.vb);
-    pv_amx(plan, jn, sc);
+    pv_tiles(plan, jn, sc);
     return;
   }
 #endif
@@ -783,17 +784,17 @@ inline void tile_item(const AttentionArgs& args, const AttentionPlan& plan, int6
   const int64_t nb = tl.kb1 - tl.kb0;
   const int64_t b0 = tl.kb0 + nb * split / plan.splits, b1 = tl.kb0 + nb * (split + 1) / plan.splits;
   init_state(plan, sc);
-#if defined(HLOFUSE_AMX_TILES)
-  const bool amx = b0 < b1 && use_amx(args, tl.rows);
-  if (amx) amx_begin(), pack_q_vnni(args, plan, tl, sc.qv);
+#if defined(HLOFUSE_BF16_TILES)
+  const bool tiles = b0 < b1 && use_bf16_tiles(args, tl.rows);
+  if (tiles) tiles_begin(), pack_q_vnni(args, plan, tl, sc.qv);
 #else
-  constexpr bool amx = false;
+  constexpr bool tiles = false;
 #endif
   if (b0 < b1 && use_qk_dot(tl.rows)) pack_q_rows(args, plan, tl, sc.qr);
-  if (b0 < b1 && !use_qk_dot(tl.rows) && !amx) pack_q(args, plan, tl, sc.qt);
+  if (b0 < b1 && !use_qk_dot(tl.rows) && !tiles) pack_q(args, plan, tl, sc.qt);
   for (int64_t kb = b0; kb < b1; ++kb) process_block(args, plan, tl, kb, b1, sc);
-#if defined(HLOFUSE_AMX_TILES)
-  if (amx) amx_end();
+#if defined(HLOFUSE_BF16_TILES)
+  if (tiles) tiles_end();
 #endif
   if (plan.splits == 1) {
     finalize(args, plan, tl, tl.kb0 * plan.block_k, imin(tl.kb1 * plan.block_k, args.S), sc);
