@@ -190,3 +190,15 @@ def test_top_k_mask_splits_match_reference(dtype: str, k: int) -> None:
                 key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
                 np.testing.assert_array_equal(fn(x, key), ref(x, key),
                                               err_msg=f"{kind} {(rows, splits, width)} seed {seed}")
+
+
+def test_isa_cap_shared_with_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HLOFUSE_CPU_ISA is shared with the attention kernel: its wider names leave the sampler at its widest,
+    the narrower ones cap it."""
+    monkeypatch.delenv("HLOFUSE_CPU_ISA", raising=False)
+    widest = sampling.isa()
+    for name in ("amx", "avx512bf16", "avx512"):
+        monkeypatch.setenv("HLOFUSE_CPU_ISA", name)
+        assert sampling.isa() == widest, name
+    monkeypatch.setenv("HLOFUSE_CPU_ISA", "generic")
+    assert sampling.isa() == "generic"

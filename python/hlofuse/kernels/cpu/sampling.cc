@@ -172,18 +172,23 @@ HLOFUSE_SIMD_OPS(avx512, 16, HLOFUSE_TARGET_AVX512)
 #undef HLOFUSE_SIMD_OPS
 #undef HLOFUSE_NO_TARGET
 
-// The widest ISA this CPU runs; HLOFUSE_CPU_ISA=avx512|avx2|generic asks for a lower one.
+// How wide HLOFUSE_CPU_ISA lets the sampler go: generic 0, avx2 1, anything wider (avx512, and the
+// attention kernel's avx512bf16 and amx, which share the variable) or unset 2.
+int IsaCap(std::string_view want) {
+  if (want == "generic") return 0;
+  if (want == "avx2") return 1;
+  return 2;
+}
+
+// The widest ISA this CPU runs; HLOFUSE_CPU_ISA=avx2|generic asks for a lower one.
 const SimdOps& SelectOps() {
   const char* env = std::getenv("HLOFUSE_CPU_ISA");
-  const std::string_view want = env ? env : "";
+  const int cap = IsaCap(env ? env : "");
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-      (want.empty() || want == "avx512"))
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cap >= 2)
     return kavx512Ops;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      (want.empty() || want == "avx512" || want == "avx2"))
-    return kavx2Ops;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cap >= 1) return kavx2Ops;
 #endif
   return kgenericOps;
 }
