@@ -144,7 +144,7 @@ def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...
     """The multi-device lowering on 8 devices: split forms with V a multiple of 8, else whole rows with a
     remark; the same ids either way."""
     fn = sampling.partitioned_lowering(_sample_call(form, shape, "f32"), 8)
-    splits = form in (*sampling.SPLIT_FORMS, *sampling.TOP_K_FORMS) and shape[-1] % 8 == 0
+    splits = form in (*sampling.SPLIT_FORMS, *sampling.TOP_K_FORMS, *sampling.MASKED_FORMS) and shape[-1] % 8 == 0
     assert (getattr(fn, "hlofuse_remark", None) is None) == splits
     x = jnp.asarray(_logits("normal", (int(np.prod(shape[:-1])), shape[-1]), 1)).reshape(shape)
     key = jnp.array([3, 4], jnp.uint32)
@@ -187,6 +187,23 @@ def test_top_k_mask_splits_match_reference(dtype: str, k: int) -> None:
         for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
             for seed in range(3):
                 x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
+                key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
+                np.testing.assert_array_equal(fn(x, key), ref(x, key),
+                                              err_msg=f"{kind} {(rows, splits, width)} seed {seed}")
+
+
+def test_min_p_splits_match_reference() -> None:
+    """min_p over P vocabulary splits: the program's own mask (softmax against the row's largest), then a
+    categorical draw per split and the merge, against `sample_reference` over distributions and keys."""
+    params = {"temperature": 0.9, "min_p": 0.05}
+    for rows, splits, width in SPLIT_SHAPES[:3]:
+        call = CompositeCall("hlofuse.sample", 1, {"mode": "min_p", "form": "min_p", **params},
+                             (((rows, splits * width), "f32"), ((2,), "ui32")))
+        fn = jax.jit(sampling.partitioned_lowering(call, splits))
+        ref = jax.jit(lambda x, key: sample_reference(x, key, form="min_p", **params))
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+            for seed in range(3):
+                x = jnp.asarray(_logits(kind, (rows, splits * width), seed))
                 key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
                 np.testing.assert_array_equal(fn(x, key), ref(x, key),
                                               err_msg=f"{kind} {(rows, splits, width)} seed {seed}")

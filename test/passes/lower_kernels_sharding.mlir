@@ -225,3 +225,37 @@ module @sample_top_k_mask_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.
     return %0 : tensor<4xi32>
   }
 }
+
+// -----
+
+// min-p with the vocabulary sharded: the mask is the program's own softmax against the row's largest
+// probability (three row reductions the partitioner splits with small all-reduces), then the masked,
+// scaled logits are sampled per vocabulary split (categorical) and merged.
+// CPU-LABEL: func.func public @min_p_vocab_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU: %[[Y:.*]] = stablehlo.divide %arg0
+// CPU: stablehlo.reduce({{.*}}) applies stablehlo.maximum across dimensions = [1]
+// CPU: stablehlo.exponential
+// CPU: stablehlo.reduce({{.*}}) applies stablehlo.add across dimensions = [1]
+// CPU: stablehlo.reduce({{.*}}) applies stablehlo.maximum across dimensions = [1]
+// CPU: %[[KEPT:.*]] = stablehlo.compare GE
+// CPU: %[[MASKED:.*]] = stablehlo.select %[[KEPT]], %[[Y]],
+// CPU: %[[X:.*]] = stablehlo.reshape %[[MASKED]] : (tensor<4x1024xf32>) -> tensor<4x8x128xf32>
+// CPU: stablehlo.custom_call @hlofuse_sample(%[[X]],
+// CPU-SAME: form = 1 : i64
+// CPU-SAME: vocab_total = 1024
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU: stablehlo.reduce({{.*}}) across dimensions = [1]
+// KEEP-LABEL: func.func public @min_p_vocab_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_min_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["vocab"=8]>
+  func.func public @min_p_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "min_p", k = 0 : i64, min_p = 5.000000e-02 : f64, mode = "min_p", p = 1.000000e+00 : f64, temperature = 8.000000e-01 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%arg0: tensor<4x1024xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+}

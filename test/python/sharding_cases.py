@@ -229,6 +229,33 @@ def case_sampling_top_k_mask_vocab_sharded() -> dict[str, Any]:
     return _vocab_sharded(_top_k_mask)
 
 
+def _min_p(logits: jax.Array, key: jax.Array) -> jax.Array:
+    """min-p as the sampler libraries write it: temperature, softmax, keep >= min_p * the largest."""
+    scaled = logits / 0.8
+    probs = jax.nn.softmax(scaled, axis=-1)
+    keep = probs >= 0.05 * jnp.max(probs, axis=-1, keepdims=True)
+    masked = jnp.where(keep, scaled, -jnp.inf)
+    return jax.random.categorical(jax.random.wrap_key_data(key), masked, axis=-1).astype(jnp.int32)
+
+
+def case_sampling_min_p_vocab_sharded() -> dict[str, Any]:
+    return _vocab_sharded(_min_p)
+
+
+def _top_p(logits: jax.Array, key: jax.Array) -> jax.Array:
+    """JetStream's nucleus: sort, softmax, cumsum, cut at p, then / T."""
+    ordered = jnp.sort(logits, axis=-1)[..., ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+    masked = jnp.where(logits < cutoff, -jnp.inf, logits)
+    return jax.random.categorical(jax.random.wrap_key_data(key), masked / 0.7, axis=-1).astype(jnp.int32)
+
+
+def case_sampling_top_p_vocab_sharded() -> dict[str, Any]:
+    """Whole rows: the nucleus needs the sorted row, which the unfused program gathers as well."""
+    return _vocab_sharded(_top_p)
+
+
 def case_sampling_vocab_sharded_2d() -> dict[str, Any]:
     """Rows over `data` (2) and the vocabulary over `model` (4): each device holds 2 of the 8 splits of its
     rows."""

@@ -101,12 +101,17 @@ def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
     return jax.random.categorical(key, _mask_top_p(_mask_top_k(logits, k), p) / temperature, axis=-1)
 
 
-def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float, **_: Any) -> jax.Array:
-    """Temperature first; keep tokens whose probability is at least min_p times the largest."""
+def min_p_masked(logits: jax.Array, *, temperature: float, min_p: float) -> jax.Array:
+    """min_p's scaled logits with the dropped tokens at -inf: what its categorical draws from."""
     scaled = logits / temperature
     probs = jax.nn.softmax(scaled, axis=-1)
     keep = probs >= min_p * jnp.max(probs, axis=-1, keepdims=True)
-    return jax.random.categorical(key, jnp.where(keep, scaled, NEG_INF), axis=-1)
+    return jnp.where(keep, scaled, NEG_INF)
+
+
+def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float, **_: Any) -> jax.Array:
+    """Temperature first; keep tokens whose probability is at least min_p times the largest."""
+    return jax.random.categorical(key, min_p_masked(logits, temperature=temperature, min_p=min_p), axis=-1)
 
 
 @dataclass(frozen=True)

@@ -204,13 +204,20 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
 # value on the (R, P * k) candidates, then samples the kept tokens per split. The rank-space forms (top_k,
 # temperature_top_k) keep the whole-row call: their draw needs the candidates' values and ids together,
 # and XLA then gathers the values and all-reduces the id selection, one collective more than the
-# unfused program's single gather (docs/sharding.md, "What is left"). Top-p and min-p keep it too.
+# unfused program's single gather (docs/sharding.md, "What is left"). So do top-p and
+# top-k + top-p: the nucleus needs the row sorted by value, which the unfused program gathers too.
 TOP_K_FORMS = ("top_k_mask",)
+# min_p keeps a token by its softmax probability against the row's largest: elementwise work and three
+# row reductions (max, sum, max), which the partitioner splits across a sharded vocabulary with small
+# all-reduces, as it does in the unfused program. So the multi-device call computes the mask with the
+# program's own ops (sampling_reference.min_p_masked, the same rounding) and samples the masked, scaled
+# logits per split (categorical).
+MASKED_FORMS = ("min_p",)
 
 
 def vocab_splits_for(form: str, vocab: int, devices: int) -> int:
     """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row)."""
-    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS):
+    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS, *MASKED_FORMS):
         return 1
     return devices
 
@@ -251,9 +258,10 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
     vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
     the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
-    (top_k, temperature_top_k, top-p, min-p) or a V the device count does not divide keep its whole-row
+    (top_k, temperature_top_k, top-p) or a V the device count does not divide keep its whole-row
     call, with a remark."""
     from hlofuse.composites import SampleAttrs
+    from hlofuse.kernels.sampling_reference import min_p_masked
 
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
     attrs = SampleAttrs.from_dict(call.attributes)
@@ -269,6 +277,10 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         batch = logits.shape[:-1]
         rows = int(np.prod(batch, dtype=np.int64))
+        if attrs.form == "min_p":
+            masked = min_p_masked(logits, temperature=attrs.temperature, min_p=attrs.min_p)
+            ids, scores = sample_splits(masked.reshape(rows, splits, vocab // splits), key, form="categorical")
+            return merge_splits(ids, scores).reshape(batch)
         x = logits.reshape(rows, splits, vocab // splits)  # (R, P, V/P)
         if attrs.form == "top_k_mask":
             return _sample_top_k_mask_splits(x, key, attrs).reshape(batch)
@@ -278,5 +290,6 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     return kernel
 
 
-__all__ = ["FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits", "noise_stats", "partitioned_lowering",
-           "sample", "sample_reference", "sample_splits", "sampling_lowering", "top_k_candidates", "vocab_splits_for"]
+__all__ = ["FORM_CODES", "MASKED_FORMS", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits", "noise_stats",
+           "partitioned_lowering", "sample", "sample_reference", "sample_splits", "sampling_lowering",
+           "top_k_candidates", "vocab_splits_for"]
