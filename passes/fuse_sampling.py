@@ -214,10 +214,16 @@ def _interior(site: Site) -> set[ir.Operation]:
 
 
 def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
-    for op in interior:
-        if op.name in build.LEAF_OPS:
+    """Values the sampler computes from its operands (logits, key) may not be used outside it. Values built
+    from constants and iotas alone (JAX lowers one broadcast of -inf or one iota for several users) may be
+    shared: the decomposition gets its own clones, and the originals stay for their other users."""
+    tainted: set[ir.Value] = set(site.match.leaves.values())
+    block = defining_op(site.root).parent.regions[0].blocks[0]
+    for op in (o.operation for o in block.operations):
+        if op not in interior or not any(v in tainted for v in op.operands):
             continue
         for result in op.results:
+            tainted.add(result)
             if result == site.root:
                 continue
             for use in result.uses:

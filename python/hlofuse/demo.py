@@ -2,8 +2,10 @@
 
 The model has random weights: token embedding, then pre-norm decoder layers (RMSNorm, grouped-query
 attention with rotary position embeddings, a SwiGLU MLP), a final norm and an LM head. Generation
-runs a prefill over the prompt and then one decode step per new token, with greedy (argmax)
-sampling and a KV cache of --cache-len slots per layer, written with `jax.lax.dynamic_update_slice`.
+runs a prefill over the prompt and then one decode step per new token, with a KV cache of --cache-len
+slots per layer, written with `jax.lax.dynamic_update_slice`, and the sampler --sampler names (greedy
+by default; temperature, top-k, top-p, top-k then top-p and min-p written as JetStream, MaxText and
+keras-hub write them, drawing with `jax.random.categorical` from a key folded with the position).
 Each step attends over the whole cache and masks the unwritten slots with
 `jax.nn.dot_product_attention(..., key_value_seq_lengths=...)`. In the decode step hlofuse reads that
 mask as the composite's kv_lengths, so the CPU kernel reads only the valid prefix of the cache; in
@@ -14,8 +16,9 @@ Both programs (prefill and decode step) are jitted twice: plain, and with
 step, then one hlofuse step), so a noisy machine slows both alike. The demo prints the prefill time,
 the median decode step time (per-token latency) and the speed-up, what hlofuse fused and lowered,
 and whether the two generations produced the same tokens. The exit code is 1 if the tokens differ
-(unless they part at a near-tie of the top two logits, within the dtype's rounding: see
-`compare_tokens`) or if some attention site of either program was not fused.
+(unless they part at a near-tie of the top two scores the sampler compares, within the dtype's
+rounding: see `compare_tokens`), if some attention site of either program was not fused, or if the
+sampler was not fused.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from hlofuse.jax import HlofuseFallbackWarning
 
 Params = dict[str, Any]
 Cache = tuple[jax.Array, jax.Array]  # k, v: (layers, B, S, K, H) each
-Sample = tuple[jax.Array, jax.Array, jax.Array]  # token (B,) i32, top-2 logit gap (B,), max |logit| (B,)
+Step = tuple[jax.Array, jax.Array]  # what a program returns besides the cache: token (B,) i32, logits (B, V)
+Sample = tuple[np.ndarray, np.ndarray, np.ndarray]  # token (B,), top-2 score gap (B,), max |score| (B,)
 
 PRESETS: dict[str, dict[str, int]] = {
     # finishes in well under a minute on 2 cores
@@ -150,25 +154,90 @@ def decoder(params: Params, tokens: jax.Array, cache: Cache, pos: jax.Array, cfg
     return logits, (k_cache, v_cache)
 
 
-def greedy(logits: jax.Array) -> Sample:
-    """Argmax sampling; also returns each row's top-2 logit gap and largest |logit| (to spot near-ties)."""
-    top2 = jax.lax.top_k(logits, 2)[0]
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), top2[:, 0] - top2[:, 1], jnp.max(jnp.abs(logits), axis=-1)
+SAMPLERS = ("greedy", "temperature", "top-k", "top-p", "top-k-top-p", "min-p")
 
 
-def prefill(params: Params, prompt: jax.Array, cfg: Config) -> tuple[Sample, Cache]:
-    """Fills a fresh cache with the prompt (B, T); returns the first generated token (B,) and the cache."""
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """A token sampler as serving stacks write it: logits in f32, then the scores `jax.random.categorical`
+    draws from (argmax for greedy), mapped back through the ids when it draws among the top k."""
+
+    name: str = "greedy"
+    temperature: float = 0.7
+    top_k: int = 50
+    top_p: float = 0.9
+    min_p: float = 0.05
+
+    @property
+    def stochastic(self) -> bool:
+        return self.name != "greedy"
+
+    def describe(self) -> str:
+        params = {"temperature": f"T={self.temperature}", "top-k": f"T={self.temperature} k={self.top_k}",
+                  "top-p": f"T={self.temperature} p={self.top_p}",
+                  "top-k-top-p": f"T={self.temperature} k={self.top_k} p={self.top_p}",
+                  "min-p": f"T={self.temperature} min_p={self.min_p}"}
+        return f"{self.name} {params[self.name]}" if self.name in params else self.name
+
+    def scores(self, logits: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """The scores the draw compares (before noise), and the vocabulary ids of their positions (None:
+        position = id)."""
+        x = logits.astype(jnp.float32)
+        t = self.temperature
+        if self.name == "greedy":
+            return x, None
+        if self.name == "temperature":
+            return x / t, None
+        if self.name == "top-k":  # JetStream / gemma: categorical over the top k, ids mapped back
+            values, ids = jax.lax.top_k(x, self.top_k)
+            return values / t, ids
+        if self.name == "top-k-top-p":
+            x = jnp.where(x < jax.lax.top_k(x, self.top_k)[0][..., -1:], -jnp.inf, x)
+        if self.name in ("top-p", "top-k-top-p"):  # JetStream / MaxText nucleus
+            ordered = jnp.sort(x, axis=-1)[..., ::-1]
+            cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+            cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < self.top_p, axis=-1, keepdims=True), axis=-1)
+            return jnp.where(x < cutoff, -jnp.inf, x) / t, None
+        if self.name == "min-p":  # keep tokens at least min_p times as likely as the likeliest
+            scaled = x / t
+            probs = jax.nn.softmax(scaled, axis=-1)
+            return jnp.where(probs >= self.min_p * jnp.max(probs, axis=-1, keepdims=True), scaled, -jnp.inf), None
+        raise ValueError(f"unknown sampler '{self.name}' (one of {', '.join(SAMPLERS)})")
+
+    def __call__(self, logits: jax.Array, key: jax.Array) -> jax.Array:  # key: (2,) uint32 key data
+        scores, ids = self.scores(logits)
+        if not self.stochastic:
+            return jnp.argmax(scores, axis=-1).astype(jnp.int32)
+        drawn = jax.random.categorical(jax.random.wrap_key_data(key), scores, axis=-1)
+        if ids is not None:
+            drawn = jnp.take_along_axis(ids, drawn[..., None], axis=-1)[..., 0]
+        return drawn.astype(jnp.int32)
+
+    def margins(self, logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """The top-2 gap of what the draw's argmax compares (scores plus the same noise) and its largest
+        finite magnitude: how close the choice was. Computed outside the timed programs."""
+        scores, _ = self.scores(logits)
+        if self.stochastic:
+            scores = scores + jax.random.gumbel(jax.random.wrap_key_data(key), scores.shape, scores.dtype)
+        top2 = jax.lax.top_k(scores, 2)[0]
+        finite = jnp.where(jnp.isfinite(scores), jnp.abs(scores), 0)
+        return top2[:, 0] - top2[:, 1], jnp.max(finite, axis=-1)
+
+
+def prefill(params: Params, prompt: jax.Array, key: jax.Array, cfg: Config, sampler: Sampler) -> tuple[Step, Cache]:
+    """Fills a fresh cache with the prompt (B, T); returns the first generated token (B,), its logits and
+    the cache."""
     shape = (cfg.layers, prompt.shape[0], cfg.cache_len, cfg.kv_heads, cfg.head_dim)
     cache = (jnp.zeros(shape, cfg.dtype), jnp.zeros(shape, cfg.dtype))
     logits, cache = decoder(params, prompt, cache, jnp.int32(0), cfg, causal=True)
-    return greedy(logits), cache
+    return (sampler(logits, key), logits), cache
 
 
-def decode_step(params: Params, token: jax.Array, cache: Cache, pos: jax.Array,
-                cfg: Config) -> tuple[Sample, Cache]:
-    """Feeds the token (B,) at cache position pos; returns the next token and the updated cache."""
+def decode_step(params: Params, token: jax.Array, cache: Cache, pos: jax.Array, key: jax.Array,
+                cfg: Config, sampler: Sampler) -> tuple[Step, Cache]:
+    """Feeds the token (B,) at cache position pos; returns the next token, its logits and the cache."""
     logits, cache = decoder(params, token[:, None], cache, pos, cfg, causal=False)
-    return greedy(logits), cache
+    return (sampler(logits, key), logits), cache
 
 
 # --------------------------------------------------------------------------------------------------
@@ -236,10 +305,12 @@ def compare_tokens(plain: Variant, fused: Variant, dtype: Any) -> tuple[bool, st
     """Whether the two generations agree, and a line saying so.
 
     Identical tokens agree. Otherwise the generations must be identical up to the first difference,
-    and there the plain model's top-2 logits must be a near-tie: closer than the rounding of `dtype`
-    can move them (4 units of roundoff of the largest |logit|). Past that token the two continue from
-    different prefixes, so the rest is not compared. With f32 this tolerance is about 5e-7 relative,
-    so a difference there almost always means a wrong result.
+    and there the plain model's top-2 scores must be a near-tie: closer than the rounding of `dtype`
+    can move them (4 units of roundoff of the largest |score|). The scores are what the sampler's
+    argmax compares: the logits for greedy, the kept logits / T plus the Gumbel noise of the step's key
+    for the stochastic samplers (`Sampler.margins`). Past that token the two continue from different
+    prefixes, so the rest is not compared. With f32 this tolerance is about 5e-7 relative, so a
+    difference there almost always means a wrong result.
     """
     a, b = plain.tokens(), fused.tokens()
     if np.array_equal(a, b):
@@ -250,9 +321,9 @@ def compare_tokens(plain: Variant, fused: Variant, dtype: Any) -> tuple[bool, st
     tol = 4 * float(jnp.finfo(dtype).eps) * scale
     where = f"first difference at new token {step} of row {row}: plain {a[row, step]}, hlofuse {b[row, step]}"
     if gap <= tol:
-        return True, (f"tokens identical: up to a near-tie ({where}; plain's top-2 logits differ by {gap:.3g}, "
+        return True, (f"tokens identical: up to a near-tie ({where}; plain's top-2 scores differ by {gap:.3g}, "
                       f"within {dtype_name(dtype)} rounding {tol:.3g}, so either token is right)")
-    return False, f"tokens identical: NO ({where}; plain's top-2 logits differ by {gap:.3g} > tolerance {tol:.3g})"
+    return False, f"tokens identical: NO ({where}; plain's top-2 scores differ by {gap:.3g} > tolerance {tol:.3g})"
 
 
 def dtype_name(dtype: Any) -> str:  # noqa: ANN401
@@ -281,6 +352,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt (default: %(default)s)")
     parser.add_argument("--prefill-repeats", type=int, default=3,
                         help="timed prefill runs per variant, median reported (default: %(default)s)")
+    sampling = parser.add_argument_group("sampling", "the same key for both programs: a fused sampler must draw "
+                                         "the same tokens")
+    sampling.add_argument("--sampler", choices=SAMPLERS, default="greedy", help="(default: %(default)s)")
+    sampling.add_argument("--temperature", type=float, default=0.7, help="(default: %(default)s)")
+    sampling.add_argument("--top-k", type=int, default=50, help="(default: %(default)s)")
+    sampling.add_argument("--top-p", type=float, default=0.9, help="(default: %(default)s)")
+    sampling.add_argument("--min-p", type=float, default=0.05, help="(default: %(default)s)")
     parser.add_argument("--pipeline", default="default", help="hlofuse pipeline (default: %(default)s)")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar on stderr (default: when stderr is a terminal)")
@@ -302,6 +380,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--head-dim must be even (rotary embedding)")
     if sizes["cache_len"] < sizes["prompt_len"] + sizes["new_tokens"] - 1:
         parser.error("--cache-len must be at least --prompt-len + --new-tokens - 1")
+    if not args.temperature > 0:
+        parser.error("--temperature must be positive")
+    if not 1 <= args.top_k <= sizes["vocab"]:
+        parser.error("--top-k must be between 1 and --vocab")
+    if not 0 < args.top_p <= 1 or not 0 <= args.min_p <= 1:
+        parser.error("--top-p must be in (0, 1] and --min-p in [0, 1]")
+    sampler = Sampler(args.sampler, args.temperature, args.top_k, args.top_p, args.min_p)
     cfg = Config(layers=sizes["layers"], d_model=sizes["d_model"], heads=sizes["heads"], kv_heads=sizes["kv_heads"],
                  head_dim=sizes["head_dim"], vocab=sizes["vocab"], cache_len=sizes["cache_len"],
                  dtype=jnp.bfloat16 if args.dtype == "bf16" else jnp.float32)
@@ -318,14 +403,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {cfg.layers} layers, d_model {cfg.d_model}, heads {cfg.heads}/{cfg.kv_heads} ({attn_kind}), "
           f"head_dim {cfg.head_dim}, ffn {cfg.ffn_dim}, vocab {cfg.vocab}, {args.dtype}, "
           f"{n_params / 1e6:.1f}M params (random, seed {args.seed})")
-    print(f"generate: batch {batch}, prompt {prompt_len}, {new_tokens} new tokens (greedy), "
+    print(f"generate: batch {batch}, prompt {prompt_len}, {new_tokens} new tokens ({sampler.describe()}), "
           f"KV cache {cfg.cache_len} slots")
 
-    def prefill_fn(p: Params, tokens: jax.Array) -> tuple[Sample, Cache]:
-        return prefill(p, tokens, cfg)
+    def prefill_fn(p: Params, tokens: jax.Array, key: jax.Array) -> tuple[Step, Cache]:
+        return prefill(p, tokens, key, cfg, sampler)
 
-    def decode_fn(p: Params, token: jax.Array, cache: Cache, pos: jax.Array) -> tuple[Sample, Cache]:
-        return decode_step(p, token, cache, pos, cfg)
+    def decode_fn(p: Params, token: jax.Array, cache: Cache, pos: jax.Array, key: jax.Array) -> tuple[Step, Cache]:
+        return decode_step(p, token, cache, pos, key, cfg, sampler)
+
+    # Each position draws with its own key, the same for both programs.
+    base_key = jax.random.key(args.seed + 1)
+
+    def key_at(pos: int) -> jax.Array:
+        return jax.random.key_data(jax.random.fold_in(base_key, pos))
+
+    margins = jax.jit(sampler.margins)
+
+    def sample_of(step: Step, key: jax.Array) -> Sample:
+        token, logits = step
+        gap, scale = margins(logits, key)
+        return np.asarray(token), np.asarray(gap), np.asarray(scale)
 
     options = {"hlofuse_pipeline": args.pipeline}
     variants = [
@@ -343,11 +441,11 @@ def main(argv: list[str] | None = None) -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("error", HlofuseFallbackWarning)
                 before = pipeline.STATS.copy()
-                (token, _, _), cache = jax.block_until_ready(variant.prefill(params, prompt))
+                (token, _), cache = jax.block_until_ready(variant.prefill(params, prompt, key_at(0)))
                 variant.stats["prefill"] = pipeline.STATS - before
                 bar.update()
                 before = pipeline.STATS.copy()
-                jax.block_until_ready(variant.decode(params, token, cache, jnp.int32(prompt_len)))
+                jax.block_until_ready(variant.decode(params, token, cache, jnp.int32(prompt_len), key_at(1)))
                 variant.stats["decode"] = pipeline.STATS - before
                 bar.update()
         except HlofuseFallbackWarning as fallback:
@@ -359,19 +457,19 @@ def main(argv: list[str] | None = None) -> int:
     # Prefill, alternating the variants; the last run's token and cache start the generation.
     for _ in range(max(args.prefill_repeats, 1)):
         for variant in variants:
-            (sample, variant.cache), ms = _timed(variant.prefill, params, prompt)
+            (step, variant.cache), ms = _timed(variant.prefill, params, prompt, key_at(0))
             variant.prefill_ms.append(ms)
             variant.samples = []
-            variant.record(sample)
+            variant.record(sample_of(step, key_at(0)))
             bar.update()
     # Decode in lockstep: one plain step, one hlofuse step, each from its own previous token.
     for step in range(decode_steps):
-        pos = jnp.int32(prompt_len + step)
+        pos, key = jnp.int32(prompt_len + step), key_at(1 + step)
         for variant in variants:
             token = jnp.asarray(variant.samples[-1][0])
-            (sample, variant.cache), ms = _timed(variant.decode, params, token, variant.cache, pos)
+            (out, variant.cache), ms = _timed(variant.decode, params, token, variant.cache, pos, key)
             variant.decode_ms.append(ms)
-            variant.record(sample)
+            variant.record(sample_of(out, key))
             bar.update()
     bar.close()
 
@@ -387,6 +485,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = False
         elif args.pipeline == "default" and counts.get("attention_to_cpu", 0) < cfg.layers:
             print(f"  note: not every site runs on the CPU kernel (backend {jax.default_backend()})")
+        if not any(rule.endswith("_to_sample") for rule in counts):
+            print("  expected the sampler fused into one hlofuse.sample (HLOFUSE_REMARKS=1 says why not)")
+            ok = False
 
     print()
     print(f"{'':26}{'plain XLA':>12}{'hlofuse':>12}{'speed-up':>10}")

@@ -36,13 +36,29 @@ def test_demo_fuses_every_site_and_generates_the_same_tokens(dtype, capsys):
     assert "decode step (median)" in out and "prefill (8 tokens)" in out
 
 
+@pytest.mark.parametrize("sampler", [s for s in demo.SAMPLERS if s != "greedy"])
+def test_demo_fuses_each_sampler_and_draws_the_same_tokens(sampler, capsys):
+    """The stochastic samplers as serving stacks write them, with the same key per position in both programs:
+    fused in the prefill and in the decode step, lowered to the CPU kernel, the same tokens."""
+    before = pipeline.STATS.copy()
+    assert demo.main([*TINY, "--sampler", sampler, "--top-k", "20"]) == 0
+    out = capsys.readouterr().out
+    counts = pipeline.STATS - before
+    assert counts["sample_to_cpu"] == 2, counts
+    assert sum(n for rule, n in counts.items() if rule.endswith("_to_sample")) == 2, counts
+    assert counts["sampling_not_fused"] == 0
+    assert "tokens identical: yes" in out
+    assert f"({sampler}" in out
+
+
 def test_help_lists_the_size_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         demo.main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--size", "--layers", "--d-model", "--heads", "--kv-heads", "--head-dim", "--vocab", "--prompt-len",
-                 "--new-tokens", "--batch", "--cache-len", "--dtype", "--seed"):
+                 "--new-tokens", "--batch", "--cache-len", "--dtype", "--seed", "--sampler", "--temperature", "--top-k",
+                 "--top-p", "--min-p"):
         assert flag in out
 
 

@@ -109,3 +109,32 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
             want = runs["original"](*args)[0]
             for name, run in runs.items():
                 np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+
+
+def test_constants_shared_with_the_rest_of_the_program_do_not_block_fusion() -> None:
+    """hlofuse-prepare inlines and CSEs the program, so a broadcast constant of the sampler (the 0 that
+    take_along_axis compares indices with) can also feed another take_along_axis outside it. Only values
+    computed from the logits or the key are the sampler's own."""
+    import jax.numpy as jnp
+
+    def f(logits: jax.Array, key: jax.Array, index: jax.Array) -> tuple[jax.Array, jax.Array]:
+        values, ids = jax.lax.top_k(logits, 8)
+        drawn = jax.random.categorical(jax.random.wrap_key_data(key), values / 0.7, axis=-1)
+        token = jnp.take_along_axis(ids, drawn[..., None], axis=-1)[..., 0]
+        other = jnp.take_along_axis(logits, index, axis=-1)  # shares the sampler's index constants
+        return token, other
+
+    args = (jax.ShapeDtypeStruct((1, 256), np.float32), jax.ShapeDtypeStruct((2,), np.uint32),
+            jax.ShapeDtypeStruct((1, 1), np.int32))
+    original = clone_module(jax.jit(f).lower(*args).compiler_ir("stablehlo"))
+    module = clone_module(original)
+    result = run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    assert result.counters["top_k_to_sample"] == 1, [str(r) for r in result.remarks]
+    assert count_composites(module, "hlofuse.sample") == 1
+    run_original, run_fused = compile_module(original), compile_module(module)
+    rng = np.random.default_rng(0)
+    for seed in range(KEYS):
+        inputs = (rng.standard_normal((1, 256)).astype(np.float32), np.array([seed, 7], np.uint32),
+                  np.array([[seed * 11]], np.int32))
+        for want, got in zip(run_original(*inputs), run_fused(*inputs), strict=True):
+            np.testing.assert_array_equal(got, want)
