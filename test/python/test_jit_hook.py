@@ -28,6 +28,7 @@ import hlofuse
 import hlofuse.jax as hjax
 from hlofuse import pipeline
 from hlofuse.jax import hook, plugin
+from hlofuse.kernels import cpu
 
 PYTHON_DIR = Path(hlofuse.__file__).resolve().parents[1]
 CANON = "builtin.module(canonicalize,cse)"
@@ -381,6 +382,7 @@ def test_cache_key_hook_chains_the_previous_one():
             assert cache_key.custom_hook() == "user-salt"
             salt = hook.cache_salt(hook.HookOptions(CANON, None, False), "cpu")
             assert hlofuse.__version__ in salt and CANON in salt and "cpu" in salt
+            assert f"kernels={cpu.library_digest()};" in salt  # a rebuilt kernel library misses the cache
             hook._local.salt = salt
             assert cache_key.custom_hook() == f"user-salt|{salt}"
             hook._local.salt = None

@@ -240,8 +240,10 @@ def _make_cache_key_hook(previous: Callable[[], str]) -> Callable[[], str]:
 def cache_salt(options: HookOptions, target: str | None) -> str:
     """What a rewritten compile adds to the persistent cache key."""
     import hlofuse
+    from hlofuse.kernels.cpu import library_digest
 
-    return f"hlofuse={hlofuse.__version__};pipeline={options.pipeline};target={target}"
+    return (f"hlofuse={hlofuse.__version__};kernels={library_digest()};pipeline={options.pipeline};"
+            f"target={target}")
 
 
 # ----------------------------------------------------------------------------- the wrapper

@@ -8,6 +8,8 @@ HLOFUSE_CPU_KERNELS_LIB environment variable (a scratch cmake build during devel
 from __future__ import annotations
 
 import ctypes
+import functools
+import hashlib
 import os
 import threading
 from pathlib import Path
@@ -35,6 +37,23 @@ def library_path() -> Path | None:
     if env and Path(env).is_file():
         return Path(env)
     return None
+
+
+def library_digest() -> str:
+    """A short digest of the kernel library's bytes ("none" when it is absent), for the persistent cache
+    key: a rebuilt library can change what a custom call computes, or the operands and attributes it
+    takes, while hlofuse's version and the emitted IR stay the same."""
+    path = library_path()
+    return _file_digest(str(path)) if path is not None else "none"
+
+
+@functools.cache
+def _file_digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as library:
+        for chunk in iter(lambda: library.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def _load() -> ctypes.CDLL:
@@ -82,4 +101,4 @@ def isa() -> str:
     return fn().decode()
 
 
-__all__ = ["LIB_ENV", "TARGETS", "is_available", "isa", "library_path", "register"]
+__all__ = ["LIB_ENV", "TARGETS", "is_available", "isa", "library_digest", "library_path", "register"]
