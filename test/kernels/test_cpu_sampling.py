@@ -151,8 +151,9 @@ def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...
     ref = sample_reference(x, key, form=form, **PARAMS[form])
     np.testing.assert_array_equal(jax.jit(fn)(x, key), ref)
     text = jax.jit(fn).lower(x, key).as_text()
-    assert (f"vocab_total = {shape[-1]}" in text) == splits
-    assert ("hlofuse_sample_top_k" in text) == (splits and form == "top_k_mask")
+    rank_space = form in ("top_k", "temperature_top_k")  # draw among packed candidates, no vocab_total
+    assert (f"vocab_total = {shape[-1]}" in text) == (splits and not rank_space)
+    assert ("hlofuse_sample_top_k" in text) == (splits and form in sampling.TOP_K_FORMS)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -172,18 +173,20 @@ def test_top_k_candidates_are_the_splits_top_k(dtype: str) -> None:
                                           err_msg=f"{kind} k={k}")
 
 
+@pytest.mark.parametrize("form", ["top_k_mask", "top_k", "temperature_top_k"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("k", [1, 50, 300])
-def test_top_k_mask_splits_match_reference(dtype: str, k: int) -> None:
-    """top_k_mask over P vocabulary splits (k-th value from the splits' candidates, then temperature per
-    split and the merge) against `sample_reference`, over several keys; k = 300 exceeds a split's 125."""
+def test_top_k_splits_match_reference(form: str, dtype: str, k: int) -> None:
+    """The top-k forms over P vocabulary splits against `sample_reference`, over several keys; k = 300
+    exceeds a split's 125. top_k_mask: the k-th value from the splits' candidates, then temperature per
+    split and the merge; top_k / temperature_top_k: the rank-space draw among the packed candidates."""
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     params = {"temperature": 0.8, "k": k}
     for rows, splits, width in SPLIT_SHAPES[:3]:
-        call = CompositeCall("hlofuse.sample", 1, {"mode": "top_k", "form": "top_k_mask", **params},
+        call = CompositeCall("hlofuse.sample", 1, {"mode": "top_k", "form": form, **params},
                              (((rows, splits * width), "bf16" if dtype == "bfloat16" else "f32"), ((2,), "ui32")))
         fn = jax.jit(sampling.partitioned_lowering(call, splits))
-        ref = jax.jit(lambda x, key: sample_reference(x, key, form="top_k_mask", **params))  # noqa: B023
+        ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))  # noqa: B023
         for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
             for seed in range(3):
                 x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))

@@ -259,3 +259,35 @@ module @sample_min_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_r
     return %0 : tensor<4xi32>
   }
 }
+
+// -----
+
+// Rank-space top-k (JetStream / gemma) with the vocabulary sharded: each split's top k with global ids
+// (hlofuse_sample_top_k, batch dims R and P), packed as (value, id bits) f32 pairs into one (R, 2 * P * k)
+// array, which a sharded vocabulary gathers once; the packed form (8) ranks the candidates, draws the rank
+// noise and returns the winner's id.
+// CPU-LABEL: func.func public @rank_top_k_vocab_sharded
+// CPU: func.func private @hlofuse.sample.cpu
+// CPU: %[[X:.*]] = stablehlo.reshape %arg0 : (tensor<4x1024xf32>) -> tensor<4x8x128xf32>
+// CPU: %[[TOP:.*]]:2 = stablehlo.custom_call @hlofuse_sample_top_k(%[[X]],
+// CPU-SAME: num_batch_dims = "2"
+// CPU: %[[BITS:.*]] = stablehlo.bitcast_convert %[[TOP]]#1 : (tensor<4x8x8xi32>) -> tensor<4x8x8xf32>
+// CPU: stablehlo.concatenate
+// CPU: %[[PACKED:.*]] = stablehlo.reshape {{.*}} : (tensor<4x8x8x2xf32>) -> tensor<4x128xf32>
+// CPU: stablehlo.custom_call @hlofuse_sample(%[[PACKED]],
+// CPU-SAME: form = 8 : i64, k = 8 : i64
+// CPU-SAME: vocab_total = 0 : i64
+// CPU-SAME: num_batch_dims = "1"
+// KEEP-LABEL: func.func public @rank_top_k_vocab_sharded
+// KEEP: stablehlo.composite "hlofuse.sample"
+module @sample_top_k_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["vocab"=8]>
+  func.func public @rank_top_k_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_k", k = 8 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%arg0: tensor<4x1024xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+}

@@ -29,7 +29,7 @@ XFAIL: dict[str, str] = {}
 # a global row id per row), so the call carries batch dims. With the vocabulary sharded, greedy and
 # temperature sampling run per vocabulary split (a leading batch dim P) and merge (score, id) over P;
 # top_k_mask first takes each split's top k (hlofuse_sample_top_k) for the row's k-th value; the rank-space
-# top_k keeps whole rows, so its vocabulary is gathered (no more than the unfused lax.top_k gathers); min-p
+# top_k draws among the splits' candidates, packed (value, id) so they are gathered once; min-p
 # computes its mask with the program's own reductions and samples per split; top-p keeps whole rows (the
 # unfused sort gathers more).
 SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sampling_vocab_sharded",

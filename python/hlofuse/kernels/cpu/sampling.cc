@@ -39,7 +39,15 @@ namespace {
 enum class Form : int64_t {
   kGreedy = 0, kTemperature = 1, kTopK = 2, kTemperatureTopK = 3, kTopKMask = 4, kTopPMask = 5,
   kTopKTopPMask = 6, kMinP = 7,
+  // Rank-space top-k over packed candidates: each row is C (value, id) pairs as f32 words, the id's int32
+  // bits in the second word (the vocabulary splits' top-k candidates, gathered as one array). The values
+  // round as f32 (8) or as bf16 (9: bf16 logits widened to f32 by hlofuse_sample_top_k).
+  kTopKPacked = 8, kTopKPackedBf16 = 9,
 };
+
+bool IsPacked(int64_t form) {
+  return form == static_cast<int64_t>(Form::kTopKPacked) || form == static_cast<int64_t>(Form::kTopKPackedBf16);
+}
 
 constexpr float kTiny = 1.17549435e-38f;  // finfo(f32).tiny == finfo(bf16).tiny
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -633,6 +641,22 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const int64_t rank = best.index < 0 ? 0 : best.index;
       return Best{top[rank].second, best.score};
     }
+    case Form::kTopKPacked:
+    case Form::kTopKPackedBf16: {
+      // As kTopK over the candidates' values (their order, value descending and earlier position first on
+      // ties, is the row's: candidates come split by split, ids ascending), noise at row * k + rank; the
+      // token is the winner's id word.
+      const int64_t candidates = r.n / 2;
+      for (int64_t i = 0; i < candidates; ++i) r.y[i] = r.x[2 * i];
+      auto top = TopK(ops, r.y, candidates, prm.k, r.ids);
+      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
+      for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i) sampler.Offer(i, r.Round(top[i].first / t));
+      const Best& best = sampler.best();
+      const int64_t at = top[best.index < 0 ? 0 : best.index].second;
+      int32_t id;
+      std::memcpy(&id, &r.x[2 * at + 1], 4);
+      return Best{id, best.score};
+    }
     case Form::kTopKMask: {
       const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
       const float ylo = ScaledFloor(r, kth, t);
@@ -774,9 +798,13 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
   if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
-  if (form < 0 || form > 7) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
-  const bool needs_k = form >= 2 && form <= 6 && form != 5;
-  if (vocab < 1 || (needs_k && (k < 1 || k > vocab)))
+  if (form < 0 || form > 9) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
+  const bool needs_k = (form >= 2 && form <= 6 && form != 5) || IsPacked(form);
+  // Packed candidates: V = 2C words, k of the C candidates.
+  const int64_t choices = IsPacked(form) ? vocab / 2 : vocab;
+  if (IsPacked(form) && (bf16 || vocab % 2 || vocab_total != 0))
+    return ffi::Error::InvalidArgument("hlofuse_sample: packed candidates are (rows, 2C) f32 and do not split");
+  if (vocab < 1 || (needs_k && (k < 1 || k > choices)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
   if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))
     return ffi::Error::InvalidArgument("hlofuse_sample: vocab_total must be 0 (this call's V) or >= V");
@@ -786,7 +814,9 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   auto split_of = SplitOf(optional, extra, rows, vocab, vocab_total, form);
   if (!split_of.has_value()) return split_of.error();
   const Split split_io = *split_of;
-  const Params prm{static_cast<Form>(form), bf16 ? RoundBf16(temperature) : temperature, k, p, min_p};
+  // Values round as bf16 for bf16 logits, and for packed candidates widened from bf16.
+  const bool round_bf16 = bf16 || form == static_cast<int64_t>(Form::kTopKPackedBf16);
+  const Params prm{static_cast<Form>(form), round_bf16 ? RoundBf16(temperature) : temperature, k, p, min_p};
   const SimdOps& ops = SelectOps();
   const char* base = static_cast<const char*>(logits.untyped_data());
   const uint32_t* key = keys.typed_data();
@@ -809,7 +839,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
       for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
       x = wide;
     }
-    const Row row{x, vocab, bf16, scratch, scratch + stride, scratch + 2 * stride,
+    const Row row{x, vocab, round_bf16, scratch, scratch + stride, scratch + 2 * stride,
                   reinterpret_cast<int32_t*>(scratch + 3 * stride), split ? &on_pool : &in_order};
     const int64_t offset = split_io.offsets ? split_io.offsets[r] : 0;
     const uint64_t vocab_base = static_cast<uint64_t>(ids[r]) * vocab_global + offset;

@@ -29,6 +29,10 @@ TOP_K_TARGET = "hlofuse_sample_top_k"
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7}
 
+# The kernel's own forms, no composite's: rank-space top-k over packed (value, id-bits) f32 candidates, the
+# values rounding as f32 or as bf16 (`_sample_rank_top_k_splits`).
+PACKED_FORM_CODES = {"top_k_packed": 8, "top_k_packed_bf16": 9}
+
 # Forms whose filter compares probabilities: the program rounds them (and their cumulative sum) to bf16.
 BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
 
@@ -106,7 +110,8 @@ def _sample_call(
 ) -> list[jax.Array]:  # tokens (*L,) int32 [, scores (*L,) f32]
     from hlofuse.kernels import cpu
 
-    if form not in FORM_CODES:
+    code = FORM_CODES.get(form, PACKED_FORM_CODES.get(form))
+    if code is None:
         raise ValueError(f"the CPU sampler has no form '{form}'")
     if logits.dtype not in (jnp.float32, jnp.bfloat16):
         raise ValueError(f"logits must be float32 or bfloat16, got {logits.dtype}")
@@ -117,7 +122,7 @@ def _sample_call(
         out_types.append(jax.ShapeDtypeStruct(lead, jnp.float32))
     operands = [logits, keys, row_ids] if offsets is None else [logits, keys, row_ids, offsets.astype(jnp.int32)]
     call = jax.ffi.ffi_call(TARGET, out_types, vmap_method="sequential")
-    return list(call(*operands, form=np.int64(FORM_CODES[form]), temperature=np.float32(temperature),
+    return list(call(*operands, form=np.int64(code), temperature=np.float32(temperature),
                      k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p), vocab_total=np.int64(vocab_total)))
 
 
@@ -202,11 +207,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
 # top_k_mask takes each split's top k first (`hlofuse_sample_top_k`, batch-partitionable like the sampler:
 # XLA's partitioner gathers lax.top_k's whole operand, even along its batch dims), finds the row's k-th
 # value on the (R, P * k) candidates, then samples the kept tokens per split. The rank-space forms (top_k,
-# temperature_top_k) keep the whole-row call: their draw needs the candidates' values and ids together,
-# and XLA then gathers the values and all-reduces the id selection, one collective more than the
-# unfused program's single gather (docs/sharding.md, "What is left"). So do top-p and
-# top-k + top-p: the nucleus needs the row sorted by value, which the unfused program gathers too.
-TOP_K_FORMS = ("top_k_mask",)
+# temperature_top_k) draw among the splits' candidates, packed (value, id) into one array so that the
+# partitioner gathers them once (`_sample_rank_top_k_splits`). top-p and top-k + top-p keep the whole-row
+# call: the nucleus needs the row sorted by value, which the unfused program gathers too.
+TOP_K_FORMS = ("top_k_mask", "top_k", "temperature_top_k")
 # min_p keeps a token by its softmax probability against the row's largest: elementwise work and three
 # row reductions (max, sum, max), which the partitioner splits across a sharded vocabulary with small
 # all-reduces, as it does in the unfused program. So the multi-device call computes the mask with the
@@ -254,6 +258,26 @@ def _sample_top_k_mask_splits(x: jax.Array, key: jax.Array | None, attrs: Sample
     return merge_splits(ids, scores)
 
 
+def _sample_rank_top_k_splits(x: jax.Array, key: jax.Array | None, attrs: SampleAttrs) -> jax.Array:
+    """(R, P, V/P) -> (R,) for the rank-space forms (top_k: categorical over top_k(x) / T, mapped back
+    through the ids; temperature_top_k: the same over top_k(x / T)). Each split's top k with global ids
+    (`hlofuse_sample_top_k`), packed as (value, id bits) f32 pairs into one (R, 2 * P * k') array, so that
+    a vocabulary sharded over devices is gathered once, as the candidates; the kernel's packed form then
+    ranks the candidates (their order is the row's: split by split, ids ascending), draws the rank noise
+    at row * k + rank and returns the winner's id."""
+    rows, k = x.shape[0], attrs.k
+    temperature = attrs.temperature
+    if attrs.form == "temperature_top_k":  # the program divides first, in the logits' dtype
+        x, temperature = x / attrs.temperature, 1.0
+    values, ids = top_k_candidates(x, k)  # (R, P, k')
+    packed = jnp.stack([values, jax.lax.bitcast_convert_type(ids, jnp.float32)], axis=-1).reshape(rows, -1)
+    form = "top_k_packed_bf16" if x.dtype == jnp.bfloat16 else "top_k_packed"
+    row_ids = jax.lax.iota(jnp.int32, rows)
+    (tokens,) = _sample_call(packed, _keys(key, (rows,)), row_ids, form=form, temperature=temperature, k=k,
+                             p=1.0, min_p=0.0)
+    return tokens
+
+
 def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
     """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
     vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
@@ -284,12 +308,14 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
         x = logits.reshape(rows, splits, vocab // splits)  # (R, P, V/P)
         if attrs.form == "top_k_mask":
             return _sample_top_k_mask_splits(x, key, attrs).reshape(batch)
+        if attrs.form in ("top_k", "temperature_top_k"):
+            return _sample_rank_top_k_splits(x, key, attrs).reshape(batch)
         ids, scores = sample_splits(x, key, form=attrs.form, temperature=attrs.temperature)
         return merge_splits(ids, scores).reshape(batch)
 
     return kernel
 
 
-__all__ = ["FORM_CODES", "MASKED_FORMS", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits", "noise_stats",
-           "partitioned_lowering", "sample", "sample_reference", "sample_splits", "sampling_lowering",
+__all__ = ["FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits",
+           "noise_stats", "partitioned_lowering", "sample", "sample_reference", "sample_splits", "sampling_lowering",
            "top_k_candidates", "vocab_splits_for"]
