@@ -164,9 +164,13 @@ def instantiate(name: str, options: dict[str, str]) -> ModulePass:
 
 
 def default_pipeline(target: str | None) -> str:
-    """The standard pipeline: normalise, fuse, then lower the composites a `target` kernel supports."""
+    """The standard pipeline: normalise, fuse, then lower the composites a `target` kernel supports.
+
+    Sampling fuses before attention: a sampler's softmax (top-p, min-p) then sits in the sample
+    composite's decomposition, which the attention pass skips, instead of being reported as an attention
+    near-miss."""
     lower = f",hlofuse-lower-kernels{{target={target}}}" if target else ""
-    return f"builtin.module(hlofuse-prepare,hlofuse-fuse-attention,hlofuse-fuse-sampling{lower})"
+    return f"builtin.module(hlofuse-prepare,hlofuse-fuse-sampling,hlofuse-fuse-attention{lower})"
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 KERNELS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
 # Kernels in a multi-device module are opt-in (multi_device=batch); the default keeps the composites.
-PIPELINE = ("builtin.module(hlofuse-prepare,hlofuse-fuse-attention,hlofuse-fuse-sampling,"
+PIPELINE = ("builtin.module(hlofuse-prepare,hlofuse-fuse-sampling,hlofuse-fuse-attention,"
             "hlofuse-lower-kernels{target=cpu multi_device=batch})")
 OPTIONS = {"hlofuse_pipeline": PIPELINE, "hlofuse_strict": True}
 
