@@ -18,17 +18,9 @@ namespace {
 #include "bf16_tiles.h"
 #include "amx_tiles.h"
 #include "attention_impl.h"
-
-void TileItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  tile_item(args, plan, item, scratch);
-}
-void CombineItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  combine_item(args, plan, item, scratch);
-}
-int64_t ScratchSize(const AttentionArgs& args, const AttentionPlan& plan) { return scratch_floats(args, plan); }
 }  // namespace
 }  // namespace amx
 
-KernelTable AmxKernels() { return {"amx", amx::kW, amx::TileItem, amx::CombineItem, amx::ScratchSize}; }
+KernelTable AmxKernels() { return amx::kernel_table("amx"); }
 
 }  // namespace hlofuse::cpu

@@ -11,17 +11,9 @@ namespace avx2 {
 namespace {
 #include "vec_avx2.h"
 #include "attention_impl.h"
-
-void TileItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  tile_item(args, plan, item, scratch);
-}
-void CombineItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  combine_item(args, plan, item, scratch);
-}
-int64_t ScratchSize(const AttentionArgs& args, const AttentionPlan& plan) { return scratch_floats(args, plan); }
 }  // namespace
 }  // namespace avx2
 
-KernelTable Avx2Kernels() { return {"avx2", avx2::kW, avx2::TileItem, avx2::CombineItem, avx2::ScratchSize}; }
+KernelTable Avx2Kernels() { return avx2::kernel_table("avx2"); }
 
 }  // namespace hlofuse::cpu

@@ -11,17 +11,9 @@ namespace avx512 {
 namespace {
 #include "vec_avx512.h"
 #include "attention_impl.h"
-
-void TileItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  tile_item(args, plan, item, scratch);
-}
-void CombineItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  combine_item(args, plan, item, scratch);
-}
-int64_t ScratchSize(const AttentionArgs& args, const AttentionPlan& plan) { return scratch_floats(args, plan); }
 }  // namespace
 }  // namespace avx512
 
-KernelTable Avx512Kernels() { return {"avx512", avx512::kW, avx512::TileItem, avx512::CombineItem, avx512::ScratchSize}; }
+KernelTable Avx512Kernels() { return avx512::kernel_table("avx512"); }
 
 }  // namespace hlofuse::cpu

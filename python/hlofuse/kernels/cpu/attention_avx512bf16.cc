@@ -19,19 +19,9 @@ namespace {
 #include "bf16_tiles.h"
 #include "dpbf16_tiles.h"
 #include "attention_impl.h"
-
-void TileItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  tile_item(args, plan, item, scratch);
-}
-void CombineItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  combine_item(args, plan, item, scratch);
-}
-int64_t ScratchSize(const AttentionArgs& args, const AttentionPlan& plan) { return scratch_floats(args, plan); }
 }  // namespace
 }  // namespace avx512bf16
 
-KernelTable Avx512Bf16Kernels() {
-  return {"avx512bf16", avx512bf16::kW, avx512bf16::TileItem, avx512bf16::CombineItem, avx512bf16::ScratchSize};
-}
+KernelTable Avx512Bf16Kernels() { return avx512bf16::kernel_table("avx512bf16"); }
 
 }  // namespace hlofuse::cpu

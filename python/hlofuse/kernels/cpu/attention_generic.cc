@@ -11,17 +11,9 @@ namespace generic {
 namespace {
 #include "vec_generic.h"
 #include "attention_impl.h"
-
-void TileItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  tile_item(args, plan, item, scratch);
-}
-void CombineItem(const AttentionArgs& args, const AttentionPlan& plan, int64_t item, float* scratch) {
-  combine_item(args, plan, item, scratch);
-}
-int64_t ScratchSize(const AttentionArgs& args, const AttentionPlan& plan) { return scratch_floats(args, plan); }
 }  // namespace
 }  // namespace generic
 
-KernelTable GenericKernels() { return {"generic", generic::kW, generic::TileItem, generic::CombineItem, generic::ScratchSize}; }
+KernelTable GenericKernels() { return generic::kernel_table("generic"); }
 
 }  // namespace hlofuse::cpu

@@ -830,3 +830,6 @@ inline void combine_item(const AttentionArgs& args, const AttentionPlan& plan, i
   }
   finalize(args, plan, tl, tl.kb0 * plan.block_k, imin(tl.kb1 * plan.block_k, args.S), sc);
 }
+
+// This ISA's entry points (the including translation unit's, as this file sits in its namespace).
+inline KernelTable kernel_table(const char* name) { return {name, kW, tile_item, combine_item, scratch_floats}; }
