@@ -180,33 +180,27 @@ def test_top_k_splits_match_reference(form: str, dtype: str, k: int) -> None:
     """The top-k forms over P vocabulary splits against `sample_reference`, over several keys; k = 300
     exceeds a split's 125. top_k_mask: the k-th value from the splits' candidates, then temperature per
     split and the merge; top_k / temperature_top_k: the rank-space draw among the packed candidates."""
-    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    params = {"temperature": 0.8, "k": k}
-    for rows, splits, width in SPLIT_SHAPES[:3]:
-        call = CompositeCall("hlofuse.sample", 1, {"mode": "top_k", "form": form, **params},
-                             (((rows, splits * width), "bf16" if dtype == "bfloat16" else "f32"), ((2,), "ui32")))
-        fn = jax.jit(sampling.partitioned_lowering(call, splits))
-        ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))  # noqa: B023
-        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
-            for seed in range(3):
-                x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
-                key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
-                np.testing.assert_array_equal(fn(x, key), ref(x, key),
-                                              err_msg=f"{kind} {(rows, splits, width)} seed {seed}")
+    _assert_splits_match_reference(form, {"temperature": 0.8, "k": k}, dtype)
 
 
 def test_min_p_splits_match_reference() -> None:
     """min_p over P vocabulary splits: the program's own mask (softmax against the row's largest), then a
-    categorical draw per split and the merge, against `sample_reference` over distributions and keys."""
-    params = {"temperature": 0.9, "min_p": 0.05}
+    categorical draw per split and the merge."""
+    _assert_splits_match_reference("min_p", {"temperature": 0.9, "min_p": 0.05}, "float32")
+
+
+def _assert_splits_match_reference(form: str, params: dict[str, float], dtype: str) -> None:
+    """partitioned_lowering with P = the split count against `sample_reference`, over the split shapes,
+    distributions and keys."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
     for rows, splits, width in SPLIT_SHAPES[:3]:
-        call = CompositeCall("hlofuse.sample", 1, {"mode": "min_p", "form": "min_p", **params},
-                             (((rows, splits * width), "f32"), ((2,), "ui32")))
+        call = CompositeCall("hlofuse.sample", 1, {"mode": form, "form": form, **params},
+                             (((rows, splits * width), "bf16" if dtype == "bfloat16" else "f32"), ((2,), "ui32")))
         fn = jax.jit(sampling.partitioned_lowering(call, splits))
-        ref = jax.jit(lambda x, key: sample_reference(x, key, form="min_p", **params))
         for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
             for seed in range(3):
-                x = jnp.asarray(_logits(kind, (rows, splits * width), seed))
+                x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
                 key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
                 np.testing.assert_array_equal(fn(x, key), ref(x, key),
                                               err_msg=f"{kind} {(rows, splits, width)} seed {seed}")
