@@ -26,7 +26,7 @@ from hlofuse.kernels.pallas.attention import BlockSizes, decode_attention
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites
 
-CUSTOM_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton"}
+CUSTOM_CALLS = {"tpu": "tpu_custom_call", "gpu": "__gpu$xla.gpu.triton", "gpu-mosaic": "__gpu$xla.gpu.triton"}
 
 
 def _composite_module(t: int = 16, s: int = 16, dtype: jnp.dtype = jnp.float32, **kwargs: object) -> ir.Module:
@@ -237,7 +237,7 @@ def _sample_module(dtype: jnp.dtype = jnp.float32, **kwargs: object) -> ir.Modul
     return clone_module(jax.jit(f).lower(*specs).compiler_ir("stablehlo"))
 
 
-@pytest.mark.parametrize("target", ["tpu", "gpu"])
+@pytest.mark.parametrize("target", ["tpu", "gpu", "gpu-mosaic"])  # gpu-mosaic samples with the Triton kernel
 @pytest.mark.parametrize(
     ("dtype", "kwargs"),
     [
@@ -291,7 +291,8 @@ def _sampler_inputs(name: str) -> list[list[object]]:
 SAMPLER_E2E = [(name, target) for target in ("tpu-interpret", "gpu-interpret")
                for name in ("argmax_bf16", "temperature_bf16", "jetstream_top_k", "jetstream_top_p", "min_p",
                             "top_k_then_top_p")]
-SAMPLER_E2E += [("keras_top_k", "tpu-interpret"), ("maxtext_top_k_mask", "tpu-interpret")]
+SAMPLER_E2E += [("keras_top_k", "tpu-interpret"), ("maxtext_top_k_mask", "tpu-interpret"),
+                ("jetstream_top_p", "gpu-mosaic-interpret")]
 
 
 @pytest.mark.parametrize(("name", "target"), SAMPLER_E2E)

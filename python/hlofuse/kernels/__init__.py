@@ -31,6 +31,9 @@ LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.sample", "gpu"): "hlofuse.kernels.pallas.sampling:gpu_lowering",
     ("hlofuse.sample", "tpu-interpret"): "hlofuse.kernels.pallas.sampling:tpu_interpret_lowering",
     ("hlofuse.sample", "gpu-interpret"): "hlofuse.kernels.pallas.sampling:gpu_interpret_lowering",
+    # Mosaic GPU has no sampler of its own: gpu-mosaic programs sample with the Triton kernel.
+    ("hlofuse.sample", "gpu-mosaic"): "hlofuse.kernels.pallas.sampling:gpu_lowering",
+    ("hlofuse.sample", "gpu-mosaic-interpret"): "hlofuse.kernels.pallas.sampling:gpu_interpret_lowering",
     ("hlofuse.sample", "neuron"): "hlofuse.kernels.nki.sampling:neuron_lowering",
     ("hlofuse.sample", "neuron-sim"): "hlofuse.kernels.nki.sampling:neuron_sim_lowering",
 }
