@@ -125,8 +125,12 @@ class SampleAttrs:
                 "p": ir.FloatAttr.get(f64, self.p), "min_p": ir.FloatAttr.get(f64, self.min_p)}
 
     def params(self) -> dict[str, Any]:
-        """Keyword arguments of the form's function (hlofuse.kernels.sampling_reference)."""
-        return {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p}
+        """Keyword arguments of the form's function (hlofuse.kernels.sampling_reference): the parameters
+        the form reads, the others at their neutral values (`form_params`)."""
+        from hlofuse.kernels.sampling_reference import FORMS, form_params
+
+        values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p}
+        return form_params(self.form, **values) if self.form in FORMS else values
 
 
 def attribute_values(attributes: ir.Attribute) -> dict[str, Any]:

@@ -145,6 +145,20 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 )}
 
 
+# Each parameter's value when a form does not read it: what the form's function computes with.
+NEUTRAL_PARAMS: dict[str, float] = {"temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
+
+
+def form_params(form: str, *, temperature: float = 1.0, k: int = 0, p: float = 1.0,
+                min_p: float = 0.0) -> dict[str, Any]:
+    """The parameters `form` reads, the others at their neutral values. Kernels take their parameters
+    through this, so that none applies, say, a temperature to the categorical form, whose function
+    ignores it (a composite written by hand may carry any attribute values)."""
+    given = {"temperature": temperature, "k": k, "p": p, "min_p": min_p}
+    read = FORMS[form].params
+    return {name: given[name] if name in read else neutral for name, neutral in NEUTRAL_PARAMS.items()}
+
+
 def sample_reference(
     logits: jax.Array,  # (..., V) float
     key: jax.Array | None,  # (2,) uint32, a raw threefry2x32 key; None for greedy forms
@@ -171,4 +185,4 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
-__all__ = ["FORMS", "Form", "sample_reference", "sampling_lowering"]
+__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "form_params", "sample_reference", "sampling_lowering"]

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.kernels.sampling_reference import form_params, sample_reference
 
 if TYPE_CHECKING:
     from hlofuse.composites import SampleAttrs
@@ -78,12 +78,14 @@ def sample(
     min_p: float = 0.0,
 ) -> jax.Array:  # (...,) int32
     """`sample_reference`'s token ids, computed by the native CPU kernel."""
+    if form not in FORM_CODES:
+        raise ValueError(f"the CPU sampler has no form '{form}'")
+    params = form_params(form, temperature=temperature, k=k, p=p, min_p=min_p)
     batch, vocab = logits.shape[:-1], logits.shape[-1]
     rows = int(np.prod(batch, dtype=np.int64))
     keys = _keys(key, (rows,))
     row_ids = jax.lax.iota(jnp.int32, rows)
-    (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, temperature=temperature, k=k,
-                             p=p, min_p=min_p)
+    (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, **params)
     return tokens.reshape(batch)
 
 

@@ -54,7 +54,7 @@ import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, INSTALL_MESSAGE, nisa, nki, nl
-from hlofuse.kernels.sampling_reference import FORMS, sample_reference
+from hlofuse.kernels.sampling_reference import FORMS, form_params, sample_reference
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -422,6 +422,9 @@ def kernel_tokens(
     neuronxcc imports and the emulator otherwise ("emulator" / "simulator" force one). runner "device":
     traced with nki.jit on the JAX arrays, which emits the Neuron custom call (needs the Neuron SDK).
     """
+    if form in FORMS:  # parameters the form does not read take their neutral values (as the reference)
+        temperature, k, p, min_p = (form_params(form, temperature=temperature, k=k, p=p, min_p=min_p)[name]
+                                    for name in ("temperature", "k", "p", "min_p"))
     dtype = jnp.dtype(logits.dtype).name
     batch, vocab = logits.shape[:-1], logits.shape[-1]
     check_form(form, dtype, vocab, k, temperature)
