@@ -1,15 +1,20 @@
-"""Property test: hypothesis draws sampler inputs (form, parameters, shape, dtype, logit distribution, key); the
-native CPU sampler must return `sample_reference`'s token ids exactly.
+"""Property test: hypothesis draws sampler inputs (form, parameters, shape, dtype, logit distribution, key); every
+sampling kernel must return `sample_reference`'s token ids exactly: the native CPU sampler, the Pallas TPU and
+GPU samplers in interpret mode, and the NKI sampler under the emulator (its own ids, before the reference
+fills rows it marks uncertified).
 
 Profiles as in test_differential.py: HYPOTHESIS_PROFILE=ci (default, part of test.sh) or =thorough
-(`HYPOTHESIS_PROFILE=thorough pytest test/kernels/test_cpu_sampling_properties.py`, a few minutes).
+(`HYPOTHESIS_PROFILE=thorough pytest test/kernels/test_sampling_properties.py`, several minutes).
 Derandomized, so a failure reproduces; the failing example is printed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import hypothesis.strategies as st
 import jax
@@ -17,19 +22,17 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 
 from hlofuse.kernels.cpu import sampling
 from hlofuse.kernels.sampling_reference import sample_reference
 
-pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU kernels are not built")
-
 _COMMON = {"deadline": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow],
            "print_blob": True}
-settings.register_profile("sampling-ci", max_examples=60, **_COMMON)
-settings.register_profile("sampling-thorough", max_examples=600, **_COMMON)
-PROFILE = settings.get_profile("sampling-thorough" if os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
-                               else "sampling-ci")
+THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
+# Interpret mode and the emulator run a kernel far slower than the native sampler: fewer examples there.
+PROFILE = settings(max_examples=600 if THOROUGH else 60, **_COMMON)
+SLOW_PROFILE = settings(max_examples=150 if THOROUGH else 30, **_COMMON)
 
 FORMS = tuple(sorted(sampling.FORM_CODES))
 DISTRIBUTIONS = ("normal", "wide", "peaked", "ties", "neg_inf", "flat", "one_hot")
@@ -91,15 +94,47 @@ def cases(draw: st.DrawFn) -> Case:
     )
 
 
-@settings(PROFILE)
-@given(cases())
-def test_cpu_sampler_returns_the_reference_tokens(case: Case) -> None:
+def _check(case: Case, kernel: Callable[..., jax.Array]) -> None:
     params = {"temperature": case.temperature, "k": case.k, "p": case.p, "min_p": case.min_p}
     x = jnp.asarray(case.logits())
     key = jnp.array(case.key, jnp.uint32)
     want = jax.jit(lambda x, key: sample_reference(x, key, form=case.form, **params))(x, key)
-    got = jax.jit(lambda x, key: sampling.sample(x, key, form=case.form, **params))(x, key)
+    got = kernel(x, key, form=case.form, **params)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(case))
+
+
+@pytest.mark.skipif(not sampling.is_available(), reason="the native CPU kernels are not built")
+@PROFILE
+@given(cases())
+def test_cpu_sampler_returns_the_reference_tokens(case: Case) -> None:
+    _check(case, jax.jit(sampling.sample, static_argnames=("form", "temperature", "k", "p", "min_p")))
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+@SLOW_PROFILE
+@given(case=cases())
+def test_pallas_sampler_returns_the_reference_tokens(backend: str, case: Case) -> None:
+    from hlofuse.kernels.pallas import sampling as pallas
+
+    assume(case.form != "greedy_softmax")
+    _check(case, functools.partial(pallas.sample, backend=backend, interpret=True))
+
+
+@SLOW_PROFILE
+@given(cases())
+def test_nki_sampler_returns_the_reference_tokens(case: Case) -> None:
+    from hlofuse.kernels.nki import sampling as nki
+
+    assume(case.form in nki.KERNEL_FORMS and (case.dtype == "float32" or case.form not in nki.F32_ONLY_FORMS))
+    assume(case.form not in nki.RANK_FORMS or case.k <= nki.MAX_RANK_K)
+
+    def kernel(x: jax.Array, key: jax.Array, **params: Any) -> jax.Array:  # noqa: ANN401
+        tokens = np.asarray(nki.kernel_tokens(x, key, **params))
+        # Rows the kernel marks uncertified are the reference's by construction: compare only the rest.
+        want = np.asarray(sample_reference(x, key, **params))
+        return np.where(tokens == nki.UNCERTIFIED, want, tokens)
+
+    _check(case, kernel)
 
 
 def test_parameters_a_form_does_not_read_are_ignored_by_every_path() -> None:
@@ -113,3 +148,6 @@ def test_parameters_a_form_does_not_read_are_ignored_by_every_path() -> None:
     key = jnp.array([0, 0], jnp.uint32)
     want = sample_reference(x, key, form="categorical", temperature=0.1)
     np.testing.assert_array_equal(sampling.sample(x, key, form="categorical", temperature=0.1, k=5), want)
+    from hlofuse.kernels.nki import sampling as nki
+
+    np.testing.assert_array_equal(nki.kernel_tokens(x, key, form="categorical", temperature=0.1, k=5), want)
