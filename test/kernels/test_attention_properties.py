@@ -1,6 +1,7 @@
 """Property test: hypothesis draws attention problems (shapes, GQA, causal / window / offset, soft-cap, bias,
-mask, lengths, dtype, masked value, tiling) and the native CPU kernel must match `attention_reference` to the
-contract's tolerance, including rows that see no key (NaN for a -inf fill, as the reference).
+mask, lengths, dtype, masked value, tiling) and the native CPU kernel, and the Pallas TPU and GPU kernels in
+interpret mode, must match `attention_reference` to the contract's tolerance, including rows that see no key
+(NaN for a -inf fill, as the reference).
 
 HYPOTHESIS_PROFILE=thorough for hundreds of problems; derandomized, so a failure reproduces.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import hypothesis.strategies as st
 import jax.numpy as jnp
@@ -85,17 +87,11 @@ def problems(draw: st.DrawFn) -> Problem:
     )
 
 
-@PROFILE
-@given(problems())
-def test_cpu_attention_matches_the_reference(pr: Problem) -> None:
-    rng = np.random.default_rng(pr.seed)
-    dtype = jnp.bfloat16 if pr.dtype == "bfloat16" else jnp.float32
-    q = jnp.asarray(rng.standard_normal((pr.b, pr.t, pr.n, pr.h)), dtype)
-    k = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.h)), dtype)
-    v = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.d)), dtype)
-    kwargs = dict(scale=1.0 / np.sqrt(pr.h), causal=pr.causal, window_left=pr.window_left,
-                  window_right=pr.window_right, q_offset=pr.q_offset, softcap=pr.softcap,
-                  masked_value=pr.masked_value)
+def _kwargs(pr: Problem, rng: np.random.Generator) -> dict[str, Any]:
+    """The problem's attributes and optional operands, as attention_reference takes them."""
+    kwargs: dict[str, Any] = dict(scale=1.0 / np.sqrt(pr.h), causal=pr.causal, window_left=pr.window_left,
+                                  window_right=pr.window_right, q_offset=pr.q_offset, softcap=pr.softcap,
+                                  masked_value=pr.masked_value)
     if pr.bias:
         kwargs["bias"] = jnp.asarray(rng.standard_normal((1, pr.n, pr.t, pr.s)), jnp.float32)
     if pr.mask:
@@ -104,10 +100,46 @@ def test_cpu_attention_matches_the_reference(pr: Problem) -> None:
         kwargs["q_lengths"] = jnp.asarray(pr.q_lengths, jnp.int32)
     if pr.kv_lengths is not None:
         kwargs["kv_lengths"] = jnp.asarray(pr.kv_lengths, jnp.int32)
+    return kwargs
+
+
+@PROFILE
+@given(problems())
+def test_cpu_attention_matches_the_reference(pr: Problem) -> None:
+    rng = np.random.default_rng(pr.seed)
+    dtype = jnp.bfloat16 if pr.dtype == "bfloat16" else jnp.float32
+    q = jnp.asarray(rng.standard_normal((pr.b, pr.t, pr.n, pr.h)), dtype)
+    k = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.h)), dtype)
+    v = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.d)), dtype)
+    kwargs = _kwargs(pr, rng)
     blocks = cpu_attention.BlockSizes(**{name: value for name, value in
                                          (("block_q", pr.block_q), ("block_k", pr.block_k)) if value},
                                       kv_splits=pr.kv_splits)
     want = np.asarray(attention_reference(q, k, v, **kwargs), np.float32)
     got = np.asarray(cpu_attention.attention(q, k, v, block_sizes=blocks, **kwargs), np.float32)
+    rtol, atol = TOLERANCE[pr.dtype]
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=str(pr))
+
+
+PALLAS_PROFILE = settings(max_examples=120 if THOROUGH else 12, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+@PALLAS_PROFILE
+@given(pr=problems())
+def test_pallas_attention_matches_the_reference(backend: str, pr: Problem) -> None:
+    """The same problems through the Pallas kernels in interpret mode, with their default tiles (the CPU
+    kernel's block sizes do not apply)."""
+    from hlofuse.kernels.pallas import attention as pallas_attention
+
+    rng = np.random.default_rng(pr.seed)
+    dtype = jnp.bfloat16 if pr.dtype == "bfloat16" else jnp.float32
+    q = jnp.asarray(rng.standard_normal((pr.b, pr.t, pr.n, pr.h)), dtype)
+    k = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.h)), dtype)
+    v = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.d)), dtype)
+    kwargs = _kwargs(pr, rng)
+    want = np.asarray(attention_reference(q, k, v, **kwargs), np.float32)
+    got = np.asarray(pallas_attention.attention(q, k, v, backend=backend, interpret=True, **kwargs), np.float32)
     rtol, atol = TOLERANCE[pr.dtype]
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=str(pr))
