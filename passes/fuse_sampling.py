@@ -213,23 +213,38 @@ def _interior(site: Site) -> set[ir.Operation]:
     return set(site.match.ops.values())
 
 
+# A softmax's row statistics over the logits (the max, the shifted logits, their exp, its sum): after
+# hlofuse-prepare's CSE a log-softmax of the same logits (logprobs) computes them with the sampler's own
+# ops. They may be shared: the decomposition recomputes its copies and the originals stay for the other
+# users, which costs what the unfused program already spends on them. The sampler's stages (the
+# probabilities, the scaled logits, the cumulative mass, the noise) may not.
+_ROW_STATISTICS = ("stablehlo.reduce", "stablehlo.subtract", "stablehlo.exponential", "stablehlo.broadcast_in_dim")
+
+
 def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
-    """Values the sampler computes from its operands (logits, key) may not be used outside it. Values built
-    from constants and iotas alone (JAX lowers one broadcast of -inf or one iota for several users) may be
-    shared: the decomposition gets its own clones, and the originals stay for their other users."""
-    tainted: set[ir.Value] = set(site.match.leaves.values())
+    """Values the sampler computes from its operands (logits, key) may not be used outside it, except the
+    row statistics of the logits alone (above). Values built from constants and iotas alone (JAX lowers one
+    broadcast of -inf or one iota for several users) may be shared: the decomposition gets its own clones,
+    and the originals stay for their other users."""
+    leaves = site.match.leaves
+    tainted: set[ir.Value] = set(leaves.values())
+    keyed: set[ir.Value] = {leaves[i] for i in leaves if i > 0}  # leaf 0 is the logits, 1 the key
     block = defining_op(site.root).parent.regions[0].blocks[0]
     for op in (o.operation for o in block.operations):
         if op not in interior or not any(v in tainted for v in op.operands):
             continue
+        from_key = any(v in keyed for v in op.operands)
         for result in op.results:
             tainted.add(result)
+            if from_key:
+                keyed.add(result)
             if result == site.root:
                 continue
             for use in result.uses:
                 user = use.owner.operation
-                if not _inside(user, interior):
-                    raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name})")
+                if _inside(user, interior) or (op.name in _ROW_STATISTICS and not from_key):
+                    continue
+                raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name})")
 
 
 def _inside(op: ir.Operation, interior: set[ir.Operation]) -> bool:

@@ -151,8 +151,8 @@ _T_LAST = ("temperature", "top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask
 
 def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     """(form, attributes) of the composite the spec must fuse to, or None: unfused with a remark."""
-    if spec.escape:
-        return None
+    if spec.escape and writes_form_exactly(spec):
+        return None  # otherwise the escaping value is not inside the fallback's site
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
     if not writes_form_exactly(spec):
