@@ -141,7 +141,8 @@ def writes_form_exactly(spec: SamplerSpec) -> bool:
         return False
     if spec.form in USES_TOP_K and spec.top_k_style != "lax":
         return False
-    return not (spec.form in USES_TOP_P and spec.top_p_style != "sort")
+    # A full-width lax.top_k for the nucleus's sort is another writing of the form (sampling_reference).
+    return not (spec.form in USES_TOP_P and spec.top_p_style not in ("sort", "top_k"))
 
 
 # Forms whose writing divides by T right before the draw: another writing of their filter still ends in
@@ -157,6 +158,10 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
     if not writes_form_exactly(spec):
         rank_space_p = spec.form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
+        if spec.temperature_style == "const" and spec.form == "top_k_top_p_mask" and not rank_space_p:
+            # The top-k mask in another writing, then the nucleus as written: top_p_mask of the masked logits.
+            return "top_p_mask", {**attrs, "mode": "top_p", "temperature": _rounded(spec.temperature, dtype),
+                                  "p": _rounded(spec.p, dtype)}
         if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
             return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
         return "categorical", {**attrs, "mode": "temperature"}
