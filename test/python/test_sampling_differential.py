@@ -56,7 +56,7 @@ from hlofuse.testing.modules import clone_module, count_composites
 
 _COMMON = {"deadline": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow],
            "print_blob": True}
-settings.register_profile("ci", max_examples=16, **_COMMON)
+settings.register_profile("ci", max_examples=24, **_COMMON)
 settings.register_profile("thorough", max_examples=300, **_COMMON)
 PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 KEYS = 3
