@@ -106,12 +106,12 @@ def _forward_values(value: ir.Value, depth: int) -> list[ir.Value]:
 
 
 @functools.lru_cache(maxsize=256)
-def _template_text(form_name: str, shape: tuple[int, ...], dtype: str, k: int) -> str:
-    """The form lowered for these logits, with sentinel parameters, after hlofuse-prepare."""
+def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int) -> str:
+    """The form's `writing` lowered for these logits, with sentinel parameters, after hlofuse-prepare."""
     from hlofuse.pipeline import run_pipeline
 
     form = FORMS[form_name]
-    fn = functools.partial(form.fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
+    fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
                            min_p=SENTINELS["min_p"])
     lowered = jax.jit(fn).lower(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]),
                                 jax.ShapeDtypeStruct((2,), jnp.uint32))
@@ -127,8 +127,9 @@ class Template:
     args: list[ir.Value]
 
 
-def _template(form: Form, shape: tuple[int, ...], dtype: str, k: int, context: ir.Context) -> Template:
-    module = ir.Module.parse(_template_text(form.name, shape, dtype, k), context=context)
+def _template(form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
+              context: ir.Context) -> Template:
+    module = ir.Module.parse(_template_text(form.name, writing, shape, dtype, k), context=context)
     _keep_alive.append(module)
     main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
     block = main.regions[0].blocks[0]
@@ -168,33 +169,35 @@ def _shape(value: ir.Value) -> tuple[int, ...]:
 
 
 def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[ir.Operation],
-                ops_present: set[str]) -> Iterator[tuple[Form, tuple[int, ...], str, int]]:
-    """(form, logits shape, dtype, k) worth lowering for this argmax."""
+                ops_present: set[str]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
+    """(form, writing, logits shape, dtype, k) worth lowering for this argmax."""
     x = argmax.operands[0]
     shape, dtype = _shape(x), _element(x)
-    for form in sorted(FORMS.values(), key=lambda f: (-len(f.marker_ops), -len(f.params))):
-        if form.stochastic != noisy or not set(form.marker_ops) <= ops_present:
+    writings = [(form, i, w.marker_ops) for form in FORMS.values() for i, w in enumerate(form.writings)]
+    for form, writing, markers in sorted(writings, key=lambda c: (-len(c[2]), -len(c[0].params))):
+        if form.stochastic != noisy or not set(markers) <= ops_present:
             continue
         if "k" not in form.params:
-            yield form, shape, dtype, 0
+            yield form, writing, shape, dtype, 0
             continue
         for top_k in top_ks:
             source, k = top_k.operands[0], ir.IntegerAttr(top_k.attributes["k"]).value
             if form.name in ("top_k", "temperature_top_k") and shape[-1] == k:
-                yield form, _shape(source), _element(source), k
+                yield form, writing, _shape(source), _element(source), k
             elif _shape(source) == shape and _element(source) == dtype and k < shape[-1]:
-                yield form, shape, dtype, k
+                yield form, writing, shape, dtype, k
 
 
 def analyze(argmax: ir.Operation, top_ks: list[ir.Operation], ops_present: set[str]) -> Site:
     noisy = _has_noise(argmax.operands[0])
     tried: list[str] = []
-    for form, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
+    for form, writing, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
         if dtype not in _DTYPES:
             continue
-        template = _template(form, shape, dtype, k, argmax.context)
+        template = _template(form, writing, shape, dtype, k, argmax.context)
         root_name = defining_op(template.root).name
-        tried.append(form.name)
+        if form.name not in tried:
+            tried.append(form.name)
         for root in _forward_values(argmax.results[1], _SEARCH_FORWARD):
             op = defining_op(root)
             if op is None or op.name != root_name or str(root.type) != str(template.root.type):
@@ -213,23 +216,38 @@ def _interior(site: Site) -> set[ir.Operation]:
     return set(site.match.ops.values())
 
 
+# A softmax's row statistics over the logits (the max, the shifted logits, their exp, its sum): after
+# hlofuse-prepare's CSE a log-softmax of the same logits (logprobs) computes them with the sampler's own
+# ops. They may be shared: the decomposition recomputes its copies and the originals stay for the other
+# users, which costs what the unfused program already spends on them. The sampler's stages (the
+# probabilities, the scaled logits, the cumulative mass, the noise) may not.
+_ROW_STATISTICS = ("stablehlo.reduce", "stablehlo.subtract", "stablehlo.exponential", "stablehlo.broadcast_in_dim")
+
+
 def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
-    """Values the sampler computes from its operands (logits, key) may not be used outside it. Values built
-    from constants and iotas alone (JAX lowers one broadcast of -inf or one iota for several users) may be
-    shared: the decomposition gets its own clones, and the originals stay for their other users."""
-    tainted: set[ir.Value] = set(site.match.leaves.values())
+    """Values the sampler computes from its operands (logits, key) may not be used outside it, except the
+    row statistics of the logits alone (above). Values built from constants and iotas alone (JAX lowers one
+    broadcast of -inf or one iota for several users) may be shared: the decomposition gets its own clones,
+    and the originals stay for their other users."""
+    leaves = site.match.leaves
+    tainted: set[ir.Value] = set(leaves.values())
+    keyed: set[ir.Value] = {leaves[i] for i in leaves if i > 0}  # leaf 0 is the logits, 1 the key
     block = defining_op(site.root).parent.regions[0].blocks[0]
     for op in (o.operation for o in block.operations):
         if op not in interior or not any(v in tainted for v in op.operands):
             continue
+        from_key = any(v in keyed for v in op.operands)
         for result in op.results:
             tainted.add(result)
+            if from_key:
+                keyed.add(result)
             if result == site.root:
                 continue
             for use in result.uses:
                 user = use.owner.operation
-                if not _inside(user, interior):
-                    raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name})")
+                if _inside(user, interior) or (op.name in _ROW_STATISTICS and not from_key):
+                    continue
+                raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name})")
 
 
 def _inside(op: ir.Operation, interior: set[ir.Operation]) -> bool:

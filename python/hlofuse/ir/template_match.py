@@ -22,6 +22,10 @@ from jaxlib.mlir import ir
 from hlofuse.ir.match import defining_op
 
 _TERMINATORS = ("stablehlo.return", "func.return")
+# Ops whose two operands may come in either order with bit-identical results (IEEE addition and
+# multiplication are commutative, NaN payloads aside): `logits + gumbel` computes what JAX's
+# `gumbel + logits` does. Not maximum/minimum, whose result can tell -0 from +0 by operand order.
+_COMMUTATIVE = ("stablehlo.add", "stablehlo.multiply", "stablehlo.and", "stablehlo.or")
 
 
 @dataclass
@@ -88,9 +92,29 @@ class _Matcher:
         if not self._attributes(t, u):
             return False
         self.result.ops[t] = u
-        if not all(self.value(a, b) for a, b in zip(t.operands, u.operands, strict=True)):
+        if not self._operands(t, u):
             return False
         return all(self._region(a, b) for a, b in zip(t.regions, u.regions, strict=True))
+
+    def _operands(self, t: ir.Operation, u: ir.Operation) -> bool:
+        """Operands in order or, for a commutative op, swapped (undoing what the first try bound)."""
+        t_operands, u_operands = list(t.operands), list(u.operands)
+        if t.name not in _COMMUTATIVE or len(t_operands) != 2:
+            return all(self.value(a, b) for a, b in zip(t_operands, u_operands, strict=True))
+        saved = self._save()
+        if all(self.value(a, b) for a, b in zip(t_operands, u_operands, strict=True)):
+            return True
+        self._restore(saved)
+        return all(self.value(a, b) for a, b in zip(t_operands, reversed(u_operands), strict=True))
+
+    def _save(self) -> tuple[dict, dict, dict, dict]:
+        r = self.result
+        return dict(self.values), dict(r.leaves), dict(r.params), dict(r.ops)
+
+    def _restore(self, saved: tuple[dict, dict, dict, dict]) -> None:
+        values, leaves, params, ops = saved
+        self.values = values
+        self.result.leaves, self.result.params, self.result.ops = leaves, params, ops
 
     def _region(self, t: ir.Region, u: ir.Region) -> bool:
         t_blocks, u_blocks = list(t.blocks), list(u.blocks)

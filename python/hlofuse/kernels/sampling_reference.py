@@ -82,8 +82,13 @@ def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
     return jax.random.categorical(key, _mask_top_k(logits, k) / temperature, axis=-1)
 
 
-def _mask_top_p(logits: jax.Array, p: float) -> jax.Array:
-    ordered = jnp.sort(logits, axis=-1)[..., ::-1]
+def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False) -> jax.Array:
+    # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
+    # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
+    if sort_by_top_k:
+        ordered = jax.lax.top_k(logits, logits.shape[-1])[0]
+    else:
+        ordered = jnp.sort(logits, axis=-1)[..., ::-1]
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
     cutoff_index = jnp.sum(cumulative < p, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
@@ -101,6 +106,19 @@ def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
     return jax.random.categorical(key, _mask_top_p(_mask_top_k(logits, k), p) / temperature, axis=-1)
 
 
+def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                        **_: Any) -> jax.Array:
+    """top_p_mask as JetStream / MaxText write it: the descending sort is a full-width lax.top_k."""
+    return jax.random.categorical(key, _mask_top_p(logits, p, sort_by_top_k=True) / temperature, axis=-1)
+
+
+def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                              **_: Any) -> jax.Array:
+    """top_k_top_p_mask with the nucleus's sort as a full-width lax.top_k."""
+    masked = _mask_top_p(_mask_top_k(logits, k), p, sort_by_top_k=True)
+    return jax.random.categorical(key, masked / temperature, axis=-1)
+
+
 def min_p_masked(logits: jax.Array, *, temperature: float, min_p: float) -> jax.Array:
     """min_p's scaled logits with the dropped tokens at -inf: what its categorical draws from."""
     scaled = logits / temperature
@@ -115,6 +133,15 @@ def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float
 
 
 @dataclass(frozen=True)
+class Writing:
+    """Another program for a form's function that computes its token ids bit for bit: the fusion pass
+    matches it too, and the composite still means the form's own function."""
+
+    fn: Callable[..., jax.Array]
+    marker_ops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Form:
     """One way samplers are written: its mode, the parameters it reads, and its function."""
 
@@ -123,6 +150,12 @@ class Form:
     fn: Callable[..., jax.Array]
     params: tuple[str, ...] = ()  # of temperature, k, p, min_p
     marker_ops: tuple[str, ...] = ()  # ops a program must contain for the form to be worth lowering
+    others: tuple[Writing, ...] = ()  # other writings of fn, as libraries vary it
+
+    @property
+    def writings(self) -> tuple[Writing, ...]:
+        """Every program the fusion matches for this form: its own function first."""
+        return (Writing(self.fn, self.marker_ops), *self.others)
 
     @property
     def stochastic(self) -> bool:
@@ -138,9 +171,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("top_k", "top_k", top_k, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
-    Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",)),
+    Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
+         (Writing(top_p_mask_by_top_k, _NOISE + ("chlo.top_k",)),)),
     Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
-         _NOISE + ("chlo.top_k", "stablehlo.sort")),
+         _NOISE + ("chlo.top_k", "stablehlo.sort"), (Writing(top_k_top_p_mask_by_top_k, _NOISE + ("chlo.top_k",)),)),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
 )}
 
@@ -185,4 +219,4 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
-__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "form_params", "sample_reference", "sampling_lowering"]
+__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "Writing", "form_params", "sample_reference", "sampling_lowering"]

@@ -1,0 +1,334 @@
+"""Random token samplers for the sampling differential test (test_sampling_differential.py).
+
+`SamplerSpec` describes one sampler program: its form (the semantics, sampling_reference.FORMS) and the
+ways libraries vary how they write it: logits dtype and an f32 upcast, the batch shape (with a decode-step
+slice of the last position), how the temperature is applied, top-k by `lax.top_k` or a sort, top-p as
+JetStream/MaxText, gemma or keras-hub write it, typed or raw keys (split or folded in the program),
+`jax.random.categorical` or an explicit Gumbel argmax, other consumers of the logits and of the
+constants the sampler shares after CSE, and interior values returned by the program.
+
+`build(spec)` writes the program, `inputs(spec, logits, seed)` its arguments, and `expected(spec)` the
+fusion the spec must get: the form and attributes of its `hlofuse.sample` composite, or None where it must
+stay unfused with a remark. Writings that compute the form's function in other ops (a traced or
+reciprocal temperature, a sort for top-k, rank-space top-p) are exact only as the `categorical` of what
+they feed the draw: that is the fusion expected for them. The library writings are reconstructed from
+the libraries' documented behaviour, not copied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
+         "top_p_mask", "top_k_top_p_mask", "min_p")
+STOCHASTIC = FORMS[2:]
+READS_T = ("temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")
+USES_TOP_K = ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask")
+USES_TOP_P = ("top_p_mask", "top_k_top_p_mask")
+MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "temperature", "temperature": "temperature",
+         "top_k": "top_k", "temperature_top_k": "top_k", "top_k_mask": "top_k", "top_p_mask": "top_p",
+         "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p"}
+# v: (V,); b: (B, V); b1: (B, 1, V); bt: (B, T, V) of which the sampler reads the last position.
+BATCHES = ("v", "b", "b1", "bt")
+# const: x / T (a Python float); reciprocal: x * (1 / T); traced: x / t with t a scalar argument.
+TEMPERATURES = ("const", "reciprocal", "traced")
+TOP_KS = ("lax", "sort")  # lax.top_k, or a descending sort (argsort for ids) sliced to k
+# sort: the reference (descending sort, softmax after it, cutoff at sum(cumsum < p)); top_k: the same with
+# a full-width lax.top_k for the sort (JetStream / MaxText); gemma: softmax first, then sort the
+# probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
+# shifted `cumsum <= p` mask, draw from log(kept) in rank space.
+TOP_PS = ("sort", "top_k", "gemma", "keras")
+KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
+KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
+NOISES = ("categorical", "gumbel", "gumbel_first")  # gumbel: argmax(x + g); gumbel_first: argmax(g + x)
+# Outputs next to the token: the logits, their log-softmax at the token (logprobs), another
+# take_along_axis of the logits, an iota-indexed select: consumers the sampler must not be blocked by.
+EXTRAS = ("logits", "logprobs", "take", "iota")
+# Interior values a program returns, which must block fusion: the probabilities (greedy_softmax, min_p),
+# the scaled logits (temperature), the cumulative probabilities (top_p_mask).
+ESCAPES = {"greedy_softmax": "probs", "min_p": "probs", "temperature": "scaled", "top_p_mask": "cumulative"}
+
+NEG_INF = -jnp.inf
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    form: str
+    vocab: int = 64
+    batch: str = "b"
+    rows: int = 2  # B
+    steps: int = 3  # T, for batch "bt"
+    dtype: str = "float32"
+    upcast: bool = False  # x.astype(f32) before the sampler
+    temperature: float = 0.7
+    temperature_style: str = "const"
+    k: int = 5
+    top_k_style: str = "lax"
+    p: float = 0.9
+    top_p_style: str = "sort"
+    min_p: float = 0.1
+    key_kind: str = "raw"
+    key_op: str = "none"
+    noise: str = "categorical"
+    extras: tuple[str, ...] = ()
+    escape: bool = False
+
+    @property
+    def stochastic(self) -> bool:
+        return self.form in STOCHASTIC
+
+    @property
+    def logits_shape(self) -> tuple[int, ...]:
+        lead = {"v": (), "b": (self.rows,), "b1": (self.rows, 1), "bt": (self.rows, self.steps)}[self.batch]
+        return (*lead, self.vocab)
+
+    @property
+    def sampler_dtype(self) -> str:
+        return "float32" if self.upcast else self.dtype
+
+    @property
+    def arg_names(self) -> list[str]:
+        names = ["logits"]
+        if self.stochastic:
+            names.append("key")
+        if self.temperature_style == "traced" and self.form in READS_T:
+            names.append("temperature")
+        if self.stochastic and self.key_op == "fold_in":
+            names.append("step")
+        if "take" in self.extras:
+            names.append("index")
+        return names
+
+
+def np_dtype(name: str) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
+
+
+def arg_specs(spec: SamplerSpec) -> list[jax.ShapeDtypeStruct]:
+    rows = spec.logits_shape[:-1] if spec.batch != "bt" else spec.logits_shape[:1]
+    shapes: dict[str, tuple[tuple[int, ...], Any]] = {
+        "logits": (spec.logits_shape, jnp.dtype(spec.dtype)), "key": ((2,), jnp.uint32),
+        "temperature": ((), jnp.float32), "step": ((), jnp.int32), "index": ((*rows, 1), jnp.int32)}
+    return [jax.ShapeDtypeStruct(*shapes[name]) for name in spec.arg_names]
+
+
+def inputs(spec: SamplerSpec, logits: np.ndarray, seed: int) -> list[np.ndarray]:
+    rows = spec.logits_shape[:-1] if spec.batch != "bt" else spec.logits_shape[:1]
+    values = {"logits": logits, "key": np.array([seed, 1000 + 7 * seed], np.uint32),
+              "temperature": np.float32(spec.temperature), "step": np.int32(3 + seed),
+              "index": np.full((*rows, 1), (5 * seed) % spec.vocab, np.int32)}
+    return [np.asarray(values[name]) for name in spec.arg_names]
+
+
+# ----- expectations ------------------------------------------------------------------------------------
+
+
+def _rounded(value: float, dtype: str) -> float:
+    return float(np.asarray(value, np_dtype(dtype)).astype(np.float64))
+
+
+def writes_form_exactly(spec: SamplerSpec) -> bool:
+    """Whether the program computes its form op for op as the reference writes it (else it is exact only
+    as the categorical of what it feeds the draw)."""
+    if spec.form in READS_T and spec.temperature_style != "const":
+        return False
+    if spec.form in USES_TOP_K and spec.top_k_style != "lax":
+        return False
+    # A full-width lax.top_k for the nucleus's sort is another writing of the form (sampling_reference).
+    return not (spec.form in USES_TOP_P and spec.top_p_style not in ("sort", "top_k"))
+
+
+# Forms whose writing divides by T right before the draw: another writing of their filter still ends in
+# `categorical(key, filtered / T)`, which is the temperature form of the filtered logits.
+_T_LAST = ("temperature", "top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask")
+
+
+def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
+    """(form, attributes) of the composite the spec must fuse to, or None: unfused with a remark."""
+    if spec.escape and writes_form_exactly(spec):
+        return None  # otherwise the escaping value is not inside the fallback's site
+    dtype = spec.sampler_dtype
+    attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
+    if not writes_form_exactly(spec):
+        rank_space_p = spec.form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
+        if spec.temperature_style == "const" and spec.form == "top_k_top_p_mask" and not rank_space_p:
+            # The top-k mask in another writing, then the nucleus as written: top_p_mask of the masked logits.
+            return "top_p_mask", {**attrs, "mode": "top_p", "temperature": _rounded(spec.temperature, dtype),
+                                  "p": _rounded(spec.p, dtype)}
+        if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
+            return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
+        return "categorical", {**attrs, "mode": "temperature"}
+    if spec.form in READS_T:
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    if spec.form in USES_TOP_K:
+        attrs["k"] = spec.k
+    if spec.form in USES_TOP_P:
+        attrs["p"] = _rounded(spec.p, dtype)
+    if spec.form == "min_p":
+        attrs["min_p"] = _rounded(spec.min_p, dtype)
+    return spec.form, attrs
+
+
+# ----- the program -------------------------------------------------------------------------------------
+
+
+class _Ctx:
+    """What the sampler body reads besides the logits: the key, the traced temperature, the spec."""
+
+    def __init__(self, spec: SamplerSpec, args: dict[str, jax.Array]) -> None:
+        self.spec = spec
+        self.args = args
+        self.escaped: list[jax.Array] = []
+
+    def key(self) -> jax.Array:
+        spec, key = self.spec, self.args["key"]
+        if spec.key_kind == "typed":
+            key = jax.random.wrap_key_data(key)
+        if spec.key_op == "split":
+            _, key = jax.random.split(key)
+        elif spec.key_op == "fold_in":
+            key = jax.random.fold_in(key, self.args["step"])
+        return key
+
+    def scale(self, x: jax.Array) -> jax.Array:
+        style, t = self.spec.temperature_style, self.spec.temperature
+        if style == "reciprocal":
+            return x * (1.0 / t)
+        if style == "traced":
+            return x / self.args["temperature"].astype(x.dtype)
+        return x / t
+
+    def draw(self, x: jax.Array) -> jax.Array:
+        """Index of the Gumbel-max of `x` along its last axis."""
+        key = self.key()
+        if self.spec.noise == "categorical":
+            return jax.random.categorical(key, x, axis=-1)
+        g = jax.random.gumbel(key, x.shape, x.dtype)
+        return jnp.argmax(x + g if self.spec.noise == "gumbel" else g + x, axis=-1)
+
+    def top_k(self, x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+        if self.spec.top_k_style == "lax":
+            return jax.lax.top_k(x, k)
+        ids = jnp.argsort(x, axis=-1, descending=True, stable=True)[..., :k].astype(jnp.int32)
+        return jnp.take_along_axis(x, ids, axis=-1), ids
+
+
+def _take(ids: jax.Array, position: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(ids, position[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
+    kth = c.top_k(x, c.spec.k)[0][..., -1:]
+    return jnp.where(x < kth, NEG_INF, x)
+
+
+def _nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
+    """sort / top_k styles: logits below the cutoff logit become -inf."""
+    if c.spec.top_p_style == "sort":
+        ordered = jnp.sort(x, axis=-1)[..., ::-1]
+    else:
+        ordered = jax.lax.top_k(x, x.shape[-1])[0]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    if c.spec.escape:
+        c.escaped.append(cumulative)
+    cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < c.spec.p, axis=-1, keepdims=True), axis=-1)
+    return jnp.where(x < cutoff, NEG_INF, x)
+
+
+def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:
+    """gemma / keras styles: probabilities sorted (full top_k), the tail dropped, drawn in rank space."""
+    probs = jax.nn.softmax(c.scale(x), axis=-1)
+    ordered, ids = jax.lax.top_k(probs, probs.shape[-1])
+    cumulative = jnp.cumsum(ordered, axis=-1)
+    if c.spec.top_p_style == "gemma":
+        kept = jnp.where(cumulative - ordered > c.spec.p, 0.0, ordered)
+        kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    else:
+        keep = cumulative <= c.spec.p
+        keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
+        kept = jnp.where(keep, ordered, jnp.zeros_like(ordered))
+    return _take(ids, c.draw(jnp.log(kept)))
+
+
+def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
+    form, spec = c.spec.form, c.spec
+    if form == "greedy":
+        return jnp.argmax(x, axis=-1)
+    if form == "greedy_softmax":
+        probs = jax.nn.softmax(x, axis=-1)
+        if spec.escape:
+            c.escaped.append(probs)
+        return jnp.argmax(probs, axis=-1)
+    if form == "categorical":
+        return c.draw(x)
+    if form == "temperature":
+        scaled = c.scale(x)
+        if spec.escape:
+            c.escaped.append(scaled)
+        return c.draw(scaled)
+    if form == "top_k":
+        values, ids = c.top_k(x, spec.k)
+        return _take(ids, c.draw(c.scale(values)))
+    if form == "temperature_top_k":
+        values, ids = c.top_k(c.scale(x), spec.k)
+        return _take(ids, c.draw(values))
+    if form == "top_k_mask":
+        return c.draw(c.scale(_kth_mask(c, x)))
+    if form in USES_TOP_P:
+        if form == "top_k_top_p_mask":
+            x = _kth_mask(c, x)
+        if spec.top_p_style in ("gemma", "keras"):
+            return _rank_space_top_p(c, x)
+        return c.draw(c.scale(_nucleus_mask(c, x)))
+    assert form == "min_p", form
+    scaled = c.scale(x)
+    probs = jax.nn.softmax(scaled, axis=-1)
+    if spec.escape:
+        c.escaped.append(probs)
+    keep = probs >= spec.min_p * jnp.max(probs, axis=-1, keepdims=True)
+    return c.draw(jnp.where(keep, scaled, NEG_INF))
+
+
+def build(spec: SamplerSpec) -> tuple[Callable[..., Any], list[jax.ShapeDtypeStruct]]:
+    """The program of `spec`: (logits, [key], [temperature], [step], [index]) -> (token ids, *extras)."""
+
+    def program(*flat: jax.Array) -> tuple[jax.Array, ...]:
+        args = dict(zip(spec.arg_names, flat, strict=True))
+        logits = args["logits"]
+        x = logits[:, -1, :] if spec.batch == "bt" else logits
+        if spec.upcast:
+            x = x.astype(jnp.float32)
+        c = _Ctx(spec, args)
+        token = _sampler(c, x).astype(jnp.int32)
+        outs: list[jax.Array] = [token, *c.escaped]
+        if "logits" in spec.extras:
+            outs.append(logits)
+        if "logprobs" in spec.extras:
+            outs.append(jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), token[..., None], axis=-1))
+        if "take" in spec.extras:
+            index = args["index"].reshape((*x.shape[:-1], 1))
+            outs.append(jnp.take_along_axis(x, index, axis=-1))
+        if "iota" in spec.extras:
+            outs.append(jnp.where(x > 0, jnp.arange(x.shape[-1], dtype=jnp.int32), -1))
+        return tuple(outs)
+
+    return program, arg_specs(spec)
+
+
+def logits_cases(spec: SamplerSpec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Logit distributions that stress the filters and the tie rules (as test_fuse_sampling_e2e's)."""
+    shape = spec.logits_shape
+    rng = np.random.default_rng(seed)
+    normal = rng.standard_normal(shape).astype(np.float32)
+    ties = np.round(normal * 2.0) / 2.0
+    with_inf = normal.copy()
+    with_inf[..., rng.random(shape[-1]) < 0.3] = -np.inf
+    cases = {"normal": normal, "peaked": normal * 6.0, "ties": ties, "neg_inf": with_inf}
+    return {name: x.astype(np_dtype(spec.dtype)) for name, x in cases.items()}
