@@ -140,7 +140,8 @@ class LowerKernelsPass(ModulePass):
     """Replaces hlofuse composites with `target`'s kernels; unsupported ones stay, with a remark."""
 
     name: ClassVar[str] = "hlofuse-lower-kernels"
-    summary: ClassVar[str] = "Lower hlofuse composites to the target's kernels (cpu|tpu|gpu|neuron|reference)"
+    summary: ClassVar[str] = ("Lower hlofuse composites to the target's kernels (cpu|tpu|gpu|gpu-mosaic|neuron|"
+                              "reference, or tpu-|gpu-|gpu-mosaic-interpret, neuron-sim to check them on a CPU)")
 
     target: str = "cpu"
     # In a module compiled for several devices: "keep" leaves composites to XLA's partitioner, which
