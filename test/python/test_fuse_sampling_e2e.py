@@ -19,9 +19,8 @@ from jax._src.lib import _jax as xla_client
 from jaxlib.mlir import ir
 from sampling_variants import VARIANTS, Variant, lower
 
-from hlofuse.composites import SampleAttrs
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import clone_module, count_composites
+from hlofuse.testing.modules import clone_module, count_composites, sample_attrs
 
 KEYS = 6
 
@@ -56,17 +55,6 @@ def logits_cases(shape: tuple[int, ...], dtype: np.dtype, seed: int = 0) -> dict
     return {name: x.astype(dtype) for name, x in cases.items()}
 
 
-def _sample_attrs(module: ir.Module) -> list[SampleAttrs]:
-    found: list[SampleAttrs] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.composite":
-            found.append(SampleAttrs.from_ir(op.attributes["composite_attributes"]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
-
 
 def _cpu_kernel_module(fused: ir.Module) -> ir.Module | None:
     from hlofuse.kernels import cpu
@@ -88,7 +76,7 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
     if variant.form is None:
         assert result.remarks, "a near-miss must say why it was not fused"
         return
-    (attrs,) = _sample_attrs(fused)
+    (attrs,) = sample_attrs(fused)
     assert attrs.form == variant.form
     for key, want in variant.expect.items():
         got = getattr(attrs, key)

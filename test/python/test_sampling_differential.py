@@ -50,9 +50,8 @@ from sampling_programs import (
 )
 from test_fuse_sampling_e2e import compile_module
 
-from hlofuse.composites import SampleAttrs
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import clone_module, count_composites
+from hlofuse.testing.modules import clone_module, count_composites, sample_attrs
 
 _COMMON = {"deadline": None, "derandomize": True, "suppress_health_check": [HealthCheck.too_slow],
            "print_blob": True}
@@ -98,17 +97,6 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
 # ----- the checks --------------------------------------------------------------------------------------
 
 
-def _sample_attrs(module: ir.Module) -> list[SampleAttrs]:
-    found: list[SampleAttrs] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.composite":
-            found.append(SampleAttrs.from_ir(op.attributes["composite_attributes"]))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
-
 
 def _check_fusion(spec: SamplerSpec, fused: ir.Module, remarks: list[str]) -> None:
     want = expected(spec)
@@ -118,7 +106,7 @@ def _check_fusion(spec: SamplerSpec, fused: ir.Module, remarks: list[str]) -> No
         assert any("sampler not fused" in r for r in remarks), f"no remark says why\n{spec}\n{remarks}"
         return
     assert sites == 1, f"{spec}\nremarks: {remarks}"
-    (attrs,) = _sample_attrs(fused)
+    (attrs,) = sample_attrs(fused)
     form, values = want
     assert attrs.form == form, f"{spec}\nfused as {attrs.form}, not {form}"
     for name, value in values.items():
@@ -218,4 +206,4 @@ def test_known_gap(spec: SamplerSpec, form: str) -> None:
     fn, specs = build(spec)
     fused = clone_module(jax.jit(fn).lower(*specs).compiler_ir("stablehlo"))
     run_pipeline(fused, "default")
-    assert [a.form for a in _sample_attrs(fused)] == [form]
+    assert [a.form for a in sample_attrs(fused)] == [form]

@@ -11,8 +11,8 @@ regenerate a fixture's arguments without the libraries that produced it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import jax
 import ml_dtypes
@@ -22,9 +22,11 @@ from jax._src.lib import xla_client
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
-from hlofuse.composites import ATTENTION, AttentionAttrs
+from hlofuse.composites import ATTENTION, SAMPLE, AttentionAttrs, SampleAttrs
 from hlofuse.ir.context import clone_module as clone_module  # re-exported for the tests
 from hlofuse.ir.context import parse_module
+
+T = TypeVar("T")
 
 # Element type (as MLIR prints it) -> numpy dtype name.
 _ELEMENT_DTYPES = {
@@ -206,15 +208,25 @@ def assert_outputs_close(
         )
 
 
-def attention_attrs(module: ir.Module | ir.Operation) -> list[AttentionAttrs]:
-    """The attributes of every `hlofuse.attention` composite in `module`, in walk order."""
+def _composite_attrs(module: ir.Module | ir.Operation, name: str, parse: Callable[[ir.Attribute], T]) -> list[T]:
+    """`parse` of the attributes of every `name` composite in `module`, in walk order."""
     operation = module.operation if isinstance(module, ir.Module) else module
-    found: list[AttentionAttrs] = []
+    found: list[T] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.composite" and ir.StringAttr(op.attributes["name"]).value == ATTENTION:
-            found.append(AttentionAttrs.from_ir(op.attributes["composite_attributes"]))
+        if op.name == "stablehlo.composite" and ir.StringAttr(op.attributes["name"]).value == name:
+            found.append(parse(op.attributes["composite_attributes"]))
         return ir.WalkResult.ADVANCE
 
     operation.walk(visit)
     return found
+
+
+def attention_attrs(module: ir.Module | ir.Operation) -> list[AttentionAttrs]:
+    """The attributes of every `hlofuse.attention` composite in `module`, in walk order."""
+    return _composite_attrs(module, ATTENTION, AttentionAttrs.from_ir)
+
+
+def sample_attrs(module: ir.Module | ir.Operation) -> list[SampleAttrs]:
+    """The attributes of every `hlofuse.sample` composite in `module`, in walk order."""
+    return _composite_attrs(module, SAMPLE, SampleAttrs.from_ir)
