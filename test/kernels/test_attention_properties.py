@@ -87,6 +87,16 @@ def problems(draw: st.DrawFn) -> Problem:
     )
 
 
+def _problem_inputs(pr: Problem) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray, dict[str, Any]]:
+    """q, k, v and the keyword arguments (attributes, optional operands) of the problem."""
+    rng = np.random.default_rng(pr.seed)
+    dtype = jnp.bfloat16 if pr.dtype == "bfloat16" else jnp.float32
+    q = jnp.asarray(rng.standard_normal((pr.b, pr.t, pr.n, pr.h)), dtype)
+    k = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.h)), dtype)
+    v = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.d)), dtype)
+    return q, k, v, _kwargs(pr, rng)
+
+
 def _kwargs(pr: Problem, rng: np.random.Generator) -> dict[str, Any]:
     """The problem's attributes and optional operands, as attention_reference takes them."""
     kwargs: dict[str, Any] = dict(scale=1.0 / np.sqrt(pr.h), causal=pr.causal, window_left=pr.window_left,
@@ -106,12 +116,7 @@ def _kwargs(pr: Problem, rng: np.random.Generator) -> dict[str, Any]:
 @PROFILE
 @given(problems())
 def test_cpu_attention_matches_the_reference(pr: Problem) -> None:
-    rng = np.random.default_rng(pr.seed)
-    dtype = jnp.bfloat16 if pr.dtype == "bfloat16" else jnp.float32
-    q = jnp.asarray(rng.standard_normal((pr.b, pr.t, pr.n, pr.h)), dtype)
-    k = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.h)), dtype)
-    v = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.d)), dtype)
-    kwargs = _kwargs(pr, rng)
+    q, k, v, kwargs = _problem_inputs(pr)
     blocks = cpu_attention.BlockSizes(**{name: value for name, value in
                                          (("block_q", pr.block_q), ("block_k", pr.block_k)) if value},
                                       kv_splits=pr.kv_splits)
@@ -133,12 +138,7 @@ def test_pallas_attention_matches_the_reference(backend: str, pr: Problem) -> No
     kernel's block sizes do not apply)."""
     from hlofuse.kernels.pallas import attention as pallas_attention
 
-    rng = np.random.default_rng(pr.seed)
-    dtype = jnp.bfloat16 if pr.dtype == "bfloat16" else jnp.float32
-    q = jnp.asarray(rng.standard_normal((pr.b, pr.t, pr.n, pr.h)), dtype)
-    k = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.h)), dtype)
-    v = jnp.asarray(rng.standard_normal((pr.b, pr.s, pr.kv, pr.d)), dtype)
-    kwargs = _kwargs(pr, rng)
+    q, k, v, kwargs = _problem_inputs(pr)
     want = np.asarray(attention_reference(q, k, v, **kwargs), np.float32)
     got = np.asarray(pallas_attention.attention(q, k, v, backend=backend, interpret=True, **kwargs), np.float32)
     rtol, atol = TOLERANCE[pr.dtype]
