@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import attention_inputs, jitted_reference
 
 from hlofuse.kernels import cpu
 
@@ -24,24 +23,13 @@ ISAS = list(_ORDER[_ORDER.index(cpu.isa()) :])  # the best one this CPU runs, an
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=0, atol=2e-2)}
 
 
-def _inputs(seed, b, t, s, n, kv, h, d, dtype):
-    rng = np.random.default_rng(seed)
-    return tuple(
-        jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-        for shape in ((b, t, n, h), (b, s, kv, h), (b, s, kv, d))
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("kw",))
-def _reference(q, k, v, extra, kw):
-    return attention_reference(q, k, v, **dict(kw), **extra)
 
 
 def _check(q, k, v, block_sizes=None, **kw):
     extra = {name: kw.pop(name) for name in ("bias", "mask", "q_lengths", "kv_lengths") if name in kw}
     kw.setdefault("scale", q.shape[-1] ** -0.5)
     got = attention(q, k, v, **kw, **extra, block_sizes=block_sizes)
-    want = _reference(q, k, v, extra, tuple(sorted(kw.items())))
+    want = jitted_reference(q, k, v, extra, tuple(sorted(kw.items())))
     assert got.shape == want.shape and got.dtype == want.dtype
     got, want = np.asarray(got.astype(jnp.float32)), np.asarray(want.astype(jnp.float32))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -77,7 +65,7 @@ GRID = [(shape, ATTRS[(i + j) % len(ATTRS)]) for i, shape in enumerate(SHAPES) f
 )
 def test_f32_grid(shape, attrs):
     b, t, s, n, kv, h = shape
-    _check(*_inputs(0, b, t, s, n, kv, h, h, jnp.float32), **attrs)
+    _check(*attention_inputs(0, b, t, s, n, kv, h, h, jnp.float32), **attrs)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -90,14 +78,14 @@ def test_f32_grid(shape, attrs):
 def test_each_isa(isa, dtype, attrs, monkeypatch):
     monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
     assert cpu.isa() == isa
-    _check(*_inputs(1, 2, 45, 90, 4, 2, 80, 48, dtype), **attrs)
+    _check(*attention_inputs(1, 2, 45, 90, 4, 2, 80, 48, dtype), **attrs)
 
 
 @pytest.mark.parametrize("shape", [(1, 100, 100, 4, 4, 64), (2, 33, 70, 4, 2, 128)], ids=["mha", "gqa"])
 @pytest.mark.parametrize("attrs", [dict(), dict(causal=True)], ids=["plain", "causal"])
 def test_bf16(shape, attrs):
     b, t, s, n, kv, h = shape
-    _check(*_inputs(2, b, t, s, n, kv, h, h, jnp.bfloat16), **attrs)
+    _check(*attention_inputs(2, b, t, s, n, kv, h, h, jnp.bfloat16), **attrs)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +95,7 @@ def test_bf16(shape, attrs):
 )
 @pytest.mark.parametrize("bias_dtype", [jnp.float32, jnp.bfloat16])
 def test_bias(bias_shape, bias_dtype):
-    q, k, v = _inputs(3, 2, 50, 70, 4, 2, 64, 64, jnp.float32)
+    q, k, v = attention_inputs(3, 2, 50, 70, 4, 2, 64, 64, jnp.float32)
     bias = jnp.asarray(np.random.default_rng(9).standard_normal(bias_shape, np.float32), bias_dtype)
     _check(q, k, v, bias=bias, causal=True, softcap=4.0)
 
@@ -117,7 +105,7 @@ def test_bias(bias_shape, bias_dtype):
 )
 @pytest.mark.parametrize("masked_value", [float("-inf"), -2.38e38, -3.0])
 def test_mask(mask_shape, masked_value):
-    q, k, v = _inputs(4, 2, 50, 70, 4, 4, 32, 32, jnp.float32)
+    q, k, v = attention_inputs(4, 2, 50, 70, 4, 4, 32, 32, jnp.float32)
     mask = jnp.asarray(np.random.default_rng(5).random(mask_shape) < 0.6)
     _check(q, k, v, mask=mask, masked_value=masked_value, window_left=30)
 
@@ -127,7 +115,7 @@ def test_mask(mask_shape, masked_value):
 def test_lengths_and_fully_masked_rows(masked_value, dtype):
     # Rows past q_lengths, and rows whose causal window ends before kv_lengths starts, are fully masked:
     # NaN with -inf, a uniform average over all S keys with a finite masked_value.
-    q, k, v = _inputs(5, 2, 70, 150, 4, 2, 64, 64, dtype)
+    q, k, v = attention_inputs(5, 2, 70, 150, 4, 2, 64, 64, dtype)
     _check(
         q,
         k,
@@ -140,7 +128,7 @@ def test_lengths_and_fully_masked_rows(masked_value, dtype):
 
 
 def test_fully_masked_by_bool_mask_finite():
-    q, k, v = _inputs(6, 1, 20, 90, 4, 4, 32, 32, jnp.float32)
+    q, k, v = attention_inputs(6, 1, 20, 90, 4, 4, 32, 32, jnp.float32)
     mask = jnp.zeros((1, 1, 20, 90), bool).at[:, :, ::2, :].set(True)
     _check(q, k, v, mask=mask, masked_value=-5.0, window_left=10)
     _check(q, k, v, mask=mask, masked_value=float("-inf"))
@@ -148,7 +136,7 @@ def test_fully_masked_by_bool_mask_finite():
 
 @pytest.mark.parametrize(("splits", "dtype"), [(0, jnp.float32), (3, jnp.bfloat16), (16, jnp.float32)])
 def test_decode_split(splits, dtype):
-    q, k, v = _inputs(7, 2, 1, 1200, 8, 2, 128, 128, dtype)
+    q, k, v = attention_inputs(7, 2, 1, 1200, 8, 2, 128, 128, dtype)
     lengths = jnp.array([1100, 333], jnp.int32)
     blocks = BlockSizes(kv_splits=splits)
     _check(q, k, v, kv_lengths=lengths, block_sizes=blocks, q_offset=1199)
@@ -160,20 +148,20 @@ def test_decode_split(splits, dtype):
 @pytest.mark.parametrize("blocks", [BlockSizes(1, 1), BlockSizes(16, 48), BlockSizes(128, 256), BlockSizes(7, 13)])
 def test_block_sizes(blocks, dtype):
     # bf16 with AMX: key blocks that are not whole 16- or 32-key tiles, and tiles of few rows.
-    _check(*_inputs(8, 1, 90, 110, 4, 2, 64, 64, dtype), causal=True, block_sizes=blocks)
+    _check(*attention_inputs(8, 1, 90, 110, 4, 2, 64, 64, dtype), causal=True, block_sizes=blocks)
 
 
 def test_head_dim_differs_from_value_dim():
-    _check(*_inputs(9, 1, 40, 60, 4, 1, 96, 24, jnp.float32), window_right=5)
+    _check(*attention_inputs(9, 1, 40, 60, 4, 1, 96, 24, jnp.float32), window_right=5)
 
 
 def test_empty_keys_and_queries():
-    _check(*_inputs(10, 1, 4, 0, 4, 2, 32, 32, jnp.float32))
-    _check(*_inputs(10, 1, 0, 8, 4, 2, 32, 32, jnp.float32))
+    _check(*attention_inputs(10, 1, 4, 0, 4, 2, 32, 32, jnp.float32))
+    _check(*attention_inputs(10, 1, 0, 8, 4, 2, 32, 32, jnp.float32))
 
 
 def test_under_jit_and_vmap():
-    q, k, v = _inputs(11, 1, 30, 40, 4, 2, 32, 32, jnp.float32)
+    q, k, v = attention_inputs(11, 1, 30, 40, 4, 2, 32, 32, jnp.float32)
     f = jax.jit(lambda q, k, v: attention(q, k, v, scale=0.2, causal=True))
     want = attention_reference(q, k, v, scale=0.2, causal=True)
     np.testing.assert_allclose(f(q, k, v), want, rtol=1e-5, atol=1e-5)
@@ -182,10 +170,10 @@ def test_under_jit_and_vmap():
 
 
 def test_rejects_bad_shapes():
-    q, k, v = _inputs(12, 1, 8, 8, 3, 2, 32, 32, jnp.float32)
+    q, k, v = attention_inputs(12, 1, 8, 8, 3, 2, 32, 32, jnp.float32)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         attention(q, k, v, scale=1.0)
-    q, k, v = _inputs(12, 1, 8, 8, 4, 2, 32, 32, jnp.float32)
+    q, k, v = attention_inputs(12, 1, 8, 8, 4, 2, 32, 32, jnp.float32)
     with pytest.raises(ValueError, match="broadcast"):
         attention(q, k, v, scale=1.0, bias=jnp.zeros((1, 3, 8, 8)))
     with pytest.raises(ValueError, match="dtype"):
@@ -197,5 +185,5 @@ def test_rejects_bad_shapes():
 def test_few_rows_each_isa(isa, t, n, kv, h, monkeypatch):
     # Tiles of 1..4 rows take the dot-product Q.K^T path where the vector is wide enough.
     monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
-    q, k, v = _inputs(13, 2, t, 333, n, kv, h, h, jnp.bfloat16 if h == 64 else jnp.float32)
+    q, k, v = attention_inputs(13, 2, t, 333, n, kv, h, h, jnp.bfloat16 if h == 64 else jnp.float32)
     _check(q, k, v, kv_lengths=jnp.array([333, 200]), q_offset=300, causal=True, softcap=2.0)

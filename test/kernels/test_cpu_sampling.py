@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -34,15 +36,22 @@ def _logits(kind: str, shape: tuple[int, int], seed: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("form", sorted(PARAMS))
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_kernel_matches_reference(form: str, dtype: str) -> None:
+def _kernel_and_reference(form: str, dtype: str) -> tuple[np.dtype, Callable[..., jax.Array],
+                                                           Callable[..., jax.Array]]:
+    """The logits' numpy dtype and the jitted kernel and reference for `form` with its PARAMS (skips the
+    bf16 forms the kernel leaves to XLA)."""
     if dtype == "bfloat16" and form in sampling.BF16_UNSUPPORTED:
         pytest.skip("bf16 probabilities are not reproduced")
-    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     params = PARAMS[form]
     ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
     ker = jax.jit(lambda x, key: sampling.sample(x, key, form=form, **params))
+    return np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype), ker, ref
+
+
+@pytest.mark.parametrize("form", sorted(PARAMS))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernel_matches_reference(form: str, dtype: str) -> None:
+    np_dtype, ker, ref = _kernel_and_reference(form, dtype)
     for shape in ((3, 1000), (1, 4099)):
         for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
             for seed in range(3):
@@ -65,12 +74,7 @@ def test_bf16_noise_is_exact_for_every_random_byte() -> None:
 def test_rows_split_across_threads_match_reference(form: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fewer rows than threads and a vocabulary of several 32768-token chunks: each row's chunks run on the
     pool and combine in chunk order. The ids must be the reference's, and the same with the split off."""
-    if dtype == "bfloat16" and form in sampling.BF16_UNSUPPORTED:
-        pytest.skip("bf16 probabilities are not reproduced")
-    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
-    params = PARAMS[form]
-    ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
-    ker = jax.jit(lambda x, key: sampling.sample(x, key, form=form, **params))
+    np_dtype, ker, ref = _kernel_and_reference(form, dtype)
     for shape in ((1, 100_003), (2, 70_000)):
         for kind, seed in (("normal", 0), ("peaked", 1), ("ties", 2), ("neg_inf", 3)):
             x = jnp.asarray(_logits(kind, shape, seed).astype(np_dtype))

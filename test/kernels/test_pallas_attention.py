@@ -16,26 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import attention_inputs, jitted_reference
 from jax.experimental.pallas import tpu as pltpu
 
-from hlofuse.kernels.pallas.attention import BlockSizes, attention, attention_reference, decode_attention
+from hlofuse.kernels.pallas.attention import BlockSizes, attention, decode_attention
 
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=0, atol=3e-2)}
 # Small tiles, so that even these shapes span several q and kv blocks.
 BLOCKS = {"tpu": BlockSizes(block_q=16, block_k=128), "gpu": BlockSizes(block_q=16, block_k=16)}
 
 
-def _inputs(seed: int, b: int, t: int, s: int, n: int, kv: int, h: int, d: int, dtype: Any) -> tuple[jax.Array, ...]:  # noqa: ANN401
-    rng = np.random.default_rng(seed)
-    return tuple(
-        jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-        for shape in ((b, t, n, h), (b, s, kv, h), (b, s, kv, d))
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("kw",))
-def _reference(q: jax.Array, k: jax.Array, v: jax.Array, extra: dict[str, jax.Array], kw: Any) -> jax.Array:  # noqa: ANN401
-    return attention_reference(q, k, v, **dict(kw), **extra)
 
 
 def _compare(got: jax.Array, want: jax.Array, dtype: Any) -> None:  # noqa: ANN401
@@ -95,13 +85,13 @@ class TestPallasAttention:
         if backend not in self.backends:
             pytest.skip(f"{type(self).__name__} runs {self.backends} only")
         _, (b, t, s, n, kv, h, d), dtype, attrs, extra_fns = case
-        q, k, v = _inputs(0, b, t, s, n, kv, h, d, dtype)
+        q, k, v = attention_inputs(0, b, t, s, n, kv, h, d, dtype)
         rng = np.random.default_rng(1)
         extra = {name: jnp.asarray(fn(rng, b, n, t, s)) for name, fn in extra_fns.items()}
         kw = {"scale": h**-0.5, **attrs}
         got = attention(q, k, v, **kw, **extra, backend=backend, block_sizes=BLOCKS[backend],
                         interpret=self.interpret(backend))  # fmt: skip
-        want = _reference(q, k, v, extra, tuple(sorted(kw.items())))
+        want = jitted_reference(q, k, v, extra, tuple(sorted(kw.items())))
         if case[0].startswith("mqa_empty_rows"):
             assert np.isnan(np.asarray(want)).any(), "the case must hold rows that see no key"
         _compare(got, want, dtype)
@@ -116,13 +106,13 @@ class TestPallasAttention:
         if backend not in self.backends:
             pytest.skip(f"{type(self).__name__} runs {self.backends} only")
         b, t, s, n, kv, h = 2, 1, 300, 4, 2, 16
-        q, k, v = _inputs(2, b, t, s, n, kv, h, h, jnp.bfloat16)
+        q, k, v = attention_inputs(2, b, t, s, n, kv, h, h, jnp.bfloat16)
         lengths = jnp.asarray([300, 77], jnp.int32)
         blocks = BlockSizes(block_q=16, block_k=128 if backend == "tpu" else 32, num_splits=3)
         got = decode_attention(q, k, v, scale=h**-0.5, causal=True, q_offset=s - 1, kv_lengths=lengths,
                                backend=backend, block_sizes=blocks, interpret=self.interpret(backend))  # fmt: skip
         kw = (("causal", True), ("q_offset", s - 1), ("scale", h**-0.5))
-        _compare(got, _reference(q, k, v, {"kv_lengths": lengths}, kw), jnp.bfloat16)
+        _compare(got, jitted_reference(q, k, v, {"kv_lengths": lengths}, kw), jnp.bfloat16)
 
 
 class TestTpuInterpretMode(TestPallasAttention):
@@ -143,7 +133,7 @@ class TestTpuInterpretMode(TestPallasAttention):
 
 
 def test_shape_errors_name_both_values() -> None:
-    q, k, v = _inputs(0, 1, 4, 8, 4, 2, 16, 16, jnp.float32)
+    q, k, v = attention_inputs(0, 1, 4, 8, 4, 2, 16, 16, jnp.float32)
     with pytest.raises(ValueError, match=r"k shape \(1, 8, 2, 8\) does not match q shape \(1, 4, 4, 16\)"):
         attention(q, k[..., :8], v, scale=1.0)
     with pytest.raises(ValueError, match="N=4 are not a multiple of kv heads K=3"):

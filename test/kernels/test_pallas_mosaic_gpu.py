@@ -16,27 +16,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import attention_inputs, jitted_reference
 
 from hlofuse.kernels.pallas import mosaic_gpu
 from hlofuse.kernels.pallas.mosaic_gpu import BlockSizes
-from hlofuse.kernels.reference import attention_mask, attention_reference
+from hlofuse.kernels.reference import attention_mask
 
 TOL = dict(rtol=0, atol=3e-2)  # bf16 / f16 outputs, f32 softmax and accumulation
 SMALL = BlockSizes(block_q=64, block_k=64, stages=2)
 WINDOW = {"causal": False, "window_left": -1, "window_right": -1, "q_offset": 0}
 
 
-def _inputs(seed: int, b: int, t: int, s: int, n: int, kv: int, h: int, d: int, dtype: Any) -> tuple[jax.Array, ...]:  # noqa: ANN401
-    rng = np.random.default_rng(seed)
-    return tuple(
-        jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
-        for shape in ((b, t, n, h), (b, s, kv, h), (b, s, kv, d))
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("kw",))
-def _reference(q: jax.Array, k: jax.Array, v: jax.Array, extra: dict[str, jax.Array], kw: Any) -> jax.Array:  # noqa: ANN401
-    return attention_reference(q, k, v, **dict(kw), **extra)
 
 
 def _compare(got: jax.Array, want: jax.Array) -> None:
@@ -69,11 +59,11 @@ CASES: list[tuple[str, tuple[int, ...], Any, dict[str, Any], dict[str, Any], Blo
 @pytest.mark.parametrize("case", CASES, ids=[case[0] for case in CASES])
 def test_kernel_matches_reference_in_the_interpreter(case: Any) -> None:  # noqa: ANN401
     name, (b, t, s, n, kv, h, d), dtype, attrs, length_fns, blocks = case
-    q, k, v = _inputs(0, b, t, s, n, kv, h, d, dtype)
+    q, k, v = attention_inputs(0, b, t, s, n, kv, h, d, dtype)
     extra = {key: jnp.asarray(fn(b, t, s)) for key, fn in length_fns.items()}
     kw = {"scale": h**-0.5, **attrs}
     got = mosaic_gpu.attention(q, k, v, **kw, **extra, block_sizes=blocks, interpret=True)
-    want = _reference(q, k, v, extra, tuple(sorted(kw.items())))
+    want = jitted_reference(q, k, v, extra, tuple(sorted(kw.items())))
     if "empty_rows" in name:
         visible = attention_mask(t, s, **{key: kw.get(key, default) for key, default in WINDOW.items()}, **extra)
         assert not np.asarray(visible.any(-1)).all(), "the case must hold rows that see no key"
@@ -96,7 +86,7 @@ def test_lowers_for_cuda_on_this_host_as_one_mosaic_gpu_call() -> None:
 
 
 def test_refusals_name_the_reason() -> None:
-    q, k, v = _inputs(0, 1, 64, 64, 2, 1, 64, 64, jnp.float32)
+    q, k, v = attention_inputs(0, 1, 64, 64, 2, 1, 64, 64, jnp.float32)
     with pytest.raises(ValueError, match=r"bf16 or f16 \(wgmma would run f32 as tf32\), got float32"):
         mosaic_gpu.attention(q, k, v, scale=1.0)
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
