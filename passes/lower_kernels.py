@@ -32,7 +32,7 @@ every composite of a module compiled for several devices, unless `multi_device=b
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -46,6 +46,14 @@ from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERS
 from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kernel_for, known_targets, target_unavailable
 from hlofuse.pipeline import ModulePass, PassState
+from hlofuse.shard_local import (
+    ShardPlan,
+    local_call,
+    plan_shards,
+    row_offsets,
+    with_row_offset,
+    wrap_in_manual_computation,
+)
 from hlofuse.sharding import annotate_if_partitioned, device_count
 
 # (composite, target) -> the lowering used instead in a module compiled for several devices, called as
@@ -55,6 +63,11 @@ PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:partitioned_lowering",
     ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:partitioned_lowering",
 }
+# Targets whose kernel calls XLA partitions itself: the CPU FFI calls (its batch partitioner, hlofuse.sharding)
+# and the reference (plain JAX ops). Every other target's calls run per shard under `sdy.manual_computation`
+# in a module compiled for several devices (hlofuse.shard_local).
+PARTITIONED_BY_XLA = ("cpu", "reference")
+MULTI_DEVICE_MODES = ("keep", "local", "batch")
 # A kernel function may carry a remark (this attribute, a str) about how it was lowered: a near-miss that
 # still lowers, e.g. a sampling form that cannot split the vocabulary and so gathers a sharded one.
 KERNEL_REMARK_ATTR = "hlofuse_remark"
@@ -71,14 +84,13 @@ def _spec(value: ir.Value) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(rtype.shape), _DTYPES[str(rtype.element_type)])
 
 
-def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module: ir.Operation,
-                        base_name: str, platforms: tuple[str, ...] | None = None) -> None:
-    """Lowers `fn` for the composite's operand types, adds it to `module`, and calls it instead.
+def add_jax_function(fn: Callable[..., Any], specs: Sequence[jax.ShapeDtypeStruct], module: ir.Operation,
+                     base_name: str, platforms: tuple[str, ...] | None = None) -> str:
+    """Lowers `fn` for `specs` into a private function of `module`; returns its symbol name.
 
     `platforms` (default: `fn.lowering_platforms` if set, else the default backend) lowers `fn` for
     other platforms than this host's, e.g. ("tpu",) for a Pallas Mosaic kernel on a CPU-only host.
     """
-    specs = [_spec(v) for v in composite.operands]
     platforms = platforms or getattr(fn, "lowering_platforms", None)
     if platforms:
         lowered = jax.jit(fn).trace(*specs).lower(lowering_platforms=tuple(platforms))
@@ -96,6 +108,14 @@ def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module:
             del main.attributes[attr]
     body = module.regions[0].blocks[0]
     main.move_after(list(body.operations)[-1].operation)
+    return name
+
+
+def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module: ir.Operation,
+                        base_name: str, platforms: tuple[str, ...] | None = None) -> None:
+    """Lowers `fn` for the composite's operand types, adds it to `module` (`add_jax_function`), and calls
+    it instead of the composite."""
+    name = add_jax_function(fn, [_spec(v) for v in composite.operands], module, base_name, platforms)
     with composite.location, ir.InsertionPoint(composite):
         call = func.CallOp([r.type for r in composite.results], ir.FlatSymbolRefAttr.get(name),
                            list(composite.operands))
@@ -145,23 +165,28 @@ class LowerKernelsPass(ModulePass):
 
     target: str = "cpu"
     # In a module compiled for several devices: "keep" leaves composites to XLA's partitioner, which
-    # splits them along any sharded dim; "batch" lowers anyway (kernels split only along the batch, so
-    # other sharded dims are gathered; see docs/sharding.md).
+    # splits them along any sharded dim; "local" lowers the composites whose sharded dims the kernel call
+    # keeps local (Shardy's propagation says which arrive sharded) and keeps the others; "batch" lowers
+    # every one, gathering the sharded dims a call cannot cut (docs/sharding.md).
     multi_device: str = "keep"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         if self.target not in known_targets():
             raise ValueError(f"unknown target '{self.target}' (known: {', '.join(known_targets())})")
-        if self.multi_device not in ("keep", "batch"):
-            raise ValueError(f"multi_device takes keep or batch, not '{self.multi_device}'")
+        if self.multi_device not in MULTI_DEVICE_MODES:
+            raise ValueError(f"multi_device takes {', '.join(MULTI_DEVICE_MODES)}, not '{self.multi_device}'")
         devices = device_count(module)
         keep_partitioned = self.multi_device == "keep" and devices > 1
         composites = [op for op in _composites(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
         if composites and (why := target_unavailable(self.target)) is not None:
             raise TargetUnavailable(f"target '{self.target}' cannot lower {len(composites)} composite(s) here: {why}")
+        calls = [_composite_call(op) for op in composites]
+        per_shard = devices > 1 and not keep_partitioned and self.target not in PARTITIONED_BY_XLA
+        planned = per_shard or devices > 1 and self.multi_device == "local" and self.target != "reference"
+        plans = (plan_shards(module, composites, calls, self.target, devices) if planned
+                 else [None] * len(composites))
         lowered_any = False
-        for composite in composites:
-            call = _composite_call(composite)
+        for composite, call, plan in zip(composites, calls, plans, strict=True):
             short = call.name.removeprefix("hlofuse.")
             try:
                 if call.version != VERSIONS[call.name]:
@@ -171,6 +196,18 @@ class LowerKernelsPass(ModulePass):
                                       "it cannot cut (a KV sequence outside decode, a vocab); XLA partitions the "
                                       "composite instead (multi_device=batch lowers)")
                 kernel = _kernel(call, self.target, devices)
+                if plan is not None and plan.gathered and self.multi_device == "local":
+                    raise Unsupported(f"{', '.join(plan.gathered)} arrive sharded over mesh axes the {self.target} "
+                                      "kernel call cannot cut and would be all-gathered; XLA partitions the composite "
+                                      "instead")
+                if plan is not None and plan.gathered:
+                    state.remark(composite, f"lowered per shard; {', '.join(plan.gathered)} arrive sharded over "
+                                            "mesh axes the kernel cannot cut and are all-gathered before it")
+                if plan is not None and plan.is_cut and per_shard:
+                    self._lower_per_shard(composite, call, plan, kernel, module)
+                    state.count(f"{short}_to_{self.target}_per_shard")
+                    lowered_any = True
+                    continue
             except Unsupported as reason:
                 state.remark(composite, f"kept as a composite: {reason}")
                 state.count(f"{short}_kept_composite")
@@ -184,3 +221,24 @@ class LowerKernelsPass(ModulePass):
         if lowered_any:
             erase_unreferenced_private_funcs(module)
             annotate_if_partitioned(module)  # sdy rules for the kernels' custom calls (hlofuse.sharding)
+
+    def _lower_per_shard(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
+                         kernel: Callable[..., Any], module: ir.Operation) -> None:
+        """Lowers `composite` as `plan`'s manual computation around the kernel for one shard's shapes;
+        raises Unsupported (the composite stays, partitioned by XLA) when a shard cannot compute its part."""
+        stochastic = call.name == SAMPLE and len(call.operand_types) > 1
+        if stochastic and not getattr(kernel, "takes_row_offset", False):
+            raise Unsupported(f"the {self.target} sampler draws noise by its own row numbers, so it cannot sample "
+                              "one shard of rows; XLA partitions the composite instead")
+        shard_call = local_call(call, plan)
+        try:
+            shard_kernel = kernel_for(shard_call, self.target)
+        except Unsupported as reason:
+            raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None
+        extra = [(row_offsets(composite, plan), ("r",))] if stochastic else []
+        specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
+        specs += [jax.ShapeDtypeStruct(plan.local_shape(_spec(value).shape, labels), jnp.int32)
+                  for value, labels in extra]
+        name = add_jax_function(with_row_offset(shard_kernel, stochastic), specs, module,
+                                f"{call.name}.{self.target}")
+        wrap_in_manual_computation(composite, plan, name, extra)

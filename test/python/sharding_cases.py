@@ -13,6 +13,7 @@ import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
@@ -28,10 +29,20 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 KERNELS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
-# Kernels in a multi-device module are opt-in (multi_device=batch); the default keeps the composites.
+# Kernels in a multi-device module are opt-in (multi_device=batch or local); the default keeps the composites.
+# `--target T --mode M` on the command line lowers for another target (tpu-interpret, neuron-sim, ...).
 PIPELINE = ("builtin.module(hlofuse-prepare,hlofuse-fuse-sampling,hlofuse-fuse-attention,"
-            "hlofuse-lower-kernels{target=cpu multi_device=batch})")
-OPTIONS = {"hlofuse_pipeline": PIPELINE, "hlofuse_strict": True}
+            "hlofuse-lower-kernels{{target={target} multi_device={mode}}})")
+OPTIONS = {"hlofuse_pipeline": PIPELINE.format(target="cpu", mode="batch"), "hlofuse_strict": True}
+
+
+def pipeline_counters(module_text: str) -> dict[str, int]:
+    """What hlofuse's passes did to the module (OPTIONS' pipeline, as the compile hook runs it)."""
+    from hlofuse.ir.context import parse_module
+    from hlofuse.pipeline import run_pipeline
+
+    module = parse_module(module_text)
+    return dict(run_pipeline(module, OPTIONS["hlofuse_pipeline"]).counters)
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
@@ -82,6 +93,7 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], in_specs: tuple[Any, ...]
 
     text = fused.as_text()
     return {"equal": same(fused), "kernels": {k: text.count(f'custom_call_target="{k}"') for k in KERNELS},
+            "counters": pipeline_counters(lowered.as_text()),
             "fused": collectives(text), "unfused": collectives(plain.as_text()),
             "default_equal": same(default), "default": collectives(default.as_text())}
 
@@ -194,6 +206,15 @@ def case_sampling_top_k_batch_sharded() -> dict[str, Any]:
     return run(_top_k, (_logits(16, 1024), key), (P("data"), P()), P("data"), mesh, exact=True)
 
 
+def case_sampling_temperature_batch_sharded() -> dict[str, Any]:
+    """Temperature sampling of (8, 2, V) logits, the first row dim sharded: each shard's rows start at a
+    multiple of 2 in the global row order, where its noise counters start."""
+    mesh = mesh_of((8,), ("data",))
+    logits = _logits(16, 256).reshape(8, 2, 256)
+    return run(_temperature, (logits, jax.random.key_data(jax.random.key(3))), (P("data"), P()), P("data"), mesh,
+               exact=True)
+
+
 def case_sampling_vocab_sharded() -> dict[str, Any]:
     mesh = mesh_of((8,), ("vocab",))
     return run(_greedy, (_logits(4, 1024),), (P(None, "vocab"),), P(), mesh, exact=True)
@@ -285,7 +306,13 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
 
 
 def main(argv: list[str]) -> None:
-    names = argv or list(CASES)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cases", nargs="*", help=f"cases to run (default: all of {', '.join(CASES)})")
+    parser.add_argument("--target", default="cpu", help="hlofuse-lower-kernels target (default: cpu)")
+    parser.add_argument("--mode", default="batch", choices=("batch", "local"), help="multi_device (default: batch)")
+    args = parser.parse_args(argv)
+    OPTIONS["hlofuse_pipeline"] = PIPELINE.format(target=args.target, mode=args.mode)
+    names = args.cases or list(CASES)
     report: dict[str, Any] = {}
     for name in names:
         try:

@@ -32,7 +32,8 @@ XFAIL: dict[str, str] = {}
 # top_k draws among the splits' candidates, packed (value, id) so they are gathered once; min-p
 # computes its mask with the program's own reductions and samples per split; top-p keeps whole rows (the
 # unfused sort gathers more).
-SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sampling_vocab_sharded",
+SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sampling_temperature_batch_sharded",
+                  "sampling_vocab_sharded",
                   "sampling_temperature_vocab_sharded", "sampling_vocab_sharded_2d", "sampling_top_k_vocab_sharded",
                   "sampling_top_k_mask_vocab_sharded", "sampling_min_p_vocab_sharded", "sampling_top_p_vocab_sharded")
 # Attention cases: the multi-device lowering puts kv heads (and, for decode, key-range splits) in front as
@@ -44,16 +45,20 @@ CASES = (*ATTENTION_CASES, "shard_map", *SAMPLING_CASES, *XFAIL)
 pytestmark = pytest.mark.skipif(not cpu.is_available(), reason="native CPU kernels are not built")
 
 
-@pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
+def _run_cases(*args: str) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("XLA_FLAGS", None)
     env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=300,
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=600,
                           check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+@pytest.fixture(scope="module")
+def report() -> dict[str, Any]:
+    return _run_cases()
 
 
 @pytest.mark.parametrize("case", [
@@ -66,6 +71,71 @@ def test_sharded_case(report: dict[str, Any], case: str) -> None:
     fused, unfused = got["fused"], got["unfused"]
     more = {k: (fused[k], unfused[k]) for k in (*COLLECTIVES, "bytes") if fused[k] > unfused[k]}
     assert not more, f"{case}: more communication than the unfused program (fused, unfused): {more}"
+
+
+def _assert_matches_without_more_communication(case: str, got: dict[str, Any]) -> None:
+    assert "error" not in got, got["error"]
+    assert got["equal"], f"{case}: fused result differs from the unfused program"
+    fused, unfused = got["fused"], got["unfused"]
+    more = {k: (fused[k], unfused[k]) for k in (*COLLECTIVES, "bytes") if fused[k] > unfused[k]}
+    assert not more, f"{case}: more communication than the unfused program (fused, unfused): {more}"
+
+
+# Pallas and NKI calls have no XLA partitioner: in multi-device modules hlofuse-lower-kernels runs them per
+# shard under sdy.manual_computation (hlofuse.shard_local). Each case whose sharded dims those kernels cut
+# (batch, heads, sampled rows) -> the composite it lowers per shard. NKI's sampler draws its noise by local
+# row, so its stochastic samplers stay composites when their rows are cut (XLA partitions them).
+PER_SHARD_TARGETS = ("tpu-interpret", "gpu-interpret", "neuron-sim")
+PER_SHARD_CASES = {"data_parallel": "attention", "data_parallel_2d": "attention", "data_parallel_decode": "attention",
+                   "head_parallel": "attention", "head_parallel_2d": "attention", "gqa_kv_heads_sharded": "attention",
+                   "sampling_batch_sharded": "sample", "sampling_top_k_batch_sharded": "sample",
+                   "sampling_temperature_batch_sharded": "sample"}
+KEPT_PER_SHARD = {("neuron-sim", "sampling_top_k_batch_sharded"), ("neuron-sim", "sampling_temperature_batch_sharded")}
+
+
+@pytest.fixture(scope="module", params=PER_SHARD_TARGETS)
+def per_shard_report(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return request.param, _run_cases("--target", request.param, *PER_SHARD_CASES)
+
+
+def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[str, Any]]) -> None:
+    target, report = per_shard_report
+    for case, composite in PER_SHARD_CASES.items():
+        got = report[case]
+        _assert_matches_without_more_communication(f"{target} {case}", got)
+        outcome = "kept_composite" if (target, case) in KEPT_PER_SHARD else f"to_{target}_per_shard"
+        assert got["counters"].get(f"{composite}_{outcome}") == 1, f"{target} {case}: {got['counters']}"
+
+
+# multi_device=local lowers only the calls whose sharded dims the kernel keeps local (Shardy's propagation
+# on a copy of the module says how each operand arrives) and keeps the rest as composites, so no case may
+# communicate more than the unfused program. Cases a target keeps, and why: the CPU's top-p samples whole
+# rows (a sharded vocabulary would be gathered); per-shard kernels cut no key sequence and no vocabulary.
+LOCAL_KEPT = {
+    "cpu": {"sampling_top_p_vocab_sharded"},
+    "tpu-interpret": {"decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths", "sampling_vocab_sharded",
+                      "sampling_temperature_vocab_sharded", "sampling_top_k_vocab_sharded",
+                      "sampling_top_k_mask_vocab_sharded", "sampling_min_p_vocab_sharded",
+                      "sampling_top_p_vocab_sharded", "sampling_vocab_sharded_2d"},
+}
+
+
+@pytest.fixture(scope="module", params=tuple(LOCAL_KEPT))
+def local_report(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return request.param, _run_cases("--target", request.param, "--mode", "local")
+
+
+def test_local_mode_lowers_only_what_stays_local(local_report: tuple[str, dict[str, Any]]) -> None:
+    target, report = local_report
+    for case in CASES:
+        got = report[case]
+        _assert_matches_without_more_communication(f"{target} {case}", got)
+        kept = sum(n for name, n in got["counters"].items() if name.endswith("_kept_composite"))
+        lowered = sum(n for name, n in got["counters"].items() if f"_to_{target}" in name)
+        if case in LOCAL_KEPT[target]:
+            assert kept >= 1, f"{target} {case}: expected a composite kept, got {got['counters']}"
+        else:
+            assert lowered >= 1 and not kept, f"{target} {case}: expected every composite lowered: {got['counters']}"
 
 
 def test_single_device_modules_are_untouched() -> None:

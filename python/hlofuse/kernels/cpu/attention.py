@@ -17,6 +17,7 @@ import numpy as np
 
 from hlofuse.kernels.cpu import register
 from hlofuse.kernels.reference import UNBOUNDED, attention_mask, attention_reference, zero_empty_rows_of
+from hlofuse.shard_local import Cuts, attention_cuts
 
 if TYPE_CHECKING:
     from hlofuse.composites import AttentionAttrs
@@ -315,6 +316,28 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     return attrs.bind_operands(kernel)
 
 
+def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
+    """The dims `partitioned_lowering`'s call keeps local (hlofuse.shard_local): the batch, the kv heads
+    (a query-head sharding maps onto them; with one kv head the query heads are not a batch dim of the
+    call) and, for a decode that splits, the key sequence."""
+    cuts = attention_cuts(call)
+    kv_heads = call.operand_types[1][0][2]
+    splits = kv_splits_for(_supported_attrs(call), call, devices)
+    roles = list(call.attributes["operands"])
+
+    def cpu_labels(role: str, labels: tuple[str, ...]) -> tuple[str, ...]:
+        if kv_heads == 1:
+            labels = tuple("" if label == "n" else label for label in labels)
+        if splits > 1 and role in ("k", "v"):
+            labels = (labels[0], "s", *labels[2:])
+        return labels
+
+    operands = tuple(cpu_labels(role, labels) for role, labels in zip(roles, cuts.operands, strict=True))
+    results = tuple(cpu_labels("out", labels) for labels in cuts.results)
+    sizes = {**cuts.sizes, "s": call.operand_types[1][0][1]} if splits > 1 else dict(cuts.sizes)
+    return Cuts(operands, results, sizes)
+
+
 def _split_kv_lengths(kwargs: dict[str, Any], b: int, s: int, splits: int, lead: tuple[int, ...]) -> jax.Array:
     """(B, K, P) key lengths of each split: the composite's kv_lengths and, for the one query row, its
     causal / right-window bound (key j visible iff j <= q_offset + right), shifted by the split's offset."""
@@ -330,4 +353,4 @@ def _split_kv_lengths(kwargs: dict[str, Any], b: int, s: int, splits: int, lead:
 
 
 __all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse",
-           "kv_splits_for", "partitioned_lowering"]
+           "kv_splits_for", "partitioned_lowering", "shard_cuts"]

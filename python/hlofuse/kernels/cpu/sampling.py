@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels.sampling_reference import form_params, sample_reference
+from hlofuse.shard_local import Cuts, sample_cuts
 
 if TYPE_CHECKING:
     from hlofuse.composites import SampleAttrs
@@ -318,6 +319,16 @@ def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any
     return kernel
 
 
+def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
+    """The dims `partitioned_lowering`'s call keeps local (hlofuse.shard_local): the rows and, for the
+    forms that split it, the vocabulary."""
+    from hlofuse.composites import SampleAttrs
+
+    form = SampleAttrs.from_dict(call.attributes).form
+    return sample_cuts(call, vocab=vocab_splits_for(form, call.operand_types[0][0][-1], devices) > 1)
+
+
 __all__ = ["FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits",
            "noise_stats", "partitioned_lowering", "sample", "sample_reference", "sample_splits", "sampling_lowering",
+           "shard_cuts",
            "top_k_candidates", "vocab_splits_for"]

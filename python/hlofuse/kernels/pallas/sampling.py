@@ -385,7 +385,8 @@ def sample_block(rows: _Rows) -> jax.Array:
 
 
 def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> jax.Array:  # noqa: ANN401
-    """logits (num_tiles, rows_pad, block_v) -> (rows_pad, 128) int32, lane-replicated.
+    """logits (num_tiles, rows_pad, block_v), key (3,) int32 (the key words, then the first row's global
+    index) -> (rows_pad, 128) int32, lane-replicated.
 
     The tile index is the leading (untiled) dimension, so a pass reads tile j of the VMEM block with a
     dynamic index Mosaic takes on any dimension but the last two; each tile is whole (8, 128) vregs.
@@ -397,7 +398,7 @@ def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> 
         def load(j: jax.Array) -> jax.Array:
             return x_ref[j].astype(jnp.float32)  # (rows, block_v)
 
-        rows = _Rows(plan, load, pl.program_id(0) * r, key_ref[0], key_ref[1])
+        rows = _Rows(plan, load, key_ref[2] + pl.program_id(0) * r, key_ref[0], key_ref[1])
         o_ref[...] = jnp.broadcast_to(sample_block(rows), o_ref.shape)
 
     vmem = vmem_bytes(plan, logits.dtype)
@@ -419,20 +420,21 @@ def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> 
 
 
 def _gpu_call(plan: Plan, logits: jax.Array, key: jax.Array, num_warps: int, interpret: Any) -> jax.Array:  # noqa: ANN401
-    """logits (rows, vocab_pad) -> (rows, 1) int32; one program per row, tiles loaded from global memory."""
+    """logits (rows, vocab_pad), key (3,) int32 as for _tpu_call -> (rows, 1) int32; one program per row,
+    tiles loaded from global memory."""
     bv = plan.block_v
 
     def kernel(key_ref: Any, x_ref: Any, o_ref: Any) -> None:  # noqa: ANN401
         def load(j: jax.Array) -> jax.Array:
             return x_ref[:, pl.ds(pl.multiple_of(j * bv, bv), bv)].astype(jnp.float32)  # (1, block_v)
 
-        rows = _Rows(plan, load, pl.program_id(0), key_ref[0], key_ref[1])
+        rows = _Rows(plan, load, key_ref[2] + pl.program_id(0), key_ref[0], key_ref[1])
         o_ref[...] = sample_block(rows)
 
     return pl.pallas_call(
         kernel,
         grid=(logits.shape[0],),
-        in_specs=[pl.BlockSpec((2,), lambda i: (0,)), pl.BlockSpec((1, plan.vocab_pad), lambda i: (i, 0))],
+        in_specs=[pl.BlockSpec((3,), lambda i: (0,)), pl.BlockSpec((1, plan.vocab_pad), lambda i: (i, 0))],
         out_specs=pl.BlockSpec((1, 1), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((logits.shape[0], 1), jnp.int32),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
@@ -500,8 +502,13 @@ def sample(
     backend: str = "tpu",
     block_sizes: BlockSizes | None = None,
     interpret: Any = False,  # noqa: ANN401  (True, or pltpu.InterpretParams for the TPU interpreter)
+    row_offset: jax.Array | int = 0,
 ) -> jax.Array:  # (...,) int32
-    """`sample_reference`'s token ids computed by the Pallas kernel of `backend` ("tpu" or "gpu")."""
+    """`sample_reference`'s token ids computed by the Pallas kernel of `backend` ("tpu" or "gpu").
+
+    `row_offset` (an int32 scalar) is the global index of the first row when `logits` are one shard's
+    contiguous rows of a larger batch: the noise is drawn at the counters of the global rows, so the
+    shard gets the ids the whole batch would give its rows (hlofuse.shard_local)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     why = check(form, dtype_name(logits.dtype), logits.shape, k)
@@ -523,6 +530,7 @@ def sample(
     if rows_pad != rows or plan.vocab_pad != plan.vocab:  # padded tokens are -inf: never drawn, never counted
         x = jnp.pad(x, ((0, rows_pad - rows), (0, plan.vocab_pad - plan.vocab)), constant_values=-jnp.inf)
     raw = jnp.zeros((2,), jnp.int32) if key is None else lax.bitcast_convert_type(key.astype(jnp.uint32), jnp.int32)
+    raw = jnp.concatenate([raw, jnp.asarray(row_offset, jnp.int32).reshape(1)])
     if backend == "tpu":
         vmem = vmem_bytes(plan, x.dtype)
         if vmem > MAX_VMEM:
@@ -555,9 +563,11 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
         if vmem_bytes(plan, jdtype) > MAX_VMEM:
             raise Unsupported(f"the {target} sampler keeps a block of rows in VMEM; V = {shape[-1]} is too large")
 
-    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return sample(logits, key, form=attrs.form, backend=backend, interpret=interpret, **attrs.params())
+    def kernel(logits: jax.Array, key: jax.Array | None = None, row_offset: jax.Array | int = 0) -> jax.Array:
+        return sample(logits, key, form=attrs.form, backend=backend, interpret=interpret, row_offset=row_offset,
+                      **attrs.params())
 
+    kernel.takes_row_offset = True  # type: ignore[attr-defined]  # read by hlofuse.shard_local
     if platform is not None:
         kernel.lowering_platforms = (platform,)  # type: ignore[attr-defined]  # read by inline_jax_function
     return kernel

@@ -1,0 +1,412 @@
+"""Per-shard kernel calls for targets XLA cannot partition: Pallas and NKI kernels under `sdy.manual_computation`.
+
+XLA's batch partitioner keeps hlofuse's CPU FFI calls local (hlofuse.sharding). A Pallas (Mosaic TPU,
+Triton, Mosaic GPU) or NKI call has no partitioner, and its kernel is compiled for one fixed shape, so
+the partitioner would all-gather its operands and run the whole problem on every device. In a
+multi-device module `hlofuse-lower-kernels{multi_device=batch}` writes instead what a user writes by
+hand with `jax.shard_map`: a `sdy.manual_computation` whose body calls the kernel lowered for one
+shard's shapes.
+
+Which dims to cut, and over which mesh axes, comes from Shardy itself. `plan_shards` copies the module,
+replaces each composite by a probe custom call whose sharding rule (`Cuts`) shares the dims a per-shard
+kernel can cut and keeps the others whole, and runs Shardy's propagation on the copy. The probe's
+propagated result sharding names the mesh axes of each cut dim, and the manual computation takes
+exactly those: XLA's own propagation later meets the same shardings at its boundary.
+
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}   q (4,16,8,16): batch over data, heads over model
+  becomes
+    %0 = sdy.manual_computation(%q, %k, %v) in_shardings=[<@mesh, [{"data"}, {}, {"model"}, {}]>, ...]
+           out_shardings=[<@mesh, [{"data"}, {}, {"model"}, {}]>] manual_axes={"data", "model"}
+           (%lq: tensor<2x16x2x16xf32>, %lk: ..., %lv: ...) {
+      %1 = func.call @hlofuse.attention.tpu(%lq, %lk, %lv)
+      sdy.return %1
+    }
+
+What a shard can cut:
+- attention: the batch B and the query heads N (with the kv heads K they read: a shard count that
+  divides K, or K = 1, whose one kv head every shard keeps). Query head n reads kv head n // (N / K),
+  and a shard of N / s query heads reads K / s kv heads, so every shard keeps the head mapping.
+- sampling: the first row dim longer than 1 (the rows of a shard are then contiguous). A sampler that
+  draws noise gets one more operand, each shard's first global row index (a sharded iota), which the
+  kernel adds to its row numbers (`takes_row_offset`): the noise counters are the global ones, so each
+  shard draws exactly the ids the whole batch would give its rows. A kernel without that option keeps
+  its rows whole when they would be cut.
+
+Dims that arrive sharded but that a shard keeps whole (a sequence, a vocabulary) are all-gathered at
+the boundary, as for the CPU batch partitioner; `ShardPlan.gathered` names them for the remark.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir.dialects import func, sdy, stablehlo
+
+from hlofuse.kernels import CompositeCall
+from hlofuse.sharding import _Factors, _rule
+
+PROBE_TARGET = "hlofuse_shard_probe"
+PROPAGATION = "builtin.module(sdy-propagation-pipeline)"
+SHARDING_ATTR = "sdy.sharding"
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """The dims of a composite's operands and results that a per-shard kernel can cut, as one factor
+    label per dim ("" keeps the dim whole). A labelled dim larger than its factor (`sizes`) is the
+    compound (factor, rest), the rest kept whole: GQA's query heads N = (K, N / K)."""
+
+    operands: tuple[tuple[str, ...], ...]
+    results: tuple[tuple[str, ...], ...]
+    sizes: dict[str, int]
+
+
+def attention_cuts(call: CompositeCall) -> Cuts:
+    """B and the heads of an `hlofuse.attention` composite (docs/composites.md: q (B,T,N,H), k / v
+    (B,S,K,H|D), bias / mask (B|1,N|1,T|1,S|1), lengths (B,); out (B,T,N,D))."""
+    roles = list(call.attributes["operands"])
+    (q_shape, _), (k_shape, _) = call.operand_types[:2]
+    batch, heads, kv_heads = q_shape[0], q_shape[2], k_shape[2]
+    kv_label = "n" if kv_heads > 1 else ""  # MQA: the one kv head stays whole on every shard
+    labels = {"q": ("b", "", "n", ""), "k": ("b", "", kv_label, ""), "v": ("b", "", kv_label, ""),
+              "q_lengths": ("b",), "kv_lengths": ("b",)}
+    operands = []
+    for role, (shape, _) in zip(roles, call.operand_types, strict=True):
+        if role in ("bias", "mask"):
+            operands.append(("b" if shape[0] == batch else "", "n" if shape[1] == heads else "", "", ""))
+        else:
+            operands.append(labels[role])
+    return Cuts(tuple(operands), (("b", "", "n", ""),), {"b": batch, "n": kv_heads if kv_heads > 1 else heads})
+
+
+def sample_cuts(call: CompositeCall, vocab: bool = False) -> Cuts:
+    """The first row dim longer than 1 of an `hlofuse.sample` composite (logits (*R, V), key (2,);
+    ids (*R,)), if any, and the vocabulary when `vocab` (the CPU kernel's vocabulary splits)."""
+    (shape, _), *rest = call.operand_types
+    rows = list(shape[:-1])
+    first = next((i for i, size in enumerate(rows) if size > 1), None)
+    labels = tuple("r" if i == first else "" for i in range(len(rows)))
+    sizes = {"r": rows[first]} if first is not None else {}
+    if vocab:
+        sizes["v"] = shape[-1]
+    return Cuts(((*labels, "v" if vocab else ""), *(("",) * len(s) for s, _ in rest)), (labels,), sizes)
+
+
+# Cuts of the calls that run per shard (every target but the CPU and the reference).
+PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
+    "hlofuse.attention": attention_cuts,
+    "hlofuse.sample": sample_cuts,
+}
+# (composite, target) -> "module:function(call, devices) -> Cuts" for targets whose calls XLA partitions
+# itself: the dims those calls keep local (the CPU's also cut decode key ranges and vocabularies).
+PARTITIONED_CUTS: dict[tuple[str, str], str] = {
+    ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:shard_cuts",
+    ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:shard_cuts",
+}
+
+
+def cuts_for(call: CompositeCall, target: str, devices: int) -> Cuts | None:
+    """The dims `target`'s kernel call for `call` keeps local on `devices` devices; None if unknown."""
+    entry = PARTITIONED_CUTS.get((call.name, target))
+    if entry is not None:
+        module_name, function_name = entry.split(":")
+        cuts: Cuts = getattr(importlib.import_module(module_name), function_name)(call, devices)
+        return cuts
+    by_shard = PER_SHARD_CUTS.get(call.name)
+    return by_shard(call) if by_shard is not None else None
+
+
+@dataclass(frozen=True)
+class Mesh:
+    name: str
+    axes: tuple[tuple[str, int], ...]  # (name, size) in mesh order
+
+    def size(self, axes: Sequence[str]) -> int:
+        sizes = dict(self.axes)
+        return math.prod(sizes[a] for a in axes)
+
+
+@dataclass
+class ShardPlan:
+    """How one composite runs per shard: the mesh axes of each cut factor (an empty tuple keeps it
+    whole), and the operand dims that arrive sharded but stay whole (gathered at the boundary)."""
+
+    mesh: Mesh
+    cuts: Cuts
+    axes: dict[str, tuple[str, ...]]
+    gathered: list[str] = field(default_factory=list)
+
+    def shards(self, label: str) -> int:
+        return self.mesh.size(self.axes.get(label, ())) if label else 1
+
+    @property
+    def is_cut(self) -> bool:
+        return any(self.shards(label) > 1 for label in self.axes)
+
+    def local_shape(self, shape: Sequence[int], labels: Sequence[str]) -> tuple[int, ...]:
+        return tuple(size // self.shards(label) for size, label in zip(shape, labels, strict=True))
+
+    def sharding(self, labels: Sequence[str]) -> str:
+        """`<@mesh, [{"data"}, {}, ...]>` for a value whose dims carry `labels`."""
+        dims = ", ".join("{" + ", ".join(f'"{a}"' for a in self.axes.get(label, ())) + "}" if label else "{}"
+                         for label in labels)
+        return f"<@{self.mesh.name}, [{dims}]>"
+
+    def drop(self, label: str) -> None:
+        """Keeps `label`'s dims whole on every shard."""
+        self.axes[label] = ()
+
+
+def _meshes(module: ir.Operation) -> dict[str, Mesh]:
+    meshes = {}
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "sdy.mesh":
+            name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+            text = str(op.operation.attributes["mesh"])
+            axes = tuple((a, int(s)) for a, s in re.findall(r'"([^"]*)"\s*=\s*(\d+)', text))
+            meshes[name] = Mesh(name, axes)
+    return meshes
+
+
+def _inside_manual_computation(op: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None and parent.operation.name != "builtin.module":
+        if parent.operation.name == "sdy.manual_computation":
+            return True
+        parent = parent.operation.parent
+    return False
+
+
+def _probe_rule(cuts: Cuts, op: ir.Operation) -> ir.Attribute:
+    """The probe's rule: one shared factor per cut label, every other dim a factor of its own, kept whole."""
+    factors = _Factors()
+    shared: dict[str, str] = {}
+    whole: list[str] = []
+
+    def mapping(value: ir.Value, labels: Sequence[str]) -> list[list[str]]:
+        dims: list[list[str]] = []
+        for size, label in zip(ir.RankedTensorType(value.type).shape, labels, strict=True):
+            if not label:
+                whole.append(factors.new(size))
+                dims.append([whole[-1]])
+                continue
+            if label not in shared:
+                shared[label] = factors.new(cuts.sizes[label])
+            dims.append([shared[label]])
+            if size != cuts.sizes[label]:  # the compound (factor, rest)
+                whole.append(factors.new(size // cuts.sizes[label]))
+                dims[-1].append(whole[-1])
+        return dims
+
+    operands = [mapping(v, labels) for v, labels in zip(op.operands, cuts.operands, strict=True)]
+    results = [mapping(v, labels) for v, labels in zip(op.results, cuts.results, strict=True)]
+    factors.need_replication = whole
+    return _rule(operands, results, factors, op.context)
+
+
+def _axes(sharding: ir.Attribute) -> tuple[str, list[tuple[str, ...] | None]]:
+    """(mesh name, the axes of each dim; None for a dim cut by sub-axes) of a `#sdy.sharding`."""
+    tensor = sdy.TensorShardingAttr(sharding)
+    mesh = str(tensor.mesh_or_ref).lstrip("@")
+    dims: list[tuple[str, ...] | None] = []
+    for dim in tensor.dimension_shardings:
+        refs = [sdy.AxisRefAttr(a) for a in sdy.DimensionShardingAttr(dim).axes]
+        dims.append(None if any(r.sub_axis_info is not None for r in refs) else tuple(r.name for r in refs))
+    return mesh, dims
+
+
+def _value_sharding(value: ir.Value) -> ir.Attribute | None:
+    """The `#sdy.sharding` propagation gave `value` (on its defining op, or on its function argument)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        parent = owner.owner.operation
+        if parent.name != "func.func" or "arg_attrs" not in parent.attributes:
+            return None
+        attrs = ir.DictAttr(ir.ArrayAttr(parent.attributes["arg_attrs"])[ir.BlockArgument(value).arg_number])
+        return attrs[SHARDING_ATTR] if SHARDING_ATTR in attrs else None
+    op = owner if isinstance(owner, ir.Operation) else owner.operation
+    if SHARDING_ATTR not in op.attributes:
+        return None
+    per_value = sdy.TensorShardingPerValueAttr(op.attributes[SHARDING_ATTR])
+    return per_value.shardings[ir.OpResult(value).result_number]
+
+
+def _plan(probe: ir.Operation, cuts: Cuts, meshes: dict[str, Mesh], roles: Sequence[str]) -> ShardPlan | None:
+    arrivals = [_value_sharding(value) for value in probe.operands]
+    if SHARDING_ATTR in probe.attributes:
+        result = sdy.TensorShardingPerValueAttr(probe.attributes[SHARDING_ATTR]).shardings[0]
+        mesh_name, dims = _axes(result)
+    else:  # propagation leaves a replicated result unannotated
+        names = {_axes(a)[0] for a in arrivals if a is not None} or set(meshes)
+        if len(names) != 1:
+            return None
+        mesh_name, dims = names.pop(), [()] * len(cuts.results[0])
+    if mesh_name not in meshes:
+        return None
+    axes: dict[str, tuple[str, ...]] = {}
+    for label, dim_axes in zip(cuts.results[0], dims, strict=True):
+        if label and label not in axes:
+            axes[label] = dim_axes or ()  # a sub-axis split stays whole: gathered, never wrong
+    for label in set(cuts.sizes) - set(axes):  # in no result (a key sequence, a vocabulary): as it arrives
+        axes[label] = next((_axes(arrival)[1][dim] or () for arrival, labels in zip(arrivals, cuts.operands,
+                                                                                   strict=True)
+                            if arrival is not None for dim, lab in enumerate(labels) if lab == label), ())
+    plan = ShardPlan(meshes[mesh_name], cuts, axes)
+    for label in list(axes):  # every dim with the label must split evenly (N and K for heads)
+        shards = plan.shards(label)
+        if shards > 1 and any(size % shards or (size != cuts.sizes[label] and cuts.sizes[label] % shards)
+                              for shapes, labelling in ((_shapes(probe.operands), cuts.operands),
+                                                        (_shapes(probe.results), cuts.results))
+                              for shape, dim_labels in zip(shapes, labelling, strict=True)
+                              for size, lab in zip(shape, dim_labels, strict=True) if lab == label):
+            plan.drop(label)
+    for role, sharding, labels in zip(roles, arrivals, cuts.operands, strict=True):
+        if sharding is None:
+            continue
+        _, arrived = _axes(sharding)
+        for dim, (label, dim_axes) in enumerate(zip(labels, arrived, strict=True)):
+            wanted = plan.axes.get(label, ()) if label else ()
+            if dim_axes is None or dim_axes and tuple(dim_axes) != wanted:
+                plan.gathered.append(f"{role} dim {dim} (over {', '.join(dim_axes or ['sub-axes'])})")
+    return plan
+
+
+def _shapes(values: Sequence[ir.Value]) -> list[list[int]]:
+    return [list(ir.RankedTensorType(v.type).shape) for v in values]
+
+
+def _all_composites(root: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.composite":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found
+
+
+def plan_shards(module: ir.Operation, composites: Sequence[ir.Operation], calls: Sequence[CompositeCall],
+                target: str, devices: int) -> list[ShardPlan | None]:
+    """Each composite's per-shard plan, from Shardy's propagation on a copy of `module` in which the
+    composites are probes; None where the composite sits in a manual computation already (a shard_map
+    body, whose shapes are local), has nothing to cut, or propagation names no mesh for it."""
+    meshes = _meshes(module)
+    if not meshes:
+        return [None] * len(composites)
+    copy = module.clone()
+    originals, copies = _all_composites(module), _all_composites(copy)  # the same walk order
+    probes: list[tuple[ir.Operation, Cuts] | None] = []
+    for composite, call in zip(composites, calls, strict=True):
+        cuts = cuts_for(call, target, devices)
+        mirror = next((twin for original, twin in zip(originals, copies, strict=True) if original == composite),
+                      None)
+        if cuts is None or mirror is None or _inside_manual_computation(composite):
+            probes.append(None)
+            continue
+        with mirror.location, ir.InsertionPoint(mirror):
+            probe = stablehlo.CustomCallOp([r.type for r in mirror.results], list(mirror.operands),
+                                           call_target_name=PROBE_TARGET)
+        probe.attributes["sdy.sharding_rule"] = _probe_rule(cuts, probe.operation)
+        for old, new in zip(mirror.results, probe.results, strict=True):
+            old.replace_all_uses_with(new)
+        mirror.erase()
+        probes.append((probe.operation, cuts))
+    passmanager.PassManager.parse(PROPAGATION, context=module.context).run(copy)
+    plans: list[ShardPlan | None] = []
+    for entry, call in zip(probes, calls, strict=True):
+        if entry is None:
+            plans.append(None)
+            continue
+        roles = list(call.attributes.get("operands", [])) or ["logits", "key"][:len(call.operand_types)]
+        plans.append(_plan(entry[0], entry[1], meshes, roles))
+    return plans
+
+
+def local_call(call: CompositeCall, plan: ShardPlan) -> CompositeCall:
+    """`call` as one shard sees it: its operand shapes, and head counts, per shard."""
+    types = tuple((plan.local_shape(shape, labels), dtype)
+                  for (shape, dtype), labels in zip(call.operand_types, plan.cuts.operands, strict=True))
+    attributes = dict(call.attributes)
+    if call.name == "hlofuse.attention":
+        attributes["num_heads"] = types[0][0][2]
+        attributes["num_kv_heads"] = types[1][0][2]
+    return CompositeCall(call.name, call.version, attributes, types)
+
+
+def row_offsets(composite: ir.Operation, plan: ShardPlan) -> ir.Value:
+    """(R_j,) int32: the global row index of each slice of the cut row dim j (its iota times the rows
+    after it), emitted before `composite`; cut like that dim, each shard's element 0 is its first row."""
+    labels = plan.cuts.operands[0]
+    shape = ir.RankedTensorType(composite.operands[0].type).shape
+    dim = labels.index("r")
+    stride = math.prod(shape[dim + 1:-1])
+    i32 = ir.IntegerType.get_signless(32, composite.context)
+    vector = ir.RankedTensorType.get([shape[dim]], i32)
+    with composite.location, ir.InsertionPoint(composite):
+        iota = stablehlo.IotaOp(vector, 0)
+        if stride == 1:
+            return iota.result
+        step = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(vector, ir.IntegerAttr.get(i32, stride)))
+        return stablehlo.MulOp(iota.result, step.result).result
+
+
+def wrap_in_manual_computation(composite: ir.Operation, plan: ShardPlan, callee: str,
+                               extra: Sequence[tuple[ir.Value, tuple[str, ...]]] = ()) -> None:
+    """Replaces `composite` by a `sdy.manual_computation` over every mesh axis whose body calls `callee`
+    (the kernel lowered for one shard's shapes) on the composite's operands, then `extra` (value, labels)."""
+    context = composite.context
+    operands = [*composite.operands, *(value for value, _ in extra)]
+    operand_labels = [*plan.cuts.operands, *(labels for _, labels in extra)]
+
+    def local_type(value: ir.Value, labels: Sequence[str]) -> ir.Type:
+        rtype = ir.RankedTensorType(value.type)
+        return ir.RankedTensorType.get(list(plan.local_shape(rtype.shape, labels)), rtype.element_type)
+
+    def per_value(labelling: Sequence[Sequence[str]]) -> ir.Attribute:
+        text = "#sdy.sharding_per_value<[" + ", ".join(plan.sharding(x) for x in labelling) + "]>"
+        return ir.Attribute.parse(text, context)
+
+    manual = ", ".join(f'"{name}"' for name, _ in plan.mesh.axes)
+    with composite.location, ir.InsertionPoint(composite):
+        op = ir.Operation.create(
+            "sdy.manual_computation", results=[r.type for r in composite.results], operands=operands,
+            attributes={"in_shardings": per_value(operand_labels), "out_shardings": per_value(plan.cuts.results),
+                        "manual_axes": ir.Attribute.parse(f"#sdy<manual_axes{{{manual}}}>", context)},
+            regions=1)
+        block = op.regions[0].blocks.append(*(local_type(v, labels) for v, labels in zip(operands, operand_labels,
+                                                                                           strict=True)))
+        with ir.InsertionPoint(block):
+            result_types = [local_type(r, labels) for r, labels in zip(composite.results, plan.cuts.results,
+                                                                        strict=True)]
+            call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(callee), list(block.arguments))
+            sdy.ReturnOp(list(call.results))
+    for old, new in zip(composite.results, op.results, strict=True):
+        old.replace_all_uses_with(new)
+    composite.erase()
+
+
+def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..., Any]:
+    """The sampler of one shard: `kernel(logits, key, row_offset=offsets[0])` on (logits, key, offsets)."""
+    if not stochastic:
+        return kernel
+
+    def shard_kernel(logits: Any, key: Any, offsets: Any) -> Any:  # noqa: ANN401
+        return kernel(logits, key, row_offset=offsets[0])
+
+    for name in ("lowering_platforms",):
+        if hasattr(kernel, name):
+            setattr(shard_kernel, name, getattr(kernel, name))
+    return shard_kernel
+
+
+__all__ = ["PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "ShardPlan", "attention_cuts", "cuts_for", "local_call",
+           "plan_shards", "row_offsets", "sample_cuts",
+           "with_row_offset", "wrap_in_manual_computation"]

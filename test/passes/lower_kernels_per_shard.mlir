@@ -1,0 +1,113 @@
+// hlofuse-lower-kernels in multi-device modules for targets XLA cannot partition (Pallas, NKI): each kernel
+// call runs per shard inside a sdy.manual_computation over the mesh, with the mesh axes Shardy's propagation
+// gives the dims a shard can cut (attention: batch and heads; sampling: the leading rows). multi_device=local
+// lowers only what stays local (python/hlofuse/shard_local.py, docs/sharding.md).
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu multi_device=batch})' | filecheck %s --check-prefix=TPU
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu multi_device=batch})' --remarks 2>&1 >/dev/null | filecheck %s --check-prefix=TPU-REMARK
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu multi_device=local})' --remarks 2>%t.local | filecheck %s --check-prefix=LOCAL
+// RUN: filecheck %s --check-prefix=LOCAL-REMARK < %t.local
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=local})' --remarks 2>%t.cpu | filecheck %s --check-prefix=CPU-LOCAL
+// RUN: filecheck %s --check-prefix=CPU-LOCAL-REMARK < %t.cpu
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=neuron-sim multi_device=batch})' --remarks 2>%t.nki | filecheck %s --check-prefix=NKI
+// RUN: filecheck %s --check-prefix=NKI-REMARK < %t.nki
+
+// GQA (8 query heads on 4 kv heads), batch over `data` (2), heads over `model` (4): each shard runs the
+// TPU kernel on 2 batch rows, 2 query heads and the 1 kv head they read; no dim is gathered.
+// TPU-LABEL: module @gqa_batch_and_heads
+// TPU-NOT: stablehlo.composite
+// TPU: sdy.manual_computation(%arg0, %arg1, %arg2)
+// TPU-SAME: in_shardings=[<@mesh, [{"data"}, {}, {"model"}, {}]>, <@mesh, [{"data"}, {}, {"model"}, {}]>, <@mesh, [{"data"}, {}, {"model"}, {}]>]
+// TPU-SAME: out_shardings=[<@mesh, [{"data"}, {}, {"model"}, {}]>] manual_axes={"data", "model"}
+// TPU-SAME: (%[[Q:.*]]: tensor<2x16x2x16xf32>, %[[K:.*]]: tensor<2x16x1x16xf32>, %[[V:.*]]: tensor<2x16x1x16xf32>)
+// TPU: func.call @hlofuse.attention.tpu(%[[Q]], %[[K]], %[[V]]) : (tensor<2x16x2x16xf32>, tensor<2x16x1x16xf32>, tensor<2x16x1x16xf32>) -> tensor<2x16x2x16xf32>
+// TPU: sdy.return
+// TPU: -> tensor<4x16x8x16xf32>
+// TPU: func.func private @hlofuse.attention.tpu(%arg0: tensor<2x16x2x16xf32>
+// TPU: stablehlo.custom_call @tpu_custom_call
+// LOCAL-LABEL: module @gqa_batch_and_heads
+// LOCAL: sdy.manual_computation
+// CPU-LOCAL-LABEL: module @gqa_batch_and_heads
+// CPU-LOCAL: stablehlo.custom_call @hlofuse_attention
+// CPU-LOCAL-SAME: num_batch_dims = "2"
+// NKI-LABEL: module @gqa_batch_and_heads
+// NKI: sdy.manual_computation
+// NKI: func.call @"hlofuse.attention.neuron-sim"({{.*}}) : (tensor<2x16x2x16xf32>, tensor<2x16x1x16xf32>, tensor<2x16x1x16xf32>)
+module @gqa_batch_and_heads attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=2, "model"=4]>
+  func.func public @main(%q: tensor<4x16x8x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>},
+                         %k: tensor<4x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>},
+                         %v: tensor<4x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>}) -> tensor<4x16x8x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 8 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 2.500000e-01 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = -1 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<4x16x8x16xf32>, tensor<4x16x4x16xf32>, tensor<4x16x4x16xf32>) -> tensor<4x16x8x16xf32>
+    return %0 : tensor<4x16x8x16xf32>
+  }
+  func.func private @impl(%q: tensor<4x16x8x16xf32>, %k: tensor<4x16x4x16xf32>, %v: tensor<4x16x4x16xf32>) -> tensor<4x16x8x16xf32> {
+    return %q : tensor<4x16x8x16xf32>
+  }
+}
+
+// -----
+
+// The key sequence arrives sharded over `seq`: a shard cannot cut it, so `batch` gathers it (and says so)
+// while `local` keeps the composite for XLA to partition. The CPU kernel cuts no prefill key sequence either.
+// TPU-LABEL: module @prefill_sequence_sharded
+// TPU: sdy.manual_computation(%arg0, %arg1, %arg2)
+// TPU-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}, {}]>, <@mesh, [{"data"}, {}, {}, {}]>, <@mesh, [{"data"}, {}, {}, {}]>]
+// TPU-SAME: manual_axes={"data", "seq"}
+// TPU-SAME: (%{{.*}}: tensor<2x16x4x16xf32>, %{{.*}}: tensor<2x32x4x16xf32>, %{{.*}}: tensor<2x32x4x16xf32>)
+// TPU-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: lowered per shard; k dim 1 (over seq), v dim 1 (over seq) arrive sharded over mesh axes the kernel cannot cut and are all-gathered before it
+// TPU-REMARK-NOT: [hlofuse-lower-kernels]
+// LOCAL-LABEL: module @prefill_sequence_sharded
+// LOCAL-REMARK: remark: {{.*}}kept as a composite: k dim 1 (over seq), v dim 1 (over seq) arrive sharded over mesh axes the tpu kernel call cannot cut and would be all-gathered; XLA partitions the composite instead
+// LOCAL: stablehlo.composite "hlofuse.attention"
+// LOCAL-NOT: sdy.manual_computation
+// CPU-LOCAL-LABEL: module @prefill_sequence_sharded
+// CPU-LOCAL-REMARK: remark: {{.*}}kept as a composite: k dim 1 (over seq), v dim 1 (over seq) arrive sharded
+// CPU-LOCAL: stablehlo.composite "hlofuse.attention"
+module @prefill_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=2, "seq"=4]>
+  func.func public @main(%q: tensor<4x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {}, {}]>},
+                         %k: tensor<4x32x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"seq"}, {}, {}]>},
+                         %v: tensor<4x32x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"seq"}, {}, {}]>}) -> tensor<4x16x4x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {composite_attributes = {causal = false, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 2.500000e-01 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = -1 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<4x16x4x16xf32>, tensor<4x32x4x16xf32>, tensor<4x32x4x16xf32>) -> tensor<4x16x4x16xf32>
+    return %0 : tensor<4x16x4x16xf32>
+  }
+  func.func private @impl(%q: tensor<4x16x4x16xf32>, %k: tensor<4x32x4x16xf32>, %v: tensor<4x32x4x16xf32>) -> tensor<4x16x4x16xf32> {
+    return %q : tensor<4x16x4x16xf32>
+  }
+}
+
+// -----
+
+// Top-k sampling of (8, 2, V) logits with the first row dim over `data` (8): the noise is drawn at global
+// counters, so the call gets each shard's first global row (iota * 2 rows per slice), cut like the rows.
+// TPU-LABEL: module @sampling_rows_sharded
+// TPU: %[[IOTA:.*]] = stablehlo.iota dim = 0 : tensor<8xi32>
+// TPU: %[[STEP:.*]] = stablehlo.constant dense<2> : tensor<8xi32>
+// TPU: %[[FIRST:.*]] = stablehlo.multiply %[[IOTA]], %[[STEP]] : tensor<8xi32>
+// TPU: sdy.manual_computation(%arg0, %arg1, %[[FIRST]])
+// TPU-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}]>, <@mesh, [{}]>, <@mesh, [{"data"}]>]
+// TPU-SAME: out_shardings=[<@mesh, [{"data"}, {}]>] manual_axes={"data"}
+// TPU-SAME: (%[[X:.*]]: tensor<1x2x1024xf32>, %[[KEY:.*]]: tensor<2xui32>, %[[ROW:.*]]: tensor<1xi32>)
+// TPU: func.call @hlofuse.sample.tpu(%[[X]], %[[KEY]], %[[ROW]])
+// TPU: func.func private @hlofuse.sample.tpu(%arg0: tensor<1x2x1024xf32>, %arg1: tensor<2xui32>, %arg2: tensor<1xi32>)
+// TPU: stablehlo.concatenate {{.*}} -> tensor<3xi32>
+// TPU: stablehlo.custom_call @tpu_custom_call
+// LOCAL-LABEL: module @sampling_rows_sharded
+// LOCAL: sdy.manual_computation
+// CPU-LOCAL-LABEL: module @sampling_rows_sharded
+// CPU-LOCAL: stablehlo.custom_call @hlofuse_sample_top_k
+// NKI-LABEL: module @sampling_rows_sharded
+// NKI-REMARK: remark: {{.*}}kept as a composite: the neuron-sim sampler draws noise by its own row numbers, so it cannot sample one shard of rows; XLA partitions the composite instead
+// NKI: stablehlo.composite "hlofuse.sample"
+module @sampling_rows_sharded attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=8]>
+  func.func public @main(%x: tensor<8x2x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {}]>},
+                         %key: tensor<2xui32> {sdy.sharding = #sdy.sharding<@mesh, [{}]>}) -> tensor<8x2xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %x, %key {composite_attributes = {form = "top_k", k = 8 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<8x2x1024xf32>, tensor<2xui32>) -> tensor<8x2xi32>
+    return %0 : tensor<8x2xi32>
+  }
+  func.func private @impl(%x: tensor<8x2x1024xf32>, %key: tensor<2xui32>) -> tensor<8x2xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<8x2xi32>
+    return %0 : tensor<8x2xi32>
+  }
+}
