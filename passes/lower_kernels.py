@@ -22,7 +22,10 @@ Emits, by `target` (the table in hlofuse.kernels says which function implements 
   neuron-sim     the NKI kernels on the host, under NKI's simulator or hlofuse's NumPy emulation.
 A composite that no kernel takes (a dtype, an attribute, a missing library) stays as it is, with a
 remark saying why: XLA then inlines its decomposition, so the program stays exactly right. So does
-every composite of a module compiled for several devices, unless `multi_device=batch` (docs/sharding.md).
+In a module compiled for several devices (docs/sharding.md) a composite is lowered only where its kernel call
+keeps every sharded dim local (`multi_device=local`, the default: Shardy's propagation on a copy of the module
+says how the operands arrive); Pallas and NKI calls then run per shard inside `sdy.manual_computation`
+(hlofuse.shard_local), the CPU calls under XLA's batch partitioner (hlofuse.sharding).
 
     %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
   becomes (target=reference)
@@ -48,6 +51,7 @@ from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kerne
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
     ShardPlan,
+    inside_manual_computation,
     local_call,
     plan_shards,
     row_offsets,
@@ -155,6 +159,14 @@ def _composites(module: ir.Operation) -> list[ir.Operation]:
     return found
 
 
+def _check_local(plan: ShardPlan | None, composite: ir.Operation, target: str) -> None:
+    """Raises Unsupported unless `plan` shows that `target`'s call keeps every sharded operand dim local."""
+    if plan is None and not inside_manual_computation(composite):  # a shard_map body's shapes are local
+        raise Unsupported("no sdy.mesh and propagated sharding say how its operands are sharded here (a module "
+                          "partitioned without Shardy?), so a kernel call might gather them; XLA partitions the "
+                          "composite instead (multi_device=batch lowers anyway)")
+
+
 @dataclass(frozen=True)
 class LowerKernelsPass(ModulePass):
     """Replaces hlofuse composites with `target`'s kernels; unsupported ones stay, with a remark."""
@@ -164,11 +176,11 @@ class LowerKernelsPass(ModulePass):
                               "reference, or tpu-|gpu-|gpu-mosaic-interpret, neuron-sim to check them on a CPU)")
 
     target: str = "cpu"
-    # In a module compiled for several devices: "keep" leaves composites to XLA's partitioner, which
-    # splits them along any sharded dim; "local" lowers the composites whose sharded dims the kernel call
-    # keeps local (Shardy's propagation says which arrive sharded) and keeps the others; "batch" lowers
-    # every one, gathering the sharded dims a call cannot cut (docs/sharding.md).
-    multi_device: str = "keep"
+    # In a module compiled for several devices: "local" lowers the composites whose sharded dims the kernel
+    # call keeps local (Shardy's propagation says how each operand arrives) and keeps the others for XLA's
+    # partitioner; "keep" keeps every composite; "batch" lowers every one, gathering the sharded dims a call
+    # cannot cut (docs/sharding.md).
+    multi_device: str = "local"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         if self.target not in known_targets():
@@ -192,10 +204,11 @@ class LowerKernelsPass(ModulePass):
                 if call.version != VERSIONS[call.name]:
                     raise Unsupported(f"version {call.version} is not {VERSIONS[call.name]}")
                 if keep_partitioned:
-                    raise Unsupported("the module runs on several devices and a kernel call gathers the dims "
-                                      "it cannot cut (a KV sequence outside decode, a vocab); XLA partitions the "
-                                      "composite instead (multi_device=batch lowers)")
+                    raise Unsupported("the module runs on several devices and multi_device=keep leaves every "
+                                      "composite to XLA's partitioner")
                 kernel = _kernel(call, self.target, devices)
+                if self.multi_device == "local" and devices > 1 and self.target != "reference":
+                    _check_local(plan, composite, self.target)
                 if plan is not None and plan.gathered and self.multi_device == "local":
                     raise Unsupported(f"{', '.join(plan.gathered)} arrive sharded over mesh axes the {self.target} "
                                       "kernel call cannot cut and would be all-gathered; XLA partitions the composite "

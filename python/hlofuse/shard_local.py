@@ -3,7 +3,7 @@
 XLA's batch partitioner keeps hlofuse's CPU FFI calls local (hlofuse.sharding). A Pallas (Mosaic TPU,
 Triton, Mosaic GPU) or NKI call has no partitioner, and its kernel is compiled for one fixed shape, so
 the partitioner would all-gather its operands and run the whole problem on every device. In a
-multi-device module `hlofuse-lower-kernels{multi_device=batch}` writes instead what a user writes by
+multi-device module `hlofuse-lower-kernels` (multi_device=local or batch) writes instead what a user writes by
 hand with `jax.shard_map`: a `sdy.manual_computation` whose body calls the kernel lowered for one
 shard's shapes.
 
@@ -174,7 +174,7 @@ def _meshes(module: ir.Operation) -> dict[str, Mesh]:
     return meshes
 
 
-def _inside_manual_computation(op: ir.Operation) -> bool:
+def inside_manual_computation(op: ir.Operation) -> bool:
     parent = op.parent
     while parent is not None and parent.operation.name != "builtin.module":
         if parent.operation.name == "sdy.manual_computation":
@@ -308,7 +308,7 @@ def plan_shards(module: ir.Operation, composites: Sequence[ir.Operation], calls:
         cuts = cuts_for(call, target, devices)
         mirror = next((twin for original, twin in zip(originals, copies, strict=True) if original == composite),
                       None)
-        if cuts is None or mirror is None or _inside_manual_computation(composite):
+        if cuts is None or mirror is None or inside_manual_computation(composite):
             probes.append(None)
             continue
         with mirror.location, ir.InsertionPoint(mirror):
@@ -319,7 +319,10 @@ def plan_shards(module: ir.Operation, composites: Sequence[ir.Operation], calls:
             old.replace_all_uses_with(new)
         mirror.erase()
         probes.append((probe.operation, cuts))
-    passmanager.PassManager.parse(PROPAGATION, context=module.context).run(copy)
+    try:
+        passmanager.PassManager.parse(PROPAGATION, context=module.context).run(copy)
+    except ir.MLIRError:  # a module Shardy cannot propagate: no plans, so nothing is lowered per shard
+        return [None] * len(composites)
     plans: list[ShardPlan | None] = []
     for entry, call in zip(probes, calls, strict=True):
         if entry is None:
@@ -407,6 +410,6 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
     return shard_kernel
 
 
-__all__ = ["PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "ShardPlan", "attention_cuts", "cuts_for", "local_call",
-           "plan_shards", "row_offsets", "sample_cuts",
+__all__ = ["PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "ShardPlan", "attention_cuts", "cuts_for",
+           "inside_manual_computation", "local_call", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]

@@ -1,9 +1,12 @@
 // hlofuse-lower-kernels in modules compiled for several devices (docs/sharding.md): the calls hlofuse emits
 // carry Shardy rules; the CPU kernels take kv heads (and, for decode, key-range splits) or vocabulary splits
-// as leading batch dims; the default (multi_device=keep) leaves composites to XLA's partitioner; one-device modules are
-// lowered exactly as before.
+// as leading batch dims; the default (multi_device=local) lowers the calls whose sharded operand dims stay
+// local and keeps the others; multi_device=keep leaves every composite to XLA's partitioner; one-device modules
+// are lowered exactly as before.
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=batch})' | filecheck %s --check-prefix=CPU
-// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu})' --remarks 2>&1 | filecheck %s --check-prefix=KEEP
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=keep})' --remarks 2>&1 | filecheck %s --check-prefix=KEEP
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu})' --remarks 2>%t.remarks | filecheck %s --check-prefix=DEFAULT
+// RUN: filecheck %s --check-prefix=DEFAULT-REMARK < %t.remarks
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=batch})' --remarks 2>&1 | filecheck %s --check-prefix=REMARK
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu multi_device=batch})' | filecheck %s --check-prefix=TPU
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu multi_device=batch})' | filecheck %s --check-prefix=GPU
@@ -22,6 +25,10 @@
 // CPU-SAME: (tensor<2x4x16x2x16xf32>, tensor<2x4x16x1x16xf32>, tensor<2x4x16x1x16xf32>) -> tensor<2x4x16x2x16xf32>
 // CPU: stablehlo.transpose {{.*}} -> tensor<2x16x4x2x16xf32>
 // KEEP: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: the module runs on several devices
+// DEFAULT-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: logits dim 1 (over vocab) arrive sharded over mesh axes the cpu kernel call cannot cut and would be all-gathered; XLA partitions the composite instead
+// DEFAULT-LABEL: func.func public @heads_sharded
+// DEFAULT: stablehlo.custom_call @hlofuse_attention
+// DEFAULT-SAME: num_batch_dims = "2"
 // KEEP-LABEL: func.func public @heads_sharded
 // KEEP: stablehlo.composite "hlofuse.attention"
 // TPU-LABEL: func.func private @hlofuse.attention.tpu
@@ -59,6 +66,8 @@ module @heads attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 :
 // CPU: stablehlo.reduce({{.*}} applies stablehlo.add across dimensions = [2]
 // CPU: stablehlo.reduce({{.*}} applies stablehlo.add across dimensions = [2]
 // KEEP-LABEL: func.func public @decode_kv_sequence_sharded
+// DEFAULT-LABEL: func.func public @decode_kv_sequence_sharded
+// DEFAULT: call @hlofuse.attention.cpu
 // KEEP: stablehlo.composite "hlofuse.attention"
 // The Pallas calls lead with B = 2 everywhere (lengths, rows, K, V, partial results): B is their one
 // shared factor.
@@ -123,6 +132,8 @@ module @one_device attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas 
 // CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k], [i, j, l], [i, j], [i, j])->([i, j], [i, j]) {i=16, j=8, k=128, l=2} need_replication={k, l}>
 // CPU-SAME: (tensor<16x8x128xf32>, tensor<16x8x2xui32>, tensor<16x8xi32>, tensor<16x8xi32>) -> (tensor<16x8xi32>, tensor<16x8xf32>)
 // KEEP-LABEL: func.func public @sample_rows_sharded
+// DEFAULT-LABEL: func.func public @sample_rows_sharded
+// DEFAULT: call @hlofuse.sample.cpu
 // KEEP: stablehlo.composite "hlofuse.sample"
 module @sample_rows attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["data"=8]>
@@ -154,6 +165,8 @@ module @sample_rows attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas
 // CPU: %[[MERGED:.*]]:2 = stablehlo.reduce(%[[OUT]]#1 init: {{.*}}), (%[[OUT]]#0 init: {{.*}}) across dimensions = [1]
 // CPU: return %[[MERGED]]#1 : tensor<4xi32>
 // KEEP-LABEL: func.func public @sample_vocab_sharded
+// DEFAULT-LABEL: func.func public @sample_vocab_sharded
+// DEFAULT: call @hlofuse.sample.cpu
 // KEEP: stablehlo.composite "hlofuse.sample"
 module @sample_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["vocab"=8]>
@@ -181,6 +194,8 @@ module @sample_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replica
 // CPU-SAME: (tensor<4x1024xf32>, tensor<4x2xui32>, tensor<4xi32>) -> tensor<4xi32>
 // KEEP-LABEL: func.func public @no_split_top_p_vocab_sharded
 // KEEP: stablehlo.composite "hlofuse.sample"
+// DEFAULT-LABEL: func.func public @no_split_top_p_vocab_sharded
+// DEFAULT: stablehlo.composite "hlofuse.sample"
 module @sample_top_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["vocab"=8]>
   func.func public @no_split_top_p_vocab_sharded(%arg0: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"vocab"}]>}, %arg1: tensor<2xui32>) -> tensor<4xi32> {
@@ -213,6 +228,8 @@ module @sample_top_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_r
 // CPU-SAME: vocab_total = 1024
 // CPU: stablehlo.reduce(%[[OUT]]#1 init: {{.*}}), (%[[OUT]]#0 init: {{.*}}) across dimensions = [1]
 // KEEP-LABEL: func.func public @sample_top_k_mask_vocab_sharded
+// DEFAULT-LABEL: func.func public @sample_top_k_mask_vocab_sharded
+// DEFAULT: call @hlofuse.sample.cpu
 // KEEP: stablehlo.composite "hlofuse.sample"
 module @sample_top_k_mask_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["vocab"=8]>
@@ -247,6 +264,8 @@ module @sample_top_k_mask_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.
 // CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
 // CPU: stablehlo.reduce({{.*}}) across dimensions = [1]
 // KEEP-LABEL: func.func public @min_p_vocab_sharded
+// DEFAULT-LABEL: func.func public @min_p_vocab_sharded
+// DEFAULT: call @hlofuse.sample.cpu
 // KEEP: stablehlo.composite "hlofuse.sample"
 module @sample_min_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["vocab"=8]>
@@ -279,6 +298,8 @@ module @sample_min_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_r
 // CPU-SAME: vocab_total = 0 : i64
 // CPU-SAME: num_batch_dims = "1"
 // KEEP-LABEL: func.func public @rank_top_k_vocab_sharded
+// DEFAULT-LABEL: func.func public @rank_top_k_vocab_sharded
+// DEFAULT: call @hlofuse.sample.cpu
 // KEEP: stablehlo.composite "hlofuse.sample"
 module @sample_top_k_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["vocab"=8]>

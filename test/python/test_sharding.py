@@ -1,8 +1,9 @@
 """hlofuse kernels under XLA's SPMD partitioner (Shardy), on 8 host devices in a subprocess.
 
 sharding_cases.py compiles each sharded program three times: plain, with kernels opted in for
-multi-device modules (`hlofuse-lower-kernels{multi_device=batch}`), and with the default pipeline,
-which keeps composites in multi-device modules. It reports results, hlofuse kernel calls in the
+multi-device modules (`hlofuse-lower-kernels{multi_device=batch}`), and with the default pipeline
+(multi_device=local: kernels only where every sharded operand dim stays local, composites elsewhere). It
+reports results, hlofuse kernel calls in the
 compiled HLO, and collectives. With kernels opted in, each case must fuse, match the unfused result and
 use no more collectives (by count and by bytes) than the unfused program; cases hlofuse cannot keep
 local yet are strict xfails saying why. The default pipeline must never add communication.
