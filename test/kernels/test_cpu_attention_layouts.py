@@ -116,6 +116,45 @@ def test_lse_with_no_keys_is_minus_inf() -> None:
     assert np.all(np.asarray(out) == 0) and np.isneginf(np.asarray(lse)).all()
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("attrs", [
+    dict(causal=True),
+    dict(window_left=6, window_right=2),
+    dict(causal=True, window_left=9, masked_value=-1e9),
+    dict(window_right=0, softcap=4.0, kv_lengths=True),
+])
+def test_q_offsets_per_batch_entry(dtype: Any, attrs: dict[str, Any]) -> None:  # noqa: ANN401
+    """q_offsets (*L,) gives each batch entry its own causal / window offset, as if each were its own call with
+    that q_offset; offsets below 0 or past S leave rows that see no key, and tiles whose rows straddle the
+    band read only the blocks their rows see (block_q and block_k smaller than T and S)."""
+    rng = np.random.default_rng(5)
+    lead, t, s, n, kv, h = (2, 3), 24, 80, 4, 2, 16
+    q, k, v = (_normal(rng, (*lead, *x), dtype) for x in ((t, n, h), (s, kv, h), (s, kv, h)))
+    offsets = jnp.asarray([[-30, -5, 0], [17, 56, 90]], jnp.int32)
+    extra = dict(attrs)
+    if extra.pop("kv_lengths", False):
+        extra["kv_lengths"] = jnp.asarray(rng.integers(0, s + 1, lead), jnp.int32)
+    got = attention(q, k, v, scale=0.3, q_offsets=offsets, block_sizes=BlockSizes(block_q=8, block_k=16), **extra)
+    b = int(np.prod(lead))
+    flat = [x.reshape(b, *x.shape[len(lead):]) for x in (q, k, v)]
+    rows = []
+    for i, offset in enumerate(np.asarray(offsets).reshape(b)):
+        per_row = {name: x.reshape(b)[i:i + 1] for name, x in extra.items() if name == "kv_lengths"}
+        scalars = {name: x for name, x in extra.items() if name != "kv_lengths"}
+        rows.append(attention_reference(*(x[i:i + 1] for x in flat), scale=0.3, q_offset=int(offset), **scalars,
+                                        **per_row))
+    _close(got, jnp.concatenate(rows).reshape(got.shape), dtype)
+
+
+def test_q_offsets_replace_the_static_offset() -> None:
+    """With q_offsets present the q_offset attribute is not used: the same offsets give the same result."""
+    rng = np.random.default_rng(6)
+    q, k, v = _normal(rng, (2, 8, 2, 8)), _normal(rng, (2, 32, 2, 8)), _normal(rng, (2, 32, 2, 8))
+    offsets = jnp.asarray([3, 3], jnp.int32)
+    got = attention(q, k, v, scale=0.5, causal=True, q_offset=20, q_offsets=offsets)
+    _close(got, attention(q, k, v, scale=0.5, causal=True, q_offset=3), jnp.float32)
+
+
 #===--- partitioned_lowering ------------------------------------------------------------------===#
 
 def _call(shapes: dict[str, tuple[tuple[int, ...], str]], **attrs: Any) -> CompositeCall:  # noqa: ANN401

@@ -86,14 +86,17 @@ def attention(
     mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
     q_lengths: jax.Array | None = None,  # (B,) int
     kv_lengths: jax.Array | None = None,  # (B,) int
+    q_offsets: jax.Array | None = None,  # (B,) int: each batch entry's q_offset, in place of q_offset
     block_sizes: BlockSizes | None = None,
 ) -> jax.Array:  # (B, T, N, D), in q's dtype
     """`attention_reference`'s semantics, computed by the native CPU kernel (f32 or bf16 q/k/v).
 
-    B may be several leading dims L (q (*L, T, N, H), k (*L, S, K, H), ...; lengths of shape L): the
-    kernel treats them as one batch dim, which lets XLA's batch partitioner cut any of them."""
+    B may be several leading dims L (q (*L, T, N, H), k (*L, S, K, H), ...; lengths and q_offsets of
+    shape L): the kernel treats them as one batch dim, which lets XLA's batch partitioner cut any of them.
+    `q_offsets` lets each of them carry its own causal / window offset (a split of the query or key
+    range shifts it by the split's start)."""
     return _attention_call(q, k, v, bias=bias, mask=mask, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                           block_sizes=block_sizes, return_lse=False, scale=scale, causal=causal,
+                           q_offsets=q_offsets, block_sizes=block_sizes, return_lse=False, scale=scale, causal=causal,
                            window_left=window_left, window_right=window_right, q_offset=q_offset, softcap=softcap,
                            masked_value=masked_value)[0]
 
@@ -120,6 +123,7 @@ def _attention_call(
     mask: jax.Array | None = None,
     q_lengths: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
+    q_offsets: jax.Array | None = None,
     block_sizes: BlockSizes | None = None,
     return_lse: bool,
     scale: float,
@@ -159,6 +163,8 @@ def _attention_call(
         operands.append(_lengths(q_lengths, "q_lengths", lead))
     if kv_lengths is not None:
         operands.append(_lengths(kv_lengths, "kv_lengths", lead))
+    if q_offsets is not None:
+        operands.append(_lengths(q_offsets, "q_offsets", lead))
 
     out_types = [jax.ShapeDtypeStruct((*lead, t, n, v.shape[-1]), q.dtype)]
     if return_lse:
@@ -177,6 +183,7 @@ def _attention_call(
         has_mask=np.bool_(mask is not None),
         has_q_lengths=np.bool_(q_lengths is not None),
         has_kv_lengths=np.bool_(kv_lengths is not None),
+        has_q_offsets=np.bool_(q_offsets is not None),
         block_q=np.int64(blocks.block_q),
         block_k=np.int64(blocks.block_k),
         kv_splits=np.int64(blocks.kv_splits),
