@@ -22,7 +22,8 @@ Emits, by `target` (the table in hlofuse.kernels says which function implements 
   neuron-sim     the NKI kernels on the host, under NKI's simulator or hlofuse's NumPy emulation.
 A composite that no kernel takes (a dtype, an attribute, a missing library) stays as it is, with a
 remark saying why: XLA then inlines its decomposition, so the program stays exactly right. So does
-every composite of a module compiled for several devices, unless `multi_device=batch` (docs/sharding.md).
+every composite of a module compiled for several devices, unless `multi_device=batch` or `sequence`
+(docs/sharding.md).
 
     %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
   becomes (target=reference)
@@ -49,8 +50,9 @@ from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.sharding import annotate_if_partitioned, device_count
 
 # (composite, target) -> the lowering used instead in a module compiled for several devices, called as
-# `lowering(call, devices)`: its kernel takes the dims to keep local (heads, key-range splits) as leading
-# batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on one device.
+# `lowering(call, devices, multi_device)`: its kernel takes the dims to keep local (heads, key-range splits)
+# as leading batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on
+# one device.
 PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:partitioned_lowering",
     ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:partitioned_lowering",
@@ -112,15 +114,15 @@ def _composite_call(composite: ir.Operation) -> CompositeCall:
     return CompositeCall(name, version, attribute_values(composite.attributes["composite_attributes"]), types)
 
 
-def _kernel(call: CompositeCall, target: str, devices: int) -> Callable[..., Any]:
+def _kernel(call: CompositeCall, target: str, devices: int, multi_device: str) -> Callable[..., Any]:
     """The target's kernel for `call` in a module compiled for `devices` devices; raises Unsupported."""
     entry = PARTITIONED_LOWERINGS.get((call.name, target)) if devices > 1 else None
     if entry is None:
         return kernel_for(call, target)
     module_name, function_name = entry.split(":")
-    lowering: Callable[[CompositeCall, int], Callable[..., Any]] = getattr(importlib.import_module(module_name),
-                                                                           function_name)
-    return lowering(call, devices)
+    lowering: Callable[[CompositeCall, int, str], Callable[..., Any]] = getattr(
+        importlib.import_module(module_name), function_name)
+    return lowering(call, devices, multi_device)
 
 
 def _composites(module: ir.Operation) -> list[ir.Operation]:
@@ -145,15 +147,17 @@ class LowerKernelsPass(ModulePass):
 
     target: str = "cpu"
     # In a module compiled for several devices: "keep" leaves composites to XLA's partitioner, which
-    # splits them along any sharded dim; "batch" lowers anyway (kernels split only along the batch, so
-    # other sharded dims are gathered; see docs/sharding.md).
+    # splits them along any sharded dim; "batch" lowers anyway (kernels keep batch, heads, a decode or
+    # chunk's KV sequence and a vocabulary local, so other sharded dims are gathered); "sequence" also
+    # splits every prefill's query and key ranges, which costs copies where they are not sharded (see
+    # docs/sharding.md).
     multi_device: str = "keep"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         if self.target not in known_targets():
             raise ValueError(f"unknown target '{self.target}' (known: {', '.join(known_targets())})")
-        if self.multi_device not in ("keep", "batch"):
-            raise ValueError(f"multi_device takes keep or batch, not '{self.multi_device}'")
+        if self.multi_device not in ("keep", "batch", "sequence"):
+            raise ValueError(f"multi_device takes keep, batch or sequence, not '{self.multi_device}'")
         devices = device_count(module)
         keep_partitioned = self.multi_device == "keep" and devices > 1
         composites = [op for op in _composites(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
@@ -170,7 +174,7 @@ class LowerKernelsPass(ModulePass):
                     raise Unsupported("the module runs on several devices and a kernel call gathers the dims "
                                       "it cannot cut (a KV sequence outside decode, a vocab); XLA partitions the "
                                       "composite instead (multi_device=batch lowers)")
-                kernel = _kernel(call, self.target, devices)
+                kernel = _kernel(call, self.target, devices, self.multi_device)
             except Unsupported as reason:
                 state.remark(composite, f"kept as a composite: {reason}")
                 state.count(f"{short}_kept_composite")
