@@ -58,11 +58,12 @@ from hlofuse.shard_local import (
     with_row_offset,
     wrap_in_manual_computation,
 )
-from hlofuse.sharding import annotate_if_partitioned, device_count
+from hlofuse.sharding import annotate_if_partitioned, device_count, split_shared_iotas
 
 # (composite, target) -> the lowering used instead in a module compiled for several devices, called as
-# `lowering(call, devices)`: its kernel takes the dims to keep local (heads, key-range splits) as leading
-# batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on one device.
+# `lowering(call, devices, multi_device)`: its kernel takes the dims to keep local (heads, key-range splits)
+# as leading batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on
+# one device.
 PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
     ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:partitioned_lowering",
     ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:partitioned_lowering",
@@ -71,7 +72,7 @@ PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
 # and the reference (plain JAX ops). Every other target's calls run per shard under `sdy.manual_computation`
 # in a module compiled for several devices (hlofuse.shard_local).
 PARTITIONED_BY_XLA = ("cpu", "reference")
-MULTI_DEVICE_MODES = ("keep", "local", "batch")
+MULTI_DEVICE_MODES = ("keep", "local", "batch", "sequence")
 # A kernel function may carry a remark (this attribute, a str) about how it was lowered: a near-miss that
 # still lowers, e.g. a sampling form that cannot split the vocabulary and so gathers a sharded one.
 KERNEL_REMARK_ATTR = "hlofuse_remark"
@@ -136,15 +137,15 @@ def _composite_call(composite: ir.Operation) -> CompositeCall:
     return CompositeCall(name, version, attribute_values(composite.attributes["composite_attributes"]), types)
 
 
-def _kernel(call: CompositeCall, target: str, devices: int) -> Callable[..., Any]:
+def _kernel(call: CompositeCall, target: str, devices: int, multi_device: str) -> Callable[..., Any]:
     """The target's kernel for `call` in a module compiled for `devices` devices; raises Unsupported."""
     entry = PARTITIONED_LOWERINGS.get((call.name, target)) if devices > 1 else None
     if entry is None:
         return kernel_for(call, target)
     module_name, function_name = entry.split(":")
-    lowering: Callable[[CompositeCall, int], Callable[..., Any]] = getattr(importlib.import_module(module_name),
-                                                                           function_name)
-    return lowering(call, devices)
+    lowering: Callable[[CompositeCall, int, str], Callable[..., Any]] = getattr(
+        importlib.import_module(module_name), function_name)
+    return lowering(call, devices, multi_device)
 
 
 def _composites(module: ir.Operation) -> list[ir.Operation]:
@@ -179,7 +180,8 @@ class LowerKernelsPass(ModulePass):
     # In a module compiled for several devices: "local" lowers the composites whose sharded dims the kernel
     # call keeps local (Shardy's propagation says how each operand arrives) and keeps the others for XLA's
     # partitioner; "keep" keeps every composite; "batch" lowers every one, gathering the sharded dims a call
-    # cannot cut (docs/sharding.md).
+    # cannot cut; "sequence" is "batch" with every CPU prefill's query and key ranges split, which costs
+    # copies where they are not sharded ("local" splits them only where they are; docs/sharding.md).
     multi_device: str = "local"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
@@ -206,7 +208,7 @@ class LowerKernelsPass(ModulePass):
                 if keep_partitioned:
                     raise Unsupported("the module runs on several devices and multi_device=keep leaves every "
                                       "composite to XLA's partitioner")
-                kernel = _kernel(call, self.target, devices)
+                kernel = _kernel(call, self.target, devices, self._mode_for(plan))
                 if self.multi_device == "local" and devices > 1 and self.target != "reference":
                     _check_local(plan, composite, self.target)
                 if plan is not None and plan.gathered and self.multi_device == "local":
@@ -226,14 +228,25 @@ class LowerKernelsPass(ModulePass):
                 state.count(f"{short}_kept_composite")
                 continue
             remark = getattr(kernel, KERNEL_REMARK_ATTR, None)
-            if remark:
+            if remark and not (self.multi_device == "local" and plan is not None):  # local: nothing is gathered
                 state.remark(composite, str(remark))
             inline_jax_function(kernel, composite, module, f"{call.name}.{self.target}")
             state.count(f"{short}_to_{self.target}")
             lowered_any = True
+        if devices > 1:
+            state.count("shared_iota_split", split_shared_iotas(module))
         if lowered_any:
             erase_unreferenced_private_funcs(module)
             annotate_if_partitioned(module)  # sdy rules for the kernels' custom calls (hlofuse.sharding)
+
+    def _mode_for(self, plan: ShardPlan | None) -> str:
+        """The partitioned lowering's mode for one call: under "local", the query and key sequences the plan
+        cuts (they arrive, or leave, sharded) are split ("queries", "keys", or both: "sequence") and no
+        other, so that no unsharded prefill pays for split copies; otherwise the pass's own mode."""
+        if self.multi_device != "local" or plan is None:
+            return self.multi_device if self.multi_device != "local" else "batch"
+        queries, keys = plan.shards("t") > 1, plan.shards("s") > 1
+        return {(True, True): "sequence", (True, False): "queries", (False, True): "keys"}.get((queries, keys), "batch")
 
     def _lower_per_shard(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
                          kernel: Callable[..., Any], module: ir.Operation) -> None:

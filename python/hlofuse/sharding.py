@@ -284,6 +284,31 @@ def annotate(root: ir.Operation) -> int:
     return count + sum(_annotate_foreign_calls(op) for op in kernel_funcs)
 
 
+def split_shared_iotas(root: ir.Operation) -> int:
+    """Gives each user of a `stablehlo.iota` its own copy; returns how many copies it made.
+
+    hlofuse-prepare's CSE merges equal iotas, e.g. a causal mask's query and key positions when T = S. In
+    a module compiled for several devices the merged iota then feeds a sharded query dim and a whole key
+    dim, and the partitioner all-gathers it (256 bytes for T = 64 with the queries sharded, which the
+    original program, with one iota per use, does not). Copies are free: an iota reads nothing."""
+    shared: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.iota" and len(list(op.results[0].uses)) > 1:
+            shared.append(op)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    copies = 0
+    for iota in shared:
+        for use in list(iota.results[0].uses)[1:]:
+            user = use.owner
+            copy = iota.clone(ir.InsertionPoint(user))
+            user.operands[use.operand_number] = copy.results[0]
+            copies += 1
+    return copies
+
+
 def annotate_if_partitioned(module: ir.Operation) -> int:
     """hlofuse-lower-kernels' hook: annotates the module's hlofuse calls when it runs on several devices
     (single-device modules stay exactly as before)."""
@@ -291,4 +316,4 @@ def annotate_if_partitioned(module: ir.Operation) -> int:
 
 
 __all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "device_count", "foreign_rule",
-           "is_partitioned", "sample_rule"]
+           "is_partitioned", "sample_rule", "split_shared_iotas"]

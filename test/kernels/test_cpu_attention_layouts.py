@@ -1,6 +1,6 @@
 """The CPU attention kernel's multi-device forms against attention_reference: leading batch dims folded
-into B, the log-sum-exp result, and partitioned_lowering (kv heads and decode key-range splits as leading
-batch dims, splits combined through their log-sum-exps), on one device."""
+into B, the log-sum-exp result, per-entry q_offsets, and partitioned_lowering (kv heads and query / key-range
+splits as leading batch dims, key splits combined through their log-sum-exps), on one device."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from hlofuse.kernels.cpu.attention import (  # noqa: E402
     attention_with_lse,
     kv_splits_for,
     partitioned_lowering,
+    q_splits_for,
 )
 from hlofuse.kernels.reference import UNBOUNDED, attention_mask, attention_reference  # noqa: E402
 
@@ -116,6 +117,45 @@ def test_lse_with_no_keys_is_minus_inf() -> None:
     assert np.all(np.asarray(out) == 0) and np.isneginf(np.asarray(lse)).all()
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("attrs", [
+    dict(causal=True),
+    dict(window_left=6, window_right=2),
+    dict(causal=True, window_left=9, masked_value=-1e9),
+    dict(window_right=0, softcap=4.0, kv_lengths=True),
+])
+def test_q_offsets_per_batch_entry(dtype: Any, attrs: dict[str, Any]) -> None:  # noqa: ANN401
+    """q_offsets (*L,) gives each batch entry its own causal / window offset, as if each were its own call with
+    that q_offset; offsets below 0 or past S leave rows that see no key, and tiles whose rows straddle the
+    band read only the blocks their rows see (block_q and block_k smaller than T and S)."""
+    rng = np.random.default_rng(5)
+    lead, t, s, n, kv, h = (2, 3), 24, 80, 4, 2, 16
+    q, k, v = (_normal(rng, (*lead, *x), dtype) for x in ((t, n, h), (s, kv, h), (s, kv, h)))
+    offsets = jnp.asarray([[-30, -5, 0], [17, 56, 90]], jnp.int32)
+    extra = dict(attrs)
+    if extra.pop("kv_lengths", False):
+        extra["kv_lengths"] = jnp.asarray(rng.integers(0, s + 1, lead), jnp.int32)
+    got = attention(q, k, v, scale=0.3, q_offsets=offsets, block_sizes=BlockSizes(block_q=8, block_k=16), **extra)
+    b = int(np.prod(lead))
+    flat = [x.reshape(b, *x.shape[len(lead):]) for x in (q, k, v)]
+    rows = []
+    for i, offset in enumerate(np.asarray(offsets).reshape(b)):
+        per_row = {name: x.reshape(b)[i:i + 1] for name, x in extra.items() if name == "kv_lengths"}
+        scalars = {name: x for name, x in extra.items() if name != "kv_lengths"}
+        rows.append(attention_reference(*(x[i:i + 1] for x in flat), scale=0.3, q_offset=int(offset), **scalars,
+                                        **per_row))
+    _close(got, jnp.concatenate(rows).reshape(got.shape), dtype)
+
+
+def test_q_offsets_replace_the_static_offset() -> None:
+    """With q_offsets present the q_offset attribute is not used: the same offsets give the same result."""
+    rng = np.random.default_rng(6)
+    q, k, v = _normal(rng, (2, 8, 2, 8)), _normal(rng, (2, 32, 2, 8)), _normal(rng, (2, 32, 2, 8))
+    offsets = jnp.asarray([3, 3], jnp.int32)
+    got = attention(q, k, v, scale=0.5, causal=True, q_offset=20, q_offsets=offsets)
+    _close(got, attention(q, k, v, scale=0.5, causal=True, q_offset=3), jnp.float32)
+
+
 #===--- partitioned_lowering ------------------------------------------------------------------===#
 
 def _call(shapes: dict[str, tuple[tuple[int, ...], str]], **attrs: Any) -> CompositeCall:  # noqa: ANN401
@@ -130,14 +170,24 @@ PARTITIONED = [  # (B, T, S, N, K, H, attributes, optional operands)
     (3, 1, 32, 4, 1, 8, dict(window_right=3, q_offset=10, masked_value=-1e9), ()),
     (2, 1, 64, 4, 2, 16, dict(masked_value=-1e9, zero_empty_rows=True), ("q_lengths", "kv_lengths")),
     (2, 1, 64, 4, 2, 16, dict(), ("kv_lengths",)),  # a row with kv length 0: NaN, as the reference
-    (2, 1, 64, 4, 2, 16, dict(window_left=5, q_offset=40), ("kv_lengths",)),  # left window: no splits
-    (2, 9, 64, 4, 2, 16, dict(causal=True, q_offset=55, softcap=5.0), ("bias", "mask")),  # prefill: no splits
+    (2, 1, 64, 4, 2, 16, dict(window_left=5, q_offset=40), ("kv_lengths",)),  # left window: the split's own band
+    (2, 9, 64, 4, 2, 16, dict(causal=True, q_offset=55, softcap=5.0), ("bias", "mask")),  # bias, mask: no splits
+    # Prefill: a chunk of 8 queries at the end of a 64-key cache (T * N * P <= S * K: key splits under batch).
+    (2, 8, 64, 4, 2, 16, dict(causal=True, q_offset=56), ("kv_lengths",)),
+    (2, 8, 64, 4, 2, 16, dict(), ()),
+    # Full prefills (T = S): split only under multi_device=sequence, along T and S.
+    (2, 32, 32, 4, 2, 16, dict(causal=True), ()),
+    (2, 32, 32, 4, 4, 8, dict(causal=True, window_left=5), ("q_lengths", "kv_lengths")),
+    (1, 16, 32, 2, 1, 16, dict(window_right=3, window_left=2, q_offset=9, masked_value=-1e9), ("q_lengths",)),
+    (2, 16, 32, 4, 2, 16, dict(causal=True, masked_value=-1e9, zero_empty_rows=True), ("q_lengths", "kv_lengths")),
+    (2, 16, 32, 4, 2, 16, dict(causal=True, q_offset=-8), ()),  # the first 8 rows see no key: NaN
 ]
 
 
+@pytest.mark.parametrize("multi_device", ["batch", "sequence"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("case", PARTITIONED)
-def test_partitioned_lowering_matches_reference(dtype: Any, case: tuple[Any, ...]) -> None:  # noqa: ANN401
+def test_partitioned_lowering_matches_reference(dtype: Any, case: tuple[Any, ...], multi_device: str) -> None:  # noqa: ANN401
     b, t, s, n, kv, h, attrs, optional = case
     rng = np.random.default_rng(4)
     operands: dict[str, jax.Array] = {"q": _normal(rng, (b, t, n, h), dtype), "k": _normal(rng, (b, s, kv, h), dtype),
@@ -147,30 +197,39 @@ def test_partitioned_lowering_matches_reference(dtype: Any, case: tuple[Any, ...
     if "mask" in optional:
         operands["mask"] = jnp.asarray(rng.random((b, 1, t, s)) < 0.7)
     if "q_lengths" in optional:
-        operands["q_lengths"] = jnp.asarray([1, 0][:b], jnp.int32)
+        operands["q_lengths"] = jnp.asarray([max(1, t // 2 + 3), 0][:b], jnp.int32)
     if "kv_lengths" in optional:
         operands["kv_lengths"] = jnp.asarray([s - 3, 0 if "q_lengths" not in optional else 20][:b], jnp.int32)
     call = _call({name: (tuple(x.shape), _TYPES[str(x.dtype)]) for name, x in operands.items()}, **attrs)
-    got = jax.jit(partitioned_lowering(call, devices=4))(*operands.values())
+    got = jax.jit(partitioned_lowering(call, devices=4, multi_device=multi_device))(*operands.values())
     want = attention_reference(operands["q"], operands["k"], operands["v"], scale=0.25, **attrs,
                                **{name: operands[name] for name in optional})
     _close(got, want, dtype)
 
 
-def test_decode_splits_only_where_each_split_can_shift_its_mask() -> None:
+def _splits(t: int, s: int, devices: int, sequence: bool = False, n: int = 2, **attrs: Any) -> tuple[int, int]:  # noqa: ANN401
+    """(Pt, Ps) of a call with q (1, t, n, 8) and k (1, s, 2, 8)."""
     from hlofuse.composites import AttentionAttrs
 
-    def splits(t: int, s: int, devices: int, **attrs: Any) -> int:  # noqa: ANN401
-        shapes = {"q": ((1, t, 2, 8), "f32"), "k": ((1, s, 2, 8), "f32"), "v": ((1, s, 2, 8), "f32")}
-        call = _call(shapes, **attrs)
-        return kv_splits_for(AttentionAttrs.from_dict(call.attributes), call, devices)
+    shapes = {"q": ((1, t, n, 8), "f32"), "k": ((1, s, 2, 8), "f32"), "v": ((1, s, 2, 8), "f32")}
+    call = _call(shapes, **attrs)
+    parsed = AttentionAttrs.from_dict(call.attributes)
+    return q_splits_for(parsed, call, devices, sequence), kv_splits_for(parsed, call, devices, sequence)
 
-    assert splits(1, 64, 8) == 8
-    assert splits(1, 64, 8, causal=True, q_offset=63) == 8
-    assert splits(1, 64, 1) == 1  # one device
-    assert splits(4, 64, 8) == 1  # prefill
-    assert splits(1, 60, 8) == 1  # S not a multiple of the device count
-    assert splits(1, 64, 8, window_left=4) == 1
+
+def test_splits_where_the_dims_divide_and_the_copies_are_bounded() -> None:
+    assert _splits(1, 64, 8) == (1, 8)  # decode
+    assert _splits(1, 64, 8, causal=True, q_offset=63) == (1, 8)
+    assert _splits(1, 64, 8, window_left=4) == (1, 8)  # each split's band comes with its own q_offset
+    assert _splits(1, 64, 1) == (1, 1)  # one device
+    assert _splits(1, 60, 8) == (1, 1)  # S not a multiple of the device count
+    assert _splits(8, 64, 8) == (1, 8)  # a chunk: T * N * P = 128 <= S * K = 128
+    assert _splits(8, 64, 8, n=4) == (1, 1)  # 256 copies of query rows > 128 keys: not under batch
+    assert _splits(64, 64, 8) == (1, 1)  # a full prefill: not under batch
+    assert _splits(64, 64, 8, sequence=True) == (8, 8)
+    assert _splits(64, 60, 8, sequence=True) == (8, 1)
+    assert _splits(60, 64, 8, sequence=True) == (1, 8)
+    assert _splits(1, 64, 8, sequence=True) == (1, 8)
 
 
 def test_partitioned_call_has_heads_and_splits_leading() -> None:
@@ -179,5 +238,17 @@ def test_partitioned_call_has_heads_and_splits_leading() -> None:
     kernel = partitioned_lowering(_call(shapes), devices=4)
     text = jax.jit(kernel).lower(*(jax.ShapeDtypeStruct(x[0], jnp.float32) for x in shapes.values())).as_text()
     line = next(x for x in text.splitlines() if "hlofuse_attention" in x)
-    assert "(tensor<2x2x4x1x4x16xf32>, tensor<2x2x4x16x1x16xf32>, tensor<2x2x4x16x1x16xf32>, tensor<2x2x4xi32>)" in line
+    assert "(tensor<2x2x4x1x4x16xf32>, tensor<2x2x4x16x1x16xf32>, tensor<2x2x4x16x1x16xf32>)" in line
     assert "-> (tensor<2x2x4x1x4x16xf32>, tensor<2x2x4x1x4xf32>)" in line
+
+
+def test_sequence_split_call_has_query_and_key_splits_leading() -> None:
+    """A causal prefill under multi_device=sequence: q (B, K, Pt, Ps, T/Pt, G, H), k (B, K, Pt, Ps, S/Ps, 1, H),
+    and each split's q_offset (B, K, Pt, Ps)."""
+    shapes = {"q": ((2, 8, 8, 16), "f32"), "k": ((2, 32, 2, 16), "f32"), "v": ((2, 32, 2, 16), "f32")}
+    kernel = partitioned_lowering(_call(shapes, causal=True), devices=4, multi_device="sequence")
+    text = jax.jit(kernel).lower(*(jax.ShapeDtypeStruct(x[0], jnp.float32) for x in shapes.values())).as_text()
+    line = next(x for x in text.splitlines() if "hlofuse_attention" in x)
+    assert ("(tensor<2x2x4x4x2x4x16xf32>, tensor<2x2x4x4x8x1x16xf32>, tensor<2x2x4x4x8x1x16xf32>, "
+            "tensor<2x2x4x4xi32>)") in line
+    assert "-> (tensor<2x2x4x4x2x4x16xf32>, tensor<2x2x4x4x2x4xf32>)" in line

@@ -1,9 +1,11 @@
 // hlofuse-lower-kernels in modules compiled for several devices (docs/sharding.md): the calls hlofuse emits
-// carry Shardy rules; the CPU kernels take kv heads (and, for decode, key-range splits) or vocabulary splits
-// as leading batch dims; the default (multi_device=local) lowers the calls whose sharded operand dims stay
-// local and keeps the others; multi_device=keep leaves every composite to XLA's partitioner; one-device modules
-// are lowered exactly as before.
+// carry Shardy rules; the CPU kernels take kv heads (and, for decode and prefill chunks, key-range splits; under
+// multi_device=sequence every prefill's query and key-range splits) or vocabulary splits as leading batch dims;
+// the default (multi_device=local) lowers the calls whose sharded operand dims stay local (splitting a prefill's
+// sequences where they arrive sharded) and keeps the others; multi_device=keep leaves every composite to XLA's
+// partitioner; one-device modules are lowered exactly as before.
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=batch})' | filecheck %s --check-prefix=CPU
+// RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=sequence})' | filecheck %s --check-prefix=SEQ
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu multi_device=keep})' --remarks 2>&1 | filecheck %s --check-prefix=KEEP
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=cpu})' --remarks 2>%t.remarks | filecheck %s --check-prefix=DEFAULT
 // RUN: filecheck %s --check-prefix=DEFAULT-REMARK < %t.remarks
@@ -53,17 +55,19 @@ module @heads attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 :
 // -----
 
 // Decode against a KV cache sharded along S over 8 devices: the key range splits into P = 8 leading
-// batch dims, the call also returns each split's log-sum-exp, and the splits combine through a max
-// and two sums over P (the reductions the partitioner turns into all-reduces).
+// batch dims, the call also returns each split's log-sum-exp, and the splits combine through a max, a dot
+// and a sum over P (the reductions the partitioner turns into all-reduces). No lengths and no band: every
+// split sees all its keys, so the call takes no lengths or offsets.
 // CPU-LABEL: func.func public @decode_kv_sequence_sharded
 // CPU: func.func private @hlofuse.attention.cpu
 // CPU: %[[OUT:.*]]:2 = stablehlo.custom_call @hlofuse_attention(
-// CPU-SAME: has_kv_lengths = true
+// CPU-SAME: has_kv_lengths = false
+// CPU-SAME: has_q_offsets = false
 // CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "3"}
-// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n], [i, j, k, o, m, n], [i, j, k, o, m, n], [i, j, k])->([i, j, k, l, m, n], [i, j, k, l, m])
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n], [i, j, k, o, m, n], [i, j, k, o, m, n])->([i, j, k, l, m, n], [i, j, k, l, m])
 // CPU-SAME: -> (tensor<2x4x8x1x1x16xf32>, tensor<2x4x8x1x1xf32>)
-// CPU: stablehlo.reduce(%[[OUT]]#1 {{.*}} applies stablehlo.maximum across dimensions = [2]
-// CPU: stablehlo.reduce({{.*}} applies stablehlo.add across dimensions = [2]
+// CPU: stablehlo.reduce({{.*}} applies stablehlo.maximum across dimensions = [2]
+// CPU: stablehlo.dot_general {{.*}} contracting_dims = [2] x [2]
 // CPU: stablehlo.reduce({{.*}} applies stablehlo.add across dimensions = [2]
 // KEEP-LABEL: func.func public @decode_kv_sequence_sharded
 // DEFAULT-LABEL: func.func public @decode_kv_sequence_sharded
@@ -87,6 +91,82 @@ module @decode attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 
   }
   func.func private @impl(%arg0: tensor<2x1x4x16xf32>, %arg1: tensor<2x256x4x16xf32>, %arg2: tensor<2x256x4x16xf32>) -> tensor<2x1x4x16xf32> {
     return %arg0 : tensor<2x1x4x16xf32>
+  }
+}
+
+// -----
+
+// A causal prefill chunk (T = 8 queries at the end of a 256-key cache sharded along S): its P = 8 copies of
+// the query rows are no larger than the keys (T * N * P <= S * K), so it splits like decode; each split gets
+// its causal band through its own q_offset, 248 - p * 32, a constant (B, K, P) operand.
+// CPU-LABEL: func.func public @prefill_chunk_kv_sequence_sharded
+// CPU: func.func private @hlofuse.attention.cpu
+// CPU: %[[OFFSETS:.*]] = stablehlo.constant dense<{{\[\[\[}}248, 216, 184, 152, 120, 88, 56, 24]]]>
+// CPU: %[[SPLIT_OFFSETS:.*]] = stablehlo.broadcast_in_dim %[[OFFSETS]], dims = [0, 1, 2] : (tensor<1x1x8xi32>) -> tensor<2x4x8xi32>
+// CPU: stablehlo.custom_call @hlofuse_attention({{.*}}, %[[SPLIT_OFFSETS]])
+// CPU-SAME: causal = true
+// CPU-SAME: has_q_offsets = true
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "3"}
+// CPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n], [i, j, k, o, m, n], [i, j, k, o, m, n], [i, j, k])->([i, j, k, l, m, n], [i, j, k, l, m])
+// CPU-SAME: (tensor<2x4x8x8x1x16xf32>, tensor<2x4x8x32x1x16xf32>, tensor<2x4x8x32x1x16xf32>, tensor<2x4x8xi32>) -> (tensor<2x4x8x8x1x16xf32>, tensor<2x4x8x8x1xf32>)
+// KEEP-LABEL: func.func public @prefill_chunk_kv_sequence_sharded
+// KEEP: stablehlo.composite "hlofuse.attention"
+// The Pallas calls get their batch rule here too (one TPU / GPU function per module).
+// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// TPU: stablehlo.custom_call @tpu_custom_call(
+// TPU-SAME: sdy.sharding_rule
+// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
+// GPU-SAME: sdy.sharding_rule
+module @chunk attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["seq"=8]>
+  func.func public @prefill_chunk_kv_sequence_sharded(%arg0: tensor<2x8x4x16xf32>, %arg1: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg2: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) -> tensor<2x8x4x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %arg0, %arg1, %arg2 {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 248 : i64, scale = 0.25 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = 0 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x8x4x16xf32>, tensor<2x256x4x16xf32>, tensor<2x256x4x16xf32>) -> tensor<2x8x4x16xf32>
+    return %0 : tensor<2x8x4x16xf32>
+  }
+  func.func private @impl(%arg0: tensor<2x8x4x16xf32>, %arg1: tensor<2x256x4x16xf32>, %arg2: tensor<2x256x4x16xf32>) -> tensor<2x8x4x16xf32> {
+    return %arg0 : tensor<2x8x4x16xf32>
+  }
+}
+
+// -----
+
+// A full causal prefill (T = S = 64) with q, k and v sharded along the sequence. Under multi_device=batch it
+// is not split (P copies of q or of K/V where the sequence is not sharded cost more than they save): the call
+// keeps (B, K) leading and its sequence dims are gathered. Under multi_device=sequence the query range splits
+// into Pt = 8 and the key range into Ps = 8, leading as (B, K, Pt, Ps), each (query split, key split) pair with
+// its q_offset, 8 * (a - b) for query split a and key split b.
+// CPU-LABEL: func.func public @prefill_sequence_sharded
+// CPU: stablehlo.custom_call @hlofuse_attention(
+// CPU-SAME: has_q_offsets = false
+// CPU-SAME: mhlo.frontend_attributes = {num_batch_dims = "2"}
+// CPU-SAME: (tensor<2x4x64x1x16xf32>, tensor<2x4x64x1x16xf32>, tensor<2x4x64x1x16xf32>) -> tensor<2x4x64x1x16xf32>
+// REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: prefill not split along its sequences (8 copies of its 256 query rows would outweigh its 256 keys; multi_device=sequence splits it): a T or S sharded over devices is gathered before the call
+// SEQ-LABEL: func.func public @prefill_sequence_sharded
+// SEQ: func.func private @hlofuse.attention.cpu
+// SEQ: %[[OFFSETS:.*]] = stablehlo.constant dense<{{\[\[\[\[}}0, -8, -16, -24, -32, -40, -48, -56], [8, 0, -8,
+// SEQ: %[[SPLIT_OFFSETS:.*]] = stablehlo.broadcast_in_dim %[[OFFSETS]], {{.*}} -> tensor<2x4x8x8xi32>
+// SEQ: stablehlo.custom_call @hlofuse_attention({{.*}}, %[[SPLIT_OFFSETS]])
+// SEQ-SAME: has_q_offsets = true
+// SEQ-SAME: mhlo.frontend_attributes = {num_batch_dims = "4"}
+// SEQ-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n, o], [i, j, k, l, p, n, o], [i, j, k, l, p, n, o], [i, j, k, l])->([i, j, k, l, m, n, o], [i, j, k, l, m, n])
+// SEQ-SAME: (tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8xi32>)
+// SEQ: stablehlo.dot_general {{.*}} contracting_dims = [3] x [3]
+// The Pallas calls get their batch rule here too (one TPU / GPU function per module).
+// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// TPU: stablehlo.custom_call @tpu_custom_call(
+// TPU-SAME: sdy.sharding_rule
+// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
+// GPU-SAME: sdy.sharding_rule
+module @sequence attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["seq"=8]>
+  func.func public @prefill_sequence_sharded(%arg0: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg1: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg2: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) -> tensor<2x64x4x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %arg0, %arg1, %arg2 {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 0.25 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = 0 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32>
+    return %0 : tensor<2x64x4x16xf32>
+  }
+  func.func private @impl(%arg0: tensor<2x64x4x16xf32>, %arg1: tensor<2x64x4x16xf32>, %arg2: tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32> {
+    return %arg0 : tensor<2x64x4x16xf32>
   }
 }
 

@@ -29,29 +29,41 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 COLLECTIVES = ("all-gather", "all-reduce", "all-to-all", "collective-permute", "reduce-scatter")
 KERNELS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
-# Kernels in a multi-device module are opt-in (multi_device=batch or local); the default keeps the composites.
+# Kernels in a multi-device module: multi_device=batch lowers every composite; the default pipeline (local)
+# lowers those whose sharded dims stay local.
 # `--target T --mode M` on the command line lowers for another target (tpu-interpret, neuron-sim, ...).
 PIPELINE = ("builtin.module(hlofuse-prepare,hlofuse-fuse-sampling,hlofuse-fuse-attention,"
             "hlofuse-lower-kernels{{target={target} multi_device={mode}}})")
 OPTIONS = {"hlofuse_pipeline": PIPELINE.format(target="cpu", mode="batch"), "hlofuse_strict": True}
+# The sequence-parallel prefill cases: multi_device=sequence splits every prefill's query and key ranges
+# (docs/sharding.md); under --mode local they run with local, which splits where the sequences are sharded.
+SEQUENCE_OPTIONS = {"hlofuse_pipeline": PIPELINE.format(target="cpu", mode="sequence"), "hlofuse_strict": True}
 
 
-def pipeline_counters(module_text: str) -> dict[str, int]:
-    """What hlofuse's passes did to the module (OPTIONS' pipeline, as the compile hook runs it)."""
+def pipeline_counters(module_text: str, pipeline: str) -> dict[str, int]:
+    """What hlofuse's passes did to the module (`pipeline`, as the compile hook runs it)."""
     from hlofuse.ir.context import parse_module
     from hlofuse.pipeline import run_pipeline
 
     module = parse_module(module_text)
-    return dict(run_pipeline(module, OPTIONS["hlofuse_pipeline"]).counters)
+    return dict(run_pipeline(module, pipeline).counters)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """Plain jnp attention, BTNH; GQA through jnp.repeat when k has fewer heads."""
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool = False) -> jax.Array:
+    """Plain jnp attention, BTNH; GQA through jnp.repeat when k has fewer heads. Causal: query i sits at key
+    position i + S - T (the queries are the last T positions, as in a chunk appended to a cache)."""
     groups = q.shape[2] // k.shape[2]
     if groups > 1:
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
     s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]).astype(np.float32)
+    if causal:
+        t, length = q.shape[1], k.shape[1]
+        s = jnp.where(jnp.arange(length)[None, :] <= jnp.arange(t)[:, None] + (length - t), s, -jnp.inf)
     return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    return attention(q, k, v, causal=True)
 
 
 def mesh_of(shape: tuple[int, ...], names: tuple[str, ...]) -> jax.sharding.Mesh:
@@ -77,13 +89,14 @@ def collectives(text: str) -> dict[str, int]:
 
 
 def run(fn: Callable[..., Any], args: tuple[Any, ...], in_specs: tuple[Any, ...], out_spec: Any,
-        mesh: jax.sharding.Mesh, exact: bool = False) -> dict[str, Any]:
+        mesh: jax.sharding.Mesh, exact: bool = False, options: dict[str, Any] | None = None) -> dict[str, Any]:
     shardings = tuple(NamedSharding(mesh, s) for s in in_specs)
     placed = tuple(jax.device_put(a, s) for a, s in zip(args, shardings, strict=True))
     jitted = jax.jit(fn, in_shardings=shardings, out_shardings=NamedSharding(mesh, out_spec))
     lowered = jitted.lower(*placed)
     plain = lowered.compile()
-    fused = lowered.compile(OPTIONS)
+    options = options or OPTIONS
+    fused = lowered.compile(options)
     default = lowered.compile({"hlofuse_pipeline": "default", "hlofuse_strict": True})
     want = np.asarray(plain(*placed))
 
@@ -93,7 +106,7 @@ def run(fn: Callable[..., Any], args: tuple[Any, ...], in_specs: tuple[Any, ...]
 
     text = fused.as_text()
     return {"equal": same(fused), "kernels": {k: text.count(f'custom_call_target="{k}"') for k in KERNELS},
-            "counters": pipeline_counters(lowered.as_text()),
+            "counters": pipeline_counters(lowered.as_text(), options["hlofuse_pipeline"]),
             "fused": collectives(text), "unfused": collectives(plain.as_text()),
             "default_equal": same(default), "default": collectives(default.as_text())}
 
@@ -179,6 +192,50 @@ def case_decode_kv_sequence_sharded_lengths() -> dict[str, Any]:
     lengths = jnp.asarray([200, 37, 256, 1], jnp.int32)
     return run(_cache_attention, (*_qkv(4, 1, 256, 8, 8, 16), lengths), (P("data"), kv_spec, kv_spec, P("data")),
                P("data"), mesh)
+
+
+def _prefill_kv_sequence_sharded(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A 16-query prefill chunk against a 256-key cache sharded along S over 8 devices: T * N * P = 512 <= S * K
+    = 1024, so even multi_device=batch splits the key range (P = 8, one per device)."""
+    mesh = mesh_of((8,), ("seq",))
+    kv_spec = P(None, "seq")
+    return run(fn, _qkv(2, 16, 256, 4, 4, 16), (P(), kv_spec, kv_spec), P(), mesh)
+
+
+def case_prefill_kv_sequence_sharded() -> dict[str, Any]:
+    return _prefill_kv_sequence_sharded(attention)
+
+
+def case_prefill_kv_sequence_sharded_causal() -> dict[str, Any]:
+    """The same chunk, causal: query i sees keys up to 240 + i, so the first 7 splits see all their keys and
+    the last one a band (its own q_offset, 240 - 7 * 32 = 16)."""
+    return _prefill_kv_sequence_sharded(causal_attention)
+
+
+def case_prefill_kv_sequence_sharded_2d() -> dict[str, Any]:
+    """2-D mesh: batch over `data` (2), the cache's sequence over `seq` (4); causal GQA chunk (8 query heads on
+    2 kv heads: 16 * 8 * 8 = 1024 <= 512 * 2). Each device holds 2 of the 8 key-range splits."""
+    mesh = mesh_of((2, 4), ("data", "seq"))
+    kv_spec = P("data", "seq")
+    return run(causal_attention, _qkv(4, 16, 512, 8, 2, 16), (P("data"), kv_spec, kv_spec), P("data"), mesh)
+
+
+def case_prefill_query_sequence_sharded() -> dict[str, Any]:
+    """Causal self-attention prefill with the queries sharded along T over 8 devices and K/V whole (as after
+    an all-gather of K/V in context parallelism); multi_device=sequence splits the query range (Pt = 8), so
+    each device attends its own rows, each with its own causal offset."""
+    mesh = mesh_of((8,), ("seq",))
+    return run(causal_attention, _qkv(2, 64, 64, 4, 4, 16), (P(None, "seq"), P(), P()), P(None, "seq"), mesh,
+               options=SEQUENCE_OPTIONS)
+
+
+def case_prefill_sequence_parallel() -> dict[str, Any]:
+    """Causal self-attention with q, k and v all sharded along the sequence (8 devices), multi_device=sequence:
+    the call has both query and key splits; the partitioner keeps one of them sharded and gathers the other
+    operands, as the unfused program gathers K and V."""
+    mesh = mesh_of((8,), ("seq",))
+    spec = P(None, "seq")
+    return run(causal_attention, _qkv(2, 64, 64, 4, 4, 16), (spec,) * 3, spec, mesh, options=SEQUENCE_OPTIONS)
 
 
 def _greedy(logits: jax.Array) -> jax.Array:
@@ -309,9 +366,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("cases", nargs="*", help=f"cases to run (default: all of {', '.join(CASES)})")
     parser.add_argument("--target", default="cpu", help="hlofuse-lower-kernels target (default: cpu)")
-    parser.add_argument("--mode", default="batch", choices=("batch", "local"), help="multi_device (default: batch)")
+    parser.add_argument("--mode", default="batch", choices=("batch", "local"),
+                        help="multi_device (default: batch; the sequence-parallel cases take sequence then)")
     args = parser.parse_args(argv)
     OPTIONS["hlofuse_pipeline"] = PIPELINE.format(target=args.target, mode=args.mode)
+    SEQUENCE_OPTIONS["hlofuse_pipeline"] = PIPELINE.format(target=args.target,
+                                                           mode="sequence" if args.mode == "batch" else args.mode)
     names = args.cases or list(CASES)
     report: dict[str, Any] = {}
     for name in names:

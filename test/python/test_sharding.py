@@ -37,10 +37,14 @@ SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sam
                   "sampling_vocab_sharded",
                   "sampling_temperature_vocab_sharded", "sampling_vocab_sharded_2d", "sampling_top_k_vocab_sharded",
                   "sampling_top_k_mask_vocab_sharded", "sampling_min_p_vocab_sharded", "sampling_top_p_vocab_sharded")
-# Attention cases: the multi-device lowering puts kv heads (and, for decode, key-range splits) in front as
-# batch dims, so sharded batch, heads and decode KV sequence all stay local.
+# Attention cases: the multi-device lowering puts kv heads (and, for decode and prefill chunks, key-range splits;
+# under multi_device=sequence, query and key-range splits of every prefill) in front as batch dims, so sharded
+# batch, heads, a decode or chunk's KV sequence and a prefill's query sequence all stay local.
 ATTENTION_CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "head_parallel", "head_parallel_2d",
-                   "gqa_kv_heads_sharded", "decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths")
+                   "gqa_kv_heads_sharded", "decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths",
+                   "prefill_kv_sequence_sharded", "prefill_kv_sequence_sharded_causal",
+                   "prefill_kv_sequence_sharded_2d", "prefill_query_sequence_sharded", "prefill_sequence_parallel")
+DEFAULT_XFAIL: dict[str, str] = {}
 CASES = (*ATTENTION_CASES, "shard_map", *SAMPLING_CASES, *XFAIL)
 
 pytestmark = pytest.mark.skipif(not cpu.is_available(), reason="native CPU kernels are not built")
@@ -114,7 +118,9 @@ def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[st
 # rows (a sharded vocabulary would be gathered); per-shard kernels cut no key sequence and no vocabulary.
 LOCAL_KEPT = {
     "cpu": {"sampling_top_p_vocab_sharded"},
-    "tpu-interpret": {"decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths", "sampling_vocab_sharded",
+    "tpu-interpret": {"decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths", "prefill_kv_sequence_sharded",
+                      "prefill_kv_sequence_sharded_causal", "prefill_kv_sequence_sharded_2d",
+                      "prefill_query_sequence_sharded", "prefill_sequence_parallel", "sampling_vocab_sharded",
                       "sampling_temperature_vocab_sharded", "sampling_top_k_vocab_sharded",
                       "sampling_top_k_mask_vocab_sharded", "sampling_min_p_vocab_sharded",
                       "sampling_top_p_vocab_sharded", "sampling_vocab_sharded_2d"},
@@ -151,7 +157,9 @@ def test_single_device_modules_are_untouched() -> None:
         assert is_partitioned(m.operation)
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [
+    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=DEFAULT_XFAIL[c])) if c in DEFAULT_XFAIL else c
+    for c in CASES])
 def test_default_pipeline_adds_no_communication(report: dict[str, Any], case: str) -> None:
     got = report[case]
     assert "error" not in got, got["error"]

@@ -3,13 +3,15 @@
 //
 // Operands: q (B,T,N,H), k (B,S,K,H), v (B,S,K,D), then the optional operands that are present,
 // in this order: bias (B|1,N|1,T|1,S|1) f32|bf16, mask (same broadcast) pred, q_lengths (B,) s32,
-// kv_lengths (B,) s32. The has_bias / has_mask / has_q_lengths / has_kv_lengths attributes say
-// which are present. Results: out (B,T,N,D) in q's dtype, then optionally lse (B,T,N) f32, each
-// row's log-sum-exp of its logits (so shards of the key range combine exactly).
+// kv_lengths (B,) s32, q_offsets (B,) s32 (each entry's q_offset in place of the attribute's: a
+// query or key-range split shifts its causal / window band by its own start). The has_bias /
+// has_mask / has_q_lengths / has_kv_lengths / has_q_offsets attributes say which are present.
+// Results: out (B,T,N,D) in q's dtype, then optionally lse (B,T,N) f32, each row's log-sum-exp of
+// its logits (so shards of the key range combine exactly).
 //
 // B may be several leading dims (L..., T, N, H), folded into one: under SPMD, XLA's batch
 // partitioner cuts leading dims only, so a multi-device lowering moves the kv heads (and key-range
-// splits) in front. Bias and mask then lead with L (folded likewise) or all 1s, lengths are L.
+// splits) in front. Bias and mask then lead with L (folded likewise) or all 1s, lengths and q_offsets are L.
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -226,10 +228,9 @@ bool SameLead(ffi::Span<const int64_t> a, ffi::Span<const int64_t> b, size_t n) 
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                      ffi::RemainingArgs optional, ffi::Result<ffi::AnyBuffer> out, ffi::RemainingRets extra,
-                     float scale, bool causal,
-                     int64_t window_left, int64_t window_right, int64_t q_offset, float softcap,
-                     float masked_value, bool has_bias, bool has_mask, bool has_q_lengths, bool has_kv_lengths,
-                     int64_t block_q, int64_t block_k, int64_t kv_splits) {
+                     float scale, bool causal, int64_t window_left, int64_t window_right, int64_t q_offset,
+                     float softcap, float masked_value, bool has_bias, bool has_mask, bool has_q_lengths,
+                     bool has_kv_lengths, bool has_q_offsets, int64_t block_q, int64_t block_k, int64_t kv_splits) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), od = out->dimensions();
   const size_t rank = qd.size();
   if (rank < 4 || kd.size() != rank || vd.size() != rank || od.size() != rank)
@@ -285,7 +286,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
     a.mask = static_cast<const uint8_t*>(buf->untyped_data());
   }
   for (auto [present, what, dst] : {std::make_tuple(has_q_lengths, "q_lengths", &a.q_lengths),
-                                    std::make_tuple(has_kv_lengths, "kv_lengths", &a.kv_lengths)}) {
+                                    std::make_tuple(has_kv_lengths, "kv_lengths", &a.kv_lengths),
+                                    std::make_tuple(has_q_offsets, "q_offsets", &a.q_offsets)}) {
     if (!present) continue;
     auto buf = take(what);
     if (!buf.has_value()) return buf.error();
@@ -347,7 +349,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_attention, hlofuse::cpu::Attention,
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v
-                                  .RemainingArgs()        // bias?, mask?, q_lengths?, kv_lengths?
+                                  .RemainingArgs()        // bias?, mask?, q_lengths?, kv_lengths?, q_offsets?
                                   .Ret<ffi::AnyBuffer>()  // out
                                   .RemainingRets()        // lse?
                                   .Attr<float>("scale")
@@ -361,6 +363,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_attention, hlofuse::cpu::Attention,
                                   .Attr<bool>("has_mask")
                                   .Attr<bool>("has_q_lengths")
                                   .Attr<bool>("has_kv_lengths")
+                                  .Attr<bool>("has_q_offsets")
                                   .Attr<int64_t>("block_q")
                                   .Attr<int64_t>("block_k")
                                   .Attr<int64_t>("kv_splits"));

@@ -87,14 +87,17 @@ def attention(
     mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
     q_lengths: jax.Array | None = None,  # (B,) int
     kv_lengths: jax.Array | None = None,  # (B,) int
+    q_offsets: jax.Array | None = None,  # (B,) int: each batch entry's q_offset, in place of q_offset
     block_sizes: BlockSizes | None = None,
 ) -> jax.Array:  # (B, T, N, D), in q's dtype
     """`attention_reference`'s semantics, computed by the native CPU kernel (f32 or bf16 q/k/v).
 
-    B may be several leading dims L (q (*L, T, N, H), k (*L, S, K, H), ...; lengths of shape L): the
-    kernel treats them as one batch dim, which lets XLA's batch partitioner cut any of them."""
+    B may be several leading dims L (q (*L, T, N, H), k (*L, S, K, H), ...; lengths and q_offsets of
+    shape L): the kernel treats them as one batch dim, which lets XLA's batch partitioner cut any of them.
+    `q_offsets` lets each of them carry its own causal / window offset (a split of the query or key
+    range shifts it by the split's start)."""
     return _attention_call(q, k, v, bias=bias, mask=mask, q_lengths=q_lengths, kv_lengths=kv_lengths,
-                           block_sizes=block_sizes, return_lse=False, scale=scale, causal=causal,
+                           q_offsets=q_offsets, block_sizes=block_sizes, return_lse=False, scale=scale, causal=causal,
                            window_left=window_left, window_right=window_right, q_offset=q_offset, softcap=softcap,
                            masked_value=masked_value)[0]
 
@@ -121,6 +124,7 @@ def _attention_call(
     mask: jax.Array | None = None,
     q_lengths: jax.Array | None = None,
     kv_lengths: jax.Array | None = None,
+    q_offsets: jax.Array | None = None,
     block_sizes: BlockSizes | None = None,
     return_lse: bool,
     scale: float,
@@ -160,6 +164,8 @@ def _attention_call(
         operands.append(_lengths(q_lengths, "q_lengths", lead))
     if kv_lengths is not None:
         operands.append(_lengths(kv_lengths, "kv_lengths", lead))
+    if q_offsets is not None:
+        operands.append(_lengths(q_offsets, "q_offsets", lead))
 
     out_types = [jax.ShapeDtypeStruct((*lead, t, n, v.shape[-1]), q.dtype)]
     if return_lse:
@@ -178,6 +184,7 @@ def _attention_call(
         has_mask=np.bool_(mask is not None),
         has_q_lengths=np.bool_(q_lengths is not None),
         has_kv_lengths=np.bool_(kv_lengths is not None),
+        has_q_offsets=np.bool_(q_offsets is not None),
         block_q=np.int64(blocks.block_q),
         block_k=np.int64(blocks.block_k),
         kv_splits=np.int64(blocks.kv_splits),
@@ -225,35 +232,65 @@ def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
 
 #===--- Multi-device layout -----------------------------------------------------------------===#
 # XLA's batch partitioner (`num_batch_dims`, hlofuse.sharding) runs a call per shard of its LEADING
-# dims only. So in a module compiled for several devices the call takes the kv heads, and for decode
-# P splits of the key range, as leading batch dims:
-#   q (B,T,N,H) -> (B, K, [P,] T, G, H)     k (B,S,K,H) -> (B, K, [P,] S/P, 1, H)     (N = K * G)
-# Heads sharded (Megatron, GQA with kv heads sharded) cut K; a KV cache sharded along S cuts P, and
-# the P partial results combine exactly through their log-sum-exps: a max and two sums over P, the
-# same reductions (and bytes) the unfused softmax's partitioned program communicates.
+# dims only. So in a module compiled for several devices the call takes the kv heads, and Pt splits of
+# the query range and Ps splits of the key range, as leading batch dims:
+#   q (B,T,N,H) -> (B, K, [Pt,] [Ps,] T/Pt, G, H)     k (B,S,K,H) -> (B, K, [Pt,] [Ps,] S/Ps, 1, H)
+# (N = K * G; q is broadcast along Ps and k, v along Pt). Heads sharded (Megatron, GQA with kv heads
+# sharded) cut K; queries sharded along T cut Pt; a KV sequence sharded along S cuts Ps, and the Ps
+# partial results combine exactly through their log-sum-exps: a max and two sums over Ps, the same
+# reductions (and bytes) the unfused softmax's partitioned program communicates. Each split sees its
+# causal / window band through its own q_offset (the `q_offsets` operand): the global offset plus the
+# split's first query minus its first key.
 
 
-def kv_splits_for(attrs: AttentionAttrs, call: CompositeCall, devices: int) -> int:
-    """P: how many key-range splits a multi-device decode call takes as a leading batch dim (1 = none).
+def kv_splits_for(attrs: AttentionAttrs, call: CompositeCall, devices: int, sequence: bool = False) -> int:
+    """Ps: how many key-range splits a multi-device call takes as a leading batch dim (1 = none).
 
-    Only decode (T == 1) splits, with no bias or mask operand and no left window: the causal / right
-    window bound of a single query row is a key-length bound, which each split can shift by its offset.
+    S must be a multiple of the device count (then S = (Ps, S/Ps) is a reshape, and a sequence sharded
+    over any mesh axes arrives sharded along Ps), and the call must have no bias or mask operand, which
+    would have to be split along S as well. Every split reads all T queries and writes a partial output:
+    when S is not sharded those are Ps copies. Decode always splits; a prefill only under `sequence`
+    (multi_device=sequence) or when the copies are no larger than the keys (T * N * Ps <= S * K: a chunk
+    or a few speculative tokens against a long cache). A full prefill split 8 ways with its S unsharded
+    ran 2.3x slower (B, T = S, N = K, H = (1, 512, 8, 64)).
     """
-    t, s = call.operand_types[0][0][1], call.operand_types[1][0][1]
-    if devices < 2 or t != 1 or s % devices or attrs.window_left != UNBOUNDED:
+    (t, n), (s, kv) = call.operand_types[0][0][1:3], call.operand_types[1][0][1:3]
+    if devices < 2 or s % devices or {"bias", "mask"} & set(attrs.operands):
         return 1
-    if {"bias", "mask"} & set(attrs.operands):
+    if t > 1 and not sequence and t * n * devices > s * kv:
+        return 1
+    return devices
+
+
+def q_splits_for(attrs: AttentionAttrs, call: CompositeCall, devices: int, sequence: bool = False) -> int:
+    """Pt: how many query-range splits a multi-device prefill call takes as a leading batch dim (1 = none).
+
+    Query rows are independent, so a split needs only its rows' q_lengths and q_offset. Only under
+    `sequence`: every split reads all of K and V, Pt copies of them when T is not sharded. Otherwise the
+    conditions of `kv_splits_for`, on T.
+    """
+    t = call.operand_types[0][0][1]
+    if not sequence or devices < 2 or t == 1 or t % devices or {"bias", "mask"} & set(attrs.operands):
         return 1
     return devices
 
 
 def _heads_leading(x: jax.Array, groups: int, splits: int) -> jax.Array:
-    """(B, L, K*groups, H) -> (B, K, [splits,] L/splits, groups, H): kv heads (and key splits) lead."""
+    """(B, L, K*groups, H) -> (B, K, [splits,] L/splits, groups, H): kv heads (and the range's splits) lead."""
     b, length, heads, h = x.shape
     kv = heads // groups
-    x = x.reshape(b, splits, length // splits, kv, groups, h)
-    x = jnp.transpose(x, (0, 3, 1, 2, 4, 5))
-    return x if splits > 1 else x.reshape(b, kv, length, groups, h)
+    if splits == 1:
+        return jnp.transpose(x.reshape(b, length, kv, groups, h), (0, 2, 1, 3, 4))
+    return jnp.transpose(x.reshape(b, splits, length // splits, kv, groups, h), (0, 3, 1, 2, 4, 5))
+
+
+def _to_lead(x: jax.Array, axes: tuple[int, ...], lead: tuple[int, ...]) -> jax.Array:
+    """x, whose first dims are the dims `axes` of `lead`, broadcast to lead + x's other dims."""
+    shape = [1] * len(lead)
+    for axis, size in zip(axes, x.shape, strict=False):
+        shape[axis] = size
+    rest = x.shape[len(axes):]
+    return jnp.broadcast_to(x.reshape(*shape, *rest), (*lead, *rest))
 
 
 def _broadcast_operand(x: jax.Array, kv: int, groups: int) -> jax.Array:
@@ -266,91 +303,142 @@ def _broadcast_operand(x: jax.Array, kv: int, groups: int) -> jax.Array:
 
 
 def _combine_splits(out: jax.Array, lse: jax.Array, dtype: Any) -> jax.Array:  # noqa: ANN401
-    """out (B, K, P, T, G, D), lse (B, K, P, T, G) -> (B, K, T, G, D): the softmax over all P key ranges.
+    """out (..., P, R, D), lse (..., P, R) -> (..., R, D): the softmax over all P key ranges of R rows.
 
     A split that sees no key (lse -inf, out NaN) weighs 0; a row no split sees is 0/0 = NaN, as the
-    reference's fully masked row is."""
-    top = jnp.max(lse, axis=2, keepdims=True)
+    reference's fully masked row is. The weighted sum is a dot over P: as a multiply and a reduce, XLA CPU
+    took 30x longer (31 ms against 1 ms for 8 splits of (1, 8, 512, 64) f32)."""
+    top = jnp.max(lse, axis=-2, keepdims=True)
     empty = lse == -jnp.inf
     weight = jnp.where(empty, 0.0, jnp.exp(lse - jnp.where(jnp.isfinite(top), top, 0.0)))
     parts = jnp.where(empty[..., None], 0.0, out.astype(jnp.float32))
-    total = jnp.sum(weight[..., None] * parts, axis=2) / jnp.sum(weight, axis=2)[..., None]
+    total = jnp.einsum("...pr,...prd->...rd", weight, parts) / jnp.sum(weight, axis=-2)[..., None]
     return total.astype(dtype)
 
 
-def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
-    """target=cpu in a module compiled for `devices` > 1 devices: the kernel with kv heads (and, for
-    decode, `kv_splits_for` key ranges) as leading batch dims, so the partitioner keeps it local when
-    batch, heads or the KV sequence are sharded. Same results as `attention_lowering`'s."""
+def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = "batch") -> Callable[..., Any]:
+    """target=cpu in a module compiled for `devices` > 1 devices: the kernel with kv heads, and the
+    `q_splits_for` query and `kv_splits_for` key ranges, as leading batch dims, so the partitioner keeps it
+    local when batch, heads, T or S are sharded. Same results as `attention_lowering`'s."""
     attrs = _supported_attrs(call)
-    splits = kv_splits_for(attrs, call, devices)
+    sequence = multi_device == "sequence"
+    # multi_device=local lowers with "queries" or "keys" where only that sequence is sharded (hlofuse-lower-kernels)
+    q_splits = q_splits_for(attrs, call, devices, multi_device in ("sequence", "queries"))
+    kv_splits = kv_splits_for(attrs, call, devices, multi_device in ("sequence", "keys"))
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
         b, t, n, _ = q.shape
         s, kv = k.shape[1], k.shape[2]
         groups = n // kv
-        lead = (b, kv, splits) if splits > 1 else (b, kv)
-        qh = q.reshape(b, t, kv, groups, q.shape[3]).transpose(0, 2, 1, 3, 4)  # (B, K, T, G, H)
-        if splits > 1:
-            qh = jnp.broadcast_to(qh[:, :, None], (b, kv, splits, *qh.shape[2:]))
-        kh, vh = _heads_leading(k, 1, splits), _heads_leading(v, 1, splits)
+        lead = (b, kv, *(p for p in (q_splits, kv_splits) if p > 1))
+        q_at, kv_at = (2,) * (q_splits > 1), (len(lead) - 1,) * (kv_splits > 1)  # where Pt and Ps sit in lead
+        qh = _to_lead(_heads_leading(q, groups, q_splits), (0, 1, *q_at), lead)  # (*lead, T/Pt, G, H)
+        kh, vh = (_to_lead(_heads_leading(x, 1, kv_splits), (0, 1, *kv_at), lead) for x in (k, v))  # S/Ps, 1, H
         local = dict(kwargs)
-        for name in ("bias", "mask"):
+        for name in ("bias", "mask"):  # only on unsplit calls (kv_splits_for, q_splits_for)
             if local.get(name) is not None:
                 x = _broadcast_operand(local[name], kv, groups)
                 local[name] = jnp.broadcast_to(x, lead + x.shape[2:])
-        if local.get("q_lengths") is not None:
-            local["q_lengths"] = jnp.broadcast_to(local["q_lengths"].reshape(b, *(1,) * (len(lead) - 1)), lead)
-        if splits > 1:
-            local["kv_lengths"] = _split_kv_lengths(local, b, s, splits, lead)
-            local.update(causal=False, window_right=UNBOUNDED, q_offset=0)
+        for name, length, splits, at in (("q_lengths", t, q_splits, q_at), ("kv_lengths", s, kv_splits, kv_at)):
+            if local.get(name) is not None:
+                lengths = _split_lengths(local[name], length, splits) if splits > 1 else local[name]
+                local[name] = _to_lead(lengths, (0, *at), lead)
+        if (q_splits > 1 or kv_splits > 1) and _has_band(local):
+            offsets = _split_q_offsets(local.pop("q_offset"), t, s, q_splits, kv_splits)  # (Pt, Ps)
+            local["q_offsets"] = _to_lead(offsets.reshape([p for p in offsets.shape if p > 1]), q_at + kv_at, lead)
+        if kv_splits > 1:
             out, lse = attention_with_lse(qh, kh, vh, **local)
-            out = _combine_splits(out, lse, q.dtype)
+            # Rows (T/Pt, G) merged: at rank 7 XLA CPU's YNNPACK reduce fusion crashes (jaxlib 0.10.2,
+            # e.g. summing f32[2,8,8,2,2,1,16] over dim 3 segfaults); rank <= 6 did not in a random search.
+            rows = (t // q_splits) * groups
+            out = _combine_splits(out.reshape(*lead, rows, out.shape[-1]), lse.reshape(*lead, rows), q.dtype)
         else:
-            if local.get("kv_lengths") is not None:
-                local["kv_lengths"] = jnp.broadcast_to(local["kv_lengths"][:, None], lead)
             out = attention(qh, kh, vh, **local)
-        out = out.transpose(0, 2, 1, 3, 4).reshape(b, t, n, v.shape[3])  # (B, K, T, G, D) -> (B, T, N, D)
+        d = v.shape[3]
+        if q_splits == 1:  # (B, K, T, G, D) -> (B, T, K, G, D)
+            out = out.reshape(b, kv, t, groups, d).transpose(0, 2, 1, 3, 4)
+        else:  # (B, K, Pt, T/Pt, G, D) -> (B, Pt, T/Pt, K, G, D)
+            out = out.reshape(b, kv, q_splits, t // q_splits, groups, d).transpose(0, 2, 3, 1, 4, 5)
+        out = out.reshape(b, t, n, d)
         return _zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)
 
-    return attrs.bind_operands(kernel)
+    lowered = attrs.bind_operands(kernel)
+    if (why := _unsplit_prefill(attrs, call, devices, sequence, q_splits, kv_splits)) is not None:
+        lowered.hlofuse_remark = (  # type: ignore[attr-defined]
+            f"prefill not split along its sequences ({why}): a T or S sharded over devices is gathered before "
+            "the call")
+    return lowered
 
 
 def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
-    """The dims `partitioned_lowering`'s call keeps local (hlofuse.shard_local): the batch, the kv heads
+    """The dims `partitioned_lowering`'s call can keep local (hlofuse.shard_local): the batch, the kv heads
     (a query-head sharding maps onto them; with one kv head the query heads are not a batch dim of the
-    call) and, for a decode that splits, the key sequence."""
+    call) and the query and key sequences where `q_splits_for` / `kv_splits_for` split them under
+    `sequence` (the pass lowers with `sequence` exactly where the plan cuts one of them)."""
     cuts = attention_cuts(call)
+    attrs = _supported_attrs(call)
     kv_heads = call.operand_types[1][0][2]
-    splits = kv_splits_for(_supported_attrs(call), call, devices)
-    roles = list(call.attributes["operands"])
+    q_splits = q_splits_for(attrs, call, devices, sequence=True)
+    kv_splits = kv_splits_for(attrs, call, devices, sequence=True)
 
     def cpu_labels(role: str, labels: tuple[str, ...]) -> tuple[str, ...]:
         if kv_heads == 1:
             labels = tuple("" if label == "n" else label for label in labels)
-        if splits > 1 and role in ("k", "v"):
+        if q_splits > 1 and role in ("q", "out"):
+            labels = (labels[0], "t", *labels[2:])
+        if kv_splits > 1 and role in ("k", "v"):
             labels = (labels[0], "s", *labels[2:])
         return labels
 
+    roles = list(call.attributes["operands"])
     operands = tuple(cpu_labels(role, labels) for role, labels in zip(roles, cuts.operands, strict=True))
     results = tuple(cpu_labels("out", labels) for labels in cuts.results)
-    sizes = {**cuts.sizes, "s": call.operand_types[1][0][1]} if splits > 1 else dict(cuts.sizes)
+    sizes = dict(cuts.sizes)
+    if q_splits > 1:
+        sizes["t"] = call.operand_types[0][0][1]
+    if kv_splits > 1:
+        sizes["s"] = call.operand_types[1][0][1]
     return Cuts(operands, results, sizes)
 
 
-def _split_kv_lengths(kwargs: dict[str, Any], b: int, s: int, splits: int, lead: tuple[int, ...]) -> jax.Array:
-    """(B, K, P) key lengths of each split: the composite's kv_lengths and, for the one query row, its
-    causal / right-window bound (key j visible iff j <= q_offset + right), shifted by the split's offset."""
-    limit = jnp.full((b,), s, jnp.int32)
-    if kwargs.get("kv_lengths") is not None:
-        limit = jnp.minimum(limit, kwargs["kv_lengths"].astype(jnp.int32))
-    right = 0 if kwargs["causal"] else kwargs["window_right"]
-    if right != UNBOUNDED:
-        limit = jnp.minimum(limit, jnp.int32(max(0, kwargs["q_offset"] + right + 1)))
-    offsets = jnp.arange(splits, dtype=jnp.int32) * (s // splits)
-    per_split = jnp.clip(limit[:, None] - offsets[None, :], 0, s // splits)  # (B, P)
-    return jnp.broadcast_to(per_split[:, None, :], lead)
+def _unsplit_prefill(attrs: AttentionAttrs, call: CompositeCall, devices: int, sequence: bool, q_splits: int,
+                     kv_splits: int) -> str | None:
+    """Why a prefill's key range (and under `sequence`, its query range) is not split, or None."""
+    (t, n), (s, kv) = call.operand_types[0][0][1:3], call.operand_types[1][0][1:3]
+    if t == 1 or (kv_splits > 1 and (q_splits > 1 or not sequence)):
+        return None
+    if {"bias", "mask"} & set(attrs.operands):
+        return "a bias or mask operand would have to be split as well"
+    reasons = [f"{name} = {size} is not a multiple of the {devices} devices"
+               for name, size, splits in (("T", t, q_splits if sequence else 0), ("S", s, kv_splits))
+               if splits == 1 and size % devices]
+    if not sequence and kv_splits == 1 and not s % devices:
+        reasons.append(f"{devices} copies of its {t * n} query rows would outweigh its {s * kv} keys; "
+                       "multi_device=sequence splits it")
+    return "; ".join(reasons) or None
+
+
+def _has_band(kwargs: dict[str, Any]) -> bool:
+    """Whether the call masks by position (causal or a window), so that a split needs its own q_offset."""
+    return bool(kwargs["causal"]) or kwargs["window_left"] != UNBOUNDED or kwargs["window_right"] != UNBOUNDED
+
+
+def _split_lengths(lengths: jax.Array, size: int, splits: int) -> jax.Array:
+    """(B,) lengths of a range of `size` -> (B, splits): each split's own, clipped to its size/splits
+    positions (a split past the length gets 0)."""
+    starts = np.arange(splits, dtype=np.int32) * np.int32(size // splits)
+    return jnp.clip(lengths.astype(jnp.int32)[:, None] - starts[None, :], 0, size // splits)
+
+
+def _split_q_offsets(q_offset: int, t: int, s: int, q_splits: int, kv_splits: int) -> np.ndarray:
+    """(Pt, Ps) q_offset of each (query split, key split): query row i of query split a sits at key
+    position a*T/Pt + i + q_offset, which is key b*S/Ps + (that - b*S/Ps) of key split b. A NumPy
+    constant: the partitioner slices a constant locally, where it gathered the same values computed
+    from iotas (measured: one 32-byte all-gather with T sharded)."""
+    q_starts = np.arange(q_splits, dtype=np.int64) * (t // q_splits)
+    kv_starts = np.arange(kv_splits, dtype=np.int64) * (s // kv_splits)
+    return (q_offset + q_starts[:, None] - kv_starts[None, :]).astype(np.int32)
 
 
 __all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse",
-           "kv_splits_for", "partitioned_lowering", "shard_cuts"]
+           "kv_splits_for", "partitioned_lowering", "q_splits_for", "shard_cuts"]

@@ -277,9 +277,10 @@ inline Tile locate_tile(const AttentionArgs& args, const AttentionPlan& plan, in
   tl.rows = tl.tn * G;
   const int64_t q_len = args.q_lengths ? imax(0, imin(args.q_lengths[tl.b], args.T)) : args.T;
   const int64_t kv_len = args.kv_lengths ? imax(0, imin(args.kv_lengths[tl.b], args.S)) : args.S;
+  const int64_t q_offset = args.q_offsets ? args.q_offsets[tl.b] : args.q_offset;
   tl.key_lo = args.S, tl.key_hi = 0, tl.max_lo = 0, tl.min_hi = args.S;
   for (int64_t tt = 0; tt < tl.tn; ++tt) {
-    const int64_t t = tl.t0 + tt, pos = t + args.q_offset;
+    const int64_t t = tl.t0 + tt, pos = t + q_offset;
     int64_t a = 0, z = kv_len;
     if (args.window_left >= 0) a = imax(a, pos - args.window_left);
     if (args.window_right >= 0) z = imin(z, pos + args.window_right + 1);

@@ -30,6 +30,7 @@ struct AttentionArgs {
   int64_t mask_strides[4];
   const int32_t* q_lengths;   // (B,)
   const int32_t* kv_lengths;  // (B,)
+  const int32_t* q_offsets;   // (B,): each batch entry's q_offset (a key-range split's own), else q_offset
   float* lse;                 // (B,T,N) log-sum-exp of each row's logits, or null (issue 6: shards combine)
   // Attributes.
   float scale;

@@ -281,8 +281,9 @@ def _sample_rank_top_k_splits(x: jax.Array, key: jax.Array | None, attrs: Sample
     return tokens
 
 
-def partitioned_lowering(call: CompositeCall, devices: int) -> Callable[..., Any]:
-    """target=cpu in a module compiled for `devices` > 1 devices: the kernel with `vocab_splits_for`
+def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = "batch") -> Callable[..., Any]:
+    """target=cpu in a module compiled for `devices` > 1 devices (`multi_device` batch or sequence, alike
+    here: the vocabulary splits cost nothing when V is not sharded): the kernel with `vocab_splits_for`
     vocabulary splits as a leading batch dim next to the rows, so the partitioner keeps it local when
     the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
     (top_k, temperature_top_k, top-p) or a V the device count does not divide keep its whole-row
