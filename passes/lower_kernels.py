@@ -51,6 +51,7 @@ from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kerne
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
     ShardPlan,
+    composites_in,
     inside_manual_computation,
     local_call,
     plan_shards,
@@ -148,18 +149,6 @@ def _kernel(call: CompositeCall, target: str, devices: int, multi_device: str) -
     return lowering(call, devices, multi_device)
 
 
-def _composites(module: ir.Operation) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.composite":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    return found
-
-
 def _check_local(plan: ShardPlan | None, composite: ir.Operation, target: str) -> None:
     """Raises Unsupported unless `plan` shows that `target`'s call keeps every sharded operand dim local."""
     if plan is None and not inside_manual_computation(composite):  # a shard_map body's shapes are local
@@ -191,7 +180,7 @@ class LowerKernelsPass(ModulePass):
             raise ValueError(f"multi_device takes {', '.join(MULTI_DEVICE_MODES)}, not '{self.multi_device}'")
         devices = device_count(module)
         keep_partitioned = self.multi_device == "keep" and devices > 1
-        composites = [op for op in _composites(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
+        composites = [op for op in composites_in(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
         if composites and (why := target_unavailable(self.target)) is not None:
             raise TargetUnavailable(f"target '{self.target}' cannot lower {len(composites)} composite(s) here: {why}")
         calls = [_composite_call(op) for op in composites]

@@ -281,7 +281,8 @@ def _shapes(values: Sequence[ir.Value]) -> list[list[int]]:
     return [list(ir.RankedTensorType(v.type).shape) for v in values]
 
 
-def _all_composites(root: ir.Operation) -> list[ir.Operation]:
+def composites_in(root: ir.Operation) -> list[ir.Operation]:
+    """Every `stablehlo.composite` under `root`, in walk order."""
     found: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -302,7 +303,7 @@ def plan_shards(module: ir.Operation, composites: Sequence[ir.Operation], calls:
     if not meshes:
         return [None] * len(composites)
     copy = module.clone()
-    originals, copies = _all_composites(module), _all_composites(copy)  # the same walk order
+    originals, copies = composites_in(module), composites_in(copy)  # the same walk order
     probes: list[tuple[ir.Operation, Cuts] | None] = []
     for composite, call in zip(composites, calls, strict=True):
         cuts = cuts_for(call, target, devices)
@@ -410,6 +411,6 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
     return shard_kernel
 
 
-__all__ = ["PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "ShardPlan", "attention_cuts", "cuts_for",
+__all__ = ["PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "ShardPlan", "attention_cuts", "composites_in", "cuts_for",
            "inside_manual_computation", "local_call", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]
