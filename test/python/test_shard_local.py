@@ -1,0 +1,93 @@
+"""hlofuse.shard_local: the dims a kernel call can cut, and the per-composite plans Shardy's propagation gives."""
+
+from __future__ import annotations
+
+import re
+
+from hlofuse.ir.context import parse_module
+from hlofuse.kernels import CompositeCall
+from hlofuse.shard_local import attention_cuts, composites_in, cuts_for, plan_shards, sample_cuts
+
+ATTRS = {"operands": ["q", "k", "v", "kv_lengths"], "causal": True}
+
+
+def _attention_call(heads: int, kv_heads: int) -> CompositeCall:
+    return CompositeCall("hlofuse.attention", 1, ATTRS, (((4, 16, heads, 8), "f32"), ((4, 32, kv_heads, 8), "f32"),
+                                                         ((4, 32, kv_heads, 8), "f32"), ((4,), "i32")))
+
+
+def test_attention_cuts_batch_and_heads_with_the_kv_heads_they_read() -> None:
+    gqa = attention_cuts(_attention_call(8, 2))
+    assert gqa.operands == (("b", "", "n", ""), ("b", "", "n", ""), ("b", "", "n", ""), ("b",))
+    assert gqa.sizes == {"b": 4, "n": 2}  # the head factor is K; q's N = (K, N / K)
+    mqa = attention_cuts(_attention_call(8, 1))
+    assert mqa.operands[1] == ("b", "", "", "")  # the one kv head stays whole on every shard
+    assert mqa.sizes == {"b": 4, "n": 8}
+
+
+def test_sample_cuts_the_first_row_dim_longer_than_one() -> None:
+    call = CompositeCall("hlofuse.sample", 1, {}, (((1, 6, 3, 128), "f32"), ((2,), "ui32")))
+    cuts = sample_cuts(call)
+    assert cuts.operands == (("", "r", "", ""), ("",)) and cuts.results == (("", "r", ""),)
+    assert sample_cuts(call, vocab=True).operands[0] == ("", "r", "", "v")
+    single = CompositeCall("hlofuse.sample", 1, {}, (((1, 128), "f32"),))
+    assert sample_cuts(single).sizes == {}
+
+
+def test_the_cpu_call_cuts_a_decode_key_sequence_but_not_mqa_query_heads() -> None:
+    attrs = {"causal": False, "decode": True, "layout": "BTNH", "mask_kind": "lengths", "masked_value": float("-inf"),
+             "num_heads": 8, "num_kv_heads": 1, "operands": ["q", "k", "v", "kv_lengths"], "q_offset": 0,
+             "scale": 0.35, "softcap": 0.0, "window_left": -1, "window_right": -1, "zero_empty_rows": False}
+    call = CompositeCall("hlofuse.attention", 1, attrs,
+                         (((4, 1, 8, 8), "f32"), ((4, 64, 1, 8), "f32"), ((4, 64, 1, 8), "f32"), ((4,), "i32")))
+    cuts = cuts_for(call, "cpu", 8)
+    assert cuts is not None
+    assert cuts.operands[0] == ("b", "", "", "") and cuts.operands[1] == ("b", "s", "", "")
+    assert cuts_for(call, "tpu", 8) == attention_cuts(call)
+
+
+_MODULE = """
+module @m attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=2, "model"=4]>
+  func.func public @main(%q: tensor<4x16x8x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"model"}, {}]>},
+                         %k: tensor<4x16x2x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"model"}, {}, {}]>})
+      -> tensor<4x16x8x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %k {composite_attributes = {operands = ["q", "k", "v"]},
+      decomposition = @impl, version = 1 : i32}
+      : (tensor<4x16x8x16xf32>, tensor<4x16x2x16xf32>, tensor<4x16x2x16xf32>) -> tensor<4x16x8x16xf32>
+    return %0 : tensor<4x16x8x16xf32>
+  }
+  func.func private @impl(%q: tensor<4x16x8x16xf32>, %k: tensor<4x16x2x16xf32>, %v: tensor<4x16x2x16xf32>)
+      -> tensor<4x16x8x16xf32> {
+    return %q : tensor<4x16x8x16xf32>
+  }
+}
+"""
+
+
+def _call(module_text: str) -> tuple[object, list[CompositeCall]]:
+    module = parse_module(module_text)
+    call = CompositeCall("hlofuse.attention", 1, {"operands": ["q", "k", "v"]},
+                         (((4, 16, 8, 16), "f32"), ((4, 16, 2, 16), "f32"), ((4, 16, 2, 16), "f32")))
+    return module, [call]
+
+
+def test_a_plan_names_the_axes_of_each_cut_and_what_would_be_gathered() -> None:
+    module, calls = _call(_MODULE)
+    (plan,) = plan_shards(module.operation, composites_in(module.operation), calls, "tpu", 8)
+    assert plan is not None
+    assert plan.axes["b"] == ("data",)
+    # 4 shards of the query heads would split K = 2 kv heads unevenly: the heads stay whole.
+    assert plan.shards("n") == 1
+    assert plan.local_shape((4, 16, 8, 16), ("b", "", "n", "")) == (2, 16, 8, 16)
+    # q's heads arrive over `model`, k's key sequence too: both would be gathered.
+    assert plan.gathered == ["q dim 2 (over model)", "k dim 1 (over model)", "v dim 1 (over model)"]
+
+
+def test_no_mesh_no_plan() -> None:
+    """A module partitioned without Shardy (no sdy.mesh): nothing says how operands are sharded."""
+    text = re.sub(r" \{sdy\.sharding = #sdy\.sharding<[^>]*>\}", "", _MODULE)
+    text = text.replace('sdy.mesh @mesh = <["data"=2, "model"=4]>', "")
+    assert "sdy" not in text
+    module, calls = _call(text)
+    assert plan_shards(module.operation, composites_in(module.operation), calls, "tpu", 8) == [None]
