@@ -130,7 +130,7 @@ def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module:
     composite.erase()
 
 
-def _composite_call(composite: ir.Operation) -> CompositeCall:
+def composite_call(composite: ir.Operation) -> CompositeCall:
     name = ir.StringAttr(composite.attributes["name"]).value
     version = ir.IntegerAttr(composite.attributes["version"]).value if "version" in composite.attributes else 0
     types = tuple((tuple(ir.RankedTensorType(v.type).shape), str(ir.RankedTensorType(v.type).element_type))
@@ -183,7 +183,7 @@ class LowerKernelsPass(ModulePass):
         composites = [op for op in composites_in(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
         if composites and (why := target_unavailable(self.target)) is not None:
             raise TargetUnavailable(f"target '{self.target}' cannot lower {len(composites)} composite(s) here: {why}")
-        calls = [_composite_call(op) for op in composites]
+        calls = [composite_call(op) for op in composites]
         per_shard = devices > 1 and not keep_partitioned and self.target not in PARTITIONED_BY_XLA
         planned = per_shard or devices > 1 and self.multi_device == "local" and self.target != "reference"
         plans = (plan_shards(module, composites, calls, self.target, devices) if planned
