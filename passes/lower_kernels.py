@@ -53,7 +53,9 @@ from hlofuse.shard_local import (
     ShardPlan,
     composites_in,
     inside_manual_computation,
+    key_split_for,
     local_call,
+    manual_computation,
     plan_shards,
     row_offsets,
     with_row_offset,
@@ -115,6 +117,24 @@ def add_jax_function(fn: Callable[..., Any], specs: Sequence[jax.ShapeDtypeStruc
     body = module.regions[0].blocks[0]
     main.move_after(list(body.operations)[-1].operation)
     return name
+
+
+def call_jax_function(fn: Callable[..., Any], operands: Sequence[ir.Value], anchor: ir.Operation,
+                      module: ir.Operation, base_name: str) -> list[ir.Value]:
+    """Lowers `fn` for `operands`' types into `module` and calls it on them before `anchor`."""
+    name = add_jax_function(fn, [_spec(v) for v in operands], module, base_name)
+    callee = next(op.operation for op in module.regions[0].blocks[0].operations
+                  if "sym_name" in op.operation.attributes
+                  and ir.StringAttr(op.operation.attributes["sym_name"]).value == name)
+    result_types = ir.FunctionType(ir.TypeAttr(callee.attributes["function_type"]).value).results
+    with anchor.location, ir.InsertionPoint(anchor):
+        call = func.CallOp(list(result_types), ir.FlatSymbolRefAttr.get(name), list(operands))
+    return list(call.results)
+
+
+def _element_type(dtype: Any) -> ir.Type:  # noqa: ANN401
+    name = next(key for key, value in _DTYPES.items() if jnp.dtype(value) == dtype)
+    return ir.RankedTensorType(ir.Type.parse(f"tensor<{name}>")).element_type
 
 
 def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module: ir.Operation,
@@ -250,6 +270,9 @@ class LowerKernelsPass(ModulePass):
             shard_kernel = kernel_for(shard_call, self.target)
         except Unsupported as reason:
             raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None
+        if plan.shards("s") > 1:
+            self._lower_key_split(composite, call, plan, module)
+            return
         extra = [(row_offsets(composite, plan), ("r",))] if stochastic else []
         specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
         specs += [jax.ShapeDtypeStruct(plan.local_shape(_spec(value).shape, labels), jnp.int32)
@@ -257,3 +280,24 @@ class LowerKernelsPass(ModulePass):
         name = add_jax_function(with_row_offset(shard_kernel, stochastic), specs, module,
                                 f"{call.name}.{self.target}")
         wrap_in_manual_computation(composite, plan, name, extra)
+
+    def _lower_key_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
+                         module: ir.Operation) -> None:
+        """`composite` with its key sequence cut: the target's KeySplit prepares one key range per shard,
+        runs each range's kernel per shard and merges the partial results (hlofuse.shard_local)."""
+        split = key_split_for(call, self.target, plan.shards("s"))
+        if split is None:
+            raise Unsupported(f"the {self.target} kernel cannot take a sharded key sequence")
+        base = f"{call.name}.{self.target}"
+        prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
+        shard_specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)
+                       for v, labels in zip(prepared, split.operands, strict=True)]
+        shard = add_jax_function(split.shard, shard_specs, module, base)
+        shard_results = jax.eval_shape(split.shard, *shard_specs)
+        whole = [ir.RankedTensorType.get(list(plan.whole_shape(r.shape, labels)), _element_type(r.dtype))
+                 for r, labels in zip(shard_results, split.results, strict=True)]
+        partial = manual_computation(composite, plan, shard, prepared, split.operands, whole, split.results)
+        merged = call_jax_function(split.merge, partial, composite, module, f"{base}.merge")
+        for old, new in zip(composite.results, merged, strict=True):
+            old.replace_all_uses_with(new)
+        composite.erase()

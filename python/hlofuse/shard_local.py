@@ -103,6 +103,38 @@ PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
     "hlofuse.attention": attention_cuts,
     "hlofuse.sample": sample_cuts,
 }
+# (composite, target) -> "module:function" pairs for per-shard calls that also cut a key sequence:
+# `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> KeySplit`.
+KEY_SPLITS: dict[tuple[str, str], str] = {
+    ("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
+    for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")
+}
+
+
+@dataclass(frozen=True)
+class KeySplit:
+    """A composite whose sharded key sequence a per-shard kernel cannot take whole: `prepare` (JAX, on the
+    whole operands) splits the keys into one range per shard, `shard` runs one range's kernel under the
+    manual computation (operands and results labelled `operands`, `results`, "s" the range dim) and returns
+    partial results, and `merge` (JAX, after it) combines the ranges into the composite's results."""
+
+    prepare: Callable[..., Any]
+    shard: Callable[..., Any]
+    merge: Callable[..., Any]
+    operands: tuple[tuple[str, ...], ...]
+    results: tuple[tuple[str, ...], ...]
+
+
+def _key_split_module(call: CompositeCall, target: str) -> Any | None:  # noqa: ANN401
+    entry = KEY_SPLITS.get((call.name, target))
+    return importlib.import_module(entry) if entry is not None else None
+
+
+def key_split_for(call: CompositeCall, target: str, splits: int) -> KeySplit | None:
+    """How `target`'s per-shard call splits `call`'s key sequence into `splits` ranges; None if it does not."""
+    module = _key_split_module(call, target)
+    split: KeySplit | None = module.key_split(call, target, splits) if module is not None else None
+    return split
 # (composite, target) -> "module:function(call, devices) -> Cuts" for targets whose calls XLA partitions
 # itself: the dims those calls keep local (the CPU's also cut decode key ranges and vocabularies).
 PARTITIONED_CUTS: dict[tuple[str, str], str] = {
@@ -118,6 +150,10 @@ def cuts_for(call: CompositeCall, target: str, devices: int) -> Cuts | None:
         module_name, function_name = entry.split(":")
         cuts: Cuts = getattr(importlib.import_module(module_name), function_name)(call, devices)
         return cuts
+    module = _key_split_module(call, target)
+    if module is not None:
+        key_cuts: Cuts = module.shard_cuts(call)
+        return key_cuts
     by_shard = PER_SHARD_CUTS.get(call.name)
     return by_shard(call) if by_shard is not None else None
 
@@ -151,6 +187,10 @@ class ShardPlan:
 
     def local_shape(self, shape: Sequence[int], labels: Sequence[str]) -> tuple[int, ...]:
         return tuple(size // self.shards(label) for size, label in zip(shape, labels, strict=True))
+
+    def whole_shape(self, shape: Sequence[int], labels: Sequence[str]) -> tuple[int, ...]:
+        """The whole value's shape for one shard's `shape`."""
+        return tuple(size * self.shards(label) for size, label in zip(shape, labels, strict=True))
 
     def sharding(self, labels: Sequence[str]) -> str:
         """`<@mesh, [{"data"}, {}, ...]>` for a value whose dims carry `labels`."""
@@ -362,37 +402,45 @@ def row_offsets(composite: ir.Operation, plan: ShardPlan) -> ir.Value:
         return stablehlo.MulOp(iota.result, step.result).result
 
 
-def wrap_in_manual_computation(composite: ir.Operation, plan: ShardPlan, callee: str,
-                               extra: Sequence[tuple[ir.Value, tuple[str, ...]]] = ()) -> None:
-    """Replaces `composite` by a `sdy.manual_computation` over every mesh axis whose body calls `callee`
-    (the kernel lowered for one shard's shapes) on the composite's operands, then `extra` (value, labels)."""
-    context = composite.context
-    operands = [*composite.operands, *(value for value, _ in extra)]
-    operand_labels = [*plan.cuts.operands, *(labels for _, labels in extra)]
+def manual_computation(anchor: ir.Operation, plan: ShardPlan, callee: str, operands: Sequence[ir.Value],
+                       operand_labels: Sequence[Sequence[str]], result_types: Sequence[ir.Type],
+                       result_labels: Sequence[Sequence[str]]) -> list[ir.Value]:
+    """A `sdy.manual_computation` over every mesh axis, before `anchor`, whose body calls `callee` (lowered
+    for one shard's shapes) on `operands`; returns its results (of the whole `result_types`)."""
+    context = anchor.context
 
-    def local_type(value: ir.Value, labels: Sequence[str]) -> ir.Type:
-        rtype = ir.RankedTensorType(value.type)
-        return ir.RankedTensorType.get(list(plan.local_shape(rtype.shape, labels)), rtype.element_type)
+    def local_type(rtype: ir.Type, labels: Sequence[str]) -> ir.Type:
+        ranked = ir.RankedTensorType(rtype)
+        return ir.RankedTensorType.get(list(plan.local_shape(ranked.shape, labels)), ranked.element_type)
 
     def per_value(labelling: Sequence[Sequence[str]]) -> ir.Attribute:
         text = "#sdy.sharding_per_value<[" + ", ".join(plan.sharding(x) for x in labelling) + "]>"
         return ir.Attribute.parse(text, context)
 
     manual = ", ".join(f'"{name}"' for name, _ in plan.mesh.axes)
-    with composite.location, ir.InsertionPoint(composite):
+    with anchor.location, ir.InsertionPoint(anchor):
         op = ir.Operation.create(
-            "sdy.manual_computation", results=[r.type for r in composite.results], operands=operands,
-            attributes={"in_shardings": per_value(operand_labels), "out_shardings": per_value(plan.cuts.results),
+            "sdy.manual_computation", results=list(result_types), operands=list(operands),
+            attributes={"in_shardings": per_value(operand_labels), "out_shardings": per_value(result_labels),
                         "manual_axes": ir.Attribute.parse(f"#sdy<manual_axes{{{manual}}}>", context)},
             regions=1)
-        block = op.regions[0].blocks.append(*(local_type(v, labels) for v, labels in zip(operands, operand_labels,
-                                                                                           strict=True)))
+        block = op.regions[0].blocks.append(*(local_type(v.type, labels) for v, labels in zip(operands, operand_labels,
+                                                                                                strict=True)))
         with ir.InsertionPoint(block):
-            result_types = [local_type(r, labels) for r, labels in zip(composite.results, plan.cuts.results,
-                                                                        strict=True)]
-            call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(callee), list(block.arguments))
+            call = func.CallOp([local_type(t, labels) for t, labels in zip(result_types, result_labels, strict=True)],
+                               ir.FlatSymbolRefAttr.get(callee), list(block.arguments))
             sdy.ReturnOp(list(call.results))
-    for old, new in zip(composite.results, op.results, strict=True):
+    return list(op.results)
+
+
+def wrap_in_manual_computation(composite: ir.Operation, plan: ShardPlan, callee: str,
+                               extra: Sequence[tuple[ir.Value, tuple[str, ...]]] = ()) -> None:
+    """Replaces `composite` by a `manual_computation` whose body calls `callee` (the kernel lowered for one
+    shard's shapes) on the composite's operands, then `extra` (value, labels)."""
+    results = manual_computation(composite, plan, callee, [*composite.operands, *(value for value, _ in extra)],
+                                 [*plan.cuts.operands, *(labels for _, labels in extra)],
+                                 [r.type for r in composite.results], plan.cuts.results)
+    for old, new in zip(composite.results, results, strict=True):
         old.replace_all_uses_with(new)
     composite.erase()
 
@@ -411,6 +459,7 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
     return shard_kernel
 
 
-__all__ = ["PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "ShardPlan", "attention_cuts", "composites_in", "cuts_for",
-           "inside_manual_computation", "local_call", "plan_shards", "row_offsets", "sample_cuts",
+__all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "KeySplit", "ShardPlan", "attention_cuts",
+           "composites_in", "cuts_for", "inside_manual_computation", "key_split_for", "local_call",
+           "manual_computation", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]

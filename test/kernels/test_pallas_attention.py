@@ -167,3 +167,41 @@ def test_tpu_tiles_too_large_for_vmem_are_rejected() -> None:
     big = functools.partial(attention, scale=1.0, block_sizes=BlockSizes(block_q=1024, block_k=2048))
     with pytest.raises(ValueError, match=r"block_q=1024, block_k=2048 .* MiB of VMEM > 32 MiB"):
         jax.eval_shape(big, q, q, q)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_key_ranges_with_their_lse_merge_into_the_whole(backend: str, splits: int) -> None:
+    """`return_lse`: each key range's f32 output and log-sum-exp, merged by `combine_partials`, is attention
+    over all keys (how a decode with its KV sequence sharded runs per shard: hlofuse.shard_local). Row 1
+    sees no key of the second range (lse -inf, weight 0); row 2 sees none at all (NaN, as the reference)."""
+    from hlofuse.kernels.reference import attention_reference, combine_partials
+
+    keys = jax.random.split(jax.random.key(7), 3)
+    b, t, n, kv, s, h = 3, 1, 4, 2, 256, 32
+    q = jax.random.normal(keys[0], (b, t, n, h), jnp.float32)
+    k = jax.random.normal(keys[1], (b, s, kv, h), jnp.float32)
+    v = jax.random.normal(keys[2], (b, s, kv, h), jnp.float32)
+    lengths = np.array([256, 100, 0], np.int32)
+    want = attention_reference(q, k, v, scale=0.2, kv_lengths=jnp.asarray(lengths))
+    blocks = BlockSizes(block_q=16, block_k=128 if backend == "tpu" else 64, num_splits=splits)
+    outs, lses = [], []
+    for start in (0, s // 2):
+        own = jnp.asarray(np.clip(lengths - start, 0, s // 2))
+        out, lse = attention(q, k[:, start:start + s // 2], v[:, start:start + s // 2], scale=0.2, kv_lengths=own,
+                             backend=backend, interpret=True, return_lse=True, block_sizes=blocks)
+        assert out.dtype == jnp.float32 and lse.shape == (b, t, n)
+        outs.append(out)
+        lses.append(lse)
+    assert np.all(np.isneginf(np.asarray(lses[1][1])))  # row 1's keys all lie in the first range
+    merged = combine_partials(jnp.stack(outs, 1).reshape(b, 2, t * n, h), jnp.stack(lses, 1).reshape(b, 2, t * n),
+                              jnp.float32).reshape(b, t, n, h)
+    np.testing.assert_allclose(np.asarray(merged), np.asarray(want), rtol=2e-5, atol=2e-5)
+    assert np.isnan(np.asarray(merged[2])).all()
+
+
+def test_return_lse_needs_an_infinite_masked_value() -> None:
+    q = jnp.zeros((1, 1, 1, 8), jnp.float32)
+    k = jnp.zeros((1, 128, 1, 8), jnp.float32)
+    with pytest.raises(ValueError, match="masked_value -inf"):
+        attention(q, k, k, scale=1.0, masked_value=-1e9, return_lse=True, interpret=True)

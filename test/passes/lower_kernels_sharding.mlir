@@ -73,16 +73,23 @@ module @heads attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 :
 // DEFAULT-LABEL: func.func public @decode_kv_sequence_sharded
 // DEFAULT: call @hlofuse.attention.cpu
 // KEEP: stablehlo.composite "hlofuse.attention"
-// The Pallas calls lead with B = 2 everywhere (lengths, rows, K, V, partial results): B is their one
-// shared factor.
-// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// The Pallas kernels run per shard on one key range each (hlofuse.shard_local): `prepare` cuts K, V into
+// (B, P, S/P, K, H) and gives each range its key lengths, each of the 8 shards runs the kernel on its range
+// and returns its partial output and log-sum-exp, and `merge` combines the 8 ranges.
+// TPU-LABEL: func.func public @decode_kv_sequence_sharded
+// TPU: %[[PREP:.*]]:4 = call @hlofuse.attention.tpu.prepare(%arg0, %arg1, %arg2) : {{.*}} -> (tensor<2x1x4x16xf32>, tensor<2x8x32x4x16xf32>, tensor<2x8x32x4x16xf32>, tensor<2x8xi32>)
+// TPU: %[[PART:.*]]:2 = sdy.manual_computation(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2, %[[PREP]]#3)
+// TPU-SAME: in_shardings=[<@mesh, [{}, {}, {}, {}]>, <@mesh, [{}, {"seq"}, {}, {}, {}]>, <@mesh, [{}, {"seq"}, {}, {}, {}]>, <@mesh, [{}, {"seq"}]>]
+// TPU-SAME: out_shardings=[<@mesh, [{}, {"seq"}, {}, {}, {}]>, <@mesh, [{}, {"seq"}, {}, {}]>] manual_axes={"seq"}
+// TPU: func.call @hlofuse.attention.tpu({{.*}}) : (tensor<2x1x4x16xf32>, tensor<2x1x32x4x16xf32>, tensor<2x1x32x4x16xf32>, tensor<2x1xi32>) -> (tensor<2x1x1x4x16xf32>, tensor<2x1x1x4xf32>)
+// TPU: call @hlofuse.attention.tpu.merge(%[[PART]]#0, %[[PART]]#1) : (tensor<2x8x1x4x16xf32>, tensor<2x8x1x4xf32>) -> tensor<2x1x4x16xf32>
+// TPU-LABEL: func.func private @hlofuse.attention.tpu(
 // TPU: stablehlo.custom_call @tpu_custom_call(
-// TPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i,
-// TPU-SAME: {i=2,
-// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU-LABEL: func.func public @decode_kv_sequence_sharded
+// GPU: sdy.manual_computation
+// GPU-SAME: manual_axes={"seq"}
+// GPU-LABEL: func.func private @hlofuse.attention.gpu(
 // GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
-// GPU-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j], [i,
-// GPU-SAME: {i=2,
 module @decode attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["seq"=8]>
   func.func public @decode_kv_sequence_sharded(%arg0: tensor<2x1x4x16xf32>, %arg1: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg2: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) -> tensor<2x1x4x16xf32> {
@@ -111,11 +118,11 @@ module @decode attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 
 // CPU-SAME: (tensor<2x4x8x8x1x16xf32>, tensor<2x4x8x32x1x16xf32>, tensor<2x4x8x32x1x16xf32>, tensor<2x4x8xi32>) -> (tensor<2x4x8x8x1x16xf32>, tensor<2x4x8x8x1xf32>)
 // KEEP-LABEL: func.func public @prefill_chunk_kv_sequence_sharded
 // KEEP: stablehlo.composite "hlofuse.attention"
-// The Pallas calls get their batch rule here too (one TPU / GPU function per module).
-// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// The Pallas calls cut no prefill key sequence: under batch it is gathered, and the call gets its batch rule.
+// TPU-LABEL: func.func private @hlofuse.attention.tpu(
 // TPU: stablehlo.custom_call @tpu_custom_call(
 // TPU-SAME: sdy.sharding_rule
-// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU-LABEL: func.func private @hlofuse.attention.gpu(
 // GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
 // GPU-SAME: sdy.sharding_rule
 module @chunk attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
@@ -152,11 +159,11 @@ module @chunk attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 :
 // SEQ-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n, o], [i, j, k, l, p, n, o], [i, j, k, l, p, n, o], [i, j, k, l])->([i, j, k, l, m, n, o], [i, j, k, l, m, n])
 // SEQ-SAME: (tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8xi32>)
 // SEQ: stablehlo.dot_general {{.*}} contracting_dims = [3] x [3]
-// The Pallas calls get their batch rule here too (one TPU / GPU function per module).
-// TPU-LABEL: func.func private @hlofuse.attention.tpu
+// The Pallas calls cut no prefill key sequence: under batch it is gathered, and the call gets its batch rule.
+// TPU-LABEL: func.func private @hlofuse.attention.tpu(
 // TPU: stablehlo.custom_call @tpu_custom_call(
 // TPU-SAME: sdy.sharding_rule
-// GPU-LABEL: func.func private @hlofuse.attention.gpu
+// GPU-LABEL: func.func private @hlofuse.attention.gpu(
 // GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
 // GPU-SAME: sdy.sharding_rule
 module @sequence attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {

@@ -177,6 +177,23 @@ def case_decode_kv_sequence_sharded() -> dict[str, Any]:
     return run(attention, _qkv(2, 1, 256, 4, 4, 16), (P(), kv_spec, kv_spec), P(), mesh)
 
 
+def _causal_decode(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """GQA decode of the token at position 200 of a 256-key cache: keys after it are masked (causal with
+    q_offset = 200), which each key range turns into its own key length."""
+    k, v = (jnp.repeat(x, q.shape[2] // k.shape[2], axis=2) for x in (k, v))
+    s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]).astype(np.float32)
+    visible = jnp.arange(k.shape[1])[None, :] <= (jnp.arange(q.shape[1]) + 200)[:, None]
+    s = jnp.where(visible[None, None], s, -jnp.inf)
+    return jnp.einsum("bnts,bsnd->btnd", jax.nn.softmax(s, axis=-1), v)
+
+
+def case_decode_kv_sequence_sharded_causal_gqa() -> dict[str, Any]:
+    """Causal GQA decode (8 query heads on 2 kv heads) with the cache's sequence sharded over 8 devices."""
+    mesh = mesh_of((8,), ("seq",))
+    kv_spec = P(None, "seq")
+    return run(_causal_decode, _qkv(2, 1, 256, 8, 2, 16), (P(), kv_spec, kv_spec), P(), mesh)
+
+
 def _cache_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> jax.Array:
     """Decode against a KV cache filled up to a per-row length (keys >= length masked with -inf)."""
     s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(q.shape[-1]).astype(np.float32)

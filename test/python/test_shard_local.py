@@ -34,7 +34,7 @@ def test_sample_cuts_the_first_row_dim_longer_than_one() -> None:
     assert sample_cuts(single).sizes == {}
 
 
-def test_the_cpu_call_cuts_a_decode_key_sequence_but_not_mqa_query_heads() -> None:
+def test_each_target_cuts_what_its_call_can_keep_local() -> None:
     attrs = {"causal": False, "decode": True, "layout": "BTNH", "mask_kind": "lengths", "masked_value": float("-inf"),
              "num_heads": 8, "num_kv_heads": 1, "operands": ["q", "k", "v", "kv_lengths"], "q_offset": 0,
              "scale": 0.35, "softcap": 0.0, "window_left": -1, "window_right": -1, "zero_empty_rows": False}
@@ -43,7 +43,11 @@ def test_the_cpu_call_cuts_a_decode_key_sequence_but_not_mqa_query_heads() -> No
     cuts = cuts_for(call, "cpu", 8)
     assert cuts is not None
     assert cuts.operands[0] == ("b", "", "", "") and cuts.operands[1] == ("b", "s", "", "")
-    assert cuts_for(call, "tpu", 8) == attention_cuts(call)
+    # The Pallas calls cut the key sequence of a decode too (partial results merged after the shards),
+    # and keep MQA's query heads cuttable; the NKI call cuts batch and heads only.
+    tpu = cuts_for(call, "tpu", 8)
+    assert tpu is not None and tpu.operands[:2] == (("b", "", "n", ""), ("b", "s", "", "")) and tpu.sizes["s"] == 64
+    assert cuts_for(call, "neuron-sim", 8) == attention_cuts(call)
 
 
 _MODULE = """
@@ -74,7 +78,7 @@ def _call(module_text: str) -> tuple[object, list[CompositeCall]]:
 
 def test_a_plan_names_the_axes_of_each_cut_and_what_would_be_gathered() -> None:
     module, calls = _call(_MODULE)
-    (plan,) = plan_shards(module.operation, composites_in(module.operation), calls, "tpu", 8)
+    (plan,) = plan_shards(module.operation, composites_in(module.operation), calls, "neuron-sim", 8)
     assert plan is not None
     assert plan.axes["b"] == ("data",)
     # 4 shards of the query heads would split K = 2 kv heads unevenly: the heads stay whole.
@@ -90,4 +94,4 @@ def test_no_mesh_no_plan() -> None:
     text = text.replace('sdy.mesh @mesh = <["data"=2, "model"=4]>', "")
     assert "sdy" not in text
     module, calls = _call(text)
-    assert plan_shards(module.operation, composites_in(module.operation), calls, "tpu", 8) == [None]
+    assert plan_shards(module.operation, composites_in(module.operation), calls, "neuron-sim", 8) == [None]

@@ -42,6 +42,7 @@ SAMPLING_CASES = ("sampling_batch_sharded", "sampling_top_k_batch_sharded", "sam
 # batch, heads, a decode or chunk's KV sequence and a prefill's query sequence all stay local.
 ATTENTION_CASES = ("data_parallel", "data_parallel_2d", "data_parallel_decode", "head_parallel", "head_parallel_2d",
                    "gqa_kv_heads_sharded", "decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths",
+                   "decode_kv_sequence_sharded_causal_gqa",
                    "prefill_kv_sequence_sharded", "prefill_kv_sequence_sharded_causal",
                    "prefill_kv_sequence_sharded_2d", "prefill_query_sequence_sharded", "prefill_sequence_parallel")
 DEFAULT_XFAIL: dict[str, str] = {}
@@ -88,24 +89,31 @@ def _assert_matches_without_more_communication(case: str, got: dict[str, Any]) -
 
 # Pallas and NKI calls have no XLA partitioner: in multi-device modules hlofuse-lower-kernels runs them per
 # shard under sdy.manual_computation (hlofuse.shard_local). Each case whose sharded dims those kernels cut
-# (batch, heads, sampled rows) -> the composite it lowers per shard. NKI's sampler draws its noise by local
-# row, so its stochastic samplers stay composites when their rows are cut (XLA partitions them).
+# (batch, heads, sampled rows; the Pallas kernels also a decode's key sequence, merging the ranges' partial
+# results) -> the composite it lowers per shard. NKI's sampler draws its noise by local row, so its
+# stochastic samplers stay composites when their rows are cut (XLA partitions them).
 PER_SHARD_TARGETS = ("tpu-interpret", "gpu-interpret", "neuron-sim")
 PER_SHARD_CASES = {"data_parallel": "attention", "data_parallel_2d": "attention", "data_parallel_decode": "attention",
                    "head_parallel": "attention", "head_parallel_2d": "attention", "gqa_kv_heads_sharded": "attention",
                    "sampling_batch_sharded": "sample", "sampling_top_k_batch_sharded": "sample",
                    "sampling_temperature_batch_sharded": "sample"}
+KEY_SPLIT_CASES = {"decode_kv_sequence_sharded": "attention", "decode_kv_sequence_sharded_lengths": "attention",
+                   "decode_kv_sequence_sharded_causal_gqa": "attention"}
 KEPT_PER_SHARD = {("neuron-sim", "sampling_top_k_batch_sharded"), ("neuron-sim", "sampling_temperature_batch_sharded")}
+
+
+def _per_shard_cases(target: str) -> dict[str, str]:
+    return {**PER_SHARD_CASES, **(KEY_SPLIT_CASES if target != "neuron-sim" else {})}
 
 
 @pytest.fixture(scope="module", params=PER_SHARD_TARGETS)
 def per_shard_report(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
-    return request.param, _run_cases("--target", request.param, *PER_SHARD_CASES)
+    return request.param, _run_cases("--target", request.param, *_per_shard_cases(request.param))
 
 
 def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[str, Any]]) -> None:
     target, report = per_shard_report
-    for case, composite in PER_SHARD_CASES.items():
+    for case, composite in _per_shard_cases(target).items():
         got = report[case]
         _assert_matches_without_more_communication(f"{target} {case}", got)
         outcome = "kept_composite" if (target, case) in KEPT_PER_SHARD else f"to_{target}_per_shard"
@@ -115,10 +123,10 @@ def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[st
 # multi_device=local lowers only the calls whose sharded dims the kernel keeps local (Shardy's propagation
 # on a copy of the module says how each operand arrives) and keeps the rest as composites, so no case may
 # communicate more than the unfused program. Cases a target keeps, and why: the CPU's top-p samples whole
-# rows (a sharded vocabulary would be gathered); per-shard kernels cut no key sequence and no vocabulary.
+# rows (a sharded vocabulary would be gathered); per-shard kernels cut no prefill sequence and no vocabulary.
 LOCAL_KEPT = {
     "cpu": {"sampling_top_p_vocab_sharded"},
-    "tpu-interpret": {"decode_kv_sequence_sharded", "decode_kv_sequence_sharded_lengths", "prefill_kv_sequence_sharded",
+    "tpu-interpret": {"prefill_kv_sequence_sharded",
                       "prefill_kv_sequence_sharded_causal", "prefill_kv_sequence_sharded_2d",
                       "prefill_query_sequence_sharded", "prefill_sequence_parallel", "sampling_vocab_sharded",
                       "sampling_temperature_vocab_sharded", "sampling_top_k_vocab_sharded",

@@ -75,6 +75,20 @@ def zero_empty_rows_of(out: jax.Array, visible: jax.Array) -> jax.Array:
     return jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
 
 
+def combine_partials(out: jax.Array, lse: jax.Array, dtype: Any) -> jax.Array:  # noqa: ANN401
+    """out (..., P, R, D), lse (..., P, R) -> (..., R, D): the softmax over all P key ranges of R rows.
+
+    A split that sees no key (lse -inf, out NaN) weighs 0; a row no split sees is 0/0 = NaN, as the
+    reference's fully masked row is. The weighted sum is a dot over P: as a multiply and a reduce, XLA CPU
+    took 30x longer (31 ms against 1 ms for 8 splits of (1, 8, 512, 64) f32)."""
+    top = jnp.max(lse, axis=-2, keepdims=True)
+    empty = lse == -jnp.inf
+    weight = jnp.where(empty, 0.0, jnp.exp(lse - jnp.where(jnp.isfinite(top), top, 0.0)))
+    parts = jnp.where(empty[..., None], 0.0, out.astype(jnp.float32))
+    total = jnp.einsum("...pr,...prd->...rd", weight, parts) / jnp.sum(weight, axis=-2)[..., None]
+    return total.astype(dtype)
+
+
 def attention_reference(
     q: jax.Array,  # (B, T, N, H)
     k: jax.Array,  # (B, S, K, H), N % K == 0

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 
 from hlofuse.kernels.pallas import common, gpu, tpu
 from hlofuse.kernels.pallas.common import Plan
-from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.kernels.reference import UNBOUNDED, attention_reference, combine_partials
+from hlofuse.shard_local import Cuts, KeySplit, attention_cuts
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -161,9 +162,17 @@ def attention(
     backend: str = "tpu",
     block_sizes: BlockSizes | None = None,
     interpret: Any = False,  # noqa: ANN401  (True, or pltpu.InterpretParams for the TPU interpreter)
-) -> jax.Array:  # (B, T, N, D), in q's dtype
-    """`attention_reference`'s semantics computed by the Pallas kernel of `backend` ("tpu" or "gpu")."""
+    return_lse: bool = False,
+) -> Any:  # noqa: ANN401  (B, T, N, D) in q's dtype; with return_lse, that in f32 and the (B, T, N) lse
+    """`attention_reference`'s semantics computed by the Pallas kernel of `backend` ("tpu" or "gpu").
+
+    `return_lse` also returns each row's log-sum-exp over its visible keys (-inf where it sees none), and
+    the output in f32: the partial result that `combine_partials` merges with other calls' over other keys
+    (a KV sequence sharded over devices, hlofuse.shard_local). It needs masked_value -inf: a row no key
+    of any call sees is then NaN after the merge, as in the reference."""
     _check_shapes(q, k, v, backend)
+    if return_lse and not math.isinf(masked_value):
+        raise ValueError("return_lse needs masked_value -inf: a finite one weighs the masked keys of every call")
     if not math.isinf(masked_value) and masked_value > MASKED_VALUE_LIMIT:
         raise ValueError(f"masked_value {masked_value} > {MASKED_VALUE_LIMIT}: masked keys would carry weight")
     if math.isinf(masked_value) and masked_value > 0:
@@ -175,7 +184,7 @@ def attention(
         "scale": float(scale), "softcap": float(softcap), "causal": bool(causal), "window_left": int(window_left),
         "window_right": int(window_right), "q_offset": int(q_offset), "masked_value": float(masked_value),
     }  # fmt: skip
-    plan = _plan(backend, q, k, v, blocks, attrs)
+    plan = dataclasses.replace(_plan(backend, q, k, v, blocks, attrs), partials=return_lse)
     side_dtype = jnp.int32 if backend == "tpu" else jnp.int8
     bias_p = mask_p = None
     if bias is not None:
@@ -196,7 +205,7 @@ def attention(
             plan, qr, kr, vr, lens, bias_p, mask_p, None if empty is None else empty[:, :, None, :],
             out_dtype=q.dtype, interpret=interpret,
         )  # fmt: skip
-        if plan.num_splits > 1:
+        if plan.writes_partials:
             out = (out[0], out[1][..., 0], out[2][..., 0])
     else:
         kr = jnp.pad(k, ((0, 0), (0, pad_keys), (0, 0), (0, plan.head_pad - plan.h)))
@@ -205,7 +214,11 @@ def attention(
             plan, qr, kr, vr, lens, bias_p, mask_p, empty, out_dtype=q.dtype,
             num_warps=blocks.num_warps, num_stages=blocks.num_stages, interpret=interpret,
         )  # fmt: skip
-    o = out[0] if plan.num_splits == 1 else common.combine(plan, *out, empty).astype(q.dtype)
+    if return_lse:
+        o, lse = common.combine_with_lse(*out, empty)
+        return (common.from_rows(o, plan.t, plan.n, plan.d),
+                common.from_rows(lse[..., None], plan.t, plan.n, 1)[..., 0])
+    o = out[0] if not plan.writes_partials else common.combine(plan, *out, empty).astype(q.dtype)
     return common.from_rows(o, plan.t, plan.n, plan.d)
 
 
@@ -261,6 +274,91 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     return fn
 
 
+def _splits_keys(call: CompositeCall) -> str | None:
+    """Why a per-shard call of this composite cannot take a sharded key sequence, or None when it can.
+
+    One query row and no bias / mask / left window: its causal or right-window bound is then a key length,
+    which each key range shifts by its start, as the CPU kernel's decode splits do. masked_value -inf: a
+    finite one weighs the masked keys of every range."""
+    from hlofuse.composites import AttentionAttrs
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if call.operand_types[0][0][1] != 1:
+        return "more than one query row"
+    if {"bias", "mask"} & set(attrs.operands) or attrs.window_left != UNBOUNDED:
+        return "a bias, a mask or a left window"
+    if not math.isinf(attrs.masked_value):
+        return "a finite masked_value"
+    return None
+
+
+def shard_cuts(call: CompositeCall) -> Cuts:
+    """What one shard's Pallas call cuts (hlofuse.shard_local): B and heads, and for a decode the key
+    sequence (a partial result per key range, merged after the shards by `key_split`)."""
+    cuts = attention_cuts(call)
+    if _splits_keys(call) is not None:
+        return cuts
+    roles = list(call.attributes["operands"])
+    operands = tuple((labels[0], "s", *labels[2:]) if role in ("k", "v") else labels
+                     for role, labels in zip(roles, cuts.operands, strict=True))
+    return Cuts(operands, cuts.results, {**cuts.sizes, "s": call.operand_types[1][0][1]})
+
+
+def _key_split(call: CompositeCall, splits: int, backend: str, interpret: bool, platform: str | None) -> KeySplit:
+    """The composite as `splits` key ranges, one per shard of its sharded key sequence: `prepare` cuts k, v
+    into (B, P, S/P, K, H) and gives each range its key lengths, `shard` runs the kernel on one range with
+    `return_lse`, and `merge` combines the P partial results exactly (`combine_partials`)."""
+    from hlofuse.composites import AttentionAttrs
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    b, t, n, _ = call.operand_types[0][0]
+    s, kv = call.operand_types[1][0][1:3]
+    has_lengths = "kv_lengths" in attrs.operands
+    per_range = s // splits
+
+    def prepare(q: jax.Array, k: jax.Array, v: jax.Array, *rest: jax.Array) -> tuple[jax.Array, ...]:
+        limit = jnp.full((b,), s, jnp.int32)
+        if has_lengths:
+            limit = jnp.minimum(limit, rest[-1].astype(jnp.int32))
+        right = 0 if attrs.causal else attrs.window_right
+        if right != UNBOUNDED:  # key j is visible from the one query iff j <= q_offset + right
+            limit = jnp.minimum(limit, jnp.int32(max(0, attrs.q_offset + right + 1)))
+        starts = jnp.arange(splits, dtype=jnp.int32) * per_range
+        lengths = jnp.clip(limit[:, None] - starts[None, :], 0, per_range)  # (B, P)
+        split = [x.reshape(b, splits, per_range, *x.shape[2:]) for x in (k, v)]
+        return (q, *split, lengths)
+
+    def shard(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out, lse = attention(q, k[:, 0], v[:, 0], scale=attrs.scale, softcap=attrs.softcap,
+                             kv_lengths=lengths[:, 0], backend=backend, interpret=interpret, return_lse=True,
+                             block_sizes=BlockSizes.get_default(backend, decode=True))
+        return out[:, None], lse[:, None]
+
+    def merge(out: jax.Array, lse: jax.Array) -> jax.Array:  # (B, P, T, N, D), (B, P, T, N)
+        d = out.shape[-1]
+        merged = combine_partials(out.reshape(b, splits, t * n, d), lse.reshape(b, splits, t * n), jnp.float32)
+        return merged.reshape(b, t, n, d).astype(_DTYPES[call.operand_types[0][1]])
+
+    if platform is not None:
+        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
+    kv_label = "n" if kv > 1 else ""
+    return KeySplit(prepare=prepare, shard=shard, merge=merge,
+                    operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
+                              ("b", "s")),
+                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
+
+
+def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+    """`_key_split` for a target name (the table hlofuse.shard_local.KEY_SPLITS points here)."""
+    backend = "tpu" if target.startswith("tpu") else "gpu"
+    interpret = target.endswith("-interpret")
+    platform = None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
+    return _key_split(call, splits, backend, interpret, platform)
+
+
+_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
 tpu_lowering = functools.partial(_lowering, backend="tpu", interpret=False, platform="tpu")
 gpu_lowering = functools.partial(_lowering, backend="gpu", interpret=False, platform="cuda")
@@ -276,6 +374,8 @@ __all__ = [
     "attention",
     "attention_reference",
     "decode_attention",
+    "key_split",
+    "shard_cuts",
     "gpu_interpret_lowering",
     "gpu_lowering",
     "tpu_interpret_lowering",

@@ -63,6 +63,11 @@ class Plan:
     mask_rows: int = 0
     mask_heads: int = 0
     mask_batch: int = 0
+    partials: bool = False  # write per-split (acc, m, l) even with one split (attention(return_lse=True))
+
+    @property
+    def writes_partials(self) -> bool:
+        return self.num_splits > 1 or self.partials
 
     @property
     def groups(self) -> int:
@@ -242,12 +247,24 @@ def combine(
     empty: jax.Array | None,  # (B, K, D_pad) f32, None = NaN
 ) -> jax.Array:  # (B, K, rows_pad, D_pad) f32
     """Flash-decoding's second step: merges the splits' partial softmaxes by their running maxima."""
+    return combine_with_lse(acc, m, l, empty)[0]
+
+
+def combine_with_lse(
+    acc: jax.Array,  # (B, K, splits, rows_pad, D_pad) f32, unnormalised
+    m: jax.Array,  # (B, K, splits, rows_pad) f32
+    l: jax.Array,  # (B, K, splits, rows_pad) f32
+    empty: jax.Array | None,  # (B, K, D_pad) f32, None = NaN
+) -> tuple[jax.Array, jax.Array]:  # (B, K, rows_pad, D_pad), (B, K, rows_pad) f32
+    """`combine`, and each row's log-sum-exp over all splits (-inf for a row that sees no key): what a
+    caller needs to merge this call's rows with another call's over other keys."""
     m_total = jnp.max(m, axis=2, keepdims=True)
     m_safe = jnp.where(m_total == -jnp.inf, 0.0, m_total)
     w = jnp.exp(m - m_safe)  # (B, K, splits, rows_pad)
     l_total = jnp.sum(w * l, axis=2)
     o = jnp.sum(w[..., None] * acc, axis=2)
-    return finalize(o, l_total[..., None], None if empty is None else empty[:, :, None, :])
+    lse = jnp.where(l_total > 0, m_safe[:, :, 0] + jnp.log(jnp.where(l_total > 0, l_total, 1.0)), -jnp.inf)
+    return finalize(o, l_total[..., None], None if empty is None else empty[:, :, None, :]), lse
 
 
 def finalize(

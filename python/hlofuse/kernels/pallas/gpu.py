@@ -64,7 +64,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
         jnp.zeros((bq, plan.value_pad), jnp.float32),
     )
     m, l, acc = lax.fori_loop(start, stop, body, init)
-    if plan.num_splits == 1:
+    if not plan.writes_partials:
         (o_ref,) = out_refs
         empty = None if empty_ref is None else empty_ref[...][None, :]  # (1, value_pad)
         o_ref[...] = common.finalize(acc, l, empty).astype(o_ref.dtype)
@@ -90,7 +90,7 @@ def flash_attention(
     num_stages: int,
     interpret: Any = False,  # noqa: ANN401
 ) -> tuple[jax.Array, ...]:
-    """The pallas_call: o (B, K, rows_pad, value_pad), or per-split (acc, m, l) when num_splits > 1."""
+    """The pallas_call: o (B, K, rows_pad, value_pad), or per-split (acc, m, l) when plan.writes_partials."""
     bq, sp = plan.block_q, plan.num_splits
     grid = (plan.b, plan.kv_heads, plan.num_q_blocks * sp)
 
@@ -126,7 +126,7 @@ def flash_attention(
         operands.append(empty)
 
     b, kh, rp, dp = plan.b, plan.kv_heads, plan.rows_pad, plan.value_pad
-    if sp == 1:
+    if not plan.writes_partials:
         out_shape: tuple[jax.ShapeDtypeStruct, ...] = (jax.ShapeDtypeStruct((b, kh, rp, dp), out_dtype),)
         out_specs: tuple[pl.BlockSpec, ...] = (pl.BlockSpec((None, None, bq, dp), q_map),)
     else:

@@ -85,7 +85,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
 
     @pl.when(i == plan.blocks_per_split - 1)
     def _write() -> None:
-        if plan.num_splits == 1:
+        if not plan.writes_partials:
             (o_ref,) = out_refs
             empty = None if empty_ref is None else empty_ref[...]  # (1, value_pad)
             o_ref[...] = common.finalize(acc_sc[...], l_sc[...][:, :1], empty).astype(o_ref.dtype)
@@ -109,7 +109,7 @@ def flash_attention(
     out_dtype: Any,  # noqa: ANN401
     interpret: Any = False,  # noqa: ANN401
 ) -> tuple[jax.Array, ...]:
-    """The pallas_call: o (B, K, rows_pad, value_pad), or per-split (acc, m, l) when num_splits > 1."""
+    """The pallas_call: o (B, K, rows_pad, value_pad), or per-split (acc, m, l) when plan.writes_partials."""
     bq, bk, nps = plan.block_q, plan.block_k, plan.blocks_per_split
     grid = (plan.b, plan.kv_heads, plan.num_q_blocks, plan.num_splits, nps)
 
@@ -147,7 +147,7 @@ def flash_attention(
         operands.append(empty)
 
     b, kh, rp, dp = plan.b, plan.kv_heads, plan.rows_pad, plan.value_pad
-    if plan.num_splits == 1:
+    if not plan.writes_partials:
         out_shape: tuple[jax.ShapeDtypeStruct, ...] = (jax.ShapeDtypeStruct((b, kh, rp, dp), out_dtype),)
         out_specs: tuple[pl.BlockSpec, ...] = (pl.BlockSpec((None, None, bq, dp), q_map),)
     else:
