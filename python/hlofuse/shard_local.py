@@ -125,6 +125,88 @@ class KeySplit:
     results: tuple[tuple[str, ...], ...]
 
 
+def decode_key_split_unsupported(call: CompositeCall) -> str | None:
+    """Why a decode's key sequence cannot be cut into ranges run per shard, or None when it can.
+
+    One query row and no bias / mask / left window: its causal or right-window bound is then a key length,
+    which each range shifts by its start (as the CPU kernel's decode splits do). masked_value -inf: a
+    finite one weighs the masked keys of every range."""
+    from hlofuse.composites import AttentionAttrs
+    from hlofuse.kernels.reference import UNBOUNDED
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if call.operand_types[0][0][1] != 1:
+        return "more than one query row"
+    if {"bias", "mask"} & set(attrs.operands) or attrs.window_left != UNBOUNDED:
+        return "a bias, a mask or a left window"
+    if not math.isinf(attrs.masked_value):
+        return "a finite masked_value"
+    return None
+
+
+def decode_key_cuts(call: CompositeCall) -> Cuts:
+    """`attention_cuts`, and the key sequence when `decode_key_split_unsupported` allows it."""
+    cuts = attention_cuts(call)
+    if decode_key_split_unsupported(call) is not None:
+        return cuts
+    roles = list(call.attributes["operands"])
+    operands = tuple((labels[0], "s", *labels[2:]) if role in ("k", "v") else labels
+                     for role, labels in zip(roles, cuts.operands, strict=True))
+    return Cuts(operands, cuts.results, {**cuts.sizes, "s": call.operand_types[1][0][1]})
+
+
+_JNP_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
+                     platform: str | None = None) -> KeySplit:
+    """A decode composite as `splits` key ranges, one per shard of its sharded key sequence.
+
+    `prepare` cuts k, v into (B, P, S/P, K, H) and gives each range its key lengths (the composite's and
+    the one query's causal / right-window bound, shifted by the range's start); `shard` runs
+    `run_range(q, k, v, lengths, scale=, softcap=) -> (out f32, lse)` on one range (a target's kernel,
+    lowered for `platform`); `merge` combines the P partial results exactly (`combine_partials`)."""
+    import jax.numpy as jnp
+
+    from hlofuse.composites import AttentionAttrs
+    from hlofuse.kernels.reference import UNBOUNDED, combine_partials
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    b, t, n, _ = call.operand_types[0][0]
+    s, kv = call.operand_types[1][0][1:3]
+    has_lengths = "kv_lengths" in attrs.operands
+    per_range = s // splits
+    dtype = jnp.dtype(_JNP_DTYPES[call.operand_types[0][1]])
+
+    def prepare(q: Any, k: Any, v: Any, *rest: Any) -> tuple[Any, ...]:  # noqa: ANN401
+        limit = jnp.full((b,), s, jnp.int32)
+        if has_lengths:
+            limit = jnp.minimum(limit, rest[-1].astype(jnp.int32))
+        right = 0 if attrs.causal else attrs.window_right
+        if right != UNBOUNDED:  # key j is visible from the one query iff j <= q_offset + right
+            limit = jnp.minimum(limit, jnp.int32(max(0, attrs.q_offset + right + 1)))
+        starts = jnp.arange(splits, dtype=jnp.int32) * per_range
+        lengths = jnp.clip(limit[:, None] - starts[None, :], 0, per_range)  # (B, P)
+        return (q, *(x.reshape(b, splits, per_range, *x.shape[2:]) for x in (k, v)), lengths)
+
+    def shard(q: Any, k: Any, v: Any, lengths: Any) -> tuple[Any, Any]:  # noqa: ANN401
+        out, lse = run_range(q, k[:, 0], v[:, 0], lengths[:, 0], scale=attrs.scale, softcap=attrs.softcap)
+        return out[:, None], lse[:, None]
+
+    def merge(out: Any, lse: Any) -> Any:  # noqa: ANN401  (B, P, T, N, D), (B, P, T, N)
+        d = out.shape[-1]
+        merged = combine_partials(out.reshape(b, splits, t * n, d), lse.reshape(b, splits, t * n), jnp.float32)
+        return merged.reshape(b, t, n, d).astype(dtype)
+
+    if platform is not None:
+        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
+    kv_label = "n" if kv > 1 else ""
+    return KeySplit(prepare=prepare, shard=shard, merge=merge,
+                    operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
+                              ("b", "s")),
+                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
+
+
 def _key_split_module(call: CompositeCall, target: str) -> Any | None:  # noqa: ANN401
     entry = KEY_SPLITS.get((call.name, target))
     return importlib.import_module(entry) if entry is not None else None
@@ -460,6 +542,7 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
 
 
 __all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "KeySplit", "ShardPlan", "attention_cuts",
-           "composites_in", "cuts_for", "inside_manual_computation", "key_split_for", "local_call",
+           "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split", "decode_key_split_unsupported",
+           "inside_manual_computation", "key_split_for", "local_call",
            "manual_computation", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]

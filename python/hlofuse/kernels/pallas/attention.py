@@ -30,8 +30,8 @@ import jax.numpy as jnp
 
 from hlofuse.kernels.pallas import common, gpu, tpu
 from hlofuse.kernels.pallas.common import Plan
-from hlofuse.kernels.reference import UNBOUNDED, attention_reference, combine_partials
-from hlofuse.shard_local import Cuts, KeySplit, attention_cuts
+from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.shard_local import Cuts, KeySplit, decode_key_cuts, decode_key_split
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -274,89 +274,26 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     return fn
 
 
-def _splits_keys(call: CompositeCall) -> str | None:
-    """Why a per-shard call of this composite cannot take a sharded key sequence, or None when it can.
-
-    One query row and no bias / mask / left window: its causal or right-window bound is then a key length,
-    which each key range shifts by its start, as the CPU kernel's decode splits do. masked_value -inf: a
-    finite one weighs the masked keys of every range."""
-    from hlofuse.composites import AttentionAttrs
-
-    attrs = AttentionAttrs.from_dict(call.attributes)
-    if call.operand_types[0][0][1] != 1:
-        return "more than one query row"
-    if {"bias", "mask"} & set(attrs.operands) or attrs.window_left != UNBOUNDED:
-        return "a bias, a mask or a left window"
-    if not math.isinf(attrs.masked_value):
-        return "a finite masked_value"
-    return None
-
-
 def shard_cuts(call: CompositeCall) -> Cuts:
-    """What one shard's Pallas call cuts (hlofuse.shard_local): B and heads, and for a decode the key
-    sequence (a partial result per key range, merged after the shards by `key_split`)."""
-    cuts = attention_cuts(call)
-    if _splits_keys(call) is not None:
-        return cuts
-    roles = list(call.attributes["operands"])
-    operands = tuple((labels[0], "s", *labels[2:]) if role in ("k", "v") else labels
-                     for role, labels in zip(roles, cuts.operands, strict=True))
-    return Cuts(operands, cuts.results, {**cuts.sizes, "s": call.operand_types[1][0][1]})
-
-
-def _key_split(call: CompositeCall, splits: int, backend: str, interpret: bool, platform: str | None) -> KeySplit:
-    """The composite as `splits` key ranges, one per shard of its sharded key sequence: `prepare` cuts k, v
-    into (B, P, S/P, K, H) and gives each range its key lengths, `shard` runs the kernel on one range with
-    `return_lse`, and `merge` combines the P partial results exactly (`combine_partials`)."""
-    from hlofuse.composites import AttentionAttrs
-
-    attrs = AttentionAttrs.from_dict(call.attributes)
-    b, t, n, _ = call.operand_types[0][0]
-    s, kv = call.operand_types[1][0][1:3]
-    has_lengths = "kv_lengths" in attrs.operands
-    per_range = s // splits
-
-    def prepare(q: jax.Array, k: jax.Array, v: jax.Array, *rest: jax.Array) -> tuple[jax.Array, ...]:
-        limit = jnp.full((b,), s, jnp.int32)
-        if has_lengths:
-            limit = jnp.minimum(limit, rest[-1].astype(jnp.int32))
-        right = 0 if attrs.causal else attrs.window_right
-        if right != UNBOUNDED:  # key j is visible from the one query iff j <= q_offset + right
-            limit = jnp.minimum(limit, jnp.int32(max(0, attrs.q_offset + right + 1)))
-        starts = jnp.arange(splits, dtype=jnp.int32) * per_range
-        lengths = jnp.clip(limit[:, None] - starts[None, :], 0, per_range)  # (B, P)
-        split = [x.reshape(b, splits, per_range, *x.shape[2:]) for x in (k, v)]
-        return (q, *split, lengths)
-
-    def shard(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array) -> tuple[jax.Array, jax.Array]:
-        out, lse = attention(q, k[:, 0], v[:, 0], scale=attrs.scale, softcap=attrs.softcap,
-                             kv_lengths=lengths[:, 0], backend=backend, interpret=interpret, return_lse=True,
-                             block_sizes=BlockSizes.get_default(backend, decode=True))
-        return out[:, None], lse[:, None]
-
-    def merge(out: jax.Array, lse: jax.Array) -> jax.Array:  # (B, P, T, N, D), (B, P, T, N)
-        d = out.shape[-1]
-        merged = combine_partials(out.reshape(b, splits, t * n, d), lse.reshape(b, splits, t * n), jnp.float32)
-        return merged.reshape(b, t, n, d).astype(_DTYPES[call.operand_types[0][1]])
-
-    if platform is not None:
-        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
-    kv_label = "n" if kv > 1 else ""
-    return KeySplit(prepare=prepare, shard=shard, merge=merge,
-                    operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
-                              ("b", "s")),
-                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
+    """What one shard's Pallas call cuts (hlofuse.shard_local): B, heads and a decode's key sequence."""
+    return decode_key_cuts(call)
 
 
 def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
-    """`_key_split` for a target name (the table hlofuse.shard_local.KEY_SPLITS points here)."""
+    """A decode with its key sequence in `splits` ranges, one per shard, each run by this target's kernel
+    with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here)."""
     backend = "tpu" if target.startswith("tpu") else "gpu"
     interpret = target.endswith("-interpret")
+
+    def run_range(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *, scale: float,
+                  softcap: float) -> tuple[jax.Array, jax.Array]:
+        out: tuple[jax.Array, jax.Array] = attention(
+            q, k, v, scale=scale, softcap=softcap, kv_lengths=lengths, backend=backend, interpret=interpret,
+            return_lse=True, block_sizes=BlockSizes.get_default(backend, decode=True))
+        return out
+
     platform = None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
-    return _key_split(call, splits, backend, interpret, platform)
-
-
-_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
+    return decode_key_split(call, splits, run_range, platform)
 
 
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
