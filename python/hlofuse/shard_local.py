@@ -106,8 +106,9 @@ PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
 # (composite, target) -> "module:function" pairs for per-shard calls that also cut a key sequence:
 # `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> KeySplit`.
 KEY_SPLITS: dict[tuple[str, str], str] = {
-    ("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
-    for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")
+    **{("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
+       for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")},
+    **{("hlofuse.attention", target): "hlofuse.kernels.nki.attention" for target in ("neuron", "neuron-sim")},
 }
 
 
@@ -134,9 +135,9 @@ def decode_key_split_unsupported(call: CompositeCall) -> str | None:
     from hlofuse.composites import AttentionAttrs
     from hlofuse.kernels.reference import UNBOUNDED
 
-    attrs = AttentionAttrs.from_dict(call.attributes)
     if call.operand_types[0][0][1] != 1:
         return "more than one query row"
+    attrs = AttentionAttrs.from_dict(call.attributes)
     if {"bias", "mask"} & set(attrs.operands) or attrs.window_left != UNBOUNDED:
         return "a bias, a mask or a left window"
     if not math.isinf(attrs.masked_value):

@@ -43,11 +43,13 @@ def test_each_target_cuts_what_its_call_can_keep_local() -> None:
     cuts = cuts_for(call, "cpu", 8)
     assert cuts is not None
     assert cuts.operands[0] == ("b", "", "", "") and cuts.operands[1] == ("b", "s", "", "")
-    # The Pallas calls cut the key sequence of a decode too (partial results merged after the shards),
-    # and keep MQA's query heads cuttable; the NKI call cuts batch and heads only.
-    tpu = cuts_for(call, "tpu", 8)
-    assert tpu is not None and tpu.operands[:2] == (("b", "", "n", ""), ("b", "s", "", "")) and tpu.sizes["s"] == 64
-    assert cuts_for(call, "neuron-sim", 8) == attention_cuts(call)
+    # The Pallas and NKI calls cut the key sequence of a decode too (partial results merged after the shards)
+    # and keep MQA's query heads cuttable; Mosaic GPU cuts batch and heads only.
+    for target in ("tpu", "gpu-interpret", "neuron-sim"):
+        cuts = cuts_for(call, target, 8)
+        assert cuts is not None and cuts.operands[:2] == (("b", "", "n", ""), ("b", "s", "", "")), target
+        assert cuts.sizes["s"] == 64
+    assert cuts_for(call, "gpu-mosaic", 8) == attention_cuts(call)
 
 
 _MODULE = """

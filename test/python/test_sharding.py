@@ -89,8 +89,8 @@ def _assert_matches_without_more_communication(case: str, got: dict[str, Any]) -
 
 # Pallas and NKI calls have no XLA partitioner: in multi-device modules hlofuse-lower-kernels runs them per
 # shard under sdy.manual_computation (hlofuse.shard_local). Each case whose sharded dims those kernels cut
-# (batch, heads, sampled rows; the Pallas kernels also a decode's key sequence, merging the ranges' partial
-# results) -> the composite it lowers per shard. NKI's sampler draws its noise by local row, so its
+# (batch, heads, sampled rows, a decode's key sequence: one key range per shard, the ranges' partial results
+# merged after them) -> the composite it lowers per shard. NKI's sampler draws its noise by local row, so its
 # stochastic samplers stay composites when their rows are cut (XLA partitions them).
 PER_SHARD_TARGETS = ("tpu-interpret", "gpu-interpret", "neuron-sim")
 PER_SHARD_CASES = {"data_parallel": "attention", "data_parallel_2d": "attention", "data_parallel_decode": "attention",
@@ -103,7 +103,7 @@ KEPT_PER_SHARD = {("neuron-sim", "sampling_top_k_batch_sharded"), ("neuron-sim",
 
 
 def _per_shard_cases(target: str) -> dict[str, str]:
-    return {**PER_SHARD_CASES, **(KEY_SPLIT_CASES if target != "neuron-sim" else {})}
+    return {**PER_SHARD_CASES, **KEY_SPLIT_CASES}
 
 
 @pytest.fixture(scope="module", params=PER_SHARD_TARGETS)

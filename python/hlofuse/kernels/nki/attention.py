@@ -39,6 +39,7 @@ import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.shard_local import Cuts, KeySplit, decode_key_cuts, decode_key_split
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -106,6 +107,7 @@ class KernelConfig:
     block_k: int
     chunk: int  # keys per P·V matmul (<= 128)
     groups: int  # G = N / K
+    with_lse: bool = False  # decode: out (B, T, N, D + 1) f32, the last column each row's log-sum-exp
 
     @property
     def skip(self) -> bool:
@@ -140,7 +142,8 @@ def _attend(
     blocks: tuple[int, int],
     cfg: KernelConfig,
 ) -> Any:  # noqa: ANN401
-    """One tile of query rows against key tiles [blocks): (rows, D) fp32 = softmax(masked logits) · V.
+    """One tile of query rows against key tiles [blocks): (rows, D) fp32 = softmax(masked logits) · V, and
+    the rows' running max and softmax denominator, (rows, 1) each.
 
     q_tile (H, rows) in SBUF; row r sits at key position q_pos + r * row_step. side(ref, k0) is the
     (rows, block_k) HBM slice of bias/keep for the key tile at k0.
@@ -191,7 +194,13 @@ def _attend(
             pv[...] += nisa.nc_matmul(p_t, v_tile)  # (rows, D) fp32 accumulated in PSUM
         acc[...] = nl.add(nl.multiply(acc, alpha), pv)
         m[...] = m_new
-    return nl.divide(acc, l_sum)
+    return nl.divide(acc, l_sum), m, l_sum
+
+
+def _log_sum_exp(m: Any, l_sum: Any) -> Any:  # noqa: ANN401
+    """(rows, 1): m + log(l), -inf for a row that saw no key (l = 0, m = -inf)."""
+    seen = nl.greater(l_sum, 0.0)
+    return nl.where(seen, nl.add(m, nl.log(nl.where(seen, l_sum, 1.0))), NEG_INF)
 
 
 def _flash_fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, bias_ref: Any, keep_ref: Any, cfg: KernelConfig) -> Any:  # noqa: ANN401
@@ -211,16 +220,18 @@ def _flash_fwd_kernel(q_ref: Any, k_ref: Any, v_ref: Any, bias_ref: Any, keep_re
             return ref[b, head, nl.ds(q0, rq), nl.ds(k0, cfg.block_k)]
 
         blocks = cfg.key_blocks(q0, q0 + rq - 1, num_k_blocks)
-        o = _attend(q_tile, k_ref, v_ref, bias_ref, keep_ref, side, b, kh, q0 + cfg.q_offset, 1, blocks, cfg)
+        o, _, _ = _attend(q_tile, k_ref, v_ref, bias_ref, keep_ref, side, b, kh, q0 + cfg.q_offset, 1, blocks, cfg)
         nl.store(out_ref[b, head, nl.ds(q0, rq), :], value=nl.copy(o, dtype=q_ref.dtype))
     return out_ref
 
 
 def _flash_decode_kernel(q_ref: Any, k_ref: Any, v_ref: Any, bias_ref: Any, keep_ref: Any, cfg: KernelConfig) -> Any:  # noqa: ANN401
-    """Decode, grid (B, K): q (B,T,H,N), k (B,K,H,S_pad), v (B,K,S_pad,D) -> out (B,T,N,D); G heads per tile."""
+    """Decode, grid (B, K): q (B,T,H,N), k (B,K,H,S_pad), v (B,K,S_pad,D) -> out (B,T,N,D); G heads per tile.
+    With cfg.with_lse, out is (B,T,N,D+1) f32 and its last column each row's log-sum-exp."""
     batch, t, _, heads = q_ref.shape
     d = v_ref.shape[3]
-    out_ref = nl.ndarray((batch, t, heads, d), dtype=q_ref.dtype, buffer=nl.shared_hbm)
+    width, out_dtype = (d + 1, nl.float32) if cfg.with_lse else (d, q_ref.dtype)
+    out_ref = nl.ndarray((batch, t, heads, width), dtype=out_dtype, buffer=nl.shared_hbm)
     b, kh = nl.program_id(0), nl.program_id(1)
     g = cfg.groups
     num_k_blocks = k_ref.shape[3] // cfg.block_k
@@ -231,8 +242,13 @@ def _flash_decode_kernel(q_ref: Any, k_ref: Any, v_ref: Any, bias_ref: Any, keep
             return ref[b, nl.ds(kh * g, g), ti, nl.ds(k0, cfg.block_k)]
 
         blocks = cfg.key_blocks(ti, ti, num_k_blocks)
-        o = _attend(q_tile, k_ref, v_ref, bias_ref, keep_ref, side, b, kh, ti + cfg.q_offset, 0, blocks, cfg)
-        nl.store(out_ref[b, ti, nl.ds(kh * g, g), :], value=nl.copy(o, dtype=q_ref.dtype))
+        o, m, l_sum = _attend(q_tile, k_ref, v_ref, bias_ref, keep_ref, side, b, kh, ti + cfg.q_offset, 0, blocks,
+                              cfg)
+        if cfg.with_lse:
+            nl.store(out_ref[b, ti, nl.ds(kh * g, g), nl.ds(0, d)], value=o)
+            nl.store(out_ref[b, ti, nl.ds(kh * g, g), nl.ds(d, 1)], value=_log_sum_exp(m, l_sum))
+        else:
+            nl.store(out_ref[b, ti, nl.ds(kh * g, g), :], value=nl.copy(o, dtype=q_ref.dtype))
     return out_ref
 
 
@@ -250,7 +266,7 @@ def _kernel(name: str, simulator: bool) -> Any:  # noqa: ANN401
         return emulator.nki.jit(KERNELS[name])
     # neuronxcc is installed: rebind the kernel and its helper to the emulator's namespaces
     scope = dict(globals(), nl=emulator.nl, nisa=emulator.nisa, nki=emulator.nki)
-    for fn in (_attend, KERNELS[name]):
+    for fn in (_attend, _log_sum_exp, KERNELS[name]):
         scope[fn.__name__] = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     return emulator.nki.jit(scope[KERNELS[name].__name__])
 
@@ -324,8 +340,13 @@ def attention(
     kv_lengths: jax.Array | None = None,  # (B,) int
     runner: str = "sim",
     block_sizes: BlockSizes | None = None,
-) -> jax.Array:  # (B, T, N, D), in q's dtype
+    return_lse: bool = False,
+) -> Any:  # noqa: ANN401  (B, T, N, D) in q's dtype; with return_lse, that in f32 and the (B, T, N) lse
     """`attention_reference`'s semantics by the NKI kernels.
+
+    `return_lse` (decode only) also returns each row's log-sum-exp over its visible keys (-inf where it sees
+    none), and the output in f32: a partial result that `combine_partials` merges with other calls' over
+    other keys (a KV sequence sharded over devices, hlofuse.shard_local).
 
     runner "sim": on this host, inside the program (a CPU custom call), under NKI's simulator when
     neuronxcc imports and the emulator otherwise ("emulator" / "simulator" force one). runner "device":
@@ -337,13 +358,16 @@ def attention(
     b, t, n, h = q.shape
     s, kv_heads, d = k.shape[1], k.shape[2], v.shape[3]
     decode = is_decode(t, s)
+    if return_lse and (not decode or not math.isinf(masked_value)):
+        raise ValueError(f"return_lse needs the decode kernel (T <= {DECODE_MAX_T} < S, got T = {t}, S = {s}) and "
+                         "masked_value -inf")
     block_q, block_k, chunk = _tiles(t, s, block_sizes or BlockSizes.get_default())
     t_pad, s_pad = (t if decode else _round_up(t, block_q)), _round_up(s, block_k)
     cfg = KernelConfig(
         scale=float(scale), softcap=float(softcap), masked_value=float(masked_value),
         right=0 if causal else (None if window_right == UNBOUNDED else int(window_right)),
         left=None if window_left == UNBOUNDED else int(window_left), q_offset=int(q_offset), s=s,
-        block_q=block_q, block_k=block_k, chunk=chunk, groups=n // kv_heads,
+        block_q=block_q, block_k=block_k, chunk=chunk, groups=n // kv_heads, with_lse=return_lse,
     )  # fmt: skip
 
     def pad(x: jax.Array, axis: int, size: int) -> jax.Array:
@@ -367,7 +391,8 @@ def attention(
         side["keep"] = pad(pad(keep.astype(jnp.uint8), 2, t_pad), 3, s_pad)
     name = "decode" if decode else "prefill"
     grid = [b, kv_heads] if decode else [b, kv_heads, n // kv_heads]
-    out_shape = (b, t, n, d) if decode else (b, n, t_pad, d)
+    out_shape = (b, t, n, d + return_lse) if decode else (b, n, t_pad, d)
+    out_dtype = jnp.float32 if return_lse else q.dtype
     operands = [qr, kr, vr, *side.values()]
     if runner == "device":
         out = _device_call(name, grid, cfg, operands, list(side))
@@ -377,7 +402,9 @@ def attention(
         simulator = runner == "simulator" or (runner == "sim" and HAVE_NEURONXCC)
         kwargs = {"kernel": name, "roles": list(side), "grid": grid, "config": dataclasses.asdict(cfg),
                   "simulator": simulator}  # fmt: skip
-        out = hostcall.host_call(run_kernel, operands, kwargs, jax.ShapeDtypeStruct(out_shape, q.dtype))
+        out = hostcall.host_call(run_kernel, operands, kwargs, jax.ShapeDtypeStruct(out_shape, out_dtype))
+    if return_lse:
+        return out[..., :d], out[..., d]
     return out if decode else out[:, :, :t].transpose(0, 2, 1, 3)
 
 
@@ -399,6 +426,32 @@ def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float, 
 
 
 # ----------------------------------------------------------------------------- lowerings
+
+
+def shard_cuts(call: CompositeCall) -> Cuts:
+    """What one shard's NKI call cuts (hlofuse.shard_local): B, heads and a decode's key sequence."""
+    return decode_key_cuts(call)
+
+
+def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+    """A decode with its key sequence in `splits` ranges, one per shard, each run by the decode kernel with
+    `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here)."""
+    from hlofuse.kernels import Unsupported
+
+    per_range = call.operand_types[1][0][1] // splits
+    if not is_decode(call.operand_types[0][0][1], per_range):
+        raise Unsupported(f"a key range of {per_range} keys per shard is too short for the {target} decode kernel "
+                          f"(more than {DECODE_MAX_T})")
+    runner = "device" if target == "neuron" else "sim"
+
+    def run_range(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *, scale: float,
+                  softcap: float) -> tuple[jax.Array, jax.Array]:
+        out: tuple[jax.Array, jax.Array] = attention(q, k, v, scale=scale, softcap=softcap, kv_lengths=lengths,
+                                                     runner=runner, return_lse=True)
+        return out
+
+    return decode_key_split(call, splits, run_range, "neuron" if runner == "device" else None)
+
 
 
 def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
@@ -442,8 +495,10 @@ __all__ = [
     "attention",
     "attention_reference",
     "decode_attention",
+    "key_split",
     "missing_sdk",
     "neuron_lowering",
     "neuron_sim_lowering",
     "run_kernel",
+    "shard_cuts",
 ]
