@@ -27,3 +27,30 @@ def jitted_reference(q: jax.Array, k: jax.Array, v: jax.Array, extra: dict[str, 
                      kw: Any) -> jax.Array:  # noqa: ANN401
     """attention_reference with the static attributes `kw` (a hashable tuple of items) and array operands `extra`."""
     return attention_reference(q, k, v, **dict(kw), **extra)
+
+
+# Two key ranges of a decode, checked by the kernels' return_lse tests: row 1 sees no key of the second
+# range (its lse there is -inf), row 2 sees no key at all (NaN after the merge, as in the reference).
+KEY_RANGE_LENGTHS = np.array([256, 100, 0], np.int32)
+
+
+def check_key_ranges_merge(run_range: Any) -> None:  # noqa: ANN401
+    """`run_range(q, k, v, lengths) -> (out f32, lse)` on each half of a 256-key decode, merged by
+    `combine_partials`, must equal attention over all keys."""
+    from hlofuse.kernels.reference import combine_partials
+
+    b, t, n, kv, s, h = 3, 1, 4, 2, 256, 32
+    q, k, v = attention_inputs(7, b, t, s, n, kv, h, h, jnp.float32)
+    want = attention_reference(q, k, v, scale=0.2, kv_lengths=jnp.asarray(KEY_RANGE_LENGTHS))
+    outs, lses = [], []
+    for start in (0, s // 2):
+        own = jnp.asarray(np.clip(KEY_RANGE_LENGTHS - start, 0, s // 2))
+        out, lse = run_range(q, k[:, start:start + s // 2], v[:, start:start + s // 2], own)
+        assert out.dtype == jnp.float32 and lse.shape == (b, t, n)
+        outs.append(out)
+        lses.append(lse)
+    assert np.all(np.isneginf(np.asarray(lses[1][1])))
+    merged = combine_partials(jnp.stack(outs, 1).reshape(b, 2, t * n, h), jnp.stack(lses, 1).reshape(b, 2, t * n),
+                              jnp.float32).reshape(b, t, n, h)
+    np.testing.assert_allclose(np.asarray(merged), np.asarray(want), rtol=2e-5, atol=2e-5)
+    assert np.isnan(np.asarray(merged[2])).all()

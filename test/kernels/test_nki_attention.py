@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_cases import check_key_ranges_merge
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, BlockSizes, attention, attention_reference
@@ -208,31 +209,10 @@ def _literal(message: str) -> str:
 
 
 def test_key_ranges_with_their_lse_merge_into_the_whole() -> None:
-    """`return_lse` on the decode kernel: each key range's f32 output and log-sum-exp, merged by
-    `combine_partials`, is attention over all keys (a decode whose KV sequence is sharded, run per shard:
-    hlofuse.shard_local). Row 1 sees no key of the second range; row 2 sees none at all (NaN)."""
-    from hlofuse.kernels.reference import combine_partials
-
-    keys = jax.random.split(jax.random.key(5), 3)
-    b, t, n, kv, s, h = 3, 1, 4, 2, 256, 32
-    q = jax.random.normal(keys[0], (b, t, n, h), jnp.float32)
-    k = jax.random.normal(keys[1], (b, s, kv, h), jnp.float32)
-    v = jax.random.normal(keys[2], (b, s, kv, h), jnp.float32)
-    lengths = np.array([256, 100, 0], np.int32)
-    want = attention_reference(q, k, v, scale=0.2, kv_lengths=jnp.asarray(lengths))
-    outs, lses = [], []
-    for start in (0, s // 2):
-        own = jnp.asarray(np.clip(lengths - start, 0, s // 2))
-        out, lse = jax.jit(lambda q, k, v, own: attention(q, k, v, scale=0.2, kv_lengths=own, return_lse=True))(
-            q, k[:, start:start + s // 2], v[:, start:start + s // 2], own)
-        assert out.dtype == jnp.float32 and lse.shape == (b, t, n)
-        outs.append(out)
-        lses.append(lse)
-    assert np.all(np.isneginf(np.asarray(lses[1][1])))
-    merged = combine_partials(jnp.stack(outs, 1).reshape(b, 2, t * n, h), jnp.stack(lses, 1).reshape(b, 2, t * n),
-                              jnp.float32).reshape(b, t, n, h)
-    np.testing.assert_allclose(np.asarray(merged), np.asarray(want), rtol=2e-5, atol=2e-5)
-    assert np.isnan(np.asarray(merged[2])).all()
+    """`return_lse` on the decode kernel: each key range's f32 output and log-sum-exp merge into attention
+    over all keys (a decode whose KV sequence is sharded, run per shard: hlofuse.shard_local)."""
+    run = jax.jit(lambda q, k, v, own: attention(q, k, v, scale=0.2, kv_lengths=own, return_lse=True))
+    check_key_ranges_merge(run)
 
 
 def test_return_lse_is_for_the_decode_kernel() -> None:

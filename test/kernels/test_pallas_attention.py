@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import attention_inputs, jitted_reference
+from attention_cases import attention_inputs, check_key_ranges_merge, jitted_reference
 from jax.experimental.pallas import tpu as pltpu
 
 from hlofuse.kernels.pallas.attention import BlockSizes, attention, decode_attention
@@ -172,32 +172,11 @@ def test_tpu_tiles_too_large_for_vmem_are_rejected() -> None:
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 @pytest.mark.parametrize("splits", [1, 2])
 def test_key_ranges_with_their_lse_merge_into_the_whole(backend: str, splits: int) -> None:
-    """`return_lse`: each key range's f32 output and log-sum-exp, merged by `combine_partials`, is attention
-    over all keys (how a decode with its KV sequence sharded runs per shard: hlofuse.shard_local). Row 1
-    sees no key of the second range (lse -inf, weight 0); row 2 sees none at all (NaN, as the reference)."""
-    from hlofuse.kernels.reference import attention_reference, combine_partials
-
-    keys = jax.random.split(jax.random.key(7), 3)
-    b, t, n, kv, s, h = 3, 1, 4, 2, 256, 32
-    q = jax.random.normal(keys[0], (b, t, n, h), jnp.float32)
-    k = jax.random.normal(keys[1], (b, s, kv, h), jnp.float32)
-    v = jax.random.normal(keys[2], (b, s, kv, h), jnp.float32)
-    lengths = np.array([256, 100, 0], np.int32)
-    want = attention_reference(q, k, v, scale=0.2, kv_lengths=jnp.asarray(lengths))
+    """`return_lse`: each key range's f32 output and log-sum-exp merge into attention over all keys (how a
+    decode with its KV sequence sharded runs per shard: hlofuse.shard_local)."""
     blocks = BlockSizes(block_q=16, block_k=128 if backend == "tpu" else 64, num_splits=splits)
-    outs, lses = [], []
-    for start in (0, s // 2):
-        own = jnp.asarray(np.clip(lengths - start, 0, s // 2))
-        out, lse = attention(q, k[:, start:start + s // 2], v[:, start:start + s // 2], scale=0.2, kv_lengths=own,
-                             backend=backend, interpret=True, return_lse=True, block_sizes=blocks)
-        assert out.dtype == jnp.float32 and lse.shape == (b, t, n)
-        outs.append(out)
-        lses.append(lse)
-    assert np.all(np.isneginf(np.asarray(lses[1][1])))  # row 1's keys all lie in the first range
-    merged = combine_partials(jnp.stack(outs, 1).reshape(b, 2, t * n, h), jnp.stack(lses, 1).reshape(b, 2, t * n),
-                              jnp.float32).reshape(b, t, n, h)
-    np.testing.assert_allclose(np.asarray(merged), np.asarray(want), rtol=2e-5, atol=2e-5)
-    assert np.isnan(np.asarray(merged[2])).all()
+    check_key_ranges_merge(lambda q, k, v, own: attention(q, k, v, scale=0.2, kv_lengths=own, backend=backend,
+                                                          interpret=True, return_lse=True, block_sizes=blocks))
 
 
 def test_return_lse_needs_an_infinite_masked_value() -> None:
