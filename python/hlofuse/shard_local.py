@@ -31,9 +31,13 @@ What a shard can cut:
   kernel adds to its row numbers (`takes_row_offset`): the noise counters are the global ones, so each
   shard draws exactly the ids the whole batch would give its rows. A kernel without that option keeps
   its rows whole when they would be cut.
+- a decode's key sequence, for the targets in KEY_SPLITS (Pallas, NKI): `decode_key_split` gives each
+  shard one key range and merges the ranges' partial results (output and log-sum-exp) after the
+  manual computation, as flash-decoding merges its splits.
 
-Dims that arrive sharded but that a shard keeps whole (a sequence, a vocabulary) are all-gathered at
-the boundary, as for the CPU batch partitioner; `ShardPlan.gathered` names them for the remark.
+Dims that arrive sharded but that a shard keeps whole (a prefill's sequence, a vocabulary) are named by
+`ShardPlan.gathered`: under multi_device=local (the default) the composite then stays, under batch they
+are all-gathered at the boundary, as for the CPU batch partitioner.
 """
 
 from __future__ import annotations
