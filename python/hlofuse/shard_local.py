@@ -110,8 +110,9 @@ PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
 # (composite, target) -> "module:function" pairs for per-shard calls that also cut a key sequence:
 # `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> KeySplit`.
 KEY_SPLITS: dict[tuple[str, str], str] = {
+    # gpu-mosaic lowers decode composites to the Triton kernel, so its decode ranges run there too
     **{("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
-       for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")},
+       for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret", "gpu-mosaic", "gpu-mosaic-interpret")},
     **{("hlofuse.attention", target): "hlofuse.kernels.nki.attention" for target in ("neuron", "neuron-sim")},
 }
 

@@ -44,12 +44,13 @@ def test_each_target_cuts_what_its_call_can_keep_local() -> None:
     assert cuts is not None
     assert cuts.operands[0] == ("b", "", "", "") and cuts.operands[1] == ("b", "s", "", "")
     # The Pallas and NKI calls cut the key sequence of a decode too (partial results merged after the shards)
-    # and keep MQA's query heads cuttable; Mosaic GPU cuts batch and heads only.
-    for target in ("tpu", "gpu-interpret", "neuron-sim"):
+    # and keep MQA's query heads cuttable (gpu-mosaic decodes with the Triton kernel).
+    for target in ("tpu", "gpu-interpret", "gpu-mosaic", "neuron-sim"):
         cuts = cuts_for(call, target, 8)
         assert cuts is not None and cuts.operands[:2] == (("b", "", "n", ""), ("b", "s", "", "")), target
         assert cuts.sizes["s"] == 64
-    assert cuts_for(call, "gpu-mosaic", 8) == attention_cuts(call)
+    prefill = CompositeCall(call.name, 1, attrs, (((4, 16, 8, 8), "bf16"), *call.operand_types[1:]))
+    assert cuts_for(prefill, "gpu-mosaic", 8) == attention_cuts(prefill)
 
 
 _MODULE = """

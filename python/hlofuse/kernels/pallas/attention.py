@@ -281,7 +281,8 @@ def shard_cuts(call: CompositeCall) -> Cuts:
 
 def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
     """A decode with its key sequence in `splits` ranges, one per shard, each run by this target's kernel
-    with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here)."""
+    with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here; gpu-mosaic decodes with the
+    Triton kernel)."""
     backend = "tpu" if target.startswith("tpu") else "gpu"
     interpret = target.endswith("-interpret")
 
