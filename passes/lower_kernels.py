@@ -266,7 +266,7 @@ class LowerKernelsPass(ModulePass):
             raise Unsupported(f"the {self.target} sampler draws noise by its own row numbers, so it cannot sample "
                               "one shard of rows; XLA partitions the composite instead")
         shard_call = local_call(call, plan)
-        try:
+        try:  # the target must take one shard's problem (its shapes), also where a KeySplit runs it
             shard_kernel = kernel_for(shard_call, self.target)
         except Unsupported as reason:
             raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None

@@ -541,9 +541,8 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
     def shard_kernel(logits: Any, key: Any, offsets: Any) -> Any:  # noqa: ANN401
         return kernel(logits, key, row_offset=offsets[0])
 
-    for name in ("lowering_platforms",):
-        if hasattr(kernel, name):
-            setattr(shard_kernel, name, getattr(kernel, name))
+    if hasattr(kernel, "lowering_platforms"):  # read by add_jax_function
+        shard_kernel.lowering_platforms = kernel.lowering_platforms  # type: ignore[attr-defined]
     return shard_kernel
 
 
