@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import importlib
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,7 +52,7 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import func, sdy, stablehlo
 
 from hlofuse.kernels import CompositeCall
-from hlofuse.sharding import _Factors, _rule
+from hlofuse.sharding import _dims, _Factors, _rule, module_meshes
 
 PROBE_TARGET = "hlofuse_shard_probe"
 PROPAGATION = "builtin.module(sdy-propagation-pipeline)"
@@ -292,14 +291,7 @@ class ShardPlan:
 
 
 def _meshes(module: ir.Operation) -> dict[str, Mesh]:
-    meshes = {}
-    for op in module.regions[0].blocks[0].operations:
-        if op.operation.name == "sdy.mesh":
-            name = ir.StringAttr(op.operation.attributes["sym_name"]).value
-            text = str(op.operation.attributes["mesh"])
-            axes = tuple((a, int(s)) for a, s in re.findall(r'"([^"]*)"\s*=\s*(\d+)', text))
-            meshes[name] = Mesh(name, axes)
-    return meshes
+    return {name: Mesh(name, axes) for name, axes in module_meshes(module).items()}
 
 
 def inside_manual_computation(op: ir.Operation) -> bool:
@@ -386,13 +378,8 @@ def _plan(probe: ir.Operation, cuts: Cuts, meshes: dict[str, Mesh], roles: Seque
                                                                                    strict=True)
                             if arrival is not None for dim, lab in enumerate(labels) if lab == label), ())
     plan = ShardPlan(meshes[mesh_name], cuts, axes)
-    for label in list(axes):  # every dim with the label must split evenly (N and K for heads)
-        shards = plan.shards(label)
-        if shards > 1 and any(size % shards or (size != cuts.sizes[label] and cuts.sizes[label] % shards)
-                              for shapes, labelling in ((_shapes(probe.operands), cuts.operands),
-                                                        (_shapes(probe.results), cuts.results))
-                              for shape, dim_labels in zip(shapes, labelling, strict=True)
-                              for size, lab in zip(shape, dim_labels, strict=True) if lab == label):
+    for label in list(axes):
+        if not _splits_evenly(probe, cuts, label, plan.shards(label)):
             plan.drop(label)
     for role, sharding, labels in zip(roles, arrivals, cuts.operands, strict=True):
         if sharding is None:
@@ -405,8 +392,13 @@ def _plan(probe: ir.Operation, cuts: Cuts, meshes: dict[str, Mesh], roles: Seque
     return plan
 
 
-def _shapes(values: Sequence[ir.Value]) -> list[list[int]]:
-    return [list(ir.RankedTensorType(v.type).shape) for v in values]
+def _splits_evenly(probe: ir.Operation, cuts: Cuts, label: str, shards: int) -> bool:
+    """Whether every dim labelled `label`, and the label's factor (K in GQA's query heads N = (K, G)),
+    divides into `shards` parts."""
+    sizes = [size for values, labelling in ((probe.operands, cuts.operands), (probe.results, cuts.results))
+             for value, labels in zip(values, labelling, strict=True)
+             for size, dim_label in zip(_dims(value), labels, strict=True) if dim_label == label]
+    return all(size % shards == 0 for size in (*sizes, cuts.sizes[label]))
 
 
 def composites_in(root: ir.Operation) -> list[ir.Operation]:

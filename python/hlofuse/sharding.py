@@ -209,16 +209,25 @@ def annotate_op(op: ir.Operation) -> bool:
     return True
 
 
+def module_meshes(module: ir.Operation) -> dict[str, tuple[tuple[str, int], ...]]:
+    """The module's `sdy.mesh` symbols: name -> its (axis, size) pairs in mesh order."""
+    meshes = {}
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "sdy.mesh":
+            text = str(op.operation.attributes["mesh"])
+            name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+            meshes[name] = tuple((axis, int(size)) for axis, size in re.findall(r'"([^"]*)"\s*=\s*(\d+)', text))
+    return meshes
+
+
 def device_count(module: ir.Operation) -> int:
     """How many devices `module` is compiled for: `mhlo.num_partitions`, else the largest `sdy.mesh`."""
     attrs = module.attributes
     count = 1
     if "mhlo.num_partitions" in attrs:
         count = ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
-    for op in module.regions[0].blocks[0].operations:
-        if op.operation.name == "sdy.mesh":
-            sizes = [int(x) for x in re.findall(r'"[^"]*"\s*=\s*(\d+)', str(op.operation.attributes["mesh"]))]
-            count = max(count, math.prod(sizes))
+    for axes in module_meshes(module).values():
+        count = max(count, math.prod(size for _, size in axes))
     return count
 
 
@@ -316,4 +325,4 @@ def annotate_if_partitioned(module: ir.Operation) -> int:
 
 
 __all__ = ["annotate", "annotate_if_partitioned", "annotate_op", "attention_rule", "device_count", "foreign_rule",
-           "is_partitioned", "sample_rule", "split_shared_iotas"]
+           "is_partitioned", "module_meshes", "sample_rule", "split_shared_iotas"]
