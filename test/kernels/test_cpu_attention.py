@@ -187,3 +187,21 @@ def test_few_rows_each_isa(isa, t, n, kv, h, monkeypatch):
     monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
     q, k, v = attention_inputs(13, 2, t, 333, n, kv, h, h, jnp.bfloat16 if h == 64 else jnp.float32)
     _check(q, k, v, kv_lengths=jnp.array([333, 200]), q_offset=300, causal=True, softcap=2.0)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(
+    ("bias_shape", "mask_shape"),
+    [((2, 4, 2, 333), (2, 1, 2, 333)), ((1, 4, 1, 333), (2, 4, 2, 1)), ((2, 1, 2, 1), (1, 1, 1, 333))],
+    ids=["keys-contiguous", "bias-broadcast-rows-mask-broadcast-keys", "bias-broadcast-keys"],
+)
+def test_few_rows_bias_and_mask_each_isa(isa, bias_shape, mask_shape, monkeypatch):
+    # Few-row tiles keep S row major, so bias and mask load along the keys; the last block (333 = 5 * 64 + 13)
+    # has keys past its end that must weigh nothing, and a finite masked_value that still counts.
+    monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
+    rng = np.random.default_rng(14)
+    q, k, v = attention_inputs(14, 2, 2, 333, 4, 2, 64, 64, jnp.float32)
+    bias = jnp.asarray(rng.standard_normal(bias_shape, np.float32), jnp.bfloat16)
+    mask = jnp.asarray(rng.random(mask_shape) < 0.7)
+    for masked_value in (float("-inf"), -3.0):
+        _check(q, k, v, bias=bias, mask=mask, masked_value=masked_value, window_left=250, q_offset=320, causal=True)

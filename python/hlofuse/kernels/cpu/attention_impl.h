@@ -10,6 +10,7 @@
 //   S^T           = mask(softcap(S^T) + bias)            masked logits take masked_value
 //   m, l, P^T     = online softmax over the block         running max m and sum l per row
 //   O (M, Dp)     = O * alpha + P (M, jn) . V_blk (jn, Dp)
+// Tiles of at most 4 rows (decode) keep S row major instead, lanes over keys (process_block_rows).
 // Key blocks outside every row's causal / window / kv_lengths range are never read. With a finite
 // masked_value those keys still count (the reference averages over them), so finalize() adds them
 // as one virtual key: logit masked_value, multiplicity c, value sum(v) over the skipped keys.
@@ -142,10 +143,11 @@ void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, i
   }
 }
 
-// Few-row tiles (decode): S^T[j][r] = q_r . k_j with lanes over H, MR rows x 4 keys per step, so a
-// tile of 1..4 rows does not waste the lanes the GEMM path would spread over query rows.
+// Few-row tiles (decode): S[r][j] = q_r . k_j with lanes over H, MR rows x 4 keys per step, so a
+// tile of 1..4 rows does not waste the lanes the GEMM path would spread over query rows. S is row
+// major (see process_block_rows).
 template <int MR>
-void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk, float* s, int64_t ldsj) {
+void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk, float* s, int64_t ldsr) {
   int64_t j = 0;
   for (; j + 4 <= jn; j += 4) {
     vf acc[MR][4];
@@ -168,24 +170,24 @@ void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk
 #pragma GCC unroll 4
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) s[(j + u) * ldsj + r] = vhsum(acc[r][u]);
+      for (int u = 0; u < 4; ++u) s[r * ldsr + j + u] = vhsum(acc[r][u]);
   }
   for (; j < jn; ++j) {
     for (int r = 0; r < MR; ++r) {
       vf acc = vzero();
       for (int64_t h = 0; h < hp; h += kW) acc = vfma(vload(qr + r * hp + h), vload(k + j * ldk + h), acc);
-      s[j * ldsj + r] = vhsum(acc);
+      s[r * ldsr + j] = vhsum(acc);
     }
   }
 }
 
 inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk,
-                        float* s, int64_t ldsj) {
+                        float* s, int64_t ldsr) {
   switch (rows) {
-    case 1: qk_dot<1>(jn, hp, qr, k, ldk, s, ldsj); return;
-    case 2: qk_dot<2>(jn, hp, qr, k, ldk, s, ldsj); return;
-    case 3: qk_dot<3>(jn, hp, qr, k, ldk, s, ldsj); return;
-    default: qk_dot<4>(jn, hp, qr, k, ldk, s, ldsj); return;
+    case 1: qk_dot<1>(jn, hp, qr, k, ldk, s, ldsr); return;
+    case 2: qk_dot<2>(jn, hp, qr, k, ldk, s, ldsr); return;
+    case 3: qk_dot<3>(jn, hp, qr, k, ldk, s, ldsr); return;
+    default: qk_dot<4>(jn, hp, qr, k, ldk, s, ldsr); return;
   }
 }
 
@@ -202,7 +204,7 @@ inline int64_t s_rows(int64_t block_k) { return block_k; }
 struct Scratch {
   float* qt;     // (H, Mp) scaled Q^T
   float* qr;     // (Mp, Hp) scaled Q, rows zero-padded to Hp (few-row tiles: the dot-product path)
-  float* s;      // (block_k, Mp) logits, then probabilities
+  float* s;      // (block_k, Mp) logits, then probabilities: S^T, or S (Mp, block_k) for few-row tiles
   float* o;      // (Mp, Dp) unnormalised output
   float* kp;     // (block_k, Hp) K block as f32, packed (see k_block)
   float* vp;     // (block_k, Dp) V block as f32, packed and zero-padded (see v_block)
@@ -231,7 +233,7 @@ inline Scratch carve_scratch(const AttentionArgs& args, const AttentionPlan& pla
   Scratch sc;
   sc.qt = take(args.H * mp);
   sc.qr = take(mp * round_up(args.H, kW));
-  sc.s = take(s_rows(bk) * mp);
+  sc.s = take(imax(s_rows(bk) * mp, mp * round_up(bk, kW)));  // S^T, or S for few-row tiles
   sc.o = take(mp * dp);
   sc.kp = take(bk * round_up(args.H, kW));
   sc.vp = take(bk * dp);
@@ -623,12 +625,111 @@ inline void prefetch_kv(const AttentionArgs& args, const Tile& tl, int64_t j0, i
   }
 }
 
+// Few-row tiles (at most 4 rows: decode) keep S row major, (rows, Jv) with Jv = jn rounded up to kW,
+// so that the masks and the online softmax run with the lanes over keys. In S^T's layout a 1-row
+// tile would use 1 of kW lanes for every exp. Keys [jn, Jv) are -inf, so they weigh 0.
+inline int64_t s_row_stride(const AttentionPlan& plan) { return round_up(plan.block_k, kW); }
+
+inline void bias_and_mask_rows(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
+                               int64_t jn, float* s, int64_t ldr) {
+  const int64_t* bst = args.bias_strides;
+  const int64_t* mst = args.mask_strides;
+  const bool bias_bf16 = args.bias_dtype == ElemType::kBF16;
+  const vf mv = vset1(args.masked_value), zero = vzero();
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    const int64_t t = row_t(tl, plan, r), n = row_n(tl, plan, r);
+    float* sr = s + r * ldr;
+    if (args.bias) {
+      const int64_t off = tl.b * bst[0] + n * bst[1] + t * bst[2] + j0 * bst[3];
+      int64_t j = 0;
+      if (bst[3] == 1) {
+        for (; j + kW <= jn; j += kW) {
+          const vf b = bias_bf16 ? vload_bf16(static_cast<const uint16_t*>(args.bias) + off + j)
+                                 : vload(static_cast<const float*>(args.bias) + off + j);
+          vstore(sr + j, vadd(vload(sr + j), b));
+        }
+      }
+      for (; j < jn; ++j) {
+        const int64_t at = off + j * bst[3];
+        sr[j] += bias_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(args.bias)[at])
+                           : static_cast<const float*>(args.bias)[at];
+      }
+    }
+    if (args.mask) {
+      const int64_t off = tl.b * mst[0] + n * mst[1] + t * mst[2] + j0 * mst[3];
+      int64_t j = 0;
+      if (mst[3] == 1) {
+        for (; j + kW <= jn; j += kW) vstore(sr + j, vselect_eq(vload_u8(args.mask + off + j), zero, mv, vload(sr + j)));
+      }
+      for (; j < jn; ++j)
+        if (!args.mask[off + j * mst[3]]) sr[j] = args.masked_value;
+    }
+  }
+}
+
+// One key block of a few-row tile: S = Q . K_blk^T, masks, online softmax, O = diag(alpha) O + P . V_blk.
+inline void process_block_rows(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
+                               int64_t jn, const Scratch& sc) {
+  const int64_t ldr = s_row_stride(plan), jv = round_up(jn, kW), dp = plan.d_pad;
+  float* s = sc.s;
+  int64_t ldk;
+  const float* kb_ptr = k_block(args, tl, j0, jn, true, sc.kp, &ldk);
+  qk_dot_rows(tl.rows, jn, round_up(args.H, kW), sc.qr, kb_ptr, ldk, s, ldr);
+
+  if (args.softcap != 0.0f) {
+    const vf cap = vset1(args.softcap), inv = vset1(1.0f / args.softcap);
+    for (int64_t r = 0; r < tl.rows; ++r)
+      for (int64_t j = 0; j < jv; j += kW) vstore(s + r * ldr + j, vmul(vtanh(vmul(vload(s + r * ldr + j), inv)), cap));
+  }
+  if (args.bias || args.mask) bias_and_mask_rows(args, plan, tl, j0, jn, s, ldr);
+
+  const bool partial = !(tl.max_lo <= j0 && j0 + jn <= tl.min_hi);
+  const vf mv = vset1(args.masked_value), neg_inf = vset1(-kInf), lanes = vlanes();
+  const bool round_p = args.dtype == ElemType::kBF16;
+  alignas(64) float lane0[kW];
+  for (int64_t r = 0; r < tl.rows; ++r) {
+    float* sr = s + r * ldr;
+    if (partial) {
+      const vf lo = vset1(sc.lo[r]), hi = vset1(sc.hi[r]);
+      for (int64_t j = 0; j < jv; j += kW)
+        vstore(sr + j, vselect_in(vadd(vset1(static_cast<float>(j0 + j)), lanes), lo, hi, vload(sr + j), mv));
+    }
+    for (int64_t j = jn; j < jv; ++j) sr[j] = -kInf;
+    vf mx = neg_inf, mx2 = neg_inf;
+    int64_t j = 0;
+    for (; j + 2 * kW <= jv; j += 2 * kW) mx = vmax(mx, vload(sr + j)), mx2 = vmax(mx2, vload(sr + j + kW));
+    if (j < jv) mx = vmax(mx, vload(sr + j));
+    const float m_old = sc.m[r], row_max = vhmax(vmax(mx, mx2));
+    const float m_new = m_old > row_max ? m_old : row_max;
+    const float m_use = m_new == -kInf ? 0.0f : m_new;  // all -inf so far: p = 0
+    const vf neg_m = vset1(-m_use);
+    vf sum = vzero();
+    for (j = 0; j < jv; j += kW) {
+      const vf e = vexp_nonpos(vadd(vload(sr + j), neg_m));
+      sum = vadd(sum, e);
+      vstore(sr + j, round_p ? vround_bf16(e) : e);
+    }
+    vstore(lane0, vexp_nonpos(vset1(m_old - m_use)));
+    sc.alpha[r] = lane0[0];
+    sc.l[r] = sc.l[r] * lane0[0] + vhsum(sum);
+    sc.m[r] = m_new;
+  }
+
+  int64_t ldv;
+  const float* vb = v_block(args, plan, tl, j0, jn, sc.vp, &ldv);
+  gemm<true>(tl.rows, dp, jn, s, ldr, 1, vb, ldv, sc.o, dp, sc.alpha);
+}
+
 inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t kb,
                           int64_t kb_end, const Scratch& sc) {
   const int64_t mp = plan.rows_pad, dp = plan.d_pad;
   const int64_t j0 = kb * plan.block_k, jn = imin(plan.block_k, args.S - j0);
   float* s = sc.s;
   if (kb + 1 < kb_end) prefetch_kv(args, tl, j0 + jn, imin(plan.block_k, args.S - j0 - jn));
+  if (use_qk_dot(tl.rows)) {
+    process_block_rows(args, plan, tl, j0, jn, sc);
+    return;
+  }
 
   // S^T (jn, Mp) = K_blk . Q^T
 #if defined(HLOFUSE_BF16_TILES)
@@ -639,13 +740,8 @@ inline void process_block(const AttentionArgs& args, const AttentionPlan& plan, 
 #endif
   if (!tiles) {
     int64_t ldk;
-    const bool dot = use_qk_dot(tl.rows);
-    const float* kb_ptr = k_block(args, tl, j0, jn, dot, sc.kp, &ldk);
-    if (dot) {
-      qk_dot_rows(tl.rows, jn, round_up(args.H, kW), sc.qr, kb_ptr, ldk, s, mp);
-    } else {
-      gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
-    }
+    const float* kb_ptr = k_block(args, tl, j0, jn, false, sc.kp, &ldk);
+    gemm<false>(jn, mp, args.H, kb_ptr, ldk, 1, sc.qt, mp, s, mp);
   }
 
   // The bf16 tile products leave S^T unscaled. The scale joins the first pass that reads S^T: its own

@@ -15,6 +15,9 @@ inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
 inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 inline vf vmax(vf a, vf b) { return _mm512_max_ps(a, b); }
 inline float vhsum(vf a) { return _mm512_reduce_add_ps(a); }
+inline float vhmax(vf a) { return _mm512_reduce_max_ps(a); }
+// (0, 1, ..., kW - 1)
+inline vf vlanes() { return _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0); }
 inline vf vabs(vf a) { return _mm512_abs_ps(a); }
 inline vf vround(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 // 2^n for integral n in [-126, 127].

@@ -15,6 +15,8 @@ inline vf vdiv(vf a, vf b) { return a / b; }
 inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline float vhsum(vf a) { return a; }
+inline float vhmax(vf a) { return a; }
+inline vf vlanes() { return 0.0f; }
 inline vf vabs(vf a) { return std::fabs(a); }
 inline vf vround(vf a) { return std::nearbyint(a); }
 inline vf vpow2i(vf n) {
