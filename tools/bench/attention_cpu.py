@@ -3,6 +3,7 @@
 
     python tools/bench/attention_cpu.py [--quick] [--shapes SPEC;SPEC...] [--repeats N]
     python tools/bench/attention_cpu.py --compare A.so --compare B.so [--shapes ...] [--repeats N]
+    python tools/bench/attention_cpu.py --isa amx --isa avx512 [--shapes ...] [--repeats N]
 
 A SPEC is comma-separated key=value pairs over B, T, S, N, K, H, dtype (f32|bf16) and causal (0|1),
 e.g. "T=4096,S=4096,N=8,K=8,H=128,dtype=f32,causal=1". Prints a markdown table of median times,
@@ -18,6 +19,12 @@ the repetitions interleaved (each repetition runs A, B, ..., torch once, in a fr
 that load from other jobs on a shared machine, and what each program leaves behind in the caches and
 on the cores for the next, hits every column alike. It prints medians, each library / torch and each
 library / the first.
+
+With --isa (twice or more, or beside --compare), a column is the installed kernel library with
+HLOFUSE_CPU_ISA set to that name for its calls (the kernel reads it per call), e.g. `--isa amx --isa
+avx512` times the AMX bf16 tiles against bf16 widened to f32 in one process. The header names the
+kernel each column actually ran (`isa()` under that setting): asking for amx on a CPU without it runs
+the best kernel below.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from hlofuse.kernels import cpu  # noqa: E402
+from hlofuse.kernels.cpu import ISA_ENV  # noqa: E402
 from hlofuse.kernels.cpu.attention import attention, attention_reference  # noqa: E402
 from hlofuse.kernels.reference import attention_visibility  # noqa: E402
 
@@ -145,20 +153,7 @@ def run_case(case: Case, repeats: int) -> dict[str, Any]:
         row[f"{label}_s"] = median_time(lambda c=compiled: c(q, k, v).block_until_ready(), repeats)
         row[f"{label}_temp"] = temp_bytes(compiled)
 
-    row["torch_s"] = None
-    if torch is not None:
-        tdtype = torch.float32 if case.dtype == "f32" else torch.bfloat16
-        tq, tk, tv = (
-            torch.from_numpy(np.array(x.astype(jnp.float32))).to(tdtype).transpose(1, 2).contiguous() for x in (q, k, v)
-        )
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        causal = case.causal and not case.decode
-
-        def run_torch() -> None:
-            with torch.no_grad():
-                sdpa(tq, tk, tv, is_causal=causal, scale=kw["scale"], enable_gqa=case.N != case.K)
-
-        row["torch_s"] = median_time(run_torch, repeats)
+    row["torch_s"] = median_time(torch_sdpa(case, q, k, v, kw["scale"]), repeats) if torch is not None else None
     flops = 2.0 * visible_pairs(case) * (case.H + case.H)
     row["gflops"] = flops / row["hlofuse_s"] / 1e9
     return row
@@ -181,8 +176,25 @@ def torch_sdpa(case: Case, q: jax.Array, k: jax.Array, v: jax.Array, scale: floa
     return run
 
 
-def compare_case(targets: list[str], case: Case, repeats: int) -> list[float]:
-    """Median seconds of each target's kernel, then torch's (if installed), repetitions interleaved."""
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One timed kernel: an FFI target (a library registered under its own name) run with HLOFUSE_CPU_ISA
+    set to `isa` (unset when None)."""
+
+    label: str
+    target: str
+    isa: str | None
+
+
+def _set_isa(isa: str | None) -> None:
+    if isa is None:
+        os.environ.pop(ISA_ENV, None)
+    else:
+        os.environ[ISA_ENV] = isa
+
+
+def compare_case(columns: list[Column], case: Case, repeats: int) -> list[float]:
+    """Median seconds of each column's kernel, then torch's (if installed), repetitions interleaved."""
     from hlofuse.kernels.cpu import attention as attention_module
 
     dtype = jnp.float32 if case.dtype == "f32" else jnp.bfloat16
@@ -193,10 +205,10 @@ def compare_case(targets: list[str], case: Case, repeats: int) -> list[float]:
     fns: list[Callable[[], Any]] = []
     default_target = attention_module.TARGET
     try:
-        for target in targets:
-            attention_module.TARGET = target  # read when the call is traced
+        for column in columns:
+            attention_module.TARGET = column.target  # read when the call is traced
             compiled = jax.jit(functools.partial(attention, **kw)).lower(q, k, v).compile()
-            fns.append(lambda c=compiled: c(q, k, v).block_until_ready())
+            fns.append(lambda c=compiled, isa=column.isa: (_set_isa(isa), c(q, k, v).block_until_ready()))
     finally:
         attention_module.TARGET = default_target
     if torch is not None:
@@ -220,18 +232,41 @@ def compare_case(targets: list[str], case: Case, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def compare_libraries(libs: list[str], cases: list[Case], repeats: int) -> None:
-    """Side-by-side table of kernel libraries (and torch), repetitions interleaved."""
+def library_columns(libs: list[str]) -> list[Column]:
+    """Each library registered under its own FFI target, labelled by its file name (its path if names repeat),
+    run with this process's HLOFUSE_CPU_ISA."""
     import ctypes
 
-    targets = []
-    for i, path in enumerate(libs):
+    names = [Path(p).name for p in libs]
+    labels = names if len(set(names)) == len(names) else list(libs)
+    columns = []
+    for i, (path, label) in enumerate(zip(libs, labels, strict=True)):
         target = f"hlofuse_attention_compare{i}"
         lib = ctypes.cdll.LoadLibrary(str(Path(path).resolve()))
         jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.hlofuse_attention), platform="cpu")
-        targets.append(target)
-    names = [Path(p).name for p in libs]
-    cols = names if len(set(names)) == len(names) else list(libs)
+        columns.append(Column(label, target, os.environ.get(ISA_ENV)))
+    return columns
+
+
+def isa_columns(isas: list[str]) -> list[Column]:
+    """The installed library under each HLOFUSE_CPU_ISA setting, labelled with the kernel it picks."""
+    from hlofuse.kernels.cpu import attention as attention_module
+
+    cpu.register()
+    own, columns = os.environ.get(ISA_ENV), []
+    try:
+        for isa in isas:
+            _set_isa(isa)
+            picked = cpu.isa()
+            columns.append(Column(isa if picked == isa else f"{isa} (runs {picked})", attention_module.TARGET, isa))
+    finally:
+        _set_isa(own)
+    return columns
+
+
+def compare_columns(columns: list[Column], cases: list[Case], repeats: int) -> None:
+    """Side-by-side table of kernels (and torch), repetitions interleaved."""
+    cols = [c.label for c in columns]
     print(
         "| case | "
         + " | ".join(f"{c} ms" for c in cols)
@@ -242,9 +277,13 @@ def compare_libraries(libs: list[str], cases: list[Case], repeats: int) -> None:
         + " |"
     )
     print("|---|" + "---:|" * (3 * len(cols)))
+    own = os.environ.get(ISA_ENV)
     for case in cases:
-        med = compare_case(targets, case, repeats)
-        lib_med, torch_med = med[: len(libs)], (med[len(libs)] if torch is not None else None)
+        try:
+            med = compare_case(columns, case, repeats)
+        finally:
+            _set_isa(own)
+        lib_med, torch_med = med[: len(columns)], (med[len(columns)] if torch is not None else None)
         print(
             f"| {case.name} | "
             + " | ".join(fmt_ms(m) for m in lib_med)
@@ -277,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--compare", action="append", metavar="LIB", help="a kernel library to time side by side (give two or more)"
     )
+    ap.add_argument(
+        "--isa",
+        action="append",
+        metavar="NAME",
+        help="time the installed library with HLOFUSE_CPU_ISA=NAME as one more column (amx, avx512bf16, avx512, "
+        "avx2, generic)",
+    )
     args = ap.parse_args(argv)
 
     cases = [Case.parse(s) for s in args.shapes.split(";")] if args.shapes else default_cases(args.quick)
@@ -286,11 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         torch_note = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
     else:
         torch_note = "torch not installed: its column is n/a (pip install torch for it)"
-    if args.compare:
-        if len(args.compare) < 2:
-            ap.error("--compare needs two or more libraries")
+    if args.compare or args.isa:
+        if len(args.compare or []) + len(args.isa or []) < 2:
+            ap.error("--compare and --isa need two or more columns in all")
+        columns = library_columns(args.compare or []) + isa_columns(args.isa or [])
         print(f"jax {jax.__version__}; {threads} CPU threads; {torch_note}; repetitions interleaved\n")
-        compare_libraries(args.compare, cases, args.repeats)
+        compare_columns(columns, cases, args.repeats)
         return 0
     cpu.register()
     print(f"jax {jax.__version__}; hlofuse kernel ISA {cpu.isa()}; {threads} CPU threads; {torch_note}\n")

@@ -18,6 +18,7 @@ import jax
 
 TARGETS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k")
 LIB_ENV = "HLOFUSE_CPU_KERNELS_LIB"
+ISA_ENV = "HLOFUSE_CPU_ISA"  # caps the kernel a call picks; read by the library on every call
 _LIB_NAMES = ("libhlofuse_cpu_kernels.so", "libhlofuse_cpu_kernels.dylib", "hlofuse_cpu_kernels.dll")
 
 _lock = threading.Lock()
