@@ -1,10 +1,25 @@
-"""The explicit path: `hlofuse.attention(...)` emits the same composite the fusion pass raises."""
+"""The explicit path: `hlofuse.attention(...)` emits the same composite the fusion pass raises.
+
+Both functions work under jax's transformations, as the jnp code they replace does:
+- **jax.grad / jax.jvp.** `jax.lax.composite` has no differentiation rule. The composite is wrapped in a
+  `jax.custom_jvp` whose rule keeps the composite for the primal output (the kernel still runs forward)
+  and takes the tangent from the reference (the decomposition), so gradients are exactly those of the
+  program written in jnp. The sampler's token ids are integers: their tangent is zero (float0).
+- **jax.vmap.** `jax.lax.composite` has no batching rule either. A `jax.custom_batching.custom_vmap` rule
+  folds the mapped axis into attention's batch dim (one composite, one kernel call). A sampler draws per
+  element with that element's key, which no single call reproduces, so it maps its calls with
+  `lax.map`, except greedy, whose rows are independent and which takes the mapped axis as one more row dim.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, is_decode, mask_kind
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
@@ -62,7 +77,84 @@ def attention(
         )
 
     composite = jax.lax.composite(decomposition, ATTENTION, ATTENTION_VERSION)
-    return composite(*(operands[role] for role in present), **attributes, operands=tuple(present))
+    fused = _transformable(
+        lambda *values: composite(*values, **attributes, operands=tuple(present)),
+        lambda *values: decomposition(*values, **attributes),
+        lambda call: _fold_into_batch(call, present),
+    )
+    return fused(*(operands[role] for role in present))
+
+
+def _transformable(
+    call: Callable[..., jax.Array],
+    reference: Callable[..., jax.Array] | None,
+    vmap_rule: Callable[[Callable[..., jax.Array]], Callable[..., tuple[jax.Array, bool]]],
+) -> Callable[..., jax.Array]:
+    """`call` (which emits a composite) under jax.vmap through `vmap_rule(batched_call)` and under jax.jvp /
+    jax.grad with the tangent of `reference` (None: the output is integer and its tangent is zero)."""
+    batched = jax.custom_batching.custom_vmap(call)
+    batched.def_vmap(vmap_rule(batched))
+    differentiable = jax.custom_jvp(batched)
+
+    @differentiable.defjvp
+    def _jvp(primals: Sequence[jax.Array], tangents: Sequence[jax.Array]) -> tuple[jax.Array, Any]:
+        out = differentiable(*primals)  # itself, so that higher orders (forward over reverse) differentiate it again
+        if reference is None:
+            return out, np.zeros(out.shape, jax.dtypes.float0)
+        return out, jax.jvp(reference, tuple(primals), tuple(tangents))[1]
+
+    return differentiable
+
+
+def _fold_into_batch(call: Callable[..., jax.Array],
+                     roles: Sequence[str]) -> Callable[..., tuple[jax.Array, bool]]:
+    """The vmap rule of an attention call: the mapped axis (size A, leading) joins the batch dim B as one
+    batch of A * B, the call runs once, and its output splits back. Unmapped operands are broadcast along
+    A; a bias or mask whose batch dim is 1 and that is unmapped broadcasts as it is."""
+
+    def rule(axis_size: int, in_batched: Sequence[bool], *values: jax.Array) -> tuple[jax.Array, bool]:
+        if not any(in_batched):
+            return call(*values), False
+        named = dict(zip(roles, zip(values, in_batched, strict=True), strict=True))
+        q, q_mapped = named["q"]
+        batch = q.shape[1] if q_mapped else q.shape[0]
+        folded = []
+        for role, (value, mapped) in named.items():
+            if not mapped and role in ("bias", "mask") and value.shape[0] == 1:
+                folded.append(value)
+                continue
+            per_element = value.shape[1:] if mapped else value.shape
+            if role in ("bias", "mask"):  # (B|1, N|1, T|1, S|1): a batch dim of 1 broadcasts to B first
+                per_element = (batch, *per_element[1:])
+            value = jnp.broadcast_to(value if mapped else value[None], (axis_size, *per_element))
+            folded.append(value.reshape(axis_size * batch, *per_element[1:]))
+        out = call(*folded)
+        return out.reshape(axis_size, batch, *out.shape[1:]), True
+
+    return rule
+
+
+def _map_per_element(call: Callable[..., jax.Array]) -> Callable[..., tuple[jax.Array, bool]]:
+    """The vmap rule of a sampler call: one call per element of the mapped axis, in a lax.map, with the
+    element's own logits and key (an unmapped operand is shared). Greedy (no key) takes the mapped axis as
+    one more leading row dim instead: its rows are independent."""
+
+    def rule(axis_size: int, in_batched: Sequence[bool], *values: jax.Array) -> tuple[jax.Array, bool]:
+        if not any(in_batched):
+            return call(*values), False
+        if len(values) == 1:
+            return call(values[0]), True
+        mapped = [i for i, b in enumerate(in_batched) if b]
+
+        def one(elements: Sequence[jax.Array]) -> jax.Array:
+            args = list(values)
+            for i, element in zip(mapped, elements, strict=True):
+                args[i] = element
+            return call(*args)
+
+        return jax.lax.map(one, [values[i] for i in mapped]), True
+
+    return rule
 
 
 def sample(
@@ -109,4 +201,5 @@ def sample(
 
     composite = jax.lax.composite(decomposition, SAMPLE, SAMPLE_VERSION)
     operands = (logits,) if form == "greedy" else (logits, key)
-    return composite(*operands, **attributes)
+    fused = _transformable(lambda *values: composite(*values, **attributes), None, _map_per_element)
+    return fused(*operands)
