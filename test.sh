@@ -6,6 +6,8 @@ HLOFUSE_EXTRAS="test" source tools/venv.sh
 export PATH="$VENV/bin:$PATH"
 echo "== ruff"
 ruff check python passes test tools
+echo "== clang-format"
+git ls-files -z '*.cc' '*.h' | xargs -0 clang-format --dry-run --Werror
 echo "== lit"
 lit -sv test/
 echo "== pytest"

@@ -30,8 +30,8 @@ inline void tiles_end() { _tile_release(); }
 
 // C tiles (i0 + {0, 1}, j0 + {0, 1}) (+)= sum over ksteps of A(i, k) . B(j, k); NI, NJ in {1, 2}.
 template <int NI, int NJ, bool LOAD_C>
-inline void amx_block(int64_t ksteps, const char* a, const TileOperand& A, const char* b, const TileOperand& B,
-                      char* c, int64_t ldc, int64_t c_i, int64_t c_j) {
+inline void amx_block(int64_t ksteps, const char* a, const TileOperand& A, const char* b, const TileOperand& B, char* c,
+                      int64_t ldc, int64_t c_i, int64_t c_j) {
   if constexpr (LOAD_C) {
     _tile_loadd(0, c, ldc);
     if constexpr (NJ > 1) _tile_loadd(1, c + c_j, ldc);
@@ -68,7 +68,7 @@ inline void amx_block(int64_t ksteps, const char* a, const TileOperand& A, const
 // C (mt x nt tiles of 16 x 16 f32, rows ldc bytes apart) (+)= A . B over ksteps tiles of 32 along k.
 template <bool LOAD_C>
 void tile_gemm(int64_t mt, int64_t nt, int64_t ksteps, const TileOperand& A, const TileOperand& B, float* c,
-              int64_t ldc) {
+               int64_t ldc) {
   char* cb = reinterpret_cast<char*>(c);
   const int64_t c_i = 16 * ldc, c_j = 64;
   for (int64_t i = 0; i < mt; i += 2) {

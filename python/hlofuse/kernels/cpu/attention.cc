@@ -273,8 +273,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   if (has_bias) {
     auto buf = take("bias");
     if (!buf.has_value()) return buf.error();
-    if (!ElemTypeOf(buf->element_type(), &a.bias_dtype))
-      return ffi::Error::InvalidArgument("bias must be f32 or bf16");
+    if (!ElemTypeOf(buf->element_type(), &a.bias_dtype)) return ffi::Error::InvalidArgument("bias must be f32 or bf16");
     if (auto err = BroadcastStrides("bias", *buf, lead, full, a.bias_strides); err.failure()) return err;
     a.bias = buf->untyped_data();
   }
@@ -334,7 +333,8 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k, f
   }
   const int64_t scratch = kt.scratch_floats(a, p);
   ParallelFor(pool, threads, p.n_tiles * p.splits, scratch, [&](int64_t i, float* s) { kt.tile(a, p, i, s); });
-  if (p.splits > 1) ParallelFor(pool, threads, p.n_tiles, scratch, [&](int64_t i, float* s) { kt.combine(a, p, i, s); });
+  if (p.splits > 1)
+    ParallelFor(pool, threads, p.n_tiles, scratch, [&](int64_t i, float* s) { kt.combine(a, p, i, s); });
   return ffi::Error::Success();
 }
 

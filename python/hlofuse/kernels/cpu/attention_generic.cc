@@ -3,7 +3,6 @@
 #include <cstdint>
 #include <cstring>
 
-
 #include "attention_kernel.h"
 
 namespace hlofuse::cpu {

@@ -114,17 +114,23 @@ void micro_kernel_nv(int nv, int64_t kc, const float* a, int64_t sai, int64_t sa
                      float* c, int64_t ldc, const float* rs) {
   switch (nv) {
     case 1: micro_kernel<MR, 1, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
-    case 2: if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
-    case 3: if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
-    default: if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
+    case 2:
+      if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs);
+      return;
+    case 3:
+      if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs);
+      return;
+    default:
+      if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs);
+      return;
   }
 }
 
 // C (rows, cols) (+)= A (rows, kc) . B (kc, cols); cols is a multiple of kW. With ACC and row_scale,
 // C = diag(row_scale) C + A . B.
 template <bool ACC>
-void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b,
-          int64_t ldb, float* c, int64_t ldc, const float* row_scale = nullptr) {
+void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb,
+          float* c, int64_t ldc, const float* row_scale = nullptr) {
   for (int64_t c0 = 0; c0 < cols; c0 += kNV * kW) {
     int nv = static_cast<int>(imin(kNV, (cols - c0) / kW));
     for (int64_t r0 = 0; r0 < rows; r0 += kMR) {
@@ -136,8 +142,12 @@ void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, i
         case 2: micro_kernel_nv<2, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
         case 3: micro_kernel_nv<3, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
         case 4: micro_kernel_nv<4, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
-        case 5: if constexpr (kMR >= 5) micro_kernel_nv<5, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
-        default: if constexpr (kMR >= 6) micro_kernel_nv<6, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 5:
+          if constexpr (kMR >= 5) micro_kernel_nv<5, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs);
+          break;
+        default:
+          if constexpr (kMR >= 6) micro_kernel_nv<6, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs);
+          break;
       }
     }
   }
@@ -181,8 +191,8 @@ void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk
   }
 }
 
-inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk,
-                        float* s, int64_t ldsr) {
+inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk, float* s,
+                        int64_t ldsr) {
   switch (rows) {
     case 1: qk_dot<1>(jn, hp, qr, k, ldk, s, ldsr); return;
     case 2: qk_dot<2>(jn, hp, qr, k, ldk, s, ldsr); return;
@@ -361,8 +371,8 @@ inline void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
 // always copies into kp: in place, the rows sit K*H*4 bytes apart (a multiple of 4 KiB for common
 // shapes), so a block's rows share a few L1 sets and evict each other. The dot path (`padded`,
 // rows zero-padded to a multiple of kW) reads f32 rows in place when H is already a multiple.
-inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, bool padded,
-                            float* kp, int64_t* ld) {
+inline const float* k_block(const AttentionArgs& args, const Tile& tl, int64_t j0, int64_t jn, bool padded, float* kp,
+                            int64_t* ld) {
   const int64_t H = args.H, hp = padded ? round_up(H, kW) : H;
   const int64_t off = ((tl.b * args.S + j0) * args.K + tl.kh) * H, stride = args.K * H;
   if (args.dtype == ElemType::kF32 && padded && hp == H) {
@@ -460,8 +470,8 @@ inline void k_block_bf16(const AttentionArgs& args, const Tile& tl, int64_t j0, 
 }
 
 // vb (Ja/2, Dp): word (j2, d) = (v[j0 + 2 j2][d], v[j0 + 2 j2 + 1][d]).
-inline void v_block_vnni(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0,
-                         int64_t jn, uint32_t* vb) {
+inline void v_block_vnni(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
+                         uint32_t* vb) {
   const int64_t D = args.D, dp = plan.d_pad, stride = args.K * D;
   const uint16_t* src = static_cast<const uint16_t*>(args.v) + ((tl.b * args.S + j0) * args.K + tl.kh) * D;
   for (int64_t j = 0; j < round_up(jn, 32); j += 2) {
@@ -526,7 +536,7 @@ inline void rescale_o(const AttentionPlan& plan, const float* alpha, float* o) {
 // S^T = K_blk . Q^T, unscaled (rows [0, jn) are the block's keys). K tiles load in place when the
 // block is whole tiles (H a multiple of 32, jn of 16); otherwise from a zero-padded copy.
 inline void qk_tiles(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t j0, int64_t jn,
-                   const Scratch& sc) {
+                     const Scratch& sc) {
   const int64_t mp = plan.rows_pad, ha = round_up(args.H, 32);
   TileOperand kt{reinterpret_cast<const char*>(sc.kb), ha * 2, 16 * ha * 2, 64};
   if (args.H % 32 == 0 && jn % 16 == 0) {
@@ -659,7 +669,8 @@ inline void bias_and_mask_rows(const AttentionArgs& args, const AttentionPlan& p
       const int64_t off = tl.b * mst[0] + n * mst[1] + t * mst[2] + j0 * mst[3];
       int64_t j = 0;
       if (mst[3] == 1) {
-        for (; j + kW <= jn; j += kW) vstore(sr + j, vselect_eq(vload_u8(args.mask + off + j), zero, mv, vload(sr + j)));
+        for (; j + kW <= jn; j += kW)
+          vstore(sr + j, vselect_eq(vload_u8(args.mask + off + j), zero, mv, vload(sr + j)));
       }
       for (; j < jn; ++j)
         if (!args.mask[off + j * mst[3]]) sr[j] = args.masked_value;
@@ -816,8 +827,8 @@ inline void init_state(const AttentionPlan& plan, const Scratch& sc) {
 }
 
 // vsum = sum of v[b, j, kh, :] over the keys j outside [p0, p1).
-inline void sum_skipped_v(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t p0,
-                          int64_t p1, float* vsum) {
+inline void sum_skipped_v(const AttentionArgs& args, const AttentionPlan& plan, const Tile& tl, int64_t p0, int64_t p1,
+                          float* vsum) {
   for (int64_t d = 0; d < plan.d_pad; ++d) vsum[d] = 0.0f;
   for (int64_t j = 0; j < args.S; ++j) {
     if (j == p0) j = p1;

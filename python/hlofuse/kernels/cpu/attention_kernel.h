@@ -34,24 +34,24 @@ struct AttentionArgs {
   float* lse;                 // (B,T,N) log-sum-exp of each row's logits, or null (issue 6: shards combine)
   // Attributes.
   float scale;
-  float softcap;       // 0 = none
-  float masked_value;  // -inf or finite
+  float softcap;         // 0 = none
+  float masked_value;    // -inf or finite
   int64_t window_left;   // -1 = unbounded
   int64_t window_right;  // -1 = unbounded; already 0 when causal
   int64_t q_offset;
 };
 
 struct AttentionPlan {
-  int64_t width;     // vector lanes of the chosen ISA
-  int64_t groups;    // G = N / K query heads per kv head
-  int64_t tile_t;    // query positions per tile; a tile holds tile_t * G rows
-  int64_t rows;      // M = tile_t * G
-  int64_t rows_pad;  // Mp: M rounded up to the vector width
-  int64_t d_pad;     // Dp: D rounded up to the vector width
-  int64_t block_k;   // keys per block
-  int64_t n_qtiles;  // ceil(T / tile_t)
-  int64_t n_tiles;   // B * K * n_qtiles
-  int64_t splits;    // key-range splits per tile (> 1: decode path, partials combined afterwards)
+  int64_t width;           // vector lanes of the chosen ISA
+  int64_t groups;          // G = N / K query heads per kv head
+  int64_t tile_t;          // query positions per tile; a tile holds tile_t * G rows
+  int64_t rows;            // M = tile_t * G
+  int64_t rows_pad;        // Mp: M rounded up to the vector width
+  int64_t d_pad;           // Dp: D rounded up to the vector width
+  int64_t block_k;         // keys per block
+  int64_t n_qtiles;        // ceil(T / tile_t)
+  int64_t n_tiles;         // B * K * n_qtiles
+  int64_t splits;          // key-range splits per tile (> 1: decode path, partials combined afterwards)
   int64_t partial_floats;  // per (tile, split) partial result: m, l, O
   float* partials;         // n_tiles * splits * partial_floats, or null when splits == 1
 };
@@ -64,7 +64,8 @@ struct KernelTable {
   int64_t width;
   ItemFn tile;     // items: n_tiles * splits
   ItemFn combine;  // items: n_tiles (only when splits > 1)
-  int64_t (*scratch_floats)(const AttentionArgs&, const AttentionPlan&);  // per worker
+  // Scratch floats per worker.
+  int64_t (*scratch_floats)(const AttentionArgs&, const AttentionPlan&);
 };
 
 KernelTable GenericKernels();

@@ -37,12 +37,19 @@ namespace hlofuse::cpu {
 namespace {
 
 enum class Form : int64_t {
-  kGreedy = 0, kTemperature = 1, kTopK = 2, kTemperatureTopK = 3, kTopKMask = 4, kTopPMask = 5,
-  kTopKTopPMask = 6, kMinP = 7,
+  kGreedy = 0,
+  kTemperature = 1,
+  kTopK = 2,
+  kTemperatureTopK = 3,
+  kTopKMask = 4,
+  kTopPMask = 5,
+  kTopKTopPMask = 6,
+  kMinP = 7,
   // Rank-space top-k over packed candidates: each row is C (value, id) pairs as f32 words, the id's int32
   // bits in the second word (the vocabulary splits' top-k candidates, gathered as one array). The values
   // round as f32 (8) or as bf16 (9: bf16 logits widened to f32 by hlofuse_sample_top_k).
-  kTopKPacked = 8, kTopKPackedBf16 = 9,
+  kTopKPacked = 8,
+  kTopKPackedBf16 = 9,
 };
 
 bool IsPacked(int64_t form) {
@@ -100,50 +107,47 @@ struct SimdOps {
 
 constexpr int kMaxLanes = 16;
 
-#define HLOFUSE_SIMD_OPS(NAME, LANES, TARGET)                                                               \
-  TARGET void NAME##Threefry(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out,    \
-                             int64_t n) {                                                                 \
-    sampling_simd::Threefry<LANES>(k0, k1, base, idx, out, n);                                              \
-  }                                                                                                         \
-  TARGET double NAME##ExpShifted(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale, \
-                                 float last_bin) {                                                          \
-    return sampling_simd::ExpShifted<LANES>(x, m, w, n, bins, bin_scale, last_bin);                         \
-  }                                                                                                         \
-  TARGET float NAME##MaxOf(const float* x, int64_t n, bool* nan) {                                          \
-    return sampling_simd::MaxOf<LANES>(x, n, nan);                                                          \
-  }                                                                                                         \
-  TARGET int64_t NAME##FindFirst(const float* x, int64_t n, float value, bool nan) {                        \
-    return sampling_simd::FindFirst<LANES>(x, n, value, nan);                                               \
-  }                                                                                                         \
-  TARGET float NAME##ScaleMax(const float* x, float t, bool bf16, float* y, int64_t n) {                    \
-    return sampling_simd::ScaleMax<LANES>(x, t, bf16, y, n);                                                \
-  }                                                                                                         \
-  constexpr SimdOps k##NAME##Ops{#NAME,           NAME##Threefry, NAME##ExpShifted,   NAME##MaxOf,          \
+#define HLOFUSE_SIMD_OPS(NAME, LANES, TARGET)                                                                         \
+  TARGET void NAME##Threefry(uint32_t k0, uint32_t k1, uint64_t base, const int32_t* idx, uint32_t* out, int64_t n) { \
+    sampling_simd::Threefry<LANES>(k0, k1, base, idx, out, n);                                                        \
+  }                                                                                                                   \
+  TARGET double NAME##ExpShifted(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale,          \
+                                 float last_bin) {                                                                    \
+    return sampling_simd::ExpShifted<LANES>(x, m, w, n, bins, bin_scale, last_bin);                                   \
+  }                                                                                                                   \
+  TARGET float NAME##MaxOf(const float* x, int64_t n, bool* nan) { return sampling_simd::MaxOf<LANES>(x, n, nan); }   \
+  TARGET int64_t NAME##FindFirst(const float* x, int64_t n, float value, bool nan) {                                  \
+    return sampling_simd::FindFirst<LANES>(x, n, value, nan);                                                         \
+  }                                                                                                                   \
+  TARGET float NAME##ScaleMax(const float* x, float t, bool bf16, float* y, int64_t n) {                              \
+    return sampling_simd::ScaleMax<LANES>(x, t, bf16, y, n);                                                          \
+  }                                                                                                                   \
+  constexpr SimdOps k##NAME##Ops{#NAME,           NAME##Threefry, NAME##ExpShifted,      NAME##MaxOf,                 \
                                  NAME##FindFirst, NAME##ScaleMax, NAME##CollectRangeMask};
 
 // CollectRange with the ISA's compare-to-bitmask (GCC lowers vector-extension float compares of 16
 // lanes lane by lane): the indices of the set bits are written in order.
 #if defined(__x86_64__)
-#define HLOFUSE_COLLECT_RANGE(NAME, TARGET, LANES, VEC, LOAD, SET1, MASK)                                    \
-  TARGET int64_t NAME##CollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end,      \
-                                        int32_t* out) {                                                     \
-    /* x >= top holds only for x == +inf == hi */                                                          \
-    const float top = hi == kPosInf ? hi : std::numeric_limits<float>::quiet_NaN();                        \
-    const VEC lo_v = SET1(lo), hi_v = SET1(hi), top_v = SET1(top);                                          \
-    int64_t count = 0, i = begin;                                                                           \
-    for (; i + LANES <= end; i += LANES) {                                                                  \
-      const VEC x = LOAD(v + i);                                                                            \
-      uint32_t bits = MASK(x, lo_v, hi_v, top_v);                                                           \
-      while (bits) {                                                                                        \
-        out[count++] = static_cast<int32_t>(i + __builtin_ctz(bits));                                       \
-        bits &= bits - 1;                                                                                   \
-      }                                                                                                     \
-    }                                                                                                       \
-    for (; i < end; ++i) {                                                                                  \
-      out[count] = static_cast<int32_t>(i);                                                                 \
-      count += v[i] >= lo && (v[i] < hi || v[i] >= top);                                                    \
-    }                                                                                                       \
-    return count;                                                                                           \
+#define HLOFUSE_COLLECT_RANGE(NAME, TARGET, LANES, VEC, LOAD, SET1, MASK)                               \
+  TARGET int64_t NAME##CollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end, \
+                                        int32_t* out) {                                                 \
+    /* x >= top holds only for x == +inf == hi */                                                       \
+    const float top = hi == kPosInf ? hi : std::numeric_limits<float>::quiet_NaN();                     \
+    const VEC lo_v = SET1(lo), hi_v = SET1(hi), top_v = SET1(top);                                      \
+    int64_t count = 0, i = begin;                                                                       \
+    for (; i + LANES <= end; i += LANES) {                                                              \
+      const VEC x = LOAD(v + i);                                                                        \
+      uint32_t bits = MASK(x, lo_v, hi_v, top_v);                                                       \
+      while (bits) {                                                                                    \
+        out[count++] = static_cast<int32_t>(i + __builtin_ctz(bits));                                   \
+        bits &= bits - 1;                                                                               \
+      }                                                                                                 \
+    }                                                                                                   \
+    for (; i < end; ++i) {                                                                              \
+      out[count] = static_cast<int32_t>(i);                                                             \
+      count += v[i] >= lo && (v[i] < hi || v[i] >= top);                                                \
+    }                                                                                                   \
+    return count;                                                                                       \
   }
 
 #define HLOFUSE_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
@@ -193,8 +197,8 @@ const SimdOps& SelectOps() {
   const char* env = std::getenv("HLOFUSE_CPU_ISA");
   const int cap = IsaCap(env ? env : "");
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cap >= 2)
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && cap >= 2)
     return kavx512Ops;
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cap >= 1) return kavx2Ops;
 #endif
@@ -244,15 +248,14 @@ float GumbelBf16(uint32_t bits) {
 struct NoiseTables {
   static constexpr int kBucketBits = 12;  // f32 noise bucketed by its leading random bits
   float f32_upper[1 << kBucketBits];      // the largest noise of any mantissa in the bucket, plus margin
-  float bf16[128];                         // bf16 noise has 128 values: all of them, exactly
+  float bf16[128];                        // bf16 noise has 128 values: all of them, exactly
   float f32_max = 0, bf16_max = kNegInf;
 
   NoiseTables() {
     // The noise grows with the mantissa; the margin (>> the 1-ulp non-monotonicity a libm log may
     // have) keeps each bucket's bound above every value inside it.
     constexpr int kShift = 23 - kBucketBits;
-    for (uint32_t b = 0; b < (1u << kBucketBits); ++b)
-      f32_upper[b] = GumbelF32(((b + 1) << kShift) - 1) + 1e-3f;
+    for (uint32_t b = 0; b < (1u << kBucketBits); ++b) f32_upper[b] = GumbelF32(((b + 1) << kShift) - 1) + 1e-3f;
     f32_max = f32_upper[(1 << kBucketBits) - 1];
     for (uint32_t v = 0; v < 128; ++v) bf16[v] = GumbelBf16(v << 1), bf16_max = std::max(bf16_max, bf16[v]);
   }
@@ -286,8 +289,14 @@ class GumbelArgmax {
 
   // `start`: a best already found elsewhere (the argmax is then over its candidate too).
   GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, Best start = {})
-      : ops_(ops), tables_(Tables()), k0_(k0), k1_(k1), base_(base), bf16_(bf16),
-        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max), best_(start) {
+      : ops_(ops),
+        tables_(Tables()),
+        k0_(k0),
+        k1_(k1),
+        base_(base),
+        bf16_(bf16),
+        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max),
+        best_(start) {
     if (best_.index >= 0) Raise(best_.score);
   }
 
@@ -392,10 +401,10 @@ struct Row {
   const float* x;
   int64_t n;
   bool bf16;
-  float* y;        // scratch: the scaled logits
-  float* w;        // scratch: exp(x - max)
-  float* bins;     // scratch: histogram bins
-  int32_t* ids;    // scratch: candidate indices (n + chunks + 1)
+  float* y;      // scratch: the scaled logits
+  float* w;      // scratch: exp(x - max)
+  float* bins;   // scratch: histogram bins
+  int32_t* ids;  // scratch: candidate indices (n + chunks + 1)
   const ForEach* each;
   float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
   int64_t chunks() const { return NumChunks(n); }
@@ -454,13 +463,11 @@ Best Winner(const Best& best) {
 // The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
 // a value enters the full heap only if it is strictly above the heap's worst; the scan collects those
 // in vector blocks.
-std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k,
-                                            int32_t* ids) {
+std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k, int32_t* ids) {
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  std::priority_queue<std::pair<float, int64_t>, std::vector<std::pair<float, int64_t>>, decltype(before)> heap(
-      before);
+  std::priority_queue<std::pair<float, int64_t>, std::vector<std::pair<float, int64_t>>, decltype(before)> heap(before);
   int64_t i = 0;
   for (; i < n && static_cast<int64_t>(heap.size()) < k; ++i) heap.emplace(v[i], i);
   constexpr int64_t kBlock = 1024;
@@ -562,8 +569,8 @@ float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
 // only the y that can still win. Each chunk keeps its own best (from the seeds' best on), and the chunks'
 // bests are combined in order.
 template <typename Keep>
-Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
-                   float ylo, Keep keep) {
+Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base, float ylo,
+                Keep keep) {
   const float seed = std::max(ylo, ymax - 1.0f);
   std::vector<Best> part(r.chunks());
   r.ForChunks([&](int64_t c) {
@@ -618,8 +625,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
   const float t = prm.temperature;
   auto everything = [](int64_t) { return true; };
   switch (prm.form) {
-    case Form::kGreedy:
-      return ArgMax(ops, r);
+    case Form::kGreedy: return ArgMax(ops, r);
     case Form::kTemperature: {
       const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
@@ -754,7 +760,8 @@ ffi::ErrorOr<Split> SplitOf(ffi::RemainingArgs optional, ffi::RemainingRets extr
                             int64_t vocab_total, int64_t form) {
   Split split;
   if (optional.size() > 1 || extra.size() > 1)
-    return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: at most an offsets operand and a score result"));
+    return ffi::Unexpected(
+        ffi::Error::InvalidArgument("hlofuse_sample: at most an offsets operand and a score result"));
   if ((vocab_total != 0) != (optional.size() == 1))
     return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: offsets go with vocab_total > 0"));
   if (optional.size() == 1) {
@@ -839,8 +846,14 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
       for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
       x = wide;
     }
-    const Row row{x, vocab, round_bf16, scratch, scratch + stride, scratch + 2 * stride,
-                  reinterpret_cast<int32_t*>(scratch + 3 * stride), split ? &on_pool : &in_order};
+    const Row row{x,
+                  vocab,
+                  round_bf16,
+                  scratch,
+                  scratch + stride,
+                  scratch + 2 * stride,
+                  reinterpret_cast<int32_t*>(scratch + 3 * stride),
+                  split ? &on_pool : &in_order};
     const int64_t offset = split_io.offsets ? split_io.offsets[r] : 0;
     const uint64_t vocab_base = static_cast<uint64_t>(ids[r]) * vocab_global + offset;
     const Best best = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r], vocab_base);
@@ -905,10 +918,10 @@ extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_top_k, hlofuse::cpu::SampleTopK,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()          // logits (*L, V): L folds into rows
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // offsets (*L,): each row's first global id
-                                  .Ret<ffi::Buffer<ffi::F32>>()   // values (*L, k)
-                                  .Ret<ffi::Buffer<ffi::S32>>()   // ids (*L, k): global vocabulary ids
+                                  .Arg<ffi::AnyBuffer>()         // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // offsets (*L,): each row's first global id
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // values (*L, k)
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // ids (*L, k): global vocabulary ids
                                   .Attr<int64_t>("k"));
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample(XLA_FFI_CallFrame* call_frame);
@@ -916,12 +929,12 @@ extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()          // logits (*L, V): L folds into rows
-                                  .Arg<ffi::Buffer<ffi::U32>>()   // keys (*L, 2): the key, per row
-                                  .Arg<ffi::Buffer<ffi::S32>>()   // row ids (*L,): global row index
-                                  .RemainingArgs()                // offsets? (*L,) s32, with vocab_total > 0
-                                  .Ret<ffi::Buffer<ffi::S32>>()   // tokens (*L,): global vocabulary ids
-                                  .RemainingRets()                // scores? (*L,) f32: each winner's score
+                                  .Arg<ffi::AnyBuffer>()         // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // keys (*L, 2): the key, per row
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // row ids (*L,): global row index
+                                  .RemainingArgs()               // offsets? (*L,) s32, with vocab_total > 0
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // tokens (*L,): global vocabulary ids
+                                  .RemainingRets()               // scores? (*L,) f32: each winner's score
                                   .Attr<int64_t>("form")
                                   .Attr<float>("temperature")
                                   .Attr<int64_t>("k")

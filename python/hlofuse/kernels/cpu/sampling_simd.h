@@ -14,14 +14,14 @@ namespace hlofuse::cpu::sampling_simd {
 // Vector types of W lanes (a dependent vector_size inside a template typedef is not honoured by GCC).
 template <int W>
 struct Lanes;
-#define HLOFUSE_LANES(W)                                              \
-  template <>                                                         \
-  struct Lanes<W> {                                                   \
-    typedef uint32_t U __attribute__((vector_size(W * 4)));           \
-    typedef int32_t I __attribute__((vector_size(W * 4)));            \
-    typedef float F __attribute__((vector_size(W * 4)));              \
-    typedef double D __attribute__((vector_size(W * 8)));             \
-    typedef int8_t B __attribute__((vector_size(W)));                 \
+#define HLOFUSE_LANES(W)                                    \
+  template <>                                               \
+  struct Lanes<W> {                                         \
+    typedef uint32_t U __attribute__((vector_size(W * 4))); \
+    typedef int32_t I __attribute__((vector_size(W * 4)));  \
+    typedef float F __attribute__((vector_size(W * 4)));    \
+    typedef double D __attribute__((vector_size(W * 8)));   \
+    typedef int8_t B __attribute__((vector_size(W)));       \
   };
 HLOFUSE_LANES(4)
 HLOFUSE_LANES(8)
@@ -41,14 +41,22 @@ HLOFUSE_SIMD_INLINE void Threefry(uint32_t k0, uint32_t k1, uint64_t base, const
     V lo = off + base_lo;
     V hi = base_hi - (V)(lo < base_lo);  // carry of the 64-bit counter into its high half
     V x0 = hi + k0, x1 = lo + k1;
-#define HLOFUSE_TF_ROUND(r) x0 += x1; x1 = (x1 << (r)) | (x1 >> (32 - (r))); x1 ^= x0;
+#define HLOFUSE_TF_ROUND(r)              \
+  x0 += x1;                              \
+  x1 = (x1 << (r)) | (x1 >> (32 - (r))); \
+  x1 ^= x0;
 #define HLOFUSE_TF_EVEN HLOFUSE_TF_ROUND(13) HLOFUSE_TF_ROUND(15) HLOFUSE_TF_ROUND(26) HLOFUSE_TF_ROUND(6)
 #define HLOFUSE_TF_ODD HLOFUSE_TF_ROUND(17) HLOFUSE_TF_ROUND(29) HLOFUSE_TF_ROUND(16) HLOFUSE_TF_ROUND(24)
-    HLOFUSE_TF_EVEN x0 += k1; x1 += k2 + 1u;
-    HLOFUSE_TF_ODD x0 += k2; x1 += k0 + 2u;
-    HLOFUSE_TF_EVEN x0 += k0; x1 += k1 + 3u;
-    HLOFUSE_TF_ODD x0 += k1; x1 += k2 + 4u;
-    HLOFUSE_TF_EVEN x0 += k2; x1 += k0 + 5u;
+    HLOFUSE_TF_EVEN x0 += k1;
+    x1 += k2 + 1u;
+    HLOFUSE_TF_ODD x0 += k2;
+    x1 += k0 + 2u;
+    HLOFUSE_TF_EVEN x0 += k0;
+    x1 += k1 + 3u;
+    HLOFUSE_TF_ODD x0 += k1;
+    x1 += k2 + 4u;
+    HLOFUSE_TF_EVEN x0 += k2;
+    x1 += k0 + 5u;
 #undef HLOFUSE_TF_ODD
 #undef HLOFUSE_TF_EVEN
 #undef HLOFUSE_TF_ROUND
@@ -59,8 +67,9 @@ HLOFUSE_SIMD_INLINE void Threefry(uint32_t k0, uint32_t k1, uint64_t base, const
 
 // w[i] = exp(x[i] - m) (0 where x[i] - m < -87 or is NaN, below f32's normal range); returns the sum
 // in f64 (any n; no padding needed). With `bins`, also bins[i] = min(floor((m - x[i]) * bin_scale),
-// last_bin) as a float: the histogram bin of x[i] by its distance from m. A degree-7 Taylor polynomial on |r| <= ln2/2 after n = round(t / ln2): relative error < 1e-8
-// before the final rounding, so within an ulp of a correctly rounded exp.
+// last_bin) as a float: the histogram bin of x[i] by its distance from m. A degree-7 Taylor polynomial on |r| <= ln2/2
+// after n = round(t / ln2): relative error < 1e-8 before the final rounding, so within an ulp of a correctly rounded
+// exp.
 template <int W>
 HLOFUSE_SIMD_INLINE double ExpShifted(const float* x, float m, float* w, int64_t n, float* bins, float bin_scale,
                                       float last_bin) {
@@ -206,8 +215,7 @@ HLOFUSE_SIMD_INLINE float ScaleMax(const float* x, float t, bool bf16, float* y,
 // Writes the i in [begin, end) with lo <= v[i] < hi (or v[i] == hi == +inf) to out, ascending; returns
 // how many. `out` has room for end - begin + 1.
 template <int W>
-HLOFUSE_SIMD_INLINE int64_t CollectRange(const float* v, float lo, float hi, int64_t begin, int64_t end,
-                                         int32_t* out) {
+HLOFUSE_SIMD_INLINE int64_t CollectRange(const float* v, float lo, float hi, int64_t begin, int64_t end, int32_t* out) {
   using VF = typename Lanes<W>::F;
   using VI = typename Lanes<W>::I;
   int64_t count = 0, i = begin;

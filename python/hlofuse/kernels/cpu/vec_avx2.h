@@ -60,7 +60,8 @@ inline vf vload_bf16(const uint16_t* p) {
 // r[i] = column i of the 8 x 8 matrix whose rows are r[0..7].
 inline void vtranspose(vf* r) {
   vf t[8], u[8];
-  for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 8; i += 2)
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
   for (int i = 0; i < 8; i += 4) {
     u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
     u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);

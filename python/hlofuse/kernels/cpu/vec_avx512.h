@@ -62,7 +62,8 @@ inline vf vload_bf16(const uint16_t* p) {
 // r[i] = column i of the 16 x 16 matrix whose rows are r[0..15].
 inline void vtranspose(vf* r) {
   vf t[16], u[16];
-  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 2)
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
   for (int i = 0; i < 16; i += 4) {
     u[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44), u[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
     u[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44), u[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
