@@ -2,8 +2,9 @@
 
 Anchors on every argmax over the last axis (JAX's variadic `reduce` of (values, iota)). For each, it
 tries the sampler forms of hlofuse.kernels.sampling_reference.FORMS (greedy, argmax of a softmax,
-temperature + categorical, top-k by `lax.top_k` in rank space or as a mask, nucleus top-p by sort +
-softmax + cumsum + threshold, min-p, top-k then top-p): each form is lowered for the site's logits
+temperature + categorical, top-k by `lax.top_k` (or a stable argsort sliced to k) in rank space or as a
+mask, nucleus top-p by sort + softmax + cumsum + threshold, min-p, top-k then top-p): each form is lowered
+for the site's logits
 shape, dtype and k, with sentinel constants for temperature, p and min-p, and the site is fused only if
 the program computes, op for op, that lowering (hlofuse.ir.template_match). The Gumbel noise therefore
 comes from the same threefry2x32 counters as in JAX, and the composite's attributes plus its form
@@ -168,7 +169,46 @@ def _shape(value: ir.Value) -> tuple[int, ...]:
     return tuple(ir.RankedTensorType(value.type).shape)
 
 
-def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[ir.Operation],
+@dataclass(frozen=True)
+class TopK:
+    """A top-k in the program: what it selects from (shape, element type) and its k."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    k: int
+
+
+def _top_ks(op: ir.Operation) -> list[TopK]:
+    """`chlo.top_k`, or an argsort sliced to its first k ids: a 2-operand sort (values, iota) along the
+    last dim whose ids, reversed along that dim or not, are sliced to [0, k). Which argsorts are a top-k
+    the templates decide (only the stable descending one is)."""
+    if op.name == "chlo.top_k":
+        source = op.operands[0]
+        return [TopK(_shape(source), _element(source), ir.IntegerAttr(op.attributes["k"]).value)]
+    if op.name != "stablehlo.sort" or len(op.operands) != 2:
+        return []
+    source = op.operands[0]
+    last = len(_shape(source)) - 1
+    if ir.IntegerAttr(op.attributes["dimension"]).value != last:
+        return []
+    ids = [op.results[1]]
+    ids += [use.owner.results[0] for use in op.results[1].uses if use.owner.name == "stablehlo.reverse"
+            and list(ir.DenseI64ArrayAttr(use.owner.attributes["dimensions"])) == [last]]
+    found = []
+    for value in ids:
+        for use in value.uses:
+            user = use.owner
+            if user.name != "stablehlo.slice":
+                continue
+            starts = list(ir.DenseI64ArrayAttr(user.attributes["start_indices"]))
+            strides = list(ir.DenseI64ArrayAttr(user.attributes["strides"]))
+            k = _shape(user.results[0])[last]
+            if not any(starts) and set(strides) == {1} and k < _shape(source)[last]:
+                found.append(TopK(_shape(source), _element(source), k))
+    return found
+
+
+def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[TopK],
                 ops_present: set[str]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
     """(form, writing, logits shape, dtype, k) worth lowering for this argmax."""
     x = argmax.operands[0]
@@ -180,15 +220,14 @@ def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[ir.Operation],
         if "k" not in form.params:
             yield form, writing, shape, dtype, 0
             continue
-        for top_k in top_ks:
-            source, k = top_k.operands[0], ir.IntegerAttr(top_k.attributes["k"]).value
-            if form.name in ("top_k", "temperature_top_k") and shape[-1] == k:
-                yield form, writing, _shape(source), _element(source), k
-            elif _shape(source) == shape and _element(source) == dtype and k < shape[-1]:
-                yield form, writing, shape, dtype, k
+        for top_k in dict.fromkeys(top_ks):
+            if form.name in ("top_k", "temperature_top_k") and shape[-1] == top_k.k:
+                yield form, writing, top_k.shape, top_k.dtype, top_k.k
+            elif top_k.shape == shape and top_k.dtype == dtype and top_k.k < shape[-1]:
+                yield form, writing, shape, dtype, top_k.k
 
 
-def analyze(argmax: ir.Operation, top_ks: list[ir.Operation], ops_present: set[str]) -> Site:
+def analyze(argmax: ir.Operation, top_ks: list[TopK], ops_present: set[str]) -> Site:
     noisy = _has_noise(argmax.operands[0])
     tried: list[str] = []
     for form, writing, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
@@ -304,19 +343,19 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
     op.walk(visit)
 
 
-def _sites(module: ir.Operation) -> Iterator[tuple[ir.Operation, list[ir.Operation], set[str]]]:
+def _sites(module: ir.Operation) -> Iterator[tuple[ir.Operation, list[TopK], set[str]]]:
     for fn in build.functions(module, skip_decompositions=True):
         argmaxes: list[ir.Operation] = []
-        top_ks: list[ir.Operation] = []
+        top_ks: list[TopK] = []
         names: set[str] = set()
 
-        def visit(op: ir.Operation, argmaxes: list[ir.Operation] = argmaxes, top_ks: list[ir.Operation] = top_ks,
+        def visit(op: ir.Operation, argmaxes: list[ir.Operation] = argmaxes, top_ks: list[TopK] = top_ks,
                   names: set[str] = names) -> ir.WalkResult:
             names.add(op.name)
             if _is_argmax(op):
                 argmaxes.append(op)
-            elif op.name == "chlo.top_k":
-                top_ks.append(op)
+            else:
+                top_ks.extend(_top_ks(op))
             return ir.WalkResult.ADVANCE
 
         fn.walk(visit)

@@ -39,7 +39,9 @@ MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "tempera
 BATCHES = ("v", "b", "b1", "bt")
 # const: x / T (a Python float); reciprocal: x * (1 / T); traced: x / t with t a scalar argument.
 TEMPERATURES = ("const", "reciprocal", "traced")
-TOP_KS = ("lax", "sort")  # lax.top_k, or a descending sort (argsort for ids) sliced to k
+# lax.top_k, a stable descending argsort sliced to k (values gathered), or argsort(-x) sliced to k (which
+# puts NaN last, unlike lax.top_k: not a top-k writing)
+TOP_KS = ("lax", "sort", "negated_sort")
 # sort: the reference (descending sort, softmax after it, cutoff at sum(cumsum < p)); top_k: the same with
 # a full-width lax.top_k for the sort (JetStream / MaxText); gemma: softmax first, then sort the
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
@@ -139,9 +141,10 @@ def writes_form_exactly(spec: SamplerSpec) -> bool:
     as the categorical of what it feeds the draw)."""
     if spec.form in READS_T and spec.temperature_style != "const":
         return False
-    if spec.form in USES_TOP_K and spec.top_k_style != "lax":
+    if spec.form in USES_TOP_K and spec.top_k_style == "negated_sort":
         return False
-    # A full-width lax.top_k for the nucleus's sort is another writing of the form (sampling_reference).
+    # A stable descending argsort sliced to k for the top-k, and a full-width lax.top_k for the nucleus's
+    # sort, are other writings of the form (sampling_reference).
     return not (spec.form in USES_TOP_P and spec.top_p_style not in ("sort", "top_k"))
 
 
@@ -216,7 +219,10 @@ class _Ctx:
     def top_k(self, x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
         if self.spec.top_k_style == "lax":
             return jax.lax.top_k(x, k)
-        ids = jnp.argsort(x, axis=-1, descending=True, stable=True)[..., :k].astype(jnp.int32)
+        if self.spec.top_k_style == "sort":
+            ids = jnp.argsort(x, axis=-1, descending=True, stable=True)[..., :k].astype(jnp.int32)
+        else:
+            ids = jnp.argsort(-x, axis=-1)[..., :k]
         return jnp.take_along_axis(x, ids, axis=-1), ids
 
 

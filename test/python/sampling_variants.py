@@ -90,6 +90,20 @@ def maxtext_top_k_mask(x, key):
     return jax.random.categorical(key, jnp.where(x < kth, -jnp.inf, x) / 0.8)
 
 
+def argsort_top_k(x, key):
+    """top-k by a stable descending argsort: lax.top_k's ids and values."""
+    ids = jnp.argsort(x, axis=-1, descending=True, stable=True)[..., :20]
+    pick = jax.random.categorical(key, jnp.take_along_axis(x, ids, axis=-1) / 0.7)
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+
+def negated_argsort_top_k_mask(x, key):
+    """argsort(-x) puts NaN last where lax.top_k puts it first: not the top_k_mask form; exact as the
+    temperature form of the masked logits."""
+    kth = jnp.take_along_axis(x, jnp.argsort(-x, axis=-1)[..., :12], axis=-1)[..., -1:]
+    return jax.random.categorical(key, jnp.where(x < kth, -jnp.inf, x) / 0.8)
+
+
 # --- top-p, min-p and combinations ------------------------------------------------------------------
 
 
@@ -129,6 +143,14 @@ def no_match_uniform_noise(x, key):
     return jnp.argmax(x + jax.random.uniform(key, x.shape), axis=-1)
 
 
+def reversed_argsort_top_k(x, key):
+    """An ascending argsort reversed: ties go to the higher index, unlike lax.top_k, so it is not the top_k
+    form; exact as the temperature form over the values it gathers."""
+    ids = jnp.argsort(x, axis=-1)[..., ::-1][..., :20]
+    pick = jax.random.categorical(key, jnp.take_along_axis(x, ids, axis=-1) / 0.7)
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+
 def unknown_filter_is_categorical(x, key):
     """A filter no form knows (<= kth, then * 1/T): exact as categorical over what it computes."""
     kth = jax.lax.top_k(x, 16)[0][..., -1:]
@@ -151,6 +173,9 @@ VARIANTS: list[Variant] = [
     Variant("jetstream_top_k_bf16", jetstream_top_k, "top_k", dtype=jnp.bfloat16, expect={"k": 40}),
     Variant("keras_top_k", keras_top_k, "temperature_top_k", expect={"k": 8, "temperature": 0.9}),
     Variant("maxtext_top_k_mask", maxtext_top_k_mask, "top_k_mask", expect={"k": 16, "temperature": 0.8}),
+    Variant("argsort_top_k", argsort_top_k, "top_k", expect={"k": 20, "temperature": 0.7}),
+    Variant("negated_argsort_top_k_mask", negated_argsort_top_k_mask, "temperature", expect={"temperature": 0.8}),
+    Variant("reversed_argsort_top_k", reversed_argsort_top_k, "temperature", expect={"temperature": 0.7}),
     Variant("jetstream_top_p", jetstream_top_p, "top_p_mask", expect={"mode": "top_p", "p": 0.9}),
     Variant("jetstream_top_p_bf16", jetstream_top_p, "top_p_mask", dtype=jnp.bfloat16),
     Variant("top_k_then_top_p", top_k_then_top_p, "top_k_top_p_mask",

@@ -50,6 +50,7 @@ from sampling_programs import (
 )
 from test_fuse_sampling_e2e import compile_module
 
+from hlofuse.kernels.sampling_reference import top_k_by_argsort
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites, sample_attrs
 
@@ -175,6 +176,17 @@ FIXED_GAPS = {
     "top_k_top_p_by_full_top_k": SamplerSpec(form="top_k_top_p_mask", top_p_style="top_k", key_kind="typed"),
     # The sampler's returned probabilities still block fusion, with a remark.
     "min_p_probs_escape": SamplerSpec(form="min_p", escape=True),
+    # A stable descending argsort sliced to k, values gathered: lax.top_k's ids and values, so another
+    # writing of the top-k forms (sampling_reference._by_argsort). Fused as `temperature` over the gathered
+    # values before, which left the whole-vocabulary sort to XLA.
+    "top_k_by_argsort": SamplerSpec(form="top_k", top_k_style="sort"),
+    "top_k_mask_by_argsort": SamplerSpec(form="top_k_mask", top_k_style="sort"),
+    "temperature_top_k_by_argsort": SamplerSpec(form="temperature_top_k", top_k_style="sort"),
+    "top_k_top_p_by_argsort_and_full_top_k": SamplerSpec(form="top_k_top_p_mask", top_k_style="sort",
+                                                         top_p_style="top_k"),
+    # argsort(-x)[..., :k] puts NaN last where lax.top_k puts it first: not a top-k writing, so the exact
+    # fallback (temperature over what it feeds the draw).
+    "top_k_mask_by_negated_argsort_is_not_top_k": SamplerSpec(form="top_k_mask", top_k_style="negated_sort"),
 }
 
 
@@ -183,15 +195,28 @@ def test_fixed_gap(spec: SamplerSpec) -> None:
     check_program(spec)
 
 
+def test_argsort_writing_is_lax_top_k_but_for_signed_zeros() -> None:
+    """Why the stable descending argsort is a top-k writing and argsort(-x) is not: NaN, infinities and ties."""
+    rng = np.random.default_rng(0)
+    specials = np.array([np.nan, np.inf, -np.inf, 1.0, 1.0, 0.5], np.float32)
+    rows = rng.choice(np.concatenate([specials, rng.standard_normal(10).astype(np.float32)]), size=(64, 24))
+    x = jax.numpy.asarray(rows)
+    for k in (1, 5, 24):
+        want_values, want_ids = jax.lax.top_k(x, k)
+        values, ids = top_k_by_argsort(x, k)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(values, want_values)  # NaN where NaN
+    negated_ids = jax.numpy.argsort(-x, axis=-1)[..., :5]
+    assert not np.array_equal(negated_ids, jax.lax.top_k(x, 5)[1])  # NaN goes last there
+    zeros = jax.numpy.asarray([[-0.0, 0.0, 1.0]])
+    assert top_k_by_argsort(zeros, 3)[1].tolist() == [[2, 0, 1]]  # a tie in value, by index
+    assert jax.lax.top_k(zeros, 3)[1].tolist() == [[2, 1, 0]]  # +0 first
+
+
 # Known gaps: each the smallest program of its family, with the form it should fuse to; the strategy lets
 # these families through with the fallback fusion (`sampling_programs.expected`), which is exact. When a
 # fix lands the entry XPASSes, which fails the suite: move it to FIXED_GAPS and update `expected`.
 KNOWN_GAPS = {
-    # argsort(descending, stable)[:k] + take_along_axis computes lax.top_k's values and ids bit for bit,
-    # but fuses as `temperature` over the gathered values: a second writing of top_k (Writing) would need
-    # the argsort's sort+iota+slice to be matched; not done yet.
-    "top_k_by_argsort": (SamplerSpec(form="top_k", top_k_style="sort"), "top_k"),
-    "top_k_mask_by_argsort": (SamplerSpec(form="top_k_mask", top_k_style="sort"), "top_k_mask"),
     # gemma / keras-hub nucleus: draws in rank space from log(kept probabilities), a noise index space and
     # normalisation no form has; fuses as `categorical` over the rank-space log-probabilities (exact). It
     # needs a new form and kernels.

@@ -5,7 +5,8 @@
     python tools/bench/sampling_cpu.py --batch 8 --vocab 128256     # the headline row
 
 Times are medians of --iters runs after a warm-up, in milliseconds, for (batch, vocab) logits in f32 and
-bf16. "original" is the sampler form as JAX programs write it (sort-based for top-p), compiled by XLA;
+bf16. "original" is the sampler form as JAX programs write it (sort-based for top-p; the "(argsort)"
+modes take their top-k by a stable argsort sliced to k, another writing the fusion matches), compiled by XLA;
 "argmax" is `jnp.argmax(x, -1)` and "read" `jnp.max(x, -1)` (one pass over the logits), both XLA. Before
 timing, every mode's token ids are checked equal to the original's (same key).
 """
@@ -20,13 +21,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.kernels.sampling_reference import FORMS, sample_reference, top_k_by_argsort
 
-MODES = {"greedy": ("greedy", {}), "temperature": ("temperature", {"temperature": 0.7}),
-         "top-k": ("top_k", {"temperature": 0.7, "k": 50}),
-         "top-p": ("top_p_mask", {"temperature": 0.7, "p": 0.9}),
-         "top-k+top-p": ("top_k_top_p_mask", {"temperature": 0.7, "k": 50, "p": 0.9}),
-         "min-p": ("min_p", {"temperature": 0.7, "min_p": 0.05})}
+# mode: (form, parameters, the top-k writing of the original program: None for lax.top_k)
+MODES = {"greedy": ("greedy", {}, None), "temperature": ("temperature", {"temperature": 0.7}, None),
+         "top-k": ("top_k", {"temperature": 0.7, "k": 50}, None),
+         "top-k (argsort)": ("top_k", {"temperature": 0.7, "k": 50}, top_k_by_argsort),
+         "top-k mask (argsort)": ("top_k_mask", {"temperature": 0.7, "k": 50}, top_k_by_argsort),
+         "top-p": ("top_p_mask", {"temperature": 0.7, "p": 0.9}, None),
+         "top-k+top-p": ("top_k_top_p_mask", {"temperature": 0.7, "k": 50, "p": 0.9}, None),
+         "min-p": ("min_p", {"temperature": 0.7, "min_p": 0.05}, None)}
+
+
+def _original(form: str, params: dict[str, float], top_k_fn: object) -> object:
+    if top_k_fn is None:
+        return jax.jit(lambda x, k: sample_reference(x, k, form=form, **params))
+    return jax.jit(lambda x, k: FORMS[form].fn(x, k, **params, top_k_fn=top_k_fn).astype(jnp.int32))
 
 
 def _time(fn: object, *args: jax.Array, iters: int) -> float:
@@ -58,10 +68,10 @@ def main() -> None:
                 argmax_ms = _time(jax.jit(lambda x: jnp.argmax(x, -1)), x, iters=args.iters)
                 read_ms = _time(jax.jit(lambda x: jnp.max(x, -1)), x, iters=args.iters)
                 for mode in args.modes:
-                    form, params = MODES[mode]
+                    form, params, top_k_fn = MODES[mode]
                     if dtype == "bfloat16" and form in sampling.BF16_UNSUPPORTED:
                         continue
-                    orig = jax.jit(lambda x, k, f=form, p=params: sample_reference(x, k, form=f, **p))
+                    orig = _original(form, params, top_k_fn)
                     ours = jax.jit(lambda x, k, f=form, p=params: sampling.sample(x, k, form=f, **p))
                     assert (np.asarray(orig(x, key)) == np.asarray(ours(x, key))).all(), (mode, dtype, batch, vocab)
                     o, h = _time(orig, x, key, iters=args.iters), _time(ours, x, key, iters=args.iters)

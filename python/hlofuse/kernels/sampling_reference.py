@@ -18,6 +18,7 @@ top-k list (value descending, ties by lower vocabulary id).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -60,26 +61,41 @@ def _take(indices: jax.Array, position: jax.Array) -> jax.Array:
     return jnp.take_along_axis(indices, position[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
-def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, **_: Any) -> jax.Array:
+TopK = Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]
+
+
+def top_k_by_argsort(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """lax.top_k written as a stable descending argsort sliced to k, then the values gathered: the same ids
+    (NaN first, then value descending, ties by lower index) and values, bit for bit except that it takes
+    -0 and +0 as a tie where lax.top_k puts +0 first. (`argsort(-x)[..., :k]` is not one: it puts NaN
+    last.)"""
+    ids = jnp.argsort(x, axis=-1, descending=True, stable=True)[..., :k]
+    return jnp.take_along_axis(x, ids, axis=-1), ids
+
+
+def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
+          **_: Any) -> jax.Array:
     """JetStream / gemma style: categorical over the top-k logits / T, mapped back through their ids."""
-    values, indices = jax.lax.top_k(logits, k)
+    values, indices = top_k_fn(logits, k)
     return _take(indices, jax.random.categorical(key, values / temperature, axis=-1))
 
 
-def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, **_: Any) -> jax.Array:
+def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
+                      top_k_fn: TopK = jax.lax.top_k, **_: Any) -> jax.Array:
     """keras-hub style: temperature first, then categorical over the top-k."""
-    values, indices = jax.lax.top_k(logits / temperature, k)
+    values, indices = top_k_fn(logits / temperature, k)
     return _take(indices, jax.random.categorical(key, values, axis=-1))
 
 
-def _mask_top_k(logits: jax.Array, k: int) -> jax.Array:
-    kth = jax.lax.top_k(logits, k)[0][..., -1:]
+def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+    kth = top_k_fn(logits, k)[0][..., -1:]
     return jnp.where(logits < kth, NEG_INF, logits)
 
 
-def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, **_: Any) -> jax.Array:
+def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
+               **_: Any) -> jax.Array:
     """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
-    return jax.random.categorical(key, _mask_top_k(logits, k) / temperature, axis=-1)
+    return jax.random.categorical(key, _mask_top_k(logits, k, top_k_fn) / temperature, axis=-1)
 
 
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False) -> jax.Array:
@@ -101,9 +117,9 @@ def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: floa
 
 
 def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
-                     **_: Any) -> jax.Array:
+                     top_k_fn: TopK = jax.lax.top_k, **_: Any) -> jax.Array:
     """Top-k mask, then the nucleus mask over what is left, then / T."""
-    return jax.random.categorical(key, _mask_top_p(_mask_top_k(logits, k), p) / temperature, axis=-1)
+    return jax.random.categorical(key, _mask_top_p(_mask_top_k(logits, k, top_k_fn), p) / temperature, axis=-1)
 
 
 def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
@@ -113,9 +129,9 @@ def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float
 
 
 def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
-                              **_: Any) -> jax.Array:
+                              top_k_fn: TopK = jax.lax.top_k, **_: Any) -> jax.Array:
     """top_k_top_p_mask with the nucleus's sort as a full-width lax.top_k."""
-    masked = _mask_top_p(_mask_top_k(logits, k), p, sort_by_top_k=True)
+    masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True)
     return jax.random.categorical(key, masked / temperature, axis=-1)
 
 
@@ -163,18 +179,30 @@ class Form:
 
 
 _NOISE = ("stablehlo.while",)  # threefry's rounds
+def _by_argsort(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> tuple[Writing, ...]:
+    """`fn` with its top-k taken by top_k_by_argsort: the sort replaces lax.top_k among the markers."""
+    markers = tuple(op for op in markers if op != "chlo.top_k")
+    markers += ("stablehlo.sort",) * ("stablehlo.sort" not in markers)
+    return (Writing(functools.partial(fn, top_k_fn=top_k_by_argsort), markers),)
+
+
+_TOP_K = _NOISE + ("chlo.top_k",)
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
     Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",)),
     Form("categorical", "temperature", categorical, marker_ops=_NOISE),
     Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
-    Form("top_k", "top_k", top_k, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
-    Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
-    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _NOISE + ("chlo.top_k",)),
+    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K, _by_argsort(top_k, _TOP_K)),
+    Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
+         _by_argsort(temperature_top_k, _TOP_K)),
+    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K, _by_argsort(top_k_mask, _TOP_K)),
     Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
-         (Writing(top_p_mask_by_top_k, _NOISE + ("chlo.top_k",)),)),
+         (Writing(top_p_mask_by_top_k, _TOP_K),)),
     Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
-         _NOISE + ("chlo.top_k", "stablehlo.sort"), (Writing(top_k_top_p_mask_by_top_k, _NOISE + ("chlo.top_k",)),)),
+         _TOP_K + ("stablehlo.sort",),
+         (Writing(top_k_top_p_mask_by_top_k, _TOP_K),
+          *_by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
+          *_by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
 )}
 
@@ -219,4 +247,5 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
-__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "Writing", "form_params", "sample_reference", "sampling_lowering"]
+__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "Writing", "form_params", "sample_reference", "sampling_lowering",
+           "top_k_by_argsort"]
