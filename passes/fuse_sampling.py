@@ -17,14 +17,15 @@ reproduce the program's token ids exactly.
          decomposition = @hlofuse.sample.impl, version = 1 : i32}
 
 Sites whose interior values have users outside them are left alone, and an argmax over
-Gumbel-perturbed logits that no form matches gets a remark (a near-miss).
+Gumbel-perturbed logits that no form matches gets a remark (a near-miss). So does an argsort sliced to k
+that is not a top-k writing when the draw after it fuses as the temperature fallback.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import jax
@@ -171,11 +172,13 @@ def _shape(value: ir.Value) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class TopK:
-    """A top-k in the program: what it selects from (shape, element type) and its k."""
+    """A top-k in the program: what it selects from (shape, element type) and its k; `sort` is the argsort's
+    sort when it is written as one."""
 
     shape: tuple[int, ...]
     dtype: str
     k: int
+    sort: ir.Operation | None = field(default=None, compare=False)
 
 
 def _top_ks(op: ir.Operation) -> list[TopK]:
@@ -204,7 +207,7 @@ def _top_ks(op: ir.Operation) -> list[TopK]:
             strides = list(ir.DenseI64ArrayAttr(user.attributes["strides"]))
             k = _shape(user.results[0])[last]
             if not any(starts) and set(strides) == {1} and k < _shape(source)[last]:
-                found.append(TopK(_shape(source), _element(source), k))
+                found.append(TopK(_shape(source), _element(source), k, op))
     return found
 
 
@@ -385,6 +388,7 @@ class FuseSamplingPass(ModulePass):
                 continue
             try:
                 site = analyze(argmax, top_ks, names)
+                near_misses = _argsorts_not_fused(site, top_ks)
                 rewrite(site, module)
             except NoMatch as reason:
                 failed.add(argmax)
@@ -393,5 +397,23 @@ class FuseSamplingPass(ModulePass):
                     state.count("sampling_not_fused")
                 continue
             state.count(f"{site.form.name}_to_sample")
+            for sort in near_misses:
+                state.remark(sort, f"top-k by argsort not fused into the sampler (fused as `{site.form.name}` "
+                             "after it): only a stable descending argsort sliced to k, jnp.argsort(x, "
+                             "descending=True, stable=True)[..., :k], orders as lax.top_k (argsort(-x) puts NaN "
+                             "last; a reversed ascending argsort puts a tie's higher id first)")
+                state.count("argsort_top_k_not_fused")
             return True
         return False
+
+
+_FALLBACK_FORMS = ("temperature", "categorical")  # what a filter written another way fuses as
+
+
+def _argsorts_not_fused(site: Site, top_ks: list[TopK]) -> list[ir.Operation]:
+    """The argsort sorts that feed a site fused as a fallback form: top-k writings that were not one."""
+    if site.form.name not in _FALLBACK_FORMS:
+        return []
+    sorts = {top_k.sort for top_k in top_ks if top_k.sort is not None}
+    upstream = {op for leaf in site.match.leaves.values() for op in _backward_ops(leaf)}
+    return [sort for sort in sorts if sort in upstream]

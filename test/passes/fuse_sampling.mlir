@@ -2344,6 +2344,7 @@ module @sample_argsort_top_k attributes {mhlo.num_partitions = 1 : i32, mhlo.num
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"
 // CHECK: func.func private @hlofuse.sample.impl
+// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.sort: top-k by argsort not fused into the sampler (fused as `temperature` after it)
 module @sample_negated_argsort_top_k_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @sample_negated_argsort_top_k_mask(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
     %0 = stablehlo.negate %arg0 : tensor<4x256xf32>
@@ -2580,6 +2581,7 @@ module @sample_negated_argsort_top_k_mask attributes {mhlo.num_partitions = 1 : 
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"
 // CHECK: func.func private @hlofuse.sample.impl
+// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.sort: top-k by argsort not fused into the sampler (fused as `temperature` after it)
 module @sample_reversed_argsort_top_k attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @sample_reversed_argsort_top_k(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
     %0 = call @argsort(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xi32>

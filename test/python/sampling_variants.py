@@ -30,6 +30,7 @@ class Variant:
     dtype: Any = jnp.float32  # noqa: ANN401
     expect: dict[str, Any] = field(default_factory=dict)
     stochastic: bool = True
+    remark: str | None = None  # a remark a fused variant must still give (a part of it left unfused)
 
 
 def lower(variant: Variant) -> Any:  # noqa: ANN401
@@ -157,6 +158,8 @@ def unknown_filter_is_categorical(x, key):
     return jax.random.categorical(key, jnp.where(x <= kth, x, -jnp.inf) * 1.25)
 
 
+ARGSORT_REMARK = "stablehlo.sort: top-k by argsort not fused into the sampler (fused as `temperature` after it)"
+
 VARIANTS: list[Variant] = [
     Variant("argmax", argmax, "greedy", stochastic=False, expect={"mode": "greedy"}),
     Variant("argmax_bf16", argmax, "greedy", dtype=jnp.bfloat16, stochastic=False),
@@ -174,8 +177,10 @@ VARIANTS: list[Variant] = [
     Variant("keras_top_k", keras_top_k, "temperature_top_k", expect={"k": 8, "temperature": 0.9}),
     Variant("maxtext_top_k_mask", maxtext_top_k_mask, "top_k_mask", expect={"k": 16, "temperature": 0.8}),
     Variant("argsort_top_k", argsort_top_k, "top_k", expect={"k": 20, "temperature": 0.7}),
-    Variant("negated_argsort_top_k_mask", negated_argsort_top_k_mask, "temperature", expect={"temperature": 0.8}),
-    Variant("reversed_argsort_top_k", reversed_argsort_top_k, "temperature", expect={"temperature": 0.7}),
+    Variant("negated_argsort_top_k_mask", negated_argsort_top_k_mask, "temperature", expect={"temperature": 0.8},
+            remark=ARGSORT_REMARK),
+    Variant("reversed_argsort_top_k", reversed_argsort_top_k, "temperature", expect={"temperature": 0.7},
+            remark=ARGSORT_REMARK),
     Variant("jetstream_top_p", jetstream_top_p, "top_p_mask", expect={"mode": "top_p", "p": 0.9}),
     Variant("jetstream_top_p_bf16", jetstream_top_p, "top_p_mask", dtype=jnp.bfloat16),
     Variant("top_k_then_top_p", top_k_then_top_p, "top_k_top_p_mask",
@@ -209,6 +214,8 @@ def _lit_case(variant: Variant) -> str:
         lines += [f'// CHECK: stablehlo.composite "hlofuse.sample"{{{{.*}}}}form = "{variant.form}"',
                   '// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
                   "// CHECK: func.func private @hlofuse.sample.impl"]
+        if variant.remark:
+            lines += [f"// REMARK: remark: [hlofuse-fuse-sampling] {variant.remark}"]
     return "\n".join(lines) + "\n" + text
 
 

@@ -76,6 +76,11 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
     if variant.form is None:
         assert result.remarks, "a near-miss must say why it was not fused"
         return
+    remarks = [str(r) for r in result.remarks]
+    if variant.remark:
+        assert any(variant.remark in r for r in remarks), remarks
+    else:
+        assert not any("argsort" in r for r in remarks), remarks
     (attrs,) = sample_attrs(fused)
     assert attrs.form == variant.form
     for key, want in variant.expect.items():
