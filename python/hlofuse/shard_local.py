@@ -34,6 +34,9 @@ What a shard can cut:
 - a decode's key sequence, for the targets in KEY_SPLITS (Pallas, NKI): `decode_key_split` gives each
   shard one key range and merges the ranges' partial results (output and log-sum-exp) after the
   manual computation, as flash-decoding merges its splits.
+- a prefill's key sequence (a query chunk against a sharded cache), for the Pallas tpu / gpu kernels:
+  `prefill_key_split` gives each range its key lengths and its own q_offset (the composite's minus the
+  range's start, a traced operand the kernels read per batch row), and merges as above.
 
 Dims that arrive sharded but that a shard keeps whole (a prefill's sequence, a vocabulary) are named by
 `ShardPlan.gathered`: under multi_device=local (the default) the composite then stays, under batch they
@@ -109,9 +112,11 @@ PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
 # (composite, target) -> "module:function" pairs for per-shard calls that also cut a key sequence:
 # `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> KeySplit`.
 KEY_SPLITS: dict[tuple[str, str], str] = {
-    # gpu-mosaic lowers decode composites to the Triton kernel, so its decode ranges run there too
     **{("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
-       for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret", "gpu-mosaic", "gpu-mosaic-interpret")},
+       for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")},
+    # gpu-mosaic lowers decode composites to the Triton kernel, so its decode ranges run there too
+    **{("hlofuse.attention", target): "hlofuse.kernels.pallas.mosaic_gpu"
+       for target in ("gpu-mosaic", "gpu-mosaic-interpret")},
     **{("hlofuse.attention", target): "hlofuse.kernels.nki.attention" for target in ("neuron", "neuron-sim")},
 }
 
@@ -154,6 +159,34 @@ def decode_key_cuts(call: CompositeCall) -> Cuts:
     cuts = attention_cuts(call)
     if decode_key_split_unsupported(call) is not None:
         return cuts
+    return _with_key_cut(call, cuts)
+
+
+def prefill_key_split_unsupported(call: CompositeCall) -> str | None:
+    """Why a prefill's key sequence cannot be cut into ranges run per shard, or None when it can: ranges
+    weigh their keys by log-sum-exp, so masked_value must be -inf, and a bias or mask would have to be cut
+    along the keys too (not done)."""
+    from hlofuse.composites import AttentionAttrs
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if {"bias", "mask"} & set(attrs.operands):
+        return "a bias or a mask"
+    if not math.isinf(attrs.masked_value):
+        return "a finite masked_value"
+    return None
+
+
+def key_sequence_cuts(call: CompositeCall) -> Cuts:
+    """`attention_cuts`, and the key sequence of a decode (`decode_key_split_unsupported`) or of a prefill
+    (`prefill_key_split_unsupported`) when its split allows it: the cuts of the kernels that take q_offset
+    per batch row."""
+    if call.operand_types[0][0][1] == 1:
+        return decode_key_cuts(call)
+    cuts = attention_cuts(call)
+    return cuts if prefill_key_split_unsupported(call) is not None else _with_key_cut(call, cuts)
+
+
+def _with_key_cut(call: CompositeCall, cuts: Cuts) -> Cuts:
     roles = list(call.attributes["operands"])
     operands = tuple((labels[0], "s", *labels[2:]) if role in ("k", "v") else labels
                      for role, labels in zip(roles, cuts.operands, strict=True))
@@ -161,6 +194,18 @@ def decode_key_cuts(call: CompositeCall) -> Cuts:
 
 
 _JNP_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def _merge_ranges(b: int, t: int, n: int, splits: int, dtype: Any) -> Callable[..., Any]:  # noqa: ANN401
+    """The merge of a key split: combines the P ranges' (output, lse) exactly (`combine_partials`)."""
+    from hlofuse.kernels.reference import combine_partials
+
+    def merge(out: Any, lse: Any) -> Any:  # noqa: ANN401  (B, P, T, N, D), (B, P, T, N)
+        d = out.shape[-1]
+        merged = combine_partials(out.reshape(b, splits, t * n, d), lse.reshape(b, splits, t * n), "float32")
+        return merged.reshape(b, t, n, d).astype(dtype)
+
+    return merge
 
 
 def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
@@ -174,7 +219,7 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
     import jax.numpy as jnp
 
     from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels.reference import UNBOUNDED, combine_partials
+    from hlofuse.kernels.reference import UNBOUNDED
 
     attrs = AttentionAttrs.from_dict(call.attributes)
     b, t, n, _ = call.operand_types[0][0]
@@ -198,17 +243,62 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
         out, lse = run_range(q, k[:, 0], v[:, 0], lengths[:, 0], scale=attrs.scale, softcap=attrs.softcap)
         return out[:, None], lse[:, None]
 
-    def merge(out: Any, lse: Any) -> Any:  # noqa: ANN401  (B, P, T, N, D), (B, P, T, N)
-        d = out.shape[-1]
-        merged = combine_partials(out.reshape(b, splits, t * n, d), lse.reshape(b, splits, t * n), jnp.float32)
-        return merged.reshape(b, t, n, d).astype(dtype)
+    if platform is not None:
+        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
+    kv_label = "n" if kv > 1 else ""
+    return KeySplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
+                    operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
+                              ("b", "s")),
+                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
+
+
+def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
+                      platform: str | None = None) -> KeySplit:
+    """A prefill composite (no bias or mask, masked_value -inf) as `splits` key ranges, one per shard.
+
+    Key j of range p is global key p * S/P + j, so the range sees the queries at q_offset - p * S/P: the
+    causal / window bounds hold with that offset, which `prepare` gives each (batch row, range) next to
+    its key lengths (the composite's kv_lengths, shifted by the range's start). `shard` runs
+    `run_range(q, k, v, kv_lengths=, q_offsets=, q_lengths=, **attention attributes) -> (out f32, lse)`
+    on one range; `merge` combines the P partial results exactly (`combine_partials`): a row that sees
+    no key of a range weighs 0 there, one that sees none of any is NaN, as in the reference."""
+    import jax.numpy as jnp
+
+    from hlofuse.composites import AttentionAttrs
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    b, t, n, _ = call.operand_types[0][0]
+    s, kv = call.operand_types[1][0][1:3]
+    extra = list(attrs.operands[3:])  # q_lengths and / or kv_lengths, in that order
+    per_range = s // splits
+    dtype = jnp.dtype(_JNP_DTYPES[call.operand_types[0][1]])
+    statics = {"scale": attrs.scale, "softcap": attrs.softcap, "causal": attrs.causal,
+               "window_left": attrs.window_left, "window_right": attrs.window_right}
+
+    def prepare(q: Any, k: Any, v: Any, *rest: Any) -> tuple[Any, ...]:  # noqa: ANN401
+        named = dict(zip(extra, rest, strict=True))
+        limit = jnp.full((b,), s, jnp.int32)
+        if "kv_lengths" in named:
+            limit = jnp.minimum(limit, named["kv_lengths"].astype(jnp.int32))
+        starts = jnp.arange(splits, dtype=jnp.int32) * per_range
+        lengths = jnp.clip(limit[:, None] - starts[None, :], 0, per_range)  # (B, P)
+        offsets = jnp.broadcast_to(jnp.int32(attrs.q_offset) - starts[None, :], (b, splits))
+        ranges = tuple(x.reshape(b, splits, per_range, *x.shape[2:]) for x in (k, v))
+        q_lengths = (named["q_lengths"].astype(jnp.int32),) if "q_lengths" in named else ()
+        return (q, *ranges, lengths, offsets, *q_lengths)
+
+    def shard(q: Any, k: Any, v: Any, lengths: Any, offsets: Any, *q_lengths: Any) -> tuple[Any, Any]:  # noqa: ANN401
+        out, lse = run_range(q, k[:, 0], v[:, 0], kv_lengths=lengths[:, 0], q_offsets=offsets[:, 0],
+                             q_lengths=q_lengths[0] if q_lengths else None, **statics)
+        return out[:, None], lse[:, None]
 
     if platform is not None:
         shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
-    return KeySplit(prepare=prepare, shard=shard, merge=merge,
-                    operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
-                              ("b", "s")),
+    range_labels = ("b", "s", "", kv_label, "")
+    return KeySplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
+                    operands=(("b", "", "n", ""), range_labels, range_labels, ("b", "s"), ("b", "s"),
+                              *((("b",),) if "q_lengths" in extra else ())),
                     results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
 
 
@@ -540,6 +630,7 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
 
 __all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "KeySplit", "ShardPlan", "attention_cuts",
            "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split", "decode_key_split_unsupported",
-           "inside_manual_computation", "key_split_for", "local_call",
+           "inside_manual_computation", "key_sequence_cuts", "key_split_for", "local_call",
+           "prefill_key_split", "prefill_key_split_unsupported",
            "manual_computation", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from hlofuse.kernels.pallas import common, gpu, tpu
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
-from hlofuse.shard_local import Cuts, KeySplit, decode_key_cuts, decode_key_split
+from hlofuse.shard_local import Cuts, KeySplit, decode_key_split, key_sequence_cuts, prefill_key_split
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -159,6 +159,7 @@ def attention(
     mask: jax.Array | None = None,  # (B|1, N|1, T|1, S|1) bool, True = visible
     q_lengths: jax.Array | None = None,  # (B,) int
     kv_lengths: jax.Array | None = None,  # (B,) int
+    q_offsets: jax.Array | None = None,  # (B,) int: each batch row's q_offset, in place of q_offset
     backend: str = "tpu",
     block_sizes: BlockSizes | None = None,
     interpret: Any = False,  # noqa: ANN401  (True, or pltpu.InterpretParams for the TPU interpreter)
@@ -169,8 +170,13 @@ def attention(
     `return_lse` also returns each row's log-sum-exp over its visible keys (-inf where it sees none), and
     the output in f32: the partial result that `combine_partials` merges with other calls' over other keys
     (a KV sequence sharded over devices, hlofuse.shard_local). It needs masked_value -inf: a row no key
-    of any call sees is then NaN after the merge, as in the reference."""
+    of any call sees is then NaN after the merge, as in the reference.
+
+    `q_offsets` gives each batch row its own q_offset as a traced operand (the kernels read it with the
+    lengths): a key range run per shard sees the queries at `q_offset - range start`."""
     _check_shapes(q, k, v, backend)
+    if q_offsets is not None and q_offset:
+        raise ValueError("give q_offset or q_offsets, not both")
     if return_lse and not math.isinf(masked_value):
         raise ValueError("return_lse needs masked_value -inf: a finite one weighs the masked keys of every call")
     if not math.isinf(masked_value) and masked_value > MASKED_VALUE_LIMIT:
@@ -184,7 +190,8 @@ def attention(
         "scale": float(scale), "softcap": float(softcap), "causal": bool(causal), "window_left": int(window_left),
         "window_right": int(window_right), "q_offset": int(q_offset), "masked_value": float(masked_value),
     }  # fmt: skip
-    plan = dataclasses.replace(_plan(backend, q, k, v, blocks, attrs), partials=return_lse)
+    plan = dataclasses.replace(_plan(backend, q, k, v, blocks, attrs), partials=return_lse,
+                               dynamic_q_offset=q_offsets is not None)
     side_dtype = jnp.int32 if backend == "tpu" else jnp.int8
     bias_p = mask_p = None
     if bias is not None:
@@ -193,7 +200,7 @@ def attention(
     if mask is not None:
         mask_p, (mb, mh, mr) = common.broadcast_operand(mask.astype(jnp.bool_), "mask", plan, side_dtype)
         plan = dataclasses.replace(plan, mask_batch=mb, mask_heads=mh, mask_rows=mr)
-    lens = common.lengths(plan, q_lengths, kv_lengths)
+    lens = common.lengths(plan, q_lengths, kv_lengths, q_offsets)
     empty = None if plan.empty_is_nan else common.empty_rows(plan, v)  # (B, K, D_pad)
 
     qr = common.rows_layout(q, plan.kv_heads, plan.rows_pad, plan.head_pad)
@@ -275,26 +282,32 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
 
 
 def shard_cuts(call: CompositeCall) -> Cuts:
-    """What one shard's Pallas call cuts (hlofuse.shard_local): B, heads and a decode's key sequence."""
-    return decode_key_cuts(call)
+    """What one shard's Pallas call cuts (hlofuse.shard_local): B, heads, and the key sequence of a decode
+    or of a prefill (whose ranges take their q_offset per batch row)."""
+    return key_sequence_cuts(call)
 
 
 def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
-    """A decode with its key sequence in `splits` ranges, one per shard, each run by this target's kernel
-    with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here; gpu-mosaic decodes with the
-    Triton kernel)."""
+    """A decode or prefill with its key sequence in `splits` ranges, one per shard, each run by this
+    target's kernel with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here; gpu-mosaic's
+    decodes come here through mosaic_gpu.key_split and run the Triton kernel)."""
     backend = "tpu" if target.startswith("tpu") else "gpu"
     interpret = target.endswith("-interpret")
+    platform = None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
+    decode = call.operand_types[0][0][1] == 1
 
-    def run_range(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array, *, scale: float,
-                  softcap: float) -> tuple[jax.Array, jax.Array]:
+    def run_range(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array | None = None,
+                  **kwargs: Any) -> tuple[jax.Array, jax.Array]:  # noqa: ANN401
+        if lengths is not None:  # the decode split's positional key lengths
+            kwargs["kv_lengths"] = lengths
         out: tuple[jax.Array, jax.Array] = attention(
-            q, k, v, scale=scale, softcap=softcap, kv_lengths=lengths, backend=backend, interpret=interpret,
-            return_lse=True, block_sizes=BlockSizes.get_default(backend, decode=True))
+            q, k, v, backend=backend, interpret=interpret, return_lse=True,
+            block_sizes=BlockSizes.get_default(backend, decode=decode), **kwargs)
         return out
 
-    platform = None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
-    return decode_key_split(call, splits, run_range, platform)
+    if decode:
+        return decode_key_split(call, splits, run_range, platform)
+    return prefill_key_split(call, splits, run_range, platform)
 
 
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.

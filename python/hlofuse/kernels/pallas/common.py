@@ -64,6 +64,7 @@ class Plan:
     mask_heads: int = 0
     mask_batch: int = 0
     partials: bool = False  # write per-split (acc, m, l) even with one split (attention(return_lse=True))
+    dynamic_q_offset: bool = False  # each batch row's q_offset is column 2 of the lengths (q_offset is 0)
 
     @property
     def writes_partials(self) -> bool:
@@ -106,20 +107,23 @@ class Plan:
         return math.isinf(self.masked_value)
 
 
-def kv_block_range(plan: Plan, iq: jax.Array, q_len: jax.Array, kv_len: jax.Array) -> tuple[jax.Array, jax.Array]:
+def kv_block_range(plan: Plan, iq: jax.Array, q_len: jax.Array, kv_len: jax.Array,
+                   q_offset: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """First and last kv block holding a key visible from some row of q block `iq` (last < first: none).
 
-    Used by kernels and index maps alike, so only scalar int32 ops on non-negative values.
+    Used by kernels and index maps alike, so only scalar int32 ops; every division's operand is clamped
+    non-negative first. `q_offset`: the batch row's own offset (plan.dynamic_q_offset), else plan.q_offset.
     """
+    offset = plan.q_offset if q_offset is None else q_offset
     t_lo = lax.div(iq * plan.block_q, plan.groups)
     t_hi = jnp.minimum(lax.div(iq * plan.block_q + plan.block_q - 1, plan.groups), jnp.minimum(q_len, plan.t) - 1)
     key_end = jnp.minimum(kv_len, plan.s) - 1
     key_lo = jnp.int32(0)
     if plan.window_left != UNBOUNDED:
-        key_lo = jnp.maximum(t_lo + (plan.q_offset - plan.window_left), 0)
+        key_lo = jnp.maximum(t_lo + (offset - plan.window_left), 0)
     key_hi = key_end
     if plan.right != UNBOUNDED:
-        key_hi = jnp.minimum(key_hi, t_hi + (plan.q_offset + plan.right))
+        key_hi = jnp.minimum(key_hi, t_hi + (offset + plan.right))
     lo = lax.div(jnp.minimum(key_lo, plan.keys_pad - 1), plan.block_k)
     empty = (key_hi < key_lo) | (t_hi < t_lo)
     hi = jnp.where(empty, lo - 1, lax.div(jnp.maximum(key_hi, 0), plan.block_k))
@@ -134,16 +138,18 @@ def visible(
     kv_len: jax.Array,
     shape: tuple[int, int],
     iota: Callable[[Any, tuple[int, int], int], jax.Array] = lax.broadcasted_iota,
+    q_offset: jax.Array | None = None,
 ) -> jax.Array:
     """(rows, keys) bool of one tile: causal/window, lengths and key padding (not the mask operand).
 
     `iota` makes the index tiles: Mosaic GPU passes one that fixes the register layout (wgmma's).
+    `q_offset`: the batch row's own offset (plan.dynamic_q_offset), else plan.q_offset.
     """
     rows = row0 + iota(jnp.int32, shape, 0)
     keys = key0 + iota(jnp.int32, shape, 1)
     t = rows if plan.groups == 1 else lax.div(rows, jnp.int32(plan.groups))
     ok = (keys < jnp.minimum(kv_len, plan.s)) & (t < q_len)
-    rel = keys - t - plan.q_offset
+    rel = keys - t - (plan.q_offset if q_offset is None else q_offset)
     if plan.right != UNBOUNDED:
         ok = ok & (rel <= plan.right)
     if plan.window_left != UNBOUNDED:
@@ -216,9 +222,13 @@ def broadcast_operand(x: jax.Array, name: str, plan: Plan, dtype: jnp.dtype) -> 
     return x, (bb, plan.kv_heads, plan.rows_pad)
 
 
-def lengths(plan: Plan, q_lengths: jax.Array | None, kv_lengths: jax.Array | None) -> jax.Array:
-    """(B, 2) int32: [q length, kv length] per batch row (T and S when absent)."""
+def lengths(plan: Plan, q_lengths: jax.Array | None, kv_lengths: jax.Array | None,
+            q_offsets: jax.Array | None = None) -> jax.Array:
+    """(B, 2) int32: [q length, kv length] per batch row (T and S when absent); with `q_offsets`
+    (plan.dynamic_q_offset), (B, 4): each row's q_offset third, then a zero, as Triton blocks are powers of 2."""
     out = []
+    if q_offsets is not None and q_offsets.shape != (plan.b,):
+        raise ValueError(f"q_offsets shape {q_offsets.shape} != (B,) = ({plan.b},)")
     for x, name, full in ((q_lengths, "q_lengths", plan.t), (kv_lengths, "kv_lengths", plan.s)):
         if x is None:
             out.append(jnp.full((plan.b,), full, jnp.int32))
@@ -226,6 +236,8 @@ def lengths(plan: Plan, q_lengths: jax.Array | None, kv_lengths: jax.Array | Non
             raise ValueError(f"{name} shape {x.shape} != (B,) = ({plan.b},)")
         else:
             out.append(jnp.clip(x.astype(jnp.int32), 0, full))
+    if q_offsets is not None:
+        out += [q_offsets.astype(jnp.int32), jnp.zeros((plan.b,), jnp.int32)]
     return jnp.stack(out, axis=1)
 
 

@@ -36,7 +36,8 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
     program = pl.program_id(2)
     iq, split = lax.div(program, plan.num_splits), lax.rem(program, plan.num_splits)
     q_len, kv_len = lens_ref[0], lens_ref[1]
-    lo, hi = common.kv_block_range(plan, iq, q_len, kv_len)
+    q_offset = lens_ref[2] if plan.dynamic_q_offset else None
+    lo, hi = common.kv_block_range(plan, iq, q_len, kv_len, q_offset)
     start = jnp.maximum(lo, split * nps)
     stop = jnp.minimum(hi + 1, split * nps + nps)
     q = q_ref[...]  # (block_q, head_pad)
@@ -49,7 +50,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
         s = common.logits(plan, s)  # (block_q, block_k)
         if bias_ref is not None:
             s = s + bias_ref[:, keys]  # (block_q | 1, block_k)
-        ok = common.visible(plan, iq * bq, j * bk, q_len, kv_len, (bq, bk))
+        ok = common.visible(plan, iq * bq, j * bk, q_len, kv_len, (bq, bk), q_offset=q_offset)
         if mask_ref is not None:
             ok = ok & (mask_ref[:, keys] != 0)
         s = jnp.where(ok, s, -jnp.inf)
@@ -80,7 +81,7 @@ def flash_attention(
     q: jax.Array,  # (B, K, rows_pad, head_pad)
     k: jax.Array,  # (B, keys_pad, K, head_pad)
     v: jax.Array,  # (B, keys_pad, K, value_pad)
-    lens: jax.Array,  # (B, 2) int32
+    lens: jax.Array,  # (B, 2) int32, or (B, 4) with each row's q_offset third (plan.dynamic_q_offset)
     bias: jax.Array | None,  # (B|1, K|1, 1|rows_pad, keys_pad) f32
     mask: jax.Array | None,  # (B|1, K|1, 1|rows_pad, keys_pad) int8
     empty: jax.Array | None,  # (B, K, value_pad) f32
@@ -109,7 +110,7 @@ def flash_attention(
         return pl.BlockSpec((None, None, bq if rows > 1 else 1, plan.keys_pad), index)
 
     in_specs = [
-        pl.BlockSpec((None, 2), lambda b, h, p: (b, 0)),
+        pl.BlockSpec((None, lens.shape[1]), lambda b, h, p: (b, 0)),
         pl.BlockSpec((None, None, bq, plan.head_pad), q_map),
         pl.BlockSpec((None, plan.keys_pad, None, plan.head_pad), kv_map),
         pl.BlockSpec((None, plan.keys_pad, None, plan.value_pad), kv_map),

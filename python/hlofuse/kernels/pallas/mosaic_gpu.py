@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 
 from hlofuse.kernels.pallas import common
 from hlofuse.kernels.pallas.common import Plan
+from hlofuse.shard_local import Cuts, KeySplit, decode_key_cuts
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -407,3 +408,17 @@ def run_interpreted(q: np.ndarray, k: np.ndarray, v: np.ndarray, *lengths: np.nd
     out = attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), **named, **attrs,
                     block_sizes=BlockSizes(**blocks), interpret=True)  # fmt: skip
     return np.asarray(out)
+
+
+def shard_cuts(call: CompositeCall) -> Cuts:
+    """What one shard's gpu-mosaic call cuts (hlofuse.shard_local): B, heads and a decode's key sequence,
+    whose ranges run on the Triton kernel as gpu-mosaic's one-device decodes do. A prefill's key ranges would
+    need this kernel to take q_offset per batch row; they stay whole."""
+    return decode_key_cuts(call)
+
+
+def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+    """A decode's key ranges, one per shard, on the Triton kernel (pallas.attention.key_split)."""
+    from hlofuse.kernels.pallas import attention
+
+    return attention.key_split(call, target, splits)

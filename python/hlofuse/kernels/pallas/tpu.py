@@ -52,6 +52,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
     out_refs, (m_sc, l_sc, acc_sc) = rest[:-3], rest[-3:]
     b, iq, split, i = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
     q_len, kv_len = lens_ref[b, 0], lens_ref[b, 1]
+    q_offset = lens_ref[b, 2] if plan.dynamic_q_offset else None
     j = split * plan.blocks_per_split + i
 
     @pl.when(i == 0)
@@ -60,7 +61,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
         l_sc[...] = jnp.zeros(l_sc.shape, jnp.float32)
         acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
 
-    lo, hi = common.kv_block_range(plan, iq, q_len, kv_len)
+    lo, hi = common.kv_block_range(plan, iq, q_len, kv_len, q_offset)
 
     @pl.when((j >= lo) & (j <= hi))
     def _step() -> None:
@@ -71,7 +72,7 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
         if bias_ref is not None:
             s = s + bias_ref[...]  # (block_q | 1, block_k)
         shape = (plan.block_q, plan.block_k)
-        ok = common.visible(plan, iq * plan.block_q, j * plan.block_k, q_len, kv_len, shape)
+        ok = common.visible(plan, iq * plan.block_q, j * plan.block_k, q_len, kv_len, shape, q_offset=q_offset)
         if mask_ref is not None:
             ok = ok & (mask_ref[...] != 0)
         s = jnp.where(ok, s, -jnp.inf)
@@ -101,7 +102,7 @@ def flash_attention(
     q: jax.Array,  # (B, K, rows_pad, head_pad)
     k: jax.Array,  # (B, K, keys_pad, head_pad)
     v: jax.Array,  # (B, K, keys_pad, value_pad)
-    lens: jax.Array,  # (B, 2) int32
+    lens: jax.Array,  # (B, 2) int32, or (B, 4) with each row's q_offset third (plan.dynamic_q_offset)
     bias: jax.Array | None,  # (B|1, K|1, 1|rows_pad, keys_pad) f32
     mask: jax.Array | None,  # (B|1, K|1, 1|rows_pad, keys_pad) int32
     empty: jax.Array | None,  # (B, K, 1, value_pad) f32
@@ -114,7 +115,8 @@ def flash_attention(
     grid = (plan.b, plan.kv_heads, plan.num_q_blocks, plan.num_splits, nps)
 
     def kv_map(b: jax.Array, h: jax.Array, iq: jax.Array, split: jax.Array, i: jax.Array, lens_ref: Any) -> Any:  # noqa: ANN401
-        lo, hi = common.kv_block_range(plan, iq, lens_ref[b, 0], lens_ref[b, 1])
+        q_offset = lens_ref[b, 2] if plan.dynamic_q_offset else None
+        lo, hi = common.kv_block_range(plan, iq, lens_ref[b, 0], lens_ref[b, 1], q_offset)
         j = jnp.clip(split * nps + i, lo, jnp.maximum(hi, lo))
         return b, h, jnp.minimum(j, plan.num_k_blocks - 1), 0
 
