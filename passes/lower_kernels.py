@@ -58,6 +58,7 @@ from hlofuse.shard_local import (
     manual_computation,
     plan_shards,
     row_offsets,
+    why_keys_stay_whole,
     with_row_offset,
     wrap_in_manual_computation,
 )
@@ -177,6 +178,11 @@ def _check_local(plan: ShardPlan | None, composite: ir.Operation, target: str) -
                           "composite instead (multi_device=batch lowers anyway)")
 
 
+def _gathers_keys(plan: ShardPlan) -> bool:
+    """Whether the plan would gather K or V (whose dim 1 is the key sequence)."""
+    return any(dim.startswith(("k dim 1 ", "v dim 1 ")) for dim in plan.gathered)
+
+
 @dataclass(frozen=True)
 class LowerKernelsPass(ModulePass):
     """Replaces hlofuse composites with `target`'s kernels; unsupported ones stay, with a remark."""
@@ -221,9 +227,11 @@ class LowerKernelsPass(ModulePass):
                 if self.multi_device == "local" and devices > 1 and self.target != "reference":
                     _check_local(plan, composite, self.target)
                 if plan is not None and plan.gathered and self.multi_device == "local":
+                    keys = why_keys_stay_whole(call, self.target) if _gathers_keys(plan) else None
+                    why = f" (its key ranges cannot run per shard: {keys})" if keys else ""
                     raise Unsupported(f"{', '.join(plan.gathered)} arrive sharded over mesh axes the {self.target} "
-                                      "kernel call cannot cut and would be all-gathered; XLA partitions the composite "
-                                      "instead")
+                                      f"kernel call cannot cut and would be all-gathered{why}; XLA partitions the "
+                                      "composite instead")
                 if plan is not None and plan.gathered:
                     state.remark(composite, f"lowered per shard; {', '.join(plan.gathered)} arrive sharded over "
                                             "mesh axes the kernel cannot cut and are all-gathered before it")

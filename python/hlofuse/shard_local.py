@@ -307,6 +307,19 @@ def _key_split_module(call: CompositeCall, target: str) -> Any | None:  # noqa: 
     return importlib.import_module(entry) if entry is not None else None
 
 
+def why_keys_stay_whole(call: CompositeCall, target: str) -> str | None:
+    """Why `target`'s per-shard call keeps `call`'s key sequence whole, for a remark; None when it cuts it into
+    ranges, or when the target has no key ranges at all (KEY_SPLITS)."""
+    module = _key_split_module(call, target)
+    if module is None or "s" in module.shard_cuts(call).sizes:
+        return None
+    if call.operand_types[0][0][1] == 1:
+        return decode_key_split_unsupported(call)
+    if getattr(module, "PREFILL_KEY_RANGES", False):
+        return prefill_key_split_unsupported(call)
+    return f"the {target} kernel takes q_offset as a constant, and each key range of a prefill needs its own"
+
+
 def key_split_for(call: CompositeCall, target: str, splits: int) -> KeySplit | None:
     """How `target`'s per-shard call splits `call`'s key sequence into `splits` ranges; None if it does not."""
     module = _key_split_module(call, target)
@@ -631,6 +644,6 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
 __all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "KeySplit", "ShardPlan", "attention_cuts",
            "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split", "decode_key_split_unsupported",
            "inside_manual_computation", "key_sequence_cuts", "key_split_for", "local_call",
-           "prefill_key_split", "prefill_key_split_unsupported",
+           "prefill_key_split", "prefill_key_split_unsupported", "why_keys_stay_whole",
            "manual_computation", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]

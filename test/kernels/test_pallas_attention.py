@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_cases import attention_inputs, check_key_ranges_merge, jitted_reference
+from attention_cases import attention_inputs, check_key_ranges_merge, check_prefill_key_ranges_merge, jitted_reference
 from jax.experimental.pallas import tpu as pltpu
 
 from hlofuse.kernels.pallas.attention import BlockSizes, attention, decode_attention
@@ -115,6 +115,26 @@ class TestPallasAttention:
         _compare(got, jitted_reference(q, k, v, {"kv_lengths": lengths}, kw), jnp.bfloat16)
 
 
+    @pytest.mark.parametrize("attrs", [dict(causal=True), dict(window_left=9, window_right=4)],
+                             ids=["causal", "window"])
+    @pytest.mark.parametrize("backend", ["tpu", "gpu"])
+    def test_q_offsets_per_batch_row(self, backend: str, attrs: dict[str, Any]) -> None:
+        """q_offsets: each batch row's own offset, read with the lengths: below 0, inside, past the keys."""
+        if backend not in self.backends:
+            pytest.skip(f"{type(self).__name__} runs {self.backends} only")
+        b, t, s, n, kv, h = 4, 40, 300, 4, 2, 32
+        q, k, v = attention_inputs(11, b, t, s, n, kv, h, h, jnp.float32)
+        offsets = np.array([-20, 0, 137, 290], np.int32)
+        kv_lengths = jnp.asarray([300, 250, 200, 299], jnp.int32)
+        got = attention(q, k, v, scale=0.2, q_offsets=jnp.asarray(offsets), kv_lengths=kv_lengths, **attrs,
+                        backend=backend, block_sizes=BLOCKS[backend], interpret=self.interpret(backend))
+        for row, offset in enumerate(offsets):
+            kw = tuple(sorted({"scale": 0.2, "q_offset": int(offset), **attrs}.items()))
+            want = jitted_reference(q[row:row + 1], k[row:row + 1], v[row:row + 1],
+                                    {"kv_lengths": kv_lengths[row:row + 1]}, kw)
+            _compare(got[row:row + 1], want, jnp.float32)
+
+
 class TestTpuInterpretMode(TestPallasAttention):
     """The TPU kernel under the TPU interpreter proper: simulated VMEM/SMEM, checked block reads."""
 
@@ -177,6 +197,23 @@ def test_key_ranges_with_their_lse_merge_into_the_whole(backend: str, splits: in
     blocks = BlockSizes(block_q=16, block_k=128 if backend == "tpu" else 64, num_splits=splits)
     check_key_ranges_merge(lambda q, k, v, own: attention(q, k, v, scale=0.2, kv_lengths=own, backend=backend,
                                                           interpret=True, return_lse=True, block_sizes=blocks))
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_prefill_key_ranges_with_their_q_offsets_merge_into_the_whole(backend: str) -> None:
+    """A causal prefill chunk over 4 key ranges, each run with q_offsets = q_offset - its start (how a chunk
+    against a sequence-sharded cache runs per shard: hlofuse.shard_local.prefill_key_split)."""
+    blocks = BlockSizes(block_q=16, block_k=128 if backend == "tpu" else 32)
+    check_prefill_key_ranges_merge(lambda q, k, v, **kw: attention(
+        q, k, v, scale=0.2, causal=True, backend=backend, interpret=True, return_lse=True, block_sizes=blocks, **kw))
+
+
+def test_q_offsets_replace_q_offset() -> None:
+    q = jnp.zeros((1, 4, 1, 8), jnp.float32)
+    with pytest.raises(ValueError, match="q_offset or q_offsets"):
+        attention(q, q, q, scale=1.0, q_offset=3, q_offsets=jnp.zeros((1,), jnp.int32), interpret=True)
+    with pytest.raises(ValueError, match=r"q_offsets shape \(2,\) != \(B,\)"):
+        attention(q, q, q, scale=1.0, q_offsets=jnp.zeros((2,), jnp.int32), interpret=True)
 
 
 def test_return_lse_needs_an_infinite_masked_value() -> None:

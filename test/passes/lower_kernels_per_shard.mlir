@@ -11,6 +11,42 @@
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=neuron-sim multi_device=batch})' --remarks 2>%t.nki | filecheck %s --check-prefix=NKI
 // RUN: filecheck %s --check-prefix=NKI-REMARK < %t.nki
 
+// A prefill whose key sequence and bool mask arrive sharded over `seq`: key ranges cannot take a mask (it
+// would have to be cut along the keys too), so `batch` gathers the keys and the mask (and says so) while
+// `local` keeps the composite for XLA to partition, and says why. The CPU kernel splits no masked prefill.
+// TPU-LABEL: module @prefill_masked_sequence_sharded
+// TPU: sdy.manual_computation(%arg0, %arg1, %arg2, %arg3)
+// TPU-SAME: manual_axes={"data", "seq"}
+// TPU-SAME: (%{{.*}}: tensor<2x16x4x16xf32>, %{{.*}}: tensor<2x32x4x16xf32>, %{{.*}}: tensor<2x32x4x16xf32>, %{{.*}}: tensor<2x1x16x32xi1>)
+// TPU-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: lowered per shard; k dim 1 (over seq), v dim 1 (over seq), mask dim 3 (over seq) arrive sharded over mesh axes the kernel cannot cut and are all-gathered before it
+// TPU-REMARK-NOT: [hlofuse-lower-kernels]
+// LOCAL-LABEL: module @prefill_masked_sequence_sharded
+// LOCAL-REMARK: remark: {{.*}}kept as a composite: k dim 1 (over seq), v dim 1 (over seq), mask dim 3 (over seq) arrive sharded over mesh axes the tpu kernel call cannot cut and would be all-gathered (its key ranges cannot run per shard: a bias or a mask); XLA partitions the composite instead
+// LOCAL: stablehlo.composite "hlofuse.attention"
+// LOCAL-NOT: sdy.manual_computation
+// CPU-LOCAL-LABEL: module @prefill_masked_sequence_sharded
+// CPU-LOCAL: stablehlo.composite "hlofuse.attention"
+// CPU-LOCAL-REMARK: remark: {{.*}}kept as a composite: k dim 1 (over seq), v dim 1 (over seq), mask dim 3 (over seq) arrive sharded over mesh axes the cpu kernel call cannot cut and would be all-gathered; XLA partitions the composite instead
+// Every other CPU call here keeps its sharded dims local: no other remark.
+// CPU-LOCAL-REMARK-NOT: remark
+// NKI-LABEL: module @prefill_masked_sequence_sharded
+// NKI-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: lowered per shard; k dim 1 (over seq), v dim 1 (over seq), mask dim 3 (over seq) arrive sharded over mesh axes the kernel cannot cut and are all-gathered before it
+module @prefill_masked_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=2, "seq"=4]>
+  func.func public @main(%q: tensor<4x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {}, {}]>},
+                         %k: tensor<4x32x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"seq"}, {}, {}]>},
+                         %v: tensor<4x32x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"seq"}, {}, {}]>},
+                         %m: tensor<4x1x16x32xi1> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {}, {"seq"}]>}) -> tensor<4x16x4x16xf32> {
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v, %m {composite_attributes = {causal = false, decode = false, layout = "BTNH", mask_kind = "boolean", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v", "mask"], q_offset = 0 : i64, scale = 2.500000e-01 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = -1 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<4x16x4x16xf32>, tensor<4x32x4x16xf32>, tensor<4x32x4x16xf32>, tensor<4x1x16x32xi1>) -> tensor<4x16x4x16xf32>
+    return %0 : tensor<4x16x4x16xf32>
+  }
+  func.func private @impl(%q: tensor<4x16x4x16xf32>, %k: tensor<4x32x4x16xf32>, %v: tensor<4x32x4x16xf32>, %m: tensor<4x1x16x32xi1>) -> tensor<4x16x4x16xf32> {
+    return %q : tensor<4x16x4x16xf32>
+  }
+}
+
+// -----
+
 // GQA (8 query heads on 4 kv heads), batch over `data` (2), heads over `model` (4): each shard runs the
 // TPU kernel on 2 batch rows, 2 query heads and the 1 kv head they read; no dim is gathered.
 // TPU-LABEL: module @gqa_batch_and_heads
@@ -26,8 +62,6 @@
 // TPU: stablehlo.custom_call @tpu_custom_call
 // LOCAL-LABEL: module @gqa_batch_and_heads
 // LOCAL: sdy.manual_computation
-// Every CPU call here keeps its sharded dims local: no remark.
-// CPU-LOCAL-REMARK-NOT: remark
 // CPU-LOCAL-LABEL: module @gqa_batch_and_heads
 // CPU-LOCAL: stablehlo.custom_call @hlofuse_attention
 // CPU-LOCAL-SAME: num_batch_dims = "2"
@@ -49,23 +83,24 @@ module @gqa_batch_and_heads attributes {mhlo.num_partitions = 8 : i32} {
 
 // -----
 
-// The key sequence arrives sharded over `seq`: a shard cannot cut it, so `batch` gathers it (and says so)
-// while `local` keeps the composite for XLA to partition.
+// The key sequence arrives sharded over `seq`: each shard runs the kernel on one key range (hlofuse.shard_local
+// prefill_key_split): `prepare` cuts K, V into (B, P, S/P, K, H) and gives each range its key lengths and its
+// q_offset (0 - range start, per batch row), and `merge` combines the ranges by their log-sum-exp. Nothing is
+// gathered, under `batch` and under `local` alike.
 // TPU-LABEL: module @prefill_sequence_sharded
-// TPU: sdy.manual_computation(%arg0, %arg1, %arg2)
-// TPU-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}, {}]>, <@mesh, [{"data"}, {}, {}, {}]>, <@mesh, [{"data"}, {}, {}, {}]>]
+// TPU: %[[PREP:.*]]:5 = call @hlofuse.attention.tpu.prepare(%arg0, %arg1, %arg2)
+// TPU: sdy.manual_computation(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2, %[[PREP]]#3, %[[PREP]]#4)
+// TPU-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}, {}]>, <@mesh, [{"data"}, {"seq"}, {}, {}, {}]>, <@mesh, [{"data"}, {"seq"}, {}, {}, {}]>, <@mesh, [{"data"}, {"seq"}]>, <@mesh, [{"data"}, {"seq"}]>]
 // TPU-SAME: manual_axes={"data", "seq"}
-// TPU-SAME: (%{{.*}}: tensor<2x16x4x16xf32>, %{{.*}}: tensor<2x32x4x16xf32>, %{{.*}}: tensor<2x32x4x16xf32>)
-// TPU-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: lowered per shard; k dim 1 (over seq), v dim 1 (over seq) arrive sharded over mesh axes the kernel cannot cut and are all-gathered before it
-// TPU-REMARK-NOT: [hlofuse-lower-kernels]
+// TPU: func.call @hlofuse.attention.tpu({{.*}}) : (tensor<2x16x4x16xf32>, tensor<2x1x8x4x16xf32>, tensor<2x1x8x4x16xf32>, tensor<2x1xi32>, tensor<2x1xi32>) -> (tensor<2x1x16x4x16xf32>, tensor<2x1x16x4xf32>)
+// TPU: call @hlofuse.attention.tpu.merge({{.*}}) : (tensor<4x4x16x4x16xf32>, tensor<4x4x16x4xf32>) -> tensor<4x16x4x16xf32>
+// TPU-LABEL: func.func private @hlofuse.attention.tpu(
+// TPU: stablehlo.custom_call @tpu_custom_call(
 // LOCAL-LABEL: module @prefill_sequence_sharded
-// LOCAL-REMARK: remark: {{.*}}kept as a composite: k dim 1 (over seq), v dim 1 (over seq) arrive sharded over mesh axes the tpu kernel call cannot cut and would be all-gathered; XLA partitions the composite instead
-// LOCAL: stablehlo.composite "hlofuse.attention"
-// LOCAL-NOT: sdy.manual_computation
+// LOCAL: call @hlofuse.attention.tpu.prepare
+// LOCAL: sdy.manual_computation
+// LOCAL-NOT: stablehlo.composite
 // The CPU kernel cuts the key sequence into 8 ranges (a leading batch dim) and combines their partial results.
-// CPU-LOCAL-LABEL: module @prefill_sequence_sharded
-// CPU-LOCAL: stablehlo.custom_call @hlofuse_attention
-// CPU-LOCAL-SAME: num_batch_dims = "3"
 module @prefill_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
   sdy.mesh @mesh = <["data"=2, "seq"=4]>
   func.func public @main(%q: tensor<4x16x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {}, {}]>},

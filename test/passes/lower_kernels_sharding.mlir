@@ -118,13 +118,21 @@ module @decode attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 
 // CPU-SAME: (tensor<2x4x8x8x1x16xf32>, tensor<2x4x8x32x1x16xf32>, tensor<2x4x8x32x1x16xf32>, tensor<2x4x8xi32>) -> (tensor<2x4x8x8x1x16xf32>, tensor<2x4x8x8x1xf32>)
 // KEEP-LABEL: func.func public @prefill_chunk_kv_sequence_sharded
 // KEEP: stablehlo.composite "hlofuse.attention"
-// The Pallas calls cut no prefill key sequence: under batch it is gathered, and the call gets its batch rule.
+// The Pallas calls run one key range per shard too, each with its q_offset per batch row (248 - p * 32, from
+// `prepare`), merged by log-sum-exp (hlofuse.shard_local.prefill_key_split).
+// TPU-LABEL: func.func public @prefill_chunk_kv_sequence_sharded
+// TPU: call @hlofuse.attention.tpu.prepare
+// TPU: sdy.manual_computation
+// TPU-SAME: manual_axes={"seq"}
+// TPU: call @hlofuse.attention.tpu.merge
 // TPU-LABEL: func.func private @hlofuse.attention.tpu(
 // TPU: stablehlo.custom_call @tpu_custom_call(
-// TPU-SAME: sdy.sharding_rule
+// GPU-LABEL: func.func public @prefill_chunk_kv_sequence_sharded
+// GPU: call @hlofuse.attention.gpu.prepare
+// GPU: sdy.manual_computation
+// GPU-SAME: manual_axes={"seq"}
 // GPU-LABEL: func.func private @hlofuse.attention.gpu(
 // GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
-// GPU-SAME: sdy.sharding_rule
 module @chunk attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["seq"=8]>
   func.func public @prefill_chunk_kv_sequence_sharded(%arg0: tensor<2x8x4x16xf32>, %arg1: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg2: tensor<2x256x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) -> tensor<2x8x4x16xf32> {
@@ -159,13 +167,19 @@ module @chunk attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 :
 // SEQ-SAME: sdy.sharding_rule = #sdy.op_sharding_rule<([i, j, k, l, m, n, o], [i, j, k, l, p, n, o], [i, j, k, l, p, n, o], [i, j, k, l])->([i, j, k, l, m, n, o], [i, j, k, l, m, n])
 // SEQ-SAME: (tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8x8x1x16xf32>, tensor<2x4x8x8xi32>)
 // SEQ: stablehlo.dot_general {{.*}} contracting_dims = [3] x [3]
-// The Pallas calls cut no prefill key sequence: under batch it is gathered, and the call gets its batch rule.
+// Under batch the Pallas calls take the key sequence as one range per shard (with their q_offsets, 0 - p * 8)
+// and the queries whole: a shard cuts no query sequence, so q is gathered at the manual computation.
+// TPU-LABEL: func.func public @prefill_sequence_sharded
+// TPU: call @hlofuse.attention.tpu.prepare
+// TPU: sdy.manual_computation
+// TPU-SAME: in_shardings=[<@mesh, [{}, {}, {}, {}]>, <@mesh, [{}, {"seq"}, {}, {}, {}]>, <@mesh, [{}, {"seq"}, {}, {}, {}]>, <@mesh, [{}, {"seq"}]>, <@mesh, [{}, {"seq"}]>]
+// TPU-SAME: manual_axes={"seq"}
 // TPU-LABEL: func.func private @hlofuse.attention.tpu(
 // TPU: stablehlo.custom_call @tpu_custom_call(
-// TPU-SAME: sdy.sharding_rule
+// GPU-LABEL: func.func public @prefill_sequence_sharded
+// GPU: sdy.manual_computation
 // GPU-LABEL: func.func private @hlofuse.attention.gpu(
 // GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
-// GPU-SAME: sdy.sharding_rule
 module @sequence attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["seq"=8]>
   func.func public @prefill_sequence_sharded(%arg0: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg1: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}, %arg2: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) -> tensor<2x64x4x16xf32> {

@@ -6,7 +6,14 @@ import re
 
 from hlofuse.ir.context import parse_module
 from hlofuse.kernels import CompositeCall
-from hlofuse.shard_local import attention_cuts, composites_in, cuts_for, plan_shards, sample_cuts
+from hlofuse.shard_local import (
+    attention_cuts,
+    composites_in,
+    cuts_for,
+    plan_shards,
+    prefill_key_split_unsupported,
+    sample_cuts,
+)
 
 ATTRS = {"operands": ["q", "k", "v", "kv_lengths"], "causal": True}
 
@@ -51,6 +58,20 @@ def test_each_target_cuts_what_its_call_can_keep_local() -> None:
         assert cuts.sizes["s"] == 64
     prefill = CompositeCall(call.name, 1, attrs, (((4, 16, 8, 8), "bf16"), *call.operand_types[1:]))
     assert cuts_for(prefill, "gpu-mosaic", 8) == attention_cuts(prefill)
+    # A prefill's key sequence: the Pallas tpu / gpu kernels take each range's q_offset per batch row; the
+    # Mosaic GPU and NKI kernels do not, and a bias, a mask or a finite masked_value rules the ranges out.
+    for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret"):
+        cuts = cuts_for(prefill, target, 8)
+        assert cuts is not None and cuts.operands[:2] == (("b", "", "n", ""), ("b", "s", "", "")), target
+    for target in ("gpu-mosaic", "neuron", "neuron-sim"):
+        assert cuts_for(prefill, target, 8) == attention_cuts(prefill), target
+    finite = CompositeCall(call.name, 1, {**attrs, "masked_value": -1e9}, prefill.operand_types)
+    assert cuts_for(finite, "tpu", 8) == attention_cuts(finite)
+    assert prefill_key_split_unsupported(finite) == "a finite masked_value"
+    masked = CompositeCall(call.name, 1, {**attrs, "operands": ["q", "k", "v", "mask"]},
+                           (*prefill.operand_types[:3], ((4, 1, 16, 64), "i1")))
+    assert cuts_for(masked, "gpu", 8) == attention_cuts(masked)
+    assert prefill_key_split_unsupported(masked) == "a bias or a mask"
 
 
 _MODULE = """

@@ -281,6 +281,9 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     return fn
 
 
+PREFILL_KEY_RANGES = True  # key_split also cuts a prefill's keys (q_offsets per batch row); hlofuse.shard_local
+
+
 def shard_cuts(call: CompositeCall) -> Cuts:
     """What one shard's Pallas call cuts (hlofuse.shard_local): B, heads, and the key sequence of a decode
     or of a prefill (whose ranges take their q_offset per batch row)."""
