@@ -50,6 +50,7 @@ from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kernel_for, known_targets, target_unavailable
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
+    KeySplit,
     ShardPlan,
     composites_in,
     inside_manual_computation,
@@ -57,6 +58,7 @@ from hlofuse.shard_local import (
     local_call,
     manual_computation,
     plan_shards,
+    query_split_for,
     row_offsets,
     why_keys_stay_whole,
     with_row_offset,
@@ -281,6 +283,9 @@ class LowerKernelsPass(ModulePass):
         if plan.shards("s") > 1:
             self._lower_key_split(composite, call, plan, module)
             return
+        if plan.shards("t") > 1:
+            self._lower_query_split(composite, call, plan, module)
+            return
         extra = [(row_offsets(composite, plan), ("r",))] if stochastic else []
         specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
         specs += [jax.ShapeDtypeStruct(plan.local_shape(_spec(value).shape, labels), jnp.int32)
@@ -289,6 +294,14 @@ class LowerKernelsPass(ModulePass):
                                 f"{call.name}.{self.target}")
         wrap_in_manual_computation(composite, plan, name, extra)
 
+    def _lower_query_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
+                           module: ir.Operation) -> None:
+        """`composite` with its query sequence cut: one query range per shard, each with its own q_offset."""
+        split = query_split_for(call, self.target, plan.shards("t"))
+        if split is None:
+            raise Unsupported(f"the {self.target} kernel cannot take a sharded query sequence")
+        self._lower_split(composite, call, plan, module, split)
+
     def _lower_key_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
                          module: ir.Operation) -> None:
         """`composite` with its key sequence cut: the target's KeySplit prepares one key range per shard,
@@ -296,6 +309,12 @@ class LowerKernelsPass(ModulePass):
         split = key_split_for(call, self.target, plan.shards("s"))
         if split is None:
             raise Unsupported(f"the {self.target} kernel cannot take a sharded key sequence")
+        self._lower_split(composite, call, plan, module, split)
+
+    def _lower_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan, module: ir.Operation,
+                     split: KeySplit) -> None:
+        """`split.prepare` on the whole operands, `split.shard` per shard in a manual computation, then
+        `split.merge`, in place of `composite`."""
         base = f"{call.name}.{self.target}"
         prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
         shard_specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)

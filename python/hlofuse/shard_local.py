@@ -45,6 +45,7 @@ are all-gathered at the boundary, as for the CPU batch partitioner.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 from collections.abc import Callable, Sequence
@@ -71,6 +72,7 @@ class Cuts:
     operands: tuple[tuple[str, ...], ...]
     results: tuple[tuple[str, ...], ...]
     sizes: dict[str, int]
+    exclusive: tuple[str, ...] = ()  # labels of which a shard cuts one, the first that arrives sharded
 
 
 def attention_cuts(call: CompositeCall) -> Cuts:
@@ -176,14 +178,40 @@ def prefill_key_split_unsupported(call: CompositeCall) -> str | None:
     return None
 
 
+def prefill_query_split_unsupported(call: CompositeCall) -> str | None:
+    """Why a prefill's query sequence cannot be cut into ranges run per shard, or None when it can: a bias or
+    a mask would have to be cut along the queries too (not done)."""
+    from hlofuse.composites import AttentionAttrs
+
+    if {"bias", "mask"} & set(AttentionAttrs.from_dict(call.attributes).operands):
+        return "a bias or a mask"
+    return None
+
+
 def key_sequence_cuts(call: CompositeCall) -> Cuts:
-    """`attention_cuts`, and the key sequence of a decode (`decode_key_split_unsupported`) or of a prefill
-    (`prefill_key_split_unsupported`) when its split allows it: the cuts of the kernels that take q_offset
-    per batch row."""
+    """`attention_cuts`, the key sequence of a decode (`decode_key_split_unsupported`) or of a prefill
+    (`prefill_key_split_unsupported`), and a prefill's query sequence (`prefill_query_split_unsupported`),
+    where their splits allow it: the cuts of the kernels that take q_offset per batch row. A shard runs one
+    key range or one query range, not both (`Cuts.exclusive`: the queries stay whole when both arrive
+    sharded)."""
     if call.operand_types[0][0][1] == 1:
         return decode_key_cuts(call)
     cuts = attention_cuts(call)
-    return cuts if prefill_key_split_unsupported(call) is not None else _with_key_cut(call, cuts)
+    if prefill_key_split_unsupported(call) is None:
+        cuts = _with_key_cut(call, cuts)
+    if prefill_query_split_unsupported(call) is None:
+        cuts = _with_query_cut(call, cuts)
+    if {"s", "t"} <= set(cuts.sizes):  # a shard runs one key range or one query range
+        cuts = dataclasses.replace(cuts, exclusive=("s", "t"))
+    return cuts
+
+
+def _with_query_cut(call: CompositeCall, cuts: Cuts) -> Cuts:
+    roles = list(call.attributes["operands"])
+    operands = tuple((labels[0], "t", *labels[2:]) if role == "q" else labels
+                     for role, labels in zip(roles, cuts.operands, strict=True))
+    results = tuple((labels[0], "t", *labels[2:]) for labels in cuts.results)
+    return Cuts(operands, results, {**cuts.sizes, "t": call.operand_types[0][0][1]})
 
 
 def _with_key_cut(call: CompositeCall, cuts: Cuts) -> Cuts:
@@ -302,6 +330,60 @@ def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[...,
                     results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
 
 
+def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
+                        platform: str | None = None) -> KeySplit:
+    """A prefill composite (no bias or mask) as `splits` query ranges, one per shard of its sharded T.
+
+    Query row i of range p is global row p * T/P + i, at key position i + q_offset + p * T/P: `prepare`
+    cuts q into (B, P, T/P, N, H) and gives each (batch row, range) that q_offset and its q_lengths (the
+    composite's, shifted by the range's start); `shard` runs `run_range(q, k, v, q_offsets=, q_lengths=,
+    kv_lengths=, **attention attributes) -> out` on one range with K and V whole; `merge` is a reshape.
+    Rows are independent, so nothing is combined and any masked_value works."""
+    import jax.numpy as jnp
+
+    from hlofuse.composites import AttentionAttrs
+
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    b, t, n, h = call.operand_types[0][0]
+    kv = call.operand_types[1][0][2]
+    extra = list(attrs.operands[3:])  # q_lengths and / or kv_lengths, in that order
+    per_range = t // splits
+    statics = {"scale": attrs.scale, "softcap": attrs.softcap, "causal": attrs.causal,
+               "window_left": attrs.window_left, "window_right": attrs.window_right,
+               "masked_value": attrs.masked_value}
+
+    def prepare(q: Any, k: Any, v: Any, *rest: Any) -> tuple[Any, ...]:  # noqa: ANN401
+        named = dict(zip(extra, rest, strict=True))
+        starts = jnp.arange(splits, dtype=jnp.int32) * per_range
+        offsets = jnp.broadcast_to(jnp.int32(attrs.q_offset) + starts[None, :], (b, splits))
+        lengths = []
+        if "q_lengths" in named:
+            q_len = jnp.minimum(named["q_lengths"].astype(jnp.int32), t)
+            lengths.append(jnp.clip(q_len[:, None] - starts[None, :], 0, per_range))  # (B, P)
+        if "kv_lengths" in named:
+            lengths.append(named["kv_lengths"].astype(jnp.int32))
+        return (q.reshape(b, splits, per_range, n, h), k, v, offsets, *lengths)
+
+    def shard(q: Any, k: Any, v: Any, offsets: Any, *lengths: Any) -> tuple[Any]:  # noqa: ANN401
+        named = dict(zip(extra, lengths, strict=True))
+        q_lengths = named["q_lengths"][:, 0] if "q_lengths" in named else None
+        out = run_range(q[:, 0], k, v, q_offsets=offsets[:, 0], q_lengths=q_lengths,
+                        kv_lengths=named.get("kv_lengths"), **statics)
+        return (out[:, None],)
+
+    def merge(out: Any) -> Any:  # noqa: ANN401  (B, P, T/P, N, D)
+        return out.reshape(b, t, n, out.shape[-1])
+
+    if platform is not None:
+        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
+    kv_label = "n" if kv > 1 else ""
+    lengths_labels = {"q_lengths": ("b", "t"), "kv_lengths": ("b",)}
+    return KeySplit(prepare=prepare, shard=shard, merge=merge,
+                    operands=(("b", "t", "", "n", ""), ("b", "", kv_label, ""), ("b", "", kv_label, ""), ("b", "t"),
+                              *(lengths_labels[role] for role in extra)),
+                    results=(("b", "t", "", "n", ""),))
+
+
 def _key_split_module(call: CompositeCall, target: str) -> Any | None:  # noqa: ANN401
     entry = KEY_SPLITS.get((call.name, target))
     return importlib.import_module(entry) if entry is not None else None
@@ -324,6 +406,15 @@ def key_split_for(call: CompositeCall, target: str, splits: int) -> KeySplit | N
     """How `target`'s per-shard call splits `call`'s key sequence into `splits` ranges; None if it does not."""
     module = _key_split_module(call, target)
     split: KeySplit | None = module.key_split(call, target, splits) if module is not None else None
+    return split
+
+
+def query_split_for(call: CompositeCall, target: str, splits: int) -> KeySplit | None:
+    """How `target`'s per-shard call splits `call`'s query sequence into `splits` ranges; None if it does not."""
+    module = _key_split_module(call, target)
+    if module is None or not hasattr(module, "query_split"):
+        return None
+    split: KeySplit = module.query_split(call, target, splits)
     return split
 # (composite, target) -> "module:function(call, devices) -> Cuts" for targets whose calls XLA partitions
 # itself: the dims those calls keep local (the CPU's also cut decode key ranges and vocabularies).
@@ -484,6 +575,8 @@ def _plan(probe: ir.Operation, cuts: Cuts, meshes: dict[str, Mesh], roles: Seque
     for label in list(axes):
         if not _splits_evenly(probe, cuts, label, plan.shards(label)):
             plan.drop(label)
+    for label in [label for label in cuts.exclusive if plan.shards(label) > 1][1:]:
+        plan.drop(label)
     for role, sharding, labels in zip(roles, arrivals, cuts.operands, strict=True):
         if sharding is None:
             continue
@@ -644,6 +737,7 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
 __all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "KeySplit", "ShardPlan", "attention_cuts",
            "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split", "decode_key_split_unsupported",
            "inside_manual_computation", "key_sequence_cuts", "key_split_for", "local_call",
-           "prefill_key_split", "prefill_key_split_unsupported", "why_keys_stay_whole",
+           "prefill_key_split", "prefill_key_split_unsupported", "prefill_query_split",
+           "prefill_query_split_unsupported", "query_split_for", "why_keys_stay_whole",
            "manual_computation", "plan_shards", "row_offsets", "sample_cuts",
            "with_row_offset", "wrap_in_manual_computation"]

@@ -149,3 +149,37 @@ module @sampling_rows_sharded attributes {mhlo.num_partitions = 8 : i32} {
     return %0 : tensor<8x2xi32>
   }
 }
+
+// -----
+
+// A causal prefill with its queries sharded over `seq` and K, V whole (context parallelism after the K/V
+// all-gather): each shard runs the kernel on its 8 query rows with K and V whole and its own q_offset,
+// 0 + p * 8 per batch row (hlofuse.shard_local.prefill_query_split); the merge is a reshape. No collective.
+// TPU-LABEL: module @prefill_queries_sharded
+// TPU: %[[PREP:.*]]:4 = call @hlofuse.attention.tpu.prepare(%arg0, %arg1, %arg2) : {{.*}} -> (tensor<2x8x8x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x8xi32>)
+// TPU: sdy.manual_computation(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2, %[[PREP]]#3)
+// TPU-SAME: in_shardings=[<@mesh, [{}, {"seq"}, {}, {}, {}]>, <@mesh, [{}, {}, {}, {}]>, <@mesh, [{}, {}, {}, {}]>, <@mesh, [{}, {"seq"}]>]
+// TPU-SAME: out_shardings=[<@mesh, [{}, {"seq"}, {}, {}, {}]>] manual_axes={"seq"}
+// TPU: func.call @hlofuse.attention.tpu({{.*}}) : (tensor<2x1x8x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x1xi32>) -> tensor<2x1x8x4x16xf32>
+// TPU: call @hlofuse.attention.tpu.merge({{.*}}) : (tensor<2x8x8x4x16xf32>) -> tensor<2x64x4x16xf32>
+// LOCAL-LABEL: module @prefill_queries_sharded
+// LOCAL: sdy.manual_computation
+// LOCAL-NOT: stablehlo.composite
+// CPU-LOCAL-LABEL: module @prefill_queries_sharded
+// CPU-LOCAL: stablehlo.custom_call @hlofuse_attention
+// CPU-LOCAL-SAME: has_q_offsets = true
+// The NKI kernel takes q_offset as a constant only: its call gathers the queries.
+// NKI-LABEL: module @prefill_queries_sharded
+// NKI-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: lowered per shard; q dim 1 (over seq) arrive sharded over mesh axes the kernel cannot cut and are all-gathered before it
+module @prefill_queries_sharded attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["seq"=8]>
+  func.func public @main(%q: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>},
+                         %k: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {}, {}, {}]>},
+                         %v: tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {}, {}, {}]>}) -> (tensor<2x64x4x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"seq"}, {}, {}]>}) {
+    %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {composite_attributes = {causal = true, decode = false, layout = "BTNH", mask_kind = "none", masked_value = 0xFFF0000000000000 : f64, num_heads = 4 : i64, num_kv_heads = 4 : i64, operands = ["q", "k", "v"], q_offset = 0 : i64, scale = 2.500000e-01 : f64, softcap = 0.000000e+00 : f64, window_left = -1 : i64, window_right = 0 : i64, zero_empty_rows = false}, decomposition = @impl, version = 1 : i32} : (tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>, tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32>
+    return %0 : tensor<2x64x4x16xf32>
+  }
+  func.func private @impl(%q: tensor<2x64x4x16xf32>, %k: tensor<2x64x4x16xf32>, %v: tensor<2x64x4x16xf32>) -> tensor<2x64x4x16xf32> {
+    return %q : tensor<2x64x4x16xf32>
+  }
+}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from hlofuse.ir.context import parse_module
 from hlofuse.kernels import CompositeCall
 from hlofuse.shard_local import (
@@ -62,11 +64,13 @@ def test_each_target_cuts_what_its_call_can_keep_local() -> None:
     # Mosaic GPU and NKI kernels do not, and a bias, a mask or a finite masked_value rules the ranges out.
     for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret"):
         cuts = cuts_for(prefill, target, 8)
-        assert cuts is not None and cuts.operands[:2] == (("b", "", "n", ""), ("b", "s", "", "")), target
+        assert cuts is not None and cuts.operands[:2] == (("b", "t", "n", ""), ("b", "s", "", "")), target
+        assert cuts.results == (("b", "t", "n", ""),) and cuts.sizes["t"] == 16
     for target in ("gpu-mosaic", "neuron", "neuron-sim"):
         assert cuts_for(prefill, target, 8) == attention_cuts(prefill), target
     finite = CompositeCall(call.name, 1, {**attrs, "masked_value": -1e9}, prefill.operand_types)
-    assert cuts_for(finite, "tpu", 8) == attention_cuts(finite)
+    finite_cuts = cuts_for(finite, "tpu", 8)
+    assert finite_cuts is not None and "s" not in finite_cuts.sizes and finite_cuts.sizes["t"] == 16  # rows: no merge
     assert prefill_key_split_unsupported(finite) == "a finite masked_value"
     masked = CompositeCall(call.name, 1, {**attrs, "operands": ["q", "k", "v", "mask"]},
                            (*prefill.operand_types[:3], ((4, 1, 16, 64), "i1")))
@@ -119,3 +123,44 @@ def test_no_mesh_no_plan() -> None:
     assert "sdy" not in text
     module, calls = _call(text)
     assert plan_shards(module.operation, composites_in(module.operation), calls, "neuron-sim", 8) == [None]
+
+
+_PREFILL_ATTRS = {"causal": True, "decode": False, "layout": "BTNH", "mask_kind": "lengths",
+                  "masked_value": float("-inf"), "num_heads": 4, "num_kv_heads": 2,
+                  "operands": ["q", "k", "v", "q_lengths", "kv_lengths"], "q_offset": 24, "scale": 0.3,
+                  "softcap": 0.0, "window_left": 20, "window_right": 0, "zero_empty_rows": False}
+
+
+@pytest.mark.parametrize("split", ["query", "key"])
+def test_prefill_ranges_prepared_run_and_merged_are_the_whole(split: str) -> None:
+    """prefill_query_split / prefill_key_split on the Pallas tpu-interpret kernel, its P ranges run one by one
+    as the shards would: a causal, left-windowed chunk with q and kv lengths (rows past a q length are NaN)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from hlofuse.kernels.pallas import attention as pallas_attention
+    from hlofuse.kernels.reference import attention_reference
+
+    b, t, s, n, kv, h, parts = 2, 16, 40, 4, 2, 8, 4 if split == "query" else 5
+    call = CompositeCall("hlofuse.attention", 1, _PREFILL_ATTRS,
+                         (((b, t, n, h), "f32"), ((b, s, kv, h), "f32"), ((b, s, kv, h), "f32"), ((b,), "i32"),
+                          ((b,), "i32")))
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape, np.float32)) for shape in ((b, t, n, h), (b, s, kv, h),
+                                                                                  (b, s, kv, h)))
+    q_lengths, kv_lengths = jnp.asarray([16, 9], jnp.int32), jnp.asarray([40, 31], jnp.int32)
+    make = pallas_attention.query_split if split == "query" else pallas_attention.key_split
+    ranges = make(call, "tpu-interpret", parts)
+    prepared = ranges.prepare(q, k, v, q_lengths, kv_lengths)
+    per_shard = []
+    for p in range(parts):  # each shard's slice of every dim labelled "t" or "s"
+        args = [x[tuple(slice(p, p + 1) if label in ("t", "s") else slice(None) for label in labels)]
+                for x, labels in zip(prepared, ranges.operands, strict=True)]
+        per_shard.append(ranges.shard(*args))
+    results = [jnp.concatenate([r[i] for r in per_shard], axis=1) for i in range(len(ranges.results))]
+    got = np.asarray(ranges.merge(*results))
+    want = np.asarray(attention_reference(q, k, v, scale=0.3, causal=True, window_left=20, q_offset=24,
+                                          q_lengths=q_lengths, kv_lengths=kv_lengths))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(want[1, 9:]).all()
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

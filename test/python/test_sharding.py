@@ -99,16 +99,18 @@ PER_SHARD_CASES = {"data_parallel": "attention", "data_parallel_2d": "attention"
                    "sampling_temperature_batch_sharded": "sample"}
 KEY_SPLIT_CASES = {"decode_kv_sequence_sharded": "attention", "decode_kv_sequence_sharded_lengths": "attention",
                    "decode_kv_sequence_sharded_causal_gqa": "attention"}
-# A prefill chunk against a cache sharded along S: the Pallas kernels take each key range's q_offset per batch
-# row (the NKI kernels do not, so neuron-sim keeps these composites).
-PREFILL_KEY_SPLIT_CASES = {case: "attention" for case in ("prefill_kv_sequence_sharded",
-                                                            "prefill_kv_sequence_sharded_causal",
-                                                            "prefill_kv_sequence_sharded_2d")}
+# A prefill chunk against a cache sharded along S, or a prefill whose queries are sharded along T: the Pallas
+# kernels take each key or query range's q_offset per batch row (the NKI kernels do not, so neuron-sim keeps
+# these composites).
+PREFILL_SPLIT_CASES = {case: "attention" for case in ("prefill_kv_sequence_sharded",
+                                                        "prefill_kv_sequence_sharded_causal",
+                                                        "prefill_kv_sequence_sharded_2d",
+                                                        "prefill_query_sequence_sharded")}
 KEPT_PER_SHARD = {("neuron-sim", "sampling_top_k_batch_sharded"), ("neuron-sim", "sampling_temperature_batch_sharded")}
 
 
 def _per_shard_cases(target: str) -> dict[str, str]:
-    prefill = PREFILL_KEY_SPLIT_CASES if target in ("tpu-interpret", "gpu-interpret") else {}
+    prefill = PREFILL_SPLIT_CASES if target in ("tpu-interpret", "gpu-interpret") else {}
     return {**PER_SHARD_CASES, **KEY_SPLIT_CASES, **prefill}
 
 
@@ -129,11 +131,11 @@ def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[st
 # multi_device=local lowers only the calls whose sharded dims the kernel keeps local (Shardy's propagation
 # on a copy of the module says how each operand arrives) and keeps the rest as composites, so no case may
 # communicate more than the unfused program. Cases a target keeps, and why: the CPU's top-p samples whole
-# rows (a sharded vocabulary would be gathered); per-shard kernels cut no prefill query sequence and no
-# vocabulary (a prefill's key sequence they cut into ranges).
+# rows (a sharded vocabulary would be gathered); per-shard kernels cut no vocabulary, and a prefill's query or
+# key sequence into ranges but not both (q, k and v all sharded along the sequence gather q).
 LOCAL_KEPT = {
     "cpu": {"sampling_top_p_vocab_sharded"},
-    "tpu-interpret": {"prefill_query_sequence_sharded", "prefill_sequence_parallel", "sampling_vocab_sharded",
+    "tpu-interpret": {"prefill_sequence_parallel", "sampling_vocab_sharded",
                       "sampling_temperature_vocab_sharded", "sampling_top_k_vocab_sharded",
                       "sampling_top_k_mask_vocab_sharded", "sampling_min_p_vocab_sharded",
                       "sampling_top_p_vocab_sharded", "sampling_vocab_sharded_2d"},

@@ -31,7 +31,14 @@ import jax.numpy as jnp
 from hlofuse.kernels.pallas import common, gpu, tpu
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
-from hlofuse.shard_local import Cuts, KeySplit, decode_key_split, key_sequence_cuts, prefill_key_split
+from hlofuse.shard_local import (
+    Cuts,
+    KeySplit,
+    decode_key_split,
+    key_sequence_cuts,
+    prefill_key_split,
+    prefill_query_split,
+)
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -311,6 +318,19 @@ def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
     if decode:
         return decode_key_split(call, splits, run_range, platform)
     return prefill_key_split(call, splits, run_range, platform)
+
+
+def query_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+    """A prefill with its query sequence in `splits` ranges, one per shard, each run by this target's kernel
+    with its own q_offset per batch row and K, V whole (hlofuse.shard_local.prefill_query_split)."""
+    backend = "tpu" if target.startswith("tpu") else "gpu"
+    interpret = target.endswith("-interpret")
+
+    def run_range(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any) -> jax.Array:  # noqa: ANN401
+        out: jax.Array = attention(q, k, v, backend=backend, interpret=interpret, **kwargs)
+        return out
+
+    return prefill_query_split(call, splits, run_range, None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend])
 
 
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
