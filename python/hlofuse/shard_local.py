@@ -37,8 +37,11 @@ What a shard can cut:
 - a prefill's key sequence (a query chunk against a sharded cache), for the Pallas tpu / gpu kernels:
   `prefill_key_split` gives each range its key lengths and its own q_offset (the composite's minus the
   range's start, a traced operand the kernels read per batch row), and merges as above.
+- a prefill's query sequence (context parallelism, K and V whole), for the same kernels:
+  `prefill_query_split` gives each query range its q_offset (the composite's plus the range's start) and
+  its q_lengths; the merge is a reshape. A call cuts its key or its query sequence, not both.
 
-Dims that arrive sharded but that a shard keeps whole (a prefill's sequence, a vocabulary) are named by
+Dims that arrive sharded but that a shard keeps whole (a vocabulary, a sequence no split takes) are named by
 `ShardPlan.gathered`: under multi_device=local (the default) the composite then stays, under batch they
 are all-gathered at the boundary, as for the CPU batch partitioner.
 """
