@@ -77,12 +77,16 @@ inline vf vtanh(vf y) {
 
 //===--- Register-blocked micro-kernel -----------------------------------------------------===//
 
+// kW elements of a K or V row as f32: in place for f32, widened on the load for bf16 (exact).
+inline vf vload_row(const float* p) { return vload(p); }
+inline vf vload_row(const uint16_t* p) { return vload_bf16(p); }
+
 // C (MR, NV*kW) (+)= sum_kk A(i, kk) * B(kk, :), with A(i, kk) = a[i*sai + kk*sak] broadcast and
 // B(kk, :) = b[kk*ldb ...] contiguous. The MR x NV accumulators stay in registers over all of kc.
 // ACC: C starts from its old value, times row_scale[i] when row_scale is not null.
-template <int MR, int NV, bool ACC>
-void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb, float* c,
-                  int64_t ldc, const float* row_scale) {
+template <int MR, int NV, bool ACC, typename BT = float>
+void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const BT* b, int64_t ldb, float* c, int64_t ldc,
+                  const float* row_scale) {
   vf acc[MR][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -91,11 +95,11 @@ void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const fl
     for (int v = 0; v < NV; ++v) acc[i][v] = ACC ? vmul(vload(c + i * ldc + v * kW), sc) : vzero();
   }
   for (int64_t kk = 0; kk < kc; ++kk) {
-    const float* bk = b + kk * ldb;
+    const BT* bk = b + kk * ldb;
     const float* ak = a + kk * sak;
     vf bv[NV];
 #pragma GCC unroll 8
-    for (int v = 0; v < NV; ++v) bv[v] = vload(bk + v * kW);
+    for (int v = 0; v < NV; ++v) bv[v] = vload_row(bk + v * kW);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       vf av = vset1(ak[i * sai]);
@@ -109,27 +113,27 @@ void micro_kernel(int64_t kc, const float* a, int64_t sai, int64_t sak, const fl
     for (int v = 0; v < NV; ++v) vstore(c + i * ldc + v * kW, acc[i][v]);
 }
 
-template <int MR, bool ACC>
-void micro_kernel_nv(int nv, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb,
-                     float* c, int64_t ldc, const float* rs) {
+template <int MR, bool ACC, typename BT>
+void micro_kernel_nv(int nv, int64_t kc, const float* a, int64_t sai, int64_t sak, const BT* b, int64_t ldb, float* c,
+                     int64_t ldc, const float* rs) {
   switch (nv) {
-    case 1: micro_kernel<MR, 1, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
+    case 1: micro_kernel<MR, 1, ACC, BT>(kc, a, sai, sak, b, ldb, c, ldc, rs); return;
     case 2:
-      if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs);
+      if constexpr (kNV >= 2) micro_kernel<MR, 2, ACC, BT>(kc, a, sai, sak, b, ldb, c, ldc, rs);
       return;
     case 3:
-      if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs);
+      if constexpr (kNV >= 3) micro_kernel<MR, 3, ACC, BT>(kc, a, sai, sak, b, ldb, c, ldc, rs);
       return;
     default:
-      if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC>(kc, a, sai, sak, b, ldb, c, ldc, rs);
+      if constexpr (kNV >= 4) micro_kernel<MR, 4, ACC, BT>(kc, a, sai, sak, b, ldb, c, ldc, rs);
       return;
   }
 }
 
 // C (rows, cols) (+)= A (rows, kc) . B (kc, cols); cols is a multiple of kW. With ACC and row_scale,
 // C = diag(row_scale) C + A . B.
-template <bool ACC>
-void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, int64_t sak, const float* b, int64_t ldb,
+template <bool ACC, typename BT = float>
+void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, int64_t sak, const BT* b, int64_t ldb,
           float* c, int64_t ldc, const float* row_scale = nullptr) {
   for (int64_t c0 = 0; c0 < cols; c0 += kNV * kW) {
     int nv = static_cast<int>(imin(kNV, (cols - c0) / kW));
@@ -138,15 +142,15 @@ void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, i
       float* cr = c + r0 * ldc + c0;
       const float* rs = row_scale ? row_scale + r0 : nullptr;
       switch (imin(kMR, rows - r0)) {
-        case 1: micro_kernel_nv<1, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
-        case 2: micro_kernel_nv<2, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
-        case 3: micro_kernel_nv<3, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
-        case 4: micro_kernel_nv<4, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 1: micro_kernel_nv<1, ACC, BT>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 2: micro_kernel_nv<2, ACC, BT>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 3: micro_kernel_nv<3, ACC, BT>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
+        case 4: micro_kernel_nv<4, ACC, BT>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs); break;
         case 5:
-          if constexpr (kMR >= 5) micro_kernel_nv<5, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs);
+          if constexpr (kMR >= 5) micro_kernel_nv<5, ACC, BT>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs);
           break;
         default:
-          if constexpr (kMR >= 6) micro_kernel_nv<6, ACC>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs);
+          if constexpr (kMR >= 6) micro_kernel_nv<6, ACC, BT>(nv, kc, ar, sai, sak, b + c0, ldb, cr, ldc, rs);
           break;
       }
     }
@@ -156,8 +160,8 @@ void gemm(int64_t rows, int64_t cols, int64_t kc, const float* a, int64_t sai, i
 // Few-row tiles (decode): S[r][j] = q_r . k_j with lanes over H, MR rows x 4 keys per step, so a
 // tile of 1..4 rows does not waste the lanes the GEMM path would spread over query rows. S is row
 // major (see process_block_rows).
-template <int MR>
-void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk, float* s, int64_t ldsr) {
+template <int MR, typename KT>
+void qk_dot(int64_t jn, int64_t hp, const float* qr, const KT* k, int64_t ldk, float* s, int64_t ldsr) {
   int64_t j = 0;
   for (; j + 4 <= jn; j += 4) {
     vf acc[MR][4];
@@ -165,11 +169,11 @@ void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) acc[r][u] = vzero();
-    const float* kj = k + j * ldk;
+    const KT* kj = k + j * ldk;
     for (int64_t h = 0; h < hp; h += kW) {
       vf kv[4];
 #pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) kv[u] = vload(kj + u * ldk + h);
+      for (int u = 0; u < 4; ++u) kv[u] = vload_row(kj + u * ldk + h);
 #pragma GCC unroll 4
       for (int r = 0; r < MR; ++r) {
         vf qv = vload(qr + r * hp + h);
@@ -185,14 +189,15 @@ void qk_dot(int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk
   for (; j < jn; ++j) {
     for (int r = 0; r < MR; ++r) {
       vf acc = vzero();
-      for (int64_t h = 0; h < hp; h += kW) acc = vfma(vload(qr + r * hp + h), vload(k + j * ldk + h), acc);
+      for (int64_t h = 0; h < hp; h += kW) acc = vfma(vload(qr + r * hp + h), vload_row(k + j * ldk + h), acc);
       s[r * ldsr + j] = vhsum(acc);
     }
   }
 }
 
-inline void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, const float* k, int64_t ldk, float* s,
-                        int64_t ldsr) {
+template <typename KT>
+void qk_dot_rows(int64_t rows, int64_t jn, int64_t hp, const float* qr, const KT* k, int64_t ldk, float* s,
+                 int64_t ldsr) {
   switch (rows) {
     case 1: qk_dot<1>(jn, hp, qr, k, ldk, s, ldsr); return;
     case 2: qk_dot<2>(jn, hp, qr, k, ldk, s, ldsr); return;
@@ -683,9 +688,18 @@ inline void process_block_rows(const AttentionArgs& args, const AttentionPlan& p
                                int64_t jn, const Scratch& sc) {
   const int64_t ldr = s_row_stride(plan), jv = round_up(jn, kW), dp = plan.d_pad;
   float* s = sc.s;
-  int64_t ldk;
-  const float* kb_ptr = k_block(args, tl, j0, jn, true, sc.kp, &ldk);
-  qk_dot_rows(tl.rows, jn, round_up(args.H, kW), sc.qr, kb_ptr, ldk, s, ldr);
+  const int64_t hp = round_up(args.H, kW);
+  // bf16 rows already a whole number of vectors are read in place and widened on the load: a copy would
+  // store and reload every element of the block, which the few rows here do not amortise.
+  const bool bf16_in_place = args.dtype == ElemType::kBF16 && hp == args.H;
+  if (bf16_in_place) {
+    const uint16_t* k = static_cast<const uint16_t*>(args.k) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.H;
+    qk_dot_rows(tl.rows, jn, hp, sc.qr, k, args.K * args.H, s, ldr);
+  } else {
+    int64_t ldk;
+    const float* kb_ptr = k_block(args, tl, j0, jn, true, sc.kp, &ldk);
+    qk_dot_rows(tl.rows, jn, hp, sc.qr, kb_ptr, ldk, s, ldr);
+  }
 
   if (args.softcap != 0.0f) {
     const vf cap = vset1(args.softcap), inv = vset1(1.0f / args.softcap);
@@ -726,6 +740,11 @@ inline void process_block_rows(const AttentionArgs& args, const AttentionPlan& p
     sc.m[r] = m_new;
   }
 
+  if (args.dtype == ElemType::kBF16 && args.D == dp) {
+    const uint16_t* v = static_cast<const uint16_t*>(args.v) + ((tl.b * args.S + j0) * args.K + tl.kh) * args.D;
+    gemm<true>(tl.rows, dp, jn, s, ldr, 1, v, args.K * args.D, sc.o, dp, sc.alpha);
+    return;
+  }
   int64_t ldv;
   const float* vb = v_block(args, plan, tl, j0, jn, sc.vp, &ldv);
   gemm<true>(tl.rows, dp, jn, s, ldr, 1, vb, ldv, sc.o, dp, sc.alpha);
