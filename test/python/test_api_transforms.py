@@ -192,3 +192,25 @@ def test_gradients_flow_around_a_sampler():
     want = jax.grad(functools.partial(picked_logit, sample_like_hlofuse))(logits)
     np.testing.assert_array_equal(got, want)
     assert float(got.sum()) == 3.0  # one picked logit per row
+
+
+@needs_cpu_kernels
+def test_scanned_layers_train_with_the_kernel_forward_also_under_remat():
+    """Layers in a lax.scan (as MaxText stacks them), differentiated, and under jax.checkpoint: the kernel runs
+    in the loop body and the gradients are the jnp program's."""
+    x, = _draw(12, (1, 32, 4, 16))
+    w = 0.2 * _draw(13, (3, 16, 16))[0]
+
+    def model(attention, w, x):
+        def layer(h, wl):
+            return attention(h @ wl, h, h) + h, None
+
+        return jnp.sum(jax.lax.scan(layer, x, w)[0] ** 2)
+
+    fused = functools.partial(model, functools.partial(hlofuse.attention, causal=True))
+    plain = functools.partial(model, functools.partial(attention_reference, causal=True, scale=0.25))
+    want = jax.jit(jax.grad(plain))(w, x)
+    assert _custom_calls(jax.value_and_grad(fused), w, x, target="hlofuse_attention") == 1
+    for fn in (fused, jax.checkpoint(fused)):
+        got = jax.jit(jax.grad(fn), compiler_options=DEFAULT)(w, x)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(jnp.max(jnp.abs(want))))
