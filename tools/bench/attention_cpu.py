@@ -7,11 +7,14 @@
 
 A SPEC is comma-separated key=value pairs over B, T, S, N, K, H, dtype (f32|bf16) and causal (0|1),
 e.g. "T=4096,S=4096,N=8,K=8,H=128,dtype=f32,causal=1". Prints a markdown table of median times,
-hlofuse's time as a fraction of the others', hlofuse GFLOP/s (over the visible query-key pairs) and XLA's temp
-bytes (compiled.memory_analysis()), the extra peak memory of each compiled program. The hlofuse
-kernel's own scratch (per thread, about 4 * (block_q * (2H + D) + block_k * (H + D)) bytes, plus
-splits * block_q * D floats per tile on the decode path) is allocated inside the call and not
-visible to XLA.
+hlofuse's time as a fraction of the others', hlofuse GFLOP/s (over the visible query-key pairs) and as a
+share of this machine's f32 GEMM peak (measured first, in this process: the faster of XLA's and torch's
+2048^3 f32 matmul, best of 10; on a shared machine the load when it runs and when a row runs differ, so
+read the share as approximate), XLA's temp bytes (compiled.memory_analysis()), and each program's extra peak RSS:
+the resident memory its first run adds at its peak over what the process held before (Linux:
+/proc/self/clear_refs resets the peak, VmHWM reads it), which also counts what XLA cannot see, such
+as the hlofuse kernel's own scratch (per thread, about 4 * (block_q * (2H + D) + block_k * (H + D))
+bytes, plus splits * block_q * D floats per tile on the decode path) and the output.
 
 With --compare (twice or more), each library (a scratch cmake build of the kernel, e.g. before and
 after a change) is registered under its own FFI target and timed in this one process against torch,
@@ -125,6 +128,68 @@ def median_time(fn: Callable[[], Any], repeats: int) -> float:
     return statistics.median(times)
 
 
+def _status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def fix_malloc_thresholds() -> None:
+    """Large blocks always from mmap, returned on free: glibc otherwise raises its mmap threshold after the
+    first large free, keeps later blocks of that size on its heap and resident after they are freed, and a
+    program run after another would show no extra peak. (A no-op where glibc's mallopt is absent.)"""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD: fixed, which also stops the dynamic adjustment
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD: give freed heap tops back
+    except (OSError, AttributeError):
+        pass
+
+
+def extra_peak_rss(fn: Callable[[], Any]) -> int | None:
+    """Bytes of resident memory `fn()` adds at its peak (None where /proc cannot tell: not Linux)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear:
+            clear.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        return None
+    before = _status_kib("VmRSS")
+    fn()
+    peak = _status_kib("VmHWM")
+    return None if before is None or peak is None else max(0, peak - before) * 1024
+
+
+def best_time(fn: Callable[[], Any], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def gemm_peak_gflops(repeats: int = 10, n: int = 2048) -> tuple[float, dict[str, float]]:
+    """This machine's f32 GEMM rate, GFLOP/s: the faster of XLA's and torch's n^3 matmul, each at its best of
+    `repeats` (a capability, where the attention rows are medians), and each one's rate."""
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.standard_normal((n, n), np.float32)) for _ in range(2))
+    matmul = jax.jit(jnp.matmul).lower(a, b).compile()
+    rates = {"XLA": 2.0 * n**3 / best_time(lambda: matmul(a, b).block_until_ready(), repeats) / 1e9}
+    if torch is not None:
+        ta, tb = torch.from_numpy(np.asarray(a)), torch.from_numpy(np.asarray(b))
+        rates["torch"] = 2.0 * n**3 / best_time(lambda: torch.mm(ta, tb), repeats) / 1e9
+    return max(rates.values()), rates
+
+
 def temp_bytes(compiled: Any) -> int | None:
     try:
         return int(compiled.memory_analysis().temp_size_in_bytes)
@@ -150,10 +215,16 @@ def run_case(case: Case, repeats: int) -> dict[str, Any]:
     for label, fn in (("hlofuse", attention), ("xla", attention_reference)):
         jitted = jax.jit(functools.partial(fn, **kw))
         compiled = jitted.lower(q, k, v).compile()
-        row[f"{label}_s"] = median_time(lambda c=compiled: c(q, k, v).block_until_ready(), repeats)
+        run = functools.partial(lambda c: c(q, k, v).block_until_ready(), compiled)
+        row[f"{label}_rss"] = extra_peak_rss(run)  # the first run: nothing of it is resident yet
+        row[f"{label}_s"] = median_time(run, repeats)
         row[f"{label}_temp"] = temp_bytes(compiled)
 
-    row["torch_s"] = median_time(torch_sdpa(case, q, k, v, kw["scale"]), repeats) if torch is not None else None
+    row["torch_s"] = row["torch_rss"] = None
+    if torch is not None:
+        run_torch = torch_sdpa(case, q, k, v, kw["scale"])
+        row["torch_rss"] = extra_peak_rss(run_torch)
+        row["torch_s"] = median_time(run_torch, repeats)
     flops = 2.0 * visible_pairs(case) * (case.H + case.H)
     row["gflops"] = flops / row["hlofuse_s"] / 1e9
     return row
@@ -340,19 +411,27 @@ def main(argv: list[str] | None = None) -> int:
         compare_columns(columns, cases, args.repeats)
         return 0
     cpu.register()
-    print(f"jax {jax.__version__}; hlofuse kernel ISA {cpu.isa()}; {threads} CPU threads; {torch_note}\n")
+    fix_malloc_thresholds()
+    print(f"jax {jax.__version__}; hlofuse kernel ISA {cpu.isa()}; {threads} CPU threads; {torch_note}")
+    peak, rates = gemm_peak_gflops()
+    print(
+        f"f32 GEMM peak here: {peak:.1f} GFLOP/s (2048^3 matmul: "
+        + ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+        + ")\n"
+    )
     print(
         "| case | hlofuse ms | XLA unfused ms | torch SDPA ms | hlofuse / XLA | hlofuse / torch "
-        "| hlofuse GFLOP/s | hlofuse temp MiB | XLA temp MiB |"
+        "| hlofuse GFLOP/s | of f32 GEMM peak | XLA temp MiB | extra peak RSS MiB: hlofuse | XLA | torch |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for case in cases:
         r = run_case(case, args.repeats)
         base = r["hlofuse_s"]
         print(
             f"| {r['case']} | {fmt_ms(base)} | {fmt_ms(r['xla_s'])} | {fmt_ms(r['torch_s'])} "
             f"| {fmt_ratio(base, r['xla_s'])} | {fmt_ratio(base, r['torch_s'])} | {r['gflops']:.1f} "
-            f"| {fmt_mib(r['hlofuse_temp'])} | {fmt_mib(r['xla_temp'])} |",
+            f"| {r['gflops'] / peak:.0%} | {fmt_mib(r['xla_temp'])} | {fmt_mib(r['hlofuse_rss'])} "
+            f"| {fmt_mib(r['xla_rss'])} | {fmt_mib(r['torch_rss'])} |",
             flush=True,
         )
     return 0
