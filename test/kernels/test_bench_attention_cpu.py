@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hlofuse.kernels import cpu
@@ -46,3 +48,23 @@ def test_isa_columns_name_the_kernel_each_runs_and_restore_the_setting(bench, ca
 def test_needs_two_columns(bench):
     with pytest.raises(SystemExit):
         bench.main(["--isa", "avx2"])
+
+
+def test_extra_peak_rss_sees_a_block_that_is_freed_again(bench):
+    bench.fix_malloc_thresholds()
+    rss = bench.extra_peak_rss(lambda: np.ones(16 * 2**20 // 8).sum())  # 16 MiB, touched, then freed
+    if rss is None:
+        pytest.skip("no /proc/self/clear_refs here")
+    assert 15 * 2**20 <= rss < 64 * 2**20
+    assert bench.extra_peak_rss(lambda: None) < 2**20
+
+
+def test_plain_mode_reports_the_gemm_peak_and_peak_rss(bench, capsys):
+    bench.main(["--repeats", "1", "--shapes", "T=16,S=32,N=2,K=2,H=32"])
+    out = capsys.readouterr().out
+    assert re.search(r"f32 GEMM peak here: \d+\.\d GFLOP/s \(2048\^3 matmul: XLA \d+\.\d", out)
+    header, _, row = [line for line in out.splitlines() if line.startswith("|")]
+    assert header.endswith("| of f32 GEMM peak | XLA temp MiB | extra peak RSS MiB: hlofuse | XLA | torch |")
+    cells = [cell.strip() for cell in row.split("|")[1:-1]]
+    assert cells[0] == "B1 T16 S32 N2 K2 H32 f32 full" and cells[7].endswith("%")
+    assert float(cells[1]) > 0 and float(cells[2]) > 0
