@@ -118,14 +118,19 @@ def default_cases(quick: bool) -> list[Case]:
     return cases
 
 
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
+def run_times(fn: Callable[[], Any], repeats: int) -> list[float]:
+    """Seconds of `repeats` runs of `fn`, after one untimed run."""
     fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def median_time(fn: Callable[[], Any], repeats: int) -> float:
+    return statistics.median(run_times(fn, repeats))
 
 
 def _status_kib(field: str) -> int | None:
@@ -167,26 +172,16 @@ def extra_peak_rss(fn: Callable[[], Any]) -> int | None:
     return None if before is None or peak is None else max(0, peak - before) * 1024
 
 
-def best_time(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def gemm_peak_gflops(repeats: int = 10, n: int = 2048) -> tuple[float, dict[str, float]]:
     """This machine's f32 GEMM rate, GFLOP/s: the faster of XLA's and torch's n^3 matmul, each at its best of
     `repeats` (a capability, where the attention rows are medians), and each one's rate."""
     rng = np.random.default_rng(0)
     a, b = (jnp.asarray(rng.standard_normal((n, n), np.float32)) for _ in range(2))
     matmul = jax.jit(jnp.matmul).lower(a, b).compile()
-    rates = {"XLA": 2.0 * n**3 / best_time(lambda: matmul(a, b).block_until_ready(), repeats) / 1e9}
+    rates = {"XLA": 2.0 * n**3 / min(run_times(lambda: matmul(a, b).block_until_ready(), repeats)) / 1e9}
     if torch is not None:
         ta, tb = torch.from_numpy(np.asarray(a)), torch.from_numpy(np.asarray(b))
-        rates["torch"] = 2.0 * n**3 / best_time(lambda: torch.mm(ta, tb), repeats) / 1e9
+        rates["torch"] = 2.0 * n**3 / min(run_times(lambda: torch.mm(ta, tb), repeats)) / 1e9
     return max(rates.values()), rates
 
 
