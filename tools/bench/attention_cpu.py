@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 # torch's OpenMP threads otherwise spin after each op, taking the cores from whatever runs next (XLA's
 # pool, or other jobs on a shared machine). Measured on 2 shared cores: torch alone at T1 S2048 K8 f32
 # took 12 ms with spinning threads and 0.30 ms without; interleaved, the hlofuse call after torch was
@@ -54,6 +55,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from timing import median_time, run_times  # noqa: E402
 
 from hlofuse.kernels import cpu  # noqa: E402
 from hlofuse.kernels.cpu import ISA_ENV  # noqa: E402
@@ -116,21 +118,6 @@ def default_cases(quick: bool) -> list[Case]:
     cases += [Case(1, s, K=k, H=128, dtype=d) for s in (2048, 8192, 32768) for k in (8, 2) for d in ("f32",)]
     cases += [Case(1, 32768, K=2, H=128, dtype="bf16")]
     return cases
-
-
-def run_times(fn: Callable[[], Any], repeats: int) -> list[float]:
-    """Seconds of `repeats` runs of `fn`, after one untimed run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    return statistics.median(run_times(fn, repeats))
 
 
 def _status_kib(field: str) -> int | None:

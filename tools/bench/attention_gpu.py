@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -29,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from timing import median_time  # noqa: E402
 
 from hlofuse.kernels.pallas import mosaic_gpu  # noqa: E402
 from hlofuse.kernels.pallas.attention import BlockSizes, attention, attention_reference  # noqa: E402
@@ -93,16 +94,6 @@ def default_cases(quick: bool) -> list[Case]:
         Case(1, 8192, B=32, N=32, K=8),
         Case(4, 131072, B=1, N=32, K=8),
     ]
-
-
-def median_time(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def visible_pairs(case: Case) -> int:

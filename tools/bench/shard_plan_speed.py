@@ -16,8 +16,6 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import jax  # noqa: E402
@@ -26,6 +24,7 @@ import numpy as np  # noqa: E402
 from hlofuse.passes.lower_kernels import composite_call  # noqa: E402
 from jax.sharding import AxisType, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from timing import median_time  # noqa: E402
 
 from hlofuse.ir.context import parse_module  # noqa: E402
 from hlofuse.pipeline import run_pipeline  # noqa: E402
@@ -45,15 +44,6 @@ def _layers(count: int) -> Callable[..., jax.Array]:
     return model
 
 
-def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(layers: int, repeats: int) -> tuple[float, float, float, float]:
     mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto, AxisType.Auto))
     b, t, e, n, h = 4, 64, 256, 8, 32
@@ -65,11 +55,11 @@ def measure(layers: int, repeats: int) -> tuple[float, float, float, float]:
     run_pipeline(fused, f"builtin.module({FUSE})")
     composites = composites_in(fused.operation)
     calls = [composite_call(c) for c in composites]
-    plan = _median_seconds(lambda: plan_shards(fused.operation, composites, calls, "cpu", 8), repeats)
-    pipelines = [_median_seconds(lambda mode=mode: run_pipeline(  # type: ignore[misc]
+    plan = median_time(lambda: plan_shards(fused.operation, composites, calls, "cpu", 8), repeats, warmup=False)
+    pipelines = [median_time(lambda mode=mode: run_pipeline(  # type: ignore[misc]
         parse_module(text), f"builtin.module({FUSE},hlofuse-lower-kernels{{target=cpu multi_device={mode}}})"),
-        repeats) for mode in ("keep", "local")]
-    xla = _median_seconds(lowered.compile, 1)  # once: JAX keeps the executable, a second compile is a lookup
+        repeats, warmup=False) for mode in ("keep", "local")]
+    xla = median_time(lowered.compile, 1, warmup=False)  # once: JAX keeps the executable, a second compile is a lookup
     return plan, pipelines[0], pipelines[1], xla
 
 
