@@ -280,12 +280,13 @@ class LowerKernelsPass(ModulePass):
             shard_kernel = kernel_for(shard_call, self.target)
         except Unsupported as reason:
             raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None
-        if plan.shards("s") > 1:
-            self._lower_key_split(composite, call, plan, module)
-            return
-        if plan.shards("t") > 1:
-            self._lower_query_split(composite, call, plan, module)
-            return
+        for label, split_for, sequence in (("s", key_split_for, "key"), ("t", query_split_for, "query")):
+            if plan.shards(label) > 1:  # one key or query range per shard (hlofuse.shard_local)
+                split = split_for(call, self.target, plan.shards(label))
+                if split is None:
+                    raise Unsupported(f"the {self.target} kernel cannot take a sharded {sequence} sequence")
+                self._lower_split(composite, call, plan, module, split)
+                return
         extra = [(row_offsets(composite, plan), ("r",))] if stochastic else []
         specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
         specs += [jax.ShapeDtypeStruct(plan.local_shape(_spec(value).shape, labels), jnp.int32)
@@ -294,27 +295,11 @@ class LowerKernelsPass(ModulePass):
                                 f"{call.name}.{self.target}")
         wrap_in_manual_computation(composite, plan, name, extra)
 
-    def _lower_query_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
-                           module: ir.Operation) -> None:
-        """`composite` with its query sequence cut: one query range per shard, each with its own q_offset."""
-        split = query_split_for(call, self.target, plan.shards("t"))
-        if split is None:
-            raise Unsupported(f"the {self.target} kernel cannot take a sharded query sequence")
-        self._lower_split(composite, call, plan, module, split)
-
-    def _lower_key_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
-                         module: ir.Operation) -> None:
-        """`composite` with its key sequence cut: the target's KeySplit prepares one key range per shard,
-        runs each range's kernel per shard and merges the partial results (hlofuse.shard_local)."""
-        split = key_split_for(call, self.target, plan.shards("s"))
-        if split is None:
-            raise Unsupported(f"the {self.target} kernel cannot take a sharded key sequence")
-        self._lower_split(composite, call, plan, module, split)
-
     def _lower_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan, module: ir.Operation,
                      split: KeySplit) -> None:
-        """`split.prepare` on the whole operands, `split.shard` per shard in a manual computation, then
-        `split.merge`, in place of `composite`."""
+        """`composite` with a sequence cut into ranges: `split.prepare` on the whole operands, `split.shard`
+        per shard in a manual computation, then `split.merge` (a key split combines the ranges' partial
+        results), in place of `composite`."""
         base = f"{call.name}.{self.target}"
         prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
         shard_specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)

@@ -173,10 +173,9 @@ def prefill_key_split_unsupported(call: CompositeCall) -> str | None:
     along the keys too (not done)."""
     from hlofuse.composites import AttentionAttrs
 
-    attrs = AttentionAttrs.from_dict(call.attributes)
-    if {"bias", "mask"} & set(attrs.operands):
-        return "a bias or a mask"
-    if not math.isinf(attrs.masked_value):
+    if (why := prefill_query_split_unsupported(call)) is not None:
+        return why
+    if not math.isinf(AttentionAttrs.from_dict(call.attributes).masked_value):
         return "a finite masked_value"
     return None
 
@@ -203,25 +202,28 @@ def key_sequence_cuts(call: CompositeCall) -> Cuts:
     if prefill_key_split_unsupported(call) is None:
         cuts = _with_key_cut(call, cuts)
     if prefill_query_split_unsupported(call) is None:
-        cuts = _with_query_cut(call, cuts)
+        cuts = _with_sequence_cut(call, cuts, "t", ("q",), call.operand_types[0][0][1], in_results=True)
     if {"s", "t"} <= set(cuts.sizes):  # a shard runs one key range or one query range
         cuts = dataclasses.replace(cuts, exclusive=("s", "t"))
     return cuts
 
 
-def _with_query_cut(call: CompositeCall, cuts: Cuts) -> Cuts:
-    roles = list(call.attributes["operands"])
-    operands = tuple((labels[0], "t", *labels[2:]) if role == "q" else labels
-                     for role, labels in zip(roles, cuts.operands, strict=True))
-    results = tuple((labels[0], "t", *labels[2:]) for labels in cuts.results)
-    return Cuts(operands, results, {**cuts.sizes, "t": call.operand_types[0][0][1]})
-
-
 def _with_key_cut(call: CompositeCall, cuts: Cuts) -> Cuts:
-    roles = list(call.attributes["operands"])
-    operands = tuple((labels[0], "s", *labels[2:]) if role in ("k", "v") else labels
-                     for role, labels in zip(roles, cuts.operands, strict=True))
-    return Cuts(operands, cuts.results, {**cuts.sizes, "s": call.operand_types[1][0][1]})
+    return _with_sequence_cut(call, cuts, "s", ("k", "v"), call.operand_types[1][0][1], in_results=False)
+
+
+def _with_sequence_cut(call: CompositeCall, cuts: Cuts, label: str, roles: tuple[str, ...], size: int,
+                       in_results: bool) -> Cuts:
+    """`cuts` with dim 1 (the sequence) of the operands in `roles`, and of the results if `in_results`,
+    labelled `label`."""
+
+    def cut(labels: tuple[str, ...]) -> tuple[str, ...]:
+        return (labels[0], label, *labels[2:])
+
+    operands = tuple(cut(labels) if role in roles else labels
+                     for role, labels in zip(call.attributes["operands"], cuts.operands, strict=True))
+    results = tuple(cut(labels) for labels in cuts.results) if in_results else cuts.results
+    return Cuts(operands, results, {**cuts.sizes, label: size})
 
 
 _JNP_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
@@ -283,6 +285,13 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
                     results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
 
 
+def _range_attributes(attrs: Any) -> dict[str, Any]:  # noqa: ANN401  (AttentionAttrs)
+    """The attention attributes a prefill range's kernel call takes as they are (its q_offset and lengths are
+    the range's own)."""
+    return {"scale": attrs.scale, "softcap": attrs.softcap, "causal": attrs.causal, "window_left": attrs.window_left,
+            "window_right": attrs.window_right, "masked_value": attrs.masked_value}
+
+
 def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
                       platform: str | None = None) -> KeySplit:
     """A prefill composite (no bias or mask, masked_value -inf) as `splits` key ranges, one per shard.
@@ -303,8 +312,7 @@ def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[...,
     extra = list(attrs.operands[3:])  # q_lengths and / or kv_lengths, in that order
     per_range = s // splits
     dtype = jnp.dtype(_JNP_DTYPES[call.operand_types[0][1]])
-    statics = {"scale": attrs.scale, "softcap": attrs.softcap, "causal": attrs.causal,
-               "window_left": attrs.window_left, "window_right": attrs.window_right}
+    statics = _range_attributes(attrs)
 
     def prepare(q: Any, k: Any, v: Any, *rest: Any) -> tuple[Any, ...]:  # noqa: ANN401
         named = dict(zip(extra, rest, strict=True))
@@ -351,9 +359,7 @@ def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..
     kv = call.operand_types[1][0][2]
     extra = list(attrs.operands[3:])  # q_lengths and / or kv_lengths, in that order
     per_range = t // splits
-    statics = {"scale": attrs.scale, "softcap": attrs.softcap, "causal": attrs.causal,
-               "window_left": attrs.window_left, "window_right": attrs.window_right,
-               "masked_value": attrs.masked_value}
+    statics = _range_attributes(attrs)
 
     def prepare(q: Any, k: Any, v: Any, *rest: Any) -> tuple[Any, ...]:  # noqa: ANN401
         named = dict(zip(extra, rest, strict=True))

@@ -179,11 +179,11 @@ class Form:
 
 
 _NOISE = ("stablehlo.while",)  # threefry's rounds
-def _by_argsort(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> tuple[Writing, ...]:
+def _by_argsort(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
     """`fn` with its top-k taken by top_k_by_argsort: the sort replaces lax.top_k among the markers."""
     markers = tuple(op for op in markers if op != "chlo.top_k")
     markers += ("stablehlo.sort",) * ("stablehlo.sort" not in markers)
-    return (Writing(functools.partial(fn, top_k_fn=top_k_by_argsort), markers),)
+    return Writing(functools.partial(fn, top_k_fn=top_k_by_argsort), markers)
 
 
 _TOP_K = _NOISE + ("chlo.top_k",)
@@ -192,17 +192,17 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",)),
     Form("categorical", "temperature", categorical, marker_ops=_NOISE),
     Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
-    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K, _by_argsort(top_k, _TOP_K)),
+    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K, (_by_argsort(top_k, _TOP_K),)),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
-         _by_argsort(temperature_top_k, _TOP_K)),
-    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K, _by_argsort(top_k_mask, _TOP_K)),
+         (_by_argsort(temperature_top_k, _TOP_K),)),
+    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K, (_by_argsort(top_k_mask, _TOP_K),)),
     Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          (Writing(top_p_mask_by_top_k, _TOP_K),)),
     Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort",),
          (Writing(top_k_top_p_mask_by_top_k, _TOP_K),
-          *_by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
-          *_by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
+          _by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
+          _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
 )}
 

@@ -297,13 +297,18 @@ def shard_cuts(call: CompositeCall) -> Cuts:
     return key_sequence_cuts(call)
 
 
+def _range_target(target: str) -> tuple[str, bool, str | None]:
+    """(backend, interpret, platform to lower for) of a target whose ranges run on these kernels."""
+    backend = "tpu" if target.startswith("tpu") else "gpu"
+    interpret = target.endswith("-interpret")
+    return backend, interpret, None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
+
+
 def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
     """A decode or prefill with its key sequence in `splits` ranges, one per shard, each run by this
     target's kernel with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here; gpu-mosaic's
     decodes come here through mosaic_gpu.key_split and run the Triton kernel)."""
-    backend = "tpu" if target.startswith("tpu") else "gpu"
-    interpret = target.endswith("-interpret")
-    platform = None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
+    backend, interpret, platform = _range_target(target)
     decode = call.operand_types[0][0][1] == 1
 
     def run_range(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array | None = None,
@@ -323,14 +328,13 @@ def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
 def query_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
     """A prefill with its query sequence in `splits` ranges, one per shard, each run by this target's kernel
     with its own q_offset per batch row and K, V whole (hlofuse.shard_local.prefill_query_split)."""
-    backend = "tpu" if target.startswith("tpu") else "gpu"
-    interpret = target.endswith("-interpret")
+    backend, interpret, platform = _range_target(target)
 
     def run_range(q: jax.Array, k: jax.Array, v: jax.Array, **kwargs: Any) -> jax.Array:  # noqa: ANN401
         out: jax.Array = attention(q, k, v, backend=backend, interpret=interpret, **kwargs)
         return out
 
-    return prefill_query_split(call, splits, run_range, None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend])
+    return prefill_query_split(call, splits, run_range, platform)
 
 
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
