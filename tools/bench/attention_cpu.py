@@ -186,12 +186,17 @@ def visible_pairs(case: Case) -> int:
     return int(np.asarray(vis).sum()) * case.B * case.N
 
 
-def run_case(case: Case, repeats: int) -> dict[str, Any]:
+def case_inputs(case: Case) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, Any]]:
+    """q, k, v (standard normal draws, seed 0, in the case's dtype) and the attention keywords of `case`."""
     dtype = jnp.float32 if case.dtype == "f32" else jnp.bfloat16
     rng = np.random.default_rng(0)
     shapes = ((case.B, case.T, case.N, case.H), (case.B, case.S, case.K, case.H), (case.B, case.S, case.K, case.H))
     q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32), dtype) for s in shapes)
-    kw = dict(scale=case.H**-0.5, causal=case.causal, q_offset=case.q_offset)
+    return q, k, v, dict(scale=case.H**-0.5, causal=case.causal, q_offset=case.q_offset)
+
+
+def run_case(case: Case, repeats: int) -> dict[str, Any]:
+    q, k, v, kw = case_inputs(case)
     row: dict[str, Any] = {"case": case.name}
 
     for label, fn in (("hlofuse", attention), ("xla", attention_reference)):
@@ -250,11 +255,7 @@ def compare_case(columns: list[Column], case: Case, repeats: int) -> list[float]
     """Median seconds of each column's kernel, then torch's (if installed), repetitions interleaved."""
     from hlofuse.kernels.cpu import attention as attention_module
 
-    dtype = jnp.float32 if case.dtype == "f32" else jnp.bfloat16
-    rng = np.random.default_rng(0)
-    shapes = ((case.B, case.T, case.N, case.H), (case.B, case.S, case.K, case.H), (case.B, case.S, case.K, case.H))
-    q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32), dtype) for s in shapes)
-    kw = dict(scale=case.H**-0.5, causal=case.causal, q_offset=case.q_offset)
+    q, k, v, kw = case_inputs(case)
     fns: list[Callable[[], Any]] = []
     default_target = attention_module.TARGET
     try:
