@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,7 +21,28 @@ if not cpu.is_available():
 from hlofuse.kernels.cpu.attention import BlockSizes, attention, attention_reference  # noqa: E402
 
 _ORDER = ("amx", "avx512bf16", "avx512", "avx2", "generic")
-ISAS = list(_ORDER[_ORDER.index(cpu.isa()) :])  # the best one this CPU runs, and every fallback below it
+
+
+def _kernel_run_under(isa: str) -> str:
+    """The kernel a call runs here with HLOFUSE_CPU_ISA=isa."""
+    before = os.environ.get("HLOFUSE_CPU_ISA")
+    os.environ["HLOFUSE_CPU_ISA"] = isa
+    try:
+        return cpu.isa()
+    finally:
+        if before is None:
+            del os.environ["HLOFUSE_CPU_ISA"]
+        else:
+            os.environ["HLOFUSE_CPU_ISA"] = before
+
+
+# The AMX kernel with its tile instructions in software runs wherever AVX-512 does, so the AMX kernel's
+# tile code is checked on CPUs without AMX too.
+EMULATED = ["amx-emulated"] if _kernel_run_under("amx-emulated") == "amx-emulated" else []
+# The best kernel this CPU runs, every fallback below it, and the emulated AMX kernel.
+ISAS = list(_ORDER[_ORDER.index(cpu.isa()) :]) + EMULATED
+# Every kernel here that computes bf16 tiles as bf16 pair products (the others widen them to f32).
+BF16_TILE_ISAS = [isa for isa in ("amx", "avx512bf16") if _kernel_run_under(isa) == isa] + EMULATED
 TOL = {jnp.float32: dict(rtol=1e-5, atol=1e-5), jnp.bfloat16: dict(rtol=0, atol=2e-2)}
 
 
@@ -205,3 +228,36 @@ def test_few_rows_bias_and_mask_each_isa(isa, bias_shape, mask_shape, monkeypatc
     mask = jnp.asarray(rng.random(mask_shape) < 0.7)
     for masked_value in (float("-inf"), -3.0):
         _check(q, k, v, bias=bias, mask=mask, masked_value=masked_value, window_left=250, q_offset=320, causal=True)
+
+
+def _bias_and_mask(seed: int, b: int, n: int, t: int, s: int) -> dict:
+    rng = np.random.default_rng(seed)
+    bias = jnp.asarray(rng.standard_normal((b, n, t, s), np.float32), jnp.bfloat16)
+    return dict(bias=bias, mask=jnp.asarray(rng.random((b, 1, t, s)) < 0.7), masked_value=-3.0)
+
+
+BF16_TILE_CASES = {  # name: ((B, T, S, N, K, H, D), attributes, block sizes); every tile has more than 4 rows
+    "h64-causal": ((1, 100, 100, 4, 4, 64, 64), dict(causal=True), None),
+    "h128-gqa": ((2, 33, 70, 4, 2, 128, 128), dict(), None),
+    "h256-softcap": ((1, 64, 64, 2, 2, 256, 256), dict(softcap=3.0), None),
+    "h80-d48-window": ((1, 90, 110, 4, 2, 80, 48), dict(window_left=20, window_right=5), BlockSizes(16, 48)),
+    "mqa-odd-blocks": ((1, 90, 110, 4, 1, 64, 64), dict(causal=True), BlockSizes(7, 13)),
+    "big-blocks-offset": ((1, 150, 300, 4, 2, 64, 64), dict(causal=True, q_offset=150), BlockSizes(128, 256)),
+    "lengths": (
+        (2, 70, 150, 4, 2, 64, 64),
+        dict(q_lengths=jnp.array([70, 23], jnp.int32), kv_lengths=jnp.array([0, 97], jnp.int32), masked_value=-1.0),
+        None,
+    ),
+    "bias-and-mask": ((2, 50, 70, 4, 2, 64, 64), _bias_and_mask(15, 2, 4, 50, 70), None),
+}
+
+
+@pytest.mark.parametrize("isa", BF16_TILE_ISAS)
+@pytest.mark.parametrize("case", list(BF16_TILE_CASES))
+def test_bf16_tiles_each_isa(isa, case, monkeypatch):
+    # bf16 prefill tiles take the tile products (tile_gemm) of AMX, AVX512-BF16, or AMX emulated: tiles and
+    # key blocks that are not whole 16 x 32 tiles, head dims that are not multiples of 32, and the masks.
+    monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
+    assert cpu.isa() == isa
+    (b, t, s, n, kv, h, d), attrs, blocks = BF16_TILE_CASES[case]
+    _check(*attention_inputs(16, b, t, s, n, kv, h, d, jnp.bfloat16), block_sizes=blocks, **attrs)

@@ -215,7 +215,7 @@ def test_isa_cap_shared_with_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     the narrower ones cap it."""
     monkeypatch.delenv("HLOFUSE_CPU_ISA", raising=False)
     widest = sampling.isa()
-    for name in ("amx", "avx512bf16", "avx512"):
+    for name in ("amx", "amx-emulated", "avx512bf16", "avx512"):
         monkeypatch.setenv("HLOFUSE_CPU_ISA", name)
         assert sampling.isa() == widest, name
     monkeypatch.setenv("HLOFUSE_CPU_ISA", "generic")

@@ -96,7 +96,8 @@ def register() -> None:
 
 
 def isa() -> str:
-    """The kernel picked here: "amx", "avx512bf16", "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
+    """The kernel picked here: "amx", "avx512bf16", "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it,
+    or names "amx-emulated", the AMX kernel with its tile instructions in software, for tests)."""
     fn = _load().hlofuse_cpu_isa
     fn.restype = ctypes.c_char_p
     return fn().decode()

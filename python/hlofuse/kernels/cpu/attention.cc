@@ -98,12 +98,17 @@ bool CpuHasAvx512Bf16() {
 constexpr std::string_view kIsaOrder[] = {"amx", "avx512bf16", "avx512", "avx2", "generic"};
 
 // The best kernel this CPU runs; HLOFUSE_CPU_ISA=amx|avx512bf16|avx512|avx2|generic asks for a lower
-// one (an unknown name gets generic). avx512bf16 is the default only on AMD: on Intel's AMX Xeons
-// vdpbf16ps reached half the FLOP rate of f32 FMAs, so widening bf16 to f32 was faster there (see
-// docs/kernels-cpu.md); asked for by name it runs wherever the CPU has AVX512-BF16.
+// one (an unknown name gets generic), and HLOFUSE_CPU_ISA=amx-emulated the AMX kernel with its tile
+// instructions in software wherever AVX-512 runs (for tests; generic without AVX-512). avx512bf16 is
+// the default only on AMD: on Intel's AMX Xeons vdpbf16ps reached half the FLOP rate of f32 FMAs, so
+// widening bf16 to f32 was faster there (see docs/kernels-cpu.md); asked for by name it runs
+// wherever the CPU has AVX512-BF16.
 KernelTable SelectKernels() {
   const char* env = std::getenv("HLOFUSE_CPU_ISA");
   const std::string_view want = env && *env ? env : kIsaOrder[0];
+#if defined(HLOFUSE_HAVE_X86_KERNELS)
+  if (want == "amx-emulated" && CpuHasAvx512()) return AmxEmulatedKernels();
+#endif
   size_t cap = 0;
   while (cap < std::size(kIsaOrder) - 1 && kIsaOrder[cap] != want) ++cap;
   auto allowed = [&](size_t rank) { return cap <= rank; };

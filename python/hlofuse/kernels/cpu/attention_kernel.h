@@ -3,9 +3,9 @@
 // attention.cc decodes the FFI call into AttentionArgs, plans the work (AttentionPlan) and runs
 // the items of one ISA's KernelTable on XLA's intra-op thread pool. The ISA translation units
 // (attention_amx.cc, attention_avx512bf16.cc, attention_avx512.cc, attention_avx2.cc,
-// attention_generic.cc) compile attention_impl.h with their own -m flags; only plain structs and
-// function pointers cross between them, so no inline template compiled for one ISA can leak into
-// another.
+// attention_generic.cc, and attention_amx_emulated.cc for tests) compile attention_impl.h with
+// their own -m flags; only plain structs and function pointers cross between them, so no inline
+// template compiled for one ISA can leak into another.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +72,7 @@ KernelTable GenericKernels();
 #if defined(HLOFUSE_HAVE_X86_KERNELS)
 KernelTable Avx2Kernels();
 KernelTable Avx512Kernels();
+KernelTable AmxEmulatedKernels();  // the AMX kernel with its tile instructions in software, for tests
 #endif
 #if defined(HLOFUSE_HAVE_AVX512BF16_KERNEL)
 KernelTable Avx512Bf16Kernels();  // bf16 products with vdpbf16ps; only where attention.cc's CpuHasAvx512Bf16() holds
