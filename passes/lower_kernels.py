@@ -50,7 +50,7 @@ from hlofuse.ir import build
 from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kernel_for, known_targets, target_unavailable
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
-    KeySplit,
+    RangeSplit,
     ShardPlan,
     composites_in,
     inside_manual_computation,
@@ -60,6 +60,7 @@ from hlofuse.shard_local import (
     plan_shards,
     query_split_for,
     row_offsets,
+    vocab_split_for,
     why_keys_stay_whole,
     with_row_offset,
     wrap_in_manual_computation,
@@ -103,10 +104,11 @@ def add_jax_function(fn: Callable[..., Any], specs: Sequence[jax.ShapeDtypeStruc
     other platforms than this host's, e.g. ("tpu",) for a Pallas Mosaic kernel on a CPU-only host.
     """
     platforms = platforms or getattr(fn, "lowering_platforms", None)
+    jitted = jax.jit(fn, keep_unused=True)  # the callers pass every operand, used or not
     if platforms:
-        lowered = jax.jit(fn).trace(*specs).lower(lowering_platforms=tuple(platforms))
+        lowered = jitted.trace(*specs).lower(lowering_platforms=tuple(platforms))
     else:
-        lowered = jax.jit(fn).lower(*specs)
+        lowered = jitted.lower(*specs)
     imported = ir.Module.parse(lowered.as_text(), context=module.context)
     inline_private_calls(imported.operation)
     main = next(op.operation for op in imported.body.operations
@@ -276,15 +278,16 @@ class LowerKernelsPass(ModulePass):
             raise Unsupported(f"the {self.target} sampler draws noise by its own row numbers, so it cannot sample "
                               "one shard of rows; XLA partitions the composite instead")
         shard_call = local_call(call, plan)
-        try:  # the target must take one shard's problem (its shapes), also where a KeySplit runs it
+        try:  # the target must take one shard's problem (its shapes), also where a RangeSplit runs it
             shard_kernel = kernel_for(shard_call, self.target)
         except Unsupported as reason:
             raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None
-        for label, split_for, sequence in (("s", key_split_for, "key"), ("t", query_split_for, "query")):
-            if plan.shards(label) > 1:  # one key or query range per shard (hlofuse.shard_local)
+        for label, split_for, dim in (("s", key_split_for, "key sequence"), ("t", query_split_for, "query sequence"),
+                                      ("v", vocab_split_for, "vocabulary")):
+            if plan.shards(label) > 1:  # one key, query or vocabulary range per shard (hlofuse.shard_local)
                 split = split_for(call, self.target, plan.shards(label))
                 if split is None:
-                    raise Unsupported(f"the {self.target} kernel cannot take a sharded {sequence} sequence")
+                    raise Unsupported(f"the {self.target} kernel cannot take a sharded {dim}")
                 self._lower_split(composite, call, plan, module, split)
                 return
         extra = [(row_offsets(composite, plan), ("r",))] if stochastic else []
@@ -296,7 +299,7 @@ class LowerKernelsPass(ModulePass):
         wrap_in_manual_computation(composite, plan, name, extra)
 
     def _lower_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan, module: ir.Operation,
-                     split: KeySplit) -> None:
+                     split: RangeSplit) -> None:
         """`composite` with a sequence cut into ranges: `split.prepare` on the whole operands, `split.shard`
         per shard in a manual computation, then `split.merge` (a key split combines the ranges' partial
         results), in place of `composite`."""

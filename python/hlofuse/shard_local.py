@@ -115,7 +115,7 @@ PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
     "hlofuse.sample": sample_cuts,
 }
 # (composite, target) -> "module:function" pairs for per-shard calls that also cut a key sequence:
-# `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> KeySplit`.
+# `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> RangeSplit`.
 KEY_SPLITS: dict[tuple[str, str], str] = {
     **{("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
        for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")},
@@ -126,12 +126,22 @@ KEY_SPLITS: dict[tuple[str, str], str] = {
 }
 
 
+# (composite, target) -> "module" for per-shard samplers that also cut a vocabulary: `shard_cuts(call) -> Cuts`
+# (with a "v" label where the form splits) and `vocab_split(call, target, splits) -> RangeSplit`.
+VOCAB_SPLITS: dict[tuple[str, str], str] = {
+    # gpu-mosaic samples with the Triton kernel
+    ("hlofuse.sample", target): "hlofuse.kernels.pallas.sampling"
+    for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret", "gpu-mosaic", "gpu-mosaic-interpret")
+}
+
+
 @dataclass(frozen=True)
-class KeySplit:
-    """A composite whose sharded key sequence a per-shard kernel cannot take whole: `prepare` (JAX, on the
-    whole operands) splits the keys into one range per shard, `shard` runs one range's kernel under the
-    manual computation (operands and results labelled `operands`, `results`, "s" the range dim) and returns
-    partial results, and `merge` (JAX, after it) combines the ranges into the composite's results."""
+class RangeSplit:
+    """A composite with a sharded dim that a per-shard kernel cannot take whole (a key or query sequence, a
+    vocabulary): `prepare` (JAX, on the whole operands) cuts it into one range per shard, `shard` runs one
+    range's kernel under the manual computation (operands and results labelled `operands`, `results`; "s",
+    "t" or "v" the range dim) and returns partial results, and `merge` (JAX, after it) combines the ranges
+    into the composite's results."""
 
     prepare: Callable[..., Any]
     shard: Callable[..., Any]
@@ -242,7 +252,7 @@ def _merge_ranges(b: int, t: int, n: int, splits: int, dtype: Any) -> Callable[.
 
 
 def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
-                     platform: str | None = None) -> KeySplit:
+                     platform: str | None = None) -> RangeSplit:
     """A decode composite as `splits` key ranges, one per shard of its sharded key sequence.
 
     `prepare` cuts k, v into (B, P, S/P, K, H) and gives each range its key lengths (the composite's and
@@ -279,7 +289,7 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
     if platform is not None:
         shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
-    return KeySplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
+    return RangeSplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
                     operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
                               ("b", "s")),
                     results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
@@ -293,7 +303,7 @@ def _range_attributes(attrs: Any) -> dict[str, Any]:  # noqa: ANN401  (Attention
 
 
 def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
-                      platform: str | None = None) -> KeySplit:
+                      platform: str | None = None) -> RangeSplit:
     """A prefill composite (no bias or mask, masked_value -inf) as `splits` key ranges, one per shard.
 
     Key j of range p is global key p * S/P + j, so the range sees the queries at q_offset - p * S/P: the
@@ -335,14 +345,14 @@ def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[...,
         shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
     range_labels = ("b", "s", "", kv_label, "")
-    return KeySplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
+    return RangeSplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
                     operands=(("b", "", "n", ""), range_labels, range_labels, ("b", "s"), ("b", "s"),
                               *((("b",),) if "q_lengths" in extra else ())),
                     results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
 
 
 def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
-                        platform: str | None = None) -> KeySplit:
+                        platform: str | None = None) -> RangeSplit:
     """A prefill composite (no bias or mask) as `splits` query ranges, one per shard of its sharded T.
 
     Query row i of range p is global row p * T/P + i, at key position i + q_offset + p * T/P: `prepare`
@@ -387,10 +397,62 @@ def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..
         shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
     lengths_labels = {"q_lengths": ("b", "t"), "kv_lengths": ("b",)}
-    return KeySplit(prepare=prepare, shard=shard, merge=merge,
+    return RangeSplit(prepare=prepare, shard=shard, merge=merge,
                     operands=(("b", "t", "", "n", ""), ("b", "", kv_label, ""), ("b", "", kv_label, ""), ("b", "t"),
                               *(lengths_labels[role] for role in extra)),
                     results=(("b", "t", "", "n", ""),))
+
+
+def vocab_split(call: CompositeCall, splits: int, run_split: Callable[..., Any], form: str,
+                mask: Callable[[Any], Any] | None = None, platform: str | None = None) -> RangeSplit:
+    """A sampler composite (logits (*R, V) [, key (2,)]; ids (*R,)) as `splits` vocabulary ranges, one per
+    shard of its sharded vocabulary.
+
+    `prepare` applies `mask` (JAX, on the whole logits: a keep-set computed with the program's own ops,
+    which the partitioner splits with small all-reduces) and cuts the logits into (R, P, V/P), next to each
+    row's global index (an iota over R) and each range's first token (an iota over P times V/P); `shard`
+    runs `run_split(logits (R', W), key, form=, vocab_total=V, vocab_offset=, row_offset=) -> (ids, scores)`
+    on one range, whose noise counters are the whole row's (row * V + id); `merge` picks each row's best
+    (score, id) over the ranges (`merge_vocab_splits`), which is the whole row's jnp.argmax."""
+    import jax
+    import jax.numpy as jnp
+
+    from hlofuse.kernels.sampling_reference import merge_vocab_splits
+
+    (shape, _), *rest = call.operand_types
+    batch, vocab = tuple(shape[:-1]), shape[-1]
+    rows, width = math.prod(batch), vocab // splits
+    has_key = bool(rest)
+
+    def prepare(logits: Any, *key: Any) -> tuple[Any, ...]:  # noqa: ANN401
+        if mask is not None:
+            logits = mask(logits)
+        row_ids = jax.lax.iota(jnp.int32, rows)
+        starts = jax.lax.iota(jnp.int32, splits) * jnp.int32(width)
+        return (logits.reshape(rows, splits, width), row_ids, starts, *key)
+
+    def shard(logits: Any, row_ids: Any, starts: Any, *key: Any) -> tuple[Any, Any]:  # noqa: ANN401
+        ids, scores = run_split(logits[:, 0], key[0] if key else None, form=form, vocab_total=vocab,
+                                vocab_offset=starts[0], row_offset=row_ids[0])
+        return ids[:, None], scores[:, None]
+
+    def merge(ids: Any, scores: Any) -> Any:  # noqa: ANN401  (R, P) each
+        return merge_vocab_splits(ids, scores).reshape(batch)
+
+    if platform is not None:
+        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
+    return RangeSplit(prepare=prepare, shard=shard, merge=merge,
+                      operands=(("r", "v", ""), ("r",), ("v",), *((("",),) if has_key else ())),
+                      results=(("r", "v"), ("r", "v")))
+
+
+def vocab_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
+    """How `target`'s per-shard call splits `call`'s vocabulary into `splits` ranges; None if it does not."""
+    entry = VOCAB_SPLITS.get((call.name, target))
+    if entry is None:
+        return None
+    split: RangeSplit | None = importlib.import_module(entry).vocab_split(call, target, splits)
+    return split
 
 
 def _key_split_module(call: CompositeCall, target: str) -> Any | None:  # noqa: ANN401
@@ -411,19 +473,19 @@ def why_keys_stay_whole(call: CompositeCall, target: str) -> str | None:
     return f"the {target} kernel takes q_offset as a constant, and each key range of a prefill needs its own"
 
 
-def key_split_for(call: CompositeCall, target: str, splits: int) -> KeySplit | None:
+def key_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
     """How `target`'s per-shard call splits `call`'s key sequence into `splits` ranges; None if it does not."""
     module = _key_split_module(call, target)
-    split: KeySplit | None = module.key_split(call, target, splits) if module is not None else None
+    split: RangeSplit | None = module.key_split(call, target, splits) if module is not None else None
     return split
 
 
-def query_split_for(call: CompositeCall, target: str, splits: int) -> KeySplit | None:
+def query_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
     """How `target`'s per-shard call splits `call`'s query sequence into `splits` ranges; None if it does not."""
     module = _key_split_module(call, target)
     if module is None or not hasattr(module, "query_split"):
         return None
-    split: KeySplit = module.query_split(call, target, splits)
+    split: RangeSplit = module.query_split(call, target, splits)
     return split
 # (composite, target) -> "module:function(call, devices) -> Cuts" for targets whose calls XLA partitions
 # itself: the dims those calls keep local (the CPU's also cut decode key ranges and vocabularies).
@@ -441,9 +503,11 @@ def cuts_for(call: CompositeCall, target: str, devices: int) -> Cuts | None:
         cuts: Cuts = getattr(importlib.import_module(module_name), function_name)(call, devices)
         return cuts
     module = _key_split_module(call, target)
+    if module is None and (call.name, target) in VOCAB_SPLITS:
+        module = importlib.import_module(VOCAB_SPLITS[call.name, target])
     if module is not None:
-        key_cuts: Cuts = module.shard_cuts(call)
-        return key_cuts
+        split_cuts: Cuts = module.shard_cuts(call)
+        return split_cuts
     by_shard = PER_SHARD_CUTS.get(call.name)
     return by_shard(call) if by_shard is not None else None
 
@@ -743,10 +807,9 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
     return shard_kernel
 
 
-__all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "Cuts", "KeySplit", "ShardPlan", "attention_cuts",
-           "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split", "decode_key_split_unsupported",
-           "inside_manual_computation", "key_sequence_cuts", "key_split_for", "local_call",
-           "prefill_key_split", "prefill_key_split_unsupported", "prefill_query_split",
-           "prefill_query_split_unsupported", "query_split_for", "why_keys_stay_whole",
-           "manual_computation", "plan_shards", "row_offsets", "sample_cuts",
-           "with_row_offset", "wrap_in_manual_computation"]
+__all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "VOCAB_SPLITS", "Cuts", "RangeSplit", "ShardPlan",
+           "attention_cuts", "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split",
+           "decode_key_split_unsupported", "inside_manual_computation", "key_sequence_cuts", "key_split_for",
+           "local_call", "manual_computation", "plan_shards", "prefill_key_split", "prefill_key_split_unsupported",
+           "prefill_query_split", "prefill_query_split_unsupported", "query_split_for", "row_offsets", "sample_cuts",
+           "vocab_split", "vocab_split_for", "why_keys_stay_whole", "with_row_offset", "wrap_in_manual_computation"]

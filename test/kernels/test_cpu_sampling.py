@@ -12,7 +12,7 @@ import pytest
 
 from hlofuse.kernels import CompositeCall
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.kernels.sampling_reference import merge_vocab_splits, sample_reference
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU kernels are not built")
 
@@ -105,7 +105,7 @@ def test_split_calls_and_merge_match_reference(form: str, dtype: str) -> None:
         rows, vocab = x.shape
         ids, scores = sampling.sample_splits(x.reshape(rows, splits, vocab // splits), key, form=form,
                                              temperature=params.get("temperature", 1.0))
-        return sampling.merge_splits(ids, scores)
+        return merge_vocab_splits(ids, scores)
 
     for rows, splits, width in SPLIT_SHAPES:
         for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
@@ -127,7 +127,7 @@ def test_split_scores_are_the_winners() -> None:
     want_ids = np.argmax(x.reshape(3, 4, 10), axis=-1) + np.arange(4) * 10
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_array_equal(scores, np.take_along_axis(x, want_ids, axis=-1))
-    np.testing.assert_array_equal(sampling.merge_splits(ids, scores), np.argmax(x, axis=-1))
+    np.testing.assert_array_equal(merge_vocab_splits(ids, scores), np.argmax(x, axis=-1))
 
 
 def test_splits_reject_threshold_forms() -> None:

@@ -21,6 +21,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from hlofuse.kernels.pallas import sampling
 from hlofuse.kernels.pallas.sampling import BlockSizes, sample, sample_reference
+from hlofuse.kernels.sampling_reference import merge_vocab_splits
 
 V = 1500  # not a multiple of 128 lanes or of the GPU tile: the padded tail must never be drawn
 PARAMS = dict(temperature=0.7, k=20, p=0.9, min_p=0.05)
@@ -125,6 +126,58 @@ def test_default_tiles_and_rank1_logits() -> None:
         got = sample(logits, _key(1), form="temperature", temperature=0.7, backend=backend, interpret=True)
         assert got.shape == ()
         assert int(got) == int(sample_reference(logits, _key(1), form="temperature", temperature=0.7))
+
+
+# ----------------------------------------------------------------------------- vocabulary splits
+
+
+@functools.partial(jax.jit, static_argnames=("form", "backend", "splits", "shard_rows"))
+def _split_sampled(logits: jax.Array, key: jax.Array, form: str, backend: str, splits: int,
+                   shard_rows: int) -> jax.Array:
+    """The (R, V) rows cut as a mesh of devices would cut them: `splits` vocabulary ranges times row shards of
+    `shard_rows`, each sampled on its own by `sample_split`, then merged over the ranges."""
+    rows, vocab = logits.shape
+    width = vocab // splits
+    ids, scores = [], []
+    for p in range(splits):
+        parts = [sampling.sample_split(logits[r0:r0 + shard_rows, p * width:(p + 1) * width], key, form=form,
+                                       vocab_total=vocab, vocab_offset=jnp.int32(p * width), row_offset=jnp.int32(r0),
+                                       temperature=PARAMS["temperature"], backend=backend,
+                                       block_sizes=BLOCKS[backend], interpret=True)
+                 for r0 in range(0, rows, shard_rows)]
+        ids.append(jnp.concatenate([i for i, _ in parts]))
+        scores.append(jnp.concatenate([s for _, s in parts]))
+    return merge_vocab_splits(jnp.stack(ids, axis=1), jnp.stack(scores, axis=1))
+
+
+def _with_nan(logits: jax.Array) -> jax.Array:
+    """The six rows, then the peaked row with a NaN in its second and its third range (jnp.argmax: the first
+    NaN wins)."""
+    nan_row = logits.reshape(6, V)[2].at[700].set(jnp.nan).at[1200].set(jnp.nan)
+    return jnp.concatenate([logits.reshape(6, V), nan_row[None]])
+
+
+SPLIT_CASES = [pytest.param("tpu", form, dtype, id=f"tpu-{form}-{jnp.dtype(dtype).name}")
+               for form in sampling.SPLIT_FORMS for dtype in (jnp.float32, jnp.bfloat16)]
+SPLIT_CASES += [pytest.param("gpu", "temperature", jnp.bfloat16, id="gpu-temperature-bfloat16"),
+                pytest.param("gpu", "greedy", jnp.float32, id="gpu-greedy-float32")]
+
+
+@pytest.mark.parametrize(("backend", "form", "dtype"), SPLIT_CASES)
+def test_vocabulary_splits_merge_into_the_reference_tokens(backend: str, form: str, dtype: Any) -> None:  # noqa: ANN401
+    # Three ranges of 500 tokens (whole lane tiles of neither kernel), rows cut in shards of 3 and 4 (a row
+    # offset that is not a block's): the "few" row has a range of only -inf and its tie across ranges.
+    logits = _with_nan(_logits(dtype))
+    for seed in SEEDS:
+        want = sample_reference(logits, _key(seed), form=form, **PARAMS)
+        for shard_rows in (7, 3):
+            got = _split_sampled(logits, _key(seed), form, backend, 3, shard_rows)
+            np.testing.assert_array_equal(got, want, err_msg=f"{form} {dtype} seed {seed} shards of {shard_rows}")
+
+
+def test_vocabulary_split_rejects_forms_that_need_the_whole_row() -> None:
+    with pytest.raises(ValueError, match="cannot be sampled per vocabulary split"):
+        sampling.sample_split(_logits(jnp.float32)[0], _key(0), form="top_k", vocab_total=2 * V, vocab_offset=0)
 
 
 # ----------------------------------------------------------------------------- pieces

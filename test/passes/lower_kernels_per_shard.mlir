@@ -128,7 +128,7 @@ module @prefill_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
 // TPU-SAME: (%[[X:.*]]: tensor<1x2x1024xf32>, %[[KEY:.*]]: tensor<2xui32>, %[[ROW:.*]]: tensor<1xi32>)
 // TPU: func.call @hlofuse.sample.tpu(%[[X]], %[[KEY]], %[[ROW]])
 // TPU: func.func private @hlofuse.sample.tpu(%arg0: tensor<1x2x1024xf32>, %arg1: tensor<2xui32>, %arg2: tensor<1xi32>)
-// TPU: stablehlo.concatenate {{.*}} -> tensor<3xi32>
+// TPU: stablehlo.concatenate {{.*}} -> tensor<4xi32>
 // TPU: stablehlo.custom_call @tpu_custom_call
 // LOCAL-LABEL: module @sampling_rows_sharded
 // LOCAL: sdy.manual_computation
@@ -147,6 +147,47 @@ module @sampling_rows_sharded attributes {mhlo.num_partitions = 8 : i32} {
   func.func private @impl(%x: tensor<8x2x1024xf32>, %key: tensor<2xui32>) -> tensor<8x2xi32> {
     %0 = stablehlo.constant dense<0> : tensor<8x2xi32>
     return %0 : tensor<8x2xi32>
+  }
+}
+
+// -----
+
+// Temperature sampling of (4, 1024) logits, rows over `data` (2) and the vocabulary over `model` (4): each
+// shard samples its 256 tokens of its 2 rows with the whole row's noise (its first row and first token come
+// from iotas cut like the rows and the vocabulary ranges) and returns each row's winner with its score; the
+// merge picks the best (score, id) over the 4 ranges (hlofuse.shard_local.vocab_split).
+// TPU-LABEL: module @sampling_vocab_sharded
+// TPU: %[[PREP:.*]]:4 = call @hlofuse.sample.tpu.prepare(%arg0, %arg1) : (tensor<4x1024xf32>, tensor<2xui32>) -> (tensor<4x4x256xf32>, tensor<4xi32>, tensor<4xi32>, tensor<2xui32>)
+// TPU: sdy.manual_computation(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2, %[[PREP]]#3)
+// TPU-SAME: in_shardings=[<@mesh, [{"data"}, {"model"}, {}]>, <@mesh, [{"data"}]>, <@mesh, [{"model"}]>, <@mesh, [{}]>]
+// TPU-SAME: out_shardings=[<@mesh, [{"data"}, {"model"}]>, <@mesh, [{"data"}, {"model"}]>] manual_axes={"data", "model"}
+// TPU: func.call @hlofuse.sample.tpu({{.*}}) : (tensor<2x1x256xf32>, tensor<2xi32>, tensor<1xi32>, tensor<2xui32>) -> (tensor<2x1xi32>, tensor<2x1xf32>)
+// TPU: call @hlofuse.sample.tpu.merge({{.*}}) : (tensor<4x4xi32>, tensor<4x4xf32>) -> tensor<4xi32>
+// TPU: func.func private @hlofuse.sample.tpu.prepare
+// TPU: stablehlo.iota dim = 0 : tensor<4xi32>
+// TPU: func.func private @hlofuse.sample.tpu(
+// TPU: stablehlo.custom_call @tpu_custom_call
+// TPU-SAME: -> (tensor<8x128xi32>, tensor<8x128xf32>)
+// LOCAL-LABEL: module @sampling_vocab_sharded
+// LOCAL: sdy.manual_computation
+// LOCAL-NOT: stablehlo.composite
+// CPU-LOCAL-LABEL: module @sampling_vocab_sharded
+// CPU-LOCAL: stablehlo.custom_call @hlofuse_sample
+// CPU-LOCAL-SAME: vocab_total = 1024
+// The NKI sampler draws its noise by local row and takes no vocabulary range.
+// NKI-LABEL: module @sampling_vocab_sharded
+// NKI-REMARK: remark: {{.*}}kept as a composite: the neuron-sim sampler draws noise by its own row numbers, so it cannot sample one shard of rows; XLA partitions the composite instead
+// NKI: stablehlo.composite "hlofuse.sample"
+module @sampling_vocab_sharded attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=2, "model"=4]>
+  func.func public @main(%x: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"model"}]>},
+                         %key: tensor<2xui32> {sdy.sharding = #sdy.sharding<@mesh, [{}]>}) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %x, %key {composite_attributes = {form = "temperature", k = 0 : i64, min_p = 0.000000e+00 : f64, mode = "temperature", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%x: tensor<4x1024xf32>, %key: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
   }
 }
 

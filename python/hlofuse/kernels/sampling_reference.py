@@ -235,6 +235,26 @@ def sample_reference(
     return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p).astype(jnp.int32)
 
 
+def _better(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """The better of two (score, id) candidates: the larger score, NaN above all (jnp.argmax), the smaller
+    id on ties. A total order, so the reduction over P may run in any order (the partitioner's)."""
+    (sa, ia), (sb, ib) = a, b
+    a_nan, b_nan = jnp.isnan(sa), jnp.isnan(sb)
+    tie = (sa == sb) | (a_nan & b_nan)
+    a_wins = (sa > sb) | (a_nan & ~b_nan) | (tie & (ia < ib))
+    return jnp.where(a_wins, sa, sb), jnp.where(a_wins, ia, ib)
+
+
+def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P), (R, P) -> (R,) int32
+    """The winner over the P vocabulary splits of each row, each split's (id in the whole vocabulary, score)
+    computed by a kernel on its part of the row: jnp.argmax of the whole row's scores. One reduction over P,
+    which the partitioner runs on each device's splits and then across devices (as it does the unfused
+    program's argmax)."""
+    init = (jnp.array(-jnp.inf, jnp.float32), jnp.array(jnp.iinfo(jnp.int32).max, jnp.int32))
+    _, best = jax.lax.reduce((scores, ids), init, _better, (1,))
+    return best
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=reference: the composite's form, rebuilt from its attributes alone."""
     from hlofuse.composites import SampleAttrs
@@ -247,5 +267,5 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
-__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "Writing", "form_params", "sample_reference", "sampling_lowering",
-           "top_k_by_argsort"]
+__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "Writing", "form_params", "merge_vocab_splits", "sample_reference",
+           "sampling_lowering", "top_k_by_argsort"]

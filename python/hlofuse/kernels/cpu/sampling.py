@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hlofuse.kernels.sampling_reference import form_params, sample_reference
+from hlofuse.kernels.sampling_reference import form_params, merge_vocab_splits, sample_reference
 from hlofuse.shard_local import Cuts, sample_cuts
 
 if TYPE_CHECKING:
@@ -145,8 +145,8 @@ def sample_splits(
     temperature: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:  # ids (R, P) int32 in the global vocabulary, scores (R, P) f32
     """Each split's winner and its score (the logit for greedy, round(gumbel + logit / T) otherwise), drawn
-    with the noise `sample` draws for the same tokens of the whole (R, V) row. `merge_splits` combines them
-    into `sample`'s ids."""
+    with the noise `sample` draws for the same tokens of the whole (R, V) row. `merge_vocab_splits`
+    combines them into `sample`'s ids."""
     if form not in SPLIT_FORMS:
         raise ValueError(f"'{form}' cannot be sampled per vocabulary split (splits: {SPLIT_FORMS})")
     rows, splits, width = logits.shape
@@ -155,24 +155,6 @@ def sample_splits(
     tokens, scores = _sample_call(logits, _keys(key, (rows, splits)), row_ids, offsets, vocab_total=splits * width,
                                   with_scores=True, form=form, temperature=temperature, k=0, p=1.0, min_p=0.0)
     return tokens, scores
-
-
-def _pick(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    """The better of two (score, id) candidates: the larger score, NaN above all (jnp.argmax), the smaller
-    id on ties. A total order, so the reduction over P may run in any order (the partitioner's)."""
-    (sa, ia), (sb, ib) = a, b
-    a_nan, b_nan = jnp.isnan(sa), jnp.isnan(sb)
-    tie = (sa == sb) | (a_nan & b_nan)
-    a_wins = (sa > sb) | (a_nan & ~b_nan) | (tie & (ia < ib))
-    return jnp.where(a_wins, sa, sb), jnp.where(a_wins, ia, ib)
-
-
-def merge_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P), (R, P) -> (R,) int32
-    """The winner over the P splits of each row: one reduction over P, which the partitioner runs on each
-    device's splits and then across devices (as it does the unfused program's argmax)."""
-    init = (jnp.array(-jnp.inf, jnp.float32), jnp.array(np.iinfo(np.int32).max, jnp.int32))
-    _, best = jax.lax.reduce((scores, ids), init, _pick, (1,))
-    return best
 
 
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
@@ -258,7 +240,7 @@ def _sample_top_k_mask_splits(x: jax.Array, key: jax.Array | None, attrs: Sample
     kth = top_k_candidates(values.reshape(rows, 1, -1), k)[0][:, 0, k - 1].astype(x.dtype)
     masked = jnp.where(x < kth[:, None, None], -jnp.inf, x)
     ids, scores = sample_splits(masked, key, form="temperature", temperature=attrs.temperature)
-    return merge_splits(ids, scores)
+    return merge_vocab_splits(ids, scores)
 
 
 def _sample_rank_top_k_splits(x: jax.Array, key: jax.Array | None, attrs: SampleAttrs) -> jax.Array:
@@ -308,14 +290,14 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
         if attrs.form == "min_p":
             masked = min_p_masked(logits, temperature=attrs.temperature, min_p=attrs.min_p)
             ids, scores = sample_splits(masked.reshape(rows, splits, vocab // splits), key, form="categorical")
-            return merge_splits(ids, scores).reshape(batch)
+            return merge_vocab_splits(ids, scores).reshape(batch)
         x = logits.reshape(rows, splits, vocab // splits)  # (R, P, V/P)
         if attrs.form == "top_k_mask":
             return _sample_top_k_mask_splits(x, key, attrs).reshape(batch)
         if attrs.form in ("top_k", "temperature_top_k"):
             return _sample_rank_top_k_splits(x, key, attrs).reshape(batch)
         ids, scores = sample_splits(x, key, form=attrs.form, temperature=attrs.temperature)
-        return merge_splits(ids, scores).reshape(batch)
+        return merge_vocab_splits(ids, scores).reshape(batch)
 
     return kernel
 
@@ -329,7 +311,7 @@ def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
     return sample_cuts(call, vocab=vocab_splits_for(form, call.operand_types[0][0][-1], devices) > 1)
 
 
-__all__ = ["FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa", "merge_splits",
+__all__ = ["FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa",
            "noise_stats", "partitioned_lowering", "sample", "sample_reference", "sample_splits", "sampling_lowering",
            "shard_cuts",
            "top_k_candidates", "vocab_splits_for"]

@@ -39,7 +39,7 @@ import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
-from hlofuse.shard_local import Cuts, KeySplit, decode_key_cuts, decode_key_split
+from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts, decode_key_split
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -433,7 +433,7 @@ def shard_cuts(call: CompositeCall) -> Cuts:
     return decode_key_cuts(call)
 
 
-def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A decode with its key sequence in `splits` ranges, one per shard, each run by the decode kernel with
     `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here)."""
     from hlofuse.kernels import Unsupported

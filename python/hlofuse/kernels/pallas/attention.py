@@ -33,7 +33,7 @@ from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
 from hlofuse.shard_local import (
     Cuts,
-    KeySplit,
+    RangeSplit,
     decode_key_split,
     key_sequence_cuts,
     prefill_key_split,
@@ -304,7 +304,7 @@ def _range_target(target: str) -> tuple[str, bool, str | None]:
     return backend, interpret, None if interpret else {"tpu": "tpu", "gpu": "cuda"}[backend]
 
 
-def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A decode or prefill with its key sequence in `splits` ranges, one per shard, each run by this
     target's kernel with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here; gpu-mosaic's
     decodes come here through mosaic_gpu.key_split and run the Triton kernel)."""
@@ -325,7 +325,7 @@ def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
     return prefill_key_split(call, splits, run_range, platform)
 
 
-def query_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+def query_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A prefill with its query sequence in `splits` ranges, one per shard, each run by this target's kernel
     with its own q_offset per batch row and K, V whole (hlofuse.shard_local.prefill_query_split)."""
     backend, interpret, platform = _range_target(target)

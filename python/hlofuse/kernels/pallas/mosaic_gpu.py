@@ -49,7 +49,7 @@ from jax.experimental import pallas as pl
 
 from hlofuse.kernels.pallas import common
 from hlofuse.kernels.pallas.common import Plan
-from hlofuse.shard_local import Cuts, KeySplit, decode_key_cuts
+from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -417,7 +417,7 @@ def shard_cuts(call: CompositeCall) -> Cuts:
     return decode_key_cuts(call)
 
 
-def key_split(call: CompositeCall, target: str, splits: int) -> KeySplit:
+def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A decode's key ranges, one per shard, on the Triton kernel (pallas.attention.key_split)."""
     from hlofuse.kernels.pallas import attention
 

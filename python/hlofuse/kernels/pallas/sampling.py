@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -47,6 +47,7 @@ from hlofuse.kernels.sampling_reference import sample_reference
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
+    from hlofuse.shard_local import Cuts, RangeSplit
 
 BACKENDS = ("tpu", "gpu")
 FORMS = ("greedy", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask",
@@ -113,6 +114,10 @@ class Plan:
     k: int
     p: float
     min_p: float
+    # A vocabulary split (`sample_split`): the whole row's V, whose multiples the noise counters step by, and
+    # whether the kernel also writes each row's winning score for the merge. A whole row: vocab, False.
+    noise_vocab: int = 0
+    with_scores: bool = False
 
     @property
     def num_tiles(self) -> int:
@@ -179,13 +184,15 @@ def gumbel(plan: Plan, bits: jax.Array) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class _Rows:
-    """One program's view: `load(j)` gives lane tile j, (rows, block_v) f32; rows start at `row0`."""
+    """One program's view: `load(j)` gives lane tile j, (rows, block_v) f32; rows start at global row `row0`,
+    and local token 0 is the row's token `id0` (0 unless the block holds one split of the vocabulary)."""
 
     plan: Plan
     load: Callable[[jax.Array], jax.Array]
     row0: jax.Array
     k0: jax.Array
     k1: jax.Array
+    id0: jax.Array | int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -218,8 +225,9 @@ def _tile_argmax(s: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array, ja
     return best, jnp.min(jnp.where(s == best, ids, _INT_MAX), axis=1, keepdims=True), nan_id
 
 
-def _argmax(rows: _Rows, score: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> jax.Array:
-    """jnp.argmax of score(j, x, ids) over the vocabulary: first index of the max, NaN counts as largest."""
+def _argmax(rows: _Rows, score: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(the winning score, jnp.argmax) of score(j, x, ids) over the vocabulary: the first index of the max,
+    NaN counting as largest (the score is then NaN)."""
 
     def step(j: jax.Array, x: jax.Array, ids: jax.Array, carry: Any) -> Any:  # noqa: ANN401
         best, best_id, nan_id = carry
@@ -228,8 +236,9 @@ def _argmax(rows: _Rows, score: Callable[[jax.Array, jax.Array, jax.Array], jax.
         return jnp.where(take, t_best, best), jnp.where(take, t_id, best_id), jnp.minimum(nan_id, t_nan)
 
     init = (rows.column(-jnp.inf, jnp.float32), rows.column(_INT_MAX), rows.column(_INT_MAX))
-    _, best_id, nan_id = rows.fold(step, init)
-    return jnp.where(nan_id != _INT_MAX, nan_id, best_id)
+    best, best_id, nan_id = rows.fold(step, init)
+    has_nan = nan_id != _INT_MAX
+    return jnp.where(has_nan, jnp.float32(jnp.nan), best), jnp.where(has_nan, nan_id, best_id)
 
 
 def _bisect(rows: _Rows, lo: jax.Array, hi: jax.Array, holds: Callable[[jax.Array], jax.Array]) -> jax.Array:
@@ -302,17 +311,18 @@ def _noise(rows: _Rows, ids: jax.Array, per_row: int) -> jax.Array:
     return gumbel(rows.plan, threefry_bits(rows.k0, rows.k1, counter))
 
 
-def _categorical(rows: _Rows, logits: Callable[[jax.Array], jax.Array]) -> jax.Array:
-    """jax.random.categorical(key, logits(x)) with the noise indexed by vocabulary id."""
+def _categorical(rows: _Rows, logits: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """jax.random.categorical(key, logits(x)) with the noise indexed by the row's vocabulary id; the
+    winner's score (logit + noise) and its local id."""
     plan = rows.plan
 
     def score(j: jax.Array, x: jax.Array, ids: jax.Array) -> jax.Array:
-        return _round(plan, logits(x) + _noise(rows, ids, plan.vocab))
+        return _round(plan, logits(x) + _noise(rows, rows.id0 + ids, plan.noise_vocab))
 
     return _argmax(rows, score)
 
 
-def _rank_top_k(rows: _Rows, temperature_first: bool) -> jax.Array:
+def _rank_top_k(rows: _Rows, temperature_first: bool) -> tuple[jax.Array, jax.Array]:
     """`top_k` / `temperature_top_k`: categorical over the top-k (rank order) mapped back to their ids.
 
     Rank r is found by one pass: the largest value below rank r-1's (equal values: the next larger id).
@@ -342,7 +352,8 @@ def _rank_top_k(rows: _Rows, temperature_first: bool) -> jax.Array:
         return key, token, jnp.where(take, s, best), jnp.where(take, token, best_id)
 
     init = (rows.column(_INT_MAX), rows.column(-1), rows.column(-jnp.inf, jnp.float32), rows.column(-1))
-    return lax.fori_loop(0, plan.k, body, init)[3]
+    _, _, best, best_id = lax.fori_loop(0, plan.k, body, init)
+    return best, best_id
 
 
 def _min_p_keep(rows: _Rows) -> Callable[[jax.Array], jax.Array]:
@@ -355,8 +366,8 @@ def _min_p_keep(rows: _Rows) -> Callable[[jax.Array], jax.Array]:
     return lambda x: jnp.exp(scaled(x) - m) / z >= threshold
 
 
-def sample_block(rows: _Rows) -> jax.Array:
-    """(rows, 1) int32 token ids of one program's rows."""
+def sample_block(rows: _Rows) -> tuple[jax.Array, jax.Array]:
+    """(rows, 1) f32 winning scores and (rows, 1) int32 local token ids of one program's rows."""
     plan = rows.plan
     form = plan.form
     neg_inf = jnp.float32(-jnp.inf)
@@ -384,9 +395,24 @@ def sample_block(rows: _Rows) -> jax.Array:
 # ----------------------------------------------------------------------------- pallas_calls
 
 
-def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> jax.Array:  # noqa: ANN401
-    """logits (num_tiles, rows_pad, block_v), key (3,) int32 (the key words, then the first row's global
-    index) -> (rows_pad, 128) int32, lane-replicated.
+def _out_shapes(plan: Plan, shape: tuple[int, int]) -> list[jax.ShapeDtypeStruct]:
+    """The token ids, and with `plan.with_scores` the winning scores, of a (rows, lanes) output block."""
+    ids = jax.ShapeDtypeStruct(shape, jnp.int32)
+    return [ids, jax.ShapeDtypeStruct(shape, jnp.float32)] if plan.with_scores else [ids]
+
+
+def _write(plan: Plan, rows: _Rows, out_refs: Sequence[Any]) -> None:
+    """One program's token ids in the row's vocabulary (local ids + id0), and their scores if asked."""
+    score, local = sample_block(rows)
+    out_refs[0][...] = jnp.broadcast_to(local + rows.id0, out_refs[0].shape)
+    if plan.with_scores:
+        out_refs[1][...] = jnp.broadcast_to(score, out_refs[1].shape)
+
+
+def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> list[jax.Array]:  # noqa: ANN401
+    """logits (num_tiles, rows_pad, block_v), key (4,) int32 (the two key words, the first row's global
+    index, the global id of local token 0) -> [ids (rows_pad, 128) int32 (, scores (rows_pad, 128) f32)],
+    lane-replicated.
 
     The tile index is the leading (untiled) dimension, so a pass reads tile j of the VMEM block with a
     dynamic index Mosaic takes on any dimension but the last two; each tile is whole (8, 128) vregs.
@@ -394,53 +420,55 @@ def _tpu_call(plan: Plan, logits: jax.Array, key: jax.Array, interpret: Any) -> 
     r = plan.block_rows
     rows_pad = logits.shape[1]
 
-    def kernel(key_ref: Any, x_ref: Any, o_ref: Any) -> None:  # noqa: ANN401
+    def kernel(key_ref: Any, x_ref: Any, *out_refs: Any) -> None:  # noqa: ANN401
         def load(j: jax.Array) -> jax.Array:
             return x_ref[j].astype(jnp.float32)  # (rows, block_v)
 
-        rows = _Rows(plan, load, key_ref[2] + pl.program_id(0) * r, key_ref[0], key_ref[1])
-        o_ref[...] = jnp.broadcast_to(sample_block(rows), o_ref.shape)
+        _write(plan, _Rows(plan, load, key_ref[2] + pl.program_id(0) * r, key_ref[0], key_ref[1], key_ref[3]),
+               out_refs)
 
     vmem = vmem_bytes(plan, logits.dtype)
-    return pl.pallas_call(
+    out_shapes = _out_shapes(plan, (rows_pad, LANES))
+    return list(pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1,
             grid=(rows_pad // r,),
             in_specs=[pl.BlockSpec((plan.num_tiles, r, plan.block_v), lambda i, key: (0, i, 0))],
-            out_specs=pl.BlockSpec((r, LANES), lambda i, key: (i, 0)),
+            out_specs=[pl.BlockSpec((r, LANES), lambda i, key: (i, 0))] * len(out_shapes),
         ),
-        out_shape=jax.ShapeDtypeStruct((rows_pad, LANES), jnp.int32),
+        out_shape=out_shapes,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel",), vmem_limit_bytes=MAX_VMEM if vmem > DEFAULT_SCOPED_VMEM else None,
         ),
         interpret=interpret,
         name="hlofuse_sample_tpu",
-    )(key, logits)
+    )(key, logits))
 
 
-def _gpu_call(plan: Plan, logits: jax.Array, key: jax.Array, num_warps: int, interpret: Any) -> jax.Array:  # noqa: ANN401
-    """logits (rows, vocab_pad), key (3,) int32 as for _tpu_call -> (rows, 1) int32; one program per row,
-    tiles loaded from global memory."""
+def _gpu_call(plan: Plan, logits: jax.Array, key: jax.Array, num_warps: int,  # noqa: ANN401
+              interpret: Any) -> list[jax.Array]:  # noqa: ANN401
+    """logits (rows, vocab_pad), key (4,) int32 as for _tpu_call -> [ids (rows, 1) int32 (, scores (rows, 1)
+    f32)]; one program per row, tiles loaded from global memory."""
     bv = plan.block_v
 
-    def kernel(key_ref: Any, x_ref: Any, o_ref: Any) -> None:  # noqa: ANN401
+    def kernel(key_ref: Any, x_ref: Any, *out_refs: Any) -> None:  # noqa: ANN401
         def load(j: jax.Array) -> jax.Array:
             return x_ref[:, pl.ds(pl.multiple_of(j * bv, bv), bv)].astype(jnp.float32)  # (1, block_v)
 
-        rows = _Rows(plan, load, key_ref[2] + pl.program_id(0), key_ref[0], key_ref[1])
-        o_ref[...] = sample_block(rows)
+        _write(plan, _Rows(plan, load, key_ref[2] + pl.program_id(0), key_ref[0], key_ref[1], key_ref[3]), out_refs)
 
-    return pl.pallas_call(
+    out_shapes = _out_shapes(plan, (logits.shape[0], 1))
+    return list(pl.pallas_call(
         kernel,
         grid=(logits.shape[0],),
-        in_specs=[pl.BlockSpec((3,), lambda i: (0,)), pl.BlockSpec((1, plan.vocab_pad), lambda i: (i, 0))],
-        out_specs=pl.BlockSpec((1, 1), lambda i: (i, 0)),
-        out_shape=jax.ShapeDtypeStruct((logits.shape[0], 1), jnp.int32),
+        in_specs=[pl.BlockSpec((4,), lambda i: (0,)), pl.BlockSpec((1, plan.vocab_pad), lambda i: (i, 0))],
+        out_specs=[pl.BlockSpec((1, 1), lambda i: (i, 0))] * len(out_shapes),
+        out_shape=out_shapes,
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="hlofuse_sample_gpu",
-    )(key, logits)
+    )(key, logits))
 
 
 def vmem_bytes(plan: Plan, dtype: Any) -> int:  # noqa: ANN401
@@ -450,7 +478,7 @@ def vmem_bytes(plan: Plan, dtype: Any) -> int:  # noqa: ANN401
 
 
 def _plan(form: str, vocab: int, dtype: Any, backend: str, blocks: BlockSizes, temperature: float = 1.0,  # noqa: ANN401
-          k: int = 0, p: float = 1.0, min_p: float = 0.0) -> Plan:
+          k: int = 0, p: float = 1.0, min_p: float = 0.0, noise_vocab: int = 0, with_scores: bool = False) -> Plan:
     if backend == "tpu":
         vocab_pad = round_up(vocab, LANES)
         block_v = blocks.block_v or _tpu_block_v(vocab_pad)
@@ -463,7 +491,8 @@ def _plan(form: str, vocab: int, dtype: Any, backend: str, blocks: BlockSizes, t
         temperature = 1.0
     t = float(np.asarray(temperature, np.float32).astype(dtype).astype(np.float32))
     return Plan(form=form, bf16=bf16, vocab=vocab, vocab_pad=vocab_pad, block_rows=blocks.block_rows,
-                block_v=block_v, temperature=t, k=int(k), p=float(p), min_p=float(min_p))
+                block_v=block_v, temperature=t, k=int(k), p=float(p), min_p=float(min_p),
+                noise_vocab=noise_vocab or vocab, with_scores=with_scores)
 
 
 def dtype_name(dtype: Any) -> str:  # noqa: ANN401
@@ -509,38 +538,80 @@ def sample(
     `row_offset` (an int32 scalar) is the global index of the first row when `logits` are one shard's
     contiguous rows of a larger batch: the noise is drawn at the counters of the global rows, so the
     shard gets the ids the whole batch would give its rows (hlofuse.shard_local)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     why = check(form, dtype_name(logits.dtype), logits.shape, k)
     if why is not None:
         raise ValueError(f"the {backend} sampler {why}")
+    batch = logits.shape[:-1]
+    rows = int(np.prod(batch, dtype=np.int64))
+    plan_params = dict(temperature=temperature, k=k, p=p, min_p=min_p)
+    (ids,) = _run(logits.reshape(rows, logits.shape[-1]), key, form, plan_params, backend, block_sizes, interpret,
+                  row_offset)
+    return ids.reshape(batch)
+
+
+# Forms whose keep-set is the whole row, so that a row's vocabulary splits into parts sampled on their own and
+# merged by (score, id) (`sample_split`, `merge_vocab_splits`).
+SPLIT_FORMS = ("greedy", "categorical", "temperature")
+
+
+def sample_split(
+    logits: jax.Array,  # (R, W) f32 or bf16: tokens [vocab_offset, vocab_offset + W) of R rows of V = vocab_total
+    key: jax.Array | None,  # (2,) uint32 raw threefry key; None for greedy
+    *,
+    form: str,
+    vocab_total: int,
+    vocab_offset: jax.Array | int,
+    temperature: float = 1.0,
+    backend: str = "tpu",
+    block_sizes: BlockSizes | None = None,
+    interpret: Any = False,  # noqa: ANN401
+    row_offset: jax.Array | int = 0,
+) -> tuple[jax.Array, jax.Array]:  # ids (R,) int32 in the whole vocabulary, scores (R,) f32
+    """One vocabulary split of each row: its winner's id and score (the logit for greedy, else the rounded
+    logit / T + Gumbel noise), drawn with the noise `sample` draws for the same tokens of the whole row
+    (counter row * vocab_total + id). `merge_vocab_splits` over a row's splits gives `sample`'s id."""
+    if form not in SPLIT_FORMS:
+        raise ValueError(f"'{form}' cannot be sampled per vocabulary split (splits: {SPLIT_FORMS})")
+    why = check(form, dtype_name(logits.dtype), (logits.shape[0], vocab_total), 0)
+    if why is not None:
+        raise ValueError(f"the {backend} sampler {why}")
+    ids, scores = _run(logits, key, form, dict(temperature=temperature, noise_vocab=vocab_total, with_scores=True),
+                       backend, block_sizes, interpret, row_offset, vocab_offset)
+    return ids, scores
+
+
+def _run(x: jax.Array, key: jax.Array | None, form: str, plan_params: dict[str, Any], backend: str,
+         block_sizes: BlockSizes | None, interpret: Any, row_offset: jax.Array | int,  # noqa: ANN401
+         vocab_offset: jax.Array | int = 0) -> list[jax.Array]:
+    """The kernel on x (rows, V): [ids (rows,)] or, with plan_params' with_scores, [ids, scores (rows,)]."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if form != "greedy" and key is None:
         raise ValueError(f"form '{form}' needs a key")
-    blocks = block_sizes or BlockSizes.get_default(backend, logits.shape[-1], logits.dtype)
+    rows, vocab = x.shape
+    blocks = block_sizes or BlockSizes.get_default(backend, vocab, x.dtype)
     if not blocks.block_rows or not blocks.block_v:
-        default = BlockSizes.get_default(backend, logits.shape[-1], logits.dtype)
+        default = BlockSizes.get_default(backend, vocab, x.dtype)
         blocks = dataclasses.replace(blocks, block_rows=blocks.block_rows or default.block_rows,
                                      block_v=blocks.block_v or default.block_v)
     blocks.check(backend)
-    plan = _plan(form, logits.shape[-1], logits.dtype, backend, blocks, temperature, k, p, min_p)
-    batch = logits.shape[:-1]
-    rows = int(np.prod(batch, dtype=np.int64))
+    plan = _plan(form, vocab, x.dtype, backend, blocks, **plan_params)
     rows_pad = round_up(rows, plan.block_rows)
-    x = logits.reshape(rows, plan.vocab)
     if rows_pad != rows or plan.vocab_pad != plan.vocab:  # padded tokens are -inf: never drawn, never counted
         x = jnp.pad(x, ((0, rows_pad - rows), (0, plan.vocab_pad - plan.vocab)), constant_values=-jnp.inf)
     raw = jnp.zeros((2,), jnp.int32) if key is None else lax.bitcast_convert_type(key.astype(jnp.uint32), jnp.int32)
-    raw = jnp.concatenate([raw, jnp.asarray(row_offset, jnp.int32).reshape(1)])
+    offsets = [jnp.asarray(offset, jnp.int32).reshape(1) for offset in (row_offset, vocab_offset)]
+    raw = jnp.concatenate([raw, *offsets])
     if backend == "tpu":
         vmem = vmem_bytes(plan, x.dtype)
         if vmem > MAX_VMEM:
             raise ValueError(f"a TPU block of {plan.block_rows} rows x {plan.vocab_pad} needs about "
                              f"{vmem / 2**20:.1f} MiB of VMEM > {MAX_VMEM // 2**20} MiB")
         tiles = x.reshape(rows_pad, plan.num_tiles, plan.block_v).transpose(1, 0, 2)  # one copy unless 1 tile
-        out = _tpu_call(plan, tiles, raw, interpret)[:rows, 0]
+        outs = _tpu_call(plan, tiles, raw, interpret)
     else:
-        out = _gpu_call(plan, x, raw, blocks.num_warps, interpret)[:rows, 0]
-    return out.reshape(batch)
+        outs = _gpu_call(plan, x, raw, blocks.num_warps, interpret)
+    return [out[:rows, 0] for out in outs]
 
 
 # ----------------------------------------------------------------------------- lowerings
@@ -573,6 +644,42 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     return kernel
 
 
+# Per-shard calls (hlofuse.shard_local): the forms whose vocabulary a shard samples on its own. min_p first
+# masks the logits with the program's own ops (`min_p_masked`: a softmax against the row's largest, three row
+# reductions the partitioner splits with small all-reduces), then samples the kept tokens as categorical.
+VOCAB_SPLIT_FORMS = (*SPLIT_FORMS, "min_p")
+# target -> (backend, interpret, platform); gpu-mosaic samples with the Triton kernel.
+_TARGETS = {"tpu": ("tpu", False, "tpu"), "gpu": ("gpu", False, "cuda"), "tpu-interpret": ("tpu", True, None),
+            "gpu-interpret": ("gpu", True, None), "gpu-mosaic": ("gpu", False, "cuda"),
+            "gpu-mosaic-interpret": ("gpu", True, None)}
+
+
+def shard_cuts(call: CompositeCall) -> Cuts:
+    """The dims a per-shard call keeps local: the rows and, for VOCAB_SPLIT_FORMS, the vocabulary."""
+    from hlofuse.composites import SampleAttrs
+    from hlofuse.shard_local import sample_cuts
+
+    return sample_cuts(call, vocab=SampleAttrs.from_dict(call.attributes).form in VOCAB_SPLIT_FORMS)
+
+
+def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
+    """`call` as `splits` vocabulary ranges, one per shard (hlofuse.shard_local.vocab_split), each sampled by
+    `sample_split` with the whole row's noise."""
+    from hlofuse.composites import SampleAttrs
+    from hlofuse.kernels.sampling_reference import min_p_masked
+    from hlofuse.shard_local import vocab_split as split_vocabulary
+
+    backend, interpret, platform = _TARGETS[target]
+    attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.form not in VOCAB_SPLIT_FORMS:
+        raise ValueError(f"'{attrs.form}' cannot be sampled per vocabulary split (splits: {VOCAB_SPLIT_FORMS})")
+    run = functools.partial(sample_split, temperature=attrs.temperature, backend=backend, interpret=interpret)
+    if attrs.form == "min_p":
+        mask = functools.partial(min_p_masked, temperature=attrs.temperature, min_p=attrs.min_p)
+        return split_vocabulary(call, splits, functools.partial(run, temperature=1.0), "categorical", mask, platform)
+    return split_vocabulary(call, splits, run, attrs.form, platform=platform)
+
+
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
 tpu_lowering = functools.partial(_lowering, backend="tpu", interpret=False, platform="tpu")
 gpu_lowering = functools.partial(_lowering, backend="gpu", interpret=False, platform="cuda")
@@ -581,11 +688,16 @@ tpu_interpret_lowering = functools.partial(_lowering, backend="tpu", interpret=T
 gpu_interpret_lowering = functools.partial(_lowering, backend="gpu", interpret=True, platform=None)
 
 __all__ = [
+    "SPLIT_FORMS",
+    "VOCAB_SPLIT_FORMS",
     "BlockSizes",
     "gpu_interpret_lowering",
     "gpu_lowering",
     "sample",
     "sample_reference",
+    "sample_split",
+    "shard_cuts",
     "tpu_interpret_lowering",
     "tpu_lowering",
+    "vocab_split",
 ]
