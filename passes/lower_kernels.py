@@ -275,8 +275,9 @@ class LowerKernelsPass(ModulePass):
         raises Unsupported (the composite stays, partitioned by XLA) when a shard cannot compute its part."""
         stochastic = call.name == SAMPLE and len(call.operand_types) > 1
         if stochastic and not getattr(kernel, "takes_row_offset", False):
-            raise Unsupported(f"the {self.target} sampler draws noise by its own row numbers, so it cannot sample "
-                              "one shard of rows; XLA partitions the composite instead")
+            raise Unsupported(f"the {self.target} sampler cannot draw the whole batch's noise for one shard of its "
+                              "rows (its noise, or these logits' dtype, has no row offset); XLA partitions the "
+                              "composite instead")
         shard_call = local_call(call, plan)
         try:  # the target must take one shard's problem (its shapes), also where a RangeSplit runs it
             shard_kernel = kernel_for(shard_call, self.target)

@@ -120,6 +120,24 @@ class TestNkiSampling:
         want = sample_reference(x, key, form="top_k_mask", temperature=0.8, k=50)
         np.testing.assert_array_equal(jax.jit(functools.partial(sample, **options))(x, key), want)
 
+    @pytest.mark.parametrize(("form", "dtype"), [("temperature", "bfloat16"), ("top_k", "float32"),
+                                                 ("top_k_mask", "float32")])
+    def test_a_shard_of_rows_draws_the_whole_batch_noise(self, form: str, dtype: str) -> None:
+        """`row_offset`: rows 2..4 of a 6-row batch draw that batch's noise at their rows, in the kernel's noise
+        and in the reference fallback (a NaN row, and steps=2 leaving top_k_mask's search unconverged)."""
+        params = PARAMS[form]
+        x = jnp.asarray(_logits("normal", SHAPE, 6).astype(DTYPES[dtype])).at[3, 5].set(jnp.nan)
+        key = jnp.array([11, 12], jnp.uint32)
+        want = np.asarray(sample_reference(x, key, form=form, **params))[2:5]
+        steps = {"steps": 2} if form == "top_k_mask" else {}
+        shard = jax.jit(functools.partial(sample, form=form, runner=self.runner, block_sizes=SMALL, **steps, **params))
+        np.testing.assert_array_equal(shard(x[2:5], key, row_offset=jnp.int32(2)), want, err_msg=f"{form} {dtype}")
+        raw = np.asarray(kernel_tokens(x[2:5], key, form=form, runner=self.runner, block_sizes=SMALL,
+                                       row_offset=2, **steps, **params))
+        assert raw[1] == UNCERTIFIED  # the NaN row: its token came from the fallback
+        certified = raw != UNCERTIFIED
+        np.testing.assert_array_equal(raw[certified], want[certified])
+
     def test_search_spans_the_float_range(self) -> None:
         """Finite fills at -3e38 beside logits 1 ulp apart: the log-scale bisection still converges."""
         x = np.full((2, 500), -3e38, np.float32)

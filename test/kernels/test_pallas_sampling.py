@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
 
+from hlofuse.kernels import noise
 from hlofuse.kernels.pallas import sampling
 from hlofuse.kernels.pallas.sampling import BlockSizes, sample, sample_reference
 from hlofuse.kernels.sampling_reference import merge_vocab_splits
@@ -185,19 +186,14 @@ def test_vocabulary_split_rejects_forms_that_need_the_whole_row() -> None:
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_in_kernel_gumbel_is_jax_random_gumbel_bit_for_bit(dtype: Any) -> None:  # noqa: ANN401
-    plan = sampling._plan("categorical", 700, dtype, "tpu", BlockSizes.get_default("tpu", 700, dtype))
+    bf16 = jnp.dtype(dtype) == jnp.bfloat16
     for seed in (0, 11, 2**31 + 5):
         key = jnp.asarray([seed % 2**32, (seed * 7919) % 2**32], jnp.uint32)
-        k0, k1 = lax_bitcast(key)
+        k0, k1 = noise.key_words(key)
         counters = jnp.arange(3 * 700, dtype=jnp.int32).reshape(3, 700)
-        got = jax.jit(lambda c, k0=k0, k1=k1: sampling.gumbel(plan, sampling.threefry_bits(k0, k1, c)))(counters)
+        got = jax.jit(lambda c, k0=k0, k1=k1: noise.gumbel(noise.threefry_bits(k0, k1, c), bf16))(counters)
         want = jax.random.gumbel(key, (3, 700), dtype).astype(jnp.float32)
         np.testing.assert_array_equal(np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32))
-
-
-def lax_bitcast(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    raw = jax.lax.bitcast_convert_type(key, jnp.int32)
-    return raw[0], raw[1]
 
 
 def test_order_key_preserves_float_order() -> None:

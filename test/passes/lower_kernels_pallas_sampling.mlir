@@ -7,14 +7,15 @@
 
 // f32 top-k then top-p over a 32000 vocabulary: rows padded to the 8 sublanes, the vocabulary cut into 10
 // lane tiles of 3200 (a multiple of 128 dividing V, so no vocabulary padding) laid out tile-major, the key as int32
-// followed by the first row's global index (0 on one device; hlofuse.shard_local passes a shard's).
+// followed by the first row's global index and the first token's id (0 and 0 on one device; hlofuse.shard_local
+// passes a shard's).
 // TPU-LABEL: func.func public @top_k_top_p_to_kernel
 // TPU-NOT: stablehlo.composite
 // TPU: call @hlofuse.sample.tpu(%arg0, %arg1)
 // TPU: func.func private @hlofuse.sample.tpu
 // TPU: stablehlo.pad %arg0, {{.*}} -> tensor<8x32000xf32>
 // TPU: %[[RAW:.*]] = stablehlo.bitcast_convert %arg1 : (tensor<2xui32>) -> tensor<2xi32>
-// TPU: %[[KEY:.*]] = stablehlo.concatenate %[[RAW]], {{.*}} -> tensor<3xi32>
+// TPU: %[[KEY:.*]] = stablehlo.concatenate %[[RAW]], {{.*}} -> tensor<4xi32>
 // TPU: %[[TILES:.*]] = stablehlo.transpose {{.*}} -> tensor<10x8x3200xf32>
 // TPU: stablehlo.custom_call @tpu_custom_call(%[[KEY]], %[[TILES]])
 // TPU-SAME: kernel_name = "hlofuse_sample_tpu"
@@ -26,7 +27,7 @@
 // GPU: stablehlo.custom_call @__gpu$xla.gpu.triton(
 // GPU-SAME: grid_x = 4 : i32
 // GPU-SAME: name = "hlofuse_sample_gpu"
-// GPU-SAME: (tensor<3xi32>, tensor<4x32768xf32>) -> tensor<4x1xi32>
+// GPU-SAME: (tensor<4xi32>, tensor<4x32768xf32>) -> tensor<4x1xi32>
 func.func public @top_k_top_p_to_kernel(%arg0: tensor<4x32000xf32>, %arg1: tensor<2xui32>) -> tensor<4xi32> {
   %0 = stablehlo.composite "hlofuse.sample" %arg0, %arg1 {composite_attributes = {form = "top_k_top_p_mask", k = 40 : i64, min_p = 0.000000e+00 : f64, mode = "top_k+top_p", p = 9.000000e-01 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x32000xf32>, tensor<2xui32>) -> tensor<4xi32>
   return %0 : tensor<4xi32>
@@ -42,10 +43,10 @@ func.func private @impl(%arg0: tensor<4x32000xf32>, %arg1: tensor<2xui32>) -> te
 // TPU-LABEL: func.func public @greedy_bf16_to_kernel
 // TPU-NOT: stablehlo.composite
 // TPU: call @hlofuse.sample.tpu(%arg0)
-// TPU: stablehlo.custom_call @tpu_custom_call({{.*}}) {{.*}} : (tensor<3xi32>, tensor<1x16x256xbf16>) -> tensor<16x128xi32>
+// TPU: stablehlo.custom_call @tpu_custom_call({{.*}}) {{.*}} : (tensor<4xi32>, tensor<1x16x256xbf16>) -> tensor<16x128xi32>
 // TPU: stablehlo.reshape {{.*}} -> tensor<2x3xi32>
 // GPU-LABEL: func.func public @greedy_bf16_to_kernel
-// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton({{.*}} : (tensor<3xi32>, tensor<6x256xbf16>) -> tensor<6x1xi32>
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton({{.*}} : (tensor<4xi32>, tensor<6x256xbf16>) -> tensor<6x1xi32>
 func.func public @greedy_bf16_to_kernel(%arg0: tensor<2x3x256xbf16>) -> tensor<2x3xi32> {
   %0 = stablehlo.composite "hlofuse.sample" %arg0 {composite_attributes = {form = "greedy", k = 0 : i64, min_p = 0.000000e+00 : f64, mode = "greedy", p = 1.000000e+00 : f64, temperature = 1.000000e+00 : f64}, decomposition = @impl_greedy, version = 1 : i32} : (tensor<2x3x256xbf16>) -> tensor<2x3xi32>
   return %0 : tensor<2x3xi32>

@@ -134,9 +134,11 @@ module @prefill_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
 // LOCAL: sdy.manual_computation
 // CPU-LOCAL-LABEL: module @sampling_rows_sharded
 // CPU-LOCAL: stablehlo.custom_call @hlofuse_sample_top_k
+// The NKI sampler draws each shard's rows of the whole batch's noise too (noise.gumbel_at_rows).
 // NKI-LABEL: module @sampling_rows_sharded
-// NKI-REMARK: remark: {{.*}}kept as a composite: the neuron-sim sampler draws noise by its own row numbers, so it cannot sample one shard of rows; XLA partitions the composite instead
-// NKI: stablehlo.composite "hlofuse.sample"
+// NKI: sdy.manual_computation(%arg0, %arg1, %{{[0-9]+}})
+// NKI-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}]>, <@mesh, [{}]>, <@mesh, [{"data"}]>]
+// NKI: func.call @"hlofuse.sample.neuron-sim"({{.*}}) : (tensor<1x2x1024xf32>, tensor<2xui32>, tensor<1xi32>) -> tensor<1x2xi32>
 module @sampling_rows_sharded attributes {mhlo.num_partitions = 8 : i32} {
   sdy.mesh @mesh = <["data"=8]>
   func.func public @main(%x: tensor<8x2x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {}]>},
@@ -174,10 +176,12 @@ module @sampling_rows_sharded attributes {mhlo.num_partitions = 8 : i32} {
 // CPU-LOCAL-LABEL: module @sampling_vocab_sharded
 // CPU-LOCAL: stablehlo.custom_call @hlofuse_sample
 // CPU-LOCAL-SAME: vocab_total = 1024
-// The NKI sampler draws its noise by local row and takes no vocabulary range.
+// The NKI sampler takes no vocabulary range: under multi_device=batch its shards gather the vocabulary.
 // NKI-LABEL: module @sampling_vocab_sharded
-// NKI-REMARK: remark: {{.*}}kept as a composite: the neuron-sim sampler draws noise by its own row numbers, so it cannot sample one shard of rows; XLA partitions the composite instead
-// NKI: stablehlo.composite "hlofuse.sample"
+// NKI-REMARK: remark: [hlofuse-lower-kernels] stablehlo.composite: lowered per shard; logits dim 1 (over model) arrive sharded over mesh axes the kernel cannot cut and are all-gathered before it
+// NKI: sdy.manual_computation
+// NKI-SAME: in_shardings=[<@mesh, [{"data"}, {}]>, <@mesh, [{}]>, <@mesh, [{"data"}]>]
+// NKI: func.call @"hlofuse.sample.neuron-sim"({{.*}}) : (tensor<2x1024xf32>, tensor<2xui32>, tensor<2xi32>) -> tensor<2xi32>
 module @sampling_vocab_sharded attributes {mhlo.num_partitions = 8 : i32} {
   sdy.mesh @mesh = <["data"=2, "model"=4]>
   func.func public @main(%x: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"model"}]>},

@@ -90,8 +90,8 @@ def _assert_matches_without_more_communication(case: str, got: dict[str, Any]) -
 # Pallas and NKI calls have no XLA partitioner: in multi-device modules hlofuse-lower-kernels runs them per
 # shard under sdy.manual_computation (hlofuse.shard_local). Each case whose sharded dims those kernels cut
 # (batch, heads, sampled rows, a decode's key sequence: one key range per shard, the ranges' partial results
-# merged after them) -> the composite it lowers per shard. NKI's sampler draws its noise by local row, so its
-# stochastic samplers stay composites when their rows are cut (XLA partitions them).
+# merged after them) -> the composite it lowers per shard. Every sampler draws a shard's rows of the whole
+# batch's noise (a row offset: Pallas in the kernel, NKI through hlofuse.kernels.noise).
 PER_SHARD_TARGETS = ("tpu-interpret", "gpu-interpret", "neuron-sim")
 PER_SHARD_CASES = {"data_parallel": "attention", "data_parallel_2d": "attention", "data_parallel_decode": "attention",
                    "head_parallel": "attention", "head_parallel_2d": "attention", "gqa_kv_heads_sharded": "attention",
@@ -110,7 +110,6 @@ PREFILL_SPLIT_CASES = {case: "attention" for case in ("prefill_kv_sequence_shard
 # row's noise, and merge each row's (score, id) over the ranges (min_p masks with the program's ops first).
 VOCAB_SPLIT_CASES = {case: "sample" for case in ("sampling_vocab_sharded", "sampling_temperature_vocab_sharded",
                                                    "sampling_min_p_vocab_sharded", "sampling_vocab_sharded_2d")}
-KEPT_PER_SHARD = {("neuron-sim", "sampling_top_k_batch_sharded"), ("neuron-sim", "sampling_temperature_batch_sharded")}
 
 
 def _per_shard_cases(target: str) -> dict[str, str]:
@@ -128,8 +127,7 @@ def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[st
     for case, composite in _per_shard_cases(target).items():
         got = report[case]
         _assert_matches_without_more_communication(f"{target} {case}", got)
-        outcome = "kept_composite" if (target, case) in KEPT_PER_SHARD else f"to_{target}_per_shard"
-        assert got["counters"].get(f"{composite}_{outcome}") == 1, f"{target} {case}: {got['counters']}"
+        assert got["counters"].get(f"{composite}_to_{target}_per_shard") == 1, f"{target} {case}: {got['counters']}"
 
 
 # multi_device=local lowers only the calls whose sharded dims the kernel keeps local (Shardy's propagation

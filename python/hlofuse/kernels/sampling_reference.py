@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
 
 NEG_INF = -jnp.inf
+# jax.random.categorical, or one that draws the noise of other counters (hlofuse.kernels.noise.categorical_at_rows:
+# a shard's rows of a larger batch); only the kernels' fallbacks pass another.
+Categorical = Callable[..., jax.Array]
 
 
 def _argmax(x: jax.Array) -> jax.Array:
@@ -47,14 +50,16 @@ def greedy_softmax(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
     return _argmax(jax.nn.softmax(logits, axis=-1))
 
 
-def categorical(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
+def categorical(logits: jax.Array, key: jax.Array, *, categorical_fn: Categorical = jax.random.categorical,
+                **_: Any) -> jax.Array:
     """jax.random.categorical(key, logits): Gumbel-max over the vocabulary, temperature 1."""
-    return jax.random.categorical(key, logits, axis=-1)
+    return categorical_fn(key, logits, axis=-1)
 
 
-def temperature(logits: jax.Array, key: jax.Array, *, temperature: float, **_: Any) -> jax.Array:
+def temperature(logits: jax.Array, key: jax.Array, *, temperature: float,
+                categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """categorical(key, logits / T)."""
-    return jax.random.categorical(key, logits / temperature, axis=-1)
+    return categorical_fn(key, logits / temperature, axis=-1)
 
 
 def _take(indices: jax.Array, position: jax.Array) -> jax.Array:
@@ -74,17 +79,18 @@ def top_k_by_argsort(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
-          **_: Any) -> jax.Array:
+          categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """JetStream / gemma style: categorical over the top-k logits / T, mapped back through their ids."""
     values, indices = top_k_fn(logits, k)
-    return _take(indices, jax.random.categorical(key, values / temperature, axis=-1))
+    return _take(indices, categorical_fn(key, values / temperature, axis=-1))
 
 
 def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
-                      top_k_fn: TopK = jax.lax.top_k, **_: Any) -> jax.Array:
+                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                      **_: Any) -> jax.Array:
     """keras-hub style: temperature first, then categorical over the top-k."""
     values, indices = top_k_fn(logits / temperature, k)
-    return _take(indices, jax.random.categorical(key, values, axis=-1))
+    return _take(indices, categorical_fn(key, values, axis=-1))
 
 
 def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
@@ -93,9 +99,9 @@ def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> ja
 
 
 def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
-               **_: Any) -> jax.Array:
+               categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
-    return jax.random.categorical(key, _mask_top_k(logits, k, top_k_fn) / temperature, axis=-1)
+    return categorical_fn(key, _mask_top_k(logits, k, top_k_fn) / temperature, axis=-1)
 
 
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False) -> jax.Array:
@@ -111,28 +117,31 @@ def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False) -> 
     return jnp.where(logits < cutoff, NEG_INF, logits)
 
 
-def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, **_: Any) -> jax.Array:
+def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+               categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p."""
-    return jax.random.categorical(key, _mask_top_p(logits, p) / temperature, axis=-1)
+    return categorical_fn(key, _mask_top_p(logits, p) / temperature, axis=-1)
 
 
 def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
-                     top_k_fn: TopK = jax.lax.top_k, **_: Any) -> jax.Array:
+                     top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                     **_: Any) -> jax.Array:
     """Top-k mask, then the nucleus mask over what is left, then / T."""
-    return jax.random.categorical(key, _mask_top_p(_mask_top_k(logits, k, top_k_fn), p) / temperature, axis=-1)
+    return categorical_fn(key, _mask_top_p(_mask_top_k(logits, k, top_k_fn), p) / temperature, axis=-1)
 
 
 def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
-                        **_: Any) -> jax.Array:
+                        categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """top_p_mask as JetStream / MaxText write it: the descending sort is a full-width lax.top_k."""
-    return jax.random.categorical(key, _mask_top_p(logits, p, sort_by_top_k=True) / temperature, axis=-1)
+    return categorical_fn(key, _mask_top_p(logits, p, sort_by_top_k=True) / temperature, axis=-1)
 
 
 def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
-                              top_k_fn: TopK = jax.lax.top_k, **_: Any) -> jax.Array:
+                              top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                              **_: Any) -> jax.Array:
     """top_k_top_p_mask with the nucleus's sort as a full-width lax.top_k."""
     masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True)
-    return jax.random.categorical(key, masked / temperature, axis=-1)
+    return categorical_fn(key, masked / temperature, axis=-1)
 
 
 def min_p_masked(logits: jax.Array, *, temperature: float, min_p: float) -> jax.Array:
@@ -143,9 +152,10 @@ def min_p_masked(logits: jax.Array, *, temperature: float, min_p: float) -> jax.
     return jnp.where(keep, scaled, NEG_INF)
 
 
-def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float, **_: Any) -> jax.Array:
+def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+          categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """Temperature first; keep tokens whose probability is at least min_p times the largest."""
-    return jax.random.categorical(key, min_p_masked(logits, temperature=temperature, min_p=min_p), axis=-1)
+    return categorical_fn(key, min_p_masked(logits, temperature=temperature, min_p=min_p), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -230,9 +240,12 @@ def sample_reference(
     k: int = 0,
     p: float = 1.0,
     min_p: float = 0.0,
+    categorical_fn: Categorical = jax.random.categorical,
 ) -> jax.Array:  # (...,) int32 token ids
-    """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite."""
-    return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p).astype(jnp.int32)
+    """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
+    (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise.)"""
+    return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p,
+                          categorical_fn=categorical_fn).astype(jnp.int32)
 
 
 def _better(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:

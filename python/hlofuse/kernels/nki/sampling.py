@@ -54,6 +54,7 @@ import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, INSTALL_MESSAGE, nisa, nki, nl
+from hlofuse.kernels.noise import MAX_COUNTER, categorical_at_rows, gumbel_at_rows
 from hlofuse.kernels.sampling_reference import FORMS, form_params, sample_reference
 
 if TYPE_CHECKING:
@@ -415,8 +416,12 @@ def kernel_tokens(
     runner: str = "sim",
     block_sizes: BlockSizes | None = None,
     steps: int = SEARCH_STEPS,
+    row_offset: jax.Array | int | None = None,
 ) -> jax.Array:  # (...,) int32: token ids, UNCERTIFIED where the kernel cannot vouch for a row
     """The kernel's own output, without the reference for uncertified rows (`sample` adds it).
+
+    `row_offset` (an int32 scalar): the logits' rows are rows row_offset.. of a larger batch (one shard's), so
+    the noise is that batch's at these rows (`hlofuse.kernels.noise.gumbel_at_rows`, f32 and bf16 only).
 
     runner "sim": on this host inside the program (a CPU custom call), under NKI's simulator when
     neuronxcc imports and the emulator otherwise ("emulator" / "simulator" force one). runner "device":
@@ -440,7 +445,10 @@ def kernel_tokens(
             raise ValueError(f"form '{form}' draws noise: it needs a key")
         # the exact call jax.random.categorical makes (threefry bits at the same counters)
         width = k if form in RANK_FORMS else vocab  # rank-space forms draw noise for the top k only
-        operands.append(jax.random.gumbel(key, (*batch, width), logits.dtype).reshape(rows, width))
+        if row_offset is None:
+            operands.append(jax.random.gumbel(key, (*batch, width), logits.dtype).reshape(rows, width))
+        else:
+            operands.append(gumbel_at_rows(key, (rows, width), logits.dtype, row_offset))
     if runner == "device":
         tokens = _device_call(cfg, operands)
     else:
@@ -461,14 +469,17 @@ def sample(
     k: int = 0,
     p: float = 1.0,
     min_p: float = 0.0,
+    row_offset: jax.Array | int | None = None,
     **kernel_options: Any,  # noqa: ANN401  (runner, block_sizes, steps: see kernel_tokens)
 ) -> jax.Array:  # (...,) int32
-    """`sample_reference`'s token ids by the NKI kernel; rows it marks UNCERTIFIED come from the reference."""
+    """`sample_reference`'s token ids by the NKI kernel; rows it marks UNCERTIFIED come from the reference.
+    With `row_offset` the rows are rows row_offset.. of a larger batch, and both draw that batch's noise."""
     params = {"temperature": temperature, "k": k, "p": p, "min_p": min_p}
-    tokens = kernel_tokens(logits, key, form=form, **params, **kernel_options)
+    tokens = kernel_tokens(logits, key, form=form, **params, row_offset=row_offset, **kernel_options)
+    categorical_fn = jax.random.categorical if row_offset is None else categorical_at_rows(row_offset)
 
     def reference() -> jax.Array:
-        return sample_reference(logits, key, form=form, **params)
+        return sample_reference(logits, key, form=form, **params, categorical_fn=categorical_fn)
 
     # a NaN logit or an unconverged search: the reference, whose sort runs only when some row needs it
     return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), reference, lambda: tokens)
@@ -503,8 +514,13 @@ def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
     except ValueError as reason:
         raise Unsupported(f"the {target} sampler does not take this composite: {reason}") from None
 
-    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return sample(logits, key, form=attrs.form, runner=runner, **attrs.params())
+    def kernel(logits: jax.Array, key: jax.Array | None = None, row_offset: jax.Array | None = None) -> jax.Array:
+        return sample(logits, key, form=attrs.form, runner=runner, row_offset=row_offset, **attrs.params())
+
+    # A shard of rows draws the whole batch's noise at its rows (f32 / bf16 noise, counters below 2**32).
+    width = attrs.k if attrs.form in RANK_FORMS else shape[-1]
+    kernel.takes_row_offset = (  # type: ignore[attr-defined]  # read by hlofuse.shard_local
+        dtype in ("f32", "bf16") and math.prod(shape[:-1]) * width <= MAX_COUNTER)
 
     if runner == "device":
         kernel.lowering_platforms = ("neuron",)  # type: ignore[attr-defined]  # read by inline_jax_function

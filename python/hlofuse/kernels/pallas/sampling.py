@@ -40,6 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+from hlofuse.kernels.noise import MAX_COUNTER, gumbel, threefry_bits
 from hlofuse.kernels.pallas.common import next_pow2, round_up
 from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
 from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
@@ -56,15 +57,10 @@ DTYPES = ("f32", "bf16")
 # Forms that threshold probabilities: with bf16 logits the program rounds each probability and each
 # step of its cumulative sum to bf16, in an order only a sort reproduces.
 BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
-# Threefry counters are the flat noise index; the kernel computes the low 32 bits (the high half is 0).
-MAX_COUNTER = 2**32
 
-_TINY = float(np.finfo(np.float32).tiny)  # == finfo(bfloat16).tiny
 _INT_MIN = np.int32(np.iinfo(np.int32).min)
 _INT_MAX = np.int32(np.iinfo(np.int32).max)
 _NEG_INF_KEY = np.int32(np.float32(-np.inf).view(np.int32) ^ _INT_MAX)  # order_key(-inf)
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_PARITY = np.int32(0x1BD11BDA)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,36 +143,6 @@ def order_key(x: jax.Array) -> jax.Array:
 def from_order_key(key: jax.Array) -> jax.Array:
     """The f32 value of an order key (the map is its own inverse on the sign-magnitude bits)."""
     return lax.bitcast_convert_type(key ^ (lax.shift_right_arithmetic(key, np.int32(31)) & _INT_MAX), jnp.float32)
-
-
-def _rotl(x: jax.Array, r: int) -> jax.Array:
-    return lax.shift_left(x, np.int32(r)) | lax.shift_right_logical(x, np.int32(32 - r))
-
-
-def threefry_bits(k0: jax.Array, k1: jax.Array, counter: jax.Array) -> jax.Array:
-    """JAX's random bits at flat index `counter` (< 2**32) under key (k0, k1): threefry2x32 of the counter
-    (hi = 0, lo = counter), out0 ^ out1. int32 arithmetic wraps like uint32."""
-    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
-    x0 = jnp.zeros_like(counter) + ks[0]
-    x1 = counter + ks[1]
-    for block in range(5):
-        for r in _ROTATIONS[block % 2]:
-            x0 = x0 + x1
-            x1 = _rotl(x1, r) ^ x0
-        x0 = x0 + ks[(block + 1) % 3]
-        x1 = x1 + ks[(block + 2) % 3] + np.int32(block + 1)
-    return x0 ^ x1
-
-
-def gumbel(plan: Plan, bits: jax.Array) -> jax.Array:
-    """jax.random.gumbel's value (in f32) for these random bits: -log(-log(uniform(tiny, 1)))."""
-    if plan.bf16:  # uniform draws 8 bits for bf16 and keeps 7 as the mantissa of [1, 2)
-        mantissa = lax.shift_right_logical(bits & np.int32(0xFF), np.int32(1)) | np.int32(0x3F80)
-        f = lax.bitcast_convert_type(lax.shift_left(mantissa, np.int32(16)), jnp.float32)
-    else:
-        f = lax.bitcast_convert_type(lax.shift_right_logical(bits, np.int32(9)) | np.int32(0x3F800000), jnp.float32)
-    u = jnp.maximum(jnp.float32(_TINY), _round(plan, (f - jnp.float32(1.0)) + jnp.float32(_TINY)))
-    return -_round(plan, jnp.log(-_round(plan, jnp.log(u))))
 
 
 # ----------------------------------------------------------------------------- passes over a row block
@@ -308,7 +274,7 @@ def nucleus_cutoff(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> jax
 def _noise(rows: _Rows, ids: jax.Array, per_row: int) -> jax.Array:
     """Gumbel noise of the elements `ids` of each row's noise vector of length `per_row`."""
     counter = rows.rows() * np.int32(per_row) + ids  # wraps modulo 2**32 like the uint32 it stands for
-    return gumbel(rows.plan, threefry_bits(rows.k0, rows.k1, counter))
+    return gumbel(threefry_bits(rows.k0, rows.k1, counter), rows.plan.bf16)
 
 
 def _categorical(rows: _Rows, logits: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
