@@ -51,6 +51,7 @@ from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kerne
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
     RangeSplit,
+    ShardPass,
     ShardPlan,
     composites_in,
     inside_manual_computation,
@@ -299,6 +300,17 @@ class LowerKernelsPass(ModulePass):
                                 f"{call.name}.{self.target}")
         wrap_in_manual_computation(composite, plan, name, extra)
 
+    def _run_per_shard(self, composite: ir.Operation, plan: ShardPlan, module: ir.Operation, shard_pass: ShardPass,
+                       operands: list[ir.Value], name: str) -> list[ir.Value]:
+        """`shard_pass` lowered for one shard's shapes and called in a manual computation on `operands`, before
+        `composite`; returns its whole results."""
+        specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)
+                 for v, labels in zip(operands, shard_pass.operands, strict=True)]
+        callee = add_jax_function(shard_pass.shard, specs, module, name)
+        whole = [ir.RankedTensorType.get(list(plan.whole_shape(r.shape, labels)), _element_type(r.dtype))
+                 for r, labels in zip(jax.eval_shape(shard_pass.shard, *specs), shard_pass.results, strict=True)]
+        return manual_computation(composite, plan, callee, operands, shard_pass.operands, whole, shard_pass.results)
+
     def _lower_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan, module: ir.Operation,
                      split: RangeSplit) -> None:
         """`composite` with a sequence cut into ranges: `split.prepare` on the whole operands, `split.shard`
@@ -306,13 +318,11 @@ class LowerKernelsPass(ModulePass):
         results), in place of `composite`."""
         base = f"{call.name}.{self.target}"
         prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
-        shard_specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)
-                       for v, labels in zip(prepared, split.operands, strict=True)]
-        shard = add_jax_function(split.shard, shard_specs, module, base)
-        shard_results = jax.eval_shape(split.shard, *shard_specs)
-        whole = [ir.RankedTensorType.get(list(plan.whole_shape(r.shape, labels)), _element_type(r.dtype))
-                 for r, labels in zip(shard_results, split.results, strict=True)]
-        partial = manual_computation(composite, plan, shard, prepared, split.operands, whole, split.results)
+        if split.first is not None and split.between is not None:
+            first = self._run_per_shard(composite, plan, module, split.first, prepared, f"{base}.first")
+            prepared = call_jax_function(split.between, [*prepared, *first], composite, module, f"{base}.between")
+        partial = self._run_per_shard(composite, plan, module, ShardPass(split.shard, split.operands, split.results),
+                                      prepared, base)
         merged = call_jax_function(split.merge, partial, composite, module, f"{base}.merge")
         for old, new in zip(composite.results, merged, strict=True):
             old.replace_all_uses_with(new)

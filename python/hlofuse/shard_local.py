@@ -148,6 +148,20 @@ class RangeSplit:
     merge: Callable[..., Any]
     operands: tuple[tuple[str, ...], ...]
     results: tuple[tuple[str, ...], ...]
+    # A first pass over the ranges, for a split that needs a row-wide value before its main pass (the k-th
+    # largest logit of top_k_mask): `first` runs per shard on the prepared operands, `between` (JAX, on the
+    # whole values) takes the prepared operands and the first pass's results and gives `shard`'s operands.
+    first: ShardPass | None = None
+    between: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class ShardPass:
+    """One function run per shard under a manual computation, on operands and to results labelled as given."""
+
+    shard: Callable[..., Any]
+    operands: tuple[tuple[str, ...], ...]
+    results: tuple[tuple[str, ...], ...]
 
 
 def decode_key_split_unsupported(call: CompositeCall) -> str | None:
@@ -401,49 +415,6 @@ def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..
                     operands=(("b", "t", "", "n", ""), ("b", "", kv_label, ""), ("b", "", kv_label, ""), ("b", "t"),
                               *(lengths_labels[role] for role in extra)),
                     results=(("b", "t", "", "n", ""),))
-
-
-def vocab_split(call: CompositeCall, splits: int, run_split: Callable[..., Any], form: str,
-                mask: Callable[[Any], Any] | None = None, platform: str | None = None) -> RangeSplit:
-    """A sampler composite (logits (*R, V) [, key (2,)]; ids (*R,)) as `splits` vocabulary ranges, one per
-    shard of its sharded vocabulary.
-
-    `prepare` applies `mask` (JAX, on the whole logits: a keep-set computed with the program's own ops,
-    which the partitioner splits with small all-reduces) and cuts the logits into (R, P, V/P), next to each
-    row's global index (an iota over R) and each range's first token (an iota over P times V/P); `shard`
-    runs `run_split(logits (R', W), key, form=, vocab_total=V, vocab_offset=, row_offset=) -> (ids, scores)`
-    on one range, whose noise counters are the whole row's (row * V + id); `merge` picks each row's best
-    (score, id) over the ranges (`merge_vocab_splits`), which is the whole row's jnp.argmax."""
-    import jax
-    import jax.numpy as jnp
-
-    from hlofuse.kernels.sampling_reference import merge_vocab_splits
-
-    (shape, _), *rest = call.operand_types
-    batch, vocab = tuple(shape[:-1]), shape[-1]
-    rows, width = math.prod(batch), vocab // splits
-    has_key = bool(rest)
-
-    def prepare(logits: Any, *key: Any) -> tuple[Any, ...]:  # noqa: ANN401
-        if mask is not None:
-            logits = mask(logits)
-        row_ids = jax.lax.iota(jnp.int32, rows)
-        starts = jax.lax.iota(jnp.int32, splits) * jnp.int32(width)
-        return (logits.reshape(rows, splits, width), row_ids, starts, *key)
-
-    def shard(logits: Any, row_ids: Any, starts: Any, *key: Any) -> tuple[Any, Any]:  # noqa: ANN401
-        ids, scores = run_split(logits[:, 0], key[0] if key else None, form=form, vocab_total=vocab,
-                                vocab_offset=starts[0], row_offset=row_ids[0])
-        return ids[:, None], scores[:, None]
-
-    def merge(ids: Any, scores: Any) -> Any:  # noqa: ANN401  (R, P) each
-        return merge_vocab_splits(ids, scores).reshape(batch)
-
-    if platform is not None:
-        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
-    return RangeSplit(prepare=prepare, shard=shard, merge=merge,
-                      operands=(("r", "v", ""), ("r",), ("v",), *((("",),) if has_key else ())),
-                      results=(("r", "v"), ("r", "v")))
 
 
 def vocab_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
@@ -807,9 +778,9 @@ def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..
     return shard_kernel
 
 
-__all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "VOCAB_SPLITS", "Cuts", "RangeSplit", "ShardPlan",
-           "attention_cuts", "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split",
+__all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "VOCAB_SPLITS", "Cuts", "RangeSplit", "ShardPass",
+           "ShardPlan", "attention_cuts", "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split",
            "decode_key_split_unsupported", "inside_manual_computation", "key_sequence_cuts", "key_split_for",
            "local_call", "manual_computation", "plan_shards", "prefill_key_split", "prefill_key_split_unsupported",
            "prefill_query_split", "prefill_query_split_unsupported", "query_split_for", "row_offsets", "sample_cuts",
-           "vocab_split", "vocab_split_for", "why_keys_stay_whole", "with_row_offset", "wrap_in_manual_computation"]
+           "vocab_split_for", "why_keys_stay_whole", "with_row_offset", "wrap_in_manual_computation"]

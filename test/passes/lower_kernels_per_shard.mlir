@@ -197,6 +197,45 @@ module @sampling_vocab_sharded attributes {mhlo.num_partitions = 8 : i32} {
 
 // -----
 
+// MaxText's top-k mask (k = 8) over the same sharding: a first manual computation takes each range's top 8
+// (XLA's top-k on the shard's 256 tokens, packed as (value, id bits)), `between` finds each row's 8th largest
+// among the 4 x 8 candidates and masks the logits below it, a second samples the masked ranges as temperature
+// (hlofuse.vocab_splits).
+// TPU-LABEL: module @sampling_top_k_mask_vocab_sharded
+// TPU: %[[PREP:.*]]:4 = call @hlofuse.sample.tpu.prepare(%arg0, %arg1)
+// TPU: %[[FIRST:.*]] = sdy.manual_computation(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2, %[[PREP]]#3)
+// TPU-SAME: out_shardings=[<@mesh, [{"data"}, {"model"}, {}, {}]>]
+// TPU: func.call @hlofuse.sample.tpu.first({{.*}}) : (tensor<2x1x256xf32>, tensor<2xi32>, tensor<1xi32>, tensor<2xui32>) -> tensor<2x1x8x2xf32>
+// TPU: %[[MASKED:.*]]:4 = call @hlofuse.sample.tpu.between(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2, %[[PREP]]#3, %[[FIRST]])
+// TPU: sdy.manual_computation(%[[MASKED]]#0, %[[MASKED]]#1, %[[MASKED]]#2, %[[MASKED]]#3)
+// TPU: func.call @hlofuse.sample.tpu({{.*}}) : (tensor<2x1x256xf32>, tensor<2xi32>, tensor<1xi32>, tensor<2xui32>) -> (tensor<2x1xi32>, tensor<2x1xf32>)
+// TPU: call @hlofuse.sample.tpu.merge({{.*}}) : (tensor<4x4xi32>, tensor<4x4xf32>) -> tensor<4xi32>
+// TPU: func.func private @hlofuse.sample.tpu.first
+// TPU: chlo.top_k({{.*}}, k = 8) : tensor<2x256xf32>
+// TPU: func.func private @hlofuse.sample.tpu.between
+// TPU: chlo.top_k({{.*}}, k = 8) : tensor<4x32xf32>
+// LOCAL-LABEL: module @sampling_top_k_mask_vocab_sharded
+// LOCAL: sdy.manual_computation
+// LOCAL-NOT: stablehlo.composite
+// CPU-LOCAL-LABEL: module @sampling_top_k_mask_vocab_sharded
+// CPU-LOCAL: stablehlo.custom_call @hlofuse_sample_top_k
+// NKI-LABEL: module @sampling_top_k_mask_vocab_sharded
+// NKI: sdy.manual_computation
+module @sampling_top_k_mask_vocab_sharded attributes {mhlo.num_partitions = 8 : i32} {
+  sdy.mesh @mesh = <["data"=2, "model"=4]>
+  func.func public @main(%x: tensor<4x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"model"}]>},
+                         %key: tensor<2xui32> {sdy.sharding = #sdy.sharding<@mesh, [{}]>}) -> tensor<4xi32> {
+    %0 = stablehlo.composite "hlofuse.sample" %x, %key {composite_attributes = {form = "top_k_mask", k = 8 : i64, min_p = 0.000000e+00 : f64, mode = "top_k", p = 1.000000e+00 : f64, temperature = 0.69999999999999996 : f64}, decomposition = @impl, version = 1 : i32} : (tensor<4x1024xf32>, tensor<2xui32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @impl(%x: tensor<4x1024xf32>, %key: tensor<2xui32>) -> tensor<4xi32> {
+    %0 = stablehlo.constant dense<0> : tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+}
+
+// -----
+
 // A causal prefill with its queries sharded over `seq` and K, V whole (context parallelism after the K/V
 // all-gather): each shard runs the kernel on its 8 query rows with K and V whole and its own q_offset,
 // 0 + p * 8 per batch row (hlofuse.shard_local.prefill_query_split); the merge is a reshape. No collective.

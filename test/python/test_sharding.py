@@ -107,9 +107,11 @@ PREFILL_SPLIT_CASES = {case: "attention" for case in ("prefill_kv_sequence_shard
                                                         "prefill_kv_sequence_sharded_2d",
                                                         "prefill_query_sequence_sharded")}
 # A vocabulary sharded over devices: the Pallas samplers run one vocabulary range per shard, each with the whole
-# row's noise, and merge each row's (score, id) over the ranges (min_p masks with the program's ops first).
+# row's noise, and merge each row's (score, id) over the ranges (min_p masks with the program's ops first; the
+# top-k forms take each range's top k first: hlofuse.vocab_splits).
 VOCAB_SPLIT_CASES = {case: "sample" for case in ("sampling_vocab_sharded", "sampling_temperature_vocab_sharded",
-                                                   "sampling_min_p_vocab_sharded", "sampling_vocab_sharded_2d")}
+                                                   "sampling_min_p_vocab_sharded", "sampling_vocab_sharded_2d",
+                                                   "sampling_top_k_vocab_sharded", "sampling_top_k_mask_vocab_sharded")}
 
 
 def _per_shard_cases(target: str) -> dict[str, str]:
@@ -133,13 +135,12 @@ def test_pallas_and_nki_calls_run_per_shard(per_shard_report: tuple[str, dict[st
 # multi_device=local lowers only the calls whose sharded dims the kernel keeps local (Shardy's propagation
 # on a copy of the module says how each operand arrives) and keeps the rest as composites, so no case may
 # communicate more than the unfused program. Cases a target keeps, and why: the CPU's top-p samples whole
-# rows (a sharded vocabulary would be gathered); the Pallas samplers cut a vocabulary for the whole-row forms
-# and min_p only (not the top-k and top-p forms), and a prefill's query or key sequence into ranges but not
-# both (q, k and v all sharded along the sequence gather q).
+# rows (a sharded vocabulary would be gathered), as do the Pallas samplers' nucleus forms; per-shard kernels
+# cut a prefill's query or key sequence into ranges but not both (q, k and v all sharded along the sequence
+# gather q).
 LOCAL_KEPT = {
     "cpu": {"sampling_top_p_vocab_sharded"},
-    "tpu-interpret": {"prefill_sequence_parallel", "sampling_top_k_vocab_sharded",
-                      "sampling_top_k_mask_vocab_sharded", "sampling_top_p_vocab_sharded"},
+    "tpu-interpret": {"prefill_sequence_parallel", "sampling_top_p_vocab_sharded"},
 }
 
 

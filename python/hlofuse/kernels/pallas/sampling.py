@@ -610,10 +610,11 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     return kernel
 
 
-# Per-shard calls (hlofuse.shard_local): the forms whose vocabulary a shard samples on its own. min_p first
-# masks the logits with the program's own ops (`min_p_masked`: a softmax against the row's largest, three row
-# reductions the partitioner splits with small all-reduces), then samples the kept tokens as categorical.
-VOCAB_SPLIT_FORMS = (*SPLIT_FORMS, "min_p")
+# Per-shard calls (hlofuse.shard_local, hlofuse.vocab_splits): the forms whose vocabulary a shard cuts. min_p
+# first masks the logits with the program's own ops (`min_p_masked`: a softmax against the row's largest, three
+# row reductions the partitioner splits with small all-reduces), then samples the kept tokens as categorical;
+# the top-k forms take each range's top k first. The nucleus forms keep whole rows.
+VOCAB_SPLIT_FORMS = (*SPLIT_FORMS, "min_p", "top_k", "temperature_top_k", "top_k_mask")
 # target -> (backend, interpret, platform); gpu-mosaic samples with the Triton kernel.
 _TARGETS = {"tpu": ("tpu", False, "tpu"), "gpu": ("gpu", False, "cuda"), "tpu-interpret": ("tpu", True, None),
             "gpu-interpret": ("gpu", True, None), "gpu-mosaic": ("gpu", False, "cuda"),
@@ -629,21 +630,26 @@ def shard_cuts(call: CompositeCall) -> Cuts:
 
 
 def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
-    """`call` as `splits` vocabulary ranges, one per shard (hlofuse.shard_local.vocab_split), each sampled by
+    """`call` as `splits` vocabulary ranges, one per shard (hlofuse.vocab_splits), each sampled by
     `sample_split` with the whole row's noise."""
+    from hlofuse import vocab_splits
     from hlofuse.composites import SampleAttrs
     from hlofuse.kernels.sampling_reference import min_p_masked
-    from hlofuse.shard_local import vocab_split as split_vocabulary
 
     backend, interpret, platform = _TARGETS[target]
     attrs = SampleAttrs.from_dict(call.attributes)
-    if attrs.form not in VOCAB_SPLIT_FORMS:
-        raise ValueError(f"'{attrs.form}' cannot be sampled per vocabulary split (splits: {VOCAB_SPLIT_FORMS})")
     run = functools.partial(sample_split, temperature=attrs.temperature, backend=backend, interpret=interpret)
+    if attrs.form in SPLIT_FORMS:
+        return vocab_splits.sampled_ranges(call, splits, run, attrs.form, platform=platform)
     if attrs.form == "min_p":
         mask = functools.partial(min_p_masked, temperature=attrs.temperature, min_p=attrs.min_p)
-        return split_vocabulary(call, splits, functools.partial(run, temperature=1.0), "categorical", mask, platform)
-    return split_vocabulary(call, splits, run, attrs.form, platform=platform)
+        return vocab_splits.sampled_ranges(call, splits, functools.partial(run, temperature=1.0), "categorical",
+                                           mask, platform)
+    if attrs.form == "top_k_mask":
+        return vocab_splits.top_k_mask_ranges(call, splits, run, attrs.k, platform)
+    if attrs.form in ("top_k", "temperature_top_k"):
+        return vocab_splits.rank_top_k_ranges(call, splits, attrs.form, attrs.temperature, attrs.k, platform)
+    raise ValueError(f"'{attrs.form}' cannot be sampled per vocabulary split (splits: {VOCAB_SPLIT_FORMS})")
 
 
 # target=tpu / gpu: lowered for that platform (on any host); the result runs only there.
