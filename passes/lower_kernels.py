@@ -313,12 +313,12 @@ class LowerKernelsPass(ModulePass):
 
     def _lower_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan, module: ir.Operation,
                      split: RangeSplit) -> None:
-        """`composite` with a sequence cut into ranges: `split.prepare` on the whole operands, `split.shard`
-        per shard in a manual computation, then `split.merge` (a key split combines the ranges' partial
-        results), in place of `composite`."""
+        """`composite` with a dim cut into ranges: `split.prepare` on the whole operands, `split.first` per shard
+        and `split.between` where the split has a first pass, `split.shard` per shard in a manual computation,
+        then `split.merge` (a key split combines the ranges' partial results), in place of `composite`."""
         base = f"{call.name}.{self.target}"
         prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
-        if split.first is not None and split.between is not None:
+        if split.first is not None and split.between is not None:  # both or neither (RangeSplit)
             first = self._run_per_shard(composite, plan, module, split.first, prepared, f"{base}.first")
             prepared = call_jax_function(split.between, [*prepared, *first], composite, module, f"{base}.between")
         partial = self._run_per_shard(composite, plan, module, ShardPass(split.shard, split.operands, split.results),

@@ -154,6 +154,10 @@ class RangeSplit:
     first: ShardPass | None = None
     between: Callable[..., Any] | None = None
 
+    def __post_init__(self) -> None:
+        if (self.first is None) != (self.between is None):
+            raise ValueError("a RangeSplit takes a first pass and its `between` together, or neither")
+
 
 @dataclass(frozen=True)
 class ShardPass:
