@@ -60,10 +60,9 @@ from hlofuse.shard_local import (
     manual_computation,
     plan_shards,
     query_split_for,
-    row_offsets,
+    sampled_rows,
     vocab_split_for,
     why_keys_stay_whole,
-    with_row_offset,
     wrap_in_manual_computation,
 )
 from hlofuse.sharding import annotate_if_partitioned, device_count, split_shared_iotas
@@ -292,13 +291,12 @@ class LowerKernelsPass(ModulePass):
                     raise Unsupported(f"the {self.target} kernel cannot take a sharded {dim}")
                 self._lower_split(composite, call, plan, module, split)
                 return
-        extra = [(row_offsets(composite, plan), ("r",))] if stochastic else []
+        if stochastic:  # each shard draws its rows of the whole batch's noise
+            self._lower_split(composite, call, plan, module, sampled_rows(call, plan.cuts, shard_kernel))
+            return
         specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
-        specs += [jax.ShapeDtypeStruct(plan.local_shape(_spec(value).shape, labels), jnp.int32)
-                  for value, labels in extra]
-        name = add_jax_function(with_row_offset(shard_kernel, stochastic), specs, module,
-                                f"{call.name}.{self.target}")
-        wrap_in_manual_computation(composite, plan, name, extra)
+        wrap_in_manual_computation(composite, plan, add_jax_function(shard_kernel, specs, module,
+                                                                     f"{call.name}.{self.target}"))
 
     def _run_per_shard(self, composite: ir.Operation, plan: ShardPlan, module: ir.Operation, shard_pass: ShardPass,
                        operands: list[ir.Value], name: str) -> list[ir.Value]:

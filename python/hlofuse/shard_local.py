@@ -27,10 +27,11 @@ What a shard can cut:
   divides K, or K = 1, whose one kv head every shard keeps). Query head n reads kv head n // (N / K),
   and a shard of N / s query heads reads K / s kv heads, so every shard keeps the head mapping.
 - sampling: the first row dim longer than 1 (the rows of a shard are then contiguous). A sampler that
-  draws noise gets one more operand, each shard's first global row index (a sharded iota), which the
-  kernel adds to its row numbers (`takes_row_offset`): the noise counters are the global ones, so each
-  shard draws exactly the ids the whole batch would give its rows. A kernel without that option keeps
-  its rows whole when they would be cut.
+  draws noise gets one more operand (`sampled_rows`), each shard's first global row index (a sharded
+  iota), which the kernel adds to its row numbers (`takes_row_offset`): the noise counters are the global
+  ones, so each shard draws exactly the ids the whole batch would give its rows. A kernel without that
+  option keeps its rows whole when they would be cut. A vocabulary, for the targets in VOCAB_SPLITS
+  (hlofuse.vocab_splits).
 - a decode's key sequence, for the targets in KEY_SPLITS (Pallas, NKI): `decode_key_split` gives each
   shard one key range and merges the ranges' partial results (output and log-sum-exp) after the
   manual computation, as flash-decoding merges its splits.
@@ -709,23 +710,6 @@ def local_call(call: CompositeCall, plan: ShardPlan) -> CompositeCall:
     return CompositeCall(call.name, call.version, attributes, types)
 
 
-def row_offsets(composite: ir.Operation, plan: ShardPlan) -> ir.Value:
-    """(R_j,) int32: the global row index of each slice of the cut row dim j (its iota times the rows
-    after it), emitted before `composite`; cut like that dim, each shard's element 0 is its first row."""
-    labels = plan.cuts.operands[0]
-    shape = ir.RankedTensorType(composite.operands[0].type).shape
-    dim = labels.index("r")
-    stride = math.prod(shape[dim + 1:-1])
-    i32 = ir.IntegerType.get_signless(32, composite.context)
-    vector = ir.RankedTensorType.get([shape[dim]], i32)
-    with composite.location, ir.InsertionPoint(composite):
-        iota = stablehlo.IotaOp(vector, 0)
-        if stride == 1:
-            return iota.result
-        step = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(vector, ir.IntegerAttr.get(i32, stride)))
-        return stablehlo.MulOp(iota.result, step.result).result
-
-
 def manual_computation(anchor: ir.Operation, plan: ShardPlan, callee: str, operands: Sequence[ir.Value],
                        operand_labels: Sequence[Sequence[str]], result_types: Sequence[ir.Type],
                        result_labels: Sequence[Sequence[str]]) -> list[ir.Value]:
@@ -757,34 +741,45 @@ def manual_computation(anchor: ir.Operation, plan: ShardPlan, callee: str, opera
     return list(op.results)
 
 
-def wrap_in_manual_computation(composite: ir.Operation, plan: ShardPlan, callee: str,
-                               extra: Sequence[tuple[ir.Value, tuple[str, ...]]] = ()) -> None:
+def wrap_in_manual_computation(composite: ir.Operation, plan: ShardPlan, callee: str) -> None:
     """Replaces `composite` by a `manual_computation` whose body calls `callee` (the kernel lowered for one
-    shard's shapes) on the composite's operands, then `extra` (value, labels)."""
-    results = manual_computation(composite, plan, callee, [*composite.operands, *(value for value, _ in extra)],
-                                 [*plan.cuts.operands, *(labels for _, labels in extra)],
+    shard's shapes) on the composite's operands."""
+    results = manual_computation(composite, plan, callee, list(composite.operands), plan.cuts.operands,
                                  [r.type for r in composite.results], plan.cuts.results)
     for old, new in zip(composite.results, results, strict=True):
         old.replace_all_uses_with(new)
     composite.erase()
 
 
-def with_row_offset(kernel: Callable[..., Any], stochastic: bool) -> Callable[..., Any]:
-    """The sampler of one shard: `kernel(logits, key, row_offset=offsets[0])` on (logits, key, offsets)."""
-    if not stochastic:
-        return kernel
+def sampled_rows(call: CompositeCall, cuts: Cuts, kernel: Callable[..., Any]) -> RangeSplit:
+    """A stochastic sampler whose rows are cut: `prepare` adds the global index of each slice of the cut row dim
+    (its iota times the rows after it, an operand cut like that dim), and each shard runs `kernel(logits, key,
+    row_offset=)` with its element 0, so that it draws the noise of its rows of the whole batch."""
+    import jax
+    import jax.numpy as jnp
 
-    def shard_kernel(logits: Any, key: Any, offsets: Any) -> Any:  # noqa: ANN401
-        return kernel(logits, key, row_offset=offsets[0])
+    shape = call.operand_types[0][0]
+    dim = cuts.operands[0].index("r")
+    stride = math.prod(shape[dim + 1:-1])
+
+    def prepare(logits: Any, key: Any) -> tuple[Any, Any, Any]:  # noqa: ANN401
+        return logits, key, jax.lax.iota(jnp.int32, shape[dim]) * jnp.int32(stride)
+
+    def shard(logits: Any, key: Any, row_ids: Any) -> tuple[Any]:  # noqa: ANN401
+        return (kernel(logits, key, row_offset=row_ids[0]),)
+
+    def merge(ids: Any) -> Any:  # noqa: ANN401
+        return ids
 
     if hasattr(kernel, "lowering_platforms"):  # read by add_jax_function
-        shard_kernel.lowering_platforms = kernel.lowering_platforms  # type: ignore[attr-defined]
-    return shard_kernel
+        shard.lowering_platforms = kernel.lowering_platforms  # type: ignore[attr-defined]
+    return RangeSplit(prepare=prepare, shard=shard, merge=merge, operands=(*cuts.operands, ("r",)),
+                      results=cuts.results)
 
 
 __all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "VOCAB_SPLITS", "Cuts", "RangeSplit", "ShardPass",
            "ShardPlan", "attention_cuts", "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split",
            "decode_key_split_unsupported", "inside_manual_computation", "key_sequence_cuts", "key_split_for",
            "local_call", "manual_computation", "plan_shards", "prefill_key_split", "prefill_key_split_unsupported",
-           "prefill_query_split", "prefill_query_split_unsupported", "query_split_for", "row_offsets", "sample_cuts",
-           "vocab_split_for", "why_keys_stay_whole", "with_row_offset", "wrap_in_manual_computation"]
+           "prefill_query_split", "prefill_query_split_unsupported", "query_split_for", "sample_cuts", "sampled_rows",
+           "vocab_split_for", "why_keys_stay_whole", "wrap_in_manual_computation"]

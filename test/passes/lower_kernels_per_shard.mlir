@@ -117,16 +117,20 @@ module @prefill_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
 // -----
 
 // Top-k sampling of (8, 2, V) logits with the first row dim over `data` (8): the noise is drawn at global
-// counters, so the call gets each shard's first global row (iota * 2 rows per slice), cut like the rows.
+// counters, so the call gets each shard's first global row (iota * 2 rows per slice), cut like the rows
+// (hlofuse.shard_local.sampled_rows).
 // TPU-LABEL: module @sampling_rows_sharded
-// TPU: %[[IOTA:.*]] = stablehlo.iota dim = 0 : tensor<8xi32>
-// TPU: %[[STEP:.*]] = stablehlo.constant dense<2> : tensor<8xi32>
-// TPU: %[[FIRST:.*]] = stablehlo.multiply %[[IOTA]], %[[STEP]] : tensor<8xi32>
-// TPU: sdy.manual_computation(%arg0, %arg1, %[[FIRST]])
+// TPU: %[[PREP:.*]]:3 = call @hlofuse.sample.tpu.prepare(%arg0, %arg1) : (tensor<8x2x1024xf32>, tensor<2xui32>) -> (tensor<8x2x1024xf32>, tensor<2xui32>, tensor<8xi32>)
+// TPU: sdy.manual_computation(%[[PREP]]#0, %[[PREP]]#1, %[[PREP]]#2)
 // TPU-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}]>, <@mesh, [{}]>, <@mesh, [{"data"}]>]
 // TPU-SAME: out_shardings=[<@mesh, [{"data"}, {}]>] manual_axes={"data"}
 // TPU-SAME: (%[[X:.*]]: tensor<1x2x1024xf32>, %[[KEY:.*]]: tensor<2xui32>, %[[ROW:.*]]: tensor<1xi32>)
 // TPU: func.call @hlofuse.sample.tpu(%[[X]], %[[KEY]], %[[ROW]])
+// TPU: func.func private @hlofuse.sample.tpu.prepare
+// TPU: %[[IOTA:.*]] = stablehlo.iota dim = 0 : tensor<8xi32>
+// TPU: stablehlo.constant dense<2> : tensor<i32>
+// TPU: %[[STEP:.*]] = stablehlo.broadcast_in_dim {{.*}} -> tensor<8xi32>
+// TPU: stablehlo.multiply %[[IOTA]], %[[STEP]] : tensor<8xi32>
 // TPU: func.func private @hlofuse.sample.tpu(%arg0: tensor<1x2x1024xf32>, %arg1: tensor<2xui32>, %arg2: tensor<1xi32>)
 // TPU: stablehlo.concatenate {{.*}} -> tensor<4xi32>
 // TPU: stablehlo.custom_call @tpu_custom_call
@@ -136,7 +140,7 @@ module @prefill_sequence_sharded attributes {mhlo.num_partitions = 8 : i32} {
 // CPU-LOCAL: stablehlo.custom_call @hlofuse_sample_top_k
 // The NKI sampler draws each shard's rows of the whole batch's noise too (noise.gumbel_at_rows).
 // NKI-LABEL: module @sampling_rows_sharded
-// NKI: sdy.manual_computation(%arg0, %arg1, %{{[0-9]+}})
+// NKI: sdy.manual_computation
 // NKI-SAME: in_shardings=[<@mesh, [{"data"}, {}, {}]>, <@mesh, [{}]>, <@mesh, [{"data"}]>]
 // NKI: func.call @"hlofuse.sample.neuron-sim"({{.*}}) : (tensor<1x2x1024xf32>, tensor<2xui32>, tensor<1xi32>) -> tensor<1x2xi32>
 module @sampling_rows_sharded attributes {mhlo.num_partitions = 8 : i32} {
