@@ -183,6 +183,8 @@ def decode_key_split_unsupported(call: CompositeCall) -> str | None:
     attrs = AttentionAttrs.from_dict(call.attributes)
     if {"bias", "mask"} & set(attrs.operands) or attrs.window_left != UNBOUNDED:
         return "a bias, a mask or a left window"
+    if attrs.zero_empty_rows:
+        return "rows that see no key are zeroed (zero_empty_rows), which no range can tell"
     if not math.isinf(attrs.masked_value):
         return "a finite masked_value"
     return None
@@ -211,11 +213,15 @@ def prefill_key_split_unsupported(call: CompositeCall) -> str | None:
 
 def prefill_query_split_unsupported(call: CompositeCall) -> str | None:
     """Why a prefill's query sequence cannot be cut into ranges run per shard, or None when it can: a bias or
-    a mask would have to be cut along the queries too (not done)."""
+    a mask would have to be cut along the queries too (not done), and the ranges' kernels do not zero empty
+    rows."""
     from hlofuse.composites import AttentionAttrs
 
-    if {"bias", "mask"} & set(AttentionAttrs.from_dict(call.attributes).operands):
+    attrs = AttentionAttrs.from_dict(call.attributes)
+    if {"bias", "mask"} & set(attrs.operands):
         return "a bias or a mask"
+    if attrs.zero_empty_rows:
+        return "rows that see no key are zeroed (zero_empty_rows)"
     return None
 
 

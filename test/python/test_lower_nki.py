@@ -57,10 +57,12 @@ def _composite_module(**kwargs: object) -> object:
 
 
 def test_neuron_sim_keeps_unsupported_composites_with_a_remark() -> None:
-    module = clone_module(_composite_module(zero_empty_rows=True, causal=True).compiler_ir("stablehlo"))
+    module = clone_module(_composite_module(zero_empty_rows=True, causal=True, masked_value=-30.0)
+                          .compiler_ir("stablehlo"))
     result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron-sim})")
     assert count_composites(module) == 1
-    assert any("does not take this composite: rows that see no key" in str(r) for r in result.remarks)
+    assert any("does not take this composite: zero_empty_rows with masked_value -30 above -10000" in str(r)
+               for r in result.remarks), [str(r) for r in result.remarks]
 
 
 @pytest.mark.skipif(HAVE_NEURONXCC, reason="neuronxcc imports here: target=neuron lowers the kernel")

@@ -75,6 +75,26 @@ def zero_empty_rows_of(out: jax.Array, visible: jax.Array) -> jax.Array:
     return jnp.where(jnp.swapaxes(seen, 1, 2)[..., None], out, jnp.zeros((), out.dtype))
 
 
+# A fill at or below this gives masked keys weight exactly 0 in f32 next to any visible key, so that a kernel's
+# output zeroed afterwards where a row sees no key (`zeroed_if_asked`) is the program's re-masked softmax.
+ZERO_EMPTY_ROWS_FILL_LIMIT = -1e4
+
+
+def zeroed_if_asked(out: jax.Array, q: jax.Array, k: jax.Array, zero_empty_rows: bool,
+                    attrs: dict[str, Any]) -> jax.Array:
+    """A kernel's `out` with the rows that see no key set to 0 when `zero_empty_rows` (keras' Softmax(mask)
+    zeroes masked probabilities after normalising); `attrs` are the kernel's keyword arguments (the
+    composite's attributes and its mask / lengths operands). Exact when masked_value is at most
+    ZERO_EMPTY_ROWS_FILL_LIMIT: the kernel's other rows already give masked keys weight 0."""
+    if not zero_empty_rows:
+        return out
+    visible = attention_mask(q.shape[1], k.shape[1], causal=attrs["causal"], window_left=attrs["window_left"],
+                             window_right=attrs["window_right"], q_offset=attrs["q_offset"],
+                             mask=attrs.get("mask"), q_lengths=attrs.get("q_lengths"),
+                             kv_lengths=attrs.get("kv_lengths"))
+    return zero_empty_rows_of(out, visible)
+
+
 def combine_partials(out: jax.Array, lse: jax.Array, dtype: Any) -> jax.Array:  # noqa: ANN401
     """out (..., P, R, D), lse (..., P, R) -> (..., R, D): the softmax over all P key ranges of R rows.
 

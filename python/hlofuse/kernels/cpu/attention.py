@@ -18,10 +18,10 @@ import numpy as np
 from hlofuse.kernels.cpu import register
 from hlofuse.kernels.reference import (
     UNBOUNDED,
-    attention_mask,
+    ZERO_EMPTY_ROWS_FILL_LIMIT,
     attention_reference,
     combine_partials,
-    zero_empty_rows_of,
+    zeroed_if_asked,
 )
 from hlofuse.shard_local import Cuts, attention_cuts
 
@@ -209,21 +209,10 @@ def _supported_attrs(call: CompositeCall) -> AttentionAttrs:
     if len(dtypes) != 1 or not dtypes <= {"f32", "bf16"}:
         raise Unsupported(f"the CPU kernel takes q, k, v all f32 or all bf16, not {sorted(dtypes)}")
     attrs = AttentionAttrs.from_dict(call.attributes)
-    if attrs.zero_empty_rows and attrs.masked_value > -1e4:
+    if attrs.zero_empty_rows and attrs.masked_value > ZERO_EMPTY_ROWS_FILL_LIMIT:
         # Zeroing whole rows afterwards is exact only if masked keys already weigh exactly 0.
-        raise Unsupported("zero_empty_rows with a mask fill above -1e4")
+        raise Unsupported(f"zero_empty_rows with a mask fill above {ZERO_EMPTY_ROWS_FILL_LIMIT:g}")
     return attrs
-
-
-def _zeroed_if_asked(out: jax.Array, q: jax.Array, k: jax.Array, zero_empty_rows: bool,
-                     kwargs: dict[str, Any]) -> jax.Array:
-    if not zero_empty_rows:
-        return out
-    visible = attention_mask(q.shape[1], k.shape[1], causal=kwargs["causal"],
-                             window_left=kwargs["window_left"], window_right=kwargs["window_right"],
-                             q_offset=kwargs["q_offset"], mask=kwargs.get("mask"),
-                             q_lengths=kwargs.get("q_lengths"), kv_lengths=kwargs.get("kv_lengths"))
-    return zero_empty_rows_of(out, visible)
 
 
 def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
@@ -231,7 +220,7 @@ def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
     attrs = _supported_attrs(call)
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        return _zeroed_if_asked(attention(q, k, v, **kwargs), q, k, zero_empty_rows, kwargs)
+        return zeroed_if_asked(attention(q, k, v, **kwargs), q, k, zero_empty_rows, kwargs)
 
     return attrs.bind_operands(kernel)
 
@@ -352,7 +341,7 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
         else:  # (B, K, Pt, T/Pt, G, D) -> (B, Pt, T/Pt, K, G, D)
             out = out.reshape(b, kv, q_splits, t // q_splits, groups, d).transpose(0, 2, 3, 1, 4, 5)
         out = out.reshape(b, t, n, d)
-        return _zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)
+        return zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)
 
     lowered = attrs.bind_operands(kernel)
     if (why := _unsplit_prefill(attrs, call, devices, sequence, q_splits, kv_splits)) is not None:

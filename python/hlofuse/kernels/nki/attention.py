@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
-from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.kernels.reference import UNBOUNDED, ZERO_EMPTY_ROWS_FILL_LIMIT, attention_reference, zeroed_if_asked
 from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts, decode_key_split
 
 if TYPE_CHECKING:
@@ -469,15 +469,17 @@ def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
         check_shapes(q_shape, k_shape, v_shape, [names.get(x, x) for x in (q_type, k_type, v_type)])
         if attrs.layout != "BTNH":
             raise ValueError(f"layout {attrs.layout} is not BTNH")
-        if attrs.zero_empty_rows:
-            raise ValueError("rows that see no key are not zeroed (zero_empty_rows)")
         if math.isnan(attrs.masked_value) or attrs.masked_value == float("inf"):
             raise ValueError(f"masked_value {attrs.masked_value} is not -inf or finite")
+        if attrs.zero_empty_rows and attrs.masked_value > ZERO_EMPTY_ROWS_FILL_LIMIT:
+            # zeroing empty rows afterwards is exact only where masked keys already weigh exactly 0
+            raise ValueError(f"zero_empty_rows with masked_value {attrs.masked_value:g} above "
+                             f"{ZERO_EMPTY_ROWS_FILL_LIMIT:g}")
     except ValueError as reason:
         raise Unsupported(f"the {target} kernel does not take this composite: {reason}") from None
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:  # noqa: ANN401
-        return attention(q, k, v, runner=runner, **kwargs)
+        return zeroed_if_asked(attention(q, k, v, runner=runner, **kwargs), q, k, zero_empty_rows, kwargs)
 
     fn = attrs.bind_operands(kernel)
     if runner == "device":

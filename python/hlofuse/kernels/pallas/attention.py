@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from hlofuse.kernels.pallas import common, gpu, tpu
 from hlofuse.kernels.pallas.common import Plan
-from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.kernels.reference import UNBOUNDED, attention_reference, zeroed_if_asked
 from hlofuse.shard_local import (
     Cuts,
     RangeSplit,
@@ -269,8 +269,6 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     attrs = AttentionAttrs.from_dict(call.attributes)
     if attrs.layout != "BTNH":
         raise Unsupported(f"the {target} kernel takes layout BTNH, not {attrs.layout}")
-    if attrs.zero_empty_rows:
-        raise Unsupported(f"the {target} kernel does not zero rows that see no key (zero_empty_rows)")
     mv = attrs.masked_value
     if (math.isinf(mv) and mv > 0) or (not math.isinf(mv) and mv > MASKED_VALUE_LIMIT):
         raise Unsupported(
@@ -280,7 +278,8 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     entry = decode_attention if attrs.decode else attention
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        return entry(q, k, v, backend=backend, interpret=interpret, **kwargs)
+        out = entry(q, k, v, backend=backend, interpret=interpret, **kwargs)
+        return zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)  # masked keys weigh 0 (the fill check above)
 
     fn = attrs.bind_operands(kernel)
     if platform is not None:

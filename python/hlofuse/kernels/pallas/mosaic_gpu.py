@@ -49,6 +49,7 @@ from jax.experimental import pallas as pl
 
 from hlofuse.kernels.pallas import common
 from hlofuse.kernels.pallas.common import Plan
+from hlofuse.kernels.reference import zeroed_if_asked
 from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts
 
 if TYPE_CHECKING:
@@ -358,8 +359,6 @@ def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
         )
     if attrs.layout != "BTNH":
         raise Unsupported(f"the {target} kernel takes layout BTNH, not {attrs.layout}")
-    if attrs.zero_empty_rows:
-        raise Unsupported(f"the {target} kernel does not zero rows that see no key (zero_empty_rows)")
     operands = [role for role in attrs.operands if role in ("bias", "mask")]
     if operands:
         raise Unsupported(f"the {target} kernel takes no {' or '.join(operands)} operand (target=gpu does)")
@@ -374,14 +373,16 @@ def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
         raise Unsupported(f"the {target} kernel takes value head dims up to {MAX_WGMMA_N} (wgmma's N), not {d}")
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
-        return attention(q, k, v, **kwargs)
+        return zeroed_if_asked(attention(q, k, v, **kwargs), q, k, zero_empty_rows, kwargs)
 
     def interpreted(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
+        attrs = dict(kwargs)
         lengths = {role: kwargs.pop(role) for role in ("q_lengths", "kv_lengths") if role in kwargs}
         blocks = dataclasses.asdict(BlockSizes.get_default(q.shape[3], v.shape[3]))
         spec = {"roles": list(lengths), "attrs": kwargs, "blocks": blocks}
-        out = jax.ShapeDtypeStruct((*q.shape[:3], v.shape[3]), q.dtype)
-        return hostcall.host_call(run_interpreted, [q, k, v, *lengths.values()], spec, out)
+        shape = jax.ShapeDtypeStruct((*q.shape[:3], v.shape[3]), q.dtype)
+        out = hostcall.host_call(run_interpreted, [q, k, v, *lengths.values()], spec, shape)
+        return zeroed_if_asked(out, q, k, zero_empty_rows, attrs)
 
     fn = attrs.bind_operands(interpreted if interpret else kernel)
     if not interpret:
