@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +18,7 @@ from hlofuse.kernels.sampling_reference import merge_vocab_splits, sample_refere
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU kernels are not built")
 
-PARAMS = {"greedy": {}, "categorical": {}, "temperature": {"temperature": 0.7},
+PARAMS = {"greedy": {}, "greedy_softmax": {}, "categorical": {}, "temperature": {"temperature": 0.7},
           "top_k": {"temperature": 0.6, "k": 40}, "temperature_top_k": {"temperature": 1.3, "k": 7},
           "top_k_mask": {"temperature": 0.8, "k": 50}, "top_p_mask": {"temperature": 0.7, "p": 0.9},
           "top_k_top_p_mask": {"temperature": 0.6, "k": 64, "p": 0.8}, "min_p": {"temperature": 0.9, "min_p": 0.05}}
@@ -46,6 +48,38 @@ def _kernel_and_reference(form: str, dtype: str) -> tuple[np.dtype, Callable[...
     ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
     ker = jax.jit(lambda x, key: sampling.sample(x, key, form=form, **params))
     return np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype), ker, ref
+
+
+def _max_and_next_below(value: float, dtype: Any) -> tuple[float, float]:  # noqa: ANN401
+    """`value` in `dtype` and the next value of that dtype below it (as f32): so close that the softmax's
+    exp(x - max) rounds to 1 for both."""
+    top = np.asarray(value, jnp.dtype(dtype))
+    bits = top.view(np.uint16 if top.itemsize == 2 else np.uint32)
+    return float(top), float((bits - 1).astype(bits.dtype).view(top.dtype))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_softmax_is_certified_away_from_ties(dtype: str) -> None:
+    """argmax(softmax(x)): the kernel's argmax where no token lies less than the margin below the max (2^-17 for
+    f32, 2^-5 for bf16), UNCERTIFIED (then the program's own softmax) where one does or the max is not finite."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
+    margin = 2.0**-5 if dtype == "bfloat16" else 2.0**-17
+    rows = np.zeros((6, 300), np.float32)
+    rows[:, 10] = 4.0
+    rows[0, 200] = 4.0 - 2 * margin  # clear of the margin: the kernel's own answer
+    rows[1, 10], rows[1, 5] = _max_and_next_below(0.01, dtype)  # softmax ties them: the program picks 5
+    rows[2, 5] = 4.0  # an exact tie: the first copy wins in both, certified
+    rows[3, 7] = np.nan
+    rows[4, 9] = np.inf
+    rows[5] = -np.inf
+    x = jnp.asarray(rows.astype(np_dtype))
+    call = sampling._sample_call(x, sampling._keys(None, (6,)), jax.lax.iota(jnp.int32, 6), form="greedy_softmax",
+                                 temperature=1.0, k=0, p=1.0, min_p=0.0)
+    raw = np.asarray(call[0])
+    assert raw[0] == 10 and raw[2] == 5 and (raw[[1, 3, 4, 5]] == sampling.UNCERTIFIED).all(), raw
+    want = sample_reference(x, None, form="greedy_softmax")
+    np.testing.assert_array_equal(jax.jit(functools.partial(sampling.sample, form="greedy_softmax"))(x, None), want)
+    assert list(np.asarray(want)[:3]) == [10, 5, 5]
 
 
 @pytest.mark.parametrize("form", sorted(PARAMS))

@@ -63,7 +63,7 @@ def _supported() -> list[tuple[str, Any]]:
 # The two kernels share every pass (sampling.sample_block) and differ in grid, tiles and loads, so the
 # GPU kernel runs a cross-section: each pass kind and the bf16 noise. Compiles dominate the file's time.
 GPU_CASES = {("greedy", jnp.float32), ("temperature", jnp.bfloat16), ("top_k", jnp.float32),
-             ("top_k_top_p_mask", jnp.float32), ("min_p", jnp.float32)}
+             ("top_k_top_p_mask", jnp.float32), ("min_p", jnp.float32), ("greedy_softmax", jnp.bfloat16)}
 CASES = [pytest.param("tpu", form, dtype, id=f"tpu-{form}-{jnp.dtype(dtype).name}") for form, dtype in _supported()]
 CASES += [pytest.param("gpu", form, dtype, id=f"gpu-{form}-{jnp.dtype(dtype).name}") for form, dtype in _supported()
           if (form, dtype) in GPU_CASES]
@@ -127,6 +127,37 @@ def test_default_tiles_and_rank1_logits() -> None:
         got = sample(logits, _key(1), form="temperature", temperature=0.7, backend=backend, interpret=True)
         assert got.shape == ()
         assert int(got) == int(sample_reference(logits, _key(1), form="temperature", temperature=0.7))
+
+
+def _max_and_next_below(value: float, dtype: Any) -> tuple[float, float]:  # noqa: ANN401
+    """`value` in `dtype` and the next value of that dtype below it (as f32): so close that the softmax's
+    exp(x - max) rounds to 1 for both."""
+    top = np.asarray(value, jnp.dtype(dtype))
+    bits = top.view(np.uint16 if top.itemsize == 2 else np.uint32)
+    return float(top), float((bits - 1).astype(bits.dtype).view(top.dtype))
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_greedy_softmax_is_certified_away_from_ties(backend: str, dtype: Any) -> None:  # noqa: ANN401
+    """argmax(softmax(x)): the kernel's argmax where no token lies less than SOFTMAX_TIE_MARGIN below the max,
+    UNCERTIFIED (then the program's own softmax) where one does or the max is not finite."""
+    margin = sampling.SOFTMAX_TIE_MARGIN[dtype == jnp.bfloat16]
+    rows = np.zeros((6, 300), np.float32)
+    rows[:, 10] = 4.0
+    rows[0, 200] = 4.0 - 2 * margin  # clear of the margin: the kernel's own answer
+    rows[1, 10], rows[1, 5] = _max_and_next_below(0.01, dtype)  # softmax ties them: the program picks 5
+    rows[2, 5] = 4.0  # an exact tie: the first copy wins in both, certified
+    rows[3, 7] = np.nan
+    rows[4, 9] = np.inf
+    rows[5] = -np.inf
+    x = jnp.asarray(rows, dtype)
+    options = dict(form="greedy_softmax", backend=backend, block_sizes=BLOCKS[backend], interpret=True)
+    raw = np.asarray(sampling._run(x, None, "greedy_softmax", {}, backend, BLOCKS[backend], True, 0)[0])
+    assert raw[0] == 10 and raw[2] == 5 and (raw[[1, 3, 4, 5]] == sampling.UNCERTIFIED).all(), raw
+    want = sample_reference(x, None, form="greedy_softmax")
+    assert list(np.asarray(want)[:3]) == [10, 5, 5]
+    np.testing.assert_array_equal(jax.jit(functools.partial(sample, **options))(x, None), want)
 
 
 # ----------------------------------------------------------------------------- vocabulary splits
@@ -209,7 +240,6 @@ def test_order_key_preserves_float_order() -> None:
 @pytest.mark.parametrize(
     ("form", "dtype", "shape", "k", "reason"),
     [
-        ("greedy_softmax", "f32", (2, 100), 0, "softmax rounding can tie distinct logits"),
         ("top_p_mask", "bf16", (2, 100), 0, "thresholds bf16-rounded probabilities"),
         ("min_p", "bf16", (2, 100), 0, "thresholds bf16-rounded probabilities"),
         ("temperature", "f16", (2, 100), 0, "takes f32 or bf16 logits, not f16"),

@@ -76,13 +76,17 @@ func.func private @impl_top_p(%arg0: tensor<4x1000xbf16>, %arg1: tensor<2xui32>)
 
 // -----
 
-// Near-miss: argmax(softmax(x)) can tie logits that softmax rounds to one probability; kept on every target.
-// TPU-REMARK: lower_kernels_pallas_sampling.mlir:[[# @LINE + 6]]:8: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: the tpu sampler has no form 'greedy_softmax'
-// GPUI-REMARK: lower_kernels_pallas_sampling.mlir:[[# @LINE + 5]]:8: remark: [hlofuse-lower-kernels] stablehlo.composite: kept as a composite: the gpu-interpret sampler has no form 'greedy_softmax'
-// GPU-LABEL: func.func public @no_match_greedy_softmax
-// GPU: stablehlo.composite "hlofuse.sample"
-// GPU-NOT: __gpu$xla.gpu.triton
-func.func public @no_match_greedy_softmax(%arg0: tensor<4x1000xf32>) -> tensor<4xi32> {
+// argmax(softmax(x)) (keras-hub's greedy sampler): the kernel's argmax, certified away from ties that the
+// softmax's rounding could make, and the program's own softmax under a conditional for a row near one.
+// TPU-LABEL: func.func public @greedy_softmax_to_kernel
+// TPU: call @hlofuse.sample.tpu(%arg0)
+// TPU: stablehlo.custom_call @tpu_custom_call
+// TPU: stablehlo.case
+// GPU-LABEL: func.func public @greedy_softmax_to_kernel
+// GPU: call @hlofuse.sample.gpu(%arg0)
+// GPU: stablehlo.custom_call @__gpu$xla.gpu.triton
+// GPU: stablehlo.case
+func.func public @greedy_softmax_to_kernel(%arg0: tensor<4x1000xf32>) -> tensor<4xi32> {
   %0 = stablehlo.composite "hlofuse.sample" %arg0 {composite_attributes = {form = "greedy_softmax", k = 0 : i64, min_p = 0.000000e+00 : f64, mode = "greedy", p = 1.000000e+00 : f64, temperature = 1.000000e+00 : f64}, decomposition = @impl_softmax, version = 1 : i32} : (tensor<4x1000xf32>) -> tensor<4xi32>
   return %0 : tensor<4xi32>
 }

@@ -24,7 +24,8 @@ from hlofuse.kernels.cpu import sampling
 from hlofuse.kernels.sampling_reference import FORMS, sample_reference, top_k_by_argsort
 
 # mode: (form, parameters, the top-k writing of the original program: None for lax.top_k)
-MODES = {"greedy": ("greedy", {}, None), "temperature": ("temperature", {"temperature": 0.7}, None),
+MODES = {"greedy": ("greedy", {}, None), "greedy (softmax)": ("greedy_softmax", {}, None),
+         "temperature": ("temperature", {"temperature": 0.7}, None),
          "top-k": ("top_k", {"temperature": 0.7, "k": 50}, None),
          "top-k (argsort)": ("top_k", {"temperature": 0.7, "k": 50}, top_k_by_argsort),
          "top-k mask (argsort)": ("top_k_mask", {"temperature": 0.7, "k": 50}, top_k_by_argsort),

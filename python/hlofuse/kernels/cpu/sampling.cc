@@ -50,7 +50,12 @@ enum class Form : int64_t {
   // round as f32 (8) or as bf16 (9: bf16 logits widened to f32 by hlofuse_sample_top_k).
   kTopKPacked = 8,
   kTopKPackedBf16 = 9,
+  // argmax(softmax(x)): argmax(x) where the softmax cannot tie another token with the max, else kUncertified.
+  kGreedySoftmax = 10,
 };
+
+// A row's token the kernel cannot vouch for (greedy_softmax near a tie): the binding recomputes such rows.
+constexpr int64_t kUncertified = -1;
 
 bool IsPacked(int64_t form) {
   return form == static_cast<int64_t>(Form::kTopKPacked) || form == static_cast<int64_t>(Form::kTopKPackedBf16);
@@ -453,6 +458,24 @@ Best ArgMax(const SimdOps& ops, const Row& r) {
   return best;
 }
 
+// argmax(softmax(x)) as jax.nn.softmax computes it, exp(x - max) / sum: the max's probability is round(1 / sum)
+// and a token `margin` or more below it has exp(x - max) at most 1 - margin, whose quotient rounds below
+// the max's (margin: 2^-17 for f32, 2^-5 for bf16, many units of rounding and of exp's error). Copies of the
+// max come after its first index and tie it in both. So the answer is argmax(x) unless a token lies less
+// than the margin below the max, or the max is not finite (NaN or +inf make the softmax NaN): then
+// kUncertified.
+Best ArgMaxOfSoftmax(const SimdOps& ops, const Row& r) {
+  const Best best = ArgMax(ops, r);
+  if (!std::isfinite(best.score)) return Best{kUncertified, best.score};
+  const float margin = r.bf16 ? 0x1p-5f : 0x1p-17f;
+  const float lo = std::nextafter(best.score - margin, kPosInf);  // collect_range takes lo <= x < hi
+  constexpr int64_t kBlock = 4096;
+  int64_t near = 0;
+  for (int64_t i = 0; i < r.n && near == 0; i += kBlock)
+    near = ops.collect_range(r.x, lo, best.score, i, std::min(r.n, i + kBlock), r.ids);
+  return near == 0 ? best : Best{kUncertified, best.score};
+}
+
 // The winner of a Gumbel argmax: index 0 at score -inf when nothing scored above -inf (argmax of an
 // all -inf row picks index 0, and a split holding such a winner must lose every merge it can lose).
 Best Winner(const Best& best) {
@@ -626,6 +649,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
   auto everything = [](int64_t) { return true; };
   switch (prm.form) {
     case Form::kGreedy: return ArgMax(ops, r);
+    case Form::kGreedySoftmax: return ArgMaxOfSoftmax(ops, r);
     case Form::kTemperature: {
       const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
@@ -805,7 +829,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
   if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
-  if (form < 0 || form > 9) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
+  if (form < 0 || form > 10) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = (form >= 2 && form <= 6 && form != 5) || IsPacked(form);
   // Packed candidates: V = 2C words, k of the C candidates.
   const int64_t choices = IsPacked(form) ? vocab / 2 : vocab;

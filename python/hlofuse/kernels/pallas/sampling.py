@@ -51,8 +51,13 @@ if TYPE_CHECKING:
     from hlofuse.shard_local import Cuts, RangeSplit
 
 BACKENDS = ("tpu", "gpu")
-FORMS = ("greedy", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask",
-         "top_k_top_p_mask", "min_p")
+FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
+         "top_p_mask", "top_k_top_p_mask", "min_p")
+# The kernel's id for a row it cannot vouch for (greedy_softmax near a tie); `sample` recomputes such rows.
+UNCERTIFIED = -1
+# greedy_softmax: a token this far or more below the max has a softmax probability that rounds below the
+# max's, by many units of rounding and of exp's error (f32, bf16); a nearer one leaves the row uncertified.
+SOFTMAX_TIE_MARGIN = {False: 2.0**-17, True: 2.0**-5}
 DTYPES = ("f32", "bf16")
 # Forms that threshold probabilities: with bf16 logits the program rounds each probability and each
 # step of its cumulative sum to bf16, in an order only a sort reproduces.
@@ -332,6 +337,22 @@ def _min_p_keep(rows: _Rows) -> Callable[[jax.Array], jax.Array]:
     return lambda x: jnp.exp(scaled(x) - m) / z >= threshold
 
 
+def _argmax_of_softmax(rows: _Rows) -> tuple[jax.Array, jax.Array]:
+    """argmax(softmax(x)) as jax.nn.softmax computes it, exp(x - max) / sum: argmax(x) unless a token lies
+    less than SOFTMAX_TIE_MARGIN below the max (its probability could round to the max's) or the max is not
+    finite (the softmax is NaN); such rows are UNCERTIFIED."""
+    score, best = _argmax(rows, lambda j, x, ids: x)
+    lo = score - jnp.float32(SOFTMAX_TIE_MARGIN[rows.plan.bf16])
+
+    def step(j: jax.Array, x: jax.Array, ids: jax.Array, near: jax.Array) -> jax.Array:
+        # copies of the max come after its first index and tie it in the softmax too
+        return near + jnp.sum(((x > lo) & (x < score)).astype(jnp.int32), axis=1, keepdims=True)
+
+    near = rows.fold(step, rows.column(0))
+    certified = (jnp.abs(score) < jnp.inf) & (near == 0)
+    return score, jnp.where(certified, best, np.int32(UNCERTIFIED))
+
+
 def sample_block(rows: _Rows) -> tuple[jax.Array, jax.Array]:
     """(rows, 1) f32 winning scores and (rows, 1) int32 local token ids of one program's rows."""
     plan = rows.plan
@@ -339,6 +360,8 @@ def sample_block(rows: _Rows) -> tuple[jax.Array, jax.Array]:
     neg_inf = jnp.float32(-jnp.inf)
     if form == "greedy":
         return _argmax(rows, lambda j, x, ids: x)
+    if form == "greedy_softmax":
+        return _argmax_of_softmax(rows)
     if form in ("categorical", "temperature"):
         return _categorical(rows, functools.partial(_scaled, plan))
     if form in ("top_k", "temperature_top_k"):
@@ -370,7 +393,7 @@ def _out_shapes(plan: Plan, shape: tuple[int, int]) -> list[jax.ShapeDtypeStruct
 def _write(plan: Plan, rows: _Rows, out_refs: Sequence[Any]) -> None:
     """One program's token ids in the row's vocabulary (local ids + id0), and their scores if asked."""
     score, local = sample_block(rows)
-    out_refs[0][...] = jnp.broadcast_to(local + rows.id0, out_refs[0].shape)
+    out_refs[0][...] = jnp.broadcast_to(jnp.where(local == UNCERTIFIED, local, local + rows.id0), out_refs[0].shape)
     if plan.with_scores:
         out_refs[1][...] = jnp.broadcast_to(score, out_refs[1].shape)
 
@@ -468,8 +491,7 @@ def dtype_name(dtype: Any) -> str:  # noqa: ANN401
 def check(form: str, name: str, shape: tuple[int, ...], k: int) -> str | None:
     """Why the kernel cannot compute `form` on (shape) logits of dtype `name` exactly, or None when it can."""
     if form not in FORMS:
-        why = "softmax rounding can tie distinct logits" if form == "greedy_softmax" else "not implemented"
-        return f"has no form '{form}' ({why})"
+        return f"has no form '{form}' (not implemented)"
     if name not in DTYPES:
         return f"takes f32 or bf16 logits, not {name}"
     if name == "bf16" and form in BF16_UNSUPPORTED:
@@ -512,7 +534,10 @@ def sample(
     plan_params = dict(temperature=temperature, k=k, p=p, min_p=min_p)
     (ids,) = _run(logits.reshape(rows, logits.shape[-1]), key, form, plan_params, backend, block_sizes, interpret,
                   row_offset)
-    return ids.reshape(batch)
+    ids = ids.reshape(batch)
+    if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
+        return lax.cond(jnp.any(ids == UNCERTIFIED), lambda: sample_reference(logits, key, form=form), lambda: ids)
+    return ids
 
 
 # Forms whose keep-set is the whole row, so that a row's vocabulary splits into parts sampled on their own and
@@ -552,7 +577,7 @@ def _run(x: jax.Array, key: jax.Array | None, form: str, plan_params: dict[str, 
     """The kernel on x (rows, V): [ids (rows,)] or, with plan_params' with_scores, [ids, scores (rows,)]."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if form != "greedy" and key is None:
+    if REFERENCE_FORMS[form].stochastic and key is None:
         raise ValueError(f"form '{form}' needs a key")
     rows, vocab = x.shape
     blocks = block_sizes or BlockSizes.get_default(backend, vocab, x.dtype)
