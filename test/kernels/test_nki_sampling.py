@@ -31,7 +31,7 @@ from hlofuse.kernels.nki.sampling import (
 )
 
 PARAMS: dict[str, dict[str, Any]] = {
-    "greedy": {}, "categorical": {}, "temperature": {"temperature": 0.7},
+    "greedy": {}, "greedy_softmax": {}, "categorical": {}, "temperature": {"temperature": 0.7},
     "top_k": {"temperature": 0.6, "k": 40}, "temperature_top_k": {"temperature": 1.3, "k": 7},
     "top_k_mask": {"temperature": 0.8, "k": 50}, "top_p_mask": {"temperature": 0.7, "p": 0.9},
     "top_k_top_p_mask": {"temperature": 0.6, "k": 64, "p": 0.8}, "min_p": {"temperature": 0.9, "min_p": 0.05},
@@ -138,6 +138,26 @@ class TestNkiSampling:
         certified = raw != UNCERTIFIED
         np.testing.assert_array_equal(raw[certified], want[certified])
 
+    @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+    def test_greedy_softmax_is_certified_away_from_ties(self, dtype: str) -> None:
+        """argmax(softmax(x)): the kernel's argmax where no token lies less than the margin below the max,
+        UNCERTIFIED (then the program's own softmax) where one does or the max is NaN or +inf."""
+        np_dtype = DTYPES[dtype]
+        rows = np.zeros((6, 300), np.float32)
+        rows[:, 10] = 4.0
+        rows[0, 200] = 4.0 - 2 * sampling.SOFTMAX_TIE_MARGIN[dtype]  # clear of the margin
+        top = np.asarray(0.01, np_dtype)
+        rows[1, 10], rows[1, 5] = float(top), float(np.nextafter(top, np_dtype.type(-1)))  # softmax ties them
+        rows[2, 5] = 4.0  # an exact tie: the first copy wins in both
+        rows[3, 7], rows[4, 9], rows[5] = np.nan, np.inf, -np.inf
+        x = jnp.asarray(rows.astype(np_dtype))
+        raw = np.asarray(kernel_tokens(x, None, form="greedy_softmax", runner=self.runner, block_sizes=SMALL))
+        assert raw[0] == 10 and raw[2] == 5 and raw[5] == 0 and (raw[[1, 3, 4]] == UNCERTIFIED).all(), raw
+        want = sample_reference(x, None, form="greedy_softmax")
+        assert list(np.asarray(want)[:3]) == [10, 5, 5]
+        got = sample(x, None, form="greedy_softmax", runner=self.runner, block_sizes=SMALL)
+        np.testing.assert_array_equal(got, want)
+
     def test_search_spans_the_float_range(self) -> None:
         """Finite fills at -3e38 beside logits 1 ulp apart: the log-scale bisection still converges."""
         x = np.full((2, 500), -3e38, np.float32)
@@ -189,7 +209,7 @@ def test_block_sizes_are_checked() -> None:
     ("form", "dtype", "vocab", "k", "message"),
     [
         ("top_k", "float32", 1000, 300, "k = 300 exceeds 256 for the rank-space form 'top_k'"),
-        ("greedy_softmax", "float32", 100, 0, "softmax rounding can tie distinct logits"),
+        ("greedy_softmax_top", "float32", 100, 0, "form 'greedy_softmax_top' is not taken"),
         ("top_p_mask", "bfloat16", 100, 0, "'top_p_mask' on bfloat16 logits thresholds bfloat16-rounded"),
         ("top_k_mask", "float32", 100, 101, "k = 101 is outside [1, vocabulary 100]"),
         ("greedy", "float64", 100, 0, "logits dtype float64 is not one of"),

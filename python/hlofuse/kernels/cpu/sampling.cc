@@ -462,11 +462,12 @@ Best ArgMax(const SimdOps& ops, const Row& r) {
 // and a token `margin` or more below it has exp(x - max) at most 1 - margin, whose quotient rounds below
 // the max's (margin: 2^-17 for f32, 2^-5 for bf16, many units of rounding and of exp's error). Copies of the
 // max come after its first index and tie it in both. So the answer is argmax(x) unless a token lies less
-// than the margin below the max, or the max is not finite (NaN or +inf make the softmax NaN): then
-// kUncertified.
+// than the margin below the max, or the max is NaN or +inf: then kUncertified.
 Best ArgMaxOfSoftmax(const SimdOps& ops, const Row& r) {
   const Best best = ArgMax(ops, r);
-  if (!std::isfinite(best.score)) return Best{kUncertified, best.score};
+  // NaN or +inf make every probability NaN (index 0); a row of -inf is NaN too, and argmax(x) is 0 as well.
+  if (std::isnan(best.score) || best.score == kPosInf) return Best{kUncertified, best.score};
+  if (best.score == kNegInf) return best;
   const float margin = r.bf16 ? 0x1p-5f : 0x1p-17f;
   const float lo = std::nextafter(best.score - margin, kPosInf);  // collect_range takes lo <= x < hi
   constexpr int64_t kBlock = 4096;

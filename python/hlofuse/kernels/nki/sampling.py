@@ -60,9 +60,11 @@ from hlofuse.kernels.sampling_reference import FORMS, form_params, sample_refere
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
 
-# Every form but greedy_softmax, whose softmax rounding can tie distinct logits.
-KERNEL_FORMS = ("greedy", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask",
-                "top_k_top_p_mask", "min_p")
+KERNEL_FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
+                "top_p_mask", "top_k_top_p_mask", "min_p")
+# greedy_softmax: a token this far or more below the max has a softmax probability that rounds below the max's,
+# by many units of the dtype's rounding and of exp's error; a nearer one leaves the row UNCERTIFIED.
+SOFTMAX_TIE_MARGIN = {"float32": 2.0**-17, "bfloat16": 2.0**-5, "float16": 2.0**-8}
 # Noise indexed by rank among the top k: one pass per distinct value of the top k, so k is bounded.
 RANK_FORMS = ("top_k", "temperature_top_k")
 MAX_RANK_K = 256
@@ -265,6 +267,20 @@ def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows
     return hi, nl.where(nl.equal(nl.subtract(hi, lo), 1.0), 1.0, 0.0)
 
 
+def _clear_of_softmax_ties(load: Callable[[int, int], Any], chunks: list[tuple[int, int]], best: Any,  # noqa: ANN401
+                           dtype: str) -> Any:  # noqa: ANN401
+    """(rows, 1) 1.0 where the row's max is below +inf and no token lies less than SOFTMAX_TIE_MARGIN below it
+    (its softmax probability could round to the max's; copies of the max come after its first index and tie
+    it in both), else 0.0. A row of -inf is certified: its softmax is NaN, whose argmax is 0, as argmax(x)."""
+    lo = nl.subtract(best, SOFTMAX_TIE_MARGIN[dtype])
+    clear = nl.where(nl.less(best, POS_INF), 1.0, 0.0)  # a NaN row is flagged by the argmax pass
+    for c0, size in chunks:
+        x = load(c0, size)
+        near = nl.logical_and(nl.greater(x, lo), nl.less(x, best))
+        clear = nl.minimum(clear, nl.subtract(1.0, nl.max(nl.where(near, 1.0, 0.0), axis=1, keepdims=True)))
+    return clear
+
+
 def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  # noqa: ANN401
     """logits (R, V), noise (R, V) | (R, k) | None -> out (R, 1) int32 token ids (UNCERTIFIED: rows to redo)."""
     total_rows, vocab = logits_ref.shape
@@ -345,13 +361,15 @@ def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  
             best[...] = nl.maximum(best, chunk_max)
             nan = nl.max(nl.where(nl.not_equal(score, score), 1.0, 0.0), axis=1, keepdims=True)
             certified = nl.minimum(certified, nl.subtract(1.0, nan))
+        if cfg.form == "greedy_softmax":  # argmax(softmax(x)) is argmax(x) away from the ties its rounding makes
+            certified = nl.minimum(certified, _clear_of_softmax_ties(filtered, chunks, best, cfg.dtype))
         token = nl.where(nl.greater(certified, 0.0), best_id, float(UNCERTIFIED))
         nl.store(out_ref[nl.ds(r0, rows), :], value=nl.copy(token, dtype=nl.int32))
     return out_ref
 
 
 KERNELS = {"sample": _sample_kernel}
-_HELPERS = (_u, _u_inverse, _row_stats, _search, _rank_space)
+_HELPERS = (_u, _u_inverse, _row_stats, _search, _rank_space, _clear_of_softmax_ties)
 
 
 @functools.cache
@@ -386,8 +404,7 @@ def run_kernel(logits: np.ndarray, *noise: np.ndarray, config: dict[str, Any], s
 def check_form(form: str, dtype: str, vocab: int, k: int, temperature: float) -> None:
     """Raises ValueError naming the value when the kernel cannot reproduce this sampler exactly."""
     if form not in KERNEL_FORMS:
-        raise ValueError(f"form '{form}' is not taken (softmax rounding can tie distinct logits); the kernel takes "
-                         f"{', '.join(KERNEL_FORMS)}")
+        raise ValueError(f"form '{form}' is not taken; the kernel takes {', '.join(KERNEL_FORMS)}")
     if dtype not in DTYPES:
         raise ValueError(f"logits dtype {dtype} is not one of {', '.join(DTYPES)}")
     if dtype != "float32" and form in F32_ONLY_FORMS:

@@ -339,8 +339,8 @@ def _min_p_keep(rows: _Rows) -> Callable[[jax.Array], jax.Array]:
 
 def _argmax_of_softmax(rows: _Rows) -> tuple[jax.Array, jax.Array]:
     """argmax(softmax(x)) as jax.nn.softmax computes it, exp(x - max) / sum: argmax(x) unless a token lies
-    less than SOFTMAX_TIE_MARGIN below the max (its probability could round to the max's) or the max is not
-    finite (the softmax is NaN); such rows are UNCERTIFIED."""
+    less than SOFTMAX_TIE_MARGIN below the max (its probability could round to the max's) or the max is NaN
+    or +inf; such rows are UNCERTIFIED."""
     score, best = _argmax(rows, lambda j, x, ids: x)
     lo = score - jnp.float32(SOFTMAX_TIE_MARGIN[rows.plan.bf16])
 
@@ -349,7 +349,8 @@ def _argmax_of_softmax(rows: _Rows) -> tuple[jax.Array, jax.Array]:
         return near + jnp.sum(((x > lo) & (x < score)).astype(jnp.int32), axis=1, keepdims=True)
 
     near = rows.fold(step, rows.column(0))
-    certified = (jnp.abs(score) < jnp.inf) & (near == 0)
+    # NaN or +inf make every probability NaN (index 0); a row of -inf is NaN too, where argmax(x) is 0 as well
+    certified = (score < jnp.inf) & (near == 0)
     return score, jnp.where(certified, best, np.int32(UNCERTIFIED))
 
 
