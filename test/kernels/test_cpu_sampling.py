@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from softmax_ties import check_certified, tie_rows
 
 from hlofuse.kernels import CompositeCall
 from hlofuse.kernels.cpu import sampling
@@ -50,36 +50,15 @@ def _kernel_and_reference(form: str, dtype: str) -> tuple[np.dtype, Callable[...
     return np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype), ker, ref
 
 
-def _max_and_next_below(value: float, dtype: Any) -> tuple[float, float]:  # noqa: ANN401
-    """`value` in `dtype` and the next value of that dtype below it (as f32): so close that the softmax's
-    exp(x - max) rounds to 1 for both."""
-    top = np.asarray(value, jnp.dtype(dtype))
-    bits = top.view(np.uint16 if top.itemsize == 2 else np.uint32)
-    return float(top), float((bits - 1).astype(bits.dtype).view(top.dtype))
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_softmax_is_certified_away_from_ties(dtype: str) -> None:
     """argmax(softmax(x)): the kernel's argmax where no token lies less than the margin below the max (2^-17 for
     f32, 2^-5 for bf16), UNCERTIFIED (then the program's own softmax) where one does or the max is NaN or +inf."""
-    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(np.float32)
-    margin = 2.0**-5 if dtype == "bfloat16" else 2.0**-17
-    rows = np.zeros((6, 300), np.float32)
-    rows[:, 10] = 4.0
-    rows[0, 200] = 4.0 - 2 * margin  # clear of the margin: the kernel's own answer
-    rows[1, 10], rows[1, 5] = _max_and_next_below(0.01, dtype)  # softmax ties them: the program picks 5
-    rows[2, 5] = 4.0  # an exact tie: the first copy wins in both, certified
-    rows[3, 7] = np.nan
-    rows[4, 9] = np.inf
-    rows[5] = -np.inf
-    x = jnp.asarray(rows.astype(np_dtype))
-    call = sampling._sample_call(x, sampling._keys(None, (6,)), jax.lax.iota(jnp.int32, 6), form="greedy_softmax",
-                                 temperature=1.0, k=0, p=1.0, min_p=0.0)
-    raw = np.asarray(call[0])
-    assert raw[0] == 10 and raw[2] == 5 and raw[5] == 0 and (raw[[1, 3, 4]] == sampling.UNCERTIFIED).all(), raw
-    want = sample_reference(x, None, form="greedy_softmax")
-    np.testing.assert_array_equal(jax.jit(functools.partial(sampling.sample, form="greedy_softmax"))(x, None), want)
-    assert list(np.asarray(want)[:3]) == [10, 5, 5]
+    x = tie_rows(dtype, 2.0**-5 if dtype == "bfloat16" else 2.0**-17)
+    (raw,) = sampling._sample_call(x, sampling._keys(None, (6,)), jax.lax.iota(jnp.int32, 6), form="greedy_softmax",
+                                   temperature=1.0, k=0, p=1.0, min_p=0.0)
+    tokens = jax.jit(functools.partial(sampling.sample, form="greedy_softmax"))(x, None)
+    check_certified(raw, sampling.UNCERTIFIED, x, tokens)
 
 
 @pytest.mark.parametrize("form", sorted(PARAMS))

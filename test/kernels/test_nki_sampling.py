@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from softmax_ties import check_certified, tie_rows
 
 from hlofuse.kernels.nki import emulator, hostcall, sampling
 from hlofuse.kernels.nki.emulator import NkiLimitError
@@ -142,21 +143,10 @@ class TestNkiSampling:
     def test_greedy_softmax_is_certified_away_from_ties(self, dtype: str) -> None:
         """argmax(softmax(x)): the kernel's argmax where no token lies less than the margin below the max,
         UNCERTIFIED (then the program's own softmax) where one does or the max is NaN or +inf."""
-        np_dtype = DTYPES[dtype]
-        rows = np.zeros((6, 300), np.float32)
-        rows[:, 10] = 4.0
-        rows[0, 200] = 4.0 - 2 * sampling.SOFTMAX_TIE_MARGIN[dtype]  # clear of the margin
-        top = np.asarray(0.01, np_dtype)
-        rows[1, 10], rows[1, 5] = float(top), float(np.nextafter(top, np_dtype.type(-1)))  # softmax ties them
-        rows[2, 5] = 4.0  # an exact tie: the first copy wins in both
-        rows[3, 7], rows[4, 9], rows[5] = np.nan, np.inf, -np.inf
-        x = jnp.asarray(rows.astype(np_dtype))
-        raw = np.asarray(kernel_tokens(x, None, form="greedy_softmax", runner=self.runner, block_sizes=SMALL))
-        assert raw[0] == 10 and raw[2] == 5 and raw[5] == 0 and (raw[[1, 3, 4]] == UNCERTIFIED).all(), raw
-        want = sample_reference(x, None, form="greedy_softmax")
-        assert list(np.asarray(want)[:3]) == [10, 5, 5]
-        got = sample(x, None, form="greedy_softmax", runner=self.runner, block_sizes=SMALL)
-        np.testing.assert_array_equal(got, want)
+        x = tie_rows(DTYPES[dtype], sampling.SOFTMAX_TIE_MARGIN[dtype])
+        raw = kernel_tokens(x, None, form="greedy_softmax", runner=self.runner, block_sizes=SMALL)
+        check_certified(raw, UNCERTIFIED, x, sample(x, None, form="greedy_softmax", runner=self.runner,
+                                                       block_sizes=SMALL))
 
     def test_search_spans_the_float_range(self) -> None:
         """Finite fills at -3e38 beside logits 1 ulp apart: the log-scale bisection still converges."""

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
+from softmax_ties import check_certified, tie_rows
 
 from hlofuse.kernels import noise
 from hlofuse.kernels.pallas import sampling
@@ -129,35 +130,15 @@ def test_default_tiles_and_rank1_logits() -> None:
         assert int(got) == int(sample_reference(logits, _key(1), form="temperature", temperature=0.7))
 
 
-def _max_and_next_below(value: float, dtype: Any) -> tuple[float, float]:  # noqa: ANN401
-    """`value` in `dtype` and the next value of that dtype below it (as f32): so close that the softmax's
-    exp(x - max) rounds to 1 for both."""
-    top = np.asarray(value, jnp.dtype(dtype))
-    bits = top.view(np.uint16 if top.itemsize == 2 else np.uint32)
-    return float(top), float((bits - 1).astype(bits.dtype).view(top.dtype))
-
-
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_greedy_softmax_is_certified_away_from_ties(backend: str, dtype: Any) -> None:  # noqa: ANN401
     """argmax(softmax(x)): the kernel's argmax where no token lies less than SOFTMAX_TIE_MARGIN below the max,
     UNCERTIFIED (then the program's own softmax) where one does or the max is NaN or +inf."""
-    margin = sampling.SOFTMAX_TIE_MARGIN[dtype == jnp.bfloat16]
-    rows = np.zeros((6, 300), np.float32)
-    rows[:, 10] = 4.0
-    rows[0, 200] = 4.0 - 2 * margin  # clear of the margin: the kernel's own answer
-    rows[1, 10], rows[1, 5] = _max_and_next_below(0.01, dtype)  # softmax ties them: the program picks 5
-    rows[2, 5] = 4.0  # an exact tie: the first copy wins in both, certified
-    rows[3, 7] = np.nan
-    rows[4, 9] = np.inf
-    rows[5] = -np.inf
-    x = jnp.asarray(rows, dtype)
+    x = tie_rows(dtype, sampling.SOFTMAX_TIE_MARGIN[dtype == jnp.bfloat16])
     options = dict(form="greedy_softmax", backend=backend, block_sizes=BLOCKS[backend], interpret=True)
-    raw = np.asarray(sampling._run(x, None, "greedy_softmax", {}, backend, BLOCKS[backend], True, 0)[0])
-    assert raw[0] == 10 and raw[2] == 5 and raw[5] == 0 and (raw[[1, 3, 4]] == sampling.UNCERTIFIED).all(), raw
-    want = sample_reference(x, None, form="greedy_softmax")
-    assert list(np.asarray(want)[:3]) == [10, 5, 5]
-    np.testing.assert_array_equal(jax.jit(functools.partial(sample, **options))(x, None), want)
+    raw = sampling._run(x, None, "greedy_softmax", {}, backend, BLOCKS[backend], True, 0)[0]
+    check_certified(raw, sampling.UNCERTIFIED, x, jax.jit(functools.partial(sample, **options))(x, None))
 
 
 # ----------------------------------------------------------------------------- vocabulary splits
