@@ -14,7 +14,7 @@ from softmax_ties import check_certified, tie_rows
 
 from hlofuse.kernels import CompositeCall
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import merge_vocab_splits, sample_reference
+from hlofuse.kernels.sampling_reference import SOFTMAX_TIE_MARGIN, UNCERTIFIED, merge_vocab_splits, sample_reference
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU kernels are not built")
 
@@ -54,11 +54,11 @@ def _kernel_and_reference(form: str, dtype: str) -> tuple[np.dtype, Callable[...
 def test_greedy_softmax_is_certified_away_from_ties(dtype: str) -> None:
     """argmax(softmax(x)): the kernel's argmax where no token lies less than the margin below the max (2^-17 for
     f32, 2^-5 for bf16), UNCERTIFIED (then the program's own softmax) where one does or the max is NaN or +inf."""
-    x = tie_rows(dtype, 2.0**-5 if dtype == "bfloat16" else 2.0**-17)
+    x = tie_rows(dtype, SOFTMAX_TIE_MARGIN[dtype])
     (raw,) = sampling._sample_call(x, sampling._keys(None, (6,)), jax.lax.iota(jnp.int32, 6), form="greedy_softmax",
                                    temperature=1.0, k=0, p=1.0, min_p=0.0)
     tokens = jax.jit(functools.partial(sampling.sample, form="greedy_softmax"))(x, None)
-    check_certified(raw, sampling.UNCERTIFIED, x, tokens)
+    check_certified(raw, UNCERTIFIED, x, tokens)
 
 
 @pytest.mark.parametrize("form", sorted(PARAMS))

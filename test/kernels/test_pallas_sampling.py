@@ -23,7 +23,7 @@ from softmax_ties import check_certified, tie_rows
 from hlofuse.kernels import noise
 from hlofuse.kernels.pallas import sampling
 from hlofuse.kernels.pallas.sampling import BlockSizes, sample, sample_reference
-from hlofuse.kernels.sampling_reference import merge_vocab_splits
+from hlofuse.kernels.sampling_reference import SOFTMAX_TIE_MARGIN, UNCERTIFIED, merge_vocab_splits
 
 V = 1500  # not a multiple of 128 lanes or of the GPU tile: the padded tail must never be drawn
 PARAMS = dict(temperature=0.7, k=20, p=0.9, min_p=0.05)
@@ -135,10 +135,10 @@ def test_default_tiles_and_rank1_logits() -> None:
 def test_greedy_softmax_is_certified_away_from_ties(backend: str, dtype: Any) -> None:  # noqa: ANN401
     """argmax(softmax(x)): the kernel's argmax where no token lies less than SOFTMAX_TIE_MARGIN below the max,
     UNCERTIFIED (then the program's own softmax) where one does or the max is NaN or +inf."""
-    x = tie_rows(dtype, sampling.SOFTMAX_TIE_MARGIN[dtype == jnp.bfloat16])
+    x = tie_rows(dtype, SOFTMAX_TIE_MARGIN[jnp.dtype(dtype).name])
     options = dict(form="greedy_softmax", backend=backend, block_sizes=BLOCKS[backend], interpret=True)
     raw = sampling._run(x, None, "greedy_softmax", {}, backend, BLOCKS[backend], True, 0)[0]
-    check_certified(raw, sampling.UNCERTIFIED, x, jax.jit(functools.partial(sample, **options))(x, None))
+    check_certified(raw, UNCERTIFIED, x, jax.jit(functools.partial(sample, **options))(x, None))
 
 
 # ----------------------------------------------------------------------------- vocabulary splits

@@ -248,6 +248,20 @@ def sample_reference(
                           categorical_fn=categorical_fn).astype(jnp.int32)
 
 
+# The id a kernel gives a row it cannot vouch for (an unconverged search, a NaN, greedy_softmax near a tie);
+# `reference_where_uncertified` recomputes the batch then.
+UNCERTIFIED = -1
+# greedy_softmax is argmax(x) but where its rounding ties distinct logits: a token this far or more below the
+# max has a probability that rounds below the max's, by many units of the logits' rounding and of exp's error,
+# so a kernel certifies a row with no token less than this below its max (and a max below +inf).
+SOFTMAX_TIE_MARGIN = {"float32": 2.0**-17, "bfloat16": 2.0**-5, "float16": 2.0**-8}
+
+
+def reference_where_uncertified(tokens: jax.Array, reference: Callable[[], jax.Array]) -> jax.Array:
+    """`tokens`, or `reference()` when some row is UNCERTIFIED: a lax.cond, so the reference runs only then."""
+    return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), reference, lambda: tokens)
+
+
 def _better(a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
     """The better of two (score, id) candidates: the larger score, NaN above all (jnp.argmax), the smaller
     id on ties. A total order, so the reduction over P may run in any order (the partitioner's)."""
@@ -280,5 +294,6 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
-__all__ = ["FORMS", "NEUTRAL_PARAMS", "Form", "Writing", "form_params", "merge_vocab_splits", "sample_reference",
-           "sampling_lowering", "top_k_by_argsort"]
+__all__ = ["FORMS", "NEUTRAL_PARAMS", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form", "Writing", "form_params",
+           "merge_vocab_splits", "reference_where_uncertified", "sample_reference", "sampling_lowering",
+           "top_k_by_argsort"]

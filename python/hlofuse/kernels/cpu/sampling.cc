@@ -468,7 +468,7 @@ Best ArgMaxOfSoftmax(const SimdOps& ops, const Row& r) {
   // NaN or +inf make every probability NaN (index 0); a row of -inf is NaN too, and argmax(x) is 0 as well.
   if (std::isnan(best.score) || best.score == kPosInf) return Best{kUncertified, best.score};
   if (best.score == kNegInf) return best;
-  const float margin = r.bf16 ? 0x1p-5f : 0x1p-17f;
+  const float margin = r.bf16 ? 0x1p-5f : 0x1p-17f;               // as sampling_reference.SOFTMAX_TIE_MARGIN
   const float lo = std::nextafter(best.score - margin, kPosInf);  // collect_range takes lo <= x < hi
   constexpr int64_t kBlock = 4096;
   int64_t near = 0;

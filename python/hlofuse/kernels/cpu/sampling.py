@@ -17,7 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hlofuse.kernels.sampling_reference import form_params, merge_vocab_splits, sample_reference
+from hlofuse.kernels.sampling_reference import (
+    form_params,
+    merge_vocab_splits,
+    reference_where_uncertified,
+    sample_reference,
+)
 from hlofuse.shard_local import Cuts, sample_cuts
 
 if TYPE_CHECKING:
@@ -30,8 +35,6 @@ TOP_K_TARGET = "hlofuse_sample_top_k"
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
               "greedy_softmax": 10}
-# The kernel's id for a row it cannot vouch for (greedy_softmax near a tie); `sample` recomputes such rows.
-UNCERTIFIED = -1
 
 # The kernel's own forms, no composite's: rank-space top-k over packed (value, id-bits) f32 candidates, the
 # values rounding as f32 or as bf16 (`_sample_rank_top_k_splits`).
@@ -92,8 +95,7 @@ def sample(
     (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, **params)
     tokens = tokens.reshape(batch)
     if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
-        return jax.lax.cond(jnp.any(tokens == UNCERTIFIED),
-                            lambda: sample_reference(logits, key, form=form, **params), lambda: tokens)
+        return reference_where_uncertified(tokens, lambda: sample_reference(logits, key, form=form, **params))
     return tokens
 
 

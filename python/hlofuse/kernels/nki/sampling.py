@@ -55,16 +55,20 @@ import numpy as np
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, INSTALL_MESSAGE, nisa, nki, nl
 from hlofuse.kernels.noise import MAX_COUNTER, categorical_at_rows, gumbel_at_rows
-from hlofuse.kernels.sampling_reference import FORMS, form_params, sample_reference
+from hlofuse.kernels.sampling_reference import (
+    FORMS,
+    SOFTMAX_TIE_MARGIN,
+    UNCERTIFIED,
+    form_params,
+    reference_where_uncertified,
+    sample_reference,
+)
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
 
 KERNEL_FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
                 "top_p_mask", "top_k_top_p_mask", "min_p")
-# greedy_softmax: a token this far or more below the max has a softmax probability that rounds below the max's,
-# by many units of the dtype's rounding and of exp's error; a nearer one leaves the row UNCERTIFIED.
-SOFTMAX_TIE_MARGIN = {"float32": 2.0**-17, "bfloat16": 2.0**-5, "float16": 2.0**-8}
 # Noise indexed by rank among the top k: one pass per distinct value of the top k, so k is bounded.
 RANK_FORMS = ("top_k", "temperature_top_k")
 MAX_RANK_K = 256
@@ -73,7 +77,6 @@ F32_ONLY_FORMS = ("top_p_mask", "top_k_top_p_mask", "min_p")
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_VOCAB = 1 << 24  # ids travel as fp32 (the engines' arithmetic type): exact below 2^24
 SEARCH_STEPS = 48
-UNCERTIFIED = -1
 BLOCK_ROWS = 128
 BLOCK_V = 2048
 NEG_INF = float("-inf")
@@ -499,7 +502,7 @@ def sample(
         return sample_reference(logits, key, form=form, **params, categorical_fn=categorical_fn)
 
     # a NaN logit or an unconverged search: the reference, whose sort runs only when some row needs it
-    return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), reference, lambda: tokens)
+    return reference_where_uncertified(tokens, reference)
 
 
 def _device_call(cfg: KernelConfig, operands: list[jax.Array]) -> jax.Array:

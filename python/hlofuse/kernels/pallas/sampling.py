@@ -44,7 +44,12 @@ from hlofuse.kernels.noise import MAX_COUNTER, gumbel, threefry_bits
 from hlofuse.kernels.pallas.common import next_pow2, round_up
 from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
 from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
-from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.kernels.sampling_reference import (
+    SOFTMAX_TIE_MARGIN,
+    UNCERTIFIED,
+    reference_where_uncertified,
+    sample_reference,
+)
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -53,11 +58,6 @@ if TYPE_CHECKING:
 BACKENDS = ("tpu", "gpu")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
          "top_p_mask", "top_k_top_p_mask", "min_p")
-# The kernel's id for a row it cannot vouch for (greedy_softmax near a tie); `sample` recomputes such rows.
-UNCERTIFIED = -1
-# greedy_softmax: a token this far or more below the max has a softmax probability that rounds below the
-# max's, by many units of rounding and of exp's error (f32, bf16); a nearer one leaves the row uncertified.
-SOFTMAX_TIE_MARGIN = {False: 2.0**-17, True: 2.0**-5}
 DTYPES = ("f32", "bf16")
 # Forms that threshold probabilities: with bf16 logits the program rounds each probability and each
 # step of its cumulative sum to bf16, in an order only a sort reproduces.
@@ -342,7 +342,7 @@ def _argmax_of_softmax(rows: _Rows) -> tuple[jax.Array, jax.Array]:
     less than SOFTMAX_TIE_MARGIN below the max (its probability could round to the max's) or the max is NaN
     or +inf; such rows are UNCERTIFIED."""
     score, best = _argmax(rows, lambda j, x, ids: x)
-    lo = score - jnp.float32(SOFTMAX_TIE_MARGIN[rows.plan.bf16])
+    lo = score - jnp.float32(SOFTMAX_TIE_MARGIN["bfloat16" if rows.plan.bf16 else "float32"])
 
     def step(j: jax.Array, x: jax.Array, ids: jax.Array, near: jax.Array) -> jax.Array:
         # copies of the max come after its first index and tie it in the softmax too
@@ -537,7 +537,7 @@ def sample(
                   row_offset)
     ids = ids.reshape(batch)
     if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
-        return lax.cond(jnp.any(ids == UNCERTIFIED), lambda: sample_reference(logits, key, form=form), lambda: ids)
+        return reference_where_uncertified(ids, lambda: sample_reference(logits, key, form=form))
     return ids
 
 
