@@ -130,19 +130,17 @@ class Template:
 
 
 def _template(form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-              context: ir.Context) -> Template:
+              context: ir.Context, keep_alive: list[object]) -> Template:
+    """The template parsed into the program's context. Its module goes into `keep_alive` (the run's
+    PassState), because the template's values must outlive this call for as long as the run matches."""
     module = ir.Module.parse(_template_text(form.name, writing, shape, dtype, k), context=context)
-    _keep_alive.append(module)
+    keep_alive.append(module)
     main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
     block = main.regions[0].blocks[0]
     args = list(block.arguments)
     if not form.stochastic:
         args = args[:1]
     return Template(list(block.operations)[-1].operation.operands[0], args)
-
-
-# Parsed templates must outlive the values taken from them within one pass run.
-_keep_alive: list[ir.Module] = []
 
 
 # ----- one site ------------------------------------------------------------------------------------
@@ -230,13 +228,13 @@ def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[TopK],
                 yield form, writing, shape, dtype, top_k.k
 
 
-def analyze(argmax: ir.Operation, top_ks: list[TopK], ops_present: set[str]) -> Site:
+def analyze(argmax: ir.Operation, top_ks: list[TopK], ops_present: set[str], keep_alive: list[object]) -> Site:
     noisy = _has_noise(argmax.operands[0])
     tried: list[str] = []
     for form, writing, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
         if dtype not in _DTYPES:
             continue
-        template = _template(form, writing, shape, dtype, k, argmax.context)
+        template = _template(form, writing, shape, dtype, k, argmax.context, keep_alive)
         root_name = defining_op(template.root).name
         if form.name not in tried:
             tried.append(form.name)
@@ -376,18 +374,15 @@ class FuseSamplingPass(ModulePass):
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         failed: set[ir.Operation] = set()  # never erased, so these handles stay valid
-        try:
-            while self._fuse_one(module, state, failed):
-                pass  # each rewrite erases ops: collect the sites afresh
-        finally:
-            _keep_alive.clear()
+        while self._fuse_one(module, state, failed):
+            pass  # each rewrite erases ops: collect the sites afresh
 
     def _fuse_one(self, module: ir.Operation, state: PassState, failed: set[ir.Operation]) -> bool:
         for argmax, top_ks, names in list(_sites(module)):
             if argmax in failed:
                 continue
             try:
-                site = analyze(argmax, top_ks, names)
+                site = analyze(argmax, top_ks, names, state.keep_alive)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 rewrite(site, module)
             except NoMatch as reason:

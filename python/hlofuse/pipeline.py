@@ -52,6 +52,10 @@ class PassState:
     remarks: list[Remark] = field(default_factory=list)
     counters: Counter[str] = field(default_factory=Counter)
     current_pass: str = ""
+    # Objects that must live as long as the run: e.g. template modules whose values a pass compares
+    # against. They belong to this run only, so concurrent runs (threads compiling) never free each
+    # other's (a module-level list cleared by one run once crashed another).
+    keep_alive: list[object] = field(default_factory=list)
 
     def remark(self, op: ir.Operation | ir.OpView, reason: str) -> None:
         self.remarks.append(remark_at(self.current_pass, op, reason))
