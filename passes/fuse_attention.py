@@ -34,6 +34,8 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.composites import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION, is_decode, mask_kind
 from hlofuse.ir import build, layout
+from hlofuse.ir.attention_dims import SiteOps, analyze_dims
+from hlofuse.ir.dims import DimsError
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
 from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match
@@ -190,32 +192,6 @@ STAGE_RULES: Sequence[Rule] = (
 # Stages must follow the canonical order scale -> soft-cap -> bias/mask that the kernels implement.
 _PHASE = {"scale": 0, "softcap": 1, "bias": 2, "mask": 2}
 
-# q * c or q / c before the dot is a scale on the logits.
-PRESCALED = P.commutative("stablehlo.multiply", P.any("x"), P.const(name="c"))
-PRESCALED_DIV = P("stablehlo.divide", P.any("x"), P.const(name="c"))
-
-
-# ----- dims and roles ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DotDims:
-    lhs_batch: list[int]
-    rhs_batch: list[int]
-    lhs_contract: list[int]
-    rhs_contract: list[int]
-
-    @staticmethod
-    def of(op: ir.Operation) -> DotDims:
-        dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-        return DotDims(list(dims.lhs_batching_dimensions), list(dims.rhs_batching_dimensions),
-                       list(dims.lhs_contracting_dimensions), list(dims.rhs_contracting_dimensions))
-
-    def free(self, rank: int, side: str) -> list[int]:
-        used = (self.lhs_batch + self.lhs_contract) if side == "lhs" else (self.rhs_batch + self.rhs_contract)
-        return [d for d in range(rank) if d not in used]
-
-
 def _shape(value: ir.Value) -> tuple[int, ...]:
     shape = layout.static_shape(value)
     if shape is None:
@@ -231,83 +207,6 @@ def _forward_labels(start: Labels, ops: Sequence[ir.Operation], sizes: dict[str,
             raise NoMatch(f"cannot follow dims through {op.name}")
         labels = new
     return labels
-
-
-def _kv_repeat(value: ir.Value, heads_dim: int) -> tuple[ir.Value, int, list[ir.Operation]] | None:
-    """K or V repeated per query group: reshape(broadcast(x)) merging (kv heads, groups) into heads,
-    possibly behind transposes and converts (jnp.repeat, then a BNTH transpose).
-
-    Returns (x, groups, the ops from the dot operand back to x) or None.
-    """
-    chain: list[ir.Operation] = []
-    reshape = defining_op(value)
-    while reshape is not None and reshape.name in ("stablehlo.transpose", "stablehlo.convert"):
-        if reshape.name == "stablehlo.transpose":
-            heads_dim = list(ir.DenseI64ArrayAttr(reshape.attributes["permutation"]))[heads_dim]
-        chain.append(reshape)
-        value = reshape.operands[0]
-        reshape = defining_op(value)
-    if reshape is None or reshape.name != "stablehlo.reshape":
-        return None
-    bcast = defining_op(reshape.operands[0])
-    if bcast is None or bcast.name != "stablehlo.broadcast_in_dim":
-        return None
-    out_shape, mid_shape = _shape(value), _shape(reshape.operands[0])
-    h = heads_dim
-    if len(mid_shape) != len(out_shape) + 1 or mid_shape[:h] != out_shape[:h] or mid_shape[h + 2:] != out_shape[h + 1:]:
-        return None
-    kv_heads, groups = mid_shape[h], mid_shape[h + 1]
-    if kv_heads * groups != out_shape[h] or groups == 1:
-        return None
-    src_shape = _shape(bcast.operands[0])
-    dims = list(ir.DenseI64ArrayAttr(bcast.attributes["broadcast_dimensions"]))
-    for src_dim, out_dim in enumerate(dims):
-        if out_dim == h + 1 and src_shape[src_dim] != 1:
-            return None
-        if out_dim != h + 1 and src_shape[src_dim] != mid_shape[out_dim]:
-            return None
-    return bcast.operands[0], groups, [*chain, reshape, bcast]
-
-
-def _backward_labels(labels: Labels, ops: Sequence[ir.Operation], sizes: dict[str, int], what: str) -> Labels:
-    """Labels of the first operand of the last op, following `ops` from a use back to a source."""
-    for op in ops:
-        if op.name in ("stablehlo.multiply", "stablehlo.divide"):
-            continue  # elementwise: the operand has the result's dims
-        inner = layout.backward(op, labels, sizes)
-        if inner is None:
-            raise NoMatch(f"cannot follow {what} through {op.name}")
-        labels = layout.normalize(inner, sizes)
-    return labels
-
-
-def _prescaled(q: ir.Value) -> tuple[ir.Value, float, list[ir.Operation]] | None:
-    """q * c or q / c behind any transposes, reshapes and converts: (q, c, the ops from q back to q)."""
-    chain: list[ir.Operation] = []
-    value = q
-    op = defining_op(value)
-    while op is not None and op.name in DATA_MOVES:
-        chain.append(op)
-        value = op.operands[0]
-        op = defining_op(value)
-    found = match(PRESCALED, value) or match(PRESCALED_DIV, value)
-    if found is None or found["c"] <= 0 or op is None:
-        return None
-    factor = found["c"] if op.name == "stablehlo.multiply" else 1.0 / found["c"]
-    return found["x"], factor, [*chain, op]
-
-
-def _group_dim_of_query(q: ir.Value, heads_dim: int | None, free_dims: list[int]) -> int | None:
-    """For a 5-D query (.., K, G, ..): the free dim split off the heads dim (K major, G minor)."""
-    reshape = defining_op(q)
-    if heads_dim is None or reshape is None or reshape.name != "stablehlo.reshape":
-        return None
-    out_shape, in_shape = _shape(q), _shape(reshape.operands[0])
-    d = heads_dim
-    merged = out_shape[:d] + (out_shape[d] * out_shape[d + 1],) + out_shape[d + 2:] if d + 1 < len(out_shape) else ()
-    if len(out_shape) == len(in_shape) + 1 and merged == in_shape and d + 1 in free_dims:
-        return d + 1
-    return None
 
 
 # ----- the analysis of one site --------------------------------------------------------------------
@@ -335,11 +234,19 @@ class Site:
     length_adjust: dict[str, int] = field(default_factory=dict)
     const_lengths: dict[str, int] = field(default_factory=dict)  # lengths fixed at compile time
     out_labels: Labels = ()
-    mask_negated: bool = False  # the mask operand is not(original predicate)
+    # Bias and mask terms: the composite's operand combines them (a sum; a conjunction); the decomposition
+    # reads the combination through the term that varies along every dim any term does (its carrier,
+    # inputs[role]) and a neutral value (0; all visible) for the others, which computes the same logits.
+    terms: dict[str, list[Term]] = field(default_factory=dict)
+    masked_fill_set: bool = False
     # What the composite replaces: the P·V dot, or the divide after it when normalised there.
     result: ir.Value | None = None
     result_labels: Labels = ()
     zero_empty_rows: bool = False
+    roles: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> its atoms (attention_dims)
+
+    def role_size(self, role: str) -> int:
+        return math.prod(self.sizes[atom] for atom in self.roles.get(role, ()))
 
 
 def _logit_stages(logits: ir.Value) -> tuple[ir.Operation, list[Stage]]:
@@ -372,7 +279,9 @@ def _check_stage_order(stages: list[Stage]) -> None:
     if len(fills) > 1:
         raise NoMatch(f"masks fill different values {sorted(fills)}")
     kinds = [s.kind for s in stages if s.kind in ("bias", "mask")]
-    if fills and not math.isinf(next(iter(fills))) and "mask" in kinds and "bias" in kinds[kinds.index("mask"):]:
+    masks = [s for s in stages if s.kind == "mask"]
+    if masks and "bias" in kinds[kinds.index("mask"):] and not absorbs_logits(
+            masks[0].value, layout.element_type(masks[0].output)):
         raise NoMatch("a bias is added after a finite mask fill, so masked logits are not the fill value")
 
 
@@ -418,7 +327,7 @@ def analyze(probs: ir.Value, captures: dict[str, Any]) -> Site:
     qk_dot, stages = _logit_stages(logits)
     _check_stage_order(stages)
     site = Site(probs, path.pv_dot, qk_dot, stages)
-    _assign_roles(site, logits, reduce_dim, path.layout_ops, path.p_operand)
+    _assign_roles(site, reduce_dim, path)
     site.result, site.result_labels = site.pv_dot.results[0], site.out_labels
     if normalized_after:
         chain = captures["output_chain"]
@@ -466,149 +375,41 @@ def _ops_between(source: ir.Value, sink: ir.Value) -> frozenset[ir.Operation]:
     return frozenset(ops)
 
 
-def _assign_roles(site: Site, logits: ir.Value, reduce_dim: int, pv_chain: list[ir.Operation],
-                  p_operand: ir.Value) -> None:
-    qk = site.qk_dot
-    dims = DotDims.of(qk)
-    if len(dims.lhs_contract) != 1:
-        raise NoMatch("the q·k dot contracts more than one dim")
-    out_shape = _shape(qk.results[0])
-    lhs_rank, rhs_rank = len(_shape(qk.operands[0])), len(_shape(qk.operands[1]))
-    lhs_free, rhs_free = dims.free(lhs_rank, "lhs"), dims.free(rhs_rank, "rhs")
-    nb = len(dims.lhs_batch)
-    # Find which output dim the softmax reduces over: follow unique placeholder atoms forward.
-    temp_sizes = {f"d{i}": n for i, n in enumerate(out_shape)}
-    temp = layout.normalize(tuple((f"d{i}",) for i in range(len(out_shape))), temp_sizes)
-    layout_ops = [defining_op(s.output) for s in site.stages if s.kind in ("layout", "convert")]
-    reduced = _forward_labels(temp, layout_ops, temp_sizes)[reduce_dim]
-    if len(reduced) != 1:
-        raise NoMatch("the softmax does not reduce over a single key dim of the q·k dot")
-    s_out = int(reduced[0][1:])
-    if nb + len(lhs_free) <= s_out < len(out_shape) and len(rhs_free) == 1:
-        q_side, k_side, q_free = 0, 1, lhs_free
-    elif nb <= s_out < nb + len(lhs_free) and len(lhs_free) == 1:
-        q_side, k_side, q_free = 1, 0, rhs_free
-    else:
-        raise NoMatch("the softmax reduces over a dim that is not the key's only free dim")
-    q, k = qk.operands[q_side], qk.operands[k_side]
-    q_batch = dims.lhs_batch if q_side == 0 else dims.rhs_batch
-    k_batch = dims.rhs_batch if q_side == 0 else dims.lhs_batch
-    q_contract = (dims.lhs_contract if q_side == 0 else dims.rhs_contract)[0]
-    k_contract = (dims.rhs_contract if q_side == 0 else dims.lhs_contract)[0]
-    q_shape, k_shape = _shape(q), _shape(k)
+def _assign_roles(site: Site, reduce_dim: int, path: ProbsPath) -> None:
+    """Reads every dim's role (hlofuse.ir.attention_dims) and takes q, k and v from their sources."""
+    stages = site.stages
+    parts = SiteOps(site.qk_dot, [s.output for s in stages], [s.operand for s in stages if s.operand is not None],
+                    reduce_dim, path.layout_ops, site.pv_dot, path.p_operand)
+    try:
+        dims = analyze_dims(parts)
+    except DimsError as reason:
+        raise NoMatch(str(reason)) from None
+    site.sizes.update(dims.sizes)
+    site.roles = dims.roles
+    site.input_labels["qk_out"], site.out_labels = dims.qk_out, dims.pv_out
+    site.scale *= dims.q.scale * dims.k.scale
+    for role, source in (("q", dims.q), ("k", dims.k), ("v", dims.v)):
+        site.inputs[role], site.input_labels[role] = source.value, source.labels
 
-    if nb not in (0, 1, 2):
-        raise NoMatch(f"the q·k dot has {nb} batch dims; expected batch and heads")
-    group_dim = None
-    if len(q_free) == 2:
-        group_dim = _group_dim_of_query(q, q_batch[-1] if q_batch else None, q_free)
-        if group_dim is None:
-            raise NoMatch("the query has two free dims and neither is a head group")
-    elif len(q_free) != 1:
-        raise NoMatch("the query has no sequence dim")
-    t_dim = next(d for d in q_free if d != group_dim)
-    heads_batch = nb - 1 if nb else None
-    sizes = site.sizes
-    sizes.update(B=q_shape[q_batch[0]] if nb == 2 else 1, T=q_shape[t_dim], H=q_shape[q_contract],
-                 S=k_shape[dims.free(len(k_shape), "rhs" if k_side == 1 else "lhs")[0]])
-    heads = q_shape[q_batch[heads_batch]] if heads_batch is not None else 1
-    sizes.update(K=heads, G=q_shape[group_dim] if group_dim is not None else 1)
-    k_heads_dim = k_batch[heads_batch] if heads_batch is not None else None
 
-    # Repeated K/V (GQA written as jnp.repeat or broadcast+reshape): kv heads are fewer.
-    v_side = 1 if p_operand == site.pv_dot.operands[0] else 0
-    v = site.pv_dot.operands[v_side]
-    k_repeat = _kv_repeat(k, k_heads_dim) if k_heads_dim is not None and group_dim is None else None
-    if k_repeat is not None:
-        sizes.update(K=heads // k_repeat[1], G=k_repeat[1])
-    heads_label: tuple[str, ...] = ("K",) if group_dim is not None else ("K", "G")
-    if nb == 1 and group_dim is None and k_repeat is None:
-        # One batch-like dim and no head groups: batch and heads are interchangeable here, and calling it
-        # the batch lets per-sequence lengths index it (jnp.matmul drops a unit heads or batch dim).
-        sizes.update(B=heads, K=1)
-        heads_label = ("B",)
-    batch_labels = [("B",), heads_label] if nb == 2 else [heads_label] if nb == 1 else []
+@dataclass(frozen=True)
+class Term:
+    """One bias or mask tensor the site reads: its smallest carrier (broadcasts looked through) and labels.
+    A mask term with `negated` marks the visible entries where it is false."""
 
-    def label_q(d: int) -> tuple[str, ...]:
-        if d in q_batch:
-            return batch_labels[q_batch.index(d)]
-        return ("G",) if d == group_dim else ("T",) if d == t_dim else ("H",)
-
-    def label_k(d: int) -> tuple[str, ...]:
-        return batch_labels[k_batch.index(d)] if d in k_batch else ("H",) if d == k_contract else ("S",)
-
-    q_labels = layout.normalize([label_q(d) for d in range(len(q_shape))], sizes)
-    k_labels = layout.normalize([label_k(d) for d in range(len(k_shape))], sizes)
-    lhs_labels, rhs_labels = (q_labels, k_labels) if q_side == 0 else (k_labels, q_labels)
-    lhs_b, rhs_b = dims.lhs_batch, dims.rhs_batch
-    qk_out = [lhs_labels[d] for d in lhs_b] + [lhs_labels[d] for d in dims.free(len(lhs_labels), "lhs")] + \
-        [rhs_labels[d] for d in dims.free(len(rhs_labels), "rhs")]
-    del rhs_b
-    qk_out_labels = tuple(qk_out)
-    if not layout.consistent(qk_out_labels, out_shape, sizes):
-        raise NoMatch("the q·k dot's dims do not fit batch, heads, query and key roles")
-    site.input_labels["qk_out"] = qk_out_labels
-
-    # The P·V dot: contracts the key dim; v gives the value head dim.
-    p_labels = _forward_labels(_forward_labels(qk_out_labels, [defining_op(s.output) for s in site.stages
-                                                                if s.kind in ("layout", "convert")], sizes),
-                               pv_chain, sizes)
-    pv = DotDims.of(site.pv_dot)
-    p_batch = pv.lhs_batch if v_side == 1 else pv.rhs_batch
-    v_batch = pv.rhs_batch if v_side == 1 else pv.lhs_batch
-    p_contract = pv.lhs_contract if v_side == 1 else pv.rhs_contract
-    v_contract = pv.rhs_contract if v_side == 1 else pv.lhs_contract
-    if len(p_contract) != 1 or p_labels[p_contract[0]] != ("S",):
-        raise NoMatch("the P·V dot does not contract the key dim")
-    v_shape = _shape(v)
-    v_free = [d for d in range(len(v_shape)) if d not in v_batch + v_contract]
-    if len(v_free) != 1:
-        raise NoMatch("the value has more than one free dim")
-    sizes["D"] = v_shape[v_free[0]]
-
-    def label_v(d: int) -> tuple[str, ...]:
-        if d in v_batch:
-            return p_labels[p_batch[v_batch.index(d)]]
-        return ("S",) if d in v_contract else ("D",)
-
-    v_labels = layout.normalize([label_v(d) for d in range(len(v_shape))], sizes)
-    p_free = [d for d in range(len(p_labels)) if d not in p_batch + p_contract]
-    pv_out = [p_labels[d] for d in p_batch]
-    free_labels = [p_labels[d] for d in p_free]
-    pv_out += ([v_labels[v_free[0]]] + free_labels) if v_side == 0 else (free_labels + [v_labels[v_free[0]]])
-    site.out_labels = tuple(pv_out)
-    if not layout.consistent(site.out_labels, _shape(site.pv_dot.results[0]), sizes):
-        raise NoMatch("the P·V dot's dims do not fit batch, heads, query and value-head roles")
-    atoms = sorted(a for label in site.out_labels for a in label)
-    if atoms != sorted(a for a in "BKGTD" if sizes[a] != 1):
-        raise NoMatch("the P·V dot's output mixes roles the kernels cannot produce")
-
-    # Canonical inputs.
-    prescaled = _prescaled(q)
-    if prescaled is not None:
-        source, factor, ops = prescaled
-        q_labels = _backward_labels(q_labels, ops, sizes, "the scaled query")
-        site.scale *= factor
-        q = source
-    site.inputs["q"], site.input_labels["q"] = q, q_labels
-    for role, value, labels in (("k", k, k_labels), ("v", v, v_labels)):
-        heads_dim = next((d for d, lb in enumerate(labels) if "K" in lb or "G" in lb), None)
-        repeat = _kv_repeat(value, heads_dim) if heads_dim is not None and group_dim is None else None
-        if repeat is not None and repeat[1] != sizes["G"]:
-            raise NoMatch("k and v are repeated by different group counts")
-        if repeat is None and sizes["G"] > 1 and group_dim is None:
-            raise NoMatch(f"{role} is not repeated like the other of k and v")
-        if repeat is not None:
-            source, _, ops = repeat
-            value, labels = source, _backward_labels(labels, ops, sizes, f"{role}'s repeat")
-        site.inputs[role], site.input_labels[role] = value, labels
+    value: ir.Value
+    labels: Labels
+    negated: bool = False
 
 
 def _read_stages(site: Site) -> None:
+    """Scale, soft-cap, masks and biases from the stages. A bias that is `select(m, 0, fill)` with a fill
+    that absorbs any logit (`s + fill == fill`) is the mask `m` written additively (PyTorch and Hugging
+    Face build masks that way); a sum of biases is read term by term."""
     sizes = site.sizes
     labels = site.input_labels["qk_out"]
     conjunction = MaskTerms()
-    bias_uses: list[tuple[ir.Value, Labels]] = []
+    biases: list[tuple[ir.Value, Labels]] = []
     for stage in site.stages:
         op = defining_op(stage.output)
         if stage.kind in ("layout", "convert"):
@@ -618,26 +419,123 @@ def _read_stages(site: Site) -> None:
         elif stage.kind == "softcap":
             site.softcap = stage.value
         elif stage.kind == "bias":
-            bias_uses.append((stage.operand, labels))
+            for value, term_labels, additive in _bias_terms(stage.operand, labels, sizes):
+                if additive is None:
+                    biases.append((value, term_labels))
+                    continue
+                _set_fill(site, additive.fill)
+                _add_mask(conjunction, analyze_mask(additive.pred, additive.labels, sizes, negated=additive.inverted))
         elif stage.kind == "mask":
-            site.masked_value = stage.value
-            terms = analyze_mask(stage.operand, labels, sizes, negated=stage.inverted)
-            conjunction.atoms += terms.atoms
-            conjunction.opaque += terms.opaque
-            conjunction.always_false |= terms.always_false
+            _set_fill(site, stage.value)
+            _add_mask(conjunction, analyze_mask(stage.operand, labels, sizes, negated=stage.inverted))
     if conjunction.always_false:
         raise NoMatch("the mask is constant false")
-    if len(bias_uses) > 1:
-        raise NoMatch("more than one additive bias")
-    if bias_uses:
-        _set_dense_input(site, "bias", *bias_uses[0])
+    for value, term_labels in biases:
+        _set_dense_input(site, "bias", value, term_labels)
     leftover = _read_atoms(site, conjunction.atoms)
-    opaque = conjunction.opaque + [Opaque(atom.value, atom.labels, atom.negated) for atom in leftover]
-    if len(opaque) > 1:
-        raise NoMatch("the mask combines more than one boolean tensor that is not an iota pattern")
-    if opaque:
-        _set_dense_input(site, "mask", opaque[0].value, opaque[0].labels)
-        site.mask_negated = opaque[0].negated
+    for opaque in conjunction.opaque + [Opaque(atom.value, atom.labels, atom.negated) for atom in leftover]:
+        _set_dense_input(site, "mask", opaque.value, opaque.labels, opaque.negated)
+
+
+def _add_mask(conjunction: MaskTerms, terms: MaskTerms) -> None:
+    conjunction.atoms += terms.atoms
+    conjunction.opaque += terms.opaque
+    conjunction.always_false |= terms.always_false
+
+
+def _set_fill(site: Site, fill: float) -> None:
+    if site.masked_fill_set and site.masked_value != fill and not (math.isnan(fill) and math.isnan(site.masked_value)):
+        raise NoMatch(f"masks fill different values {sorted((site.masked_value, fill))}")
+    site.masked_value, site.masked_fill_set = fill, True
+
+
+@dataclass(frozen=True)
+class AdditiveMask:
+    """`select(pred, 0, fill)` (or `select(pred, fill, 0)`, `inverted`) as a bias: the mask `pred`."""
+
+    pred: ir.Value
+    labels: Labels
+    fill: float
+    inverted: bool
+
+
+# A fill absorbs a logit s when s + fill rounds to fill: -inf always, a finite fill when half its unit in
+# the last place exceeds any logit (2**64 is far beyond any softmax input that is not already inf/NaN).
+_ABSORBED_LOGIT = 2.0**64
+_BIAS_LAYOUT = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
+
+
+def absorbs_logits(fill: float, element_type: ir.Type) -> bool:
+    if fill == float("-inf"):
+        return True
+    if not fill < 0 or math.isinf(fill):
+        return False
+    finfo = np.finfo(_np_float(element_type))
+    ulp = 2.0 ** (math.floor(math.log2(-fill)) - int(finfo.nmant))
+    return ulp / 2 > _ABSORBED_LOGIT
+
+
+def _np_float(element_type: ir.Type) -> Any:  # noqa: ANN401
+    import ml_dtypes
+
+    return {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16, "f64": np.float64}.get(
+        str(element_type), np.float32)
+
+
+def _bias_terms(value: ir.Value, labels: Labels,
+                sizes: dict[str, int]) -> list[tuple[ir.Value, Labels, AdditiveMask | None]]:
+    """The summands of a bias (through adds and layout ops), each a plain bias or an additive mask."""
+    found = _additive_mask(value, labels, sizes)
+    if found is not None:
+        return [(value, labels, found)]
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.add":
+        return [t for operand in op.operands for t in _bias_terms(operand, labels, sizes)]
+    if op is not None and op.name in _BIAS_LAYOUT and op.name != "stablehlo.convert":
+        inner = layout.backward(op, labels, sizes)
+        if inner is not None:
+            terms = _bias_terms(op.operands[0], layout.normalize(inner, sizes), sizes)
+            if any(t[2] is not None for t in terms):
+                return terms
+    return [(value, labels, None)]
+
+
+def _additive_mask(value: ir.Value, labels: Labels, sizes: dict[str, int]) -> AdditiveMask | None:
+    """`select(m, 0, fill)` seen through layout ops and multiplies by a positive constant (which scale
+    the fill), with a fill that absorbs the logits in the bias's element type."""
+    element_type = layout.element_type(value)
+    factor = 1.0
+    while True:
+        op = defining_op(value)
+        if op is None:
+            return None
+        if op.name in _BIAS_LAYOUT:
+            inner = layout.backward(op, labels, sizes)
+            if inner is None:
+                return None
+            value, labels = op.operands[0], layout.normalize(inner, sizes)
+            continue
+        if op.name == "stablehlo.multiply":
+            c = constant_scalar(op.operands[1])
+            if c is None or c <= 0:
+                return None
+            factor *= c
+            value = op.operands[0]
+            continue
+        break
+    if op.name != "stablehlo.select":
+        return None
+    pred, on_true, on_false = op.operands
+    true_c, false_c = constant_scalar(on_true), constant_scalar(on_false)
+    if true_c == 0.0 and false_c is not None and absorbs_logits(false_c * factor, element_type):
+        return AdditiveMask(pred, labels, round_fill(false_c * factor, element_type), inverted=False)
+    if false_c == 0.0 and true_c is not None and absorbs_logits(true_c * factor, element_type):
+        return AdditiveMask(pred, labels, round_fill(true_c * factor, element_type), inverted=True)
+    return None
+
+
+def round_fill(fill: float, element_type: ir.Type) -> float:
+    return float(np.array(fill, dtype=_np_float(element_type)))
 
 
 # Below this fill, exp(fill - row max) is exactly 0 in f32, so re-masking changes only fully masked rows.
@@ -665,8 +563,8 @@ def _strip_broadcasts(value: ir.Value) -> ir.Value:
     return value
 
 
-def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels) -> None:
-    """Bias or mask: looks through broadcasts and layout ops to the smallest tensor that carries it."""
+def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels, negated: bool = False) -> None:
+    """A bias or mask term: looks through broadcasts and layout ops to the smallest tensor that carries it."""
     sizes = site.sizes
     while True:
         op = defining_op(value)
@@ -677,9 +575,17 @@ def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels) -> 
             break
         value, labels = op.operands[0], layout.normalize(inner, sizes)
     atoms = {a for label in labels for a in label}
-    if not atoms <= set("BKGTS"):
+    if atoms & set(site.roles["H"] + site.roles["D"]):
         raise NoMatch(f"the {role} varies along the head dim of q or v")
-    site.inputs[role], site.input_labels[role] = value, labels
+    if any(t.value == value for t in site.terms.get(role, [])):
+        return
+    site.terms.setdefault(role, []).append(Term(value, labels, negated))
+    carrier = max(site.terms[role], key=lambda t: len({a for label in t.labels for a in label}))
+    covered = {a for label in carrier.labels for a in label}
+    if any(not {a for label in t.labels for a in label} <= covered for t in site.terms[role]):
+        raise NoMatch(f"the {role}s {', '.join(str(_shape(t.value)) for t in site.terms[role])} vary along "
+                      "different dims, so none can carry their combination")
+    site.inputs[role], site.input_labels[role] = carrier.value, carrier.labels
 
 
 def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
@@ -757,21 +663,27 @@ def _set_length(site: Site, role: str, atom: Atom, adjust: int) -> bool:
 # ----- the rewrite ---------------------------------------------------------------------------------
 
 def _canonical_labels(role: str, site: Site) -> Labels:
-    sizes = site.sizes
+    """Canonical layouts over the site's role atoms: q (B,T,N,H), k (B,S,K,H), v (B,S,K,D), out (B,T,N,D),
+    bias and mask (B|1, N|1, T|1, S|1); N packs the kv-head atoms, then the group atoms."""
+    roles = site.roles
+
+    def r(*names: str) -> tuple[str, ...]:
+        return tuple(atom for name in names for atom in roles.get(name, ()))
+
     if role == "q":
-        spec = [("B",), ("T",), ("K", "G"), ("H",)]
+        spec = [r("B"), r("T"), r("K", "G"), r("H")]
     elif role in ("k", "v"):
-        spec = [("B",), ("S",), ("K",), ("H",) if role == "k" else ("D",)]
+        spec = [r("B"), r("S"), r("K"), r("H") if role == "k" else r("D")]
     elif role in ("bias", "mask"):
         present = {a for label in site.input_labels[role] for a in label}
-        heads = ("K", "G") if present & {"K", "G"} else ()
-        spec = [("B",) if "B" in present else (), heads, ("T",) if "T" in present else (),
-                ("S",) if "S" in present else ()]
+        heads = r("K", "G") if present & set(r("K", "G")) else ()
+        spec = [r("B") if present & set(r("B")) else (), heads, r("T") if "T" in present else (),
+                r("S") if "S" in present else ()]
     elif role == "out":
-        spec = [("B",), ("T",), ("K", "G"), ("D",)]
+        spec = [r("B"), r("T"), r("K", "G"), r("D")]
     else:
         raise ValueError(role)
-    return layout.normalize(spec, sizes)
+    return layout.normalize(spec, site.sizes)
 
 
 def _i32(like: ir.Value) -> ir.Type:
@@ -821,8 +733,8 @@ def _attributes(site: Site, roles: list[str]) -> dict[str, ir.Attribute]:
         "softcap": _f64(site.softcap),
         "masked_value": _f64(site.masked_value),
         "mask_kind": ir.StringAttr.get(mask_kind(roles)),
-        "num_heads": ir.IntegerAttr.get(i64, sizes["K"] * sizes["G"]),
-        "num_kv_heads": ir.IntegerAttr.get(i64, sizes["K"]),
+        "num_heads": ir.IntegerAttr.get(i64, site.role_size("K") * site.role_size("G")),
+        "num_kv_heads": ir.IntegerAttr.get(i64, site.role_size("K")),
         "layout": ir.StringAttr.get(layout_name),
         "decode": ir.BoolAttr.get(is_decode(sizes["T"], sizes["S"])),
         "zero_empty_rows": ir.BoolAttr.get(site.zero_empty_rows),
@@ -835,6 +747,7 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     sizes = site.sizes
     roles = [r for r in ATTENTION_OPERANDS if r in site.inputs or r in site.const_lengths]
     boundaries = {site.inputs[r]: r for r in roles if r in site.inputs}
+    boundaries.update({term.value: role for role, terms in site.terms.items() for term in terms})
     assert site.result is not None
     interior = build.backward_slice(site.result, boundaries)
     _check_escapes(site, interior, boundaries)
@@ -849,9 +762,10 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             value, labels = site.inputs[role], site.input_labels[role]
             if role.endswith("lengths"):
                 operands.append(_canonical_length(value, labels, site.length_adjust[role], sizes))
+            elif role in site.terms:
+                operands.append(_combined_terms(site, role))
             else:
-                canonical = layout.relayout(value, labels, _canonical_labels(role, site), sizes)
-                operands.append(stablehlo.not_(canonical) if role == "mask" and site.mask_negated else canonical)
+                operands.append(layout.relayout(value, labels, _canonical_labels(role, site), sizes))
 
     def body(args: Sequence[ir.Value]) -> list[ir.Value]:
         mapping: dict[ir.Value, ir.Value] = {}
@@ -860,12 +774,14 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
                 continue  # the original computes this bound from constants of its own
             original, labels = site.inputs[role], site.input_labels[role]
             if role.endswith("lengths"):
-                rebuilt = _rebuild_length(arg, site.length_adjust[role], original, labels, sizes)
-            else:
-                if role == "mask" and site.mask_negated:
-                    arg = stablehlo.not_(arg)
-                rebuilt = layout.relayout(arg, _canonical_labels(role, site), labels, sizes)
-            mapping.setdefault(original, rebuilt)
+                mapping.setdefault(original, _rebuild_length(arg, site.length_adjust[role], original, labels, sizes))
+                continue
+            for term in site.terms.get(role, [Term(original, labels)]):
+                if term.value == original:
+                    rebuilt = layout.relayout(arg, _canonical_labels(role, site), labels, sizes)
+                    mapping.setdefault(original, stablehlo.not_(rebuilt) if term.negated else rebuilt)
+                else:
+                    mapping.setdefault(term.value, _neutral(term, role))
         build.clone_ops(interior, mapping)
         out = mapping[site.result]
         return [layout.relayout(out, site.result_labels, _canonical_labels("out", site), sizes)]
@@ -880,6 +796,27 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     site.result.replace_all_uses_with(result)
     build.erase_dead(interior)
     return op
+
+
+def _combined_terms(site: Site, role: str) -> ir.Value:
+    """The canonical bias (the sum of the terms) or mask (the conjunction of the visible sets)."""
+    combined = None
+    for term in site.terms[role]:
+        canonical = layout.relayout(term.value, term.labels, _canonical_labels(role, site), site.sizes)
+        if term.negated:
+            canonical = stablehlo.not_(canonical)
+        if combined is None:
+            combined = canonical
+        else:
+            combined = (stablehlo.and_ if role == "mask" else stablehlo.add)(combined, canonical)
+    assert combined is not None
+    return combined
+
+
+def _neutral(term: Term, role: str) -> ir.Value:
+    """A term's value that changes nothing: 0 for a bias, all visible for a mask."""
+    visible = not term.negated
+    return layout.broadcast_scalar(0.0 if role == "bias" else visible, term.value)
 
 
 def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir.Value, str]) -> None:
