@@ -239,6 +239,7 @@ class Site:
     # inputs[role]) and a neutral value (0; all visible) for the others, which computes the same logits.
     terms: dict[str, list[Term]] = field(default_factory=dict)
     masked_fill_set: bool = False
+    logits_labels: Labels = ()  # of the softmax input (the last stage's result)
     # What the composite replaces: the P·V dot, or the divide after it when normalised there.
     result: ir.Value | None = None
     result_labels: Labels = ()
@@ -408,6 +409,8 @@ def _read_stages(site: Site) -> None:
     Face build masks that way); a sum of biases is read term by term."""
     sizes = site.sizes
     labels = site.input_labels["qk_out"]
+    site.logits_labels = _forward_labels(labels, [defining_op(s.output) for s in site.stages
+                                                  if s.kind in ("layout", "convert")], sizes)
     conjunction = MaskTerms()
     biases: list[tuple[ir.Value, Labels]] = []
     for stage in site.stages:
@@ -580,12 +583,11 @@ def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels, neg
     if any(t.value == value for t in site.terms.get(role, [])):
         return
     site.terms.setdefault(role, []).append(Term(value, labels, negated))
-    carrier = max(site.terms[role], key=lambda t: len({a for label in t.labels for a in label}))
-    covered = {a for label in carrier.labels for a in label}
-    if any(not {a for label in t.labels for a in label} <= covered for t in site.terms[role]):
-        raise NoMatch(f"the {role}s {', '.join(str(_shape(t.value)) for t in site.terms[role])} vary along "
-                      "different dims, so none can carry their combination")
-    site.inputs[role], site.input_labels[role] = carrier.value, carrier.labels
+    terms = site.terms[role]
+    carrier = max(terms, key=lambda t: len({a for label in t.labels for a in label}))
+    site.inputs[role] = carrier.value
+    site.input_labels[role] = layout.normalize([tuple(a for a in label if any(
+        a in tl for t in terms for tl in t.labels)) for label in site.logits_labels], site.sizes)
 
 
 def _read_atoms(site: Site, atoms: list[Atom]) -> list[Atom]:
@@ -751,6 +753,7 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     assert site.result is not None
     interior = build.backward_slice(site.result, boundaries)
     _check_escapes(site, interior, boundaries)
+    plan = _term_plan(site)
     location = site.pv_dot.location
     with location, ir.InsertionPoint(site.pv_dot):
         operands = []
@@ -776,13 +779,24 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             if role.endswith("lengths"):
                 mapping.setdefault(original, _rebuild_length(arg, site.length_adjust[role], original, labels, sizes))
                 continue
-            for term in site.terms.get(role, [Term(original, labels)]):
-                if term.value == original:
-                    rebuilt = layout.relayout(arg, _canonical_labels(role, site), labels, sizes)
-                    mapping.setdefault(original, stablehlo.not_(rebuilt) if term.negated else rebuilt)
+            if role not in site.terms:
+                mapping.setdefault(original, layout.relayout(arg, _canonical_labels(role, site), labels, sizes))
+                continue
+            for term in site.terms[role]:
+                if term is plan.carriers.get(role):
+                    rebuilt = layout.relayout(arg, _canonical_labels(role, site), term.labels, sizes)
+                    mapping.setdefault(term.value, stablehlo.not_(rebuilt) if term.negated else rebuilt)
                 else:
                     mapping.setdefault(term.value, _neutral(term, role))
-        build.clone_ops(interior, mapping)
+        if not plan.at_logits:
+            build.clone_ops(interior, mapping)
+        else:
+            logits_op = defining_op(plan.logits)
+            split = interior.index(logits_op) + 1 if logits_op in interior else 0
+            build.clone_ops(interior[:split], mapping)
+            at_logits = {role: arg for role, arg in zip(roles, args, strict=True) if role in plan.at_logits}
+            mapping[plan.logits] = _apply_at_logits(site, mapping.get(plan.logits, plan.logits), at_logits)
+            build.clone_ops(interior[split:], mapping)
         out = mapping[site.result]
         return [layout.relayout(out, site.result_labels, _canonical_labels("out", site), sizes)]
 
@@ -798,13 +812,69 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     return op
 
 
+@dataclass
+class TermPlan:
+    """How the decomposition reads several bias or mask terms from the one combined operand: through the
+    term whose dims cover the others' (`carriers`), or, where none does, applied to the logits after the
+    last stage (`at_logits`: + bias; select(mask, logits, fill)), with every term made neutral."""
+
+    logits: ir.Value
+    carriers: dict[str, Term] = field(default_factory=dict)
+    at_logits: list[str] = field(default_factory=list)
+
+
+def _term_plan(site: Site) -> TermPlan:
+    plan = TermPlan(site.stages[-1].output if site.stages else site.qk_dot.results[0])
+    for role, terms in site.terms.items():
+        carrier = max(terms, key=lambda t: len({a for label in t.labels for a in label}))
+        covered = {a for label in carrier.labels for a in label}
+        if all({a for label in t.labels for a in label} <= covered for t in terms):
+            plan.carriers[role] = carrier
+        else:
+            plan.at_logits.append(role)
+    if "bias" in plan.at_logits:
+        masks = [s for s in site.stages if s.kind == "mask"]
+        if site.zero_empty_rows or (masks and not absorbs_logits(site.masked_value, layout.element_type(plan.logits))):
+            raise NoMatch("the biases vary along different dims and a finite mask fill follows them")
+    if "mask" in plan.at_logits and site.zero_empty_rows:
+        raise NoMatch("the masks vary along different dims and the probabilities are masked again")
+    return plan
+
+
+def _apply_at_logits(site: Site, logits: ir.Value, combined: dict[str, ir.Value]) -> ir.Value:
+    """logits + bias, then select(mask, logits, fill), with the canonical operands laid out as the logits."""
+    sizes, labels, etype = site.sizes, site.logits_labels, layout.element_type(logits)
+    if "bias" in combined:
+        bias = layout.relayout(combined["bias"], _canonical_labels("bias", site), labels, sizes)
+        if layout.element_type(bias) != etype:
+            bias = stablehlo.convert(logits.type, bias)
+        logits = stablehlo.add(logits, bias)
+    if "mask" in combined:
+        mask = layout.relayout(combined["mask"], _canonical_labels("mask", site), labels, sizes)
+        logits = stablehlo.select(mask, logits, _splat(site.masked_value, logits))
+    return logits
+
+
+def _splat(number: float, like: ir.Value) -> ir.Value:
+    """`number` in `like`'s float type and shape (an f32 constant converted, then broadcast)."""
+    scalar = stablehlo.constant(ir.DenseElementsAttr.get(np.array(number, dtype=np.float32)))
+    etype = layout.element_type(like)
+    if etype != ir.F32Type.get():
+        scalar = stablehlo.convert(ir.RankedTensorType.get([], etype), scalar)
+    return stablehlo.broadcast_in_dim(like.type, scalar, [])
+
+
 def _combined_terms(site: Site, role: str) -> ir.Value:
     """The canonical bias (the sum of the terms) or mask (the conjunction of the visible sets)."""
     combined = None
-    for term in site.terms[role]:
+    terms = site.terms[role]
+    for term in terms:
         canonical = layout.relayout(term.value, term.labels, _canonical_labels(role, site), site.sizes)
         if term.negated:
             canonical = stablehlo.not_(canonical)
+        if len(terms) > 1 and role == "bias" and layout.element_type(canonical) != layout.element_type(terms[0].value):
+            canonical = stablehlo.convert(ir.RankedTensorType.get(list(_shape(canonical)),
+                                                                  layout.element_type(terms[0].value)), canonical)
         if combined is None:
             combined = canonical
         else:
