@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+from hlofuse.passes.prepare import inline_private_calls
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
@@ -936,6 +937,9 @@ class FuseAttentionPass(ModulePass):
     summary: ClassVar[str] = "Raise softmax(q·kᵀ)·v subgraphs to hlofuse.attention composites"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
+        # JAX outlines helpers (`@_where`, `@tril`) that sit inside the site: see through them, so the pass
+        # also works on its own (`hlofuse-opt --hlofuse-fuse-attention`), without hlofuse-prepare first.
+        state.count("inline_private_call", inline_private_calls(module))
         softmaxes, near_misses = _find_softmaxes(module)
         for exp in near_misses:
             state.remark(exp, "exp(x - max(x)) is not normalised by a divide into a softmax that feeds a dot "

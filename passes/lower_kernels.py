@@ -34,6 +34,7 @@ says how the operands arrive); Pallas and NKI calls then run per shard inside `s
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -155,6 +156,21 @@ def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module:
     composite.erase()
 
 
+def _with_result_types(kernel: Callable[..., Any], composite: ir.Operation) -> Callable[..., Any]:
+    """`kernel` returning the composite's result element types: a kernel computes in its inputs' dtype, and
+    a program may ask for another (bf16 q, k, v with an f32 P·V result), which the composite's type says."""
+    dtypes = [_DTYPES[str(ir.RankedTensorType(r.type).element_type)] for r in composite.results]
+
+    @functools.wraps(kernel)  # keeps the attributes the lowering reads (remark, lowering platforms)
+    def converted(*operands: Any) -> Any:  # noqa: ANN401
+        out = kernel(*operands)
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.astype(d) for o, d in zip(out, dtypes, strict=True))
+        return out.astype(dtypes[0])
+
+    return converted
+
+
 def composite_call(composite: ir.Operation) -> CompositeCall:
     name = ir.StringAttr(composite.attributes["name"]).value
     version = ir.IntegerAttr(composite.attributes["version"]).value if "version" in composite.attributes else 0
@@ -227,7 +243,7 @@ class LowerKernelsPass(ModulePass):
                 if keep_partitioned:
                     raise Unsupported("the module runs on several devices and multi_device=keep leaves every "
                                       "composite to XLA's partitioner")
-                kernel = _kernel(call, self.target, devices, self._mode_for(plan))
+                kernel = _with_result_types(_kernel(call, self.target, devices, self._mode_for(plan)), composite)
                 if self.multi_device == "local" and devices > 1 and self.target != "reference":
                     _check_local(plan, composite, self.target)
                 if plan is not None and plan.gathered and self.multi_device == "local":

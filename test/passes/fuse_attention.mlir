@@ -2026,6 +2026,354 @@ module @softmax_remasked attributes {mhlo.num_partitions = 1 : i32, mhlo.num_rep
 
 // -----
 
+// CHECK-LABEL: func.func public @bmm_folded(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: num_heads = 4 : i64
+// CHECK-SAME: num_kv_heads = 4 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @bmm_folded attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @bmm_folded(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.transpose %arg0, dims = [0, 2, 1, 3] : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+    %1 = stablehlo.reshape %0 : (tensor<2x4x16x8xf32>) -> tensor<8x16x8xf32>
+    %2 = stablehlo.transpose %arg1, dims = [0, 2, 3, 1] : (tensor<2x16x4x8xf32>) -> tensor<2x4x8x16xf32>
+    %3 = stablehlo.reshape %2 : (tensor<2x4x8x16xf32>) -> tensor<8x8x16xf32>
+    %4 = stablehlo.dot_general %1, %3, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<8x16x8xf32>, tensor<8x8x16xf32>) -> tensor<8x16x16xf32>
+    %5 = stablehlo.reshape %4 : (tensor<8x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<0.353553385> : tensor<f32>
+    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %7 = stablehlo.multiply %5, %6 : tensor<2x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = stablehlo.reduce(%7 init: %cst_0) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %10 = stablehlo.maximum %9, %8 : tensor<2x4x16xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %13 = stablehlo.subtract %7, %12 : tensor<2x4x16x16xf32>
+    %14 = stablehlo.exponential %13 : tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.reduce(%14 init: %cst_2) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %18 = stablehlo.divide %14, %17 : tensor<2x4x16x16xf32>
+    %19 = stablehlo.reshape %18 : (tensor<2x4x16x16xf32>) -> tensor<8x16x16xf32>
+    %20 = stablehlo.transpose %arg2, dims = [0, 2, 1, 3] : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+    %21 = stablehlo.reshape %20 : (tensor<2x4x16x8xf32>) -> tensor<8x16x8xf32>
+    %22 = stablehlo.dot_general %19, %21, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<8x16x16xf32>, tensor<8x16x8xf32>) -> tensor<8x16x8xf32>
+    %23 = stablehlo.reshape %22 : (tensor<8x16x8xf32>) -> tensor<2x4x16x8xf32>
+    %24 = stablehlo.transpose %23, dims = [0, 2, 1, 3] : (tensor<2x4x16x8xf32>) -> tensor<2x16x4x8xf32>
+    return %24 : tensor<2x16x4x8xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @repeat_kv_bmm_additive_causal(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-SAME: num_heads = 4 : i64
+// CHECK-SAME: num_kv_heads = 2 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @repeat_kv_bmm_additive_causal attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @repeat_kv_bmm_additive_causal(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x2x8xf32>, %arg2: tensor<2x16x2x8xf32>, %arg3: tensor<2x16xi1>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.transpose %arg0, dims = [0, 2, 1, 3] : (tensor<2x16x4x8xf32>) -> tensor<2x4x16x8xf32>
+    %1 = stablehlo.reshape %0 : (tensor<2x4x16x8xf32>) -> tensor<8x16x8xf32>
+    %2 = stablehlo.transpose %arg1, dims = [0, 2, 1, 3] : (tensor<2x16x2x8xf32>) -> tensor<2x2x16x8xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0, 1, 3, 4] : (tensor<2x2x16x8xf32>) -> tensor<2x2x1x16x8xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1, 2, 3, 4] : (tensor<2x2x1x16x8xf32>) -> tensor<2x2x2x16x8xf32>
+    %5 = stablehlo.reshape %4 : (tensor<2x2x2x16x8xf32>) -> tensor<2x4x16x8xf32>
+    %6 = stablehlo.transpose %5, dims = [0, 1, 3, 2] : (tensor<2x4x16x8xf32>) -> tensor<2x4x8x16xf32>
+    %7 = stablehlo.reshape %6 : (tensor<2x4x8x16xf32>) -> tensor<8x8x16xf32>
+    %8 = stablehlo.dot_general %1, %7, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<8x16x8xf32>, tensor<8x8x16xf32>) -> tensor<8x16x16xf32>
+    %9 = stablehlo.reshape %8 : (tensor<8x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<0.353553385> : tensor<f32>
+    %10 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %11 = stablehlo.multiply %9, %10 : tensor<2x4x16x16xf32>
+    %12 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %14 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0] : (tensor<16xi32>) -> tensor<16x1xi32>
+    %16 = stablehlo.broadcast_in_dim %13, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %17 = stablehlo.broadcast_in_dim %15, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %18 = stablehlo.compare LE, %16, %17, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %20 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %21 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %22 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x1x16x16xi1>
+    %23 = stablehlo.and %21, %22 : tensor<2x1x16x16xi1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_1 = stablehlo.constant dense<-3.40282347E+38> : tensor<f32>
+    %24 = call @_where(%23, %cst_0, %cst_1) : (tensor<2x1x16x16xi1>, tensor<f32>, tensor<f32>) -> tensor<2x1x16x16xf32>
+    %cst_2 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x1x16x16xf32>
+    %26 = stablehlo.multiply %24, %25 : tensor<2x1x16x16xf32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %28 = stablehlo.add %11, %27 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %29 = stablehlo.reduce(%28 init: %cst_3) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %30 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %31 = stablehlo.maximum %30, %29 : tensor<2x4x16xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %33 = stablehlo.broadcast_in_dim %32, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %34 = stablehlo.subtract %28, %33 : tensor<2x4x16x16xf32>
+    %35 = stablehlo.exponential %34 : tensor<2x4x16x16xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %36 = stablehlo.reduce(%35 init: %cst_5) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %38 = stablehlo.broadcast_in_dim %37, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %39 = stablehlo.divide %35, %38 : tensor<2x4x16x16xf32>
+    %40 = stablehlo.reshape %39 : (tensor<2x4x16x16xf32>) -> tensor<8x16x16xf32>
+    %41 = stablehlo.transpose %arg2, dims = [0, 2, 1, 3] : (tensor<2x16x2x8xf32>) -> tensor<2x2x16x8xf32>
+    %42 = stablehlo.broadcast_in_dim %41, dims = [0, 1, 3, 4] : (tensor<2x2x16x8xf32>) -> tensor<2x2x1x16x8xf32>
+    %43 = stablehlo.broadcast_in_dim %42, dims = [0, 1, 2, 3, 4] : (tensor<2x2x1x16x8xf32>) -> tensor<2x2x2x16x8xf32>
+    %44 = stablehlo.reshape %43 : (tensor<2x2x2x16x8xf32>) -> tensor<2x4x16x8xf32>
+    %45 = stablehlo.reshape %44 : (tensor<2x4x16x8xf32>) -> tensor<8x16x8xf32>
+    %46 = stablehlo.dot_general %40, %45, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [DEFAULT, DEFAULT] : (tensor<8x16x16xf32>, tensor<8x16x8xf32>) -> tensor<8x16x8xf32>
+    %47 = stablehlo.reshape %46 : (tensor<8x16x8xf32>) -> tensor<2x4x16x8xf32>
+    %48 = stablehlo.transpose %47, dims = [0, 2, 1, 3] : (tensor<2x4x16x8xf32>) -> tensor<2x16x4x8xf32>
+    return %48 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<2x1x16x16xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x1x16x16xf32>
+    %2 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<2x1x16x16xf32>
+    %3 = stablehlo.select %arg0, %1, %2 : tensor<2x1x16x16xi1>, tensor<2x1x16x16xf32>
+    return %3 : tensor<2x1x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sdpa_bool_to_bias(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @sdpa_bool_to_bias attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sdpa_bool_to_bias(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %1 = stablehlo.not %0 : tensor<2x1x1x16xi1>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %2 = call @_where(%1, %cst, %cst_0) : (tensor<2x1x1x16xi1>, tensor<f32>, tensor<f32>) -> tensor<2x1x1x16xf32>
+    %3 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0.353553385> : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %5 = stablehlo.multiply %3, %4 : tensor<2x4x16x16xf32>
+    %6 = stablehlo.convert %2 : tensor<2x1x1x16xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x4x16x16xf32>
+    %8 = stablehlo.add %5, %7 : tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = stablehlo.reduce(%8 init: %cst_2) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %11 = stablehlo.maximum %10, %9 : tensor<2x4x16xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %14 = stablehlo.subtract %8, %13 : tensor<2x4x16x16xf32>
+    %15 = stablehlo.exponential %14 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %16 = stablehlo.reduce(%15 init: %cst_4) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %19 = stablehlo.divide %15, %18 : tensor<2x4x16x16xf32>
+    %20 = stablehlo.dot_general %arg2, %19, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %21 = stablehlo.transpose %20, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %21 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x1x16xi1>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<2x1x1x16xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<2x1x1x16xi1>, tensor<2x1x1x16xf32>
+    return %2 : tensor<2x1x1x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @mqa_squeezed_head(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: num_heads = 4 : i64
+// CHECK-SAME: num_kv_heads = 1 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @mqa_squeezed_head attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @mqa_squeezed_head(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x1x8xf32>, %arg2: tensor<2x16x1x8xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.reshape %arg1 : (tensor<2x16x1x8xf32>) -> tensor<2x16x8xf32>
+    %1 = stablehlo.dot_general %0, %arg0, batching_dims = [0] x [0], contracting_dims = [2] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x16x16x4xf32>
+    %2 = stablehlo.transpose %1, dims = [0, 3, 2, 1] : (tensor<2x16x16x4xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<2.82842708> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %4 = stablehlo.divide %2, %3 : tensor<2x4x16x16xf32>
+    %c = stablehlo.constant dense<true> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = call @tril(%5) : (tensor<16x16xi1>) -> tensor<16x16xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = call @_where(%6, %4, %cst_0) : (tensor<16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = stablehlo.reduce(%7 init: %cst_1) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %10 = stablehlo.maximum %9, %8 : tensor<2x4x16xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %13 = stablehlo.subtract %7, %12 : tensor<2x4x16x16xf32>
+    %14 = stablehlo.exponential %13 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.reduce(%14 init: %cst_3) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %18 = stablehlo.divide %14, %17 : tensor<2x4x16x16xf32>
+    %19 = stablehlo.reshape %arg2 : (tensor<2x16x1x8xf32>) -> tensor<2x16x8xf32>
+    %20 = stablehlo.dot_general %19, %18, batching_dims = [0] x [0], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x8x4x16xf32>
+    %21 = stablehlo.transpose %20, dims = [0, 3, 2, 1] : (tensor<2x8x4x16xf32>) -> tensor<2x16x4x8xf32>
+    return %21 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xi1>) -> tensor<16x16xi1> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xi1>
+    return %6 : tensor<16x16xi1>
+  }
+  func.func private @_where(%arg0: tensor<16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @two_masks_and_two_biases(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "additive+boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @two_masks_and_two_biases attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @two_masks_and_two_biases(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>, %arg4: tensor<2x16x16xi1>, %arg5: tensor<4x16x16xf32>, %arg6: tensor<2x16xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %3 = stablehlo.broadcast_in_dim %arg5, dims = [1, 2, 3] : (tensor<4x16x16xf32>) -> tensor<1x4x16x16xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1, 2, 3] : (tensor<1x4x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %5 = stablehlo.add %2, %4 : tensor<2x4x16x16xf32>
+    %6 = stablehlo.broadcast_in_dim %arg6, dims = [0, 3] : (tensor<2x16xf32>) -> tensor<2x1x1x16xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x4x16x16xf32>
+    %8 = stablehlo.add %5, %7 : tensor<2x4x16x16xf32>
+    %c = stablehlo.constant dense<true> : tensor<i1>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %10 = call @tril(%9) : (tensor<16x16xi1>) -> tensor<16x16xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = call @_where(%10, %8, %cst_0) : (tensor<16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %12 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %13 = call @_where_0(%12, %11, %cst_1) : (tensor<2x1x1x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %14 = stablehlo.broadcast_in_dim %arg4, dims = [0, 2, 3] : (tensor<2x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %15 = call @_where_1(%14, %13, %cst_2) : (tensor<2x1x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %16 = stablehlo.reduce(%15 init: %cst_3) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %17 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %18 = stablehlo.maximum %17, %16 : tensor<2x4x16xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %21 = stablehlo.subtract %15, %20 : tensor<2x4x16x16xf32>
+    %22 = stablehlo.exponential %21 : tensor<2x4x16x16xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %23 = stablehlo.reduce(%22 init: %cst_5) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %26 = stablehlo.divide %22, %25 : tensor<2x4x16x16xf32>
+    %27 = stablehlo.dot_general %arg2, %26, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %28 = stablehlo.transpose %27, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %28 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xi1>) -> tensor<16x16xi1> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xi1>
+    return %6 : tensor<16x16xi1>
+  }
+  func.func private @_where(%arg0: tensor<16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+  func.func private @_where_0(%arg0: tensor<2x1x1x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+  func.func private @_where_1(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @bf16_f32_output(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @bf16_f32_output attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @bf16_f32_output(%arg0: tensor<2x16x4x8xbf16>, %arg1: tensor<2x16x4x8xbf16>, %arg2: tensor<2x16x4x8xbf16>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xbf16>, tensor<2x16x4x8xbf16>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<2x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = stablehlo.reduce(%2 init: %cst_0) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %5 = stablehlo.maximum %4, %3 : tensor<2x4x16xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %8 = stablehlo.subtract %2, %7 : tensor<2x4x16x16xf32>
+    %9 = stablehlo.exponential %8 : tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %10 = stablehlo.reduce(%9 init: %cst_2) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %13 = stablehlo.divide %9, %12 : tensor<2x4x16x16xf32>
+    %14 = stablehlo.convert %13 : (tensor<2x4x16x16xf32>) -> tensor<2x4x16x16xbf16>
+    %15 = stablehlo.dot_general %arg2, %14, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xbf16>, tensor<2x4x16x16xbf16>) -> tensor<2x4x8x16xf32>
+    %16 = stablehlo.transpose %15, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %16 : tensor<2x16x4x8xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @no_match_remasked_by_other_mask(
 // CHECK-NOT: stablehlo.composite "hlofuse.attention"
 // REMARK: remark: [hlofuse-fuse-attention]

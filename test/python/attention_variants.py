@@ -287,6 +287,70 @@ def no_match_grad(q, k, v):
     return jax.grad(lambda q: causal_tril_inf(q, k, v).sum())(q)
 
 
+def bmm_folded(q, k, v):
+    """PyTorch's matmul on 4-D tensors (torchax): batch and heads folded into one dim around each bmm."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    qf = q.transpose(0, 2, 1, 3).reshape(b * n, t, h)
+    kf = k.transpose(0, 2, 3, 1).reshape(b * n, h, s)
+    scores = jax.lax.batch_matmul(qf, kf).reshape(b, n, t, s) * (h**-0.5)
+    probs = jax.nn.softmax(scores, axis=-1).reshape(b * n, t, s)
+    out = jax.lax.batch_matmul(probs, v.transpose(0, 2, 1, 3).reshape(b * n, s, h))
+    return out.reshape(b, n, t, h).transpose(0, 2, 1, 3)
+
+
+def repeat_kv_bmm_additive_causal(q, k, v, pad):
+    """Hugging Face eager attention as torchax lowers it: repeat_kv by expand + reshape, bmm-folded dims,
+    and a (B, 1, T, S) additive mask `where(causal & padding, 0, finfo.min)`."""
+    b, t, n, h = q.shape
+    s, kv = k.shape[1], k.shape[2]
+
+    def repeat(x):  # (B, S, K, H) -> (B, N, S, H)
+        x = x.transpose(0, 2, 1, 3)[:, :, None]
+        return jnp.broadcast_to(x, (b, kv, n // kv, s, h)).reshape(b, n, s, h)
+
+    qf = q.transpose(0, 2, 1, 3).reshape(b * n, t, h)
+    kf = repeat(k).transpose(0, 1, 3, 2).reshape(b * n, h, s)
+    scores = jax.lax.batch_matmul(qf, kf).reshape(b, n, t, s) * (h**-0.5)
+    visible = (jnp.arange(s)[None, :] <= jnp.arange(t)[:, None])[None, None] & pad[:, None, None, :]
+    scores = scores + jnp.where(visible, 0.0, jnp.finfo(jnp.float32).min) * 1.0
+    probs = jax.nn.softmax(scores, axis=-1).reshape(b * n, t, s)
+    out = jax.lax.batch_matmul(probs, repeat(v).reshape(b * n, s, h))
+    return out.reshape(b, n, t, h).transpose(0, 2, 1, 3)
+
+
+def sdpa_bool_to_bias(q, k, v, pad):
+    """torch sdpa with a boolean attn_mask (torchax): the mask becomes a -inf bias, added after the scale."""
+    bias = jnp.where(jnp.logical_not(pad[:, None, None, :]), -jnp.inf, 0.0)
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k) * (q.shape[-1] ** -0.5) + bias
+    return _softmax_attend(scores, v)
+
+
+def mqa_squeezed_head(q, k, v):
+    """One kv head with its dim squeezed away: q (B,T,N,H) against k, v (B,S,H)."""
+    scores = jnp.einsum("btnh,bsh->bnts", q, k[:, :, 0]) / np.sqrt(q.shape[-1])
+    mask = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    probs = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
+    return jnp.einsum("bnts,bsh->btnh", probs, v[:, :, 0])
+
+
+def two_masks_and_two_biases(q, k, v, pad, seg_mask, bias_heads, bias_keys):
+    """Causal, a key padding vector and a (B,T,S) mask in separate wheres; a per-head and a per-key bias."""
+    t, s = q.shape[1], k.shape[1]
+    scores = _logits(q, k) * 0.125 + bias_heads[None] + bias_keys[:, None, None, :]
+    scores = jnp.where(jnp.tril(jnp.ones((t, s), bool)), scores, -jnp.inf)
+    scores = jnp.where(pad[:, None, None, :], scores, -jnp.inf)
+    scores = jnp.where(seg_mask[:, None], scores, -jnp.inf)
+    return _softmax_attend(scores, v)
+
+
+def bf16_f32_output(q, k, v):
+    """bf16 q, k, v whose dots return f32 (preferred_element_type): the composite's result is f32."""
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * 0.125
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v, preferred_element_type=jnp.float32)
+
+
 F32, BF16 = jnp.float32, jnp.bfloat16
 I32, BOOL = jnp.int32, jnp.bool_
 
@@ -360,6 +424,17 @@ VARIANTS: tuple[Variant, ...] = (
             expect={"causal": True, "mask_kind": "lengths"}),
     Variant("softmax_remasked", softmax_remasked, _qkv() + (((B,), I32),),
             expect={"zero_empty_rows": True, "mask_kind": "lengths"}),
+    Variant("bmm_folded", bmm_folded, _qkv(), expect={"num_heads": N, "num_kv_heads": N}),
+    Variant("repeat_kv_bmm_additive_causal", repeat_kv_bmm_additive_causal, _qkv(k=K) + (((B, T), BOOL),),
+            expect={"causal": True, "num_heads": N, "num_kv_heads": K, "mask_kind": "boolean"}),
+    Variant("sdpa_bool_to_bias", sdpa_bool_to_bias, _qkv() + (((B, T), BOOL),),
+            expect={"mask_kind": "boolean"}),
+    Variant("mqa_squeezed_head", mqa_squeezed_head, _qkv(k=1), expect={"causal": True, "num_heads": N,
+                                                                       "num_kv_heads": 1}),
+    Variant("two_masks_and_two_biases", two_masks_and_two_biases,
+            _qkv() + (((B, T), BOOL), ((B, T, T), BOOL), ((N, T, T), F32), ((B, T), F32)),
+            expect={"causal": True, "mask_kind": "additive+boolean"}),
+    Variant("bf16_f32_output", bf16_f32_output, _qkv(dtype=BF16)),
     Variant("no_match_remasked_by_other_mask", no_match_remasked_by_other_mask, _qkv() + (((B,), I32),), sites=0),
     Variant("no_match_softmax_without_dot", no_match_softmax_without_dot, _qkv(), sites=0),
     Variant("no_match_probs_escape", no_match_probs_escape, _qkv(), sites=0),
