@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import inspect
 import logging
 import os
@@ -506,6 +507,72 @@ def test_entry_point_through_a_temporary_registration(tmp_path):
     (dist / "entry_points.txt").write_text("[jax_plugins]\nhlofuse = hlofuse.jax.plugin\n")
     path = os.pathsep.join([str(PYTHON_DIR), str(tmp_path), os.environ.get("PYTHONPATH", "")])
     check_no_import_run(run_python(NO_IMPORT, {"PYTHONPATH": path}))
+
+
+# A deviceless TPU compile loads libtpu by itself and starts JAX's backends (and so the jax_plugins entry
+# point) only inside compile_or_get_cached: the hook must already be there, armed at `import jax`.
+FIRST_COMPILE_DEVICELESS_TPU = """
+import sys, jax, jax.numpy as jnp
+from jax.experimental import topologies
+topo = topologies.get_topology_desc("v5e:1x1", "tpu", chips_per_host_bounds=(1, 1, 1))
+jax.config.update("jax_default_device", topo.devices[0])
+sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
+x = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.float32, sharding=sharding)
+def attention(q, k, v):
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+options = {"hlofuse_pipeline": "default", "hlofuse_strict": True}
+compiled = jax.jit(attention, compiler_options=options).lower(x, x, x).compile()
+print("tpu_custom_call" in compiled.as_text())
+"""
+
+
+def installed_with_entry_point():
+    return any(p.value == "hlofuse.jax.plugin" for p in importlib.metadata.entry_points(group="jax_plugins"))
+
+
+def test_first_compile_deviceless_tpu_needs_no_import():
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip('libtpu is not installed (pip install -e ".[tpu]")')
+    if not installed_with_entry_point():
+        pytest.skip("hlofuse is not installed (pip install -e .)")
+    # libtpu takes /tmp/libtpu_lockfile even without a TPU; other processes on a shared host may hold it.
+    result = run_python(FIRST_COMPILE_DEVICELESS_TPU, {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "True", "the attention was not lowered to the Mosaic kernel"
+
+
+def test_startup_finder_installs_the_hook_at_import_jax():
+    # What hlofuse-jax.pth does, in a process that has not imported jax: the hook is in place right after
+    # `import jax`, with the backends (and so the entry point) not started.
+    code = (
+        f"import sys; sys.path.insert(0, {str(PYTHON_DIR)!r})\n"
+        "import hlofuse.jax.startup as s; s.arm()\n"
+        "import jax\n"
+        "from jax._src import compiler, xla_bridge\n"
+        "print(hasattr(compiler.compile_or_get_cached, '_hlofuse_original'), xla_bridge._plugins_registered,\n"
+        "      any(isinstance(f, s.InstallAfterJaxImport) for f in sys.meta_path))\n"
+    )
+    result = run_python(code, {"HLOFUSE_STARTUP_HOOK": "1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "False", "False"]
+    disabled = run_python(code, {"HLOFUSE_STARTUP_HOOK": "0"})
+    assert disabled.stdout.split() == ["False", "False", "False"], disabled.stderr
+
+
+def test_startup_finder_leaves_a_find_spec_without_import_alone():
+    # importlib.util.find_spec("jax") alone must not disarm it: the hook still comes with the real import.
+    code = (
+        f"import sys, importlib.util; sys.path.insert(0, {str(PYTHON_DIR)!r})\n"
+        "import hlofuse.jax.startup as s; s.arm()\n"
+        "assert importlib.util.find_spec('jax') is not None and 'jax' not in sys.modules\n"
+        "import jax\n"
+        "from jax._src import compiler\n"
+        "print(hasattr(compiler.compile_or_get_cached, '_hlofuse_original'), type(jax.__spec__.loader).__name__)\n"
+    )
+    result = run_python(code, {})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "SourceFileLoader"]
 
 
 # ----------------------------------------------------------------------------- the default pipeline

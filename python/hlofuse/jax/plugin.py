@@ -3,6 +3,8 @@
 It registers no PJRT backend. It only installs the compile hook, so that
 `jax.jit(f, compiler_options={"hlofuse_pipeline": "default"})` works without `import hlofuse`.
 JAX merely logs an exception raised here, so on an untested jax this warns (once) instead.
+`hlofuse.jax.startup` calls `initialize()` earlier, right after `import jax`: a deviceless TPU compile
+starts the backends only inside its first compile.
 """
 
 from __future__ import annotations
