@@ -24,6 +24,7 @@ that is not a top-k writing when the draw after it fuses as the temperature fall
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -107,40 +108,76 @@ def _forward_values(value: ir.Value, depth: int) -> list[ir.Value]:
 # ----- templates -----------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
-def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int) -> str:
-    """The form's `writing` lowered for these logits, with sentinel parameters, after hlofuse-prepare."""
-    from hlofuse.pipeline import run_pipeline
+# The platforms JAX lowers for. Some primitives lower differently on each (threefry2x32: a rolled loop on the
+# CPU, unrolled rounds elsewhere), so a program matches the template lowered for its own platform, which the
+# module does not record: each site tries every platform's lowering, the last one that matched first.
+PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
+_last_platform = ["cpu"]  # the platform of the last site fused (a hint for the order only; races are harmless)
+_OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
+
+@functools.lru_cache(maxsize=256)
+def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int) -> jax.stages.Traced:
+    """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform)."""
     form = FORMS[form_name]
     fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
                            min_p=SENTINELS["min_p"])
-    lowered = jax.jit(fn).lower(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]),
-                                jax.ShapeDtypeStruct((2,), jnp.uint32))
+    return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct((2,), jnp.uint32))
+
+
+@functools.lru_cache(maxsize=1024)
+def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
+                   platform: str) -> tuple[str, frozenset[str]]:
+    """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops."""
+    from hlofuse.pipeline import run_pipeline
+
+    lowered = _traced(form_name, writing, shape, dtype, k).lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
     module = ir.Module.parse(module.operation.get_asm(binary=True), context=module.context)
     run_pipeline(module, "builtin.module(hlofuse-prepare)")
-    return str(module)
+    text = str(module)
+    return text, frozenset(_OP_NAME.findall(text))
 
 
 @dataclass(frozen=True)
 class Template:
     root: ir.Value
     args: list[ir.Value]
+    platform: str
 
 
-def _template(form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-              context: ir.Context, keep_alive: list[object]) -> Template:
-    """The template parsed into the program's context. Its module goes into `keep_alive` (the run's
-    PassState), because the template's values must outlive this call for as long as the run matches."""
-    module = ir.Module.parse(_template_text(form.name, writing, shape, dtype, k), context=context)
-    keep_alive.append(module)
-    main = next(op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main")
-    block = main.regions[0].blocks[0]
-    args = list(block.arguments)
-    if not form.stochastic:
-        args = args[:1]
-    return Template(list(block.operations)[-1].operation.operands[0], args)
+class Templates:
+    """The templates one run parsed into the program's context, by text. Their modules also go into
+    `keep_alive` (the run's PassState): the template's values must outlive every match of the run."""
+
+    def __init__(self, context: ir.Context, keep_alive: list[object]) -> None:
+        self.context = context
+        self.keep_alive = keep_alive
+        self.parsed: dict[str, tuple[ir.Value, list[ir.Value]]] = {}
+
+    def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
+                 ops_present: set[str]) -> Iterator[Template]:
+        """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
+        in the program."""
+        order = [_last_platform[0], *(p for p in PLATFORMS if p != _last_platform[0])]
+        seen: set[str] = set()
+        for platform in order:
+            text, names = _template_text(form.name, writing, shape, dtype, k, platform)
+            if text in seen or not names <= ops_present:
+                continue
+            seen.add(text)
+            root, args = self._parse(text)
+            yield Template(root, args if form.stochastic else args[:1], platform)
+
+    def _parse(self, text: str) -> tuple[ir.Value, list[ir.Value]]:
+        if text not in self.parsed:
+            module = ir.Module.parse(text, context=self.context)
+            self.keep_alive.append(module)
+            main = next(op for op in module.body.operations
+                        if ir.StringAttr(op.attributes["sym_name"]).value == "main")
+            block = main.regions[0].blocks[0]
+            self.parsed[text] = (list(block.operations)[-1].operation.operands[0], list(block.arguments))
+        return self.parsed[text]
 
 
 # ----- one site ------------------------------------------------------------------------------------
@@ -228,23 +265,24 @@ def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[TopK],
                 yield form, writing, shape, dtype, top_k.k
 
 
-def analyze(argmax: ir.Operation, top_ks: list[TopK], ops_present: set[str], keep_alive: list[object]) -> Site:
+def analyze(argmax: ir.Operation, top_ks: list[TopK], ops_present: set[str], templates: Templates) -> Site:
     noisy = _has_noise(argmax.operands[0])
     tried: list[str] = []
     for form, writing, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
         if dtype not in _DTYPES:
             continue
-        template = _template(form, writing, shape, dtype, k, argmax.context, keep_alive)
-        root_name = defining_op(template.root).name
         if form.name not in tried:
             tried.append(form.name)
-        for root in _forward_values(argmax.results[1], _SEARCH_FORWARD):
-            op = defining_op(root)
-            if op is None or op.name != root_name or str(root.type) != str(template.root.type):
-                continue
-            found = match_template(root, template.root, template.args, SENTINELS)
-            if found is not None:
-                return Site(form, root, found, k)
+        for template in templates.for_site(form, writing, shape, dtype, k, ops_present):
+            root_name = defining_op(template.root).name
+            for root in _forward_values(argmax.results[1], _SEARCH_FORWARD):
+                op = defining_op(root)
+                if op is None or op.name != root_name or str(root.type) != str(template.root.type):
+                    continue
+                found = match_template(root, template.root, template.args, SENTINELS)
+                if found is not None:
+                    _last_platform[0] = template.platform
+                    return Site(form, root, found, k)
     what = "Gumbel-perturbed logits" if noisy else "logits"
     raise NoMatch(f"argmax over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})")
 
@@ -374,15 +412,17 @@ class FuseSamplingPass(ModulePass):
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         failed: set[ir.Operation] = set()  # never erased, so these handles stay valid
-        while self._fuse_one(module, state, failed):
+        templates = Templates(module.context, state.keep_alive)
+        while self._fuse_one(module, state, failed, templates):
             pass  # each rewrite erases ops: collect the sites afresh
 
-    def _fuse_one(self, module: ir.Operation, state: PassState, failed: set[ir.Operation]) -> bool:
+    def _fuse_one(self, module: ir.Operation, state: PassState, failed: set[ir.Operation],
+                  templates: Templates) -> bool:
         for argmax, top_ks, names in list(_sites(module)):
             if argmax in failed:
                 continue
             try:
-                site = analyze(argmax, top_ks, names, state.keep_alive)
+                site = analyze(argmax, top_ks, names, templates)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 rewrite(site, module)
             except NoMatch as reason:

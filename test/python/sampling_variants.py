@@ -33,11 +33,15 @@ class Variant:
     remark: str | None = None  # a remark a fused variant must still give (a part of it left unfused)
 
 
-def lower(variant: Variant) -> Any:  # noqa: ANN401
+def lower(variant: Variant, platform: str | None = None) -> Any:  # noqa: ANN401
+    """The variant lowered for the host, or for `platform` ("tpu", "cuda", ...: JAX lowers for any platform
+    on a CPU-only host, and some ops lower differently on each)."""
     args = [jax.ShapeDtypeStruct(variant.shape, variant.dtype)]
     if variant.stochastic:
         args.append(jax.ShapeDtypeStruct((2,), jnp.uint32))
-    return jax.jit(variant.fn).lower(*args)
+    if platform is None:
+        return jax.jit(variant.fn).lower(*args)
+    return jax.jit(variant.fn).trace(*args).lower(lowering_platforms=(platform,))
 
 
 # --- greedy ---------------------------------------------------------------------------------------

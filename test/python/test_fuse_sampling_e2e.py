@@ -8,6 +8,7 @@ alone, plus the native CPU kernel where it takes the composite. Logits come in s
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -102,6 +103,37 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
             want = runs["original"](*args)[0]
             for name, run in runs.items():
                 np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+
+
+def _fusion(module: ir.Module) -> tuple[list[dict], list[str]]:
+    """The sample composites' attributes and the remarks (without locations) of the sampling pass."""
+    result = run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    remarks = [str(r).split("remark: ", 1)[-1] for r in result.remarks]
+    return [dataclasses.asdict(a) for a in sample_attrs(module)], remarks
+
+
+@pytest.mark.parametrize("platform", ["tpu", "cuda"])
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_variant_lowered_for_another_platform_fuses_as_for_the_cpu(variant: Variant, platform: str) -> None:
+    """JAX lowers threefry as a rolled loop on the CPU and unrolled for TPU and GPU: the templates are lowered
+    for each platform, so a program lowered for any of them fuses to the same composite. The module lowered for
+    `platform` is portable StableHLO, so the CPU runs it: its fused and reference-lowered forms draw its tokens."""
+    want = _fusion(clone_module(lower(variant).compiler_ir("stablehlo")))
+    original = lower(variant, platform).compiler_ir("stablehlo")
+    fused = clone_module(original)
+    assert _fusion(fused) == want
+    if variant.form is None:
+        return
+    referenced = clone_module(fused)
+    assert run_pipeline(referenced, "builtin.module(hlofuse-lower-kernels{target=reference})").counters[
+        "sample_to_reference"] == 1
+    runs = [compile_module(clone_module(m)) for m in (original, referenced)]
+    dtype = np.dtype(ml_dtypes.bfloat16) if variant.dtype == jax.numpy.bfloat16 else np.dtype(variant.dtype)
+    for case in ("normal", "ties"):
+        logits = logits_cases(variant.shape, dtype)[case]
+        for seed in range(2 if variant.stochastic else 1):
+            args = [logits] + ([np.array([seed, 77], np.uint32)] if variant.stochastic else [])
+            np.testing.assert_array_equal(runs[1](*args)[0], runs[0](*args)[0], err_msg=f"{case} seed {seed}")
 
 
 def test_constants_shared_with_the_rest_of_the_program_do_not_block_fusion() -> None:

@@ -188,7 +188,7 @@ class Form:
         return self.mode != "greedy"
 
 
-_NOISE = ("stablehlo.while",)  # threefry's rounds
+_NOISE: tuple[str, ...] = ()  # threefry lowers per platform (a while loop on the CPU only): no marker
 def _by_argsort(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
     """`fn` with its top-k taken by top_k_by_argsort: the sort replaces lax.top_k among the markers."""
     markers = tuple(op for op in markers if op != "chlo.top_k")
