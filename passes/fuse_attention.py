@@ -38,6 +38,7 @@ from hlofuse.ir import build, layout
 from hlofuse.ir.attention_dims import SiteOps, analyze_dims
 from hlofuse.ir.dims import DimsError
 from hlofuse.ir.layout import Labels
+from hlofuse.ir.mask_eval import Band, as_grid, band_table, evaluate, fit_band
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
 from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match
 from hlofuse.pipeline import ModulePass, PassState
@@ -402,6 +403,7 @@ class Term:
     value: ir.Value
     labels: Labels
     negated: bool = False
+    zero_one: bool = False  # a 0/1 number, visible where it is not 0
 
 
 def _read_stages(site: Site) -> None:
@@ -437,8 +439,30 @@ def _read_stages(site: Site) -> None:
     for value, term_labels in biases:
         _set_dense_input(site, "bias", value, term_labels)
     leftover = _read_atoms(site, conjunction.atoms)
-    for opaque in conjunction.opaque + [Opaque(atom.value, atom.labels, atom.negated) for atom in leftover]:
-        _set_dense_input(site, "mask", opaque.value, opaque.labels, opaque.negated)
+    terms = conjunction.opaque + [Opaque(atom.value, atom.labels, atom.negated) for atom in leftover]
+    for opaque in _fold_constant_bands(site, terms):
+        _set_dense_input(site, "mask", opaque.value, opaque.labels, opaque.negated, opaque.zero_one)
+
+
+def _fold_constant_bands(site: Site, terms: list[Opaque]) -> list[Opaque]:
+    """Mask terms computed from iotas and constants alone are evaluated (hlofuse.ir.mask_eval); if, ANDed
+    with the band read so far, they are exactly a band, the band becomes the attributes and the terms
+    go. Returns the terms that stay mask operands (all of them when no band fits)."""
+    sizes = site.sizes
+    constant: list[Opaque] = []
+    table = band_table(sizes["T"], sizes["S"], Band(site.causal, site.window_left, site.window_right, site.q_offset))
+    for term in terms:
+        array = evaluate(term.value)
+        grid = as_grid(array != 0, term.labels, sizes) if array is not None else None
+        if grid is not None:
+            constant.append(term)
+            table = table & (~grid if term.negated else grid)
+    band = fit_band(table) if constant else None
+    if band is None:
+        return terms
+    site.causal, site.window_left, site.q_offset = band.causal, band.window_left, band.q_offset
+    site.window_right = 0 if band.causal else band.window_right
+    return [term for term in terms if term not in constant]
 
 
 def _add_mask(conjunction: MaskTerms, terms: MaskTerms) -> None:
@@ -567,7 +591,8 @@ def _strip_broadcasts(value: ir.Value) -> ir.Value:
     return value
 
 
-def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels, negated: bool = False) -> None:
+def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels, negated: bool = False,
+                     zero_one: bool = False) -> None:
     """A bias or mask term: looks through broadcasts and layout ops to the smallest tensor that carries it."""
     sizes = site.sizes
     while True:
@@ -583,7 +608,7 @@ def _set_dense_input(site: Site, role: str, value: ir.Value, labels: Labels, neg
         raise NoMatch(f"the {role} varies along the head dim of q or v")
     if any(t.value == value for t in site.terms.get(role, [])):
         return
-    site.terms.setdefault(role, []).append(Term(value, labels, negated))
+    site.terms.setdefault(role, []).append(Term(value, labels, negated, zero_one))
     terms = site.terms[role]
     carrier = max(terms, key=lambda t: len({a for label in t.labels for a in label}))
     site.inputs[role] = carrier.value
@@ -786,7 +811,10 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             for term in site.terms[role]:
                 if term is plan.carriers.get(role):
                     rebuilt = layout.relayout(arg, _canonical_labels(role, site), term.labels, sizes)
-                    mapping.setdefault(term.value, stablehlo.not_(rebuilt) if term.negated else rebuilt)
+                    rebuilt = stablehlo.not_(rebuilt) if term.negated else rebuilt
+                    if term.zero_one:
+                        rebuilt = stablehlo.convert(term.value.type, rebuilt)
+                    mapping.setdefault(term.value, rebuilt)
                 else:
                     mapping.setdefault(term.value, _neutral(term, role))
         if not plan.at_logits:
@@ -871,6 +899,8 @@ def _combined_terms(site: Site, role: str) -> ir.Value:
     terms = site.terms[role]
     for term in terms:
         canonical = layout.relayout(term.value, term.labels, _canonical_labels(role, site), site.sizes)
+        if term.zero_one:
+            canonical = _is_nonzero(canonical)
         if term.negated:
             canonical = stablehlo.not_(canonical)
         if len(terms) > 1 and role == "bias" and layout.element_type(canonical) != layout.element_type(terms[0].value):
@@ -887,7 +917,23 @@ def _combined_terms(site: Site, role: str) -> ir.Value:
 def _neutral(term: Term, role: str) -> ir.Value:
     """A term's value that changes nothing: 0 for a bias, all visible for a mask."""
     visible = not term.negated
+    if term.zero_one:
+        return _splat(float(visible), term.value) if _is_float(term.value) else layout.broadcast_scalar(
+            int(visible), term.value)
     return layout.broadcast_scalar(0.0 if role == "bias" else visible, term.value)
+
+
+def _is_float(value: ir.Value) -> bool:
+    return isinstance(layout.element_type(value), ir.FloatType)
+
+
+def _is_nonzero(value: ir.Value) -> ir.Value:
+    """value != 0, elementwise (a 0/1 number as a boolean)."""
+    zero = _splat(0.0, value) if _is_float(value) else layout.broadcast_scalar(0, value)
+    direction = stablehlo.ComparisonDirectionAttr.get("NE")
+    kind = stablehlo.ComparisonTypeAttr.get("FLOAT" if _is_float(value) else "SIGNED")
+    i1 = ir.RankedTensorType.get(list(_shape(value)), ir.IntegerType.get_signless(1))
+    return stablehlo.CompareOp(i1, value, zero, direction, compare_type=kind).result
 
 
 def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir.Value, str]) -> None:

@@ -2374,6 +2374,411 @@ module @bf16_f32_output attributes {mhlo.num_partitions = 1 : i32, mhlo.num_repl
 
 // -----
 
+// CHECK-LABEL: func.func public @causal_by_cumsum(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "none"
+// CHECK-SAME: q_offset = 0 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @causal_by_cumsum attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @causal_by_cumsum(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %1 = call @cumsum(%0) : (tensor<16xi32>) -> tensor<16xi32>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %3 = stablehlo.subtract %1, %2 : tensor<16xi32>
+    %4 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %c_1 = stablehlo.constant dense<3> : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %6 = stablehlo.multiply %4, %5 : tensor<16xi32>
+    %c_2 = stablehlo.constant dense<3> : tensor<i32>
+    %7 = call @floor_divide(%6, %c_2) : (tensor<16xi32>, tensor<i32>) -> tensor<16xi32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %9 = stablehlo.broadcast_in_dim %3, dims = [0] : (tensor<16xi32>) -> tensor<16x1xi32>
+    %10 = stablehlo.broadcast_in_dim %8, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %11 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %12 = stablehlo.compare LE, %10, %11, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %13 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %15 = stablehlo.multiply %13, %14 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %16 = call @_where_1(%12, %15, %cst_3) : (tensor<16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_4) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %19 = stablehlo.maximum %18, %17 : tensor<2x4x16xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %22 = stablehlo.subtract %16, %21 : tensor<2x4x16x16xf32>
+    %23 = stablehlo.exponential %22 : tensor<2x4x16x16xf32>
+    %cst_6 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %24 = stablehlo.reduce(%23 init: %cst_6) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %27 = stablehlo.divide %23, %26 : tensor<2x4x16x16xf32>
+    %28 = stablehlo.dot_general %arg2, %27, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %29 = stablehlo.transpose %28, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %29 : tensor<2x16x4x8xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<16xi32>) -> tensor<16xi32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<16xi32>) -> tensor<16xi32>
+    return %0 : tensor<16xi32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<16xi32>) -> tensor<16xi32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<i32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[15, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 16>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<i32>, %arg2: tensor<i32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<i32>
+      stablehlo.return %2 : tensor<i32>
+    }) : (tensor<16xi32>, tensor<i32>) -> tensor<16xi32>
+    return %1 : tensor<16xi32>
+  }
+  func.func private @floor_divide(%arg0: tensor<16xi32>, %arg1: tensor<i32>) -> tensor<16xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<16xi32>
+    %3 = stablehlo.sign %arg0 : tensor<16xi32>
+    %4 = stablehlo.sign %0 : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %6 = stablehlo.compare NE, %3, %5, SIGNED : (tensor<16xi32>, tensor<16xi32>) -> tensor<16xi1>
+    %7 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %8 = stablehlo.remainder %arg0, %7 : tensor<16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %10 = stablehlo.compare NE, %8, %9, SIGNED : (tensor<16xi32>, tensor<16xi32>) -> tensor<16xi1>
+    %11 = stablehlo.and %6, %10 : tensor<16xi1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<16xi32>
+    %13 = stablehlo.subtract %2, %12 : tensor<16xi32>
+    %14 = call @_where(%11, %13, %2) : (tensor<16xi1>, tensor<16xi32>, tensor<16xi32>) -> tensor<16xi32>
+    return %14 : tensor<16xi32>
+  }
+  func.func private @_where(%arg0: tensor<16xi1>, %arg1: tensor<16xi32>, %arg2: tensor<16xi32>) -> tensor<16xi32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<16xi1>, tensor<16xi32>
+    return %0 : tensor<16xi32>
+  }
+  func.func private @_where_1(%arg0: tensor<16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @chunked_causal_and_padding(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @chunked_causal_and_padding attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @chunked_causal_and_padding(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0] : (tensor<16xi32>) -> tensor<16x1xi32>
+    %2 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %c = stablehlo.constant dense<4> : tensor<i32>
+    %4 = call @floor_divide(%1, %c) : (tensor<16x1xi32>, tensor<i32>) -> tensor<16x1xi32>
+    %c_0 = stablehlo.constant dense<4> : tensor<i32>
+    %5 = call @floor_divide_0(%3, %c_0) : (tensor<1x16xi32>, tensor<i32>) -> tensor<1x16xi32>
+    %6 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %7 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %8 = stablehlo.compare EQ, %6, %7, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %9 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %10 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %11 = stablehlo.compare LE, %9, %10, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %12 = stablehlo.and %8, %11 : tensor<16x16xi1>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %14 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %15 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %16 = stablehlo.broadcast_in_dim %14, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xi1>) -> tensor<2x1x16x16xi1>
+    %17 = stablehlo.and %15, %16 : tensor<2x1x16x16xi1>
+    %18 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %19 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %20 = stablehlo.multiply %18, %19 : tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %21 = call @_where_2(%17, %20, %cst_1) : (tensor<2x1x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %22 = stablehlo.reduce(%21 init: %cst_2) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %24 = stablehlo.maximum %23, %22 : tensor<2x4x16xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %27 = stablehlo.subtract %21, %26 : tensor<2x4x16x16xf32>
+    %28 = stablehlo.exponential %27 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %29 = stablehlo.reduce(%28 init: %cst_4) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %31 = stablehlo.broadcast_in_dim %30, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %32 = stablehlo.divide %28, %31 : tensor<2x4x16x16xf32>
+    %33 = stablehlo.dot_general %arg2, %32, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %34 = stablehlo.transpose %33, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %34 : tensor<2x16x4x8xf32>
+  }
+  func.func private @floor_divide(%arg0: tensor<16x1xi32>, %arg1: tensor<i32>) -> tensor<16x1xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<16x1xi32>
+    %3 = stablehlo.sign %arg0 : tensor<16x1xi32>
+    %4 = stablehlo.sign %0 : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %6 = stablehlo.compare NE, %3, %5, SIGNED : (tensor<16x1xi32>, tensor<16x1xi32>) -> tensor<16x1xi1>
+    %7 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %8 = stablehlo.remainder %arg0, %7 : tensor<16x1xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %10 = stablehlo.compare NE, %8, %9, SIGNED : (tensor<16x1xi32>, tensor<16x1xi32>) -> tensor<16x1xi1>
+    %11 = stablehlo.and %6, %10 : tensor<16x1xi1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %13 = stablehlo.subtract %2, %12 : tensor<16x1xi32>
+    %14 = call @_where(%11, %13, %2) : (tensor<16x1xi1>, tensor<16x1xi32>, tensor<16x1xi32>) -> tensor<16x1xi32>
+    return %14 : tensor<16x1xi32>
+  }
+  func.func private @_where(%arg0: tensor<16x1xi1>, %arg1: tensor<16x1xi32>, %arg2: tensor<16x1xi32>) -> tensor<16x1xi32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<16x1xi1>, tensor<16x1xi32>
+    return %0 : tensor<16x1xi32>
+  }
+  func.func private @floor_divide_0(%arg0: tensor<1x16xi32>, %arg1: tensor<i32>) -> tensor<1x16xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<1x16xi32>
+    %3 = stablehlo.sign %arg0 : tensor<1x16xi32>
+    %4 = stablehlo.sign %0 : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %6 = stablehlo.compare NE, %3, %5, SIGNED : (tensor<1x16xi32>, tensor<1x16xi32>) -> tensor<1x16xi1>
+    %7 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %8 = stablehlo.remainder %arg0, %7 : tensor<1x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %10 = stablehlo.compare NE, %8, %9, SIGNED : (tensor<1x16xi32>, tensor<1x16xi32>) -> tensor<1x16xi1>
+    %11 = stablehlo.and %6, %10 : tensor<1x16xi1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %13 = stablehlo.subtract %2, %12 : tensor<1x16xi32>
+    %14 = call @_where_1(%11, %13, %2) : (tensor<1x16xi1>, tensor<1x16xi32>, tensor<1x16xi32>) -> tensor<1x16xi32>
+    return %14 : tensor<1x16xi32>
+  }
+  func.func private @_where_1(%arg0: tensor<1x16xi1>, %arg1: tensor<1x16xi32>, %arg2: tensor<1x16xi32>) -> tensor<1x16xi32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<1x16xi1>, tensor<1x16xi32>
+    return %0 : tensor<1x16xi32>
+  }
+  func.func private @_where_2(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @chunked_float_mask(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = false
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @chunked_float_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @chunked_float_mask(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0] : (tensor<16xi32>) -> tensor<16x1xi32>
+    %c = stablehlo.constant dense<4> : tensor<i32>
+    %2 = call @floor_divide(%1, %c) : (tensor<16x1xi32>, tensor<i32>) -> tensor<16x1xi32>
+    %3 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %c_0 = stablehlo.constant dense<4> : tensor<i32>
+    %5 = call @floor_divide_0(%4, %c_0) : (tensor<1x16xi32>, tensor<i32>) -> tensor<1x16xi32>
+    %6 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %7 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %8 = stablehlo.compare EQ, %6, %7, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %9 = stablehlo.convert %8 : (tensor<16x16xi1>) -> tensor<16x16xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [2, 3] : (tensor<16x16xf32>) -> tensor<1x1x16x16xf32>
+    %11 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %12 = stablehlo.convert %11 : (tensor<2x1x1x16xi1>) -> tensor<2x1x1x16xf32>
+    %13 = stablehlo.broadcast_in_dim %10, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xf32>) -> tensor<2x1x16x16xf32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x1x16x16xf32>
+    %15 = stablehlo.multiply %13, %14 : tensor<2x1x16x16xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %16 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x1x16x16xf32>
+    %17 = stablehlo.compare GT, %15, %16, FLOAT : (tensor<2x1x16x16xf32>, tensor<2x1x16x16xf32>) -> tensor<2x1x16x16xi1>
+    %18 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %19 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %20 = stablehlo.multiply %18, %19 : tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %21 = call @_where_2(%17, %20, %cst_2) : (tensor<2x1x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %22 = stablehlo.reduce(%21 init: %cst_3) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %24 = stablehlo.maximum %23, %22 : tensor<2x4x16xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %27 = stablehlo.subtract %21, %26 : tensor<2x4x16x16xf32>
+    %28 = stablehlo.exponential %27 : tensor<2x4x16x16xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %29 = stablehlo.reduce(%28 init: %cst_5) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %31 = stablehlo.broadcast_in_dim %30, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %32 = stablehlo.divide %28, %31 : tensor<2x4x16x16xf32>
+    %33 = stablehlo.dot_general %arg2, %32, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %34 = stablehlo.transpose %33, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %34 : tensor<2x16x4x8xf32>
+  }
+  func.func private @floor_divide(%arg0: tensor<16x1xi32>, %arg1: tensor<i32>) -> tensor<16x1xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<16x1xi32>
+    %3 = stablehlo.sign %arg0 : tensor<16x1xi32>
+    %4 = stablehlo.sign %0 : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %6 = stablehlo.compare NE, %3, %5, SIGNED : (tensor<16x1xi32>, tensor<16x1xi32>) -> tensor<16x1xi1>
+    %7 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %8 = stablehlo.remainder %arg0, %7 : tensor<16x1xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %10 = stablehlo.compare NE, %8, %9, SIGNED : (tensor<16x1xi32>, tensor<16x1xi32>) -> tensor<16x1xi1>
+    %11 = stablehlo.and %6, %10 : tensor<16x1xi1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<16x1xi32>
+    %13 = stablehlo.subtract %2, %12 : tensor<16x1xi32>
+    %14 = call @_where(%11, %13, %2) : (tensor<16x1xi1>, tensor<16x1xi32>, tensor<16x1xi32>) -> tensor<16x1xi32>
+    return %14 : tensor<16x1xi32>
+  }
+  func.func private @_where(%arg0: tensor<16x1xi1>, %arg1: tensor<16x1xi32>, %arg2: tensor<16x1xi32>) -> tensor<16x1xi32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<16x1xi1>, tensor<16x1xi32>
+    return %0 : tensor<16x1xi32>
+  }
+  func.func private @floor_divide_0(%arg0: tensor<1x16xi32>, %arg1: tensor<i32>) -> tensor<1x16xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<1x16xi32>
+    %3 = stablehlo.sign %arg0 : tensor<1x16xi32>
+    %4 = stablehlo.sign %0 : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %6 = stablehlo.compare NE, %3, %5, SIGNED : (tensor<1x16xi32>, tensor<1x16xi32>) -> tensor<1x16xi1>
+    %7 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %8 = stablehlo.remainder %arg0, %7 : tensor<1x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %10 = stablehlo.compare NE, %8, %9, SIGNED : (tensor<1x16xi32>, tensor<1x16xi32>) -> tensor<1x16xi1>
+    %11 = stablehlo.and %6, %10 : tensor<1x16xi1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<1x16xi32>
+    %13 = stablehlo.subtract %2, %12 : tensor<1x16xi32>
+    %14 = call @_where_1(%11, %13, %2) : (tensor<1x16xi1>, tensor<1x16xi32>, tensor<1x16xi32>) -> tensor<1x16xi32>
+    return %14 : tensor<1x16xi32>
+  }
+  func.func private @_where_1(%arg0: tensor<1x16xi1>, %arg1: tensor<1x16xi32>, %arg2: tensor<1x16xi32>) -> tensor<1x16xi32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<1x16xi1>, tensor<1x16xi32>
+    return %0 : tensor<1x16xi32>
+  }
+  func.func private @_where_2(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @window_by_tril_difference(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-SAME: window_left = 3 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @window_by_tril_difference attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @window_by_tril_difference(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<16x16xf32>
+    %1 = call @tril(%0) : (tensor<16x16xf32>) -> tensor<16x16xf32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<16x16xf32>
+    %3 = call @tril_0(%2) : (tensor<16x16xf32>) -> tensor<16x16xf32>
+    %4 = stablehlo.subtract %1, %3 : tensor<16x16xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [2, 3] : (tensor<16x16xf32>) -> tensor<1x1x16x16xf32>
+    %6 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %7 = stablehlo.convert %6 : (tensor<2x1x1x16xi1>) -> tensor<2x1x1x16xf32>
+    %8 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xf32>) -> tensor<2x1x16x16xf32>
+    %9 = stablehlo.broadcast_in_dim %7, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x1x16x16xf32>
+    %10 = stablehlo.multiply %8, %9 : tensor<2x1x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x1x16x16xf32>
+    %12 = stablehlo.compare GT, %10, %11, FLOAT : (tensor<2x1x16x16xf32>, tensor<2x1x16x16xf32>) -> tensor<2x1x16x16xi1>
+    %13 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %15 = stablehlo.multiply %13, %14 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<-1.000000e+09> : tensor<f32>
+    %16 = call @_where(%12, %15, %cst_3) : (tensor<2x1x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_4) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %19 = stablehlo.maximum %18, %17 : tensor<2x4x16xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %22 = stablehlo.subtract %16, %21 : tensor<2x4x16x16xf32>
+    %23 = stablehlo.exponential %22 : tensor<2x4x16x16xf32>
+    %cst_6 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %24 = stablehlo.reduce(%23 init: %cst_6) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %27 = stablehlo.divide %23, %26 : tensor<2x4x16x16xf32>
+    %28 = stablehlo.dot_general %arg2, %27, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %29 = stablehlo.transpose %28, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %29 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<16x16xf32>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xf32>
+    return %6 : tensor<16x16xf32>
+  }
+  func.func private @tril_0(%arg0: tensor<16x16xf32>) -> tensor<16x16xf32> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<-4> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<16x16xf32>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xf32>
+    return %6 : tensor<16x16xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @no_match_remasked_by_other_mask(
 // CHECK-NOT: stablehlo.composite "hlofuse.attention"
 // REMARK: remark: [hlofuse-fuse-attention]

@@ -344,6 +344,40 @@ def two_masks_and_two_biases(q, k, v, pad, seg_mask, bias_heads, bias_keys):
     return _softmax_attend(scores, v)
 
 
+def causal_by_cumsum(q, k, v):
+    """Positions from a cumsum over ones and arange arithmetic: evaluated, it is the causal band."""
+    t, s = q.shape[1], k.shape[1]
+    q_pos = jnp.cumsum(jnp.ones((t,), jnp.int32)) - 1
+    k_pos = (jnp.arange(s) * 3) // 3
+    scores = jnp.where(k_pos[None, :] <= q_pos[:, None], _logits(q, k) * 0.125, -jnp.inf)
+    return _softmax_attend(scores, v)
+
+
+def chunked_causal_and_padding(q, k, v, pad):
+    """Chunked (block-local) causal attention ANDed with key padding: no band, so a constant mask operand."""
+    t, s = q.shape[1], k.shape[1]
+    qi, ki = jnp.arange(t)[:, None], jnp.arange(s)[None, :]
+    local = (qi // 4 == ki // 4) & (ki <= qi)
+    scores = jnp.where(local[None, None] & pad[:, None, None, :], _logits(q, k) * 0.125, -jnp.inf)
+    return _softmax_attend(scores, v)
+
+
+def window_by_tril_difference(q, k, v, pad):
+    """A sliding window as tril(ones) minus tril(ones, -4), in float, ANDed with padding by a multiply."""
+    t, s = q.shape[1], k.shape[1]
+    band = jnp.tril(jnp.ones((t, s)), 0) - jnp.tril(jnp.ones((t, s)), -4)
+    keep = band[None, None] * pad[:, None, None, :].astype(jnp.float32)
+    return _softmax_attend(jnp.where(keep > 0, _logits(q, k) * 0.125, -1e9), v)
+
+
+def chunked_float_mask(q, k, v, pad):
+    """A chunked 0/1 float mask times a float padding mask: the constant part stays a mask operand."""
+    t, s = q.shape[1], k.shape[1]
+    local = (jnp.arange(t)[:, None] // 4 == jnp.arange(s)[None, :] // 4).astype(jnp.float32)
+    keep = local[None, None] * pad[:, None, None, :].astype(jnp.float32)
+    return _softmax_attend(jnp.where(keep > 0, _logits(q, k) * 0.125, -jnp.inf), v)
+
+
 def bf16_f32_output(q, k, v):
     """bf16 q, k, v whose dots return f32 (preferred_element_type): the composite's result is f32."""
     scores = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * 0.125
@@ -435,6 +469,13 @@ VARIANTS: tuple[Variant, ...] = (
             _qkv() + (((B, T), BOOL), ((B, T, T), BOOL), ((N, T, T), F32), ((B, T), F32)),
             expect={"causal": True, "mask_kind": "additive+boolean"}),
     Variant("bf16_f32_output", bf16_f32_output, _qkv(dtype=BF16)),
+    Variant("causal_by_cumsum", causal_by_cumsum, _qkv(), expect={"causal": True, "q_offset": 0, "mask_kind": "none"}),
+    Variant("chunked_causal_and_padding", chunked_causal_and_padding, _qkv() + (((B, T), BOOL),),
+            expect={"mask_kind": "boolean"}),
+    Variant("chunked_float_mask", chunked_float_mask, _qkv() + (((B, T), BOOL),), expect={"mask_kind": "boolean",
+                                                                                          "causal": False}),
+    Variant("window_by_tril_difference", window_by_tril_difference, _qkv() + (((B, T), BOOL),),
+            expect={"causal": True, "window_left": 3, "mask_kind": "boolean"}),
     Variant("no_match_remasked_by_other_mask", no_match_remasked_by_other_mask, _qkv() + (((B,), I32),), sites=0),
     Variant("no_match_softmax_without_dot", no_match_softmax_without_dot, _qkv(), sites=0),
     Variant("no_match_probs_escape", no_match_probs_escape, _qkv(), sites=0),

@@ -17,6 +17,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.ir import layout
 from hlofuse.ir.layout import Labels, Sizes
+from hlofuse.ir.mask_eval import evaluate
 from hlofuse.ir.match import constant_scalar, defining_op, dense_values
 
 _LAYOUT = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
@@ -78,6 +79,7 @@ class Opaque:
     value: ir.Value
     labels: Labels
     negated: bool = False
+    zero_one: bool = False  # `value` is a number that is 0 or 1 (visible where it is not 0)
 
 
 @dataclass
@@ -170,11 +172,15 @@ def _select_conjuncts(op: ir.Operation, labels: Labels, sizes: Sizes, terms: Mas
 def _nonzero_conjuncts(op: ir.Operation, labels: Labels, sizes: Sizes, terms: MaskTerms, negated: bool) -> bool:
     """`x != 0` / `x == 0` where x is a 0/1 number built from booleans (keras builds masks that way)."""
     direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
-    if direction not in ("NE", "EQ"):
-        return False
     lhs, rhs = op.operands
-    number = lhs if constant_scalar(rhs) == 0.0 else rhs if constant_scalar(lhs) == 0.0 else None
-    if number is None:
+    # For a 0/1 number x: x > 0 and 0 < x are x != 0; x <= 0 and 0 >= x are x == 0.
+    if constant_scalar(rhs) == 0.0:
+        number, direction = lhs, {"GT": "NE", "LE": "EQ"}.get(direction, direction)
+    elif constant_scalar(lhs) == 0.0:
+        number, direction = rhs, {"LT": "NE", "GE": "EQ"}.get(direction, direction)
+    else:
+        return False
+    if direction not in ("NE", "EQ"):
         return False
     trial = MaskTerms()
     if not _zero_one_conjuncts(number, labels, sizes, trial, negated == (direction == "NE")):
@@ -206,6 +212,11 @@ def _zero_one_conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: Ma
     inner = _see_through(op, labels, sizes)
     if inner is not None:
         return _zero_one_conjuncts(op.operands[0], inner, sizes, terms, negated)
+    array = evaluate(value)
+    if array is not None and np.isin(array, (0, 1)).all():
+        # A 0/1 table computed from iotas and constants (tril(ones) - tril(ones, -w)): evaluated later.
+        terms.opaque.append(Opaque(value, labels, negated, zero_one=True))
+        return True
     return False
 
 
