@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, TextIO
 
 from jaxlib.mlir import ir, passmanager
 
-from hlofuse import pipeline
+from hlofuse import compile_targets, pipeline
 from hlofuse.ir import loader
 from hlofuse.ir.context import make_context
 
@@ -46,6 +46,7 @@ examples:
   hlofuse-opt dump/module_0001.jit_f.before_optimizations.txt --hlofuse-lower-kernels=target=cpu
   hlofuse-opt f.jax_export --remarks --print-stats --hlofuse-fuse-attention
   cat module.mlir | hlofuse-opt - --cse
+  hlofuse-opt attention.mlir --compile-for=tpu-v5e -o /dev/null   # lower and compile each kernel for a v5e
 
 inputs (detected from content): StableHLO/MLIR text or bytecode, jax.export artifacts, StableHLO
 portable artifacts, XLA HLO text (*.before_optimizations.txt), HLO protos (*.hlo.pb). See docs/hlofuse-opt.md.
@@ -73,6 +74,7 @@ class Options:
     emit_bytecode: bool = False
     debuginfo: bool = False
     debug: bool = False
+    compile_for: str | None = None
 
 
 class _AppendPass(argparse.Action):
@@ -139,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--mlir-print-debuginfo", dest="debuginfo", action="store_true", help="print locations"
     )
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks and diagnostic notes")
+    parser.add_argument(
+        "--compile-for",
+        metavar="CHIP",
+        choices=sorted(compile_targets.CHIPS),
+        help="compile each kernel call, then the module, for CHIP on this host ("
+        + ", ".join(compile_targets.CHIPS)
+        + "); one line per kernel on stderr; without a pipeline, runs 'default' for CHIP's kernels",
+    )
     parser.add_argument("--version", action="store_true", help="print versions, then exit")
     parser.add_argument(_ELEMENT_FLAG, action=_AppendPass, help=argparse.SUPPRESS)
     group = parser.add_argument_group(
@@ -202,6 +212,7 @@ def parse_args(argv: Sequence[str]) -> Options | None:
         emit_bytecode=namespace.emit_bytecode,
         debuginfo=namespace.debuginfo,
         debug=namespace.debug,
+        compile_for=namespace.compile_for,
     )
     if options.pass_pipeline is not None and options.pass_flags:
         raise UsageError(
@@ -247,12 +258,17 @@ def list_passes_text() -> str:
 
 
 def pipeline_text(options: Options) -> str | None:
-    """The pipeline to run, or None for parse-and-print."""
+    """The pipeline to run, or None for parse-and-print (`default` when compiling for a chip)."""
     if options.pass_pipeline is not None:
         return options.pass_pipeline
     if not options.pass_flags:
-        return None
+        return "default" if options.compile_for else None
     return "builtin.module(" + ",".join(options.pass_flags) + ")"
+
+
+def kernel_target(options: Options) -> str | None:
+    """The target a `default` pipeline lowers for: the chip's kernels under --compile-for, else none."""
+    return compile_targets.chip(options.compile_for).kernel_target if options.compile_for else None
 
 
 def _nest_function_passes(text: str, context: ir.Context) -> str:
@@ -327,7 +343,7 @@ def process_chunk(
     text = pipeline_text(options)
     try:
         if text is not None:
-            result = pipeline.run_pipeline(module, text)
+            result = pipeline.run_pipeline(module, text, target=kernel_target(options))
             if options.remarks:
                 for remark in result.remarks:
                     print(str(remark), file=stderr)
@@ -346,11 +362,44 @@ def process_chunk(
     except ValueError as error:  # MLIR's pipeline parser rejects an unknown upstream pass or option
         _report(f"{PROG}: error: invalid pipeline: {one_line(str(error))}", stderr, options.debug)
         return ChunkResult(False)
+    if options.compile_for and not _compile_for(module, name, options, stderr):
+        return ChunkResult(False)
     if options.emit_bytecode:
         buffer = _BytesSink()
         module.operation.write_bytecode(buffer)
         return ChunkResult(True, data=bytes(buffer.data))
     return ChunkResult(True, text=module.operation.get_asm(enable_debug_info=options.debuginfo))
+
+
+def _compile_for(module: ir.Module, name: str, options: Options, stderr: TextIO) -> bool:
+    """Compiles each kernel call of `module`, then the module, for the chosen chip; one line each on stderr.
+
+    A kernel XLA compiled is a `remark` with its resources, one it rejected an `error` with the compiler's
+    own message; False when any failed."""
+    chip = options.compile_for
+    assert chip is not None
+    try:
+        report = compile_targets.check_module(module, chip)
+    except compile_targets.CompilerUnavailable as error:
+        _report(f"{PROG}: error: --compile-for={chip}: {error}", stderr, options.debug)
+        return False
+    for kernel in report.kernels:
+        what = f"{chip}: kernel {kernel.name} ({kernel.target})"
+        if kernel.ok:
+            line = f"{what} compiled: {compile_targets.describe(kernel.resources)}"
+        else:
+            line = f"{what} failed: {kernel.error}"
+        severity = "remark" if kernel.ok else "error"
+        print(loader.format_diagnostic(kernel.location, severity, line, name), file=stderr)
+    count = f"{len(report.kernels)} kernel" + ("" if len(report.kernels) == 1 else "s")
+    if report.ok is None:
+        print(f"{name}: remark: {chip}: module not compiled: {report.error}", file=stderr)
+    elif report.ok:
+        print(f"{name}: remark: {chip}: module compiled ({count}): "
+              f"{compile_targets.describe(report.resources)}", file=stderr)
+    else:
+        print(f"{name}: error: {chip}: module failed ({count}): {report.error}", file=stderr)
+    return not report.failed
 
 
 class _BytesSink:
@@ -385,9 +434,14 @@ def split_chunks(text: str) -> list[str]:
 
 @contextlib.contextmanager
 def _output(path: str, binary: bool) -> Iterator[BinaryIO | TextIO]:
-    """stdout, or a temp file next to `path` renamed over it only if the body finishes."""
+    """stdout, a device or FIFO as it is, or a temp file next to `path` renamed over it only if the body finishes."""
     if path == "-":
         yield sys.stdout.buffer if binary else sys.stdout
+        return
+    if os.path.exists(path) and not os.path.isfile(path):
+        # /dev/null, a FIFO, a terminal: write to it; a rename would replace the device with a file.
+        with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8") as handle:
+            yield handle
         return
     directory = os.path.dirname(os.path.abspath(path))
     fd, temp = tempfile.mkstemp(prefix=".hlofuse-opt-", dir=directory)
@@ -418,6 +472,8 @@ def run(options: Options, stderr: TextIO) -> int:
     except loader.LoadError as error:
         _report(str(error), stderr, options.debug)
         return 1
+    if options.compile_for:
+        compile_targets.prepare(options.compile_for)  # before JAX or libtpu start
     context = make_context()
     context.attach_diagnostic_handler(Diagnostics(name, stderr))
     text = pipeline_text(options)
@@ -425,7 +481,7 @@ def run(options: Options, stderr: TextIO) -> int:
         # Build the pipeline once up front: a bad one is one error, not one per split chunk.
         try:
             text = _nest_function_passes(text, context)
-            pipeline.build_pass_manager(text, context, pipeline.PassState())
+            pipeline.build_pass_manager(text, context, pipeline.PassState(), target=kernel_target(options))
         except (ValueError, TypeError) as error:  # PipelineError, or a pass rejecting its options
             _report(f"{PROG}: error: invalid pipeline: {one_line(str(error))}", stderr, options.debug)
             return 1

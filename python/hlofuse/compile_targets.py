@@ -1,0 +1,547 @@
+"""Compiling for a TPU or GPU chip on any host: deviceless topologies, per-kernel compiles and their resources.
+
+A chip name (`tpu-v5e`, `tpu-v6e`, `tpu-v5p`, `h100`, `h200`) selects a compile-only device: a TPU topology
+from libtpu (`pip install -e ".[tpu]"`) or a CUDA topology built from a GpuTargetConfigProto shipped in
+hlofuse/gpu_targets/ (`pip install -e ".[cuda12]"`). `check_module(module, chip)` compiles every kernel call
+in a module (tpu_custom_call, Triton, Mosaic GPU) alone, then the whole module, with the real compilers
+(Mosaic, Triton and ptxas), and reads what each kernel uses from the compilers' own dumps:
+
+- TPU: `LIBTPU_INIT_ARGS=--xla_jf_dump_to=DIR` (set here before libtpu loads): the kernel's scoped VMEM and
+  spills from `*-vmem_report.html`, its bundle count from `*-schedule-analysis_final_bundles.txt`;
+- GPU: `debug_options.xla_dump_to` per compile: grid, threads and shared memory from `thunk_sequence.txt`,
+  registers and spills from `ptxas -v` on the kernel's PTX.
+
+`hlofuse-opt --compile-for=CHIP` prints the result (docs/hlofuse-opt.md).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxlib.mlir import ir
+
+GPU_TARGETS_DIR = Path(__file__).resolve().parent / "gpu_targets"
+
+# Kernel custom calls and the platform they compile for.
+KERNEL_TARGETS = {
+    "tpu_custom_call": "tpu",
+    "__gpu$xla.gpu.triton": "cuda",
+    "mosaic_gpu_v2": "cuda",
+    "mosaic_gpu": "cuda",
+}
+
+# libtpu takes /tmp/libtpu_lockfile when it loads, TPU or not; another process on the host may hold it.
+_LIBTPU_MULTIPLE = "ALLOW_MULTIPLE_LIBTPU_LOAD"
+# Only the dumps read here: without the filter libtpu writes ~1000 files (50 MB) per small module.
+_JF_FILTER = "--xla_jf_dump_llo_pass_label_regex=final_bundles|vmem_report --xla_jf_dump_hlo_text=false"
+
+
+@dataclass(frozen=True)
+class Chip:
+    """A chip to compile for: a TPU topology or a GPU target config, and the kernel target that lowers for it."""
+
+    name: str
+    platform: str  # "tpu" or "cuda"
+    kernel_target: str  # hlofuse-lower-kernels{target=...}
+    topology: str
+    chips_per_host_bounds: tuple[int, int, int] | None = None
+    target_config: str | None = None  # a file in gpu_targets/
+    summary: str = ""
+
+
+CHIPS = {
+    chip.name: chip
+    for chip in (
+        Chip("tpu-v5e", "tpu", "tpu", "v5e:1x1", (1, 1, 1), summary="TPU v5e (v5 lite), one chip"),
+        Chip("tpu-v6e", "tpu", "tpu", "v6e:1x1", (1, 1, 1), summary="TPU v6e (Trillium), one chip"),
+        Chip("tpu-v5p", "tpu", "tpu", "v5p:1x1x1", (1, 1, 1), summary="TPU v5p, one chip (megacore)"),
+        Chip("h100", "cuda", "gpu", "1x1x1", target_config="h100.txtpb", summary="NVIDIA H100 SXM5 80 GB"),
+        Chip("h200", "cuda", "gpu", "1x1x1", target_config="h200.txtpb", summary="NVIDIA H200 SXM 141 GB"),
+    )
+}
+
+
+class CompilerUnavailable(RuntimeError):
+    """The compiler for a chip is not installed here (the message says how to install it)."""
+
+
+def chip(name: str) -> Chip:
+    try:
+        return CHIPS[name]
+    except KeyError:
+        raise ValueError(f"unknown chip '{name}' (known: {', '.join(CHIPS)})") from None
+
+
+def gpu_target_config(name: str) -> str:
+    """The GpuTargetConfigProto text shipped for a GPU chip (`h100`, `h200`)."""
+    target = chip(name)
+    if target.target_config is None:
+        raise ValueError(f"'{name}' is not a GPU chip")
+    return (GPU_TARGETS_DIR / target.target_config).read_text()
+
+
+# ----------------------------------------------------------------------------- topologies
+
+_lock = threading.Lock()
+_tpu_dump_dir: str | None = None
+
+
+def _backends_started() -> bool:
+    from jax._src import xla_bridge
+
+    return xla_bridge.backends_are_initialized()
+
+
+def prepare(name: str) -> None:
+    """Sets what must be set before JAX or libtpu start, for a later `topology(name)`; idempotent.
+
+    TPU: allows a second libtpu on the host, and asks libtpu for the dumps read here. Both: keeps JAX's
+    own backends on the CPU (a CUDA plugin on a host without a GPU fails at cuInit otherwise, and a TPU
+    backend would load libtpu before the dump flags are in)."""
+    global _tpu_dump_dir
+    target = chip(name)
+    import jax
+    from jax._src import config
+    from jax._src.lib import xla_client
+
+    if not _backends_started() and not config.jax_platforms.value:
+        jax.config.update("jax_platforms", "cpu")
+    if target.platform != "tpu":
+        return
+    os.environ.setdefault(_LIBTPU_MULTIPLE, "1")
+    with _lock:
+        if _tpu_dump_dir is not None:
+            return
+        args = os.environ.get("LIBTPU_INIT_ARGS", "")
+        given = re.search(r"--xla_jf_dump_to=(\S+)", args)
+        if given or xla_client.pjrt_plugin_loaded("tpu"):  # the user's dump, or libtpu started without one
+            _tpu_dump_dir = given.group(1) if given else ""
+            return
+        _tpu_dump_dir = tempfile.mkdtemp(prefix="hlofuse-jf-dump-")
+        atexit.register(shutil.rmtree, _tpu_dump_dir, True)
+        os.environ["LIBTPU_INIT_ARGS"] = f"{args} --xla_jf_dump_to={_tpu_dump_dir} {_JF_FILTER}".strip()
+
+
+@functools.cache
+def topology(name: str) -> Any:  # noqa: ANN401 - jax.experimental.topologies.TopologyDescription
+    """The compile-only topology of one chip; raises CompilerUnavailable when its compiler is missing."""
+    target = chip(name)
+    prepare(name)
+    from jax.experimental import topologies
+
+    if target.platform == "tpu":
+        import importlib.util
+
+        if importlib.util.find_spec("libtpu") is None:
+            raise CompilerUnavailable(f'{name} needs libtpu: pip install "hlofuse[tpu]" (or jax[tpu]==0.10.2)')
+        return topologies.get_topology_desc(
+            target.topology, "tpu", chips_per_host_bounds=target.chips_per_host_bounds
+        )
+    try:
+        return topologies.get_topology_desc(
+            name, "cuda", target_config=gpu_target_config(name), topology=target.topology
+        )
+    except NotImplementedError as error:  # no CUDA plugin registered
+        raise CompilerUnavailable(
+            f'{name} needs the CUDA plugin: pip install "hlofuse[cuda12]" (or jax[cuda12]==0.10.2), and '
+            f"JAX_PLATFORMS=cpu on a host without a GPU ({error})"
+        ) from None
+
+
+def device(name: str) -> Any:  # noqa: ANN401 - a compile-only jax Device
+    return topology(name).devices[0]
+
+
+# ----------------------------------------------------------------------------- compiling
+
+
+@dataclass
+class KernelReport:
+    """One kernel call compiled alone for a chip."""
+
+    name: str
+    target: str  # the custom call target
+    location: ir.Location
+    ok: bool
+    error: str = ""
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModuleReport:
+    """A module compiled for a chip: each kernel alone, then the whole module."""
+
+    chip: str
+    kernels: list[KernelReport]
+    ok: bool | None  # None: the whole module was not compiled (several devices)
+    error: str = ""
+    resources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.ok is False or not all(kernel.ok for kernel in self.kernels)
+
+
+def kernel_calls(module: ir.Module) -> list[ir.Operation]:
+    """The kernel custom calls in `module` (tpu_custom_call, Triton, Mosaic GPU), in program order."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.custom_call" and _call_target(op) in KERNEL_TARGETS:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def _call_target(op: ir.Operation) -> str:
+    return ir.StringAttr(op.attributes["call_target_name"]).value
+
+
+def kernel_name(op: ir.Operation) -> str:
+    """The kernel's own name: tpu_custom_call's kernel_name, Triton's backend_config name, else the target."""
+    attributes = op.attributes
+    if "kernel_name" in attributes:
+        return ir.StringAttr(attributes["kernel_name"]).value
+    if "mhlo.backend_config" in attributes:
+        config = ir.DictAttr(attributes["mhlo.backend_config"])
+        if "name" in config:
+            return ir.StringAttr(config["name"]).value
+    return _call_target(op)
+
+
+def kernel_module(call: ir.Operation) -> ir.Module:
+    """A module whose @main runs `call` alone on arguments of its operand types."""
+    from jaxlib.mlir.dialects import func
+
+    context = call.context
+    with context, ir.Location.unknown(context):
+        module = ir.Module.create()
+        module.operation.attributes["sym_name"] = ir.StringAttr.get("hlofuse_kernel")
+        with ir.InsertionPoint(module.body):
+            types = [operand.type for operand in call.operands]
+            main = func.FuncOp("main", ir.FunctionType.get(types, [r.type for r in call.results]))
+            main.attributes["sym_visibility"] = ir.StringAttr.get("public")
+            block = main.add_entry_block()
+            with ir.InsertionPoint(block):
+                copy = call.clone()
+                for index, argument in enumerate(block.arguments):
+                    copy.operands[index] = argument
+                func.ReturnOp(list(copy.results))
+    return module
+
+
+def _compile_options(dev: Any, dump_to: str | None) -> Any:  # noqa: ANN401
+    from jax._src import compiler
+
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1, device_assignment=[dev])
+    if dump_to:
+        options.executable_build_options.debug_options.xla_dump_to = dump_to
+    return options
+
+
+def compile_module(module: ir.Module, name: str, dump_to: str | None = None) -> Any:  # noqa: ANN401
+    """The executable XLA compiles from `module` for one chip; raises the compiler's error."""
+    from jax._src import compiler
+    from jax._src.lib import xla_client
+
+    dev = device(name)
+    return compiler.backend_compile_and_load(
+        dev.client, module, xla_client.DeviceList((dev,)), _compile_options(dev, dump_to), []
+    )
+
+
+def compiler_message(error: BaseException) -> str:
+    """The compiler's own message on one line, without XLA's status prefix noise."""
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+def _device_count(module: ir.Module) -> int:
+    attributes = module.operation.attributes
+    count = 1
+    for key in ("mhlo.num_partitions", "mhlo.num_replicas"):
+        if key in attributes:
+            count *= ir.IntegerAttr(attributes[key]).value
+    return count
+
+
+def check_module(module: ir.Module, name: str) -> ModuleReport:
+    """Compiles each kernel call of `module` alone, then `module` itself (one device only), for chip `name`."""
+    target = chip(name)
+    topology(name)  # CompilerUnavailable before any work
+    reports = [_check_kernel(call, target) for call in kernel_calls(module)]
+    if _device_count(module) > 1:
+        return ModuleReport(name, reports, None, f"{_device_count(module)} devices; kernels compiled one by one")
+    try:
+        executable = compile_module(module, name)
+    except Exception as error:
+        return ModuleReport(name, reports, False, compiler_message(error))
+    stats = executable.get_compiled_memory_stats()
+    return ModuleReport(name, reports, True, resources={"temp_bytes": stats.temp_size_in_bytes})
+
+
+def _check_kernel(call: ir.Operation, target: Chip) -> KernelReport:
+    report = KernelReport(kernel_name(call), _call_target(call), call.location, ok=False)
+    wanted = KERNEL_TARGETS[report.target]
+    if wanted != target.platform:
+        report.error = f"a {wanted} kernel ({report.target}) cannot compile for {target.name}"
+        return report
+    module = kernel_module(call)
+    if target.platform == "tpu":
+        before = set(os.listdir(_tpu_dump_dir)) if _tpu_dump_dir and os.path.isdir(_tpu_dump_dir) else set()
+        try:
+            compile_module(module, target.name)
+        except Exception as error:
+            report.error = compiler_message(error)
+            return report
+        report.ok = True
+        if _tpu_dump_dir and os.path.isdir(_tpu_dump_dir):
+            new = sorted(set(os.listdir(_tpu_dump_dir)) - before)
+            report.resources = tpu_resources(_tpu_dump_dir, new)
+        return report
+    with tempfile.TemporaryDirectory(prefix="hlofuse-xla-dump-") as dump:
+        mosaic = os.path.join(dump, "mosaic_gpu")
+        os.mkdir(mosaic)
+        try:
+            with _environment(MOSAIC_GPU_DUMP_TO=mosaic, MOSAIC_GPU_DUMP_PTXAS="1"):
+                compile_module(module, target.name, dump_to=dump)
+        except Exception as error:
+            report.error = compiler_message(error)
+            return report
+        report.ok = True
+        if report.target.startswith("mosaic_gpu"):
+            report.name, report.resources = mosaic_gpu_resources(mosaic, report.name)
+        else:
+            report.resources = gpu_resources(dump, report.name)
+    return report
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """Environment variables set for the body (Mosaic GPU reads its dump options at each compile)."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# ----------------------------------------------------------------------------- reading the dumps
+
+_KERNEL_HLO = re.compile(r"%(\S+) = [^\n]*custom-call\([^\n]*custom_call_target=\"tpu_custom_call\"")
+_BUNDLES = re.compile(r"total scheduled bundles:\s*(\d+)")
+
+
+def tpu_resources(dump_dir: str, files: list[str]) -> dict[str, Any]:
+    """From one compile's libtpu dump files: the kernel's scoped VMEM, its spills, VMEM capacity, bundles."""
+    resources: dict[str, Any] = {}
+    reports = [f for f in files if f.endswith("vmem_report.html")]
+    analyses = [f for f in files if f.endswith("schedule-analysis_final_bundles.txt")]
+    hlo = None
+    for file in analyses:
+        if "-TLP-" in file:
+            found = _KERNEL_HLO.search(Path(dump_dir, file).read_text(errors="replace"))
+            hlo = found.group(1) if found else None
+    if hlo is None:
+        return resources
+    for file in analyses:
+        if f"-{hlo}-" in file:
+            found = _BUNDLES.search(Path(dump_dir, file).read_text(errors="replace"))
+            if found:
+                resources["bundles"] = int(found.group(1))
+    for file in reports:
+        data = _vmem_report_data(Path(dump_dir, file).read_text(errors="replace"))
+        if not data:
+            continue
+        resources["vmem_capacity"] = data.get("global_info", {}).get("vmem_capacity")
+        breakdown = data.get("hlo_breakdowns", {}).get(hlo)
+        if breakdown is not None:
+            allocations = [a for block in breakdown.get("blocks", []) for a in block.get("allocations", [])]
+            resources["vmem_bytes"] = breakdown.get("total_size", 0)
+            resources["vmem_spill_bytes"] = sum(a["size"] for a in allocations if a.get("tag") == "SPILL")
+            # Operand and output windows, with every buffering level (2: the pipeline's double buffer).
+            resources["vmem_window_bytes"] = sum(
+                a["size"] for a in allocations if "window allocation" in str(a.get("tag", ""))
+            )
+    return resources
+
+
+def _vmem_report_data(html: str) -> dict[str, Any] | None:
+    """The JSON object libtpu embeds in its vmem_report.html as `const DATA = {...};`."""
+    start = html.find("const DATA")
+    if start < 0:
+        return None
+    start = html.find("{", start)
+    try:
+        data, _ = json.JSONDecoder().raw_decode(html, start)
+    except ValueError:
+        return None
+    return data
+
+
+_THUNK = re.compile(
+    r"\s(\S+) grid: \[(\d+), (\d+), (\d+)\] threads: \[(\d+), (\d+), (\d+)\]\s+shared_memory: (\d+) bytes"
+)
+_PTXAS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+def gpu_resources(dump_dir: str, kernel: str) -> dict[str, Any]:
+    """From one compile's XLA dump: the kernel's grid, threads and shared memory; registers and spills by ptxas."""
+    resources: dict[str, Any] = {}
+    for path in glob.glob(os.path.join(dump_dir, "*.thunk_sequence.txt")):
+        for found in _THUNK.finditer(Path(path).read_text(errors="replace")):
+            if found.group(1) == kernel:
+                resources["grid"] = tuple(int(found.group(i)) for i in (2, 3, 4))
+                resources["threads"] = tuple(int(found.group(i)) for i in (5, 6, 7))
+                resources["shared_memory_bytes"] = int(found.group(8))
+    ptx = _ptx_with_entry(dump_dir, kernel)
+    if ptx is None:
+        return resources
+    ptxas = find_ptxas()
+    if ptxas is None:
+        resources["ptxas"] = "not found"
+        return resources
+    arch = re.search(r"^\.target\s+(\S+)", Path(ptx).read_text(errors="replace"), re.MULTILINE)
+    result = subprocess.run(
+        [ptxas, "-v", f"-arch={arch.group(1) if arch else 'sm_90a'}", ptx, "-o", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    resources.update(_ptxas_resources(result.stdout + result.stderr, kernel))
+    return resources
+
+
+def _ptxas_resources(text: str, kernel: str | None = None) -> dict[str, Any]:
+    """Registers, stack and spill bytes from `ptxas -v` output (of one entry function when named)."""
+    marker = f"entry function '{kernel}'" if kernel else "entry function"
+    section = text[text.find(marker) :] if marker in text else text
+    resources: dict[str, Any] = {}
+    spills, registers = _PTXAS.search(section), _REGISTERS.search(section)
+    if registers:
+        resources["registers"] = int(registers.group(1))
+    if spills:
+        resources["stack_bytes"], resources["spill_store_bytes"], resources["spill_load_bytes"] = (
+            int(spills.group(i)) for i in (1, 2, 3)
+        )
+    return resources
+
+
+_LAUNCH = re.compile(
+    r"gpu\.launch[^\n]*?blocks\([^)]*\) in \(([^)]*)\) threads\([^)]*\) in \(([^)]*)\)"
+    r"(?: dynamic_shared_memory_size %c(\d+))?"
+)
+_LAUNCH_DIM = re.compile(r"= %c(\d+)")
+
+
+def mosaic_gpu_resources(dump_dir: str, default_name: str) -> tuple[str, dict[str, Any]]:
+    """(kernel name, resources) from MOSAIC_GPU_DUMP_TO: `<kernel>_N.ptxas` (ptxas -v) and the first IR
+    of `<kernel>_N.mlir-passes.log` (its gpu.launch: grid, threads, dynamic shared memory)."""
+    ptxas = sorted(glob.glob(os.path.join(dump_dir, "*.ptxas")))
+    if not ptxas:
+        return default_name, {}
+    stem = ptxas[0][: -len(".ptxas")]
+    name = re.sub(r"_\d+$", "", os.path.basename(stem))
+    resources = _ptxas_resources(Path(ptxas[0]).read_text(errors="replace"))
+    log = stem + ".mlir-passes.log"
+    if os.path.isfile(log):
+        launch = _LAUNCH.search(_first_ir_dump(log))
+        if launch:
+            grid = [int(v) for v in _LAUNCH_DIM.findall(launch.group(1))]
+            threads = [int(v) for v in _LAUNCH_DIM.findall(launch.group(2))]
+            if len(grid) == 3 and len(threads) == 3:
+                resources["grid"], resources["threads"] = tuple(grid), tuple(threads)
+            if launch.group(3):
+                resources["shared_memory_bytes"] = int(launch.group(3))
+    return name, resources
+
+
+def _first_ir_dump(path: str) -> str:
+    """The log's first IR dump (the kernel as Mosaic GPU received it); the log runs to tens of MB."""
+    chunks: list[str] = []
+    with open(path, errors="replace") as log:
+        for line in log:
+            if line.startswith("// -----// IR Dump") and chunks:
+                break
+            chunks.append(line)
+    return "".join(chunks)
+
+
+def _ptx_with_entry(dump_dir: str, kernel: str) -> str | None:
+    entry = re.compile(rf"\.entry\s+{re.escape(kernel)}\s*\(")
+    for path in sorted(glob.glob(os.path.join(dump_dir, "*.ptx"))):
+        if entry.search(Path(path).read_text(errors="replace")):
+            return path
+    return None
+
+
+def find_ptxas() -> str | None:
+    """ptxas from the pip CUDA toolkit (nvidia-cuda-nvcc-cu12, which jax[cuda12] installs), else PATH."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in list(spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(root, "cuda_nvcc", "bin", "ptxas")
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("ptxas")
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def _kib(size: int) -> str:
+    return f"{size / 1024:.0f} KiB" if size < 1 << 20 else f"{size / (1 << 20):.1f} MiB"
+
+
+def describe(resources: dict[str, Any]) -> str:
+    """Resources as one short phrase: `vmem 808 KiB (spill 424 KiB) of 128.0 MiB, 1546 bundles`, ..."""
+    parts = []
+    if "vmem_bytes" in resources:
+        text = f"vmem {_kib(resources['vmem_bytes'])}"
+        inside = [f"{what} {_kib(resources[key])}" for what, key in
+                  (("windows", "vmem_window_bytes"), ("spill", "vmem_spill_bytes")) if resources.get(key)]
+        if inside:
+            text += f" ({', '.join(inside)})"
+        if resources.get("vmem_capacity"):
+            text += f" of {_kib(resources['vmem_capacity'])}"
+        parts.append(text)
+    if "bundles" in resources:
+        parts.append(f"{resources['bundles']} bundles")
+    if "registers" in resources:
+        parts.append(f"{resources['registers']} registers")
+    if "spill_store_bytes" in resources:
+        parts.append(f"spills {resources['spill_store_bytes']} B stored / {resources['spill_load_bytes']} B loaded")
+    if "shared_memory_bytes" in resources:
+        parts.append(f"shared memory {_kib(resources['shared_memory_bytes'])}")
+    if "grid" in resources:
+        grid = "x".join(map(str, resources["grid"]))
+        threads = resources["threads"][0] * resources["threads"][1] * resources["threads"][2]
+        parts.append(f"grid {grid} of {threads} threads")
+    if resources.get("ptxas") == "not found":
+        parts.append("no ptxas for registers")
+    if "temp_bytes" in resources:
+        parts.append(f"temp {_kib(resources['temp_bytes'])}")
+    return ", ".join(parts) if parts else "no resource dump"
