@@ -542,6 +542,38 @@ def test_first_compile_deviceless_tpu_needs_no_import():
     assert result.stdout.strip() == "True", "the attention was not lowered to the Mosaic kernel"
 
 
+FIRST_COMPILE_DEVICELESS_GPU = """
+import sys, jax, jax.numpy as jnp
+from jax.experimental import topologies
+config = open(sys.argv[1]).read()
+topo = topologies.get_topology_desc("h100", "cuda", target_config=config, topology="1x1x1")
+sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
+x = jax.ShapeDtypeStruct((2, 128, 4, 64), jnp.float32, sharding=sharding)
+def attention(q, k, v):
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+pipeline = "builtin.module(hlofuse-prepare,hlofuse-fuse-attention,hlofuse-lower-kernels{target=gpu})"
+options = {"hlofuse_pipeline": pipeline, "hlofuse_strict": True}
+compiled = jax.jit(attention, compiler_options=options).lower(x, x, x).compile()
+print("hlofuse_flash_attention_gpu" in compiled.as_text())
+"""
+
+
+def test_first_compile_deviceless_gpu_needs_no_import():
+    # A CUDA topology starts JAX's backends (get_topology_desc -> make_pjrt_topology), so the entry point
+    # alone covered this one; it stays covered now that the hook comes at `import jax`.
+    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        pytest.skip('the CUDA plugin is not installed (pip install -e ".[cuda12]")')
+    if not installed_with_entry_point():
+        pytest.skip("hlofuse is not installed (pip install -e .)")
+    config = PYTHON_DIR / "hlofuse" / "gpu_targets" / "h100.txtpb"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    command = [sys.executable, "-c", FIRST_COMPILE_DEVICELESS_GPU, str(config)]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "True", "the attention was not lowered to the Triton kernel"
+
+
 def test_startup_finder_installs_the_hook_at_import_jax():
     # What hlofuse-jax.pth does, in a process that has not imported jax: the hook is in place right after
     # `import jax`, with the backends (and so the entry point) not started.
