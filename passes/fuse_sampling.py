@@ -36,9 +36,10 @@ from jaxlib.mlir import ir
 from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
 from hlofuse.ir.match import defining_op
-from hlofuse.ir.template_match import TemplateMatch, match_template
+from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.sampling_reference import FORMS, Form
 from hlofuse.pipeline import ModulePass, PassState
+from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789}
@@ -54,16 +55,45 @@ class NoMatch(Exception):
 # ----- anchors -------------------------------------------------------------------------------------
 
 
-def _is_argmax(op: ir.Operation) -> bool:
-    """reduce((x, iota), (init, 0)) over x's last dim, as jnp.argmax lowers."""
+@dataclass(frozen=True)
+class Draw:
+    """An op that picks one id per row: an argmax (JAX's variadic `reduce` of (values, iota)) over `dim`, or a
+    `chlo.top_k` with k = 1 (as `jax.random.choice` draws without replacement) over the last dim."""
+
+    op: ir.Operation
+    kind: str  # "argmax" | "top_k"
+    dim: int
+
+    @property
+    def size(self) -> int:
+        return _shape(self.op.operands[0])[self.dim]
+
+    @property
+    def last(self) -> bool:
+        return self.dim == len(_shape(self.op.operands[0])) - 1
+
+    def describe(self) -> str:
+        what = "argmax" if self.kind == "argmax" else "top_k with k = 1"
+        return what if self.last else f"{what} over dim {self.dim} (not the last)"
+
+
+def _draw(op: ir.Operation) -> Draw | None:
+    """The draw `op` is, if any: reduce((x, iota), (init, 0)) over one dim of float x, or top_k(x, 1)."""
+    if op.name == "chlo.top_k":
+        x_type = ir.RankedTensorType(op.operands[0].type)
+        if ir.IntegerAttr(op.attributes["k"]).value == 1 and isinstance(x_type.element_type, ir.FloatType):
+            return Draw(op, "top_k", x_type.rank - 1)
+        return None
     if op.name != "stablehlo.reduce" or len(op.operands) != 4 or len(op.results) != 2:
-        return False
+        return None
     dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
     x_type = ir.RankedTensorType(op.operands[0].type)
     iota = defining_op(op.operands[1])
-    if len(dims) != 1 or dims[0] != x_type.rank - 1 or iota is None or iota.name != "stablehlo.iota":
-        return False
-    return isinstance(x_type.element_type, ir.FloatType)
+    if len(dims) != 1 or iota is None or iota.name != "stablehlo.iota":
+        return None
+    if ir.IntegerAttr(iota.attributes["iota_dimension"]).value != dims[0]:
+        return None
+    return Draw(op, "argmax", dims[0]) if isinstance(x_type.element_type, ir.FloatType) else None
 
 
 def _backward_ops(value: ir.Value, limit: int = 4000) -> Iterator[ir.Operation]:
@@ -133,9 +163,9 @@ def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: 
 
     lowered = _traced(form_name, writing, shape, dtype, k).lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
-    module = ir.Module.parse(module.operation.get_asm(binary=True), context=module.context)
+    module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)
     run_pipeline(module, "builtin.module(hlofuse-prepare)")
-    text = str(module)
+    text = module.operation.get_asm(enable_debug_info=True)  # locations name each op's part of the form
     return text, frozenset(_OP_NAME.findall(text))
 
 
@@ -154,6 +184,7 @@ class Templates:
         self.context = context
         self.keep_alive = keep_alive
         self.parsed: dict[str, tuple[ir.Value, list[ir.Value]]] = {}
+        self.missing: dict[str, frozenset[str]] = {}  # form -> the fewest template ops the program lacks
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                  ops_present: set[str]) -> Iterator[Template]:
@@ -163,7 +194,12 @@ class Templates:
         seen: set[str] = set()
         for platform in order:
             text, names = _template_text(form.name, writing, shape, dtype, k, platform)
-            if text in seen or not names <= ops_present:
+            if text in seen:
+                continue
+            if not names <= ops_present:
+                lacks = names - ops_present
+                if len(lacks) < len(self.missing.get(form.name, names)):
+                    self.missing[form.name] = lacks
                 continue
             seen.add(text)
             root, args = self._parse(text)
@@ -246,11 +282,22 @@ def _top_ks(op: ir.Operation) -> list[TopK]:
     return found
 
 
-def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[TopK],
+def _rows(draw: Draw) -> tuple[int, ...]:
+    """The batch of a draw made row by row (jax.random.choice per row, stacked by a concatenate): (B,)."""
+    for value in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
+        op = defining_op(value)
+        if op is not None and op.name == "stablehlo.concatenate" and len(_shape(value)) == 2:
+            return _shape(value)[:1]
+    return ()
+
+
+def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
                 ops_present: set[str]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
-    """(form, writing, logits shape, dtype, k) worth lowering for this argmax."""
-    x = argmax.operands[0]
+    """(form, writing, logits shape, dtype, k) worth lowering for this draw."""
+    x = draw.op.operands[0]
     shape, dtype = _shape(x), _element(x)
+    if draw.kind == "top_k" and len(shape) == 1:
+        shape = _rows(draw) + shape
     writings = [(form, i, w.marker_ops) for form in FORMS.values() for i, w in enumerate(form.writings)]
     for form, writing, markers in sorted(writings, key=lambda c: (-len(c[2]), -len(c[0].params))):
         if form.stochastic != noisy or not set(markers) <= ops_present:
@@ -259,32 +306,67 @@ def _candidates(argmax: ir.Operation, noisy: bool, top_ks: list[TopK],
             yield form, writing, shape, dtype, 0
             continue
         for top_k in dict.fromkeys(top_ks):
-            if form.name in ("top_k", "temperature_top_k") and shape[-1] == top_k.k:
+            if form.filters in ("top_k", "temperature_top_k") and shape[-1] == top_k.k:
                 yield form, writing, top_k.shape, top_k.dtype, top_k.k
             elif top_k.shape == shape and top_k.dtype == dtype and top_k.k < shape[-1]:
                 yield form, writing, shape, dtype, top_k.k
 
 
-def analyze(argmax: ir.Operation, top_ks: list[TopK], ops_present: set[str], templates: Templates) -> Site:
-    noisy = _has_noise(argmax.operands[0])
+def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Templates) -> Site:
+    noisy = _has_noise(draw.op.operands[0])
+    templates.missing.clear()
     tried: list[str] = []
-    for form, writing, shape, dtype, k in _candidates(argmax, noisy, top_ks, ops_present):
-        if dtype not in _DTYPES:
+    closest: tuple[int, str, MatchReport] | None = None
+    for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present):
+        if dtype not in _DTYPES or form.draw != draw.kind:
             continue
         if form.name not in tried:
             tried.append(form.name)
         for template in templates.for_site(form, writing, shape, dtype, k, ops_present):
             root_name = defining_op(template.root).name
-            for root in _forward_values(argmax.results[1], _SEARCH_FORWARD):
+            for root in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
                 op = defining_op(root)
                 if op is None or op.name != root_name or str(root.type) != str(template.root.type):
                     continue
-                found = match_template(root, template.root, template.args, SENTINELS)
+                report = MatchReport()
+                found = match_template(root, template.root, template.args, SENTINELS, report)
                 if found is not None:
                     _last_platform[0] = template.platform
                     return Site(form, root, found, k)
-    what = "Gumbel-perturbed logits" if noisy else "logits"
-    raise NoMatch(f"argmax over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})")
+                if closest is None or report.matched > closest[0]:
+                    closest = (report.matched, form.name, report)
+    what = "noisy logits (threefry)" if noisy else "logits"
+    reason = f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
+    if closest is None and templates.missing:
+        form, lacks = min(templates.missing.items(), key=lambda item: len(item[1]))
+        reason += f"; closest: `{form}`, whose {', '.join(sorted(lacks))} the program has none of"
+    raise NoMatch(reason + (_differs(*closest[1:]) if closest else ""))
+
+
+# What each part of a form's template is, by the reference function (or JAX's own) that its location names.
+_PARTS = (("_gumbel", "the Gumbel noise"), ("_uniform", "the Gumbel noise"), ("threefry", "the Gumbel noise"),
+          ("_mask_top_p", "the top-p filter"), ("_mask_top_k", "the top-k filter"),
+          ("top_k_by_argsort", "the top-k (argsort)"), ("min_p_masked", "the min-p filter"),
+          ("softmax", "the softmax"), ("_take", "the ids mapped back (take_along_axis)"),
+          ("_argmax", "the argmax"), ("categorical", "the draw"), ("choice", "the draw"))
+
+
+def _part(value: ir.Value | None) -> str:
+    op = defining_op(value) if value is not None else None
+    text = str(op.location) if op is not None else ""
+    found = [(text.find(key), label) for key, label in _PARTS if key in text]
+    return min(found)[1] if found else "the draw"
+
+
+def _differs(form: str, report: MatchReport) -> str:
+    """Where the program parts from the closest form: the program's op and what the form has there."""
+    user = defining_op(report.user) if report.user is not None else None
+    template = defining_op(report.template) if report.template is not None else None
+    if user is None:
+        return f"; closest: `{form}` ({report.matched} ops match), whose {_part(report.template)} the program lacks"
+    has = f"{template.name}" if template is not None else "an operand"
+    return (f"; closest: `{form}` ({report.matched} ops match), which differs in {_part(report.template)}: "
+            f"the program has {user.name} at {format_location(user.location)} where the form has {has}")
 
 
 # ----- the rewrite ---------------------------------------------------------------------------------
@@ -382,24 +464,25 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
     op.walk(visit)
 
 
-def _sites(module: ir.Operation) -> Iterator[tuple[ir.Operation, list[TopK], set[str]]]:
+def _sites(module: ir.Operation) -> Iterator[tuple[Draw, list[TopK], set[str]]]:
     for fn in build.functions(module, skip_decompositions=True):
-        argmaxes: list[ir.Operation] = []
+        draws: list[Draw] = []
         top_ks: list[TopK] = []
         names: set[str] = set()
 
-        def visit(op: ir.Operation, argmaxes: list[ir.Operation] = argmaxes, top_ks: list[TopK] = top_ks,
+        def visit(op: ir.Operation, draws: list[Draw] = draws, top_ks: list[TopK] = top_ks,
                   names: set[str] = names) -> ir.WalkResult:
             names.add(op.name)
-            if _is_argmax(op):
-                argmaxes.append(op)
-            else:
+            draw = _draw(op)
+            if draw is not None:
+                draws.append(draw)
+            if draw is None or draw.kind == "top_k":
                 top_ks.extend(_top_ks(op))
             return ir.WalkResult.ADVANCE
 
         fn.walk(visit)
-        for argmax in argmaxes:
-            yield argmax, top_ks, names
+        for draw in draws:
+            yield draw, top_ks, names
 
 
 @dataclass(frozen=True)
@@ -418,17 +501,21 @@ class FuseSamplingPass(ModulePass):
 
     def _fuse_one(self, module: ir.Operation, state: PassState, failed: set[ir.Operation],
                   templates: Templates) -> bool:
-        for argmax, top_ks, names in list(_sites(module)):
-            if argmax in failed:
+        for draw, top_ks, names in list(_sites(module)):
+            if draw.op in failed:
                 continue
             try:
-                site = analyze(argmax, top_ks, names, templates)
+                if not draw.last:
+                    raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim")
+                site = analyze(draw, top_ks, names, templates)
                 near_misses = _argsorts_not_fused(site, top_ks)
-                rewrite(site, module)
+                left = _parts_left_out(site, near_misses)
+                composite = rewrite(site, module)
             except NoMatch as reason:
-                failed.add(argmax)
-                if "Gumbel" in str(reason) or "outside" in str(reason):
-                    state.remark(argmax, f"sampler not fused: {reason}")
+                failed.add(draw.op)
+                fed_by = _fed_by(draw)
+                if "outside" in str(reason) or fed_by is not None:
+                    state.remark(draw.op, f"sampler not fused: {reason}{fed_by or ''}")
                     state.count("sampling_not_fused")
                 continue
             state.count(f"{site.form.name}_to_sample")
@@ -438,17 +525,87 @@ class FuseSamplingPass(ModulePass):
                              "descending=True, stable=True)[..., :k], orders as lax.top_k (argsort(-x) puts NaN "
                              "last; a reversed ascending argsort puts a tie's higher id first)")
                 state.count("argsort_top_k_not_fused")
+            if left:
+                state.remark(composite, f"sampler fused only in part: fused as `{site.form.name}`; "
+                             f"{'; '.join(left)} stay{'s' if len(left) == 1 else ''} in XLA")
+                state.count("sampling_fused_in_part")
             return True
         return False
 
 
-_FALLBACK_FORMS = ("temperature", "categorical")  # what a filter written another way fuses as
+_FALLBACK_FORMS = ("temperature", "categorical")  # what a filter written another way fuses as (any draw)
 
 
 def _argsorts_not_fused(site: Site, top_ks: list[TopK]) -> list[ir.Operation]:
     """The argsort sorts that feed a site fused as a fallback form: top-k writings that were not one."""
-    if site.form.name not in _FALLBACK_FORMS:
+    if site.form.filters not in _FALLBACK_FORMS:
         return []
     sorts = {top_k.sort for top_k in top_ks if top_k.sort is not None}
     upstream = {op for leaf in site.match.leaves.values() for op in _backward_ops(leaf)}
     return [sort for sort in sorts if sort in upstream]
+
+
+# ----- remarks -------------------------------------------------------------------------------------
+
+# Where the sampler's own computation ends, walking up from it: the model (its projections) and control flow.
+_MODEL_OPS = ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution", "stablehlo.while",
+              "stablehlo.case", "stablehlo.if", "func.call", "stablehlo.custom_call", "stablehlo.composite")
+
+
+def _sampler_ops(value: ir.Value, limit: int = 600) -> list[ir.Operation]:
+    """The ops that compute `value` from the model's output: the backward slice, not past _MODEL_OPS."""
+    found: list[ir.Operation] = []
+    seen: set[ir.Operation] = set()
+    stack = [value]
+    while stack and len(seen) < limit:
+        op = defining_op(stack.pop())
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        if op.name in _MODEL_OPS:
+            continue
+        found.append(op)
+        stack.extend(op.operands)
+    return found
+
+
+def _over(op: ir.Operation, size: int) -> bool:
+    """Whether `op` works along a dim of `size` (the vocabulary): its first operand's (or result's) last dim."""
+    value = op.operands[0] if len(op.operands) else op.results[0]
+    shape = _shape(value) if isinstance(value.type, ir.RankedTensorType) else ()
+    return bool(shape) and shape[-1] == size
+
+
+def _fed_by(draw: Draw) -> str | None:
+    """What makes `draw` a sampler's draw, for its remark: noise ("": the reason says so already) or a softmax
+    over its dim; None if neither."""
+    if _has_noise(draw.op.operands[0]):
+        return ""
+    for op in _sampler_ops(draw.op.operands[0]):
+        if op.name == "stablehlo.exponential" and _shape(op.results[0])[-1:] == (draw.size,):
+            return f" (it draws from a softmax: stablehlo.exponential at {format_location(op.location)})"
+    return None
+
+
+def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
+    """The filters that compute the fused site's logits operand (a top-k, a top-p's sort and cumulative sum, a
+    softmax over the vocabulary): they stay in XLA. Sorts already `reported` (argsorts) are left out."""
+    logits = site.match.leaves[0]
+    vocab = _shape(logits)[-1] if _shape(logits) else 0
+    ops = [op for op in _sampler_ops(logits) if op not in reported and _over(op, vocab)]
+    at = {name: [f"{o.name} at {format_location(o.location)}" for o in ops if o.name == name]
+          for name in ("chlo.top_k", "stablehlo.sort", "stablehlo.reduce_window", "stablehlo.exponential")}
+    parts = []
+    full = [o for o in ops if o.name == "chlo.top_k" and ir.IntegerAttr(o.attributes["k"]).value == vocab]
+    partial = [o for o in ops if o.name == "chlo.top_k" and o not in full]
+    if partial:
+        parts.append("the top-k filter (" + ", ".join(f"chlo.top_k at {format_location(o.location)}"
+                                                      for o in partial) + ")")
+    nucleus = [f"chlo.top_k at {format_location(o.location)}" for o in full] + at["stablehlo.sort"]
+    if at["stablehlo.reduce_window"]:
+        parts.append("the top-p filter (" + ", ".join(nucleus + at["stablehlo.reduce_window"]) + ")")
+    elif nucleus:
+        parts.append("a sort over the vocabulary (" + ", ".join(nucleus) + ")")
+    elif at["stablehlo.exponential"]:
+        parts.append("a softmax (" + ", ".join(at["stablehlo.exponential"]) + ")")
+    return parts

@@ -135,6 +135,47 @@ def min_p_sampler(x, key):
     return jax.random.categorical(key, jnp.where(keep, scaled, -jnp.inf))
 
 
+# --- other draws: from the log-probabilities, or by jax.random.choice (torch.multinomial) ---------------
+
+
+def keras_random(x, key):
+    """keras-hub's RandomSampler: softmax(x / T), then keras' random.categorical of the probabilities' log."""
+    return jax.random.categorical(key, jnp.log(jax.nn.softmax(x / 0.7, axis=-1)))
+
+
+def log_softmax_temperature(x, key):
+    return jax.random.categorical(key, jax.nn.log_softmax(x / 0.8))
+
+
+def log_softmax_categorical(x, key):
+    return jax.random.categorical(key, jax.nn.log_softmax(x, axis=-1), axis=-1)
+
+
+def top_k_log_softmax(x, key):
+    values, ids = jax.lax.top_k(x, 8)
+    pick = jax.random.categorical(key, jax.nn.log_softmax(values / 0.6))
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+
+def top_p_log_of_softmax(x, key):
+    return jax.random.categorical(key, jnp.log(jax.nn.softmax(_nucleus(x, 0.9) / 0.7)))
+
+
+def _multinomial(probs, key):
+    """torch.multinomial(probs, 1).squeeze(1) as torchax lowers it: jax.random.choice per row, one key."""
+    rows = [jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(probs.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
+def multinomial_temperature(x, key):
+    return _multinomial(jax.nn.softmax(x / 0.7, axis=-1), key)
+
+
+def multinomial_top_k_mask(x, key):
+    kth = jax.lax.top_k(x, 16)[0][..., -1:]
+    return _multinomial(jax.nn.softmax(jnp.where(x < kth, -jnp.inf, x) / 0.8, axis=-1), key)
+
+
 # --- near-misses -----------------------------------------------------------------------------------
 
 
@@ -160,6 +201,27 @@ def unknown_filter_is_categorical(x, key):
     """A filter no form knows (<= kth, then * 1/T): exact as categorical over what it computes."""
     kth = jax.lax.top_k(x, 16)[0][..., -1:]
     return jax.random.categorical(key, jnp.where(x <= kth, x, -jnp.inf) * 1.25)
+
+
+def no_match_keras_categorical_axis1(x, key):
+    """keras' JAX random.categorical draws over axis 1 of logits[..., None]: an argmax over a dim that is not
+    the last, which no form has (a remark says so)."""
+    return jax.random.categorical(key, x[..., None], shape=(x.shape[0], 1), axis=1)[:, 0]
+
+
+def no_match_top_1_of_probs(x):
+    """Greedy written as top_k(softmax(x), 1): no form, but it draws from a softmax, so a remark."""
+    return jax.lax.top_k(jax.nn.softmax(x, axis=-1), 1)[1][..., 0]
+
+
+def gemma_top_p_rank_space(x, key):
+    """gemma's nucleus: sorted probabilities, the tail dropped, a draw in rank space: fused only at its draw."""
+    probs = jax.nn.softmax(x / 0.7, axis=-1)
+    ordered, ids = jax.lax.top_k(probs, probs.shape[-1])
+    cumulative = jnp.cumsum(ordered, axis=-1)
+    kept = jnp.where(cumulative - ordered > 0.9, 0.0, ordered)
+    pick = jax.random.categorical(key, jnp.log(kept / jnp.sum(kept, axis=-1, keepdims=True)))
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
 
 
 ARGSORT_REMARK = "stablehlo.sort: top-k by argsort not fused into the sampler (fused as `temperature` after it)"
@@ -190,7 +252,24 @@ VARIANTS: list[Variant] = [
     Variant("top_k_then_top_p", top_k_then_top_p, "top_k_top_p_mask",
             expect={"mode": "top_k+top_p", "k": 50, "p": 0.95}),
     Variant("min_p", min_p_sampler, "min_p", expect={"mode": "min_p", "min_p": 0.05, "temperature": 0.9}),
+    Variant("keras_random", keras_random, "temperature_log_of_softmax", expect={"temperature": 0.7}),
+    Variant("log_softmax_temperature", log_softmax_temperature, "temperature_log_softmax",
+            expect={"mode": "temperature", "temperature": 0.8}),
+    Variant("log_softmax_categorical", log_softmax_categorical, "categorical_log_softmax"),
+    Variant("log_softmax_categorical_bf16", log_softmax_categorical, "categorical_log_softmax", dtype=jnp.bfloat16),
+    Variant("top_k_log_softmax", top_k_log_softmax, "top_k_log_softmax", expect={"k": 8, "temperature": 0.6}),
+    Variant("top_p_log_of_softmax", top_p_log_of_softmax, "top_p_mask_log_of_softmax", expect={"p": 0.9}),
+    Variant("multinomial_temperature", multinomial_temperature, "temperature_choice", expect={"temperature": 0.7}),
+    Variant("multinomial_top_k_mask", multinomial_top_k_mask, "top_k_mask_choice",
+            expect={"k": 16, "temperature": 0.8}),
+    Variant("gemma_top_p_rank_space", gemma_top_p_rank_space, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter "
+                   "(chlo.top_k"),
     Variant("no_match_noise_escapes", no_match_noise_escapes, None),
+    Variant("no_match_keras_categorical_axis1", no_match_keras_categorical_axis1, None,
+            remark="argmax over dim 1 (not the last)"),
+    Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
+            remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),
     Variant("unknown_filter_is_categorical", unknown_filter_is_categorical, "categorical"),
     Variant("no_match_uniform_noise", no_match_uniform_noise, None),
 ]
@@ -213,7 +292,8 @@ def _lit_case(variant: Variant) -> str:
     lines = [f"// CHECK-LABEL: func.func public @{name}("]
     if variant.form is None:
         lines += ['// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
-                  "// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused"]
+                  "// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused" +
+                  (f"{{{{.*}}}}{variant.remark}" if variant.remark else "")]
     else:
         lines += [f'// CHECK: stablehlo.composite "hlofuse.sample"{{{{.*}}}}form = "{variant.form}"',
                   '// CHECK-NOT: stablehlo.composite "hlofuse.sample"',

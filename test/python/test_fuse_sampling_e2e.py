@@ -74,10 +74,12 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
     result = run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
     sites = 0 if variant.form is None else 1
     assert count_composites(fused, "hlofuse.sample") == sites, [str(r) for r in result.remarks]
+    remarks = [str(r) for r in result.remarks]
     if variant.form is None:
         assert result.remarks, "a near-miss must say why it was not fused"
+        assert result.counters["sampling_not_fused"] >= 1
+        assert not variant.remark or any(variant.remark in r for r in remarks), remarks
         return
-    remarks = [str(r) for r in result.remarks]
     if variant.remark:
         assert any(variant.remark in r for r in remarks), remarks
     else:

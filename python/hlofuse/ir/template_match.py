@@ -29,6 +29,16 @@ _COMMUTATIVE = ("stablehlo.add", "stablehlo.multiply", "stablehlo.and", "stableh
 
 
 @dataclass
+class MatchReport:
+    """Where a failed match stopped: how many template ops had matched, and the template value and the user
+    value last found to differ (either None where one side has no op there)."""
+
+    matched: int = 0
+    template: ir.Value | None = None
+    user: ir.Value | None = None
+
+
+@dataclass
 class TemplateMatch:
     leaves: dict[int, ir.Value] = field(default_factory=dict)  # template argument number -> user value
     params: dict[str, float] = field(default_factory=dict)
@@ -60,24 +70,32 @@ class _Matcher:
         self.sentinels = sentinels
         self.values: dict[ir.Value, ir.Value] = {}
         self.result = TemplateMatch()
+        self.report = MatchReport()
+
+    def differ(self, t: ir.Value, u: ir.Value) -> bool:
+        """Records that `t` and `u` differ; False, for `return self.differ(...)`."""
+        self.report.template, self.report.user = t, u
+        return False
 
     def value(self, t: ir.Value, u: ir.Value) -> bool:
         if t in self.values:
-            return self.values[t] == u
+            return self.values[t] == u or self.differ(t, u)
         if str(t.type) != str(u.type):
-            return False
+            return self.differ(t, u)
         if t in self.args:
             index = self.args[t]
             if self.result.leaves.setdefault(index, u) != u:
-                return False
+                return self.differ(t, u)
             self.values[t] = u
             return True
         t_op, u_op = defining_op(t), defining_op(u)
         if t_op is None or u_op is None:
-            return False  # region block arguments are bound before their bodies are compared
+            return self.differ(t, u)  # region block arguments are bound before their bodies are compared
         if ir.OpResult(t).result_number != ir.OpResult(u).result_number:
-            return False
+            return self.differ(t, u)
         if not self.op(t_op, u_op):
+            if self.report.template is None:
+                self.differ(t, u)
             return False
         self.values[t] = u
         return True
@@ -86,15 +104,21 @@ class _Matcher:
         if t in self.result.ops:
             return self.result.ops[t] == u
         if t.name != u.name or len(t.operands) != len(u.operands) or len(t.regions) != len(u.regions):
-            return False
+            return self._op_differs(t, u)
         if [str(r.type) for r in t.results] != [str(r.type) for r in u.results]:
-            return False
+            return self._op_differs(t, u)
         if not self._attributes(t, u):
-            return False
+            return self._op_differs(t, u)
         self.result.ops[t] = u
+        self.report.matched = max(self.report.matched, len(self.result.ops))
         if not self._operands(t, u):
             return False
         return all(self._region(a, b) for a, b in zip(t.regions, u.regions, strict=True))
+
+    def _op_differs(self, t: ir.Operation, u: ir.Operation) -> bool:
+        self.report.template = t.results[0] if len(t.results) else None
+        self.report.user = u.results[0] if len(u.results) else None
+        return False
 
     def _operands(self, t: ir.Operation, u: ir.Operation) -> bool:
         """Operands in order or, for a commutative op, swapped (undoing what the first try bound)."""
@@ -153,11 +177,13 @@ class _Matcher:
 
 
 def match_template(user_root: ir.Value, template_root: ir.Value, template_args: list[ir.Value],
-                   sentinels: Mapping[str, float]) -> TemplateMatch | None:
-    """The user subgraph at `user_root` as an instance of the template, or None."""
+                   sentinels: Mapping[str, float], report: MatchReport | None = None) -> TemplateMatch | None:
+    """The user subgraph at `user_root` as an instance of the template, or None (and then, if given,
+    `report` says where the match stopped)."""
     matcher = _Matcher(template_args, sentinels)
-    if not matcher.value(template_root, user_root):
-        return None
-    if len(matcher.result.leaves) != len(template_args):
-        return None
-    return matcher.result
+    if matcher.value(template_root, user_root) and len(matcher.result.leaves) == len(template_args):
+        return matcher.result
+    if report is not None:
+        report.matched, report.template, report.user = (matcher.report.matched, matcher.report.template,
+                                                        matcher.report.user)
+    return None

@@ -177,6 +177,13 @@ class Form:
     params: tuple[str, ...] = ()  # of temperature, k, p, min_p
     marker_ops: tuple[str, ...] = ()  # ops a program must contain for the form to be worth lowering
     others: tuple[Writing, ...] = ()  # other writings of fn, as libraries vary it
+    draw: str = "argmax"  # the op that draws: "argmax", or "top_k" (k = 1, as jax.random.choice draws)
+    base: str = ""  # the form whose filters this one has, with another draw ("" = its own)
+
+    @property
+    def filters(self) -> str:
+        """The form whose filters (and their order) this form has: its base, or itself."""
+        return self.base or self.name
 
     @property
     def writings(self) -> tuple[Writing, ...]:
@@ -215,6 +222,60 @@ FORMS: dict[str, Form] = {f.name: f for f in (
           _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
 )}
+
+
+# ----- draws -----------------------------------------------------------------------------------------
+# The forms above draw `categorical(key, y)` from their filtered, scaled logits y. Libraries also draw from the
+# log-probabilities, or sample the probabilities; each such draw composes with every stochastic form above
+# (form `<form>_<draw>`): the same filters, then this draw of y.
+
+
+def log_softmax_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """categorical(key, log_softmax(y)), as keras-hub's samplers draw from their probabilities' logs."""
+    return categorical_fn(key, jax.nn.log_softmax(y, axis=axis), axis=axis)
+
+
+def log_of_softmax_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """categorical(key, log(softmax(y))): keras' `random.categorical(ops.log(probabilities))`."""
+    return categorical_fn(key, jnp.log(jax.nn.softmax(y, axis=axis)), axis=axis)
+
+
+def choice_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """`torch.multinomial(softmax(y), 1).squeeze(1)` as torchax lowers it: per row, jax.random.choice without
+    replacement (top_k(gumbel + log p, 1)), every row with the same key, so the same noise (counters 0..n-1).
+    Rows of (B, n) only. (`categorical_fn` is not used: the rows do not index the noise.)"""
+    probs = jax.nn.softmax(y, axis=-1)
+    if y.ndim != 2:
+        raise ValueError(f"the choice draw takes (B, n) logits, not {y.shape}")
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
+DRAWS: dict[str, Callable[..., jax.Array]] = {"log_softmax": log_softmax_draw, "log_of_softmax": log_of_softmax_draw,
+                                              "choice": choice_draw}
+
+
+def _drawn_by(fn: Callable[..., jax.Array], draw: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`fn` with its categorical draw replaced by `draw` (which wraps the categorical it is given)."""
+
+    def composed(logits: jax.Array, key: jax.Array, *, categorical_fn: Categorical = jax.random.categorical,
+                 **params: Any) -> jax.Array:
+        return fn(logits, key, categorical_fn=functools.partial(draw, categorical_fn), **params)
+
+    return composed
+
+
+def _with_draw(form: Form, name: str) -> Form:
+    markers = ("stablehlo.exponential",) + ("chlo.top_k",) * (name == "choice")
+    others = tuple(Writing(_drawn_by(w.fn, DRAWS[name]), tuple(dict.fromkeys(w.marker_ops + markers)))
+                   for w in form.others)
+    return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
+                tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
+                form.name)
+
+
+FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
+                                  if base.stochastic and base.draw == "argmax")})
 
 
 # Each parameter's value when a form does not read it: what the form's function computes with.
@@ -294,6 +355,6 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
-__all__ = ["FORMS", "NEUTRAL_PARAMS", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form", "Writing", "form_params",
+__all__ = ["DRAWS", "FORMS", "NEUTRAL_PARAMS", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form", "Writing", "form_params",
            "merge_vocab_splits", "reference_where_uncertified", "sample_reference", "sampling_lowering",
            "top_k_by_argsort"]
