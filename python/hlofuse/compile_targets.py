@@ -351,6 +351,7 @@ def _environment(**values: str) -> Iterator[None]:
 
 _KERNEL_HLO = re.compile(r"%(\S+) = [^\n]*custom-call\([^\n]*custom_call_target=\"tpu_custom_call\"")
 _BUNDLES = re.compile(r"total scheduled bundles:\s*(\d+)")
+_WINDOW = re.compile(r"window allocation for operator (input \d+|output \d+)\. The window shape is (\S+),")
 
 
 def tpu_resources(dump_dir: str, files: list[str]) -> dict[str, Any]:
@@ -381,9 +382,13 @@ def tpu_resources(dump_dir: str, files: list[str]) -> dict[str, Any]:
             resources["vmem_bytes"] = breakdown.get("total_size", 0)
             resources["vmem_spill_bytes"] = sum(a["size"] for a in allocations if a.get("tag") == "SPILL")
             # Operand and output windows, with every buffering level (2: the pipeline's double buffer).
-            resources["vmem_window_bytes"] = sum(
-                a["size"] for a in allocations if "window allocation" in str(a.get("tag", ""))
-            )
+            windows = [a for a in allocations if "window allocation" in str(a.get("tag", ""))]
+            resources["vmem_window_bytes"] = sum(a["size"] for a in windows)
+            resources["windows"] = {
+                found.group(1): found.group(2)
+                for found in (_WINDOW.search(str(a["tag"])) for a in windows)
+                if found
+            }
     return resources
 
 
@@ -545,3 +550,125 @@ def describe(resources: dict[str, Any]) -> str:
     if "temp_bytes" in resources:
         parts.append(f"temp {_kib(resources['temp_bytes'])}")
     return ", ".join(parts) if parts else "no resource dump"
+
+
+# ----------------------------------------------------------------------------- the table in docs/kernels-pallas.md
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One attention shape for the table: q (B, T, N, H), k/v (B, S, K, H)."""
+
+    dtype: str
+    b: int
+    t: int
+    s: int
+    n: int
+    k: int
+    h: int
+    causal: bool = True
+
+    @property
+    def label(self) -> str:
+        heads = f"{self.n}" if self.n == self.k else f"{self.n}/{self.k}"
+        return f"{self.dtype} B{self.b} T{self.t} S{self.s} N{heads} H{self.h}" + (" causal" if self.causal else "")
+
+
+TABLE_CASES = (
+    AttentionCase("bf16", 1, 2048, 2048, 8, 8, 128),
+    AttentionCase("bf16", 1, 1024, 1024, 32, 8, 128),
+    AttentionCase("f32", 1, 1024, 1024, 8, 8, 128),
+    AttentionCase("bf16", 1, 1024, 1024, 8, 8, 256),
+    AttentionCase("f32", 1, 1024, 1024, 8, 8, 256),
+    AttentionCase("bf16", 8, 1, 4096, 32, 8, 128, causal=False),
+)
+TABLE_TARGETS = (("tpu-v5e", "tpu"), ("tpu-v6e", "tpu"), ("tpu-v5p", "tpu"), ("h100", "gpu"), ("h100", "gpu-mosaic"))
+
+
+def _case_module(case: AttentionCase, kernel_target: str) -> ir.Module:
+    import jax
+    import jax.numpy as jnp
+
+    from hlofuse.ir.context import clone_module
+    from hlofuse.pipeline import run_pipeline
+
+    dtype = jnp.dtype({"bf16": "bfloat16", "f32": "float32"}[case.dtype])
+
+    def attention(q: Any, k: Any, v: Any) -> Any:  # noqa: ANN401
+        q = q.reshape(case.b, case.t, case.k, case.n // case.k, case.h)
+        scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) * case.h**-0.5
+        if case.causal:
+            visible = jnp.arange(case.s)[None, :] <= jnp.arange(case.t)[:, None] + (case.s - case.t)
+            scores = jnp.where(visible, scores, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, v, preferred_element_type=jnp.float32)
+        return out.reshape(case.b, case.t, case.n, case.h).astype(dtype)
+
+    q = jax.ShapeDtypeStruct((case.b, case.t, case.n, case.h), dtype)
+    kv = jax.ShapeDtypeStruct((case.b, case.s, case.k, case.h), dtype)
+    lowered = jax.jit(attention).lower(q, kv, kv).compiler_ir("stablehlo")
+    with lowered.context, ir.Location.unknown():
+        module = clone_module(lowered)
+        run_pipeline(module, "default", target=kernel_target)
+    return module
+
+
+def _blocks(call: ir.Operation, resources: dict[str, Any]) -> str:
+    windows = resources.get("windows", {})
+    if windows:  # TPU: q and k windows (block_q rows, block_k keys) as the compiler allocated them
+        q, k = windows.get("input 1", "?"), windows.get("input 2", "?")
+        return f"q {q}, k {k}"
+    if "mhlo.backend_config" in call.attributes:  # Triton: warps and stages from the call
+        config = ir.DictAttr(call.attributes["mhlo.backend_config"])
+        if "num_warps" in config:
+            warps, stages = (ir.IntegerAttr(config[key]).value for key in ("num_warps", "num_stages"))
+            return f"{warps} warps, {stages} stages"
+    return "-"
+
+
+def table(cases: tuple[AttentionCase, ...] = TABLE_CASES, targets: tuple[tuple[str, str], ...] = TABLE_TARGETS) -> str:
+    """A markdown table: each case lowered for each (chip, kernel target) and its kernels compiled alone."""
+    for name, _ in targets:
+        prepare(name)
+    lines = [
+        "| case | chip | target | kernel | blocks | compiled | resources |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for case in cases:
+        for name, kernel_target in targets:
+            module = _case_module(case, kernel_target)
+            calls = kernel_calls(module)
+            if not calls:
+                lines.append(f"| {case.label} | {name} | {kernel_target} | (kept as a composite) | - | - | - |")
+                continue
+            for call in calls:
+                report = _check_kernel(call, chip(name))
+                verdict = "yes" if report.ok else f"**no**: {report.error}"
+                resources = describe(report.resources) if report.ok else "-"
+                lines.append(
+                    f"| {case.label} | {name} | {kernel_target} | {report.name} | {_blocks(call, report.resources)} "
+                    f"| {verdict} | {resources} |"
+                )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m hlofuse.compile_targets",
+        description="Compile the attention kernels for each chip on this host and print a markdown table "
+        "(docs/kernels-pallas.md).",
+    )
+    parser.add_argument("--chips", default=",".join(dict.fromkeys(n for n, _ in TABLE_TARGETS)),
+                        help="comma-separated chips (default: %(default)s)")
+    args = parser.parse_args(argv)
+    wanted = set(args.chips.split(","))
+    for name in wanted:
+        chip(name)
+    print(table(targets=tuple(t for t in TABLE_TARGETS if t[0] in wanted)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
