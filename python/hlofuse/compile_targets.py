@@ -582,6 +582,32 @@ TABLE_CASES = (
     AttentionCase("f32", 1, 1024, 1024, 8, 8, 256),
     AttentionCase("bf16", 8, 1, 4096, 32, 8, 128, causal=False),
 )
+@dataclass(frozen=True)
+class SamplerCase:
+    """One sampler for the table: `hlofuse.sample` on (rows, V) logits."""
+
+    dtype: str
+    rows: int
+    vocab: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @property
+    def label(self) -> str:
+        knobs = [f"T={self.temperature:g}"] if self.temperature else ["greedy"]
+        knobs += [f"k={self.top_k}"] * bool(self.top_k) + [f"p={self.top_p:g}"] * (self.top_p < 1)
+        knobs += [f"min_p={self.min_p:g}"] * bool(self.min_p)
+        return f"sample {self.dtype} {self.rows}x{self.vocab} " + " ".join(knobs)
+
+
+TABLE_SAMPLERS = (
+    SamplerCase("f32", 8, 32000, temperature=0.7, top_k=50, top_p=0.95),
+    SamplerCase("bf16", 16, 128256, temperature=0.6, top_k=40),
+    SamplerCase("f32", 8, 256000, temperature=1.0, min_p=0.1),
+    SamplerCase("f32", 1, 128256, temperature=0.0),
+)
 TABLE_TARGETS = (("tpu-v5e", "tpu"), ("tpu-v6e", "tpu"), ("tpu-v5p", "tpu"), ("h100", "gpu"), ("h100", "gpu-mosaic"))
 
 
@@ -613,20 +639,47 @@ def _case_module(case: AttentionCase, kernel_target: str) -> ir.Module:
     return module
 
 
+def _sampler_module(case: SamplerCase, kernel_target: str) -> ir.Module:
+    import jax
+    import jax.numpy as jnp
+
+    import hlofuse
+    from hlofuse.ir.context import clone_module
+    from hlofuse.pipeline import run_pipeline
+
+    dtype = jnp.dtype({"bf16": "bfloat16", "f32": "float32"}[case.dtype])
+
+    def sampler(logits: Any, key: Any) -> Any:  # noqa: ANN401
+        return hlofuse.sample(logits, key, temperature=case.temperature, top_k=case.top_k, top_p=case.top_p,
+                              min_p=case.min_p)
+
+    logits = jax.ShapeDtypeStruct((case.rows, case.vocab), dtype)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    lowered = jax.jit(sampler).lower(logits, key).compiler_ir("stablehlo")
+    with lowered.context, ir.Location.unknown():
+        module = clone_module(lowered)
+        run_pipeline(module, "default", target=kernel_target)
+    return module
+
+
 def _blocks(call: ir.Operation, resources: dict[str, Any]) -> str:
     windows = resources.get("windows", {})
-    if windows:  # TPU: q and k windows (block_q rows, block_k keys) as the compiler allocated them
-        q, k = windows.get("input 1", "?"), windows.get("input 2", "?")
-        return f"q {q}, k {k}"
+    if windows:  # TPU: the windows as the compiler allocated them (attention: q and k; sampler: logits)
+        if "input 2" in windows:
+            return f"q {windows['input 1']}, k {windows['input 2']}"
+        return f"logits {windows.get('input 1', '?')}"
     if "mhlo.backend_config" in call.attributes:  # Triton: warps and stages from the call
         config = ir.DictAttr(call.attributes["mhlo.backend_config"])
         if "num_warps" in config:
             warps, stages = (ir.IntegerAttr(config[key]).value for key in ("num_warps", "num_stages"))
-            return f"{warps} warps, {stages} stages"
+            return f"{warps} warps, {stages} stage{'s' * (stages != 1)}"
     return "-"
 
 
-def table(cases: tuple[AttentionCase, ...] = TABLE_CASES, targets: tuple[tuple[str, str], ...] = TABLE_TARGETS) -> str:
+def table(
+    cases: tuple[AttentionCase | SamplerCase, ...] = TABLE_CASES + TABLE_SAMPLERS,
+    targets: tuple[tuple[str, str], ...] = TABLE_TARGETS,
+) -> str:
     """A markdown table: each case lowered for each (chip, kernel target) and its kernels compiled alone."""
     for name, _ in targets:
         prepare(name)
@@ -636,7 +689,10 @@ def table(cases: tuple[AttentionCase, ...] = TABLE_CASES, targets: tuple[tuple[s
     ]
     for case in cases:
         for name, kernel_target in targets:
-            module = _case_module(case, kernel_target)
+            if isinstance(case, SamplerCase) and kernel_target == "gpu-mosaic":
+                continue  # the same Triton sampler as target gpu
+            build = _sampler_module if isinstance(case, SamplerCase) else _case_module
+            module = build(case, kernel_target)  # type: ignore[arg-type]
             calls = kernel_calls(module)
             if not calls:
                 lines.append(f"| {case.label} | {name} | {kernel_target} | (kept as a composite) | - | - | - |")
