@@ -10,6 +10,7 @@ tokens. Rows run in parallel, and a row's vocabulary is split across threads whe
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels.sampling_reference import (
+    DRAWS,
+    FORMS,
     form_params,
     merge_vocab_splits,
     reference_where_uncertified,
@@ -166,6 +169,47 @@ def sample_splits(
     return tokens, scores
 
 
+def _kernel_categorical(shared_noise: bool) -> Callable[..., jax.Array]:
+    """jax.random.categorical(key, z, axis=-1) by the kernel (form categorical: the same ids for f32 and bf16 z).
+    With `shared_noise` every row draws row 0's noise, as jax.random.choice does row by row with one key."""
+
+    def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
+        if axis not in (-1, z.ndim - 1):
+            raise ValueError("the kernel draws over the last axis")
+        batch, vocab = z.shape[:-1], z.shape[-1]
+        rows = int(np.prod(batch, dtype=np.int64))
+        row_ids = jnp.zeros((rows,), jnp.int32) if shared_noise else jax.lax.iota(jnp.int32, rows)
+        params = form_params("categorical")
+        (tokens,) = _sample_call(z.reshape(rows, vocab), _keys(key, (rows,)), row_ids, form="categorical", **params)
+        return tokens.reshape(batch)
+
+    return draw
+
+
+def _choice_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """sampling_reference.choice_draw: per row top_k(gumbel + log p, 1), the same noise for every row, which is
+    the argmax of each row's log p plus row 0's noise (top_k with k = 1 orders as argmax: NaN first, then the
+    lower id)."""
+    return _kernel_categorical(shared_noise=True)(key, jnp.log(jax.nn.softmax(y, axis=-1)))
+
+
+def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form `<base>_<draw>` (a draw of sampling_reference.DRAWS): the form's own function, whose filters and
+    log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
+    categorical draw. The kernel prunes the noise, the filters run as XLA runs them."""
+    spec = FORMS[form]
+    draw = form[len(spec.base) + 1:]
+    base = FORMS[spec.base].fn
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        if draw == "choice":
+            return base(logits, key, categorical_fn=_choice_by_kernel, **params)
+        return base(logits, key, categorical_fn=functools.partial(DRAWS[draw], _kernel_categorical(False)),
+                    **params)
+
+    return kernel
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
     from hlofuse.composites import SampleAttrs
@@ -174,6 +218,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
+        if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
+            raise Unsupported("the choice draw takes (B, V) logits")
+        return drawn_form_lowering(attrs.form, attrs.params())
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
     dtype = call.operand_types[0][1]
