@@ -90,7 +90,8 @@ VMEM_REPORT = """<html><script>
         const DATA ={"global_info": {"module_name": "hlofuse_kernel", "vmem_capacity": 134217728},
   "hlo_breakdowns": {"name.1": {"blocks": [{"allocations": [
      {"padding": 0, "shape": "f32[256,128]", "size": 131072, "tag": "scratch operand"},
-     {"padding": 0, "size": 262144, "tag": "input window allocation for operator input 1. ... 2 buffering levels."},
+     {"padding": 0, "size": 262144, "tag": "input window allocation for operator input 1. The window shape is \
+f32[1,1,256,128], while the full shape is f32[2,4,512,128]. This allocation has 2 buffering levels."},
      {"padding": 0, "size": 4096, "tag": "SPILL"}], "block_size": 397312, "block_type": "SCOPED"}],
      "metadata": "", "total_size": 397312}}};
         const heading = 1;</script></html>"""
@@ -118,6 +119,7 @@ def test_tpu_resources_from_libtpu_dump_files(tmp_path):
         "vmem_bytes": 397312,
         "vmem_spill_bytes": 4096,
         "vmem_window_bytes": 262144,
+        "windows": {"input 1": "f32[1,1,256,128]"},
     }
 
 
