@@ -106,19 +106,20 @@ def _backends_started() -> bool:
     return xla_bridge.backends_are_initialized()
 
 
-def prepare(name: str) -> None:
+def prepare(name: str, *, cpu_backends: bool = False) -> None:
     """Sets what must be set before JAX or libtpu start, for a later `topology(name)`; idempotent.
 
-    TPU: allows a second libtpu on the host, and asks libtpu for the dumps read here. Both: keeps JAX's
-    own backends on the CPU (a CUDA plugin on a host without a GPU fails at cuInit otherwise, and a TPU
-    backend would load libtpu before the dump flags are in)."""
+    TPU: allows a second libtpu on the host, and asks libtpu for the dumps read here. With `cpu_backends`
+    (hlofuse-opt), JAX's own backends stay on the CPU unless JAX_PLATFORMS says otherwise: a CUDA plugin on
+    a host without a GPU fails at cuInit, and a TPU backend would load libtpu before the dump flags are in.
+    A library caller on a TPU or GPU host keeps its devices."""
     global _tpu_dump_dir
     target = chip(name)
     import jax
     from jax._src import config
     from jax._src.lib import xla_client
 
-    if not _backends_started() and not config.jax_platforms.value:
+    if cpu_backends and not _backends_started() and not config.jax_platforms.value:
         jax.config.update("jax_platforms", "cpu")
     if target.platform != "tpu":
         return
@@ -682,7 +683,7 @@ def table(
 ) -> str:
     """A markdown table: each case lowered for each (chip, kernel target) and its kernels compiled alone."""
     for name, _ in targets:
-        prepare(name)
+        prepare(name, cpu_backends=True)
     lines = [
         "| case | chip | target | kernel | blocks | compiled | resources |",
         "|---|---|---|---|---|---|---|",

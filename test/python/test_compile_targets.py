@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 
 import jax
@@ -184,3 +185,16 @@ def test_output_onto_a_fifo_writes_to_it(tmp_path):
     reader.join(timeout=30)
     assert got == ["module {}\n"]
     assert fifo.is_fifo() and os.listdir(tmp_path) == ["out.fifo"]
+
+
+def test_a_missing_compiler_is_one_error_line(monkeypatch, capsys):
+    def unavailable(module, name):
+        raise ct.CompilerUnavailable(f'{name} needs libtpu: pip install "hlofuse[tpu]" (or jax[tpu]==0.10.2)')
+
+    monkeypatch.setattr(ct, "check_module", unavailable)
+    options = opt.parse_args(["in.mlir", "--compile-for=tpu-v5e"])
+    assert not opt._compile_for(lowered_for("tpu"), "in.mlir", options, sys.stderr)
+    assert capsys.readouterr().err.splitlines() == [
+        'hlofuse-opt: error: --compile-for=tpu-v5e: tpu-v5e needs libtpu: pip install "hlofuse[tpu]" '
+        "(or jax[tpu]==0.10.2)"
+    ]

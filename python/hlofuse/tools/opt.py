@@ -473,7 +473,7 @@ def run(options: Options, stderr: TextIO) -> int:
         _report(str(error), stderr, options.debug)
         return 1
     if options.compile_for:
-        compile_targets.prepare(options.compile_for)  # before JAX or libtpu start
+        compile_targets.prepare(options.compile_for, cpu_backends=True)  # before JAX or libtpu start
     context = make_context()
     context.attach_diagnostic_handler(Diagnostics(name, stderr))
     text = pipeline_text(options)
