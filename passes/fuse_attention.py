@@ -36,7 +36,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.composites import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION, is_decode, mask_kind
 from hlofuse.ir import build, layout
 from hlofuse.ir.attention_dims import SiteOps, analyze_dims
-from hlofuse.ir.dims import DimsError
+from hlofuse.ir.dims import LAYOUT_OPS, DimsError
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.mask_eval import Band, as_grid, band_table, evaluate, fit_band
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
@@ -942,8 +942,16 @@ def _check_escapes(site: Site, interior: list[ir.Operation], boundaries: dict[ir
     # Only values computed from q, k and v are the attention's own; masks and lengths computed once and
     # shared by every layer are cloned into each decomposition, so sharing them is fine.
     tainted: set[ir.Value] = {value for value, role in boundaries.items() if role in ("q", "k", "v")}
+    # q, k or v only laid out (transposed, reshaped, repeated per group) may have other users, e.g. the next
+    # layer's site over the same repeated K/V: the decomposition clones that data movement, and the
+    # original stays for them.
+    moved: set[ir.Value] = set(tainted)
     for op in interior:
         if not any(v in tainted for v in op.operands):
+            continue
+        if op.name in LAYOUT_OPS and op.operands[0] in moved:
+            moved.update(op.results)
+            tainted.update(op.results)
             continue
         for result in op.results:
             tainted.add(result)

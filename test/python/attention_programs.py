@@ -36,14 +36,20 @@ UPCASTS = ("none", "after_dot", "before_softmax", "preferred")
 # prescale_q: q * H**-0.5; prescale_q_divide: q / jnp.sqrt(H) in q's dtype.
 SCALES = ("none", "multiply", "divide_sqrt", "prescale_q", "prescale_q_divide")
 # btnh: einsums on (B,T,N,H); bnth: transposed to (B,N,T,H) first; matmul: q @ kᵀ on (B,N,T,H);
-# v_left: BTNH einsums with v as the first operand of the second one.
-LAYOUTS = ("btnh", "bnth", "matmul", "v_left")
-# When K < N: jnp.repeat of k and v over heads, or the 5-D grouped einsum "btkgh,bskh->bkgts".
-GQA_FORMS = ("none", "repeat", "grouped")
-# Causal and windows from iota comparisons, or from jnp.tril / jnp.triu of ones.
-MASK_STYLES = ("iota", "tril")
-# One jnp.where on the conjunction of every predicate, or one jnp.where per predicate.
-COMBINES = ("and", "chain")
+# v_left: BTNH einsums with v as the first operand of the second one; bmm: PyTorch's 4-D matmul as
+# torchax lowers it, batch and heads folded into one dim around each batch_matmul; permuted: logits laid
+# out (B,N,S,T), the softmax over axis -2, masks and biases transposed to match.
+LAYOUTS = ("btnh", "bnth", "matmul", "v_left", "bmm", "permuted")
+# When K < N: jnp.repeat of k and v over heads, the 5-D grouped einsum "btkgh,bskh->bkgts", Hugging
+# Face's repeat_kv (broadcast a new group dim, reshape into heads), or, for K = 1, k and v with their
+# head dim squeezed away ("btnh,bsh->bnts").
+GQA_FORMS = ("none", "repeat", "grouped", "expand", "squeezed")
+# Causal and windows from iota comparisons, from jnp.tril / jnp.triu of ones, or from positions that a
+# cumsum over ones counts (the mask is then decided by evaluating it).
+MASK_STYLES = ("iota", "tril", "cumsum")
+# One jnp.where on the conjunction of every predicate, one jnp.where per predicate, or the conjunction
+# added as a bias `where(visible, 0, fill)` (PyTorch and Hugging Face write masks that way).
+COMBINES = ("and", "chain", "additive")
 MASK_SHAPES = ("b1ts", "bnts", "ts")
 BIAS_SHAPES = ("bnts", "1nts", "ts")
 FILLS = ("-inf", "finfo_min", "-1e9")
@@ -269,6 +275,8 @@ def _jnp_program(spec: AttentionSpec) -> Callable[..., jax.Array]:
             q = q / jnp.sqrt(jnp.asarray(spec.h, dtype))
         if spec.gqa == "repeat":
             k, v = jnp.repeat(k, spec.groups, axis=2), jnp.repeat(v, spec.groups, axis=2)
+        elif spec.gqa == "expand":
+            k, v = _repeat_kv(spec, k), _repeat_kv(spec, v)
         s = _logits(spec, q, k)
         if spec.upcast == "after_dot":
             s = s.astype(F32)
@@ -279,11 +287,11 @@ def _jnp_program(spec: AttentionSpec) -> Callable[..., jax.Array]:
         if spec.softcap:
             s = jnp.tanh(s / spec.softcap) * spec.softcap
         if "bias" in named:
-            s = s + _to_scores(spec, named["bias"])
+            s = s + _laid_out(spec, _to_scores(spec, named["bias"]))
         s = _apply_masks(spec, s, named)
         if spec.upcast == "before_softmax":
             s = s.astype(F32)
-        p = jax.nn.softmax(s, axis=-1)
+        p = jax.nn.softmax(s, axis=-2 if spec.layout == "permuted" else -1)
         if spec.upcast != "none":
             p = p.astype(dtype)
         return _attend(spec, p, v)
@@ -291,12 +299,33 @@ def _jnp_program(spec: AttentionSpec) -> Callable[..., jax.Array]:
     return program
 
 
+def _repeat_kv(spec: AttentionSpec, x: jax.Array) -> jax.Array:
+    """Hugging Face's repeat_kv: (B,S,K,H) -> (B,K,1,S,H) broadcast to (B,K,G,S,H), reshaped to N heads."""
+    b, s, kv, h = x.shape
+    grouped = jnp.broadcast_to(x.transpose(0, 2, 1, 3)[:, :, None], (b, kv, spec.groups, s, h))
+    return grouped.reshape(b, spec.n, s, h).transpose(0, 2, 1, 3)
+
+
+def _laid_out(spec: AttentionSpec, x: jax.Array) -> jax.Array:
+    """A tensor broadcastable against (.., T, S) logits, in the logits' own layout."""
+    return jnp.swapaxes(x, -1, -2) if spec.layout == "permuted" and x.ndim >= 2 else x
+
+
 def _logits(spec: AttentionSpec, q: jax.Array, k: jax.Array) -> jax.Array:
-    """(B,N,T,S), or (B,K,G,T,S) for the grouped form."""
+    """(B,N,T,S), (B,N,S,T) when permuted, or (B,K,G,T,S) for the grouped form."""
     pref: dict[str, Any] = {"preferred_element_type": F32} if spec.upcast == "preferred" else {}
     if spec.gqa == "grouped":
         qg = q.reshape(spec.b, spec.t, spec.kv, spec.groups, spec.h)
         return jnp.einsum("btkgh,bskh->bkgts", qg, k, **pref)
+    if spec.gqa == "squeezed":
+        return jnp.einsum("btnh,bsh->bnts", q, k[:, :, 0], **pref)
+    if spec.layout == "permuted":
+        return jnp.einsum("btnh,bsnh->bnst", q, k, **pref)
+    if spec.layout == "bmm":
+        b, t, n, h = q.shape
+        folded_q = q.transpose(0, 2, 1, 3).reshape(b * n, t, h)
+        folded_k = k.transpose(0, 2, 3, 1).reshape(b * n, h, spec.s)
+        return jax.lax.batch_matmul(folded_q, folded_k, **pref).reshape(b, n, t, spec.s)
     if spec.layout in ("btnh", "v_left"):
         return jnp.einsum("btnh,bsnh->bnts", q, k, **pref)
     q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
@@ -313,6 +342,15 @@ def _attend(spec: AttentionSpec, p: jax.Array, v: jax.Array) -> jax.Array:
         else:
             out = jnp.einsum("bkgts,bskd->btkgd", p, v)
         return out.reshape(spec.b, spec.t, spec.n, spec.d)
+    if spec.gqa == "squeezed":
+        return jnp.einsum("bnts,bsd->btnd", p, v[:, :, 0])
+    if spec.layout == "permuted":
+        return jnp.einsum("bnst,bsnd->btnd", p, v)
+    if spec.layout == "bmm":
+        b, n = spec.b, spec.n
+        folded = jax.lax.batch_matmul(p.reshape(b * n, spec.t, spec.s),
+                                      v.transpose(0, 2, 1, 3).reshape(b * n, spec.s, spec.d))
+        return folded.reshape(b, n, spec.t, spec.d).transpose(0, 2, 1, 3)
     if spec.layout == "btnh":
         return jnp.einsum("bnts,bsnd->btnd", p, v)
     if spec.layout == "v_left":
@@ -342,6 +380,9 @@ def _per_sequence(spec: AttentionSpec, x: jax.Array, axis: str) -> jax.Array:
 def _predicates(spec: AttentionSpec, named: dict[str, jax.Array]) -> list[jax.Array]:
     t, s, off = spec.t, spec.s, spec.q_offset
     rows, cols = jnp.arange(t)[:, None], jnp.arange(s)[None, :]
+    if spec.mask_style == "cumsum":  # positions counted by a cumsum over ones
+        rows = (jnp.cumsum(jnp.ones((t,), jnp.int32)) - 1)[:, None]
+        cols = (jnp.cumsum(jnp.ones((s,), jnp.int32)) - 1)[None, :]
     aligned = rows + off if off else rows  # each query's own key position
     ones = jnp.ones((t, s), bool)
     preds: list[jax.Array] = []
@@ -371,7 +412,7 @@ def _fill(spec: AttentionSpec, s: jax.Array) -> Any:  # noqa: ANN401
 
 
 def _apply_masks(spec: AttentionSpec, s: jax.Array, named: dict[str, jax.Array]) -> jax.Array:
-    preds = _predicates(spec, named)
+    preds = [_laid_out(spec, pred) for pred in _predicates(spec, named)]
     if not preds:
         return s
     if spec.combine == "chain":
@@ -381,4 +422,6 @@ def _apply_masks(spec: AttentionSpec, s: jax.Array, named: dict[str, jax.Array])
     visible = preds[0]
     for pred in preds[1:]:
         visible = visible & pred
+    if spec.combine == "additive":
+        return s + jnp.where(visible, jnp.zeros((), s.dtype), jnp.asarray(_fill(spec, s), s.dtype))
     return jnp.where(visible, s, _fill(spec, s))

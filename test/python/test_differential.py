@@ -92,8 +92,9 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
     d = h if nn or same_head_dims else draw(st.sampled_from([8, 16, 32]))
     t = draw(st.integers(1, 32))
     s = draw(st.integers(2, 32))  # not 1: gap "single_key"
-    gqa = "none" if nn or kv == n else draw(st.sampled_from(["repeat", "grouped"]))
-    layouts = ("btnh", "v_left") if gqa == "grouped" else LAYOUTS
+    gqa = "none" if nn or kv == n else draw(st.sampled_from(
+        ["repeat", "grouped", "expand"] + (["squeezed"] if kv == 1 else [])))
+    layouts = {"grouped": ("btnh", "v_left"), "squeezed": ("btnh",)}.get(gqa, LAYOUTS)
     causal = draw(st.booleans())
     window = st.one_of(st.none(), st.integers(0, 8))
     window_left, window_right = draw(window), draw(window) if nn or not causal else None
@@ -119,7 +120,19 @@ def attention_specs(draw: st.DrawFn, dtype: str, same_head_dims: bool = False) -
     # Infinite fills only where every query row keeps a key (module docstring of attention_programs).
     empty_rows = spec.q_lengths or not structural_visibility(spec).any(axis=1).all()
     fills = [f for f in FILLS if not empty_rows or allows_empty_rows(dataclasses.replace(spec, fill=f))]
+    if spec.combine == "additive":
+        # A mask written as a bias is a mask only where the fill absorbs any logit (-inf, or finfo.min of an
+        # 8-bit-exponent type); -1e9 stays a real bias, which is a different spec.
+        fills = [f for f in fills if _absorbing(dataclasses.replace(spec, fill=f))]
+        if not fills:
+            spec = dataclasses.replace(spec, combine="and")
+            fills = [f for f in FILLS if not empty_rows or allows_empty_rows(dataclasses.replace(spec, fill=f))]
     return dataclasses.replace(spec, fill=draw(st.sampled_from(fills)))
+
+
+def _absorbing(spec: AttentionSpec) -> bool:
+    fill = fill_value(spec)
+    return fill == -math.inf or (spec.logits_dtype != "float16" and spec.fill == "finfo_min")
 
 
 # ----- the checks --------------------------------------------------------------------------------------
@@ -143,8 +156,13 @@ def _check_attrs(spec: AttentionSpec, attrs: AttentionAttrs, strict: bool) -> No
              "kv_lengths": spec.kv_lengths}
     assert set(attrs.operands) - {"q", "k", "v"} == {r for r, on in roles.items() if on}, "operands"
     right, left = spec.right_bound, spec.left_bound
-    assert attrs.causal == (right is not None), "causal: the program bounds keys on the right"
-    if right is not None:
+    # One query row: a left bound alone and a causal window are the same visibility, which is checked below.
+    # Masks decided by evaluation (cumsum positions) take the fewest bounds with that visibility, so a bound
+    # that the edges of S make redundant is dropped: there, too, only the visibility is the contract.
+    literal = spec.t > 1 and spec.mask_style != "cumsum"
+    if literal:
+        assert attrs.causal == (right is not None), "causal: the program bounds keys on the right"
+    if right is not None and literal:
         assert attrs.q_offset == spec.q_offset + right, "q_offset"
         assert attrs.window_left == (-1 if left is None else left + right), "window_left"
     visible = np.asarray(attention_visibility(spec.t, spec.s, causal=attrs.causal, window_left=attrs.window_left,

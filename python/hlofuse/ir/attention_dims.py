@@ -10,8 +10,9 @@ and reshape. Then each factor gets its role from what the program does with it:
 - D: the free dims of v.
 - G (query groups): factors that q has and K and V do not: q's free factors other than the query
   positions, and batch factors that K and V only get by a broadcast (a repeat per group).
-- T: the query positions: q's free factor just before the key dim in the logits (a size-1 dim there
-  means a single query position), else its major-most one.
+- T: the query positions: q's free factor that a mask's iota counts along, else the one beside the key
+  dim in the logits (a size-1 dim before it and none after means a single query position), else its
+  major-most one.
 - B and K: the batch factors that K and V have too. A factor merged directly before a group factor
   somewhere (heads = kv heads x groups) is a kv head; of the others, the first is the batch if it
   leads the q·k dot's first batch dim, and the rest are kv heads.
@@ -102,6 +103,7 @@ class _Run:
     contract_atoms: list[str] = field(default_factory=list)
     q_free: list[str] = field(default_factory=list)
     key_atoms: list[str] = field(default_factory=list)
+    iota_atoms: set[str] = field(default_factory=set)  # atoms an iota in a mask or bias counts along
 
 
 def _analyze(site: SiteOps, factors: Factors) -> AttentionDims:
@@ -160,18 +162,21 @@ def _follow_stages(site: SiteOps, run: _Run) -> Labels:
             labels = run.factors.forward(op, labels)
         for operand in op.operands:
             if operand in operands:
-                _refine_through(operand, labels, run.factors)
+                run.iota_atoms |= _refine_through(operand, labels, run.factors)
     return labels
 
 
-def _refine_through(value: ir.Value, labels: Labels, factors: Factors) -> None:
+def _refine_through(value: ir.Value, labels: Labels, factors: Factors) -> set[str]:
     """Walks a bias or mask operand back through elementwise and layout ops, so that the reshapes on its
-    way cut the site's atoms too (then the mask analysis can follow it). Only refinements escape."""
-    stack, seen = [(value, labels)], 0
+    way cut the site's atoms too (then the mask analysis can follow it); returns the atoms its iotas count
+    along (a causal mask's iotas name the query and key dims)."""
+    stack, seen, iotas = [(value, labels)], 0, set()
     while stack and seen < _ELEMENTWISE_LIMIT:
         value, labels = stack.pop()
         seen += 1
         op = defining_op(value)
+        if op is not None and op.name == "stablehlo.iota":
+            iotas |= set(labels[ir.IntegerAttr(op.attributes["iota_dimension"]).value])
         if op is None or not op.operands:
             continue
         try:
@@ -181,6 +186,7 @@ def _refine_through(value: ir.Value, labels: Labels, factors: Factors) -> None:
                 stack += [(o, labels) for o in op.operands]
         except DimsError:
             continue
+    return iotas
 
 
 def _find_key_side(site: SiteOps, run: _Run) -> None:
@@ -224,16 +230,18 @@ def _label_pv_dot(site: SiteOps, p_labels: Labels, run: _Run) -> tuple[Labels, L
 
 
 def _source(value: ir.Value, labels: Labels, factors: Factors, *, scales: bool) -> Source:
-    """Back from a dot operand through ops used by nothing else: layout ops that keep the element type,
-    and (for q and k) multiplies or divides by a positive constant, which scale the logits."""
+    """Back from a dot operand through layout ops that keep the element type, and (for q and k, where
+    nothing else uses the scaled value) multiplies or divides by a positive constant, which scale the
+    logits."""
     scale, ops = 1.0, []
-    while len(list(value.uses)) == 1:
+    while True:
         op = defining_op(value)
         if op is None:
             break
         if op.name in LAYOUT_OPS and not _changes_type(op):
+            # Data movement may be shared (two layers over one repeated K/V): the site clones it.
             labels, inner = factors.backward(op, labels), op.operands[0]
-        elif scales and (scaled := _scaled_operand(op)) is not None:
+        elif scales and len(list(value.uses)) == 1 and (scaled := _scaled_operand(op)) is not None:
             factor, inner = scaled
             scale *= factor
         else:
@@ -282,7 +290,7 @@ def _roles(run: _Run, q: Source, k: Source, v: Source, d_atoms: list[str]) -> di
     free = list(run.q_free)
     grouped = [a for a in free if any((b, a) in pairs for b in kv_batch)]
     rest = [a for a in free if a not in grouped]
-    query = _query_atom(run.logits, rest, run.key_atoms[0])
+    query = _query_atom(run, rest)
     groups += grouped + [a for a in rest if a != query]
     kv_heads = [a for a in kv_batch if any((a, g) in pairs for g in groups)]
     others = [a for a in kv_batch if a not in kv_heads]
@@ -294,16 +302,24 @@ def _roles(run: _Run, q: Source, k: Source, v: Source, d_atoms: list[str]) -> di
             "S": list(run.key_atoms), "H": list(run.contract_atoms), "D": d_atoms}
 
 
-def _query_atom(logits: Labels, candidates: list[str], key: str) -> str | None:
-    """The query positions: the dim just before the key dim of the logits (none when that dim has size 1,
-    as in a decode step), else the major-most candidate."""
+def _query_atom(run: _Run, candidates: list[str]) -> str | None:
+    """The query positions: the candidate a mask's iota indexes, else the one beside the key dim of the
+    logits (before it, else after it; a size-1 dim before it and none after means one query position, as
+    in a decode step), else the major-most candidate."""
     if not candidates:
         return None
-    key_dim = next(i for i, label in enumerate(logits) if key in label)
+    indexed = [a for a in candidates if a in run.iota_atoms]
+    if len(indexed) == 1:
+        return indexed[0]
+    logits = run.logits
+    key_dim = next(i for i, label in enumerate(logits) if run.key_atoms[0] in label)
+    before = [a for a in logits[key_dim - 1] if a in candidates] if key_dim > 0 else []
+    after = [a for a in logits[key_dim + 1] if a in candidates] if key_dim + 1 < len(logits) else []
+    if before or after:
+        return before[-1] if before else after[0]
     if key_dim > 0 and logits[key_dim - 1] == ():
         return None
-    before = [a for a in logits[key_dim - 1] if a in candidates] if key_dim > 0 else []
-    return before[-1] if before else _major_most(logits, candidates)
+    return _major_most(logits, candidates)
 
 
 def _major_most(labels: Labels, atoms: list[str]) -> str | None:

@@ -155,6 +155,8 @@ def _cumulative_sum(op: ir.Operation, args: list[np.ndarray]) -> np.ndarray:
     axes = [d for d, n in enumerate(dims) if n > 1]
     padding = np.array(ir.DenseIntElementsAttr(op.attributes["padding"])).reshape(-1, 2)
     strides = _attr_list(op, "window_strides") if "window_strides" in op.attributes else [1] * len(dims)
+    if not axes and not padding.any() and set(strides) <= {1}:
+        return x  # a cumulative sum over a dim of size 1
     if len(axes) != 1 or set(strides) != {1} or padding[axes[0]].tolist() != [dims[axes[0]] - 1, 0]:
         raise NotConstant("a reduce_window that is not a cumulative sum")
     if dims[axes[0]] != x.shape[axes[0]]:
@@ -218,9 +220,10 @@ def fit_band(table: np.ndarray) -> Band | None:
     rel = np.arange(s)[None, :] - np.arange(t)[:, None]
     if table.any():
         hi, lo = int(np.max(np.where(table, rel, -(1 << 40)))), int(np.min(np.where(table, rel, 1 << 40)))
-        # A right bound at `hi` (causal with q_offset = hi), a left bound at `lo`, or both.
-        candidates += [Band(causal=True, q_offset=hi), Band(causal=True, q_offset=hi, window_left=hi - lo)]
+        # The fewest bounds that fit (the edges of S can make several fit): a left bound at `lo`, a right
+        # bound at `hi` (causal with q_offset = hi), or both.
         candidates += [Band(window_left=-lo) if lo <= 0 else Band(q_offset=lo, window_left=0)]
+        candidates += [Band(causal=True, q_offset=hi), Band(causal=True, q_offset=hi, window_left=hi - lo)]
     for band in candidates:
         if np.array_equal(band_table(t, s, band), table):
             return band
