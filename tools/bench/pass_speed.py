@@ -4,7 +4,7 @@
     python tools/bench/pass_speed.py --layers 8 32 --repeats 3
 
 Lowers the prefill of an N-layer Llama-style model (hlofuse.demo's), runs `default` without a target
-(prepare + fuse-attention) on clones of the module, and compiles the same module with XLA for the CPU.
+(prepare, fuse-sampling, fuse-attention) on clones of the module, and compiles the same module with XLA for the CPU.
 Prints medians, the op count, and the ratio pass / XLA per model size, so growth can be read off.
 """
 
@@ -20,7 +20,7 @@ from jax._src import compiler
 from jax._src.lib import xla_client
 from jaxlib.mlir import ir
 
-from hlofuse.demo import Config, init_params, prefill
+from hlofuse.demo import Config, Sampler, init_params, prefill
 from hlofuse.ir.context import clone_module
 from hlofuse.pipeline import run_pipeline
 
@@ -53,13 +53,14 @@ def measure(layers: int, repeats: int) -> tuple[int, float, float, int]:
                  dtype=jnp.float32)
     params = init_params(jax.random.key(0), cfg)
     prompt = jnp.zeros((1, 128), jnp.int32)
-    lowered = jax.jit(lambda p, t: prefill(p, t, cfg)).lower(params, prompt)
+    key = jax.random.key_data(jax.random.key(0))
+    lowered = jax.jit(lambda p, t, k: prefill(p, t, k, cfg, Sampler())).lower(params, prompt, key)
     module = lowered.compiler_ir("stablehlo")
     pass_times, fused = [], 0
     for _ in range(repeats):
         clone = clone_module(module)
         start = time.perf_counter()
-        result = run_pipeline(clone, "builtin.module(hlofuse-prepare,hlofuse-fuse-attention)")
+        result = run_pipeline(clone, "default")
         pass_times.append(time.perf_counter() - start)
         fused = result.counters["softmax_of_qk_to_attention"]
     xla_times = []
