@@ -30,12 +30,14 @@ class Variant:
     dtype: Any = jnp.float32  # noqa: ANN401
     expect: dict[str, Any] = field(default_factory=dict)
     stochastic: bool = True
-    remark: str | None = None  # a remark a fused variant must still give (a part of it left unfused)
+    remark: str | None = None  # a remark the variant must give (a near-miss's reason, or a part left unfused)
+    platform: str | None = None  # lowered for this platform ("tpu", "cuda"), not the host
 
 
 def lower(variant: Variant, platform: str | None = None) -> Any:  # noqa: ANN401
-    """The variant lowered for the host, or for `platform` ("tpu", "cuda", ...: JAX lowers for any platform
-    on a CPU-only host, and some ops lower differently on each)."""
+    """The variant lowered for `platform` or the variant's own ("tpu", "cuda", ...: JAX lowers for any
+    platform on a CPU-only host, and some ops lower differently on each), else for the host."""
+    platform = platform or variant.platform
     args = [jax.ShapeDtypeStruct(variant.shape, variant.dtype)]
     if variant.stochastic:
         args.append(jax.ShapeDtypeStruct((2,), jnp.uint32))
@@ -265,6 +267,8 @@ VARIANTS: list[Variant] = [
     Variant("gemma_top_p_rank_space", gemma_top_p_rank_space, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter "
                    "(chlo.top_k"),
+    Variant("jetstream_top_k_tpu", jetstream_top_k, "top_k", expect={"k": 40}, platform="tpu"),
+    Variant("top_k_then_top_p_cuda", top_k_then_top_p, "top_k_top_p_mask", expect={"k": 50}, platform="cuda"),
     Variant("no_match_noise_escapes", no_match_noise_escapes, None),
     Variant("no_match_keras_categorical_axis1", no_match_keras_categorical_axis1, None,
             remark="argmax over dim 1 (not the last)"),
