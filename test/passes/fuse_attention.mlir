@@ -2374,6 +2374,200 @@ module @bf16_f32_output attributes {mhlo.num_partitions = 1 : i32, mhlo.num_repl
 
 // -----
 
+// CHECK-LABEL: func.func public @gemma_library_style(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "none"
+// CHECK-SAME: num_heads = 4 : i64
+// CHECK-SAME: num_kv_heads = 2 : i64
+// CHECK-SAME: softcap = 5.000000e+01 : f64
+// CHECK-SAME: window_left = 7 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @gemma_library_style attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @gemma_library_style(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x2x8xf32>, %arg2: tensor<2x16x2x8xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<2x16xi32>
+    %cst = stablehlo.constant dense<0.353553385> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x16x4x8xf32>
+    %4 = stablehlo.multiply %arg0, %3 : tensor<2x16x4x8xf32>
+    %5 = stablehlo.reshape %4 : (tensor<2x16x4x8xf32>) -> tensor<2x16x2x2x8xf32>
+    %6 = stablehlo.dot_general %arg1, %5, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [4], precision = [DEFAULT, DEFAULT] : (tensor<2x16x2x8xf32>, tensor<2x16x2x2x8xf32>) -> tensor<2x2x16x16x2xf32>
+    %7 = stablehlo.transpose %6, dims = [0, 3, 1, 4, 2] : (tensor<2x2x16x16x2xf32>) -> tensor<2x16x2x2x16xf32>
+    %cst_0 = stablehlo.constant dense<5.000000e+01> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<2x16x2x2x16xf32>
+    %9 = stablehlo.divide %7, %8 : tensor<2x16x2x2x16xf32>
+    %10 = stablehlo.tanh %9 : tensor<2x16x2x2x16xf32>
+    %cst_1 = stablehlo.constant dense<5.000000e+01> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x16x2x2x16xf32>
+    %12 = stablehlo.multiply %10, %11 : tensor<2x16x2x2x16xf32>
+    %13 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<2x16xi32>) -> tensor<2x16x1xi32>
+    %14 = stablehlo.broadcast_in_dim %2, dims = [0, 2] : (tensor<2x16xi32>) -> tensor<2x1x16xi32>
+    %15 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2] : (tensor<2x16x1xi32>) -> tensor<2x16x16xi32>
+    %16 = stablehlo.broadcast_in_dim %14, dims = [0, 1, 2] : (tensor<2x1x16xi32>) -> tensor<2x16x16xi32>
+    %17 = stablehlo.compare GE, %15, %16, SIGNED : (tensor<2x16x16xi32>, tensor<2x16x16xi32>) -> tensor<2x16x16xi1>
+    %18 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<2x16xi32>) -> tensor<2x16x1xi32>
+    %19 = stablehlo.broadcast_in_dim %2, dims = [0, 2] : (tensor<2x16xi32>) -> tensor<2x1x16xi32>
+    %20 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2] : (tensor<2x16x1xi32>) -> tensor<2x16x16xi32>
+    %21 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2] : (tensor<2x1x16xi32>) -> tensor<2x16x16xi32>
+    %22 = stablehlo.subtract %20, %21 : tensor<2x16x16xi32>
+    %c = stablehlo.constant dense<8> : tensor<i32>
+    %23 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<2x16x16xi32>
+    %24 = stablehlo.compare LT, %22, %23, SIGNED : (tensor<2x16x16xi32>, tensor<2x16x16xi32>) -> tensor<2x16x16xi1>
+    %25 = stablehlo.and %17, %24 : tensor<2x16x16xi1>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 4] : (tensor<2x16x16xi1>) -> tensor<2x16x1x1x16xi1>
+    %cst_2 = stablehlo.constant dense<-2.38197633E+38> : tensor<f32>
+    %27 = call @_where(%26, %12, %cst_2) : (tensor<2x16x1x1x16xi1>, tensor<2x16x2x2x16xf32>, tensor<f32>) -> tensor<2x16x2x2x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %28 = stablehlo.reduce(%27 init: %cst_3) applies stablehlo.maximum across dimensions = [4] : (tensor<2x16x2x2x16xf32>, tensor<f32>) -> tensor<2x16x2x2xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %29 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<2x16x2x2xf32>
+    %30 = stablehlo.maximum %29, %28 : tensor<2x16x2x2xf32>
+    %31 = stablehlo.broadcast_in_dim %30, dims = [0, 1, 2, 3] : (tensor<2x16x2x2xf32>) -> tensor<2x16x2x2x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2, 3, 4] : (tensor<2x16x2x2x1xf32>) -> tensor<2x16x2x2x16xf32>
+    %33 = stablehlo.subtract %27, %32 : tensor<2x16x2x2x16xf32>
+    %34 = stablehlo.exponential %33 : tensor<2x16x2x2x16xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %35 = stablehlo.reduce(%34 init: %cst_5) applies stablehlo.add across dimensions = [4] : (tensor<2x16x2x2x16xf32>, tensor<f32>) -> tensor<2x16x2x2xf32>
+    %36 = stablehlo.broadcast_in_dim %35, dims = [0, 1, 2, 3] : (tensor<2x16x2x2xf32>) -> tensor<2x16x2x2x1xf32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [0, 1, 2, 3, 4] : (tensor<2x16x2x2x1xf32>) -> tensor<2x16x2x2x16xf32>
+    %38 = stablehlo.divide %34, %37 : tensor<2x16x2x2x16xf32>
+    %39 = stablehlo.dot_general %arg2, %38, batching_dims = [0, 2] x [0, 2], contracting_dims = [1] x [4], precision = [DEFAULT, DEFAULT] : (tensor<2x16x2x8xf32>, tensor<2x16x2x2x16xf32>) -> tensor<2x2x8x16x2xf32>
+    %40 = stablehlo.transpose %39, dims = [0, 3, 1, 4, 2] : (tensor<2x2x8x16x2xf32>) -> tensor<2x16x2x2x8xf32>
+    %41 = stablehlo.reshape %40 : (tensor<2x16x2x2x8xf32>) -> tensor<2x16x4x8xf32>
+    return %41 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<2x16x1x1x16xi1>, %arg1: tensor<2x16x2x2x16xf32>, %arg2: tensor<f32>) -> tensor<2x16x2x2x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3, 4] : (tensor<2x16x1x1x16xi1>) -> tensor<2x16x2x2x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x16x2x2x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x16x2x2x16xi1>, tensor<2x16x2x2x16xf32>
+    return %3 : tensor<2x16x2x2x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @segment_ids_and_causal(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @segment_ids_and_causal attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @segment_ids_and_causal(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1] : (tensor<2x16xi32>) -> tensor<2x16x1xi32>
+    %1 = stablehlo.broadcast_in_dim %arg3, dims = [0, 2] : (tensor<2x16xi32>) -> tensor<2x1x16xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2] : (tensor<2x16x1xi32>) -> tensor<2x16x16xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<2x1x16xi32>) -> tensor<2x16x16xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<2x16x16xi32>, tensor<2x16x16xi32>) -> tensor<2x16x16xi1>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0, 2, 3] : (tensor<2x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %c = stablehlo.constant dense<true> : tensor<i1>
+    %6 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %7 = call @tril(%6) : (tensor<16x16xi1>) -> tensor<16x16xi1>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<2x1x16x16xi1>
+    %10 = stablehlo.and %5, %9 : tensor<2x1x16x16xi1>
+    %11 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst = stablehlo.constant dense<-2.38197633E+38> : tensor<f32>
+    %12 = call @_where(%10, %11, %cst) : (tensor<2x1x16x16xi1>, tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %13 = stablehlo.reduce(%12 init: %cst_0) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %15 = stablehlo.maximum %14, %13 : tensor<2x4x16xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %18 = stablehlo.subtract %12, %17 : tensor<2x4x16x16xf32>
+    %19 = stablehlo.exponential %18 : tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %20 = stablehlo.reduce(%19 init: %cst_2) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %23 = stablehlo.divide %19, %22 : tensor<2x4x16x16xf32>
+    %24 = stablehlo.dot_general %arg2, %23, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %25 = stablehlo.transpose %24, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %25 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xi1>) -> tensor<16x16xi1> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xi1>
+    return %6 : tensor<16x16xi1>
+  }
+  func.func private @_where(%arg0: tensor<2x1x16x16xi1>, %arg1: tensor<2x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<2x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<2x1x16x16xi1>) -> tensor<2x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
+    return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @heads_first_named_axes(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: num_heads = 4 : i64
+// CHECK-SAME: num_kv_heads = 4 : i64
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @heads_first_named_axes attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @heads_first_named_axes(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.transpose %arg0, dims = [2, 0, 1, 3] : (tensor<2x16x4x8xf32>) -> tensor<4x2x16x8xf32>
+    %1 = stablehlo.transpose %arg1, dims = [2, 0, 1, 3] : (tensor<2x16x4x8xf32>) -> tensor<4x2x16x8xf32>
+    %2 = stablehlo.dot_general %0, %1, batching_dims = [0, 1] x [0, 1], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<4x2x16x8xf32>, tensor<4x2x16x8xf32>) -> tensor<4x2x16x16xf32>
+    %cst = stablehlo.constant dense<2.82842708> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x2x16x16xf32>
+    %4 = stablehlo.divide %2, %3 : tensor<4x2x16x16xf32>
+    %5 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0] : (tensor<16xi32>) -> tensor<16x1xi32>
+    %7 = stablehlo.iota dim = 0 : tensor<16xi32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [1] : (tensor<16xi32>) -> tensor<1x16xi32>
+    %9 = stablehlo.broadcast_in_dim %6, dims = [0, 1] : (tensor<16x1xi32>) -> tensor<16x16xi32>
+    %10 = stablehlo.broadcast_in_dim %8, dims = [0, 1] : (tensor<1x16xi32>) -> tensor<16x16xi32>
+    %11 = stablehlo.compare GE, %9, %10, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %cst_0 = stablehlo.constant dense<-1.000000e+09> : tensor<f32>
+    %12 = call @_where(%11, %4, %cst_0) : (tensor<16x16xi1>, tensor<4x2x16x16xf32>, tensor<f32>) -> tensor<4x2x16x16xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %13 = stablehlo.reduce(%12 init: %cst_1) applies stablehlo.maximum across dimensions = [3] : (tensor<4x2x16x16xf32>, tensor<f32>) -> tensor<4x2x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x2x16xf32>
+    %15 = stablehlo.maximum %14, %13 : tensor<4x2x16xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1, 2] : (tensor<4x2x16xf32>) -> tensor<4x2x16x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2, 3] : (tensor<4x2x16x1xf32>) -> tensor<4x2x16x16xf32>
+    %18 = stablehlo.subtract %12, %17 : tensor<4x2x16x16xf32>
+    %19 = stablehlo.exponential %18 : tensor<4x2x16x16xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %20 = stablehlo.reduce(%19 init: %cst_3) applies stablehlo.add across dimensions = [3] : (tensor<4x2x16x16xf32>, tensor<f32>) -> tensor<4x2x16xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2] : (tensor<4x2x16xf32>) -> tensor<4x2x16x1xf32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1, 2, 3] : (tensor<4x2x16x1xf32>) -> tensor<4x2x16x16xf32>
+    %23 = stablehlo.divide %19, %22 : tensor<4x2x16x16xf32>
+    %24 = stablehlo.transpose %arg2, dims = [2, 0, 1, 3] : (tensor<2x16x4x8xf32>) -> tensor<4x2x16x8xf32>
+    %25 = stablehlo.dot_general %24, %23, batching_dims = [1, 0] x [1, 0], contracting_dims = [2] x [3], precision = [DEFAULT, DEFAULT] : (tensor<4x2x16x8xf32>, tensor<4x2x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %26 = stablehlo.transpose %25, dims = [0, 3, 2, 1] : (tensor<2x4x8x16xf32>) -> tensor<2x16x8x4xf32>
+    %27 = stablehlo.transpose %26, dims = [0, 1, 3, 2] : (tensor<2x16x8x4xf32>) -> tensor<2x16x4x8xf32>
+    return %27 : tensor<2x16x4x8xf32>
+  }
+  func.func private @_where(%arg0: tensor<16x16xi1>, %arg1: tensor<4x2x16x16xf32>, %arg2: tensor<f32>) -> tensor<4x2x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<4x2x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x2x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<4x2x16x16xi1>, tensor<4x2x16x16xf32>
+    return %3 : tensor<4x2x16x16xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @causal_by_cumsum(
 // CHECK: stablehlo.composite "hlofuse.attention"
 // CHECK-SAME: causal = true

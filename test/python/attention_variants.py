@@ -378,6 +378,38 @@ def chunked_float_mask(q, k, v, pad):
     return _softmax_attend(jnp.where(keep > 0, _logits(q, k) * 0.125, -jnp.inf), v)
 
 
+def gemma_library_style(q, k, v):
+    """google-deepmind/gemma's layout: (B,T,K,G,S) logits from a 5-D grouped query, soft-cap, and a causal
+    sliding window from positions built by broadcasting an arange."""
+    b, t, n, h = q.shape
+    kv = k.shape[2]
+    pos = jnp.broadcast_to(jnp.arange(t)[None], (b, t))
+    logits = jnp.einsum("BTKGH,BSKH->BTKGS", (q * h**-0.5).reshape(b, t, kv, n // kv, h), k)
+    logits = jnp.tanh(logits / 50.0) * 50.0
+    visible = (pos[:, :, None] >= pos[:, None, :]) & (pos[:, :, None] - pos[:, None, :] < 8)
+    logits = jnp.where(visible[:, :, None, None, :], logits, -2.3819763e38)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1).astype(q.dtype)
+    return jnp.einsum("BTKGS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)
+
+
+def segment_ids_and_causal(q, k, v, segments):
+    """jax's Pallas mha_reference: segment-id equality ANDed with causal, fill -0.7 * finfo.max."""
+    t = q.shape[1]
+    same = (segments[:, :, None] == segments[:, None, :])[:, None]
+    visible = jnp.logical_and(same, jnp.tril(jnp.ones((t, t), bool))[None, None])
+    logits = jnp.where(visible, jnp.einsum("bqhc,bkhc->bhqk", q, k), -0.7 * float(jnp.finfo(jnp.float32).max))
+    return jnp.einsum("bhqk,bkhc->bqhc", jax.nn.softmax(logits, axis=-1), v)
+
+
+def heads_first_named_axes(q, k, v):
+    """Named-axis code (levanter-style) that puts heads before batch: batch dims (N, B) on both dots."""
+    t, h = q.shape[1], q.shape[-1]
+    logits = jnp.einsum("nbth,nbsh->nbts", q.transpose(2, 0, 1, 3), k.transpose(2, 0, 1, 3)) / np.sqrt(h)
+    logits = jnp.where(jnp.arange(t)[:, None] >= jnp.arange(t)[None, :], logits, -1e9)
+    out = jnp.einsum("nbts,nbsh->bthn", jax.nn.softmax(logits, axis=-1), v.transpose(2, 0, 1, 3))
+    return out.transpose(0, 1, 3, 2)
+
+
 def bf16_f32_output(q, k, v):
     """bf16 q, k, v whose dots return f32 (preferred_element_type): the composite's result is f32."""
     scores = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * 0.125
@@ -469,6 +501,12 @@ VARIANTS: tuple[Variant, ...] = (
             _qkv() + (((B, T), BOOL), ((B, T, T), BOOL), ((N, T, T), F32), ((B, T), F32)),
             expect={"causal": True, "mask_kind": "additive+boolean"}),
     Variant("bf16_f32_output", bf16_f32_output, _qkv(dtype=BF16)),
+    Variant("gemma_library_style", gemma_library_style, _qkv(k=K), expect={"causal": True, "window_left": 7,
+            "softcap": 50.0, "num_heads": N, "num_kv_heads": K, "mask_kind": "none"}),
+    Variant("segment_ids_and_causal", segment_ids_and_causal, _qkv() + (((B, T), I32),),
+            expect={"causal": True, "mask_kind": "boolean"}),
+    Variant("heads_first_named_axes", heads_first_named_axes, _qkv(), expect={"causal": True, "num_heads": N,
+                                                                              "num_kv_heads": N}),
     Variant("causal_by_cumsum", causal_by_cumsum, _qkv(), expect={"causal": True, "q_offset": 0, "mask_kind": "none"}),
     Variant("chunked_causal_and_padding", chunked_causal_and_padding, _qkv() + (((B, T), BOOL),),
             expect={"mask_kind": "boolean"}),

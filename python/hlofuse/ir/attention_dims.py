@@ -14,8 +14,8 @@ and reshape. Then each factor gets its role from what the program does with it:
   dim in the logits (a size-1 dim before it and none after means a single query position), else its
   major-most one.
 - B and K: the batch factors that K and V have too. A factor merged directly before a group factor
-  somewhere (heads = kv heads x groups) is a kv head; of the others, the first is the batch if it
-  leads the q·k dot's first batch dim, and the rest are kv heads.
+  somewhere (heads = kv heads x groups) is a kv head; of the others, the batch is the one that leads
+  q's source (else the q·k dot's first batch dim), and the rest are kv heads.
 
 Rows of one (batch, head) pair are independent and every query row of a kv head's group sees the same
 keys, so any assignment that keeps these facts computes the same attention; the rules above only pick
@@ -294,12 +294,23 @@ def _roles(run: _Run, q: Source, k: Source, v: Source, d_atoms: list[str]) -> di
     groups += grouped + [a for a in rest if a != query]
     kv_heads = [a for a in kv_batch if any((a, g) in pairs for g in groups)]
     others = [a for a in kv_batch if a not in kv_heads]
-    # The dot's first batch dim leads with the batch (a size-1 batch leaves the heads alone in the others).
-    batch = others[0] if others and others[0] in run.first_batch_atoms else None
+    batch = _batch_atom(q, run, others)
     kv_heads += [a for a in others if a != batch]
     kv_heads.sort(key=run.batch_atoms.index)
     return {"B": [batch] if batch else [], "K": kv_heads, "G": groups, "T": [query] if query else [],
             "S": list(run.key_atoms), "H": list(run.contract_atoms), "D": d_atoms}
+
+
+def _batch_atom(q: Source, run: _Run, candidates: list[str]) -> str | None:
+    """The batch: the candidate that leads q's source (a leading size-1 dim there means batch 1), else the
+    one that leads the q·k dot's first batch dim."""
+    if not candidates:
+        return None
+    if q.labels and q.labels[0] and q.labels[0][0] in candidates:
+        return q.labels[0][0]
+    if q.labels and not q.labels[0] and len(q.labels) == 4:
+        return None  # (1, T, N, H) or (1, N, T, H): a batch of one
+    return candidates[0] if candidates[0] in run.first_batch_atoms else None
 
 
 def _query_atom(run: _Run, candidates: list[str]) -> str | None:
