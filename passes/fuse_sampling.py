@@ -193,7 +193,10 @@ class Templates:
         order = [_last_platform[0], *(p for p in PLATFORMS if p != _last_platform[0])]
         seen: set[str] = set()
         for platform in order:
-            text, names = _template_text(form.name, writing, shape, dtype, k, platform)
+            try:
+                text, names = _template_text(form.name, writing, shape, dtype, k, platform)
+            except ValueError:  # the form does not take this shape (the choice draw: (B, V) logits only)
+                return
             if text in seen:
                 continue
             if not names <= ops_present:
@@ -283,12 +286,15 @@ def _top_ks(op: ir.Operation) -> list[TopK]:
 
 
 def _rows(draw: Draw) -> tuple[int, ...]:
-    """The batch of a draw made row by row (jax.random.choice per row, stacked by a concatenate): (B,)."""
-    for value in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
+    """The batch of a draw made row by row (jax.random.choice per row, stacked by a concatenate into (B, 1);
+    one row needs no concatenate): (B,)."""
+    stacked = [value for value in _forward_values(draw.op.results[1], _SEARCH_FORWARD)
+               if len(_shape(value)) == 2 and _shape(value)[1] == 1]
+    for value in stacked:
         op = defining_op(value)
-        if op is not None and op.name == "stablehlo.concatenate" and len(_shape(value)) == 2:
+        if op is not None and op.name == "stablehlo.concatenate":
             return _shape(value)[:1]
-    return ()
+    return _shape(stacked[0])[:1] if stacked and _shape(stacked[0])[0] == 1 else ()
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
@@ -363,9 +369,10 @@ def _differs(form: str, report: MatchReport) -> str:
     user = defining_op(report.user) if report.user is not None else None
     template = defining_op(report.template) if report.template is not None else None
     if user is None:
-        return f"; closest: `{form}` ({report.matched} ops match), whose {_part(report.template)} the program lacks"
+        return (f"; closest: `{form}` ({report.matched} of its ops match), whose {_part(report.template)} the "
+                "program lacks")
     has = f"{template.name}" if template is not None else "an operand"
-    return (f"; closest: `{form}` ({report.matched} ops match), which differs in {_part(report.template)}: "
+    return (f"; closest: `{form}` ({report.matched} of its ops match), which differs in {_part(report.template)}: "
             f"the program has {user.name} at {format_location(user.location)} where the form has {has}")
 
 
@@ -381,7 +388,8 @@ def _interior(site: Site) -> set[ir.Operation]:
 # ops. They may be shared: the decomposition recomputes its copies and the originals stay for the other
 # users, which costs what the unfused program already spends on them. The sampler's stages (the
 # probabilities, the scaled logits, the cumulative mass, the noise) may not.
-_ROW_STATISTICS = ("stablehlo.reduce", "stablehlo.subtract", "stablehlo.exponential", "stablehlo.broadcast_in_dim")
+_ROW_STATISTICS = ("stablehlo.reduce", "stablehlo.subtract", "stablehlo.exponential", "stablehlo.broadcast_in_dim",
+                   "stablehlo.log")  # and the log of the sum: a log-softmax drawn from is the logprobs' too
 
 
 def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:

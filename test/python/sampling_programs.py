@@ -50,6 +50,10 @@ TOP_PS = ("sort", "top_k", "gemma", "keras")
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 NOISES = ("categorical", "gumbel", "gumbel_first")  # gumbel: argmax(x + g); gumbel_first: argmax(g + x)
+# What the draw samples from its scaled, filtered logits y: y itself, log_softmax(y), log(softmax(y)) (keras-hub),
+# or softmax(y) by jax.random.choice per row (torch.multinomial through torchax; (B, V) rows only). The form
+# is then `<form>_<draw>` (sampling_reference.DRAWS).
+DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice")
 # Outputs next to the token: the logits, their log-softmax at the token (logprobs), another
 # take_along_axis of the logits, an iota-indexed select: consumers the sampler must not be blocked by.
 EXTRAS = ("logits", "logprobs", "take", "iota")
@@ -79,6 +83,7 @@ class SamplerSpec:
     key_kind: str = "raw"
     key_op: str = "none"
     noise: str = "categorical"
+    draw: str = "categorical"
     extras: tuple[str, ...] = ()
     escape: bool = False
 
@@ -159,15 +164,10 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
         return None  # otherwise the escaping value is not inside the fallback's site
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
+    suffix = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
     if not writes_form_exactly(spec):
-        rank_space_p = spec.form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
-        if spec.temperature_style == "const" and spec.form == "top_k_top_p_mask" and not rank_space_p:
-            # The top-k mask in another writing, then the nucleus as written: top_p_mask of the masked logits.
-            return "top_p_mask", {**attrs, "mode": "top_p", "temperature": _rounded(spec.temperature, dtype),
-                                  "p": _rounded(spec.p, dtype)}
-        if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
-            return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
-        return "categorical", {**attrs, "mode": "temperature"}
+        form, values = _fallback(spec, attrs, dtype)
+        return form + suffix, values
     if spec.form in READS_T:
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if spec.form in USES_TOP_K:
@@ -176,7 +176,19 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
         attrs["p"] = _rounded(spec.p, dtype)
     if spec.form == "min_p":
         attrs["min_p"] = _rounded(spec.min_p, dtype)
-    return spec.form, attrs
+    return spec.form + suffix, attrs
+
+
+def _fallback(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """The exact form a writing that is not its form's own fuses as (the draw's suffix aside)."""
+    rank_space_p = spec.form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
+    if spec.temperature_style == "const" and spec.form == "top_k_top_p_mask" and not rank_space_p:
+        # The top-k mask in another writing, then the nucleus as written: top_p_mask of the masked logits.
+        return "top_p_mask", {**attrs, "mode": "top_p", "temperature": _rounded(spec.temperature, dtype),
+                              "p": _rounded(spec.p, dtype)}
+    if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
+        return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
+    return "categorical", {**attrs, "mode": "temperature"}
 
 
 # ----- the program -------------------------------------------------------------------------------------
@@ -209,8 +221,16 @@ class _Ctx:
         return x / t
 
     def draw(self, x: jax.Array) -> jax.Array:
-        """Index of the Gumbel-max of `x` along its last axis."""
+        """Index of the Gumbel-max of `x` (or of its log-probabilities, per spec.draw) along its last axis."""
         key = self.key()
+        if self.spec.draw == "choice":
+            probs = jax.nn.softmax(x, axis=-1)
+            rows = [jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(x.shape[0])]
+            return jnp.squeeze(jnp.array(rows), 1)
+        if self.spec.draw == "log_softmax":
+            x = jax.nn.log_softmax(x, axis=-1)
+        elif self.spec.draw == "log_of_softmax":
+            x = jnp.log(jax.nn.softmax(x, axis=-1))
         if self.spec.noise == "categorical":
             return jax.random.categorical(key, x, axis=-1)
         g = jax.random.gumbel(key, x.shape, x.dtype)

@@ -29,6 +29,7 @@ from hypothesis import given as hypothesis_given
 from jaxlib.mlir import ir
 from sampling_programs import (
     BATCHES,
+    DRAWS,
     ESCAPES,
     EXTRAS,
     FORMS,
@@ -88,6 +89,13 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         noise=draw(st.sampled_from(NOISES)) if stochastic else "categorical",
         extras=tuple(e for e in EXTRAS if draw(st.integers(0, 3)) == 0),
     )
+    rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
+    if stochastic and not rank_space_p:
+        drawn = draw(st.sampled_from(DRAWS))
+        if drawn == "choice" and spec.batch in ("b", "bt"):
+            spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
+        elif drawn != "choice":
+            spec = dataclasses.replace(spec, draw=drawn)
     escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
@@ -211,6 +219,25 @@ def test_argsort_writing_is_lax_top_k_but_for_signed_zeros() -> None:
     zeros = jax.numpy.asarray([[-0.0, 0.0, 1.0]])
     assert top_k_by_argsort(zeros, 3)[1].tolist() == [[2, 0, 1]]  # a tie in value, by index
     assert jax.lax.top_k(zeros, 3)[1].tolist() == [[2, 1, 0]]  # +0 first
+
+
+# The draws from the log-probabilities and by jax.random.choice, each with a filter (and the logprobs next to
+# a log_softmax draw: CSE shares the log-softmax of the logits, as it shares a softmax's row statistics).
+DRAW_CASES = {
+    "log_softmax_temperature": SamplerSpec(form="temperature", draw="log_softmax"),
+    "log_softmax_categorical_with_logprobs": SamplerSpec(form="categorical", draw="log_softmax", extras=("logprobs",)),
+    "log_of_softmax_top_k": SamplerSpec(form="top_k", draw="log_of_softmax", key_kind="typed"),
+    "log_of_softmax_top_p_bf16": SamplerSpec(form="top_p_mask", draw="log_of_softmax", dtype="bfloat16"),
+    "choice_temperature": SamplerSpec(form="temperature", draw="choice", rows=3),
+    "choice_one_row": SamplerSpec(form="temperature", draw="choice", rows=1),
+    "choice_min_p_decode_slice": SamplerSpec(form="min_p", draw="choice", batch="bt"),
+    "choice_top_k_mask_split_key": SamplerSpec(form="top_k_mask", draw="choice", key_op="split"),
+}
+
+
+@pytest.mark.parametrize("spec", [pytest.param(spec, id=name) for name, spec in DRAW_CASES.items()])
+def test_other_draw(spec: SamplerSpec) -> None:
+    check_program(spec)
 
 
 # Known gaps: each the smallest program of its family, with the form it should fuse to; the strategy lets
