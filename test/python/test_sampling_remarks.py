@@ -1,0 +1,118 @@
+"""Every draw over the vocabulary fed by noise or a softmax that is not fused whole gets a remark (and a
+counter): a draw no form matches says which form came closest and where the program parts from it, and a
+sampler fused only at its draw says which of its filters stays in XLA."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import clone_module, count_composites
+
+B, V = 2, 256
+
+
+def hand_written_gumbel(x, key):
+    return jnp.argmax(x / 0.7 - jnp.log(-jnp.log(jax.random.uniform(key, x.shape))), axis=-1)
+
+
+def uniform_noise(x, key):
+    return jnp.argmax(x + jax.random.uniform(key, x.shape), axis=-1)
+
+
+def several_samples(x, key):
+    """(3, B) draws of the same logits: the noise is (3, B, V); no form draws it, but it is fused as
+    categorical of the broadcast logits."""
+    return jax.random.categorical(key, x / 0.7, shape=(3, B))
+
+
+def keras_axis1(x, key):
+    return jax.random.categorical(key, x[..., None], shape=(B, 1), axis=1)[:, 0]
+
+
+def greedy_top_1_of_probs(x, key):
+    return jax.lax.top_k(jax.nn.softmax(x, axis=-1), 1)[1][:, 0]
+
+
+def argmax_of_log_softmax(x, key):
+    return jnp.argmax(jax.nn.log_softmax(x, axis=-1), axis=-1)
+
+
+def nucleus_with_finite_fill(x, key):
+    """The nucleus filled with -1e9, not -inf: not the top_p_mask form; fused as temperature of its output."""
+    ordered = jnp.sort(x, axis=-1)[:, ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+    return jax.random.categorical(key, jnp.where(x < cutoff, -1e9, x) / 0.7)
+
+
+def keras_top_p_rank_space(x, key):
+    probs = jax.nn.softmax(x / 0.7, axis=-1)
+    ordered, ids = jax.lax.top_k(probs, V)
+    keep = jnp.cumsum(ordered, axis=-1) <= 0.9
+    keep = jnp.concatenate([jnp.ones_like(keep[:, :1]), keep[:, :-1]], axis=-1)
+    pick = jax.random.categorical(key, jnp.log(jnp.where(keep, ordered, 0.0)))
+    return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+
+
+def scaled_logits_escape(x, key):
+    scaled = x / 0.7
+    return jax.random.categorical(key, scaled), scaled
+
+
+NOT_FUSED = {
+    hand_written_gumbel: "closest: `temperature`",
+    uniform_noise: "closest: `categorical`, whose stablehlo.log",
+    keras_axis1: "argmax over dim 1 (not the last): every sampler form draws over the last dim",
+    greedy_top_1_of_probs: "top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a "
+                           "softmax: stablehlo.exponential at",
+    scaled_logits_escape: "stablehlo.divide inside the sampler has a user outside it",
+}
+FUSED_IN_PART = {
+    argmax_of_log_softmax: "fused as `greedy`; a softmax (stablehlo.exponential at",
+    nucleus_with_finite_fill: "fused as `temperature`; the top-p filter (stablehlo.sort at",
+    keras_top_p_rank_space: "fused as `categorical`; the top-p filter (chlo.top_k at",
+}
+
+
+def _run(fn: Callable) -> tuple[object, list[str], object]:
+    args = (jax.ShapeDtypeStruct((B, V), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    module = clone_module(jax.jit(fn).lower(*args).compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    return module, [str(r) for r in result.remarks], result.counters
+
+
+@pytest.mark.parametrize("fn", list(NOT_FUSED), ids=lambda f: f.__name__)
+def test_unfused_draw_says_why(fn: Callable) -> None:
+    module, remarks, counters = _run(fn)
+    assert count_composites(module, "hlofuse.sample") == 0
+    assert counters["sampling_not_fused"] == 1, remarks
+    assert any("sampler not fused" in r and NOT_FUSED[fn] in r for r in remarks), remarks
+
+
+@pytest.mark.parametrize("fn", list(FUSED_IN_PART), ids=lambda f: f.__name__)
+def test_sampler_fused_in_part_says_what_stays_in_xla(fn: Callable) -> None:
+    module, remarks, counters = _run(fn)
+    assert count_composites(module, "hlofuse.sample") == 1
+    assert counters["sampling_fused_in_part"] == 1, remarks
+    assert any("sampler fused only in part" in r and FUSED_IN_PART[fn] in r and "stay" in r for r in remarks), remarks
+
+
+def test_sampler_fused_whole_gives_no_remark() -> None:
+    def top_p(x, key):
+        ordered = jnp.sort(x, axis=-1)[:, ::-1]
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+        cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+        return jax.random.categorical(key, jnp.where(x < cutoff, -jnp.inf, x) / 0.7)
+
+    module, remarks, counters = _run(top_p)
+    assert counters["top_p_mask_to_sample"] == 1 and not remarks, remarks
+
+
+def test_several_samples_fuse_as_categorical_of_the_broadcast() -> None:
+    module, remarks, counters = _run(several_samples)
+    assert counters["categorical_to_sample"] == 1, remarks
