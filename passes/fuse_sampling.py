@@ -1,14 +1,15 @@
 """hlofuse-fuse-sampling: raises token sampling to `stablehlo.composite "hlofuse.sample"`.
 
-Anchors on every argmax over the last axis (JAX's variadic `reduce` of (values, iota)). For each, it
-tries the sampler forms of hlofuse.kernels.sampling_reference.FORMS (greedy, argmax of a softmax,
-temperature + categorical, top-k by `lax.top_k` (or a stable argsort sliced to k) in rank space or as a
-mask, nucleus top-p by sort + softmax + cumsum + threshold, min-p, top-k then top-p): each form is lowered
-for the site's logits
-shape, dtype and k, with sentinel constants for temperature, p and min-p, and the site is fused only if
-the program computes, op for op, that lowering (hlofuse.ir.template_match). The Gumbel noise therefore
-comes from the same threefry2x32 counters as in JAX, and the composite's attributes plus its form
-reproduce the program's token ids exactly.
+Anchors on every draw: an argmax (JAX's variadic `reduce` of (values, iota)), or a `top_k` with k = 1 (as
+`jax.random.choice` draws). For each over the last axis, it tries the sampler forms of
+hlofuse.kernels.sampling_reference.FORMS (greedy, argmax of a softmax, temperature + categorical, top-k by
+`lax.top_k` (or a stable argsort sliced to k) in rank space or as a mask, nucleus top-p by sort + softmax +
+cumsum + threshold, min-p, top-k then top-p; each stochastic one also drawn from the log-probabilities or by
+`jax.random.choice` per row): each form is lowered for the site's logits shape, dtype and k, with sentinel
+constants for temperature, p and min-p, for every platform JAX lowers for (PLATFORMS: threefry is a loop on
+the CPU, unrolled elsewhere), and the site is fused only if the program computes, op for op, one of those
+lowerings (hlofuse.ir.template_match). The Gumbel noise therefore comes from the same threefry2x32 counters
+as in JAX, and the composite's attributes plus its form reproduce the program's token ids exactly.
 
     %t = <sort, softmax, cumsum, select, threefry, log, argmax...>(%logits, %key)
   becomes
@@ -16,8 +17,9 @@ reproduce the program's token ids exactly.
          k = 0 : i64, min_p = 0.0 : f64, mode = "top_p", p = 0.9 : f64, temperature = 0.7 : f64},
          decomposition = @hlofuse.sample.impl, version = 1 : i32}
 
-Sites whose interior values have users outside them are left alone, and an argmax over
-Gumbel-perturbed logits that no form matches gets a remark (a near-miss). So does an argsort sliced to k
+Sites whose interior values have users outside them are left alone. Every draw fed by noise or by a softmax
+that is not fused gets a remark (a near-miss) naming the closest form and where the program parts from it;
+a sampler fused only at its draw gets one naming the filters left in XLA, and so does an argsort sliced to k
 that is not a top-k writing when the draw after it fuses as the temperature fallback.
 """
 
@@ -45,11 +47,11 @@ from hlofuse.remarks import format_location
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789}
 THREEFRY_KS_PARITY = 0x1BD11BDA  # threefry2x32's key-schedule constant: noise is in the slice
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
-_SEARCH_FORWARD = 12  # ops between the argmax and the token ids (take_along_axis, reshapes)
+_SEARCH_FORWARD = 12  # ops between the draw and the token ids (take_along_axis, reshapes, the rows stacked)
 
 
 class NoMatch(Exception):
-    """An argmax that is not fused; the message is the remark."""
+    """A draw that is not fused; the message is the remark."""
 
 
 # ----- anchors -------------------------------------------------------------------------------------
@@ -155,7 +157,7 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct((2,), jnp.uint32))
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
 def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                    platform: str) -> tuple[str, frozenset[str]]:
     """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops."""
