@@ -1,0 +1,406 @@
+"""The chips hlofuse-report models: chips.toml (one row per chip, every number with its source), and `host`,
+this machine, whose ceilings a short calibration measures and caches.
+
+Calibration (about 5 s on 2 cores; `calibrate()`) times jitted programs on the CPU and keeps the best
+of a few runs, since a ceiling is what the machine reaches, not what a busy moment leaves of it:
+  - GEMM: f32 at N = 64 .. 2048 (the model interpolates the rate by the GEMM's size: a small GEMM never
+    reaches the big one's rate on a CPU), and bf16 at N = 1024;
+  - memory: a streaming `x * a + b` over 256 MiB (DRAM) and over 4 MiB (the last-level cache);
+  - the vector units: a fused chain of 64 multiply-adds on an in-cache array; exp on one;
+  - sort: jnp.sort of 8 rows of 32768;
+  - overheads: a trivial program's call, and the cost per op of a chain of small unfusable ops;
+  - hlofuse's CPU attention kernel: its FLOP rate on a causal prefill (the kernel's own ceiling).
+The result is cached in ~/.cache/hlofuse/report-host-<key>.json (HLOFUSE_CACHE_DIR overrides the folder),
+keyed by the CPU model, core count, jax version and calibration version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TABLE = Path(__file__).with_name("chips.toml")
+CALIBRATION_VERSION = 3
+# Targets in the order the report lists them.
+DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
+ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
+           "ironwood": "tpu-v7", "trillium": "tpu-v6e", "h100-sxm": "h100", "trainium": "trn1", "trainium2": "trn2"}
+
+
+@dataclass(frozen=True)
+class Number:
+    value: Any  # noqa: ANN401 - a float, an int or a list
+    source: str
+
+
+@dataclass
+class Chip:
+    """One row of the table, values in base units. `sources` says where each came from."""
+
+    name: str
+    description: str
+    kernel_target: str
+    family: str  # cpu | tpu | gpu | neuron
+    peak_flops: dict[str, float]
+    vector_flops: float
+    transcendental_rate: float
+    hbm_bw: float
+    hbm_bytes: float
+    interconnect_bw: float
+    launch_s: float
+    step_s: float
+    matmul_tile: int
+    attention_block: tuple[int, int]
+    onchip: dict[str, float] = field(default_factory=dict)
+    cache_bw: float = 0.0  # host only: the last-level cache's streaming bandwidth
+    cache_bytes: float = 0.0
+    sort_rate: float = 0.0  # compare-exchanges per second (host: measured; else from vector_flops)
+    gemm_curve: list[tuple[float, float]] = field(default_factory=list)  # (flops of one GEMM, FLOP/s) measured
+    attention_flops: float = 0.0  # hlofuse's attention kernel's FLOP rate (host: measured)
+    fault_bw: float = 0.0  # host only: bytes/s of fresh (page-faulted) buffers, 0 = not modelled
+    sources: dict[str, str] = field(default_factory=dict)
+    calibrated: str = ""  # where host's numbers came from
+
+    def peak(self, dtype: str) -> float:
+        """The matrix unit's rate for operands of `dtype` (f16 as bf16, f64 at a quarter of f32, ints as int8)."""
+        if dtype in self.peak_flops:
+            return self.peak_flops[dtype]
+        if dtype == "f16":
+            return self.peak_flops.get("bf16", self.peak_flops["f32"])
+        if dtype == "f64":
+            return self.peak_flops["f32"] / 4
+        if dtype.startswith(("i", "ui")):
+            return self.peak_flops.get("int8", self.peak_flops.get("bf16", self.peak_flops["f32"]))
+        if dtype.startswith("f8"):
+            return self.peak_flops.get("fp8", self.peak_flops.get("bf16", self.peak_flops["f32"]))
+        return self.peak_flops["f32"]
+
+    def gemm_rate(self, dtype: str, gemm_flops: float) -> float:
+        """The rate a GEMM of `gemm_flops` (one batch element) reaches: the measured curve on the host (scaled
+        for dtypes by their measured peak), the peak elsewhere."""
+        peak = self.peak(dtype)
+        if not self.gemm_curve:
+            return peak
+        curve = sorted(self.gemm_curve)
+        scale = peak / self.peak_flops["f32"]
+        if gemm_flops <= curve[0][0]:
+            # below the smallest measured GEMM the time is about constant (call overhead dominates)
+            return curve[0][1] * scale * gemm_flops / curve[0][0]
+        for (f0, r0), (f1, r1) in zip(curve, curve[1:], strict=False):
+            if gemm_flops <= f1:
+                w = (math.log(gemm_flops) - math.log(f0)) / (math.log(f1) - math.log(f0))
+                return math.exp(math.log(r0) + w * (math.log(r1) - math.log(r0))) * scale
+        return curve[-1][1] * scale
+
+    def bandwidth(self, footprint: float) -> float:
+        """Memory bandwidth for a region touching `footprint` bytes: the cache's when it fits (host only)."""
+        if self.cache_bw and self.cache_bytes and footprint <= self.cache_bytes * 0.75:
+            return self.cache_bw
+        return self.hbm_bw
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["attention_block"] = list(self.attention_block)
+        return out
+
+
+def _value(entry: Any) -> tuple[Any, str]:  # noqa: ANN401
+    if isinstance(entry, dict) and "value" in entry:
+        return entry["value"], str(entry.get("source", ""))
+    return entry, ""
+
+
+def load_table(path: Path = TABLE) -> dict[str, Chip]:
+    """Every chip of the table, uncalibrated."""
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    chips = {}
+    for name, row in data["chips"].items():
+        sources: dict[str, str] = {}
+
+        def get(key: str, row: dict[str, Any] = row, sources: dict[str, str] = sources) -> Any:  # noqa: ANN401
+            value, source = _value(row[key])
+            sources[key] = source
+            return value
+
+        peaks = {}
+        for dtype, entry in row["peak_flops"].items():
+            value, source = _value(entry)
+            peaks[dtype] = float(value)
+            sources[f"peak_flops.{dtype}"] = source
+        onchip = {}
+        for key, entry in row.get("onchip", {}).items():
+            value, source = _value(entry)
+            onchip[key] = float(value)
+            sources[f"onchip.{key}"] = source
+        block = get("attention_block")
+        chip = Chip(name=name, description=row.get("description", name), kernel_target=row["kernel_target"],
+                    family=row["family"], peak_flops=peaks, vector_flops=float(get("vector_flops")),
+                    transcendental_rate=float(get("transcendental_rate")), hbm_bw=float(get("hbm_bw")),
+                    hbm_bytes=float(get("hbm_bytes")), interconnect_bw=float(get("interconnect_bw")),
+                    launch_s=float(get("launch_s")), step_s=float(get("step_s")),
+                    matmul_tile=int(get("matmul_tile")), attention_block=(int(block[0]), int(block[1])),
+                    onchip=onchip, sources=sources)
+        if "cache_bw" in row:
+            chip.cache_bw = float(get("cache_bw"))
+            chip.cache_bytes = float(get("cache_bytes"))
+        # Accelerators sort with bitonic networks on the vector units: a compare-exchange is ~4 vector ops.
+        chip.sort_rate = chip.vector_flops / 4
+        chip.attention_flops = 0.0
+        chips[name] = chip
+    return chips
+
+
+def resolve_targets(names: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Target names from a comma-separated list ('all' or None: every chip); raises ValueError on unknown ones."""
+    if names is None:
+        return list(DEFAULT_TARGETS)
+    items = names.split(",") if isinstance(names, str) else list(names)
+    out = []
+    known = set(DEFAULT_TARGETS) | set(load_table())
+    for item in (i.strip().lower() for i in items):
+        if not item:
+            continue
+        if item == "all":
+            out.extend(DEFAULT_TARGETS)
+            continue
+        item = ALIASES.get(item, item)
+        if item not in known:
+            raise ValueError(f"unknown target '{item}' (known: {', '.join(DEFAULT_TARGETS)})")
+        out.append(item)
+    return list(dict.fromkeys(out))
+
+
+# ---- host calibration -----------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HLOFUSE_CACHE_DIR", Path.home() / ".cache" / "hlofuse"))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_key() -> str:
+    import jax
+
+    text = f"{_cpu_model()}|{os.cpu_count()}|{jax.__version__}|{CALIBRATION_VERSION}|{platform.machine()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _llc_bytes() -> float:
+    """The last-level cache's size from sysfs (the largest cache index of cpu0)."""
+    best = 0.0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in base.glob("index*"):
+        try:
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        unit = size[-1].upper()
+        number = float(size[:-1]) if unit in "KMG" else float(size)
+        best = max(best, number * {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(unit, 1))
+    return best or 32 * 1024 ** 2
+
+
+def _best_time(fn: Callable[[], Any], budget_s: float, min_runs: int = 3, max_runs: int = 50) -> float:
+    """The fastest of repeated runs of `fn` (after one warm-up), within about `budget_s` seconds."""
+    fn()
+    times = []
+    start = time.perf_counter()
+    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def calibrate(verbose: bool = False) -> dict[str, Any]:
+    """Measures this machine's ceilings (see the module docstring); returns them as a JSON-able dict."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    def log(message: str) -> None:
+        if verbose:
+            print(f"hlofuse-report: calibrating host: {message}", file=sys.stderr)
+
+    out: dict[str, Any] = {"cpu": _cpu_model(), "cores": os.cpu_count(), "jax": jax.__version__,
+                           "version": CALIBRATION_VERSION, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+    rng = np.random.default_rng(0)
+    curve = []
+    for n in (64, 128, 256, 512, 1024, 2048):
+        a = jnp.asarray(rng.standard_normal((n, n), np.float32))
+        f = jax.jit(lambda x, y: x @ y)
+        t = _best_time(lambda f=f, a=a: f(a, a).block_until_ready(), 0.4 if n < 2048 else 0.8, max_runs=200)
+        curve.append((2.0 * n ** 3, 2.0 * n ** 3 / t))
+        log(f"f32 GEMM {n}: {2 * n ** 3 / t / 1e9:.1f} GFLOP/s")
+    out["gemm_curve"] = curve
+    out["peak_f32"] = max(r for _, r in curve)
+    a16 = jnp.asarray(rng.standard_normal((1024, 1024), np.float32)).astype(jnp.bfloat16)
+    f16 = jax.jit(lambda x, y: x @ y)
+    t = _best_time(lambda: f16(a16, a16).block_until_ready(), 0.5)
+    out["peak_bf16"] = 2.0 * 1024 ** 3 / t
+    log(f"bf16 GEMM 1024: {out['peak_bf16'] / 1e9:.1f} GFLOP/s")
+
+    # Streams in place (the input donated), so that the time is the memory's, not the page faults' of a
+    # fresh output; the fresh-output time then gives the cost of faulting pages in.
+    stream = jax.jit(lambda x: x * 1.0001 + 0.5, donate_argnums=0)
+    fresh = jax.jit(lambda x: x * 1.0001 + 0.5)
+    state = {"x": jnp.ones((64 * 1024 * 1024,), jnp.float32)}  # 256 MiB
+
+    def step() -> None:
+        state["x"] = stream(state["x"])
+        state["x"].block_until_ready()
+
+    t = _best_time(step, 0.8)
+    nbytes = state["x"].nbytes
+    out["hbm_bw"] = 2 * nbytes / t
+    t_fresh = _best_time(lambda: fresh(state["x"]).block_until_ready(), 0.8)
+    out["fault_bw"] = nbytes / max(t_fresh - t, t * 0.05)
+    state["x"] = jnp.ones((1024 * 1024,), jnp.float32)  # 4 MiB
+    t = _best_time(step, 0.3, max_runs=400)
+    out["cache_bw"] = 2 * state["x"].nbytes / t
+    state.clear()
+    out["cache_bytes"] = _llc_bytes()
+    log(f"stream: {out['hbm_bw'] / 1e9:.1f} GB/s DRAM, {out['cache_bw'] / 1e9:.1f} GB/s in cache, fresh pages "
+        f"{out['fault_bw'] / 1e9:.1f} GB/s")
+
+    def chain(x: jax.Array) -> jax.Array:
+        for i in range(32):
+            x = x * 0.999 + (0.001 * i)
+        return x
+
+    chained = jax.jit(chain)
+    mid = jnp.ones((1024 * 1024,), jnp.float32)
+    t = _best_time(lambda: chained(mid).block_until_ready(), 0.4)
+    out["vector_flops"] = 64 * mid.size / t
+    expf = jax.jit(lambda x: jnp.exp(x))
+    t = _best_time(lambda: expf(mid).block_until_ready(), 0.3)
+    out["transcendental_rate"] = mid.size / max(t - 2 * mid.nbytes / out["cache_bw"], t / 4)
+    log(f"vector {out['vector_flops'] / 1e9:.1f} GFLOP/s, exp {out['transcendental_rate'] / 1e9:.2f} G/s")
+
+    rows = jnp.asarray(rng.standard_normal((8, 32768), np.float32))
+    sortf = jax.jit(lambda x: jnp.sort(x, axis=-1))
+    t = _best_time(lambda: sortf(rows).block_until_ready(), 0.4)
+    out["sort_rate"] = rows.size * math.log2(32768) / t
+
+    tiny = jnp.ones((8,), jnp.float32)
+    trivial = jax.jit(lambda x: x + 1)
+    out["step_s"] = _best_time(lambda: trivial(tiny).block_until_ready(), 0.3, max_runs=400)
+
+    def unfusable(x: jax.Array) -> jax.Array:  # each reduce-then-broadcast ends a fusion
+        for _ in range(32):
+            x = x - jnp.max(x)
+        return x
+
+    chain_ops = jax.jit(unfusable)
+    t = _best_time(lambda: chain_ops(tiny).block_until_ready(), 0.3, max_runs=400)
+    out["launch_s"] = max(1e-7, (t - out["step_s"]) / 64)
+    log(f"call {out['step_s'] * 1e6:.1f} us, per fused op {out['launch_s'] * 1e6:.2f} us")
+
+    out["attention_flops"] = _calibrate_attention(rng, _best_time)
+    if out["attention_flops"]:
+        log(f"hlofuse CPU attention: {out['attention_flops'] / 1e9:.1f} GFLOP/s")
+    return out
+
+
+def _calibrate_attention(rng: Any, best_time: Callable[..., float]) -> float:  # noqa: ANN401
+    """hlofuse's CPU attention kernel's FLOP rate on a causal f32 prefill (B1 T1024 N8 H64); 0 if it does not
+    build or lower here."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        import hlofuse
+
+        b, t, n, h = 1, 1024, 8, 64
+        q = jnp.asarray(rng.standard_normal((b, t, n, h), np.float32))
+        fused = jax.jit(lambda q, k, v: hlofuse.attention(q, k, v, causal=True),
+                        compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True})
+        elapsed = best_time(lambda: fused(q, q, q).block_until_ready(), 0.6)
+        visible = (t * (t + 1) / 2) / (t * t)
+        return 4.0 * b * n * t * t * h * visible / elapsed
+    except Exception:  # the kernels are optional: the model falls back to the GEMM curve
+        return 0.0
+
+
+def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool = False) -> dict[str, Any] | None:
+    """The cached calibration of this machine, measuring it first if there is none (or `refresh`)."""
+    path = cache_dir() / f"report-host-{_cache_key()}.json"
+    if path.is_file() and not refresh:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    if not allow:
+        return None
+    data = calibrate(verbose=verbose)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+        data["cache_path"] = str(path)
+    except OSError:
+        pass
+    return data
+
+
+def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
+    """`chip` (host) with the measured ceilings."""
+    chip = dataclasses.replace(chip, peak_flops=dict(chip.peak_flops), sources=dict(chip.sources))
+    where = f"measured on this host {data.get('when', '')} ({data.get('cpu', '?')}, {data.get('cores', '?')} cores)"
+    chip.peak_flops["f32"] = float(data["peak_f32"])
+    chip.peak_flops["bf16"] = float(data["peak_bf16"])
+    chip.gemm_curve = [(float(f), float(r)) for f, r in data["gemm_curve"]]
+    for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
+                "launch_s", "attention_flops", "fault_bw"):
+        if key in data:
+            setattr(chip, key, float(data[key]))
+            chip.sources[key] = where
+    chip.interconnect_bw = chip.hbm_bw
+    chip.sources["peak_flops.f32"] = chip.sources["peak_flops.bf16"] = where
+    chip.calibrated = where
+    return chip
+
+
+def chips_for(targets: list[str], *, calibrate_host: bool = True, refresh: bool = False,
+              verbose: bool = False) -> dict[str, Chip]:
+    """The chips of `targets`, the host calibrated (measured once, then cached) unless `calibrate_host` is False."""
+    table = load_table()
+    out = {}
+    for name in targets:
+        chip = table[name]
+        if name == "host":
+            data = host_calibration(refresh=refresh, allow=calibrate_host, verbose=verbose) if calibrate_host else None
+            if data is not None:
+                chip = apply_calibration(chip, data)
+            else:
+                chip.sort_rate = chip.vector_flops / 8
+        out[name] = chip
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
