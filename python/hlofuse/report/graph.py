@@ -654,7 +654,11 @@ class Flattener:
             window = 1
             if "window_dimensions" in op.attributes:
                 window = math.prod(ir.DenseI64ArrayAttr(op.attributes["window_dimensions"]))
-            node.flops = outs[0].elements * window * body_ops
+            if window > 64:  # a prefix scan (cumsum): XLA rewrites it into blocked partial sums, ~17 ops an element
+                node.flops = outs[0].elements * 17 * body_ops
+                node.info["scan"] = True
+            else:
+                node.flops = outs[0].elements * window * body_ops
         if any(_region_has(op, t) for t in TRANSCENDENTAL):
             node.transcendentals = node.flops / body_ops
 

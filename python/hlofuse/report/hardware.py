@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("chips.toml")
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 # Targets in the order the report lists them.
 DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
 ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
@@ -70,6 +70,8 @@ class Chip:
     gemm_curve: list[tuple[float, float]] = field(default_factory=list)  # (flops of one GEMM, FLOP/s) measured
     attention_flops: float = 0.0  # hlofuse's attention kernel's FLOP rate (host: measured)
     fault_bw: float = 0.0  # host only: bytes/s of fresh (page-faulted) buffers, 0 = not modelled
+    read_bw: float = 0.0  # host only: DRAM read-only bandwidth (a reduction); 0 = hbm_bw
+    write_bw: float = 0.0  # host only: DRAM write bandwidth (from a stream and the read bandwidth); 0 = hbm_bw
     sources: dict[str, str] = field(default_factory=dict)
     calibrated: str = ""  # where host's numbers came from
 
@@ -109,6 +111,16 @@ class Chip:
         if self.cache_bw and self.cache_bytes and footprint <= self.cache_bytes * 0.75:
             return self.cache_bw
         return self.hbm_bw
+
+    def memory_time(self, read: float, written: float) -> float:
+        """Seconds to read `read` and write `written` bytes: at the cache's bandwidth when they fit in it, else
+        at DRAM's read and write bandwidths (host), or at the HBM bandwidth (accelerators)."""
+        footprint = read + written
+        if self.cache_bw and self.cache_bytes and footprint <= self.cache_bytes * 0.75:
+            return footprint / self.cache_bw
+        if self.read_bw and self.write_bw:
+            return read / self.read_bw + written / self.write_bw
+        return footprint / self.hbm_bw
 
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -275,6 +287,10 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     t = _best_time(step, 0.8)
     nbytes = state["x"].nbytes
     out["hbm_bw"] = 2 * nbytes / t
+    total = jax.jit(lambda x: jnp.sum(x))
+    t_read = _best_time(lambda: total(state["x"]).block_until_ready(), 0.6)
+    out["read_bw"] = nbytes / t_read
+    out["write_bw"] = nbytes / max(t - t_read, t * 0.1)
     t_fresh = _best_time(lambda: fresh(state["x"]).block_until_ready(), 0.8)
     out["fault_bw"] = nbytes / max(t_fresh - t, t * 0.05)
     state["x"] = jnp.ones((1024 * 1024,), jnp.float32)  # 4 MiB
@@ -282,7 +298,8 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     out["cache_bw"] = 2 * state["x"].nbytes / t
     state.clear()
     out["cache_bytes"] = _llc_bytes()
-    log(f"stream: {out['hbm_bw'] / 1e9:.1f} GB/s DRAM, {out['cache_bw'] / 1e9:.1f} GB/s in cache, fresh pages "
+    log(f"stream: {out['hbm_bw'] / 1e9:.1f} GB/s DRAM (read {out['read_bw'] / 1e9:.1f}, write "
+        f"{out['write_bw'] / 1e9:.1f}), {out['cache_bw'] / 1e9:.1f} GB/s in cache, fresh pages "
         f"{out['fault_bw'] / 1e9:.1f} GB/s")
 
     def chain(x: jax.Array) -> jax.Array:
@@ -375,7 +392,7 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
     chip.peak_flops["bf16"] = float(data["peak_bf16"])
     chip.gemm_curve = [(float(f), float(r)) for f, r in data["gemm_curve"]]
     for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
-                "launch_s", "attention_flops", "fault_bw"):
+                "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw"):
         if key in data:
             setattr(chip, key, float(data[key]))
             chip.sources[key] = where

@@ -93,8 +93,9 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
     o_bytes = b * t * n * d * out_width
     kv_bytes = b * s_eff * kv * (h + d) * width
     groups = max(1, n // max(kv, 1))
-    if chip.family == "cpu" or t <= 8:
-        kv_reads = 1.0
+    l2 = chip.onchip.get("l2_bytes", 0.0)
+    if chip.family == "cpu" or t <= 8 or (chip.family == "gpu" and kv_bytes <= l2 / 2):
+        kv_reads = 1.0  # the K/V tiles come from a cache after their first read
     else:
         rows = t * groups if chip.family in ("tpu", "neuron") else t
         kv_reads = max(1.0, math.ceil(rows / block_q) * vis)
@@ -111,7 +112,7 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
         mxu_s = mxu / chip.peak(dtype)
         vpu_s = vector / chip.vector_flops + trans / chip.transcendental_rate
         compute = max(mxu_s, vpu_s)  # a pipelined flash kernel overlaps the matrix and vector units
-    memory = total_bytes / chip.bandwidth(total_bytes)
+    memory = chip.memory_time(total_bytes - o_bytes, o_bytes)
     window = ""
     if attrs.get("causal"):
         window = " causal"
@@ -146,8 +147,8 @@ def sample_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result_ty
     total_bytes = logits_bytes * passes + rows * 4
     compute = vector / chip.vector_flops + trans / chip.transcendental_rate
     # A second pass over a row finds it in cache when a row fits (the CPU runs rows one at a time).
-    first = logits_bytes / chip.bandwidth(logits_bytes)
-    rest = (passes - 1) * logits_bytes / chip.bandwidth(vocab * dtype_bytes(dtype))
+    first = chip.memory_time(logits_bytes, 0.0)
+    rest = (passes - 1) * chip.memory_time(vocab * dtype_bytes(dtype), 0.0) * rows
     name = f"hlofuse.sample {mode} {dtype} [{rows}x{vocab}]"
     return KernelCost(name, vector + trans, vector + trans, 0.0, vector, trans, total_bytes, compute, first + rest,
                       {"passes": passes})

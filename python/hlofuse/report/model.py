@@ -364,7 +364,7 @@ class Coster:
         sort_s = region.sort_ops / chip.sort_rate if region.sort_ops else 0.0
         compute = mxu_s + vector_s + sort_s
         nbytes = region.bytes
-        memory = nbytes / chip.bandwidth(nbytes) if nbytes else 0.0
+        memory = chip.memory_time(region.bytes_read, region.bytes_written) if nbytes else 0.0
         collective = region.collective_bytes / chip.interconnect_bw if region.collective_bytes else 0.0
         predicted = max(compute, memory) + collective + launch
         ideal_compute = (useful_mxu / chip.peak(region.dots[0]["dtype"]) if region.dots else 0.0) + vector_s + sort_s
@@ -382,7 +382,7 @@ class Coster:
         if site_index is None or site_index >= len(self.sites):
             # a kernel whose composite we do not know (a module lowered elsewhere): its bytes at bandwidth
             nbytes = region.bytes
-            memory = nbytes / chip.bandwidth(nbytes)
+            memory = chip.memory_time(region.bytes_read, region.bytes_written)
             t = memory + chip.launch_s
             name = f"kernel {node.info.get('target', node.op)}"
             return Costed(region, name, 0.0, memory * repeat, 0.0, chip.launch_s * repeat, t * repeat, memory * repeat,
@@ -468,6 +468,8 @@ def prepare(module: ir.Module, *, fuse: bool = True) -> Prepared:
         result = run_pipeline(clone, "default")
         counters = dict(result.counters)
         remarks = [str(r) for r in result.remarks]
+    else:  # XLA inlines calls and eliminates common subexpressions before it fuses (jnp.var's second mean)
+        run_pipeline(clone, "builtin.module(hlofuse-prepare)")
     devices = device_count(clone.operation)
     sharded = None
     if devices > 1:
@@ -547,7 +549,11 @@ def analyze_target(prepared: Prepared, chip: Chip, *, kv_fill: float = 1.0) -> T
     rows = _aggregate(costed, chip, prepared.sites)
     if alloc is not None:
         rows.append(alloc)
-    total = sum(r.predicted_s for r in rows) + chip.step_s
+    rows.append(RegionRow("call: dispatch of the program", "call", 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, chip.step_s,
+                          chip.step_s, chip.step_s, "overhead",
+                          fix="a fixed cost per call: more work per call (a larger batch, several steps in one "
+                              "program) amortises it"))
+    total = sum(r.predicted_s for r in rows)
     for row in rows:
         row.share = row.predicted_s / total if total else 0.0
     rows.sort(key=lambda r: -r.predicted_s)
@@ -555,8 +561,7 @@ def analyze_target(prepared: Prepared, chip: Chip, *, kv_fill: float = 1.0) -> T
     lowering = "ok"
     modelled = {o.reason for o in outcomes.values() if o.status == "modelled"}
     if modelled:
-        lowering = "; ".join(sorted(modelled))
-        notes.append(f"kernels modelled without lowering: {lowering}")
+        lowering = "kernels modelled without lowering: " + "; ".join(sorted(modelled))
     nexts = next_steps(rows, total, chip, fusions)
     flops = sum(c.flops for c in costed)
     nbytes = sum(c.bytes for c in costed)
@@ -789,10 +794,19 @@ def analyze(module: ir.Module, targets: str | list[str] | None = None, *, fuse: 
                   notes, time.perf_counter() - start)
 
 
-def total_flops(module: ir.Module) -> dict[str, float]:
-    """FLOPs of `module` as XLA counts them (no fusion passes): for the cost_analysis comparison."""
+def total_flops(module: ir.Module, *, executed: bool = True, family: str = "cpu") -> dict[str, float]:
+    """FLOPs of `module` without hlofuse's fusion, as XLA's cost analysis counts them: summed over the fused
+    regions of `family` (`executed`: cheap ops duplicated into several fusions count once per fusion, as
+    in XLA's count of its fused module), or over the ops once each."""
     prepared = prepare(module, fuse=False)
-    return prepared.base.totals()
+    if not executed:
+        return prepared.base.totals()
+    out = {"flops": 0.0, "mxu_flops": 0.0, "transcendentals": 0.0}
+    for region in form_regions(prepared.base, family):
+        out["flops"] += region.flops * region.repeat
+        out["mxu_flops"] += region.mxu_flops * region.repeat
+        out["transcendentals"] += region.transcendentals * region.repeat
+    return out
 
 
 def bytes_of(shape: Sequence[int], dtype: str) -> float:

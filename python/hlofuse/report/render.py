@@ -11,7 +11,7 @@ from hlofuse.report.model import Report, TargetReport
 
 KIND_COLORS = {"dot": "#4e79a7", "kernel": "#59a14f", "loop": "#f28e2b", "reduce": "#e15759", "sort": "#b07aa1",
                "collective": "#76b7b2", "dus": "#edc948", "scatter": "#ff9da7", "custom": "#9c755f",
-               "allocation": "#bab0ac"}
+               "allocation": "#bab0ac", "call": "#d4d4d4"}
 
 
 def seconds(s: float) -> str:
@@ -269,7 +269,7 @@ def bars_svg(report: Report, width: int = 900) -> str:
         x = float(pad_l)
         scale = usable * (t.predicted_s / longest)
         shown = t.regions[:8]
-        rest = sum(r.predicted_s for r in t.regions[8:]) + t.chip.step_s
+        rest = sum(r.predicted_s for r in t.regions[8:])
         for r in shown:
             bw = scale * r.predicted_s / max(t.predicted_s, 1e-30)
             tip = html.escape(f"{r.name}: {seconds(r.predicted_s)} ({r.share * 100:.1f}%)")

@@ -1,0 +1,98 @@
+"""The hlofuse-report command line: --help, exit codes, --json/--html/--compare outputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from hlofuse.report.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _decode_text(kv_heads: int) -> str:
+    def attention(q, k, v):
+        k, v = jnp.repeat(k, 32 // kv_heads, axis=2), jnp.repeat(v, 32 // kv_heads, axis=2)
+        s = jnp.einsum("btnh,bsnh->bnts", q, k) / 8.0
+        return jnp.einsum("bnts,bsnh->btnh", jax.nn.softmax(s, axis=-1), v)
+
+    q = jnp.ones((1, 1, 32, 64), jnp.float32)
+    k = jnp.ones((1, 1024, kv_heads, 64), jnp.float32)
+    return jax.jit(attention).lower(q, k, k).as_text()
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("report")
+    a, b = folder / "gqa8.mlir", folder / "gqa2.mlir"
+    a.write_text(_decode_text(8))
+    b.write_text(_decode_text(2))
+    return a, b
+
+
+def test_help_exits_zero(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: hlofuse-report" in out and "--compare" in out and "--measure" in out
+
+
+def test_module_entry_point_help():
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO / "python"))
+    result = subprocess.run([sys.executable, "-m", "hlofuse.report", "--help"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0
+    assert "hlofuse-report" in result.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["/no/such/file.mlir", "--no-calibrate"], "cannot read input"),
+    (["{program}", "--targets", "tpu-v9", "--no-calibrate"], "unknown target 'tpu-v9'"),
+    (["{program}", "--no-such-flag"], "unrecognized arguments"),
+    (["{program}", "--kv-fill", "2"], "--kv-fill"),
+    ([], "the following arguments are required"),
+])
+def test_errors_are_one_line_and_exit_one(argv, message, programs, capsys):
+    argv = [a.replace("{program}", str(programs[0])) for a in argv]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1
+
+
+def test_unparseable_input_exits_one(tmp_path, capsys):
+    bad = tmp_path / "bad.mlir"
+    bad.write_text("func.func @main() { stablehlo.bogus }")
+    assert main([str(bad), "--targets", "host", "--no-calibrate"]) == 1
+    assert "error" in capsys.readouterr().err
+
+
+def test_report_json_html_and_compare(programs, tmp_path, capsys):
+    a, b = programs
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    code = main([str(a), "--targets", "host,tpu-v6e,h200", "--no-calibrate", "--compare", str(b),
+                 "--json", str(out_json), "--html", str(out_html)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "== tpu-v6e" in text and "--compare" in text
+    data = json.loads(out_json.read_text())
+    assert data["targets"]["h200"]["predicted_s"] > 0
+    for name in ("tpu-v6e", "h200"):
+        assert data["compare"]["targets"][name]["delta_s"] < 0  # 2 KV heads read less than 8
+    page = out_html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "Compare" in page
+
+
+def test_json_to_stdout(programs, capsys):
+    assert main([str(programs[1]), "--targets", "trn2", "--no-calibrate", "--json", "-"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["targets"]) == {"trn2"}
+    assert data["targets"]["trn2"]["lowering"] != "ok"  # no Neuron SDK here: the kernel is modelled

@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""hlofuse-report's host model against measurements on this CPU.
+
+    JAX_PLATFORMS=cpu python tools/bench/report_validation.py            # every program (a few minutes)
+    JAX_PLATFORMS=cpu python tools/bench/report_validation.py --quick    # one of each family
+    JAX_PLATFORMS=cpu python tools/bench/report_validation.py --only attention --json out.json
+
+For each program: the report's predicted host time (hlofuse.report, target `host`, modelled fused or, for
+the "unfused" rows, as XLA runs the plain program), and the measured time of the same jitted program with
+the same arguments: the median and the best of --runs calls after one warm-up. Then the median and worst
+absolute relative error, over the programs whose measured time is over 1 ms, against the median and
+against the best call. On a shared machine the best call is the one least slowed by other jobs; the
+model predicts the uncontended time (its ceilings are the best of repeated runs, hlofuse.report.hardware).
+
+Families: matmuls 256-4096 (f32, and bf16 at 1024), attention prefill and decode fused and unfused (T
+512-8192), softmax + sampling over 32k-256k vocabularies (greedy, temperature, top-p), big elementwise
+programs, and hlofuse.demo's prefill and decode step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+from hlofuse.report import report  # noqa: E402
+
+
+@dataclass
+class Program:
+    family: str
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    fuse: bool = True
+    kv_fill: float = 1.0
+    runs: int = 5
+    quick: bool = False
+
+
+def _rand(key: int, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:  # noqa: ANN401
+    return jax.random.normal(jax.random.key(key), shape, jnp.float32).astype(dtype)
+
+
+def matmuls() -> list[Program]:
+    out = []
+    for n in (256, 512, 1024, 2048, 4096):
+        out.append(Program("matmul", f"matmul f32 {n}", lambda a, b: a @ b, (_rand(0, (n, n)), _rand(1, (n, n))),
+                           runs=3 if n == 4096 else 5, quick=n == 1024))
+    out.append(Program("matmul", "matmul bf16 1024", lambda a, b: a @ b,
+                       (_rand(0, (1024, 1024), jnp.bfloat16), _rand(1, (1024, 1024), jnp.bfloat16))))
+    out.append(Program("matmul", "mlp f32 [2048,1024]x[1024,4096] gelu", lambda x, w: jax.nn.gelu(x @ w),
+                       (_rand(0, (2048, 1024)), _rand(1, (1024, 4096)))))
+    return out
+
+
+def attention_fn(causal: bool) -> Callable[..., jax.Array]:
+    def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        groups = q.shape[2] // k.shape[2]
+        if groups > 1:
+            k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+        s = jnp.einsum("btnh,bsnh->bnts", q, k) / np.float32(np.sqrt(q.shape[-1]))
+        if causal:
+            t, length = q.shape[1], k.shape[1]
+            visible = jnp.arange(length)[None, :] <= jnp.arange(t)[:, None] + (length - t)
+            s = jnp.where(visible, s, -jnp.inf)
+        p = jax.nn.softmax(s, axis=-1)
+        return jnp.einsum("bnts,bsnh->btnh", p, v)
+
+    return attention
+
+
+def attentions() -> list[Program]:
+    out = []
+    prefill = [(512, 8, 8, 64, True), (2048, 8, 2, 64, True), (8192, 1, 1, 64, True), (2048, 8, 8, 64, False)]
+    for t, n, kv, h, causal in prefill:
+        args = (_rand(0, (1, t, n, h)), _rand(1, (1, t, kv, h)), _rand(2, (1, t, kv, h)))
+        tag = f"prefill T{t} N{n}/{kv} H{h}" + (" causal" if causal else "")
+        for fuse in (True, False):
+            out.append(Program("attention", f"{tag} {'fused' if fuse else 'unfused'}", attention_fn(causal), args,
+                               fuse=fuse, runs=3 if t >= 8192 else 5, quick=t == 2048 and causal))
+    for s, b in ((4096, 1), (16384, 1), (8192, 4)):
+        args = (_rand(0, (b, 1, 32, 128)), _rand(1, (b, s, 8, 128)), _rand(2, (b, s, 8, 128)))
+        for fuse in (True, False):
+            out.append(Program("attention", f"decode B{b} S{s} N32/8 H128 {'fused' if fuse else 'unfused'}",
+                               attention_fn(False), args, fuse=fuse, quick=s == 4096))
+    return out
+
+
+def samplers() -> list[Program]:
+    out = []
+    for vocab in (32768, 131072, 262144):
+        logits = _rand(3, (8, vocab)) * 3
+        key = jax.random.key_data(jax.random.key(7))
+
+        def greedy(x: jax.Array) -> jax.Array:
+            return jnp.argmax(jax.nn.softmax(x, axis=-1), axis=-1)
+
+        def temperature(x: jax.Array, k: jax.Array) -> jax.Array:
+            return jax.random.categorical(jax.random.wrap_key_data(k), x / 0.7, axis=-1)
+
+        def top_p(x: jax.Array, k: jax.Array) -> jax.Array:
+            ordered = jnp.sort(x, axis=-1)[..., ::-1]
+            cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+            cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+            return jax.random.categorical(jax.random.wrap_key_data(k), jnp.where(x < cutoff, -jnp.inf, x) / 0.7,
+                                          axis=-1)
+
+        for name, fn, args in (("greedy(softmax)", greedy, (logits,)), ("temperature", temperature, (logits, key)),
+                               ("top-p", top_p, (logits, key))):
+            for fuse in (True, False):
+                out.append(Program("sampling", f"{name} 8x{vocab} {'fused' if fuse else 'unfused'}", fn, args,
+                                   fuse=fuse, quick=vocab == 131072 and name == "top-p"))
+    return out
+
+
+def elementwise() -> list[Program]:
+    x = _rand(4, (4096, 4096))
+    y = _rand(5, (4096, 4096))
+
+    def layernorm(a: jax.Array) -> jax.Array:
+        mean = a.mean(-1, keepdims=True)
+        return (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+    return [
+        Program("elementwise", "x*y+1 f32 16M", lambda a, b: a * b + 1.0, (x, y), quick=True),
+        Program("elementwise", "gelu(x)*y f32 16M", lambda a, b: jax.nn.gelu(a) * b, (x, y)),
+        Program("elementwise", "layernorm f32 [4096,4096]", layernorm, (x,)),
+        Program("elementwise", "softmax f32 [4096,4096]", lambda a: jax.nn.softmax(a, -1), (x,)),
+        Program("elementwise", "tanh chain x32 f32 16M", _chain, (x,)),
+    ]
+
+
+def _chain(a: jax.Array) -> jax.Array:
+    for _ in range(32):
+        a = jnp.tanh(a) * 1.01
+    return a
+
+
+def demo() -> list[Program]:
+    from hlofuse.demo import PRESETS, Config, Sampler, decode_step, init_params, prefill
+
+    out = []
+    sampler = Sampler()
+    for size in ("small", "medium"):
+        p = PRESETS[size]
+        cfg = Config(layers=p["layers"], d_model=p["d_model"], heads=p["heads"], kv_heads=p["kv_heads"],
+                     head_dim=p["head_dim"], vocab=p["vocab"], cache_len=p["cache_len"], dtype=jnp.float32)
+        params = init_params(jax.random.key(0), cfg)
+        prompt = jax.random.randint(jax.random.key(1), (1, p["prompt_len"]), 0, cfg.vocab, jnp.int32)
+        key = jax.random.key_data(jax.random.key(2))
+
+        def prefill_fn(params: Any, tokens: jax.Array, key: jax.Array, cfg: Config = cfg) -> Any:  # noqa: ANN401
+            return prefill(params, tokens, key, cfg, sampler)
+
+        def decode_fn(params: Any, token: jax.Array, cache: Any, pos: jax.Array, key: jax.Array,  # noqa: ANN401
+                      cfg: Config = cfg) -> Any:
+            return decode_step(params, token, cache, pos, key, cfg, sampler)
+
+        (_, _), cache = jax.jit(prefill_fn)(params, prompt, key)
+        pos = jnp.int32(p["prompt_len"])
+        token = jnp.zeros((1,), jnp.int32)
+        fill = (p["prompt_len"] + 1) / p["cache_len"]
+        for fuse in (True, False):
+            tag = "fused" if fuse else "unfused"
+            out.append(Program("demo", f"demo {size} prefill T{p['prompt_len']} {tag}", prefill_fn,
+                               (params, prompt, key), fuse=fuse, quick=size == "small"))
+            out.append(Program("demo", f"demo {size} decode step (cache {p['cache_len']}) {tag}", decode_fn,
+                               (params, token, cache, pos, key), fuse=fuse, kv_fill=fill, quick=size == "small"))
+    return out
+
+
+FAMILIES = {"matmul": matmuls, "attention": attentions, "sampling": samplers, "elementwise": elementwise,
+            "demo": demo}
+
+
+def measure(program: Program) -> dict[str, float]:
+    options = {"hlofuse_pipeline": "default"} if program.fuse else {}
+    compiled = jax.jit(program.fn, compiler_options=options).lower(*program.args).compile()
+    jax.block_until_ready(compiled(*program.args))
+    times = []
+    for _ in range(program.runs):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*program.args))
+        times.append(time.perf_counter() - start)
+    return {"median_s": statistics.median(times), "best_s": min(times)}
+
+
+def errors(rows: list[dict[str, Any]], key: str, threshold: float = 1e-3) -> tuple[float, float, int]:
+    errs = [abs(r["predicted_s"] - r[key]) / r[key] for r in rows if r[key] > threshold]
+    if not errs:
+        return math.nan, math.nan, 0
+    return statistics.median(errs), max(errs), len(errs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="one or two programs per family")
+    parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="these families only")
+    parser.add_argument("--runs", type=int, default=None, help="timed calls per program (default: 5, 3 for big)")
+    parser.add_argument("--json", help="write the rows as JSON")
+    args = parser.parse_args()
+    rows = []
+    print(f"{'program':<52} {'predicted':>10} {'median':>10} {'best':>10} {'err/med':>8} {'err/best':>8}  bound")
+    for family in args.only or FAMILIES:
+        for program in FAMILIES[family]():
+            if args.quick and not program.quick:
+                continue
+            if args.runs:
+                program.runs = args.runs
+            rep = report(program.fn, *program.args, targets="host", fuse=program.fuse, kv_fill=program.kv_fill,
+                         name=program.name)
+            host = rep.targets["host"]
+            measured = measure(program)
+            row = {"family": family, "program": program.name, "predicted_s": host.predicted_s,
+                   "median_s": measured["median_s"], "best_s": measured["best_s"], "fused": program.fuse,
+                   "top_region": host.regions[0].name if host.regions else "",
+                   "bound": host.regions[0].bound if host.regions else ""}
+            rows.append(row)
+            err_m = (row["predicted_s"] - row["median_s"]) / row["median_s"]
+            err_b = (row["predicted_s"] - row["best_s"]) / row["best_s"]
+            print(f"{program.name:<52} {row['predicted_s'] * 1e3:9.3f}m {row['median_s'] * 1e3:9.3f}m "
+                  f"{row['best_s'] * 1e3:9.3f}m {err_m * 100:+7.0f}% {err_b * 100:+7.0f}%  {row['bound']}",
+                  flush=True)
+    for key, what in (("median_s", "median call"), ("best_s", "best call")):
+        med, worst, n = errors(rows, key)
+        print(f"vs the {what}: median |error| {med * 100:.0f}%, worst {worst * 100:.0f}% over {n} programs > 1 ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
