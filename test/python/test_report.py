@@ -254,3 +254,36 @@ def test_measure_times_the_program_on_this_host():
     host = rep.measured["host"]
     assert host["measured_s"] > 0 and host["best_s"] <= host["measured_s"]
     assert not math.isnan(rep.targets["host"].predicted_s)
+
+
+SHARDED_MLP = """
+module @jit_mlp attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["data"=2, "model"=4]>
+  func.func public @main(%x: tensor<64x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>},
+                         %w1: tensor<1024x4096xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"model"}]>},
+                         %w2: tensor<4096x1024xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"model"}, {}]>})
+      -> tensor<64x1024xf32> {
+    %0 = stablehlo.dot_general %x, %w1, contracting_dims = [1] x [0]
+        : (tensor<64x1024xf32>, tensor<1024x4096xf32>) -> tensor<64x4096xf32>
+    %1 = stablehlo.tanh %0 : tensor<64x4096xf32>
+    %2 = stablehlo.dot_general %1, %w2, contracting_dims = [1] x [0]
+        : (tensor<64x4096xf32>, tensor<4096x1024xf32>) -> tensor<64x1024xf32>
+    return %2 : tensor<64x1024xf32>
+  }
+}
+"""
+
+
+def test_sharded_module_uses_per_device_shapes_and_all_reduces_partial_sums():
+    from hlofuse.ir.context import parse_module
+
+    module = parse_module(SHARDED_MLP)
+    per_device = total_flops(module)
+    assert per_device["mxu_flops"] == pytest.approx(2 * (2 * 64 * 1024 * 4096) / 8)
+    rep = analyze(module, "tpu-v5e", calibrate=False)
+    assert rep.devices == 8
+    rows = rep.targets["tpu-v5e"].regions
+    collective = [r for r in rows if r.kind == "collective"]
+    assert len(collective) == 1  # the second dot contracts the sharded dim: its partial sums are all-reduced
+    local_out = 32 * 1024 * 4
+    assert collective[0].collective_s == pytest.approx(local_out * 2 * 0.75 / 400e9)

@@ -373,7 +373,20 @@ class Flattener:
         node = self._costed(op, short, ins, types, frame)
         if node.cls in ("elementwise", "layout") and short not in ("constant", "rng", "rng_bit_generator"):
             self._fold(node, short)
-        self._bind(op, node.outputs, frame)
+        outs = node.outputs
+        if "all_reduce" in node.info:  # the partitioner's all-reduce of partial sums, an op of its own
+            outs = self._implicit_all_reduce(node, frame)
+        self._bind(op, outs, frame)
+
+    def _implicit_all_reduce(self, node: Node, frame: _Frame) -> list[int]:
+        factor = float(node.info["all_reduce"])
+        tensors = [self.graph.tensors[t] for t in node.outputs]
+        reduce = self.graph.add("all_reduce (partitioner)", "collective", list(node.outputs),
+                                [(t.shape, t.dtype) for t in tensors], frame.scope, site=frame.site)
+        reduce.collective_bytes = sum(t.nbytes for t in tensors) * 2 * (1 - 1 / factor)
+        reduce.flops = sum(t.elements for t in tensors) * (1 - 1 / factor)
+        reduce.info["group"] = factor
+        return reduce.outputs
 
     def _fold(self, node: Node, short: str) -> None:
         """XLA folds ops on constants (a converted or broadcast scalar costs nothing at run time); an iota is
@@ -605,8 +618,7 @@ class Flattener:
         node.info.update(m=m, n=n, k=k, batch=batch, dtype=lhs.dtype, out_dtype=out.dtype)
         global_k = self._global_contraction(op, contracting_l)
         if global_k and global_k > k:  # contracted dims are sharded: partial sums, then an all-reduce
-            node.collective_bytes = out.nbytes * 2 * (1 - k / global_k)
-            node.info["all_reduce"] = global_k // k
+            node.info["all_reduce"] = global_k / k
 
     def _global_contraction(self, op: ir.Operation, contracting: Sequence[int]) -> int | None:
         if not self.meshes:
@@ -648,7 +660,6 @@ class Flattener:
                 local = data[0].shape
                 factor = math.prod(shape[d] for d in dims) / max(1, math.prod(local[d] for d in dims))
                 if factor > 1:
-                    node.collective_bytes = sum(o.nbytes for o in outs) * 2 * (1 - 1 / factor)
                     node.info["all_reduce"] = factor
         else:
             window = 1

@@ -390,7 +390,13 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
     where = f"measured on this host {data.get('when', '')} ({data.get('cpu', '?')}, {data.get('cores', '?')} cores)"
     chip.peak_flops["f32"] = float(data["peak_f32"])
     chip.peak_flops["bf16"] = float(data["peak_bf16"])
-    chip.gemm_curve = [(float(f), float(r)) for f, r in data["gemm_curve"]]
+    # A ceiling never falls with size: a bigger GEMM reaches at least a smaller one's rate on an idle machine (a
+    # lower measured rate at 2048 is the cache shared with other jobs), so the curve is made non-decreasing.
+    curve, best = [], 0.0
+    for f, r in sorted((float(f), float(r)) for f, r in data["gemm_curve"]):
+        best = max(best, r)
+        curve.append((f, best))
+    chip.gemm_curve = curve
     for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
                 "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw"):
         if key in data:

@@ -268,6 +268,8 @@ def label(region: Region, graph: Graph) -> str:
         if node.cls in ("layout",) and _short(node.op) in ("constant", "iota", "broadcast_in_dim", "reshape"):
             continue
         short = _short(node.op).replace("custom_call @", "")
+        if short.startswith("sdy.manual_computation."):
+            continue
         if short not in ops:
             ops.append(short)
     root = nodes[max(region.nodes)]
