@@ -1,8 +1,8 @@
 """The chips hlofuse-report models: chips.toml (one row per chip, every number with its source), and `host`,
 this machine, whose ceilings a short calibration measures and caches.
 
-Calibration (about 5 s on 2 cores; `calibrate()`) times jitted programs on the CPU and keeps the best
-of a few runs, since a ceiling is what the machine reaches, not what a busy moment leaves of it:
+Calibration (about 5 s on 2 cores; `calibrate()`) times jitted programs on the CPU in CPU-seconds (the
+median of a few runs), which other jobs sharing the cores do not inflate as they inflate wall time:
   - GEMM: f32 at N = 64 .. 2048 (the model interpolates the rate by the GEMM's size: a small GEMM never
     reaches the big one's rate on a CPU), and bf16 at N = 1024;
   - memory: a streaming `x * a + b` over 256 MiB (DRAM) and over 4 MiB (the last-level cache);
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("chips.toml")
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 6
 # Targets in the order the report lists them.
 DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
 ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
@@ -70,6 +70,8 @@ class Chip:
     gemm_curve: list[tuple[float, float]] = field(default_factory=list)  # (flops of one GEMM, FLOP/s) measured
     attention_flops: float = 0.0  # hlofuse's attention kernel's FLOP rate (host: measured)
     fault_bw: float = 0.0  # host only: bytes/s of fresh (page-faulted) buffers, 0 = not modelled
+    threads: float = 1.0  # host only: threads XLA's dots run on (the ceilings are per thread)
+    kernel_threads: float = 1.0  # host only: threads hlofuse's CPU kernels keep busy
     read_bw: float = 0.0  # host only: DRAM read-only bandwidth (a reduction); 0 = hbm_bw
     write_bw: float = 0.0  # host only: DRAM write bandwidth (from a stream and the read bandwidth); 0 = hbm_bw
     sources: dict[str, str] = field(default_factory=dict)
@@ -234,20 +236,36 @@ def _llc_bytes() -> float:
     return best or 32 * 1024 ** 2
 
 
-def _best_time(fn: Callable[[], Any], budget_s: float, min_runs: int = 3, max_runs: int = 50) -> float:
-    """The fastest of repeated runs of `fn` (after one warm-up), within about `budget_s` seconds."""
+@dataclass(frozen=True)
+class Timing:
+    wall: float  # the fastest call's wall time
+    cpu: float  # the median CPU time of a call (all of the process's threads, kernel time included)
+    parallel: float  # the largest CPU / wall ratio seen: how many threads the work kept busy at once
+
+
+def _timed(fn: Callable[[], Any], budget_s: float, min_runs: int = 3, max_runs: int = 50) -> Timing:
+    """Repeated runs of `fn` (after one warm-up) for about `budget_s` seconds.
+
+    The CPU time of a call does not grow when other jobs share the cores (a wall time does, by however long
+    the call waits for them), so the ceilings are work per CPU-second; the fastest wall time and the largest
+    CPU/wall ratio say how many threads a call uses."""
     fn()
-    times = []
+    walls, cpus = [], []
     start = time.perf_counter()
-    while len(times) < max_runs and (len(times) < min_runs or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
+    while len(walls) < max_runs and (len(walls) < min_runs or time.perf_counter() - start < budget_s):
+        w, c = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        walls.append(time.perf_counter() - w)
+        cpus.append(time.process_time() - c)
+    return Timing(min(walls), max(statistics.median(cpus), 1e-7),
+                  max(c / w for c, w in zip(cpus, walls, strict=True)))
 
 
 def calibrate(verbose: bool = False) -> dict[str, Any]:
-    """Measures this machine's ceilings (see the module docstring); returns them as a JSON-able dict."""
+    """Measures this machine's ceilings (see the module docstring); returns them as a JSON-able dict.
+
+    Rates are work per CPU-second of XLA's single-threaded execution (`threads` says whether its dots
+    ran on several cores), so that other jobs on a shared machine do not lower them."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -260,19 +278,24 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
                            "version": CALIBRATION_VERSION, "when": time.strftime("%Y-%m-%d %H:%M:%S")}
     rng = np.random.default_rng(0)
     curve = []
+    parallel = 1.0
     for n in (64, 128, 256, 512, 1024, 2048):
         a = jnp.asarray(rng.standard_normal((n, n), np.float32))
         f = jax.jit(lambda x, y: x @ y)
-        t = _best_time(lambda f=f, a=a: f(a, a).block_until_ready(), 0.4 if n < 2048 else 0.8, max_runs=200)
-        curve.append((2.0 * n ** 3, 2.0 * n ** 3 / t))
-        log(f"f32 GEMM {n}: {2 * n ** 3 / t / 1e9:.1f} GFLOP/s")
+        t = _timed(lambda f=f, a=a: f(a, a).block_until_ready(), 0.4 if n < 2048 else 0.6, max_runs=200)
+        curve.append((2.0 * n ** 3, 2.0 * n ** 3 / t.cpu))
+        if n >= 512:
+            parallel = max(parallel, t.parallel)
+        log(f"f32 GEMM {n}: {2 * n ** 3 / t.cpu / 1e9:.1f} GFLOP per CPU-second (wall best {t.wall * 1e3:.2f} ms)")
     out["gemm_curve"] = curve
     out["peak_f32"] = max(r for _, r in curve)
+    # XLA's dots use several threads when a call keeps more than one core busy at once
+    out["threads"] = float(os.cpu_count() or 1) if parallel >= 1.5 else 1.0
     a16 = jnp.asarray(rng.standard_normal((1024, 1024), np.float32)).astype(jnp.bfloat16)
     f16 = jax.jit(lambda x, y: x @ y)
-    t = _best_time(lambda: f16(a16, a16).block_until_ready(), 0.5)
-    out["peak_bf16"] = 2.0 * 1024 ** 3 / t
-    log(f"bf16 GEMM 1024: {out['peak_bf16'] / 1e9:.1f} GFLOP/s")
+    t = _timed(lambda: f16(a16, a16).block_until_ready(), 0.5)
+    out["peak_bf16"] = 2.0 * 1024 ** 3 / t.cpu
+    log(f"bf16 GEMM 1024: {out['peak_bf16'] / 1e9:.1f} GFLOP per CPU-second; dots on {out['threads']:.0f} thread(s)")
 
     # Streams in place (the input donated), so that the time is the memory's, not the page faults' of a
     # fresh output; the fresh-output time then gives the cost of faulting pages in.
@@ -284,17 +307,17 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
         state["x"] = stream(state["x"])
         state["x"].block_until_ready()
 
-    t = _best_time(step, 0.8)
+    t = _timed(step, 0.6).cpu
     nbytes = state["x"].nbytes
     out["hbm_bw"] = 2 * nbytes / t
     total = jax.jit(lambda x: jnp.sum(x))
-    t_read = _best_time(lambda: total(state["x"]).block_until_ready(), 0.6)
+    t_read = _timed(lambda: total(state["x"]).block_until_ready(), 0.4).cpu
     out["read_bw"] = nbytes / t_read
     out["write_bw"] = nbytes / max(t - t_read, t * 0.1)
-    t_fresh = _best_time(lambda: fresh(state["x"]).block_until_ready(), 0.8)
+    t_fresh = _timed(lambda: fresh(state["x"]).block_until_ready(), 0.6).cpu
     out["fault_bw"] = nbytes / max(t_fresh - t, t * 0.05)
     state["x"] = jnp.ones((1024 * 1024,), jnp.float32)  # 4 MiB
-    t = _best_time(step, 0.3, max_runs=400)
+    t = _timed(step, 0.3, max_runs=400).cpu
     out["cache_bw"] = 2 * state["x"].nbytes / t
     state.clear()
     out["cache_bytes"] = _llc_bytes()
@@ -309,21 +332,21 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
 
     chained = jax.jit(chain)
     mid = jnp.ones((1024 * 1024,), jnp.float32)
-    t = _best_time(lambda: chained(mid).block_until_ready(), 0.4)
+    t = _timed(lambda: chained(mid).block_until_ready(), 0.4).cpu
     out["vector_flops"] = 64 * mid.size / t
     expf = jax.jit(lambda x: jnp.exp(x))
-    t = _best_time(lambda: expf(mid).block_until_ready(), 0.3)
+    t = _timed(lambda: expf(mid).block_until_ready(), 0.3).cpu
     out["transcendental_rate"] = mid.size / max(t - 2 * mid.nbytes / out["cache_bw"], t / 4)
     log(f"vector {out['vector_flops'] / 1e9:.1f} GFLOP/s, exp {out['transcendental_rate'] / 1e9:.2f} G/s")
 
     rows = jnp.asarray(rng.standard_normal((8, 32768), np.float32))
     sortf = jax.jit(lambda x: jnp.sort(x, axis=-1))
-    t = _best_time(lambda: sortf(rows).block_until_ready(), 0.4)
+    t = _timed(lambda: sortf(rows).block_until_ready(), 0.4).cpu
     out["sort_rate"] = rows.size * math.log2(32768) / t
 
     tiny = jnp.ones((8,), jnp.float32)
     trivial = jax.jit(lambda x: x + 1)
-    out["step_s"] = _best_time(lambda: trivial(tiny).block_until_ready(), 0.3, max_runs=400)
+    out["step_s"] = _timed(lambda: trivial(tiny).block_until_ready(), 0.3, max_runs=400).cpu
 
     def unfusable(x: jax.Array) -> jax.Array:  # each reduce-then-broadcast ends a fusion
         for _ in range(32):
@@ -331,19 +354,20 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
         return x
 
     chain_ops = jax.jit(unfusable)
-    t = _best_time(lambda: chain_ops(tiny).block_until_ready(), 0.3, max_runs=400)
+    t = _timed(lambda: chain_ops(tiny).block_until_ready(), 0.3, max_runs=400).cpu
     out["launch_s"] = max(1e-7, (t - out["step_s"]) / 64)
     log(f"call {out['step_s'] * 1e6:.1f} us, per fused op {out['launch_s'] * 1e6:.2f} us")
 
-    out["attention_flops"] = _calibrate_attention(rng, _best_time)
+    out["attention_flops"], out["kernel_threads"] = _calibrate_attention(rng)
     if out["attention_flops"]:
-        log(f"hlofuse CPU attention: {out['attention_flops'] / 1e9:.1f} GFLOP/s")
+        log(f"hlofuse CPU attention: {out['attention_flops'] / 1e9:.1f} GFLOP per CPU-second, "
+            f"{out['kernel_threads']:.0f} thread(s)")
     return out
 
 
-def _calibrate_attention(rng: Any, best_time: Callable[..., float]) -> float:  # noqa: ANN401
-    """hlofuse's CPU attention kernel's FLOP rate on a causal f32 prefill (B1 T1024 N8 H64); 0 if it does not
-    build or lower here."""
+def _calibrate_attention(rng: Any) -> tuple[float, float]:  # noqa: ANN401
+    """hlofuse's CPU attention kernel on a causal f32 prefill (B1 T1024 N8 H64): its FLOPs per CPU-second and
+    the threads it keeps busy; (0, 1) if it does not build or lower here."""
     try:
         import jax
         import jax.numpy as jnp
@@ -355,11 +379,12 @@ def _calibrate_attention(rng: Any, best_time: Callable[..., float]) -> float:  #
         q = jnp.asarray(rng.standard_normal((b, t, n, h), np.float32))
         fused = jax.jit(lambda q, k, v: hlofuse.attention(q, k, v, causal=True),
                         compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True})
-        elapsed = best_time(lambda: fused(q, q, q).block_until_ready(), 0.6)
+        timing = _timed(lambda: fused(q, q, q).block_until_ready(), 0.6)
         visible = (t * (t + 1) / 2) / (t * t)
-        return 4.0 * b * n * t * t * h * visible / elapsed
+        threads = float(os.cpu_count() or 1) if timing.parallel >= 1.5 else 1.0
+        return 4.0 * b * n * t * t * h * visible / timing.cpu, threads
     except Exception:  # the kernels are optional: the model falls back to the GEMM curve
-        return 0.0
+        return 0.0, 1.0
 
 
 def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool = False) -> dict[str, Any] | None:
@@ -398,7 +423,7 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
         curve.append((f, best))
     chip.gemm_curve = curve
     for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
-                "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw"):
+                "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw", "threads", "kernel_threads"):
         if key in data:
             setattr(chip, key, float(data[key]))
             chip.sources[key] = where

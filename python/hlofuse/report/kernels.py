@@ -106,13 +106,14 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
         elif role in ("q_lengths", "kv_lengths"):
             extra += math.prod(shape) * 4
     total_bytes = q_bytes + o_bytes + kv_bytes * kv_reads + extra
+    threads = chip.kernel_threads if chip.family == "cpu" else 1.0
     if chip.family == "cpu" and chip.attention_flops:
-        compute = 4.0 * scores * h / chip.attention_flops  # the kernel's measured rate (its own ceiling)
+        compute = 4.0 * scores * h / (chip.attention_flops * threads)  # the kernel's measured rate, per thread
     else:
         mxu_s = mxu / chip.peak(dtype)
         vpu_s = vector / chip.vector_flops + trans / chip.transcendental_rate
         compute = max(mxu_s, vpu_s)  # a pipelined flash kernel overlaps the matrix and vector units
-    memory = chip.memory_time(total_bytes - o_bytes, o_bytes)
+    memory = chip.memory_time(total_bytes - o_bytes, o_bytes) / threads
     window = ""
     if attrs.get("causal"):
         window = " causal"
@@ -145,12 +146,14 @@ def sample_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result_ty
     vector = 4.0 * elements * passes
     trans = elements if mode in ("top_p", "min_p", "top_k+top_p") else 0.0
     total_bytes = logits_bytes * passes + rows * 4
-    compute = vector / chip.vector_flops + trans / chip.transcendental_rate
+    threads = chip.kernel_threads if chip.family == "cpu" else 1.0
+    compute = (vector / chip.vector_flops + trans / chip.transcendental_rate) / threads
     # A second pass over a row finds it in cache when a row fits (the CPU runs rows one at a time).
     first = chip.memory_time(logits_bytes, 0.0)
     rest = (passes - 1) * chip.memory_time(vocab * dtype_bytes(dtype), 0.0) * rows
     name = f"hlofuse.sample {mode} {dtype} [{rows}x{vocab}]"
-    return KernelCost(name, vector + trans, vector + trans, 0.0, vector, trans, total_bytes, compute, first + rest,
+    return KernelCost(name, vector + trans, vector + trans, 0.0, vector, trans, total_bytes, compute,
+                      (first + rest) / threads,
                       {"passes": passes})
 
 

@@ -35,7 +35,7 @@ from hlofuse.report.hardware import Chip, chips_for, resolve_targets
 from hlofuse.report.kernels import KernelCost, kernel_cost
 from hlofuse.report.regions import Region, dot_padded_flops, form_regions, label
 
-# Buffers above glibc's largest mmap threshold (32 MiB on 64-bit) are fresh pages on every call.
+# Buffers of glibc's largest mmap threshold (32 MiB on 64-bit) and more are fresh pages on every call.
 FRESH_BUFFER_BYTES = 32 * 1024 * 1024
 
 
@@ -65,6 +65,7 @@ class RegionRow:
     mxu_flops: float = 0.0
     useful_flops: float = 0.0
     unfused: bool = False
+    cpu_s: float = 0.0  # host: the CPU time it takes (predicted_s x the threads it keeps busy)
 
     @property
     def intensity(self) -> float:
@@ -123,10 +124,12 @@ class TargetReport:
     bytes: float
     lowering: str
     notes: list[str] = field(default_factory=list)
+    predicted_cpu_s: float = 0.0  # host: CPU time per call (equal to predicted_s when everything runs on one thread)
 
     def to_json(self) -> dict[str, Any]:
         c = self.chip
         return {"chip": c.description, "kernel_target": c.kernel_target, "predicted_s": self.predicted_s,
+                "predicted_cpu_s": self.predicted_cpu_s if c.family == "cpu" else None,
                 "flops": self.flops, "bytes": self.bytes, "lowering": self.lowering,
                 "peaks": {"flops": c.peak_flops, "vector_flops": c.vector_flops, "hbm_bw": c.hbm_bw,
                           "interconnect_bw": c.interconnect_bw, "launch_s": c.launch_s, "step_s": c.step_s},
@@ -339,6 +342,7 @@ class Costed:
     useful_flops: float
     bytes: float
     kernel: KernelCost | None = None
+    threads: float = 1.0  # cores it keeps busy (host): its CPU time is predicted_s x threads
 
 
 class Coster:
@@ -351,13 +355,17 @@ class Coster:
         if region.kernel is not None and region.kind == "kernel":
             return self._kernel(region)
         mxu_s, useful_mxu, exec_mxu = 0.0, 0.0, 0.0
+        threads = 1.0
+        if chip.family == "cpu" and chip.threads > 1 and region.dots and max(
+                2.0 * d["batch"] * d["m"] * d["n"] * d["k"] for d in region.dots) >= 1 << 24:
+            threads = chip.threads  # XLA splits a big dot over its threads; everything else runs on one
         for info in region.dots:
             flops = dot_padded_flops(info, chip.matmul_tile, chip.family)
             gemm = 2.0 * info["m"] * info["n"] * info["k"]
             rate = chip.gemm_rate(info["dtype"], gemm)
             if chip.family != "cpu":
                 rate = chip.peak(info["dtype"])
-            mxu_s += flops / rate
+            mxu_s += flops / (rate * threads)
             exec_mxu += flops
             useful_mxu += 2.0 * info["batch"] * info["m"] * info["n"] * info["k"]
         vector_s = region.flops / chip.vector_flops + region.transcendentals / chip.transcendental_rate
@@ -373,7 +381,7 @@ class Coster:
         useful = region.flops + useful_mxu + region.transcendentals
         return Costed(region, label(region, self.graph), compute * repeat, memory * repeat, collective * repeat,
                       launch * repeat, predicted * repeat, floor * repeat, flops * repeat, useful * repeat,
-                      nbytes * repeat)
+                      nbytes * repeat, threads=threads)
 
     def _kernel(self, region: Region) -> Costed:
         chip, node, repeat = self.chip, region.kernel, region.repeat
@@ -396,9 +404,10 @@ class Coster:
         dtype = site.operand_types[0][1]
         floor = max(k.useful_flops / chip.peak(dtype) if site.name == "hlofuse.attention" else 0.0,
                     min_bytes / chip.hbm_bw)
+        threads = chip.kernel_threads if chip.family == "cpu" else 1.0
         return Costed(region, k.name, k.compute_s * repeat, k.memory_s * repeat, 0.0, chip.launch_s * repeat,
                       predicted * repeat, floor * repeat, k.flops * repeat, k.useful_flops * repeat,
-                      k.bytes * repeat, k)
+                      k.bytes * repeat, k, threads)
 
     def _local_site(self, site: Site, node: Node) -> Site:
         """`site` with the operand types the kernel node sees (per device in a sharded module)."""
@@ -552,8 +561,9 @@ def analyze_target(prepared: Prepared, chip: Chip, *, kv_fill: float = 1.0) -> T
     rows.append(RegionRow("call: dispatch of the program", "call", 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, chip.step_s,
                           chip.step_s, chip.step_s, "overhead",
                           fix="a fixed cost per call: more work per call (a larger batch, several steps in one "
-                              "program) amortises it"))
+                              "program) amortises it", cpu_s=chip.step_s))
     total = sum(r.predicted_s for r in rows)
+    total_cpu = sum(r.cpu_s or r.predicted_s for r in rows)
     for row in rows:
         row.share = row.predicted_s / total if total else 0.0
     rows.sort(key=lambda r: -r.predicted_s)
@@ -565,7 +575,7 @@ def analyze_target(prepared: Prepared, chip: Chip, *, kv_fill: float = 1.0) -> T
     nexts = next_steps(rows, total, chip, fusions)
     flops = sum(c.flops for c in costed)
     nbytes = sum(c.bytes for c in costed)
-    return TargetReport(chip.name, chip, total, rows, fusions, nexts, flops, nbytes, lowering, notes)
+    return TargetReport(chip.name, chip, total, rows, fusions, nexts, flops, nbytes, lowering, notes, total_cpu)
 
 
 def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | None:
@@ -591,7 +601,7 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
                 users = [region_of.get(u, i) for u in consumers[t]]
                 if t in results:
                     size = graph.nodes[n].written.get(t, graph.tensors[t].nbytes)
-                    if size > FRESH_BUFFER_BYTES:
+                    if size >= FRESH_BUFFER_BYTES:
                         outputs += size
                     continue
                 if any(u != i for u in users) and t not in born:
@@ -602,12 +612,12 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
         for t in [t for t, last in last_use.items() if last == i]:
             live -= born.pop(t)
             del last_use[t]
-    fresh = outputs + (peak if peak > FRESH_BUFFER_BYTES else 0.0)
+    fresh = outputs + (peak if peak >= FRESH_BUFFER_BYTES else 0.0)
     if not fresh:
         return None
     t = fresh / fault_bw
     return RegionRow("allocation: fresh pages of buffers > 32 MiB", "allocation", 1, 0.0, fresh, 0.0, 0.0, 0.0, 0.0,
-                     t, t, 0.0, "overhead",
+                     t, t, 0.0, "overhead", cpu_s=t,
                      fix=f"{_human_bytes(fresh)} of buffers above glibc's mmap threshold fault in on every call "
                          f"(~{fault_bw / 1e9:.1f} GB/s here): donate them or keep temporaries smaller")
 
@@ -630,6 +640,7 @@ def _aggregate(costed: list[Costed], chip: Chip, sites: list[Site]) -> list[Regi
                         sum(m.collective_s for m in members), sum(m.overhead_s for m in members),
                         sum(m.predicted_s for m in members), sum(m.floor_s for m in members), "")
         row.useful_flops = sum(m.useful_flops for m in members)
+        row.cpu_s = sum(m.predicted_s * m.threads for m in members)
         row.mxu_flops = sum(m.region.mxu_flops * m.region.repeat for m in members)
         parts = {"compute": row.compute_s, "memory": row.memory_s, "interconnect": row.collective_s,
                  "overhead": row.overhead_s}
