@@ -39,7 +39,7 @@ from hlofuse.ir.attention_dims import SiteOps, analyze_dims
 from hlofuse.ir.dims import LAYOUT_OPS, DimsError
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.mask_eval import Band, as_grid, band_table, evaluate, fit_band
-from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask
+from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask, analyze_zero_one
 from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match
 from hlofuse.pipeline import ModulePass, PassState
 
@@ -416,6 +416,19 @@ def _read_stages(site: Site) -> None:
                                                   if s.kind in ("layout", "convert")], sizes)
     conjunction = MaskTerms()
     biases: list[tuple[ir.Value, Labels]] = []
+    fills: list[str] = []  # "select" / "add": how each mask term puts its fill on the logits, in order
+
+    def read_bias(value: ir.Value, value_labels: Labels) -> None:
+        for term, term_labels, additive in _bias_terms(value, value_labels, sizes):
+            if additive is None:
+                biases.append((term, term_labels))
+                continue
+            _set_fill(site, additive.fill)
+            _add_mask(conjunction, additive.terms)
+            fills.append("add")
+            if additive.bias is not None:
+                read_bias(*additive.bias)
+
     for stage in site.stages:
         op = defining_op(stage.output)
         if stage.kind in ("layout", "convert"):
@@ -425,15 +438,12 @@ def _read_stages(site: Site) -> None:
         elif stage.kind == "softcap":
             site.softcap = stage.value
         elif stage.kind == "bias":
-            for value, term_labels, additive in _bias_terms(stage.operand, labels, sizes):
-                if additive is None:
-                    biases.append((value, term_labels))
-                    continue
-                _set_fill(site, additive.fill)
-                _add_mask(conjunction, analyze_mask(additive.pred, additive.labels, sizes, negated=additive.inverted))
+            read_bias(stage.operand, labels)
         elif stage.kind == "mask":
             _set_fill(site, stage.value)
             _add_mask(conjunction, analyze_mask(stage.operand, labels, sizes, negated=stage.inverted))
+            fills.append("select")
+    _check_fills_do_not_stack(site, fills)
     if conjunction.always_false:
         raise NoMatch("the mask is constant false")
     for value, term_labels in biases:
@@ -465,6 +475,19 @@ def _fold_constant_bands(site: Site, terms: list[Opaque]) -> list[Opaque]:
     return [term for term in terms if term not in constant]
 
 
+def _check_fills_do_not_stack(site: Site, fills: list[str]) -> None:
+    """A key masked twice by additive masks gets fill + fill: -inf stays -inf, but a finite fill adds up (to
+    2 * fill, or -inf past the dtype's range), so a fully masked row would not be the uniform average the
+    composite's finite masked_value gives. With a finite fill, at most one mask may be added, before any
+    select (which sets the fill, whatever was added before)."""
+    if math.isinf(site.masked_value) or "add" not in fills:
+        return
+    added_after_select = "select" in fills and fills.index("select") < fills.index("add")
+    if fills.count("add") > 1 or added_after_select:
+        raise NoMatch(f"masks add a finite fill {site.masked_value:g} more than once to the same logits, so "
+                      "a fully masked row is not one fill's uniform average")
+
+
 def _add_mask(conjunction: MaskTerms, terms: MaskTerms) -> None:
     conjunction.atoms += terms.atoms
     conjunction.opaque += terms.opaque
@@ -479,12 +502,11 @@ def _set_fill(site: Site, fill: float) -> None:
 
 @dataclass(frozen=True)
 class AdditiveMask:
-    """`select(pred, 0, fill)` (or `select(pred, fill, 0)`, `inverted`) as a bias: the mask `pred`."""
+    """A bias that is 0 where visible and an absorbing `fill` elsewhere: the mask its `terms` say."""
 
-    pred: ir.Value
-    labels: Labels
+    terms: MaskTerms
     fill: float
-    inverted: bool
+    bias: tuple[ir.Value, Labels] | None = None  # `select(m, b, fill)`: the bias b where visible
 
 
 # A fill absorbs a logit s when s + fill rounds to fill: -inf always, a finite fill when half its unit in
@@ -512,13 +534,20 @@ def _np_float(element_type: ir.Type) -> Any:  # noqa: ANN401
 
 def _bias_terms(value: ir.Value, labels: Labels,
                 sizes: dict[str, int]) -> list[tuple[ir.Value, Labels, AdditiveMask | None]]:
-    """The summands of a bias (through adds and layout ops), each a plain bias or an additive mask."""
+    """The summands of a bias (through adds and layout ops), each a plain bias or an additive mask; a zero
+    constant (torch's sdpa adds a zero bias when it has no mask) is no term."""
+    if constant_scalar(value) == 0.0:
+        return []
     found = _additive_mask(value, labels, sizes)
     if found is not None:
         return [(value, labels, found)]
     op = defining_op(value)
     if op is not None and op.name == "stablehlo.add":
         return [t for operand in op.operands for t in _bias_terms(operand, labels, sizes)]
+    if op is not None and op.name == "stablehlo.multiply" and 1.0 in map(constant_scalar, op.operands):
+        # b * 1 (torch.add's alpha): exactly b.
+        other = op.operands[0] if constant_scalar(op.operands[1]) == 1.0 else op.operands[1]
+        return _bias_terms(other, labels, sizes)
     if op is not None and op.name in _BIAS_LAYOUT and op.name != "stablehlo.convert":
         inner = layout.backward(op, labels, sizes)
         if inner is not None:
@@ -529,8 +558,9 @@ def _bias_terms(value: ir.Value, labels: Labels,
 
 
 def _additive_mask(value: ir.Value, labels: Labels, sizes: dict[str, int]) -> AdditiveMask | None:
-    """`select(m, 0, fill)` seen through layout ops and multiplies by a positive constant (which scale
-    the fill), with a fill that absorbs the logits in the bias's element type."""
+    """A mask written as a bias, seen through layout ops and multiplies by a positive constant (which scale
+    the fill): `select(m, 0, fill)` or `select(m, fill, 0)`, or `x * fill` with x a 0/1 number (BERT-era
+    code writes `(1 - m) * finfo.min`), where the fill absorbs the logits in the bias's element type."""
     element_type = layout.element_type(value)
     factor = 1.0
     while True:
@@ -543,22 +573,32 @@ def _additive_mask(value: ir.Value, labels: Labels, sizes: dict[str, int]) -> Ad
                 return None
             value, labels = op.operands[0], layout.normalize(inner, sizes)
             continue
-        if op.name == "stablehlo.multiply":
-            c = constant_scalar(op.operands[1])
-            if c is None or c <= 0:
-                return None
-            factor *= c
-            value = op.operands[0]
-            continue
-        break
+        if op.name != "stablehlo.multiply":
+            break
+        lhs, rhs = op.operands
+        for x, c in ((lhs, constant_scalar(rhs)), (rhs, constant_scalar(lhs))):
+            if c is not None and c > 0:
+                factor *= c
+                value = x
+                break
+            if c is not None and absorbs_logits(c * factor, element_type):
+                terms = analyze_zero_one(x, labels, sizes, visible_when_zero=True)
+                return AdditiveMask(terms, round_fill(c * factor, element_type)) if terms is not None else None
+        else:
+            return None
     if op.name != "stablehlo.select":
         return None
     pred, on_true, on_false = op.operands
     true_c, false_c = constant_scalar(on_true), constant_scalar(on_false)
-    if true_c == 0.0 and false_c is not None and absorbs_logits(false_c * factor, element_type):
-        return AdditiveMask(pred, labels, round_fill(false_c * factor, element_type), inverted=False)
-    if false_c == 0.0 and true_c is not None and absorbs_logits(true_c * factor, element_type):
-        return AdditiveMask(pred, labels, round_fill(true_c * factor, element_type), inverted=True)
+    for kept, fill, inverted in ((on_true, false_c, False), (on_false, true_c, True)):
+        if fill is None or not absorbs_logits(fill * factor, element_type):
+            continue
+        terms = analyze_mask(pred, labels, sizes, negated=inverted)
+        if constant_scalar(kept) == 0.0:
+            return AdditiveMask(terms, round_fill(fill * factor, element_type))
+        if factor == 1.0 and constant_scalar(kept) is None:
+            # select(m, b, fill) = b + select(m, 0, fill) when the fill absorbs b (T5's masked position bias).
+            return AdditiveMask(terms, round_fill(fill, element_type), bias=(kept, labels))
     return None
 
 

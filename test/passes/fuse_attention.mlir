@@ -2374,6 +2374,131 @@ module @bf16_f32_output attributes {mhlo.num_partitions = 1 : i32, mhlo.num_repl
 
 // -----
 
+// CHECK-LABEL: func.func public @extended_mask_one_minus(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: mask_kind = "boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @extended_mask_one_minus attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @extended_mask_one_minus(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %1 = stablehlo.convert %0 : (tensor<2x1x1x16xi1>) -> tensor<2x1x1x16xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %3 = stablehlo.subtract %2, %1 : tensor<2x1x1x16xf32>
+    %cst_0 = stablehlo.constant dense<-3.40282347E+38> : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %5 = stablehlo.multiply %3, %4 : tensor<2x1x1x16xf32>
+    %6 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %cst_1 = stablehlo.constant dense<1.250000e-01> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %8 = stablehlo.multiply %6, %7 : tensor<2x4x16x16xf32>
+    %9 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x4x16x16xf32>
+    %10 = stablehlo.add %8, %9 : tensor<2x4x16x16xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.reduce(%10 init: %cst_2) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %12 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %13 = stablehlo.maximum %12, %11 : tensor<2x4x16xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %16 = stablehlo.subtract %10, %15 : tensor<2x4x16x16xf32>
+    %17 = stablehlo.exponential %16 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = stablehlo.reduce(%17 init: %cst_4) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %21 = stablehlo.divide %17, %20 : tensor<2x4x16x16xf32>
+    %22 = stablehlo.dot_general %arg2, %21, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %23 = stablehlo.transpose %22, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %23 : tensor<2x16x4x8xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @position_bias_masked_sum(
+// CHECK: stablehlo.composite "hlofuse.attention"
+// CHECK-SAME: causal = true
+// CHECK-SAME: mask_kind = "additive+boolean"
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// CHECK: func.func private @hlofuse.attention.impl
+module @position_bias_masked_sum attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @position_bias_masked_sum(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>, %arg4: tensor<1x4x16x16xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %c = stablehlo.constant dense<true> : tensor<i1>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %1 = call @tril(%0) : (tensor<16x16xi1>) -> tensor<16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = call @_where(%2, %arg4, %cst) : (tensor<1x1x16x16xi1>, tensor<1x4x16x16xf32>, tensor<f32>) -> tensor<1x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1x4x16x16xf32>
+    %5 = stablehlo.multiply %3, %4 : tensor<1x4x16x16xf32>
+    %6 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = call @_where_0(%6, %cst_1, %cst_2) : (tensor<2x1x1x16xi1>, tensor<f32>, tensor<f32>) -> tensor<2x1x1x16xf32>
+    %8 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %9 = stablehlo.convert %7 : tensor<2x1x1x16xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x4x16x16xf32>
+    %11 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2, 3] : (tensor<1x4x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %12 = stablehlo.add %10, %11 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %14 = stablehlo.multiply %12, %13 : tensor<2x4x16x16xf32>
+    %15 = stablehlo.add %8, %14 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %16 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<16x16xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [2, 3] : (tensor<16x16xf32>) -> tensor<1x1x16x16xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %19 = stablehlo.add %15, %18 : tensor<2x4x16x16xf32>
+    %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %20 = stablehlo.reduce(%19 init: %cst_5) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %22 = stablehlo.maximum %21, %20 : tensor<2x4x16xf32>
+    %23 = stablehlo.broadcast_in_dim %22, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %25 = stablehlo.subtract %19, %24 : tensor<2x4x16x16xf32>
+    %26 = stablehlo.exponential %25 : tensor<2x4x16x16xf32>
+    %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %27 = stablehlo.reduce(%26 init: %cst_7) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %30 = stablehlo.divide %26, %29 : tensor<2x4x16x16xf32>
+    %31 = stablehlo.dot_general %arg2, %30, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %32 = stablehlo.transpose %31, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %32 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xi1>) -> tensor<16x16xi1> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xi1>
+    return %6 : tensor<16x16xi1>
+  }
+  func.func private @_where(%arg0: tensor<1x1x16x16xi1>, %arg1: tensor<1x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<1x4x16x16xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<1x4x16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x4x16x16xf32>
+    %3 = stablehlo.select %1, %arg1, %2 : tensor<1x4x16x16xi1>, tensor<1x4x16x16xf32>
+    return %3 : tensor<1x4x16x16xf32>
+  }
+  func.func private @_where_0(%arg0: tensor<2x1x1x16xi1>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<2x1x1x16xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<2x1x1x16xi1>, tensor<2x1x1x16xf32>
+    return %2 : tensor<2x1x1x16xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @gemma_library_style(
 // CHECK: stablehlo.composite "hlofuse.attention"
 // CHECK-SAME: causal = true
@@ -2968,6 +3093,84 @@ module @window_by_tril_difference attributes {mhlo.num_partitions = 1 : i32, mhl
     %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
     %3 = stablehlo.select %1, %arg1, %2 : tensor<2x4x16x16xi1>, tensor<2x4x16x16xf32>
     return %3 : tensor<2x4x16x16xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @no_match_finite_fill_added_twice(
+// CHECK-NOT: stablehlo.composite "hlofuse.attention"
+// REMARK: remark: [hlofuse-fuse-attention]
+module @no_match_finite_fill_added_twice attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @no_match_finite_fill_added_twice(%arg0: tensor<2x16x4x8xf32>, %arg1: tensor<2x16x4x8xf32>, %arg2: tensor<2x16x4x8xf32>, %arg3: tensor<2x16xi1>, %arg4: tensor<1x4x16x16xf32>) -> (tensor<2x16x4x8xf32> {jax.result_info = "result"}) {
+    %c = stablehlo.constant dense<true> : tensor<i1>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %1 = call @tril(%0) : (tensor<16x16xi1>) -> tensor<16x16xi1>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [2, 3] : (tensor<16x16xi1>) -> tensor<1x1x16x16xi1>
+    %cst = stablehlo.constant dense<-3.40282347E+38> : tensor<f32>
+    %3 = call @_where(%2, %arg4, %cst) : (tensor<1x1x16x16xi1>, tensor<1x4x16x16xf32>, tensor<f32>) -> tensor<1x4x16x16xf32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1x4x16x16xf32>
+    %5 = stablehlo.multiply %3, %4 : tensor<1x4x16x16xf32>
+    %6 = stablehlo.broadcast_in_dim %arg3, dims = [0, 3] : (tensor<2x16xi1>) -> tensor<2x1x1x16xi1>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_2 = stablehlo.constant dense<-3.40282347E+38> : tensor<f32>
+    %7 = call @_where_0(%6, %cst_1, %cst_2) : (tensor<2x1x1x16xi1>, tensor<f32>, tensor<f32>) -> tensor<2x1x1x16xf32>
+    %8 = stablehlo.dot_general %arg0, %arg1, batching_dims = [0, 2] x [0, 2], contracting_dims = [3] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x16x4x8xf32>) -> tensor<2x4x16x16xf32>
+    %9 = stablehlo.broadcast_in_dim %7, dims = [0, 1, 2, 3] : (tensor<2x1x1x16xf32>) -> tensor<2x4x16x16xf32>
+    %10 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2, 3] : (tensor<1x4x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %11 = stablehlo.add %9, %10 : tensor<2x4x16x16xf32>
+    %cst_3 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %12 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<2x4x16x16xf32>
+    %13 = stablehlo.multiply %11, %12 : tensor<2x4x16x16xf32>
+    %14 = stablehlo.add %8, %13 : tensor<2x4x16x16xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<16x16xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [2, 3] : (tensor<16x16xf32>) -> tensor<1x1x16x16xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xf32>) -> tensor<2x4x16x16xf32>
+    %18 = stablehlo.add %14, %17 : tensor<2x4x16x16xf32>
+    %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %19 = stablehlo.reduce(%18 init: %cst_5) applies stablehlo.maximum across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %20 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<2x4x16xf32>
+    %21 = stablehlo.maximum %20, %19 : tensor<2x4x16xf32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %23 = stablehlo.broadcast_in_dim %22, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %24 = stablehlo.subtract %18, %23 : tensor<2x4x16x16xf32>
+    %25 = stablehlo.exponential %24 : tensor<2x4x16x16xf32>
+    %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %26 = stablehlo.reduce(%25 init: %cst_7) applies stablehlo.add across dimensions = [3] : (tensor<2x4x16x16xf32>, tensor<f32>) -> tensor<2x4x16xf32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [0, 1, 2] : (tensor<2x4x16xf32>) -> tensor<2x4x16x1xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [0, 1, 2, 3] : (tensor<2x4x16x1xf32>) -> tensor<2x4x16x16xf32>
+    %29 = stablehlo.divide %25, %28 : tensor<2x4x16x16xf32>
+    %30 = stablehlo.dot_general %arg2, %29, batching_dims = [0, 2] x [0, 1], contracting_dims = [1] x [3], precision = [DEFAULT, DEFAULT] : (tensor<2x16x4x8xf32>, tensor<2x4x16x16xf32>) -> tensor<2x4x8x16xf32>
+    %31 = stablehlo.transpose %30, dims = [0, 3, 1, 2] : (tensor<2x4x8x16xf32>) -> tensor<2x16x4x8xf32>
+    return %31 : tensor<2x16x4x8xf32>
+  }
+  func.func private @tril(%arg0: tensor<16x16xi1>) -> tensor<16x16xi1> {
+    %0 = stablehlo.iota dim = 0 : tensor<16x16xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<16x16xi32>
+    %2 = stablehlo.add %0, %1 : tensor<16x16xi32>
+    %3 = stablehlo.iota dim = 1 : tensor<16x16xi32>
+    %4 = stablehlo.compare GE, %2, %3, SIGNED : (tensor<16x16xi32>, tensor<16x16xi32>) -> tensor<16x16xi1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %5 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i1>) -> tensor<16x16xi1>
+    %6 = stablehlo.select %4, %arg0, %5 : tensor<16x16xi1>, tensor<16x16xi1>
+    return %6 : tensor<16x16xi1>
+  }
+  func.func private @_where(%arg0: tensor<1x1x16x16xi1>, %arg1: tensor<1x4x16x16xf32>, %arg2: tensor<f32>) -> tensor<1x4x16x16xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2, 3] : (tensor<1x1x16x16xi1>) -> tensor<1x4x16x16xi1>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x4x16x16xf32>
+    %2 = stablehlo.select %0, %arg1, %1 : tensor<1x4x16x16xi1>, tensor<1x4x16x16xf32>
+    return %2 : tensor<1x4x16x16xf32>
+  }
+  func.func private @_where_0(%arg0: tensor<2x1x1x16xi1>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<2x1x1x16xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %2 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<2x1x1x16xf32>
+    %3 = stablehlo.select %arg0, %1, %2 : tensor<2x1x1x16xi1>, tensor<2x1x1x16xf32>
+    return %3 : tensor<2x1x1x16xf32>
   }
 }
 

@@ -410,6 +410,28 @@ def heads_first_named_axes(q, k, v):
     return out.transpose(0, 1, 3, 2)
 
 
+def extended_mask_one_minus(q, k, v, pad):
+    """BERT-era code: the padding mask as `(1 - m) * finfo.min`, added to the scores."""
+    extended = (1.0 - pad[:, None, None, :].astype(jnp.float32)) * jnp.finfo(jnp.float32).min
+    return _softmax_attend(_logits(q, k) * 0.125 + extended, v)
+
+
+def position_bias_masked_sum(q, k, v, pad, position_bias, fill=-jnp.inf):
+    """T5 through torch sdpa: where(causal, position_bias, fill) plus an additive padding mask, the sum
+    added with torch.add's alpha (a multiply by 1), and sdpa's zero bias when there is no mask."""
+    t = q.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
+    masked = jnp.where(causal, position_bias, fill) * 1.0
+    padding = jnp.where(pad[:, None, None, :], 0.0, fill)
+    return _softmax_attend(_logits(q, k) + (padding + masked) * 1.0 + jnp.zeros((t, t)), v)
+
+
+def no_match_finite_fill_added_twice(q, k, v, pad, position_bias):
+    """The same with finfo.min: keys masked by both get 2 * finfo.min = -inf, so a fully masked row is not
+    the uniform average a finite masked_value gives."""
+    return position_bias_masked_sum(q, k, v, pad, position_bias, fill=jnp.finfo(jnp.float32).min)
+
+
 def bf16_f32_output(q, k, v):
     """bf16 q, k, v whose dots return f32 (preferred_element_type): the composite's result is f32."""
     scores = jnp.einsum("btnh,bsnh->bnts", q, k, preferred_element_type=jnp.float32) * 0.125
@@ -501,6 +523,10 @@ VARIANTS: tuple[Variant, ...] = (
             _qkv() + (((B, T), BOOL), ((B, T, T), BOOL), ((N, T, T), F32), ((B, T), F32)),
             expect={"causal": True, "mask_kind": "additive+boolean"}),
     Variant("bf16_f32_output", bf16_f32_output, _qkv(dtype=BF16)),
+    Variant("extended_mask_one_minus", extended_mask_one_minus, _qkv() + (((B, T), BOOL),),
+            expect={"mask_kind": "boolean"}),
+    Variant("position_bias_masked_sum", position_bias_masked_sum, _qkv() + (((B, T), BOOL), ((1, N, T, T), F32)),
+            expect={"causal": True, "mask_kind": "additive+boolean"}),
     Variant("gemma_library_style", gemma_library_style, _qkv(k=K), expect={"causal": True, "window_left": 7,
             "softcap": 50.0, "num_heads": N, "num_kv_heads": K, "mask_kind": "none"}),
     Variant("segment_ids_and_causal", segment_ids_and_causal, _qkv() + (((B, T), I32),),
@@ -514,6 +540,8 @@ VARIANTS: tuple[Variant, ...] = (
                                                                                           "causal": False}),
     Variant("window_by_tril_difference", window_by_tril_difference, _qkv() + (((B, T), BOOL),),
             expect={"causal": True, "window_left": 3, "mask_kind": "boolean"}),
+    Variant("no_match_finite_fill_added_twice", no_match_finite_fill_added_twice,
+            _qkv() + (((B, T), BOOL), ((1, N, T, T), F32)), sites=0),
     Variant("no_match_remasked_by_other_mask", no_match_remasked_by_other_mask, _qkv() + (((B,), I32),), sites=0),
     Variant("no_match_softmax_without_dot", no_match_softmax_without_dot, _qkv(), sites=0),
     Variant("no_match_probs_escape", no_match_probs_escape, _qkv(), sites=0),

@@ -206,6 +206,11 @@ def _zero_one_conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: Ma
     if op.name == "stablehlo.convert" and _is_bool(op.operands[0]):
         _conjuncts(op.operands[0], labels, sizes, terms, negated)
         return True
+    if op.name == "stablehlo.convert":
+        return _zero_one_conjuncts(op.operands[0], labels, sizes, terms, negated)
+    if op.name == "stablehlo.subtract" and constant_scalar(op.operands[0]) == 1.0:
+        # 1 - x is 1 where x is 0: the same table, the other way round.
+        return _zero_one_conjuncts(op.operands[1], labels, sizes, terms, not negated)
     if (op.name in ("stablehlo.minimum", "stablehlo.multiply") and not negated) or (
             op.name == "stablehlo.maximum" and negated):
         return all(_zero_one_conjuncts(operand, labels, sizes, terms, negated) for operand in op.operands)
@@ -218,6 +223,13 @@ def _zero_one_conjuncts(value: ir.Value, labels: Labels, sizes: Sizes, terms: Ma
         terms.opaque.append(Opaque(value, labels, negated, zero_one=True))
         return True
     return False
+
+
+def analyze_zero_one(value: ir.Value, labels: Labels, sizes: Sizes, *, visible_when_zero: bool) -> MaskTerms | None:
+    """The conjunction that makes an entry visible, for a number known to be 0 or 1 (`(1 - m) * fill` is a
+    mask visible where the number is 0); None if it is not readable as one."""
+    terms = MaskTerms()
+    return terms if _zero_one_conjuncts(value, labels, sizes, terms, visible_when_zero) else None
 
 
 def _is_bool(value: ir.Value) -> bool:
