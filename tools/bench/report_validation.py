@@ -48,7 +48,7 @@ class Program:
     family: str
     name: str
     fn: Callable[..., Any]
-    args: tuple[Any, ...]
+    make: Callable[[], tuple[Any, ...]]  # the arguments, made when the program runs (the memory is shared)
     fuse: bool = True
     kv_fill: float = 1.0
     runs: int = 5
@@ -62,12 +62,13 @@ def _rand(key: int, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Arr
 def matmuls() -> list[Program]:
     out = []
     for n in (256, 512, 1024, 2048, 4096):
-        out.append(Program("matmul", f"matmul f32 {n}", lambda a, b: a @ b, (_rand(0, (n, n)), _rand(1, (n, n))),
-                           runs=3 if n == 4096 else 5, quick=n == 1024))
+        out.append(Program("matmul", f"matmul f32 {n}", lambda a, b: a @ b,
+                           lambda n=n: (_rand(0, (n, n)), _rand(1, (n, n))), runs=3 if n == 4096 else 5,
+                           quick=n == 1024))
     out.append(Program("matmul", "matmul bf16 1024", lambda a, b: a @ b,
-                       (_rand(0, (1024, 1024), jnp.bfloat16), _rand(1, (1024, 1024), jnp.bfloat16))))
+                       lambda: (_rand(0, (1024, 1024), jnp.bfloat16), _rand(1, (1024, 1024), jnp.bfloat16))))
     out.append(Program("matmul", "mlp f32 [2048,1024]x[1024,4096] gelu", lambda x, w: jax.nn.gelu(x @ w),
-                       (_rand(0, (2048, 1024)), _rand(1, (1024, 4096)))))
+                       lambda: (_rand(0, (2048, 1024)), _rand(1, (1024, 4096)))))
     return out
 
 
@@ -91,13 +92,17 @@ def attentions() -> list[Program]:
     out = []
     prefill = [(512, 8, 8, 64, True), (2048, 8, 2, 64, True), (8192, 1, 1, 64, True), (2048, 8, 8, 64, False)]
     for t, n, kv, h, causal in prefill:
-        args = (_rand(0, (1, t, n, h)), _rand(1, (1, t, kv, h)), _rand(2, (1, t, kv, h)))
+        def args(t: int = t, n: int = n, kv: int = kv, h: int = h) -> tuple[jax.Array, ...]:
+            return _rand(0, (1, t, n, h)), _rand(1, (1, t, kv, h)), _rand(2, (1, t, kv, h))
+
         tag = f"prefill T{t} N{n}/{kv} H{h}" + (" causal" if causal else "")
         for fuse in (True, False):
             out.append(Program("attention", f"{tag} {'fused' if fuse else 'unfused'}", attention_fn(causal), args,
                                fuse=fuse, runs=3 if t >= 8192 else 5, quick=t == 2048 and causal))
     for s, b in ((4096, 1), (16384, 1), (8192, 4)):
-        args = (_rand(0, (b, 1, 32, 128)), _rand(1, (b, s, 8, 128)), _rand(2, (b, s, 8, 128)))
+        def args(s: int = s, b: int = b) -> tuple[jax.Array, ...]:
+            return _rand(0, (b, 1, 32, 128)), _rand(1, (b, s, 8, 128)), _rand(2, (b, s, 8, 128))
+
         for fuse in (True, False):
             out.append(Program("attention", f"decode B{b} S{s} N32/8 H128 {'fused' if fuse else 'unfused'}",
                                attention_fn(False), args, fuse=fuse, quick=s == 4096))
@@ -107,8 +112,11 @@ def attentions() -> list[Program]:
 def samplers() -> list[Program]:
     out = []
     for vocab in (32768, 131072, 262144):
-        logits = _rand(3, (8, vocab)) * 3
-        key = jax.random.key_data(jax.random.key(7))
+        def logits(vocab: int = vocab) -> tuple[jax.Array]:
+            return (_rand(3, (8, vocab)) * 3,)
+
+        def with_key(vocab: int = vocab) -> tuple[jax.Array, jax.Array]:
+            return _rand(3, (8, vocab)) * 3, jax.random.key_data(jax.random.key(7))
 
         def greedy(x: jax.Array) -> jax.Array:
             return jnp.argmax(jax.nn.softmax(x, axis=-1), axis=-1)
@@ -123,8 +131,8 @@ def samplers() -> list[Program]:
             return jax.random.categorical(jax.random.wrap_key_data(k), jnp.where(x < cutoff, -jnp.inf, x) / 0.7,
                                           axis=-1)
 
-        for name, fn, args in (("greedy(softmax)", greedy, (logits,)), ("temperature", temperature, (logits, key)),
-                               ("top-p", top_p, (logits, key))):
+        for name, fn, args in (("greedy(softmax)", greedy, logits), ("temperature", temperature, with_key),
+                               ("top-p", top_p, with_key)):
             for fuse in (True, False):
                 out.append(Program("sampling", f"{name} 8x{vocab} {'fused' if fuse else 'unfused'}", fn, args,
                                    fuse=fuse, quick=vocab == 131072 and name == "top-p"))
@@ -132,19 +140,22 @@ def samplers() -> list[Program]:
 
 
 def elementwise() -> list[Program]:
-    x = _rand(4, (4096, 4096))
-    y = _rand(5, (4096, 4096))
+    def x() -> tuple[jax.Array]:
+        return (_rand(4, (4096, 4096)),)
+
+    def xy() -> tuple[jax.Array, jax.Array]:
+        return _rand(4, (4096, 4096)), _rand(5, (4096, 4096))
 
     def layernorm(a: jax.Array) -> jax.Array:
         mean = a.mean(-1, keepdims=True)
         return (a - mean) * jax.lax.rsqrt(((a - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
 
     return [
-        Program("elementwise", "x*y+1 f32 16M", lambda a, b: a * b + 1.0, (x, y), quick=True),
-        Program("elementwise", "gelu(x)*y f32 16M", lambda a, b: jax.nn.gelu(a) * b, (x, y)),
-        Program("elementwise", "layernorm f32 [4096,4096]", layernorm, (x,)),
-        Program("elementwise", "softmax f32 [4096,4096]", lambda a: jax.nn.softmax(a, -1), (x,)),
-        Program("elementwise", "tanh chain x32 f32 16M", _chain, (x,)),
+        Program("elementwise", "x*y+1 f32 16M", lambda a, b: a * b + 1.0, xy, quick=True),
+        Program("elementwise", "gelu(x)*y f32 16M", lambda a, b: jax.nn.gelu(a) * b, xy),
+        Program("elementwise", "layernorm f32 [4096,4096]", layernorm, x),
+        Program("elementwise", "softmax f32 [4096,4096]", lambda a: jax.nn.softmax(a, -1), x),
+        Program("elementwise", "tanh chain x32 f32 16M", _chain, x),
     ]
 
 
@@ -181,9 +192,10 @@ def demo() -> list[Program]:
         for fuse in (True, False):
             tag = "fused" if fuse else "unfused"
             out.append(Program("demo", f"demo {size} prefill T{p['prompt_len']} {tag}", prefill_fn,
-                               (params, prompt, key), fuse=fuse, quick=size == "small"))
+                               lambda a=(params, prompt, key): a, fuse=fuse, quick=size == "small"))
             out.append(Program("demo", f"demo {size} decode step (cache {p['cache_len']}) {tag}", decode_fn,
-                               (params, token, cache, pos, key), fuse=fuse, kv_fill=fill, quick=size == "small"))
+                               lambda a=(params, token, cache, pos, key): a, fuse=fuse, kv_fill=fill,
+                               quick=size == "small"))
     return out
 
 
@@ -191,14 +203,14 @@ FAMILIES = {"matmul": matmuls, "attention": attentions, "sampling": samplers, "e
             "demo": demo}
 
 
-def measure(program: Program) -> dict[str, float]:
+def measure(program: Program, args: tuple[Any, ...]) -> dict[str, float]:
     options = {"hlofuse_pipeline": "default"} if program.fuse else {}
-    compiled = jax.jit(program.fn, compiler_options=options).lower(*program.args).compile()
-    jax.block_until_ready(compiled(*program.args))
+    compiled = jax.jit(program.fn, compiler_options=options).lower(*args).compile()
+    jax.block_until_ready(compiled(*args))
     times, cpus = [], []
     for _ in range(program.runs):
         start, cpu = time.perf_counter(), time.process_time()
-        jax.block_until_ready(compiled(*program.args))
+        jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
     return {"median_s": statistics.median(times), "best_s": min(times), "cpu_s": statistics.median(cpus)}
@@ -229,28 +241,30 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=None, help="timed calls per program (default: 5, 3 for big)")
     parser.add_argument("--json", help="write the rows as JSON")
     parser.add_argument("--no-calibrate", action="store_true", help="keep the cached host calibration")
-    args = parser.parse_args()
-    if not args.no_calibrate:
+    options = parser.parse_args()
+    if not options.no_calibrate:
         hardware.host_calibration(refresh=True, verbose=True)  # the ceilings of the machine as it is now
     rows = []
     print(f"{'program':<50} {'pred':>9} {'pred cpu':>9} {'cpu':>9} {'err cpu':>8} {'best':>9} {'median':>9} "
           f"{'err best':>8}  bound")
-    for family in args.only or FAMILIES:
+    for family in options.only or FAMILIES:
         for program in FAMILIES[family]():
-            if args.quick and not program.quick:
+            if options.quick and not program.quick:
                 continue
-            if args.runs:
-                program.runs = args.runs
-            rep = report(program.fn, *program.args, targets="host", fuse=program.fuse, kv_fill=program.kv_fill,
+            if options.runs:
+                program.runs = options.runs
+            args = program.make()
+            rep = report(program.fn, *args, targets="host", fuse=program.fuse, kv_fill=program.kv_fill,
                          name=program.name)
             host = rep.targets["host"]
-            need = sum(a.nbytes for a in jax.tree.leaves(program.args)) + 2 * max(
+            need = sum(a.nbytes for a in jax.tree.leaves(args)) + 2 * max(
                 (r.bytes / max(r.count, 1) for r in host.regions), default=0.0)
             if need > 0.6 * _available_memory():
                 print(f"{program.name:<50} skipped: needs ~{need / 2 ** 20:.0f} MiB, "
                       f"{_available_memory() / 2 ** 20:.0f} MiB available", flush=True)
                 continue
-            measured = measure(program)
+            measured = measure(program, args)
+            del args
             top = max(host.regions, key=lambda r: r.predicted_s) if host.regions else None
             row = {"family": family, "program": program.name, "predicted_s": host.predicted_s,
                    "predicted_cpu_s": host.predicted_cpu_s, "cpu_s": measured["cpu_s"],
@@ -267,8 +281,8 @@ def main() -> int:
                                       ("median_s", "predicted_s", "wall time (median call)")):
         med, worst, n = errors(rows, measured, predicted)
         print(f"{what}: median |error| {med * 100:.0f}%, worst {worst * 100:.0f}% over {n} programs > 1 ms")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    if options.json:
+        Path(options.json).write_text(json.dumps(rows, indent=1))
     return 0
 
 

@@ -546,7 +546,11 @@ class Flattener:
             if short in SLICERS and ins:
                 node.touched[ins[0]] = g.tensors[node.outputs[0]].nbytes
             if short == "transpose":
-                node.info["permutes"] = True
+                perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+                shape = g.tensors[ins[0]].shape if ins else ()
+                moved = [d for d in perm if shape and shape[d] != 1]
+                # moving the minor (contiguous) dim is a strided gather on a CPU, far slower than a stream
+                node.info["permutes"] = bool(moved) and moved[-1] != max(moved)
             if _is_noop_layout(op, short, g.tensors[ins[0]].shape if ins else (), types):
                 node.info["layout"] = "noop"
         elif short in ("dot_general", "dot"):
@@ -616,6 +620,12 @@ class Flattener:
         node.cls = "dot"
         node.mxu_flops = 2.0 * out.elements * k
         node.info.update(m=m, n=n, k=k, batch=batch, dtype=lhs.dtype, out_dtype=out.dtype)
+        batch_r = _dot_dims(op)["rhs_batch"] if op.name != "stablehlo.dot" else []
+        # XLA CPU's dot takes [batch..., rows, contraction] operands (either order of the last two): an operand
+        # whose dims come in another order is copied into that layout first.
+        node.info["copies"] = [t for t, shape, b, c in ((node.inputs[0], lhs.shape, batch_l, contracting_l),
+                                                         (node.inputs[1], rhs.shape, batch_r, contracting_r))
+                               if not _canonical_operand(shape, b, c)]
         global_k = self._global_contraction(op, contracting_l)
         if global_k and global_k > k:  # contracted dims are sharded: partial sums, then an all-reduce
             node.info["all_reduce"] = global_k / k
@@ -762,6 +772,17 @@ def _region_has(op: ir.Operation, short: str) -> bool:
 
 
 _DOT_DIMS: dict[str, dict[str, list[int]]] = {}
+
+
+def _canonical_operand(shape: Sequence[int], batch: Sequence[int], contracting: Sequence[int]) -> bool:
+    """Whether a dot operand's dims are [batch..., free..., contracting...] or [batch..., contracting..., free...]
+    in memory order (size-1 dims ignored: they move no data)."""
+    keep = [d for d in range(len(shape)) if shape[d] != 1]
+    b = [d for d in batch if d in keep]
+    c = [d for d in contracting if d in keep]
+    f = [d for d in keep if d not in b and d not in c]
+    order = keep
+    return order[: len(b)] == b and order[len(b):] in (f + c, c + f)
 
 
 def _dot_dims(op: ir.Operation) -> dict[str, list[int]]:

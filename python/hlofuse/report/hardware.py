@@ -9,7 +9,9 @@ median of a few runs), which other jobs sharing the cores do not inflate as they
   - the vector units: a fused chain of 64 multiply-adds on an in-cache array; exp on one;
   - sort: jnp.sort of 8 rows of 32768;
   - overheads: a trivial program's call, and the cost per op of a chain of small unfusable ops;
-  - hlofuse's CPU attention kernel: its FLOP rate on a causal prefill (the kernel's own ceiling).
+  - transposes of the minor dim: a copy, and a loop fusion reading through one;
+  - hlofuse's CPU attention kernel: its FLOP rate on a causal prefill and its K/V rate at decode (the
+    kernel's own ceilings).
 The result is cached in ~/.cache/hlofuse/report-host-<key>.json (HLOFUSE_CACHE_DIR overrides the folder),
 keyed by the CPU model, core count, jax version and calibration version.
 """
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("chips.toml")
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 10
 # Targets in the order the report lists them.
 DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
 ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
@@ -72,6 +74,11 @@ class Chip:
     fault_bw: float = 0.0  # host only: bytes/s of fresh (page-faulted) buffers, 0 = not modelled
     threads: float = 1.0  # host only: threads XLA's dots run on (the ceilings are per thread)
     kernel_threads: float = 1.0  # host only: threads hlofuse's CPU kernels keep busy
+    transpose_bw: float = 0.0  # host only: bytes/s (read + written) of a copy that moves the minor dim
+    transpose_cache_bw: float = 0.0  # the same when it fits in the last-level cache
+    strided_bw: float = 0.0  # host only: bytes/s of a loop fusion reading through such a transpose
+    decode_bw: float = 0.0  # host only: K/V bytes per CPU-second of hlofuse's attention kernel at decode
+    decode_threads: float = 1.0
     read_bw: float = 0.0  # host only: DRAM read-only bandwidth (a reduction); 0 = hbm_bw
     write_bw: float = 0.0  # host only: DRAM write bandwidth (from a stream and the read bandwidth); 0 = hbm_bw
     sources: dict[str, str] = field(default_factory=dict)
@@ -113,6 +120,15 @@ class Chip:
         if self.cache_bw and self.cache_bytes and footprint <= self.cache_bytes * 0.75:
             return self.cache_bw
         return self.hbm_bw
+
+    def transpose_time(self, nbytes: float, fused: bool = False) -> float:
+        """Seconds to move `nbytes` (read + written) through a transpose of the minor dim (host only): a copy,
+        or (`fused`) a loop fusion that reads through the transpose an element at a time."""
+        if fused and self.strided_bw:
+            return nbytes / self.strided_bw
+        if self.transpose_cache_bw and self.cache_bytes and nbytes <= self.cache_bytes * 0.75:
+            return nbytes / self.transpose_cache_bw
+        return nbytes / self.transpose_bw if self.transpose_bw else nbytes / self.hbm_bw
 
     def memory_time(self, read: float, written: float) -> float:
         """Seconds to read `read` and write `written` bytes: at the cache's bandwidth when they fit in it, else
@@ -240,14 +256,14 @@ def _llc_bytes() -> float:
 class Timing:
     wall: float  # the fastest call's wall time
     cpu: float  # the median CPU time of a call (all of the process's threads, kernel time included)
-    parallel: float  # the largest CPU / wall ratio seen: how many threads the work kept busy at once
+    parallel: float  # the median CPU / wall ratio: how many threads the work kept busy at once
 
 
 def _timed(fn: Callable[[], Any], budget_s: float, min_runs: int = 3, max_runs: int = 50) -> Timing:
     """Repeated runs of `fn` (after one warm-up) for about `budget_s` seconds.
 
     The CPU time of a call does not grow when other jobs share the cores (a wall time does, by however long
-    the call waits for them), so the ceilings are work per CPU-second; the fastest wall time and the largest
+    the call waits for them), so the ceilings are work per CPU-second; the fastest wall time and the median
     CPU/wall ratio say how many threads a call uses."""
     fn()
     walls, cpus = [], []
@@ -258,7 +274,7 @@ def _timed(fn: Callable[[], Any], budget_s: float, min_runs: int = 3, max_runs: 
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
     return Timing(min(walls), max(statistics.median(cpus), 1e-7),
-                  max(c / w for c, w in zip(cpus, walls, strict=True)))
+                  statistics.median(c / w for c, w in zip(cpus, walls, strict=True)))
 
 
 def calibrate(verbose: bool = False) -> dict[str, Any]:
@@ -319,11 +335,23 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     state["x"] = jnp.ones((1024 * 1024,), jnp.float32)  # 4 MiB
     t = _timed(step, 0.3, max_runs=400).cpu
     out["cache_bw"] = 2 * state["x"].nbytes / t
+    # Transposes of the minor dim: a copy (XLA's tiled transpose) and a loop fusion reading through one (an
+    # element at a time); 64 MiB each, a fresh output, so less the page faults.
+    state["x"] = jnp.ones((4096, 4096), jnp.float32)
+    faults = state["x"].nbytes / out["fault_bw"]
+    for key, fn in (("transpose_bw", jax.jit(lambda x: x.T)), ("strided_bw", jax.jit(lambda x: x.T * 1.0001))):
+        t = _timed(lambda fn=fn: fn(state["x"]).block_until_ready(), 0.4).cpu
+        out[key] = 2 * state["x"].nbytes / max(t - faults, t * 0.1)
+    state["x"] = jnp.ones((1024, 1024), jnp.float32)  # 4 MiB
+    copy = jax.jit(lambda x: x.T)
+    t = _timed(lambda: copy(state["x"]).block_until_ready(), 0.3, max_runs=400).cpu
+    out["transpose_cache_bw"] = 2 * state["x"].nbytes / t
     state.clear()
     out["cache_bytes"] = _llc_bytes()
     log(f"stream: {out['hbm_bw'] / 1e9:.1f} GB/s DRAM (read {out['read_bw'] / 1e9:.1f}, write "
         f"{out['write_bw'] / 1e9:.1f}), {out['cache_bw'] / 1e9:.1f} GB/s in cache, fresh pages "
-        f"{out['fault_bw'] / 1e9:.1f} GB/s")
+        f"{out['fault_bw'] / 1e9:.1f} GB/s, transposes {out['transpose_bw'] / 1e9:.1f} GB/s "
+        f"({out['transpose_cache_bw'] / 1e9:.1f} in cache, {out['strided_bw'] / 1e9:.1f} fused)")
 
     def chain(x: jax.Array) -> jax.Array:
         for i in range(32):
@@ -358,16 +386,18 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     out["launch_s"] = max(1e-7, (t - out["step_s"]) / 64)
     log(f"call {out['step_s'] * 1e6:.1f} us, per fused op {out['launch_s'] * 1e6:.2f} us")
 
-    out["attention_flops"], out["kernel_threads"] = _calibrate_attention(rng)
+    out["attention_flops"], out["kernel_threads"], out["decode_bw"], out["decode_threads"] = _calibrate_attention(rng)
     if out["attention_flops"]:
-        log(f"hlofuse CPU attention: {out['attention_flops'] / 1e9:.1f} GFLOP per CPU-second, "
-            f"{out['kernel_threads']:.0f} thread(s)")
+        log(f"hlofuse CPU attention: prefill {out['attention_flops'] / 1e9:.1f} GFLOP per CPU-second on "
+            f"{out['kernel_threads']:.0f} thread(s), decode {out['decode_bw'] / 1e9:.1f} GB of K/V per CPU-second on "
+            f"{out['decode_threads']:.0f}")
     return out
 
 
-def _calibrate_attention(rng: Any) -> tuple[float, float]:  # noqa: ANN401
-    """hlofuse's CPU attention kernel on a causal f32 prefill (B1 T1024 N8 H64): its FLOPs per CPU-second and
-    the threads it keeps busy; (0, 1) if it does not build or lower here."""
+def _calibrate_attention(rng: Any) -> tuple[float, float, float, float]:  # noqa: ANN401
+    """hlofuse's CPU attention kernel: a causal f32 prefill (B1 T2048 N8 H64) in FLOPs per CPU-second, and a
+    decode (B1 S16384 N32/8 H128) in K/V bytes per CPU-second, each with the threads it keeps busy; zeros
+    if the kernel does not build or lower here."""
     try:
         import jax
         import jax.numpy as jnp
@@ -375,16 +405,25 @@ def _calibrate_attention(rng: Any) -> tuple[float, float]:  # noqa: ANN401
 
         import hlofuse
 
-        b, t, n, h = 1, 1024, 8, 64
-        q = jnp.asarray(rng.standard_normal((b, t, n, h), np.float32))
-        fused = jax.jit(lambda q, k, v: hlofuse.attention(q, k, v, causal=True),
+        cores = float(os.cpu_count() or 1)
+        fused = jax.jit(lambda q, k, v: hlofuse.attention(q, k, v, causal=q.shape[1] > 1),
                         compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True})
-        timing = _timed(lambda: fused(q, q, q).block_until_ready(), 0.6)
-        visible = (t * (t + 1) / 2) / (t * t)
-        threads = float(os.cpu_count() or 1) if timing.parallel >= 1.5 else 1.0
-        return 4.0 * b * n * t * t * h * visible / timing.cpu, threads
+        from hlofuse.report.kernels import visible_fraction
+
+        b, t, n, h = 1, 2048, 8, 64
+        q, k, v = (jnp.asarray(rng.standard_normal((b, t, n, h), np.float32)) for _ in range(3))
+        prefill = _timed(lambda: fused(q, k, v).block_until_ready(), 0.5)
+        block_q, block_k = load_table()["host"].attention_block  # the tiles the model counts, diagonal ones whole
+        visible = visible_fraction(t, t, block_q, block_k, {"causal": True})
+        flops = 4.0 * b * n * t * t * h * visible / prefill.cpu
+        s, kv = 16384, 8  # K/V of 256 MiB: from DRAM, as at a long context
+        q = jnp.asarray(rng.standard_normal((1, 1, 32, 128), np.float32))
+        k, v = (jnp.asarray(rng.standard_normal((1, s, kv, 128), np.float32)) for _ in range(2))
+        decode = _timed(lambda: fused(q, k, v).block_until_ready(), 0.4)
+        return (flops, cores if prefill.parallel >= 1.5 else 1.0, 2 * k.nbytes / decode.cpu,
+                cores if decode.parallel >= 1.5 else 1.0)
     except Exception:  # the kernels are optional: the model falls back to the GEMM curve
-        return 0.0, 1.0
+        return 0.0, 1.0, 0.0, 1.0
 
 
 def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool = False) -> dict[str, Any] | None:
@@ -423,7 +462,8 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
         curve.append((f, best))
     chip.gemm_curve = curve
     for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
-                "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw", "threads", "kernel_threads"):
+                "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw", "threads", "kernel_threads",
+                "transpose_bw", "transpose_cache_bw", "strided_bw", "decode_bw", "decode_threads"):
         if key in data:
             setattr(chip, key, float(data[key]))
             chip.sources[key] = where

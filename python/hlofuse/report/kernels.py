@@ -107,7 +107,12 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
             extra += math.prod(shape) * 4
     total_bytes = q_bytes + o_bytes + kv_bytes * kv_reads + extra
     threads = chip.kernel_threads if chip.family == "cpu" else 1.0
-    if chip.family == "cpu" and chip.attention_flops:
+    decode_host = chip.family == "cpu" and t <= 8 and chip.decode_bw > 0
+    if decode_host:
+        threads = chip.decode_threads
+    if decode_host:  # the kernel's measured rate at decode: K/V bytes per CPU-second
+        compute = kv_bytes / (chip.decode_bw * threads)
+    elif chip.family == "cpu" and chip.attention_flops:
         compute = 4.0 * scores * h / (chip.attention_flops * threads)  # the kernel's measured rate, per thread
     else:
         mxu_s = mxu / chip.peak(dtype)

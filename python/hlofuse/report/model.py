@@ -348,6 +348,8 @@ class Costed:
 class Coster:
     def __init__(self, chip: Chip, graph: Graph, sites: Sequence[Site], kv_fill: float) -> None:
         self.chip, self.graph, self.sites, self.kv_fill = chip, graph, sites, kv_fill
+        self.copy_fused = _copies_fused_into_producers(graph) if chip.family == "cpu" else set()
+        self.copy_operands = _copy_operands(graph, self.copy_fused)
 
     def cost(self, region: Region) -> Costed:
         chip, repeat = self.chip, region.repeat
@@ -373,6 +375,17 @@ class Coster:
         compute = mxu_s + vector_s + sort_s
         nbytes = region.bytes
         memory = chip.memory_time(region.bytes_read, region.bytes_written) if nbytes else 0.0
+        if chip.family == "cpu" and chip.transpose_bw:
+            memory += self._cpu_layout_copies(region)
+            writes_copy = any(t in self.copy_fused for n in region.nodes for t in self.graph.nodes[n].outputs)
+            if writes_copy or any(self.graph.nodes[n].info.get("permutes") for n in region.nodes):
+                # XLA's tiled transpose runs only a fusion that is a pure copy; any other op in it (a broadcast,
+                # arithmetic) makes it a loop reading through the transpose an element at a time
+                pure = all(self.graph.nodes[n].info.get("layout") in ("transpose", "reshape", "noop")
+                           for n in region.nodes)
+                memory = max(memory, chip.transpose_time(nbytes, fused=not pure))  # not a stream
+            nbytes += sum(2 * self.graph.tensors[t].nbytes for d in region.dots for t in d.get("copies", ())
+                          if t not in self.copy_operands)
         collective = region.collective_bytes / chip.interconnect_bw if region.collective_bytes else 0.0
         predicted = max(compute, memory) + collective + launch
         ideal_compute = (useful_mxu / chip.peak(region.dots[0]["dtype"]) if region.dots else 0.0) + vector_s + sort_s
@@ -382,6 +395,16 @@ class Coster:
         return Costed(region, label(region, self.graph), compute * repeat, memory * repeat, collective * repeat,
                       launch * repeat, predicted * repeat, floor * repeat, flops * repeat, useful * repeat,
                       nbytes * repeat, threads=threads)
+
+    def _cpu_layout_copies(self, region: Region) -> float:
+        """Seconds XLA CPU spends copying dot operands into the layout its dot takes (and faulting the copy's
+        pages in when it is a fresh buffer)."""
+        chip, seconds = self.chip, 0.0
+        for info in region.dots:
+            for t in info.get("copies", ()):
+                if t not in self.copy_operands:
+                    seconds += chip.transpose_time(2 * self.graph.tensors[t].nbytes)
+        return seconds
 
     def _kernel(self, region: Region) -> Costed:
         chip, node, repeat = self.chip, region.kernel, region.repeat
@@ -434,6 +457,45 @@ class Coster:
                 if t in results and g.tensors[t].producer in members:
                     total += node.written.get(t, g.tensors[t].nbytes)
         return total
+
+
+def _copies_fused_into_producers(graph: Graph) -> set[int]:
+    """Dot operands XLA CPU copies into its dot's layout where the copy fuses into the operand's producer (a
+    fusion whose only reader is the dot writes the operand in that layout): no copy of their own."""
+    consumers = graph.consumers()
+    fused = set()
+    for node in graph.nodes:
+        for t in node.info.get("copies", ()) if node.cls == "dot" else ():
+            source, reader = t, node.id
+            while True:  # through bitcasts (reshapes) to the op that computes the operand
+                p = graph.tensors[source].producer
+                if p is None or consumers[source] != [reader]:
+                    p = None
+                    break
+                if graph.nodes[p].info.get("layout") in ("reshape", "noop") and graph.nodes[p].inputs:
+                    source, reader = graph.nodes[p].inputs[0], p
+                    continue
+                break
+            if p is not None and graph.nodes[p].cls in ("elementwise", "layout"):
+                fused.add(source)
+    return fused
+
+
+def _copy_operands(graph: Graph, fused: set[int]) -> set[int]:
+    """The dot operands (the tensors the dots read) whose layout copy fused into a producer in `fused`."""
+    out = set()
+    for node in graph.nodes:
+        for t in node.info.get("copies", ()) if node.cls == "dot" else ():
+            source = t
+            while source not in fused:
+                p = graph.tensors[source].producer
+                if p is None or graph.nodes[p].info.get("layout") not in ("reshape", "noop") or not \
+                        graph.nodes[p].inputs:
+                    break
+                source = graph.nodes[p].inputs[0]
+            if source in fused:
+                out.add(t)
+    return out
 
 
 def bound_of(c: Costed, chip: Chip) -> str:
@@ -584,6 +646,7 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
     if chip.family != "cpu" or not fault_bw:
         return None
     results = set(graph.results)
+    fused_operands = _copy_operands(graph, _copies_fused_into_producers(graph))
     # The temp arena: peak bytes live of intermediates, in program order (XLA's buffer assignment reuses
     # buffers as they die).
     order = sorted(costed, key=lambda c: max(c.region.nodes))
@@ -596,6 +659,9 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
     live, peak, outputs = 0.0, 0.0, 0.0
     born: dict[int, float] = {}
     for i, c in enumerate(order):
+        # inputs read for the last time here: an elementwise fusion writes its output into one of them in place
+        dying = [t for t, last in last_use.items() if last == i]
+        reusable = sorted((born[t], t) for t in dying) if c.region.kind == "loop" else []
         for n in c.region.nodes:
             for t in graph.nodes[n].outputs:
                 users = [region_of.get(u, i) for u in consumers[t]]
@@ -604,12 +670,22 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
                     if size >= FRESH_BUFFER_BYTES:
                         outputs += size
                     continue
-                if any(u != i for u in users) and t not in born:
-                    born[t] = graph.tensors[t].nbytes
-                    last_use[t] = max(users)
-                    live += born[t]
-        peak = max(peak, live)
-        for t in [t for t, last in last_use.items() if last == i]:
+                if not any(u != i for u in users) or t in born:
+                    continue
+                size = graph.tensors[t].nbytes
+                match = next((pair for pair in reusable if pair[0] == size), None)
+                if match is not None:
+                    reusable.remove(match)
+                    dying.remove(match[1])
+                    del last_use[match[1]], born[match[1]]
+                else:
+                    live += size
+                born[t] = size
+                last_use[t] = max(users)
+        copies = sum(graph.tensors[t].nbytes for d in c.region.dots for t in d.get("copies", ())
+                     if t not in fused_operands)
+        peak = max(peak, live + copies)
+        for t in dying:
             live -= born.pop(t)
             del last_use[t]
     fresh = outputs + (peak if peak >= FRESH_BUFFER_BYTES else 0.0)
