@@ -1,15 +1,84 @@
 #!/usr/bin/env bash
-# Every test: lint, the lit/FileCheck suite and pytest, against a fresh build in .venv.
+# The tests against a fresh build in .venv: lint, the lit generators' --check, lit/FileCheck and pytest.
+# ./test.sh is the full suite (CI runs it through .ci/run); ./test.sh --fast is the quick tier. --help says more.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+usage() {
+  cat <<'EOF'
+usage: ./test.sh [--fast | --full] [--help]
+
+  (no flag), --full  the full suite, as CI runs it (.ci/run): about 15 min on 2 quiet cores
+  --fast             the quick tier: the same lint, generator checks and lit, and pytest without the
+                     tests marked slow (test/conftest.py's SLOW table), hypothesis at its `fast` profile;
+                     about 4 min on 2 quiet cores
+
+Both tiers run, in order:
+  ruff, clang-format                    lint
+  lit generators' --check               tools/gen_lit_attention.py, test/python/sampling_variants.py:
+                                        the generated lit files match their catalogues
+  lit test/                             passes and hlofuse-opt through FileCheck
+  pytest -n 2 test/                     (--fast: -m "not slow"); the slowest 15 tests are listed at the end
+
+Environment: JAX_PLATFORMS (default cpu: installed TPU/CUDA plugins must not start), HYPOTHESIS_PROFILE
+(default ci for the full suite, fast for --fast; thorough runs hundreds of examples), PYTEST_ADDOPTS (more
+pytest flags). The tiers and their measured times: docs/architecture.md, "Tests and their tiers".
+EOF
+}
+
+tier=full
+for arg in "$@"; do
+  case "$arg" in
+    --fast) tier=fast ;;
+    --full) tier=full ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "test.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+if [ "$tier" = fast ]; then
+  export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-fast}"
+  marks=(-m "not slow")
+else
+  export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-ci}"
+  marks=()
+fi
+
+start=$SECONDS
+stage_start=$SECONDS
+times=()
+stage() {  # prints a stage header; records how long the previous one took
+  if [ -n "${stage_name:-}" ]; then times+=("$(printf '%5ds  %s' $((SECONDS - stage_start)) "$stage_name")"); fi
+  stage_name="$1"
+  stage_start=$SECONDS
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
+
+summary() {
+  local rc=$?
+  stage ""
+  echo "== test.sh $tier: $([ "$rc" = 0 ] && echo passed || echo "FAILED (exit $rc)") in $((SECONDS - start))s"
+  printf '%s\n' "${times[@]}"
+}
+trap summary EXIT
+
+stage "install (.venv, editable)"
 HLOFUSE_EXTRAS="test" source tools/venv.sh
 export PATH="$VENV/bin:$PATH"
-echo "== ruff"
+stage "ruff"
 ruff check python passes test tools
-echo "== clang-format"
+stage "clang-format"
 git ls-files -z '*.cc' '*.h' | xargs -0 clang-format --dry-run --Werror
-echo "== lit"
+stage "lit generators --check"
+python tools/gen_lit_attention.py --check
+python test/python/sampling_variants.py --check || {
+  echo "test/passes/fuse_sampling.mlir is out of date; run python test/python/sampling_variants.py" >&2
+  exit 1
+}
+stage "lit"
 lit -sv test/
-echo "== pytest"
+stage "pytest ($tier: HYPOTHESIS_PROFILE=$HYPOTHESIS_PROFILE${marks:+, -m \"not slow\"})"
 # The editable install makes `import hlofuse` resolve to this checkout.
-python -m pytest -n 2 -p no:cacheprovider test/
+python -m pytest -n 2 -p no:cacheprovider --durations=15 "${marks[@]}" test/
