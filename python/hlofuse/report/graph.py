@@ -456,8 +456,9 @@ class Flattener:
         self._bind(op, node.outputs, frame)
 
     def _case(self, op: ir.Operation, frame: _Frame) -> None:
-        """Conditionals: every branch is flattened into a scope of its own, and only the costliest runs (a
-        data-dependent branch makes the report an upper bound)."""
+        """Conditionals: every branch is flattened into a scope of its own, and only the cheapest runs: a
+        data-dependent branch is usually a rare fallback (hlofuse's CPU sampler re-runs XLA's argmax when
+        its certification fails), so the report is the common path, with a note."""
         self._inputs(op, frame)
         outer = self.graph.scopes.get(frame.scope, 1.0)
         branches: list[tuple[float, int, list[int]]] = []
@@ -470,10 +471,12 @@ class Flattener:
             branches.append((cost, scope, outs))
         if not branches:
             return
-        cost, scope, outs = max(branches, key=lambda b: b[0])
+        cost, scope, outs = min(branches, key=lambda b: b[0])
         self.graph.scopes[scope] = outer
-        if len(branches) > 1:
-            self.graph.scope_notes[scope] = f"the costliest of {len(branches)} branches of {op.name}"
+        costliest = max(b[0] for b in branches)
+        if len(branches) > 1 and costliest > 2 * cost + 1e6:
+            self.graph.scope_notes[scope] = (f"a {op.name} is modelled by the cheapest of its {len(branches)} "
+                                             f"branches ({costliest / 1e6:.3g} MFLOP in the costliest)")
         self._bind(op, outs, frame)
 
     def _manual(self, op: ir.Operation, frame: _Frame) -> None:

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("chips.toml")
-CALIBRATION_VERSION = 10
+CALIBRATION_VERSION = 11
 # Targets in the order the report lists them.
 DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
 ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
@@ -77,6 +78,9 @@ class Chip:
     transpose_bw: float = 0.0  # host only: bytes/s (read + written) of a copy that moves the minor dim
     transpose_cache_bw: float = 0.0  # the same when it fits in the last-level cache
     strided_bw: float = 0.0  # host only: bytes/s of a loop fusion reading through such a transpose
+    chain_transcendental_rate: float = 0.0  # host: transcendentals/s past the second per element of one fusion
+    variadic_rate: float = 0.0  # host: reducer ops/s of a reduction over several operands (argmax: scalar code)
+    sampler_s_per_element: dict[str, float] = field(default_factory=dict)  # host: hlofuse's sampler, by mode
     decode_bw: float = 0.0  # host only: K/V bytes per CPU-second of hlofuse's attention kernel at decode
     decode_threads: float = 1.0
     read_bw: float = 0.0  # host only: DRAM read-only bandwidth (a reduction); 0 = hbm_bw
@@ -364,13 +368,30 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     out["vector_flops"] = 64 * mid.size / t
     expf = jax.jit(lambda x: jnp.exp(x))
     t = _timed(lambda: expf(mid).block_until_ready(), 0.3).cpu
-    out["transcendental_rate"] = mid.size / max(t - 2 * mid.nbytes / out["cache_bw"], t / 4)
-    log(f"vector {out['vector_flops'] / 1e9:.1f} GFLOP/s, exp {out['transcendental_rate'] / 1e9:.2f} G/s")
+    stream_s = 2 * mid.nbytes / out["cache_bw"]
+    out["transcendental_rate"] = mid.size / max(t - stream_s, t / 4)
+
+    def tanh_chain(x: jax.Array) -> jax.Array:  # XLA CPU's code slows down past a few per element of a fusion
+        for _ in range(10):
+            x = jnp.tanh(x) * 1.01
+        return x
+
+    chained_tanh = jax.jit(tanh_chain)
+    t = _timed(lambda: chained_tanh(mid).block_until_ready(), 0.4).cpu
+    first = 2 * mid.size / out["transcendental_rate"]
+    out["chain_transcendental_rate"] = 8 * mid.size / max(t - stream_s - first, t / 4)
+    log(f"vector {out['vector_flops'] / 1e9:.1f} GFLOP/s, exp {out['transcendental_rate'] / 1e9:.2f} G/s "
+        f"({out['chain_transcendental_rate'] / 1e9:.2f} G/s chained in one fusion)")
 
     rows = jnp.asarray(rng.standard_normal((8, 32768), np.float32))
     sortf = jax.jit(lambda x: jnp.sort(x, axis=-1))
     t = _timed(lambda: sortf(rows).block_until_ready(), 0.4).cpu
     out["sort_rate"] = rows.size * math.log2(32768) / t
+    argmax = jax.jit(lambda x: jnp.argmax(x, axis=-1))
+    body = _argmax_body_ops(argmax, rows)
+    t = _timed(lambda: argmax(rows).block_until_ready(), 0.3).cpu
+    out["variadic_rate"] = rows.size * body / t
+    out["sampler_s_per_element"] = _calibrate_sampler(rng)
 
     tiny = jnp.ones((8,), jnp.float32)
     trivial = jax.jit(lambda x: x + 1)
@@ -392,6 +413,39 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
             f"{out['kernel_threads']:.0f} thread(s), decode {out['decode_bw'] / 1e9:.1f} GB of K/V per CPU-second on "
             f"{out['decode_threads']:.0f}")
     return out
+
+
+def _argmax_body_ops(fn: Callable[..., Any], x: Any) -> int:  # noqa: ANN401
+    """Ops in the reducer of `fn`'s variadic reduce (as the model counts them)."""
+    text = fn.lower(x).as_text()
+    match = re.search(r"stablehlo\.reduce\(.*?\{(.*?)stablehlo\.return", text, re.S)
+    return max(1, match.group(1).count(" = stablehlo.")) if match else 9
+
+
+def _calibrate_sampler(rng: Any) -> dict[str, float]:  # noqa: ANN401
+    """hlofuse's CPU sampler: CPU-seconds per logit for each mode, on 8 x 131072 f32 (empty if it does not run)."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        import hlofuse
+
+        logits = jnp.asarray(rng.standard_normal((8, 131072), np.float32) * 3)
+        key = jax.random.key_data(jax.random.key(0))
+        modes = {"greedy": {"temperature": 0.0}, "temperature": {"temperature": 0.7},
+                 "top_k": {"temperature": 0.7, "top_k": 50}, "top_p": {"temperature": 0.7, "top_p": 0.9},
+                 "min_p": {"temperature": 0.7, "min_p": 0.05}}
+        out = {}
+        for mode, kwargs in modes.items():
+            fn = jax.jit(lambda x, k, kwargs=kwargs: hlofuse.sample(x, k, **kwargs),
+                         compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True})
+            t = _timed(lambda fn=fn: fn(logits, key).block_until_ready(), 0.2).cpu
+            out[mode] = t / logits.size
+        out["top_k+top_p"] = max(out["top_k"], out["top_p"])
+        return out
+    except Exception:  # the kernels are optional
+        return {}
 
 
 def _calibrate_attention(rng: Any) -> tuple[float, float, float, float]:  # noqa: ANN401
@@ -426,6 +480,13 @@ def _calibrate_attention(rng: Any) -> tuple[float, float, float, float]:  # noqa
         return 0.0, 1.0, 0.0, 1.0
 
 
+def _stale(path: Path) -> bool:
+    try:
+        return json.loads(path.read_text()).get("version") != CALIBRATION_VERSION
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
 def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool = False) -> dict[str, Any] | None:
     """The cached calibration of this machine, measuring it first if there is none (or `refresh`)."""
     path = cache_dir() / f"report-host-{_cache_key()}.json"
@@ -443,6 +504,9 @@ def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(path)
         data["cache_path"] = str(path)
+        for old in path.parent.glob("report-host-*.json"):  # calibrations of older versions of this module
+            if old != path and _stale(old):
+                old.unlink(missing_ok=True)
     except OSError:
         pass
     return data
@@ -463,10 +527,12 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
     chip.gemm_curve = curve
     for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
                 "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw", "threads", "kernel_threads",
-                "transpose_bw", "transpose_cache_bw", "strided_bw", "decode_bw", "decode_threads"):
+                "transpose_bw", "transpose_cache_bw", "strided_bw", "decode_bw", "decode_threads",
+                "chain_transcendental_rate", "variadic_rate"):
         if key in data:
             setattr(chip, key, float(data[key]))
             chip.sources[key] = where
+    chip.sampler_s_per_element = {k: float(v) for k, v in data.get("sampler_s_per_element", {}).items()}
     chip.interconnect_bw = chip.hbm_bw
     chip.sources["peak_flops.f32"] = chip.sources["peak_flops.bf16"] = where
     chip.calibrated = where

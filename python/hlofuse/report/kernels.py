@@ -153,6 +153,9 @@ def sample_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result_ty
     total_bytes = logits_bytes * passes + rows * 4
     threads = chip.kernel_threads if chip.family == "cpu" else 1.0
     compute = (vector / chip.vector_flops + trans / chip.transcendental_rate) / threads
+    measured = chip.sampler_s_per_element.get(mode) if chip.family == "cpu" else None
+    if measured:  # the host kernel's own measured rate for this mode (hardware._calibrate_sampler)
+        compute = max(compute, measured * elements / threads)
     # A second pass over a row finds it in cache when a row fits (the CPU runs rows one at a time).
     first = chip.memory_time(logits_bytes, 0.0)
     rest = (passes - 1) * chip.memory_time(vocab * dtype_bytes(dtype), 0.0) * rows

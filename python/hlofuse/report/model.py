@@ -350,6 +350,10 @@ class Coster:
         self.chip, self.graph, self.sites, self.kv_fill = chip, graph, sites, kv_fill
         self.copy_fused = _copies_fused_into_producers(graph) if chip.family == "cpu" else set()
         self.copy_operands = _copy_operands(graph, self.copy_fused)
+        # The program's arguments come from DRAM on every call unless all of them fit in the cache together
+        # (one region's footprint fitting says nothing when the weights of 32 layers stream past it).
+        arguments = sum(graph.tensors[t].nbytes for t in graph.inputs)
+        self.arguments_from_dram = bool(chip.cache_bytes) and arguments > chip.cache_bytes * 0.75
 
     def cost(self, region: Region) -> Costed:
         chip, repeat = self.chip, region.repeat
@@ -370,20 +374,32 @@ class Coster:
             mxu_s += flops / (rate * threads)
             exec_mxu += flops
             useful_mxu += 2.0 * info["batch"] * info["m"] * info["n"] * info["k"]
-        vector_s = region.flops / chip.vector_flops + region.transcendentals / chip.transcendental_rate
+        vector_s = region.flops / chip.vector_flops + self._transcendental_s(region)
+        if chip.variadic_rate and region.variadic_flops:  # argmax-like reductions run as scalar code on a CPU
+            vector_s += region.variadic_flops * (1 / chip.variadic_rate - 1 / chip.vector_flops)
         sort_s = region.sort_ops / chip.sort_rate if region.sort_ops else 0.0
         compute = mxu_s + vector_s + sort_s
         nbytes = region.bytes
         memory = chip.memory_time(region.bytes_read, region.bytes_written) if nbytes else 0.0
+        if self.arguments_from_dram and region.param_read:
+            memory = max(memory, chip.memory_time(region.bytes_read - region.param_read, region.bytes_written)
+                         + region.param_read / (chip.read_bw or chip.hbm_bw))
         if chip.family == "cpu" and chip.transpose_bw:
             memory += self._cpu_layout_copies(region)
-            writes_copy = any(t in self.copy_fused for n in region.nodes for t in self.graph.nodes[n].outputs)
-            if writes_copy or any(self.graph.nodes[n].info.get("permutes") for n in region.nodes):
-                # XLA's tiled transpose runs only a fusion that is a pure copy; any other op in it (a broadcast,
-                # arithmetic) makes it a loop reading through the transpose an element at a time
-                pure = all(self.graph.nodes[n].info.get("layout") in ("transpose", "reshape", "noop")
+            g = self.graph
+            permuted = sum(2 * g.tensors[t].nbytes for n in region.nodes for t in g.nodes[n].outputs
+                           if t in self.copy_fused)
+            permuted += sum(2 * g.tensors[g.nodes[n].inputs[0]].nbytes for n in region.nodes
+                            if g.nodes[n].info.get("permutes") and g.nodes[n].inputs)
+            if permuted:
+                # XLA's tiled transpose runs only a fusion that is a pure copy (slices allowed); any other op in
+                # it (a broadcast, arithmetic) makes it a loop reading through the transpose an element at a time
+                pure = all(g.nodes[n].info.get("layout") in ("transpose", "reshape", "noop", "slice", "dynamic_slice")
                            for n in region.nodes)
-                memory = max(memory, chip.transpose_time(nbytes, fused=not pure))  # not a stream
+                permuted = min(permuted, nbytes)
+                rest = chip.memory_time(max(region.bytes_read - permuted / 2, 0.0),
+                                        max(region.bytes_written - permuted / 2, 0.0))
+                memory = max(memory, rest + chip.transpose_time(permuted, fused=not pure))  # not a stream
             nbytes += sum(2 * self.graph.tensors[t].nbytes for d in region.dots for t in d.get("copies", ())
                           if t not in self.copy_operands)
         collective = region.collective_bytes / chip.interconnect_bw if region.collective_bytes else 0.0
@@ -395,6 +411,16 @@ class Coster:
         return Costed(region, label(region, self.graph), compute * repeat, memory * repeat, collective * repeat,
                       launch * repeat, predicted * repeat, floor * repeat, flops * repeat, useful * repeat,
                       nbytes * repeat, threads=threads)
+
+    def _transcendental_s(self, region: Region) -> float:
+        """exp/tanh/... time: past two per element of one fusion, XLA CPU's code runs them at a slower rate."""
+        chip = self.chip
+        if not region.transcendentals:
+            return 0.0
+        if not chip.chain_transcendental_rate or not region.elements:
+            return region.transcendentals / chip.transcendental_rate
+        fast = min(region.transcendentals, 2 * region.elements)
+        return fast / chip.transcendental_rate + (region.transcendentals - fast) / chip.chain_transcendental_rate
 
     def _cpu_layout_copies(self, region: Region) -> float:
         """Seconds XLA CPU spends copying dot operands into the layout its dot takes (and faulting the copy's
@@ -658,36 +684,45 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
             region_of.setdefault(n, i)
     live, peak, outputs = 0.0, 0.0, 0.0
     born: dict[int, float] = {}
+    # XLA's buffer assignment also puts an intermediate into a result's buffer when the intermediate dies
+    # before the result is written (a softmax's exp lives in its output): slots of (size, region writing it)
+    slots = sorted((graph.tensors[t].nbytes, region_of.get(graph.tensors[t].producer, len(order)), t)
+                   for t in results if graph.tensors[t].producer is not None)
+    occupied: dict[int, int] = {}  # slot tensor -> the intermediate in it
     for i, c in enumerate(order):
-        # inputs read for the last time here: an elementwise fusion writes its output into one of them in place
+        # tensors read for the last time here (XLA CPU's arenas, as memory_analysis reports them, show no
+        # in-place reuse of a dying operand by an elementwise fusion: not modelled)
         dying = [t for t, last in last_use.items() if last == i]
-        reusable = sorted((born[t], t) for t in dying) if c.region.kind == "loop" else []
-        for n in c.region.nodes:
-            for t in graph.nodes[n].outputs:
-                users = [region_of.get(u, i) for u in consumers[t]]
-                if t in results:
-                    size = graph.nodes[n].written.get(t, graph.tensors[t].nbytes)
-                    if size >= FRESH_BUFFER_BYTES:
-                        outputs += size
-                    continue
-                if not any(u != i for u in users) or t in born:
-                    continue
-                size = graph.tensors[t].nbytes
-                match = next((pair for pair in reusable if pair[0] == size), None)
-                if match is not None:
-                    reusable.remove(match)
-                    dying.remove(match[1])
-                    del last_use[match[1]], born[match[1]]
-                else:
-                    live += size
-                born[t] = size
-                last_use[t] = max(users)
+        for t in c.region.writes:
+            n = graph.tensors[t].producer
+            assert n is not None
+            users = [region_of.get(u, i) for u in consumers[t]]
+            if t in results:
+                size = graph.nodes[n].written.get(t, graph.tensors[t].nbytes)
+                if size >= FRESH_BUFFER_BYTES:
+                    outputs += size
+                continue
+            if not any(u != i for u in users) or t in born:
+                continue
+            size = graph.tensors[t].nbytes
+            last = max(users)
+            slot = next((r for sz, at, r in slots if sz == size and at >= last and r not in occupied), None)
+            if slot is not None:
+                occupied[slot] = t
+                size = 0.0  # lives in the result's buffer
+            else:
+                live += size
+            born[t] = size
+            last_use[t] = last
         copies = sum(graph.tensors[t].nbytes for d in c.region.dots for t in d.get("copies", ())
                      if t not in fused_operands)
         peak = max(peak, live + copies)
         for t in dying:
             live -= born.pop(t)
             del last_use[t]
+            for r, held in list(occupied.items()):
+                if held == t:
+                    del occupied[r]
     fresh = outputs + (peak if peak >= FRESH_BUFFER_BYTES else 0.0)
     if not fresh:
         return None

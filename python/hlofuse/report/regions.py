@@ -60,6 +60,10 @@ class Region:
     name: str = ""
     materialized: float = 0.0  # bytes of fresh buffers it writes (outputs and temps)
     unfused: bool = False  # its root comes from a site's decomposition (a composite the target keeps)
+    elements: float = 0.0  # elements of its largest output (the loop's trip count)
+    variadic_flops: float = 0.0  # flops of reductions over several operands (argmax)
+    param_read: float = 0.0  # bytes of program arguments it reads
+    writes: list[int] = field(default_factory=list)  # the tensors it materializes
 
     @property
     def bytes(self) -> float:
@@ -137,10 +141,22 @@ def form_regions(graph: Graph, family: str) -> list[Region]:
             if p is None:
                 continue
             pnode = nodes[p]
-            if pnode.id in region or pnode.scope != root.scope or pnode.id in exclusive:
+            if pnode.id in region or pnode.scope != root.scope:
+                continue
+            cheap = pnode.cls in ("elementwise", "layout") and not pnode.expensive and not _is_big_constant(
+                pnode, tensors)
+            if pnode.id in exclusive:
+                # another region computes it; a cheap op is recomputed here too when a duplicate of this region
+                # reads it (that region need not write it for us)
+                if cheap and not dot_side and any(u in duplicated and rid in duplicated[u] for u in users_of(pnode)):
+                    region.add(pnode.id)
+                    duplicated.setdefault(pnode.id, set()).add(rid)
+                    work.extend(pnode.inputs)
                 continue
             users = users_of(pnode)
-            all_inside = all(u in region for u in users) and not (set(pnode.outputs) & result_set)
+            # exclusive only when every reader is this region's own: a duplicate's input is duplicated too
+            all_inside = (all(u in region and not (u in duplicated and rid in duplicated[u]) for u in users)
+                          and not (set(pnode.outputs) & result_set))
             take, dup = False, False
             if dot_side and users & dot_side:  # a dot's operand: only what the target fuses into its dot
                 if all(u in dot_side for u in users) and not set(pnode.outputs) & result_set:
@@ -244,10 +260,14 @@ def _summarize(graph: Graph, rid: int, region: set[int], root: Node, exclusive: 
         for t in node.outputs:
             outside = t in results or any(c not in region for c in consumers[t])
             if outside:
+                out.writes.append(t)
                 written = node.written.get(t, tensors[t].nbytes)
                 out.bytes_written += written
                 out.materialized += written
     out.bytes_read = sum(reads.values())
+    out.param_read = sum(v for t, v in reads.items() if tensors[t].producer is None and tensors[t].kind == "param")
+    out.elements = max((tensors[t].elements for n in region for t in nodes[n].outputs), default=0)
+    out.variadic_flops = sum(nodes[n].flops for n in region if nodes[n].cls == "reduce" and len(nodes[n].outputs) > 1)
     return out
 
 
