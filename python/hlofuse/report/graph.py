@@ -626,9 +626,21 @@ class Flattener:
         batch_r = _dot_dims(op)["rhs_batch"] if op.name != "stablehlo.dot" else []
         # XLA CPU's dot takes [batch..., rows, contraction] operands (either order of the last two): an operand
         # whose dims come in another order is copied into that layout first.
-        node.info["copies"] = [t for t, shape, b, c in ((node.inputs[0], lhs.shape, batch_l, contracting_l),
-                                                         (node.inputs[1], rhs.shape, batch_r, contracting_r))
-                               if not _canonical_operand(shape, b, c)]
+        operands = ((node.inputs[0], lhs.shape, batch_l, contracting_l), (node.inputs[1], rhs.shape, batch_r,
+                                                                                contracting_r))
+        node.info["copies"] = [t for t, shape, b, c in operands if not _canonical_operand(shape, b, c)]
+        # The copy lays the operand out as XLA's dot takes it, lhs [batch, rows, contraction] and rhs [batch,
+        # contraction, columns]: one that keeps the minor dim minor moves whole rows (a stream), one that moves it
+        # is a transpose.
+        strided = []
+        for side, (t, shape, b, c) in enumerate(operands):
+            if _canonical_operand(shape, b, c):
+                continue
+            free = [d for d in range(len(shape)) if d not in b and d not in c and shape[d] != 1]
+            target = (sorted(d for d in c if shape[d] != 1) if side == 0 else free) or [_minor_dim(shape)]
+            if _minor_dim(shape) != target[-1]:
+                strided.append(t)
+        node.info["strided_copies"] = strided
         global_k = self._global_contraction(op, contracting_l)
         if global_k and global_k > k:  # contracted dims are sharded: partial sums, then an all-reduce
             node.info["all_reduce"] = global_k / k
@@ -786,6 +798,11 @@ def _canonical_operand(shape: Sequence[int], batch: Sequence[int], contracting: 
     f = [d for d in keep if d not in b and d not in c]
     order = keep
     return order[: len(b)] == b and order[len(b):] in (f + c, c + f)
+
+
+def _minor_dim(shape: Sequence[int]) -> int:
+    """The last dim of more than one element (the contiguous one in a row-major layout)."""
+    return next((d for d in reversed(range(len(shape))) if shape[d] != 1), len(shape) - 1)
 
 
 def _dot_dims(op: ir.Operation) -> dict[str, list[int]]:

@@ -350,6 +350,7 @@ class Coster:
         self.chip, self.graph, self.sites, self.kv_fill = chip, graph, sites, kv_fill
         self.copy_fused = _copies_fused_into_producers(graph) if chip.family == "cpu" else set()
         self.copy_operands = _copy_operands(graph, self.copy_fused)
+        self.copy_strided = _copies_fused_into_producers(graph, strided=True) if chip.family == "cpu" else set()
         # The program's arguments come from DRAM on every call unless all of them fit in the cache together
         # (one region's footprint fitting says nothing when the weights of 32 layers stream past it).
         arguments = sum(graph.tensors[t].nbytes for t in graph.inputs)
@@ -388,7 +389,7 @@ class Coster:
             memory += self._cpu_layout_copies(region)
             g = self.graph
             permuted = sum(2 * g.tensors[t].nbytes for n in region.nodes for t in g.nodes[n].outputs
-                           if t in self.copy_fused)
+                           if t in self.copy_strided)
             permuted += sum(2 * g.tensors[g.nodes[n].inputs[0]].nbytes for n in region.nodes
                             if g.nodes[n].info.get("permutes") and g.nodes[n].inputs)
             if permuted:
@@ -429,7 +430,9 @@ class Coster:
         for info in region.dots:
             for t in info.get("copies", ()):
                 if t not in self.copy_operands:
-                    seconds += chip.transpose_time(2 * self.graph.tensors[t].nbytes)
+                    size = self.graph.tensors[t].nbytes
+                    strided = t in info.get("strided_copies", ())
+                    seconds += chip.transpose_time(2 * size) if strided else chip.memory_time(size, size)
         return seconds
 
     def _kernel(self, region: Region) -> Costed:
@@ -485,13 +488,13 @@ class Coster:
         return total
 
 
-def _copies_fused_into_producers(graph: Graph) -> set[int]:
+def _copies_fused_into_producers(graph: Graph, strided: bool = False) -> set[int]:
     """Dot operands XLA CPU copies into its dot's layout where the copy fuses into the operand's producer (a
     fusion whose only reader is the dot writes the operand in that layout): no copy of their own."""
     consumers = graph.consumers()
     fused = set()
     for node in graph.nodes:
-        for t in node.info.get("copies", ()) if node.cls == "dot" else ():
+        for t in node.info.get("strided_copies" if strided else "copies", ()) if node.cls == "dot" else ():
             source, reader = t, node.id
             while True:  # through bitcasts (reshapes) to the op that computes the operand
                 p = graph.tensors[source].producer
