@@ -66,6 +66,7 @@ class RegionRow:
     useful_flops: float = 0.0
     unfused: bool = False
     cpu_s: float = 0.0  # host: the CPU time it takes (predicted_s x the threads it keeps busy)
+    transposed: float = 0.0  # host: bytes through transposes of the minor dim
 
     @property
     def intensity(self) -> float:
@@ -343,6 +344,7 @@ class Costed:
     bytes: float
     kernel: KernelCost | None = None
     threads: float = 1.0  # cores it keeps busy (host): its CPU time is predicted_s x threads
+    transposed: float = 0.0  # bytes it moves through a transpose of the minor dim (host)
 
 
 class Coster:
@@ -382,6 +384,8 @@ class Coster:
         compute = mxu_s + vector_s + sort_s
         nbytes = region.bytes
         memory = chip.memory_time(region.bytes_read, region.bytes_written) if nbytes else 0.0
+        transposed = sum(2 * self.graph.tensors[t].nbytes for d in region.dots for t in d.get("strided_copies", ())
+                         if t not in self.copy_operands) if chip.family == "cpu" else 0.0
         if self.arguments_from_dram and region.param_read:
             memory = max(memory, chip.memory_time(region.bytes_read - region.param_read, region.bytes_written)
                          + region.param_read / (chip.read_bw or chip.hbm_bw))
@@ -401,6 +405,7 @@ class Coster:
                 rest = chip.memory_time(max(region.bytes_read - permuted / 2, 0.0),
                                         max(region.bytes_written - permuted / 2, 0.0))
                 memory = max(memory, rest + chip.transpose_time(permuted, fused=not pure))  # not a stream
+                transposed = permuted
             nbytes += sum(2 * self.graph.tensors[t].nbytes for d in region.dots for t in d.get("copies", ())
                           if t not in self.copy_operands)
         collective = region.collective_bytes / chip.interconnect_bw if region.collective_bytes else 0.0
@@ -411,7 +416,7 @@ class Coster:
         useful = region.flops + useful_mxu + region.transcendentals
         return Costed(region, label(region, self.graph), compute * repeat, memory * repeat, collective * repeat,
                       launch * repeat, predicted * repeat, floor * repeat, flops * repeat, useful * repeat,
-                      nbytes * repeat, threads=threads)
+                      nbytes * repeat, threads=threads, transposed=transposed * repeat)
 
     def _transcendental_s(self, region: Region) -> float:
         """exp/tanh/... time: past two per element of one fusion, XLA CPU's code runs them at a slower rate."""
@@ -755,6 +760,7 @@ def _aggregate(costed: list[Costed], chip: Chip, sites: list[Site]) -> list[Regi
                         sum(m.predicted_s for m in members), sum(m.floor_s for m in members), "")
         row.useful_flops = sum(m.useful_flops for m in members)
         row.cpu_s = sum(m.predicted_s * m.threads for m in members)
+        row.transposed = sum(m.transposed for m in members)
         row.mxu_flops = sum(m.region.mxu_flops * m.region.repeat for m in members)
         parts = {"compute": row.compute_s, "memory": row.memory_s, "interconnect": row.collective_s,
                  "overhead": row.overhead_s}
@@ -793,6 +799,10 @@ def _fix(row: RegionRow, sample: Costed, chip: Chip) -> str:
     if row.bound == "overhead":
         return (f"{row.count:.0f} small regions of {row.predicted_s / max(row.count, 1) * 1e6:.1f} us each, most of it "
                 "fixed cost: fewer, larger ops (fusing, batching, a scan) move it")
+    if row.bound == "memory" and row.transposed > 0.25 * row.bytes:
+        return (f"{_human_bytes(row.transposed)} go through a transpose of the minor dim, which XLA CPU runs far "
+                "below its streaming bandwidth: an operand order that keeps the contiguous dim in place (the einsum's "
+                "layout, or the dot's [batch, rows, contraction]) moves it")
     if row.bound == "interconnect":
         return (f"{_human_bytes(region.collective_bytes * region.repeat)} over the interconnect per call: a "
                 "sharding that keeps the contraction local, or overlapping it with compute, moves it")
