@@ -1,7 +1,7 @@
 """The chips hlofuse-report models: chips.toml (one row per chip, every number with its source), and `host`,
 this machine, whose ceilings a short calibration measures and caches.
 
-Calibration (about 5 s on 2 cores; `calibrate()`) times jitted programs on the CPU in CPU-seconds (the
+Calibration (about 10 s on 2 cores; `calibrate()`) times jitted programs on the CPU in CPU-seconds (the
 median of a few runs), which other jobs sharing the cores do not inflate as they inflate wall time:
   - GEMM: f32 at N = 64 .. 2048 (the model interpolates the rate by the GEMM's size: a small GEMM never
     reaches the big one's rate on a CPU), and bf16 at N = 1024;
