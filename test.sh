@@ -8,10 +8,10 @@ usage() {
   cat <<'EOF'
 usage: ./test.sh [--fast | --full] [--help]
 
-  (no flag), --full  the full suite, as CI runs it (.ci/run): about 15 min on 2 quiet cores
+  (no flag), --full  the full suite, as CI runs it (.ci/run): 24 min of CPU, about 12 min on 2 idle cores
   --fast             the quick tier: the same lint, generator checks and lit, and pytest without the
                      tests marked slow (test/conftest.py's SLOW table), hypothesis at its `fast` profile;
-                     about 4 min on 2 quiet cores
+                     3.5 min measured on 2 otherwise idle cores (7 min of CPU)
 
 Both tiers run, in order:
   ruff, clang-format                    lint
