@@ -40,7 +40,7 @@ from hlofuse.ir.dims import LAYOUT_OPS, DimsError
 from hlofuse.ir.layout import Labels
 from hlofuse.ir.mask_eval import Band, as_grid, band_table, evaluate, fit_band
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask, analyze_zero_one
-from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match
+from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match, round_to_type
 from hlofuse.pipeline import ModulePass, PassState
 
 UNBOUNDED = -1
@@ -583,7 +583,7 @@ def _additive_mask(value: ir.Value, labels: Labels, sizes: dict[str, int]) -> Ad
                 break
             if c is not None and absorbs_logits(c * factor, element_type):
                 terms = analyze_zero_one(x, labels, sizes, visible_when_zero=True)
-                return AdditiveMask(terms, round_fill(c * factor, element_type)) if terms is not None else None
+                return AdditiveMask(terms, round_to_type(c * factor, element_type)) if terms is not None else None
         else:
             return None
     if op.name != "stablehlo.select":
@@ -595,15 +595,11 @@ def _additive_mask(value: ir.Value, labels: Labels, sizes: dict[str, int]) -> Ad
             continue
         terms = analyze_mask(pred, labels, sizes, negated=inverted)
         if constant_scalar(kept) == 0.0:
-            return AdditiveMask(terms, round_fill(fill * factor, element_type))
+            return AdditiveMask(terms, round_to_type(fill * factor, element_type))
         if factor == 1.0 and constant_scalar(kept) is None:
             # select(m, b, fill) = b + select(m, 0, fill) when the fill absorbs b (T5's masked position bias).
-            return AdditiveMask(terms, round_fill(fill, element_type), bias=(kept, labels))
+            return AdditiveMask(terms, round_to_type(fill, element_type), bias=(kept, labels))
     return None
-
-
-def round_fill(fill: float, element_type: ir.Type) -> float:
-    return float(np.array(fill, dtype=_np_float(element_type)))
 
 
 # Below this fill, exp(fill - row max) is exactly 0 in f32, so re-masking changes only fully masked rows.

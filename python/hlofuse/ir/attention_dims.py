@@ -72,7 +72,6 @@ class AttentionDims:
     q: Source
     k: Source
     v: Source
-    notes: list[str] = field(default_factory=list)
 
     def size(self, role: str) -> int:
         n = 1

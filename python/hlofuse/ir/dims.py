@@ -17,7 +17,6 @@ when an atom must split (the fixpoint catches it, records the split and calls `a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -160,8 +159,4 @@ def _shape(value: ir.Value) -> tuple[int, ...]:
     return shape
 
 
-def product(sizes: dict[str, int], atoms: Sequence[str]) -> int:
-    return math.prod(sizes[a] for a in atoms)
-
-
-__all__ = ["LAYOUT_OPS", "DimsError", "Factors", "Refine", "product", "split_needed"]
+__all__ = ["LAYOUT_OPS", "DimsError", "Factors", "Refine", "split_needed"]
