@@ -35,7 +35,6 @@ says how the operands arrive); Pallas and NKI calls then run per shard inside `s
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -48,7 +47,17 @@ from jaxlib.mlir.dialects import func
 
 from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, attribute_values
 from hlofuse.ir import build
-from hlofuse.kernels import CompositeCall, TargetUnavailable, Unsupported, kernel_for, known_targets, target_unavailable
+from hlofuse.kernels import (
+    CompositeCall,
+    KernelSpec,
+    Lowered,
+    Partitioning,
+    TargetUnavailable,
+    Unsupported,
+    known_targets,
+    spec_for,
+    target_unavailable,
+)
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
     RangeSplit,
@@ -68,22 +77,7 @@ from hlofuse.shard_local import (
 )
 from hlofuse.sharding import annotate_if_partitioned, device_count, split_shared_iotas
 
-# (composite, target) -> the lowering used instead in a module compiled for several devices, called as
-# `lowering(call, devices, multi_device)`: its kernel takes the dims to keep local (heads, key-range splits)
-# as leading batch dims, which XLA's batch partitioner can cut (docs/sharding.md). Other pairs lower as on
-# one device.
-PARTITIONED_LOWERINGS: dict[tuple[str, str], str] = {
-    ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:partitioned_lowering",
-    ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:partitioned_lowering",
-}
-# Targets whose kernel calls XLA partitions itself: the CPU FFI calls (its batch partitioner, hlofuse.sharding)
-# and the reference (plain JAX ops). Every other target's calls run per shard under `sdy.manual_computation`
-# in a module compiled for several devices (hlofuse.shard_local).
-PARTITIONED_BY_XLA = ("cpu", "reference")
 MULTI_DEVICE_MODES = ("keep", "local", "batch", "sequence")
-# A kernel function may carry a remark (this attribute, a str) about how it was lowered: a near-miss that
-# still lowers, e.g. a sampling form that cannot split the vocabulary and so gathers a sharded one.
-KERNEL_REMARK_ATTR = "hlofuse_remark"
 
 # The composite versions this build lowers.
 VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
@@ -98,13 +92,12 @@ def _spec(value: ir.Value) -> jax.ShapeDtypeStruct:
 
 
 def add_jax_function(fn: Callable[..., Any], specs: Sequence[jax.ShapeDtypeStruct], module: ir.Operation,
-                     base_name: str, platforms: tuple[str, ...] | None = None) -> str:
+                     base_name: str, platforms: tuple[str, ...] = ()) -> str:
     """Lowers `fn` for `specs` into a private function of `module`; returns its symbol name.
 
-    `platforms` (default: `fn.lowering_platforms` if set, else the default backend) lowers `fn` for
-    other platforms than this host's, e.g. ("tpu",) for a Pallas Mosaic kernel on a CPU-only host.
+    `platforms` (default: this host's backend) lowers `fn` for other platforms than this host's, e.g.
+    ("tpu",) for a Pallas Mosaic kernel on a CPU-only host (a kernel's `Lowered.platforms`).
     """
-    platforms = platforms or getattr(fn, "lowering_platforms", None)
     jitted = jax.jit(fn, keep_unused=True)  # the callers pass every operand, used or not
     if platforms:
         lowered = jitted.trace(*specs).lower(lowering_platforms=tuple(platforms))
@@ -144,7 +137,7 @@ def _element_type(dtype: Any) -> ir.Type:  # noqa: ANN401
 
 
 def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module: ir.Operation,
-                        base_name: str, platforms: tuple[str, ...] | None = None) -> None:
+                        base_name: str, platforms: tuple[str, ...] = ()) -> None:
     """Lowers `fn` for the composite's operand types, adds it to `module` (`add_jax_function`), and calls
     it instead of the composite."""
     name = add_jax_function(fn, [_spec(v) for v in composite.operands], module, base_name, platforms)
@@ -156,19 +149,20 @@ def inline_jax_function(fn: Callable[..., Any], composite: ir.Operation, module:
     composite.erase()
 
 
-def _with_result_types(kernel: Callable[..., Any], composite: ir.Operation) -> Callable[..., Any]:
+def _with_result_types(kernel: Lowered, composite: ir.Operation) -> Lowered:
     """`kernel` returning the composite's result element types: a kernel computes in its inputs' dtype, and
     a program may ask for another (bf16 q, k, v with an f32 P·V result), which the composite's type says."""
     dtypes = [_DTYPES[str(ir.RankedTensorType(r.type).element_type)] for r in composite.results]
+    fn = kernel.fn
 
-    @functools.wraps(kernel)  # keeps the attributes the lowering reads (remark, lowering platforms)
-    def converted(*operands: Any) -> Any:  # noqa: ANN401
-        out = kernel(*operands)
+    @functools.wraps(fn)
+    def converted(*operands: Any, **options: Any) -> Any:  # noqa: ANN401  (options: a sampler's row_offset)
+        out = fn(*operands, **options)
         if isinstance(out, (tuple, list)):
             return type(out)(o.astype(d) for o, d in zip(out, dtypes, strict=True))
         return out.astype(dtypes[0])
 
-    return converted
+    return kernel.with_fn(converted)
 
 
 def composite_call(composite: ir.Operation) -> CompositeCall:
@@ -179,15 +173,12 @@ def composite_call(composite: ir.Operation) -> CompositeCall:
     return CompositeCall(name, version, attribute_values(composite.attributes["composite_attributes"]), types)
 
 
-def _kernel(call: CompositeCall, target: str, devices: int, multi_device: str) -> Callable[..., Any]:
-    """The target's kernel for `call` in a module compiled for `devices` devices; raises Unsupported."""
-    entry = PARTITIONED_LOWERINGS.get((call.name, target)) if devices > 1 else None
-    if entry is None:
-        return kernel_for(call, target)
-    module_name, function_name = entry.split(":")
-    lowering: Callable[[CompositeCall, int, str], Callable[..., Any]] = getattr(
-        importlib.import_module(module_name), function_name)
-    return lowering(call, devices, multi_device)
+def _kernel_spec(call: CompositeCall, target: str) -> KernelSpec:
+    """The target's kernel descriptor for `call`; raises Unsupported when it has none."""
+    spec = spec_for(call.name, target)
+    if spec is None:
+        raise Unsupported(f"no {target} kernel for {call.name} in this build")
+    return spec
 
 
 def _check_local(plan: ShardPlan | None, composite: ir.Operation, target: str) -> None:
@@ -230,21 +221,27 @@ class LowerKernelsPass(ModulePass):
         if composites and (why := target_unavailable(self.target)) is not None:
             raise TargetUnavailable(f"target '{self.target}' cannot lower {len(composites)} composite(s) here: {why}")
         calls = [composite_call(op) for op in composites]
-        per_shard = devices > 1 and not keep_partitioned and self.target not in PARTITIONED_BY_XLA
-        planned = per_shard or devices > 1 and self.multi_device == "local" and self.target != "reference"
-        plans = (plan_shards(module, composites, calls, self.target, devices) if planned
+        specs = [spec_for(call.name, self.target) for call in calls]
+        partitionings = [spec.partitioning if spec is not None else None for spec in specs]
+        checked = [devices > 1 and self.multi_device == "local" and p is not Partitioning.XLA for p in partitionings]
+        per_shard = [devices > 1 and not keep_partitioned and p is Partitioning.PER_SHARD for p in partitionings]
+        planned = [shard or check for shard, check in zip(per_shard, checked, strict=True)]
+        plans = (plan_shards(module, composites, calls, self.target, devices) if any(planned)
                  else [None] * len(composites))
         lowered_any = False
-        for composite, call, plan in zip(composites, calls, plans, strict=True):
+        for composite, call, plan, shard, check, needed in zip(composites, calls, plans, per_shard, checked, planned,
+                                                              strict=True):
             short = call.name.removeprefix("hlofuse.")
+            plan = plan if needed else None
             try:
                 if call.version != VERSIONS[call.name]:
                     raise Unsupported(f"version {call.version} is not {VERSIONS[call.name]}")
                 if keep_partitioned:
                     raise Unsupported("the module runs on several devices and multi_device=keep leaves every "
                                       "composite to XLA's partitioner")
-                kernel = _with_result_types(_kernel(call, self.target, devices, self._mode_for(plan)), composite)
-                if self.multi_device == "local" and devices > 1 and self.target != "reference":
+                lowering = _kernel_spec(call, self.target).lowering(call, devices, self._mode_for(plan))
+                kernel = _with_result_types(lowering, composite)
+                if check:
                     _check_local(plan, composite, self.target)
                 if plan is not None and plan.gathered and self.multi_device == "local":
                     keys = why_keys_stay_whole(call, self.target) if _gathers_keys(plan) else None
@@ -255,7 +252,7 @@ class LowerKernelsPass(ModulePass):
                 if plan is not None and plan.gathered:
                     state.remark(composite, f"lowered per shard; {', '.join(plan.gathered)} arrive sharded over "
                                             "mesh axes the kernel cannot cut and are all-gathered before it")
-                if plan is not None and plan.is_cut and per_shard:
+                if plan is not None and plan.is_cut and shard:
                     self._lower_per_shard(composite, call, plan, kernel, module)
                     state.count(f"{short}_to_{self.target}_per_shard")
                     lowered_any = True
@@ -264,10 +261,9 @@ class LowerKernelsPass(ModulePass):
                 state.remark(composite, f"kept as a composite: {reason}")
                 state.count(f"{short}_kept_composite")
                 continue
-            remark = getattr(kernel, KERNEL_REMARK_ATTR, None)
-            if remark and not (self.multi_device == "local" and plan is not None):  # local: nothing is gathered
-                state.remark(composite, str(remark))
-            inline_jax_function(kernel, composite, module, f"{call.name}.{self.target}")
+            if kernel.remark and not (self.multi_device == "local" and plan is not None):  # local: nothing gathered
+                state.remark(composite, kernel.remark)
+            inline_jax_function(kernel.fn, composite, module, f"{call.name}.{self.target}", kernel.platforms)
             state.count(f"{short}_to_{self.target}")
             lowered_any = True
         if devices > 1:
@@ -286,17 +282,17 @@ class LowerKernelsPass(ModulePass):
         return {(True, True): "sequence", (True, False): "queries", (False, True): "keys"}.get((queries, keys), "batch")
 
     def _lower_per_shard(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
-                         kernel: Callable[..., Any], module: ir.Operation) -> None:
+                         kernel: Lowered, module: ir.Operation) -> None:
         """Lowers `composite` as `plan`'s manual computation around the kernel for one shard's shapes;
         raises Unsupported (the composite stays, partitioned by XLA) when a shard cannot compute its part."""
         stochastic = call.name == SAMPLE and len(call.operand_types) > 1
-        if stochastic and not getattr(kernel, "takes_row_offset", False):
+        if stochastic and not kernel.takes_row_offset:
             raise Unsupported(f"the {self.target} sampler cannot draw the whole batch's noise for one shard of its "
                               "rows (its noise, or these logits' dtype, has no row offset); XLA partitions the "
                               "composite instead")
         shard_call = local_call(call, plan)
         try:  # the target must take one shard's problem (its shapes), also where a RangeSplit runs it
-            shard_kernel = kernel_for(shard_call, self.target)
+            shard_kernel = _kernel_spec(shard_call, self.target).lower(shard_call)
         except Unsupported as reason:
             raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None
         for label, split_for, dim in (("s", key_split_for, "key sequence"), ("t", query_split_for, "query sequence"),
@@ -311,8 +307,9 @@ class LowerKernelsPass(ModulePass):
             self._lower_split(composite, call, plan, module, sampled_rows(call, plan.cuts, shard_kernel))
             return
         specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
-        wrap_in_manual_computation(composite, plan, add_jax_function(shard_kernel, specs, module,
-                                                                     f"{call.name}.{self.target}"))
+        wrap_in_manual_computation(composite, plan, add_jax_function(shard_kernel.fn, specs, module,
+                                                                     f"{call.name}.{self.target}",
+                                                                     shard_kernel.platforms))
 
     def _run_per_shard(self, composite: ir.Operation, plan: ShardPlan, module: ir.Operation, shard_pass: ShardPass,
                        operands: list[ir.Value], name: str) -> list[ir.Value]:
@@ -320,7 +317,7 @@ class LowerKernelsPass(ModulePass):
         `composite`; returns its whole results."""
         specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)
                  for v, labels in zip(operands, shard_pass.operands, strict=True)]
-        callee = add_jax_function(shard_pass.shard, specs, module, name)
+        callee = add_jax_function(shard_pass.shard, specs, module, name, shard_pass.platforms)
         whole = [ir.RankedTensorType.get(list(plan.whole_shape(r.shape, labels)), _element_type(r.dtype))
                  for r, labels in zip(jax.eval_shape(shard_pass.shard, *specs), shard_pass.results, strict=True)]
         return manual_computation(composite, plan, callee, operands, shard_pass.operands, whole, shard_pass.results)
@@ -335,7 +332,8 @@ class LowerKernelsPass(ModulePass):
         if split.first is not None and split.between is not None:  # both or neither (RangeSplit)
             first = self._run_per_shard(composite, plan, module, split.first, prepared, f"{base}.first")
             prepared = call_jax_function(split.between, [*prepared, *first], composite, module, f"{base}.between")
-        partial = self._run_per_shard(composite, plan, module, ShardPass(split.shard, split.operands, split.results),
+        partial = self._run_per_shard(composite, plan, module,
+                                      ShardPass(split.shard, split.operands, split.results, split.platforms),
                                       prepared, base)
         merged = call_jax_function(split.merge, partial, composite, module, f"{base}.merge")
         for old, new in zip(composite.results, merged, strict=True):

@@ -30,9 +30,9 @@ What a shard can cut:
   draws noise gets one more operand (`sampled_rows`), each shard's first global row index (a sharded
   iota), which the kernel adds to its row numbers (`takes_row_offset`): the noise counters are the global
   ones, so each shard draws exactly the ids the whole batch would give its rows. A kernel without that
-  option keeps its rows whole when they would be cut. A vocabulary, for the targets in VOCAB_SPLITS
-  (hlofuse.vocab_splits).
-- a decode's key sequence, for the targets in KEY_SPLITS (Pallas, NKI): `decode_key_split` gives each
+  option keeps its rows whole when they would be cut. A vocabulary, for the kernels whose spec has a
+  `vocab_split` (hlofuse.vocab_splits).
+- a decode's key sequence, for the kernels whose spec has a `key_split` (Pallas, NKI): `decode_key_split` gives each
   shard one key range and merges the ranges' partial results (output and log-sum-exp) after the
   manual computation, as flash-decoding merges its splits.
 - a prefill's key sequence (a query chunk against a sharded cache), for the Pallas tpu / gpu kernels:
@@ -50,7 +50,6 @@ are all-gathered at the boundary, as for the CPU batch partitioner.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ from typing import Any
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import func, sdy, stablehlo
 
-from hlofuse.kernels import CompositeCall
+from hlofuse.kernels import CompositeCall, KernelSpec, Lowered, spec_for
 from hlofuse.sharding import _dims, _Factors, _rule, module_meshes
 
 PROBE_TARGET = "hlofuse_shard_probe"
@@ -115,27 +114,6 @@ PER_SHARD_CUTS: dict[str, Callable[[CompositeCall], Cuts]] = {
     "hlofuse.attention": attention_cuts,
     "hlofuse.sample": sample_cuts,
 }
-# (composite, target) -> "module:function" pairs for per-shard calls that also cut a key sequence:
-# `shard_cuts(call) -> Cuts` (with an "s" label) and `key_split(call, target, splits) -> RangeSplit`.
-KEY_SPLITS: dict[tuple[str, str], str] = {
-    **{("hlofuse.attention", target): "hlofuse.kernels.pallas.attention"
-       for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret")},
-    # gpu-mosaic lowers decode composites to the Triton kernel, so its decode ranges run there too
-    **{("hlofuse.attention", target): "hlofuse.kernels.pallas.mosaic_gpu"
-       for target in ("gpu-mosaic", "gpu-mosaic-interpret")},
-    **{("hlofuse.attention", target): "hlofuse.kernels.nki.attention" for target in ("neuron", "neuron-sim")},
-}
-
-
-# (composite, target) -> "module" for per-shard samplers that also cut a vocabulary: `shard_cuts(call) -> Cuts`
-# (with a "v" label where the form splits) and `vocab_split(call, target, splits) -> RangeSplit`.
-VOCAB_SPLITS: dict[tuple[str, str], str] = {
-    # gpu-mosaic samples with the Triton kernel
-    ("hlofuse.sample", target): "hlofuse.kernels.pallas.sampling"
-    for target in ("tpu", "gpu", "tpu-interpret", "gpu-interpret", "gpu-mosaic", "gpu-mosaic-interpret")
-}
-
-
 @dataclass(frozen=True)
 class RangeSplit:
     """A composite with a sharded dim that a per-shard kernel cannot take whole (a key or query sequence, a
@@ -154,6 +132,7 @@ class RangeSplit:
     # whole values) takes the prepared operands and the first pass's results and gives `shard`'s operands.
     first: ShardPass | None = None
     between: Callable[..., Any] | None = None
+    platforms: tuple[str, ...] = ()  # what `shard` is lowered for (a kernel's platform); empty: this host
 
     def __post_init__(self) -> None:
         if (self.first is None) != (self.between is None):
@@ -167,6 +146,7 @@ class ShardPass:
     shard: Callable[..., Any]
     operands: tuple[tuple[str, ...], ...]
     results: tuple[tuple[str, ...], ...]
+    platforms: tuple[str, ...] = ()  # what `shard` is lowered for; empty: this host
 
 
 def decode_key_split_unsupported(call: CompositeCall) -> str | None:
@@ -264,6 +244,11 @@ def _with_sequence_cut(call: CompositeCall, cuts: Cuts, label: str, roles: tuple
 _JNP_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 
+def _platforms(platform: str | None) -> tuple[str, ...]:
+    """The platforms a range's kernel is lowered for: `platform`, or this host's (empty)."""
+    return (platform,) if platform is not None else ()
+
+
 def _merge_ranges(b: int, t: int, n: int, splits: int, dtype: Any) -> Callable[..., Any]:  # noqa: ANN401
     """The merge of a key split: combines the P ranges' (output, lse) exactly (`combine_partials`)."""
     from hlofuse.kernels.reference import combine_partials
@@ -311,13 +296,11 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
         out, lse = run_range(q, k[:, 0], v[:, 0], lengths[:, 0], scale=attrs.scale, softcap=attrs.softcap)
         return out[:, None], lse[:, None]
 
-    if platform is not None:
-        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
     return RangeSplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
                     operands=(("b", "", "n", ""), ("b", "s", "", kv_label, ""), ("b", "s", "", kv_label, ""),
                               ("b", "s")),
-                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
+                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")), platforms=_platforms(platform))
 
 
 def _range_attributes(attrs: Any) -> dict[str, Any]:  # noqa: ANN401  (AttentionAttrs)
@@ -366,14 +349,12 @@ def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[...,
                              q_lengths=q_lengths[0] if q_lengths else None, **statics)
         return out[:, None], lse[:, None]
 
-    if platform is not None:
-        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
     range_labels = ("b", "s", "", kv_label, "")
     return RangeSplit(prepare=prepare, shard=shard, merge=_merge_ranges(b, t, n, splits, dtype),
                     operands=(("b", "", "n", ""), range_labels, range_labels, ("b", "s"), ("b", "s"),
                               *((("b",),) if "q_lengths" in extra else ())),
-                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")))
+                    results=(("b", "s", "", "n", ""), ("b", "s", "", "n")), platforms=_platforms(platform))
 
 
 def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
@@ -418,80 +399,56 @@ def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..
     def merge(out: Any) -> Any:  # noqa: ANN401  (B, P, T/P, N, D)
         return out.reshape(b, t, n, out.shape[-1])
 
-    if platform is not None:
-        shard.lowering_platforms = (platform,)  # type: ignore[attr-defined]
     kv_label = "n" if kv > 1 else ""
     lengths_labels = {"q_lengths": ("b", "t"), "kv_lengths": ("b",)}
     return RangeSplit(prepare=prepare, shard=shard, merge=merge,
                     operands=(("b", "t", "", "n", ""), ("b", "", kv_label, ""), ("b", "", kv_label, ""), ("b", "t"),
                               *(lengths_labels[role] for role in extra)),
-                    results=(("b", "t", "", "n", ""),))
+                    results=(("b", "t", "", "n", ""),), platforms=_platforms(platform))
 
 
 def vocab_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
     """How `target`'s per-shard call splits `call`'s vocabulary into `splits` ranges; None if it does not."""
-    entry = VOCAB_SPLITS.get((call.name, target))
-    if entry is None:
-        return None
-    split: RangeSplit | None = importlib.import_module(entry).vocab_split(call, target, splits)
-    return split
-
-
-def _key_split_module(call: CompositeCall, target: str) -> Any | None:  # noqa: ANN401
-    entry = KEY_SPLITS.get((call.name, target))
-    return importlib.import_module(entry) if entry is not None else None
+    spec = spec_for(call.name, target)
+    return spec.vocab_split(call, target, splits) if spec is not None and spec.vocab_split is not None else None
 
 
 def why_keys_stay_whole(call: CompositeCall, target: str) -> str | None:
     """Why `target`'s per-shard call keeps `call`'s key sequence whole, for a remark; None when it cuts it into
-    ranges, or when the target has no key ranges at all (KEY_SPLITS)."""
-    module = _key_split_module(call, target)
-    if module is None or "s" in module.shard_cuts(call).sizes:
+    ranges, or when the target has no key ranges at all (its spec's `key_split`)."""
+    spec = spec_for(call.name, target)
+    if spec is None or spec.key_split is None or "s" in _spec_cuts(spec, call, 1).sizes:
         return None
     if call.operand_types[0][0][1] == 1:
         return decode_key_split_unsupported(call)
-    if getattr(module, "PREFILL_KEY_RANGES", False):
+    if spec.prefill_key_ranges:
         return prefill_key_split_unsupported(call)
     return f"the {target} kernel takes q_offset as a constant, and each key range of a prefill needs its own"
 
 
 def key_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
     """How `target`'s per-shard call splits `call`'s key sequence into `splits` ranges; None if it does not."""
-    module = _key_split_module(call, target)
-    split: RangeSplit | None = module.key_split(call, target, splits) if module is not None else None
-    return split
+    spec = spec_for(call.name, target)
+    return spec.key_split(call, target, splits) if spec is not None and spec.key_split is not None else None
 
 
 def query_split_for(call: CompositeCall, target: str, splits: int) -> RangeSplit | None:
     """How `target`'s per-shard call splits `call`'s query sequence into `splits` ranges; None if it does not."""
-    module = _key_split_module(call, target)
-    if module is None or not hasattr(module, "query_split"):
-        return None
-    split: RangeSplit = module.query_split(call, target, splits)
-    return split
-# (composite, target) -> "module:function(call, devices) -> Cuts" for targets whose calls XLA partitions
-# itself: the dims those calls keep local (the CPU's also cut decode key ranges and vocabularies).
-PARTITIONED_CUTS: dict[tuple[str, str], str] = {
-    ("hlofuse.attention", "cpu"): "hlofuse.kernels.cpu.attention:shard_cuts",
-    ("hlofuse.sample", "cpu"): "hlofuse.kernels.cpu.sampling:shard_cuts",
-}
+    spec = spec_for(call.name, target)
+    return spec.query_split(call, target, splits) if spec is not None and spec.query_split is not None else None
+
+
+def _spec_cuts(spec: KernelSpec, call: CompositeCall, devices: int) -> Cuts:
+    """The dims `spec`'s call keeps local: its own `cuts`, else the composite's (PER_SHARD_CUTS)."""
+    return spec.cuts(call, devices) if spec.cuts is not None else PER_SHARD_CUTS[call.name](call)
 
 
 def cuts_for(call: CompositeCall, target: str, devices: int) -> Cuts | None:
     """The dims `target`'s kernel call for `call` keeps local on `devices` devices; None if unknown."""
-    entry = PARTITIONED_CUTS.get((call.name, target))
-    if entry is not None:
-        module_name, function_name = entry.split(":")
-        cuts: Cuts = getattr(importlib.import_module(module_name), function_name)(call, devices)
-        return cuts
-    module = _key_split_module(call, target)
-    if module is None and (call.name, target) in VOCAB_SPLITS:
-        module = importlib.import_module(VOCAB_SPLITS[call.name, target])
-    if module is not None:
-        split_cuts: Cuts = module.shard_cuts(call)
-        return split_cuts
-    by_shard = PER_SHARD_CUTS.get(call.name)
-    return by_shard(call) if by_shard is not None else None
+    spec = spec_for(call.name, target)
+    if spec is None:
+        return PER_SHARD_CUTS[call.name](call) if call.name in PER_SHARD_CUTS else None
+    return _spec_cuts(spec, call, devices)
 
 
 @dataclass(frozen=True)
@@ -757,7 +714,7 @@ def wrap_in_manual_computation(composite: ir.Operation, plan: ShardPlan, callee:
     composite.erase()
 
 
-def sampled_rows(call: CompositeCall, cuts: Cuts, kernel: Callable[..., Any]) -> RangeSplit:
+def sampled_rows(call: CompositeCall, cuts: Cuts, kernel: Lowered) -> RangeSplit:
     """A stochastic sampler whose rows are cut: `prepare` adds the global index of each slice of the cut row dim
     (its iota times the rows after it, an operand cut like that dim), and each shard runs `kernel(logits, key,
     row_offset=)` with its element 0, so that it draws the noise of its rows of the whole batch."""
@@ -772,18 +729,16 @@ def sampled_rows(call: CompositeCall, cuts: Cuts, kernel: Callable[..., Any]) ->
         return logits, key, jax.lax.iota(jnp.int32, shape[dim]) * jnp.int32(stride)
 
     def shard(logits: Any, key: Any, row_ids: Any) -> tuple[Any]:  # noqa: ANN401
-        return (kernel(logits, key, row_offset=row_ids[0]),)
+        return (kernel.fn(logits, key, row_offset=row_ids[0]),)
 
     def merge(ids: Any) -> Any:  # noqa: ANN401
         return ids
 
-    if hasattr(kernel, "lowering_platforms"):  # read by add_jax_function
-        shard.lowering_platforms = kernel.lowering_platforms  # type: ignore[attr-defined]
     return RangeSplit(prepare=prepare, shard=shard, merge=merge, operands=(*cuts.operands, ("r",)),
-                      results=cuts.results)
+                      results=cuts.results, platforms=kernel.platforms)
 
 
-__all__ = ["KEY_SPLITS", "PARTITIONED_CUTS", "PER_SHARD_CUTS", "VOCAB_SPLITS", "Cuts", "RangeSplit", "ShardPass",
+__all__ = ["PER_SHARD_CUTS", "Cuts", "RangeSplit", "ShardPass",
            "ShardPlan", "attention_cuts", "composites_in", "cuts_for", "decode_key_cuts", "decode_key_split",
            "decode_key_split_unsupported", "inside_manual_computation", "key_sequence_cuts", "key_split_for",
            "local_call", "manual_computation", "plan_shards", "prefill_key_split", "prefill_key_split_unsupported",

@@ -82,10 +82,9 @@ def _merge_winners(call: CompositeCall) -> Callable[..., Any]:
     return merge
 
 
-def _platform(fn: Callable[..., Any], platform: str | None) -> Callable[..., Any]:
-    if platform is not None:
-        fn.lowering_platforms = (platform,)  # type: ignore[attr-defined]  # read by add_jax_function
-    return fn
+def _platforms(platform: str | None) -> tuple[str, ...]:
+    """The platforms a range's pass is lowered for: the kernel's, or this host's (empty)."""
+    return (platform,) if platform is not None else ()
 
 
 def sampled_ranges(call: CompositeCall, splits: int, run_split: Callable[..., Any], form: str,
@@ -94,8 +93,8 @@ def sampled_ranges(call: CompositeCall, splits: int, run_split: Callable[..., An
     for the forms whose keep-set is the whole row, after `mask` (JAX, on the whole logits: a keep-set the
     program computes with row reductions, which the partitioner splits with small all-reduces)."""
     prepare, operands = _prepare(call, splits, mask)
-    return RangeSplit(prepare=prepare, shard=_platform(_sample_ranges_pass(call, run_split, form), platform),
-                      merge=_merge_winners(call), operands=operands, results=(("r", "v"), ("r", "v")))
+    return RangeSplit(prepare=prepare, shard=_sample_ranges_pass(call, run_split, form), merge=_merge_winners(call),
+                      operands=operands, results=(("r", "v"), ("r", "v")), platforms=_platforms(platform))
 
 
 def _range_top_k(k: int, scale: float | None = None) -> Callable[..., Any]:
@@ -151,10 +150,10 @@ def rank_top_k_ranges(call: CompositeCall, splits: int, form: str, temperature: 
     def merge(ids: Any) -> Any:  # noqa: ANN401  (R,)
         return ids.reshape(batch)
 
-    first = ShardPass(_platform(_range_top_k(k, temperature if temperature_first else None), platform), operands,
-                      (_CANDIDATES,))
-    return RangeSplit(prepare=prepare, shard=_platform(draw, platform), merge=merge,
-                      operands=(("r", "", "", ""), _ROWS, _KEY), results=(_ROWS,), first=first, between=between)
+    first = ShardPass(_range_top_k(k, temperature if temperature_first else None), operands, (_CANDIDATES,),
+                      _platforms(platform))
+    return RangeSplit(prepare=prepare, shard=draw, merge=merge, operands=(("r", "", "", ""), _ROWS, _KEY),
+                      results=(_ROWS,), first=first, between=between, platforms=_platforms(platform))
 
 
 def top_k_mask_ranges(call: CompositeCall, splits: int, run_split: Callable[..., Any], k: int,
@@ -172,10 +171,10 @@ def top_k_mask_ranges(call: CompositeCall, splits: int, run_split: Callable[...,
         return (masked, row_ids, starts, *key)
 
     sample_pass = _sample_ranges_pass(call, run_split, "temperature")
-    return RangeSplit(prepare=prepare, shard=_platform(sample_pass, platform), merge=_merge_winners(call),
+    return RangeSplit(prepare=prepare, shard=sample_pass, merge=_merge_winners(call),
                       operands=operands, results=(("r", "v"), ("r", "v")),
-                      first=ShardPass(_platform(_range_top_k(k), platform), operands, (_CANDIDATES,)),
-                      between=between)
+                      first=ShardPass(_range_top_k(k), operands, (_CANDIDATES,), _platforms(platform)),
+                      between=between, platforms=_platforms(platform))
 
 
 __all__ = ["rank_top_k_ranges", "sampled_ranges", "top_k_mask_ranges"]

@@ -162,7 +162,7 @@ def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...
     remark; the same ids either way."""
     fn = sampling.partitioned_lowering(_sample_call(form, shape, "f32"), 8)
     splits = form in (*sampling.SPLIT_FORMS, *sampling.TOP_K_FORMS, *sampling.MASKED_FORMS) and shape[-1] % 8 == 0
-    assert (getattr(fn, "hlofuse_remark", None) is None) == splits
+    assert (sampling.whole_row_remark(_sample_call(form, shape, "f32"), 8) is None) == splits
     x = jnp.asarray(_logits("normal", (int(np.prod(shape[:-1])), shape[-1]), 1)).reshape(shape)
     key = jnp.array([3, 4], jnp.uint32)
     ref = sample_reference(x, key, form=form, **PARAMS[form])

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from hlofuse.kernels.target import KernelSpec, Partitioning, lowered
+
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
 
@@ -161,3 +163,7 @@ def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
     from hlofuse.composites import AttentionAttrs
 
     return AttentionAttrs.from_dict(call.attributes).bind_operands(attention_reference)
+
+
+# Plain JAX ops: runs on any platform, and XLA partitions it like the program it replaces.
+SPECS = (KernelSpec("hlofuse.attention", "reference", lowered(attention_lowering), Partitioning.XLA),)

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
+from hlofuse.kernels.target import KernelSpec, Partitioning, lowered
+
 if TYPE_CHECKING:
     from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import CompositeCall
@@ -355,6 +357,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     return reference
 
 
+# Plain JAX ops: runs on any platform, and XLA partitions it like the program it replaces.
+SPECS = (KernelSpec("hlofuse.sample", "reference", lowered(sampling_lowering), Partitioning.XLA),)
+
 __all__ = ["DRAWS", "FORMS", "NEUTRAL_PARAMS", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form", "Writing", "form_params",
            "merge_vocab_splits", "reference_where_uncertified", "sample_reference", "sampling_lowering",
-           "top_k_by_argsort"]
+           "top_k_by_argsort", "SPECS"]

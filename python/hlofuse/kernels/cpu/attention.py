@@ -23,6 +23,7 @@ from hlofuse.kernels.reference import (
     combine_partials,
     zeroed_if_asked,
 )
+from hlofuse.kernels.target import KernelSpec, Lowered, Partitioning, lowered
 from hlofuse.shard_local import Cuts, attention_cuts
 
 if TYPE_CHECKING:
@@ -302,7 +303,6 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     `q_splits_for` query and `kv_splits_for` key ranges, as leading batch dims, so the partitioner keeps it
     local when batch, heads, T or S are sharded. Same results as `attention_lowering`'s."""
     attrs = _supported_attrs(call)
-    sequence = multi_device == "sequence"
     # multi_device=local lowers with "queries" or "keys" where only that sequence is sharded (hlofuse-lower-kernels)
     q_splits = q_splits_for(attrs, call, devices, multi_device in ("sequence", "queries"))
     kv_splits = kv_splits_for(attrs, call, devices, multi_device in ("sequence", "keys"))
@@ -343,12 +343,23 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
         out = out.reshape(b, t, n, d)
         return zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)
 
-    lowered = attrs.bind_operands(kernel)
-    if (why := _unsplit_prefill(attrs, call, devices, sequence, q_splits, kv_splits)) is not None:
-        lowered.hlofuse_remark = (  # type: ignore[attr-defined]
-            f"prefill not split along its sequences ({why}): a T or S sharded over devices is gathered before "
-            "the call")
-    return lowered
+    return attrs.bind_operands(kernel)
+
+
+def partitioned_remark(call: CompositeCall, devices: int, multi_device: str = "batch") -> str | None:
+    """Why `partitioned_lowering`'s call for a prefill gathers a sharded T or S (it splits neither), or None."""
+    attrs = _supported_attrs(call)
+    sequence = multi_device == "sequence"
+    q_splits = q_splits_for(attrs, call, devices, multi_device in ("sequence", "queries"))
+    kv_splits = kv_splits_for(attrs, call, devices, multi_device in ("sequence", "keys"))
+    if (why := _unsplit_prefill(attrs, call, devices, sequence, q_splits, kv_splits)) is None:
+        return None
+    return f"prefill not split along its sequences ({why}): a T or S sharded over devices is gathered before the call"
+
+
+def _partitioned(call: CompositeCall, devices: int, multi_device: str) -> Lowered:
+    return Lowered(partitioned_lowering(call, devices, multi_device),
+                   remark=partitioned_remark(call, devices, multi_device))
 
 
 def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
@@ -421,5 +432,9 @@ def _split_q_offsets(q_offset: int, t: int, s: int, q_splits: int, kv_splits: in
     return (q_offset + q_starts[:, None] - kv_starts[None, :]).astype(np.int32)
 
 
-__all__ = ["BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse",
-           "kv_splits_for", "partitioned_lowering", "q_splits_for", "shard_cuts"]
+# XLA's batch partitioner runs the FFI call per shard of its leading dims (hlofuse.sharding).
+SPECS = (KernelSpec("hlofuse.attention", "cpu", lowered(attention_lowering), Partitioning.XLA_BATCH,
+                    lower_partitioned=_partitioned, cuts=shard_cuts),)
+
+__all__ = ["SPECS", "BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse",
+           "kv_splits_for", "partitioned_lowering", "partitioned_remark", "q_splits_for", "shard_cuts"]

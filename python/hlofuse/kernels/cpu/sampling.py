@@ -26,6 +26,7 @@ from hlofuse.kernels.sampling_reference import (
     reference_where_uncertified,
     sample_reference,
 )
+from hlofuse.kernels.target import KernelSpec, Lowered, Partitioning, lowered
 from hlofuse.shard_local import Cuts, sample_cuts
 
 if TYPE_CHECKING:
@@ -335,10 +336,6 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     vocab = call.operand_types[0][0][-1]
     splits = vocab_splits_for(attrs.form, vocab, devices)
     if splits == 1:
-        why = (f"V = {vocab} is not a multiple of the {devices} devices" if vocab % devices else
-               f"'{attrs.form}' needs a row-wide threshold or rank before any split")
-        whole_row.hlofuse_remark = (  # type: ignore[attr-defined]
-            f"sampled by whole rows ({why}): a vocabulary sharded over devices is gathered before the call")
         return whole_row
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
@@ -359,6 +356,24 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     return kernel
 
 
+def whole_row_remark(call: CompositeCall, devices: int) -> str | None:
+    """Why `partitioned_lowering` samples `call` by whole rows (gathering a sharded vocabulary), or None when it
+    splits the vocabulary."""
+    from hlofuse.composites import SampleAttrs
+
+    attrs = SampleAttrs.from_dict(call.attributes)
+    vocab = call.operand_types[0][0][-1]
+    if vocab_splits_for(attrs.form, vocab, devices) > 1:
+        return None
+    why = (f"V = {vocab} is not a multiple of the {devices} devices" if vocab % devices else
+           f"'{attrs.form}' needs a row-wide threshold or rank before any split")
+    return f"sampled by whole rows ({why}): a vocabulary sharded over devices is gathered before the call"
+
+
+def _partitioned(call: CompositeCall, devices: int, multi_device: str) -> Lowered:
+    return Lowered(partitioned_lowering(call, devices, multi_device), remark=whole_row_remark(call, devices))
+
+
 def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
     """The dims `partitioned_lowering`'s call keeps local (hlofuse.shard_local): the rows and, for the
     forms that split it, the vocabulary."""
@@ -368,7 +383,11 @@ def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
     return sample_cuts(call, vocab=vocab_splits_for(form, call.operand_types[0][0][-1], devices) > 1)
 
 
-__all__ = ["FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa",
+# XLA's batch partitioner runs the FFI call per shard of its leading dims (hlofuse.sharding).
+SPECS = (KernelSpec("hlofuse.sample", "cpu", lowered(sampling_lowering), Partitioning.XLA_BATCH,
+                    lower_partitioned=_partitioned, cuts=shard_cuts),)
+
+__all__ = ["SPECS", "FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa",
            "noise_stats", "partitioned_lowering", "sample", "sample_reference", "sample_splits", "sampling_lowering",
-           "shard_cuts",
+           "shard_cuts", "whole_row_remark",
            "top_k_candidates", "vocab_splits_for"]

@@ -39,6 +39,7 @@ import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.reference import UNBOUNDED, ZERO_EMPTY_ROWS_FILL_LIMIT, attention_reference, zeroed_if_asked
+from hlofuse.kernels.target import KernelSpec, Lowered
 from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts, decode_key_split
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def missing_sdk() -> str | None:
-    """Why target=neuron cannot lower here (no neuronxcc), or None (hlofuse.kernels.AVAILABILITY)."""
+    """Why target=neuron cannot lower here (no neuronxcc), or None (its spec's `unavailable`)."""
     return None if HAVE_NEURONXCC else INSTALL_MESSAGE
 
 MAX_HEAD_DIM = 128  # q·kᵀ contracts over H on the partition dim
@@ -454,7 +455,7 @@ def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
 
 
 
-def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
+def _lowering(call: CompositeCall, runner: str) -> Lowered:
     """An `hlofuse.attention` composite as the NKI kernels, or Unsupported saying why not."""
     from hlofuse.composites import AttentionAttrs
     from hlofuse.kernels import Unsupported
@@ -481,18 +482,21 @@ def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:  # noqa: ANN401
         return zeroed_if_asked(attention(q, k, v, runner=runner, **kwargs), q, k, zero_empty_rows, kwargs)
 
-    fn = attrs.bind_operands(kernel)
-    if runner == "device":
-        fn.lowering_platforms = ("neuron",)  # type: ignore[attr-defined]  # read by inline_jax_function
-    return fn
+    return Lowered(attrs.bind_operands(kernel), platforms=("neuron",) if runner == "device" else ())
 
 
 # target=neuron: the kernels for a Neuron device (needs neuronxcc); else the composite stays, with a remark.
 neuron_lowering = functools.partial(_lowering, runner="device")
 # target=neuron-sim: the same kernels run on this host, under NKI's simulator or the emulator.
 neuron_sim_lowering = functools.partial(_lowering, runner="sim")
+# Per-shard calls: B, heads and a decode's key ranges. target=neuron needs the Neuron SDK on this host.
+SPECS = (KernelSpec("hlofuse.attention", "neuron", neuron_lowering, cuts=lambda call, devices: shard_cuts(call),
+                    key_split=key_split, unavailable=missing_sdk),
+         KernelSpec("hlofuse.attention", "neuron-sim", neuron_sim_lowering,
+                    cuts=lambda call, devices: shard_cuts(call), key_split=key_split))
 
 __all__ = [
+    "SPECS",
     "BlockSizes",
     "attention",
     "attention_reference",

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
-from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, INSTALL_MESSAGE, nisa, nki, nl
+from hlofuse.kernels.nki.attention import HAVE_NEURONXCC, INSTALL_MESSAGE, missing_sdk, nisa, nki, nl
 from hlofuse.kernels.noise import MAX_COUNTER, categorical_at_rows, gumbel_at_rows
 from hlofuse.kernels.sampling_reference import (
     FORMS,
@@ -63,6 +63,7 @@ from hlofuse.kernels.sampling_reference import (
     reference_where_uncertified,
     sample_reference,
 )
+from hlofuse.kernels.target import KernelSpec, Lowered
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -516,7 +517,7 @@ def _device_call(cfg: KernelConfig, operands: list[jax.Array]) -> jax.Array:
 # ----------------------------------------------------------------------------- lowerings
 
 
-def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
+def _lowering(call: CompositeCall, runner: str) -> Lowered:
     """An `hlofuse.sample` composite as the NKI kernel, or Unsupported saying why not."""
     from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import Unsupported
@@ -539,20 +540,20 @@ def _lowering(call: CompositeCall, runner: str) -> Callable[..., Any]:
 
     # A shard of rows draws the whole batch's noise at its rows (f32 / bf16 noise, counters below 2**32).
     width = attrs.k if attrs.form in RANK_FORMS else shape[-1]
-    kernel.takes_row_offset = (  # type: ignore[attr-defined]  # read by hlofuse.shard_local
-        dtype in ("f32", "bf16") and math.prod(shape[:-1]) * width <= MAX_COUNTER)
-
-    if runner == "device":
-        kernel.lowering_platforms = ("neuron",)  # type: ignore[attr-defined]  # read by inline_jax_function
-    return kernel
+    takes_row_offset = dtype in ("f32", "bf16") and math.prod(shape[:-1]) * width <= MAX_COUNTER
+    return Lowered(kernel, platforms=("neuron",) if runner == "device" else (), takes_row_offset=takes_row_offset)
 
 
 # target=neuron: the kernel for a Neuron device (needs neuronxcc); else the composite stays, with a remark.
 neuron_lowering = functools.partial(_lowering, runner="device")
 # target=neuron-sim: the same kernel run on this host, under NKI's simulator or the emulator.
 neuron_sim_lowering = functools.partial(_lowering, runner="sim")
+# Per-shard calls: the rows (no vocabulary ranges). target=neuron needs the Neuron SDK on this host.
+SPECS = (KernelSpec("hlofuse.sample", "neuron", neuron_lowering, unavailable=missing_sdk),
+         KernelSpec("hlofuse.sample", "neuron-sim", neuron_sim_lowering))
 
 __all__ = [
+    "SPECS",
     "BlockSizes",
     "check_form",
     "kernel_tokens",

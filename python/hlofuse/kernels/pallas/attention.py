@@ -12,7 +12,7 @@ whenever a row sees some key and masked_value is -inf or far below any logit (he
 MASKED_VALUE_LIMIT); a row that sees no key becomes NaN (-inf) or the uniform average of all values
 (finite), exactly as in the reference.
 
-Targets (hlofuse.kernels.LOWERINGS): `tpu` and `gpu` lower the kernels for that platform even on a
+Targets (this module's SPECS): `tpu` and `gpu` lower the kernels for that platform even on a
 CPU-only host (`tpu_custom_call`, `__gpu$xla.gpu.triton`); `tpu-interpret` and `gpu-interpret` run
 the same kernels in Pallas interpret mode on any host.
 """
@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from hlofuse.kernels.pallas import common, gpu, tpu
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference, zeroed_if_asked
+from hlofuse.kernels.target import KernelSpec, Lowered
 from hlofuse.shard_local import (
     Cuts,
     RangeSplit,
@@ -256,7 +257,7 @@ def decode_attention(
 # ----------------------------------------------------------------------------- lowerings
 
 
-def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Callable[..., Any]:
+def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Lowered:
     """An `hlofuse.attention` composite as this kernel, or Unsupported saying why not."""
     from hlofuse.composites import AttentionAttrs
     from hlofuse.kernels import Unsupported
@@ -281,13 +282,7 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
         out = entry(q, k, v, backend=backend, interpret=interpret, **kwargs)
         return zeroed_if_asked(out, q, k, zero_empty_rows, kwargs)  # masked keys weigh 0 (the fill check above)
 
-    fn = attrs.bind_operands(kernel)
-    if platform is not None:
-        fn.lowering_platforms = (platform,)  # type: ignore[attr-defined]  # read by inline_jax_function
-    return fn
-
-
-PREFILL_KEY_RANGES = True  # key_split also cuts a prefill's keys (q_offsets per batch row); hlofuse.shard_local
+    return Lowered(attrs.bind_operands(kernel), platforms=(platform,) if platform is not None else ())
 
 
 def shard_cuts(call: CompositeCall) -> Cuts:
@@ -346,7 +341,19 @@ gpu_lowering = functools.partial(_lowering, backend="gpu", interpret=False, plat
 tpu_interpret_lowering = functools.partial(_lowering, backend="tpu", interpret=True, platform=None)
 gpu_interpret_lowering = functools.partial(_lowering, backend="gpu", interpret=True, platform=None)
 
+
+def _spec(target: str, lower: Callable[[CompositeCall], Lowered]) -> KernelSpec:
+    """A per-shard Pallas attention call: B, heads, and decode or prefill key ranges (their q_offset per batch
+    row), or prefill query ranges."""
+    return KernelSpec("hlofuse.attention", target, lower, cuts=lambda call, devices: shard_cuts(call),
+                      key_split=key_split, prefill_key_ranges=True, query_split=query_split)
+
+
+SPECS = (_spec("tpu", tpu_lowering), _spec("gpu", gpu_lowering), _spec("tpu-interpret", tpu_interpret_lowering),
+         _spec("gpu-interpret", gpu_interpret_lowering))
+
 __all__ = [
+    "SPECS",
     "BlockSizes",
     "attention",
     "attention_reference",

@@ -29,7 +29,7 @@ interpreter takes no transposed operand, so there the wrapper passes K as (B, K,
 reads (H, block_k) tiles. And register layout hints (plgpu.layout_cast, the WGMMA-layout iota) are
 dropped when interpreted: the interpreter has no rule for them and they change no value.
 
-Targets (hlofuse.kernels.LOWERINGS): `gpu-mosaic` lowers this kernel for cuda on any host
+Targets (this module's SPECS): `gpu-mosaic` lowers this kernel for cuda on any host
 (`mosaic_gpu_v2`); `gpu-mosaic-interpret` runs it in the Mosaic GPU interpreter through a host call
 (see run_interpreted). `gpu` stays Triton: nothing here has been measured on a GPU.
 """
@@ -50,6 +50,7 @@ from jax.experimental import pallas as pl
 from hlofuse.kernels.pallas import common
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import zeroed_if_asked
+from hlofuse.kernels.target import KernelSpec, Lowered
 from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts
 
 if TYPE_CHECKING:
@@ -334,7 +335,7 @@ def attention(
 # ----------------------------------------------------------------------------- lowerings
 
 
-def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
+def _lowering(call: CompositeCall, interpret: bool) -> Lowered:
     """An `hlofuse.attention` composite as this kernel, or Unsupported saying why not.
 
     Decode composites (T <= 8 against a cache) go to the Triton flash-decoding kernel instead: a
@@ -384,10 +385,7 @@ def _lowering(call: CompositeCall, interpret: bool) -> Callable[..., Any]:
         out = hostcall.host_call(run_interpreted, [q, k, v, *lengths.values()], spec, shape)
         return zeroed_if_asked(out, q, k, zero_empty_rows, attrs)
 
-    fn = attrs.bind_operands(interpreted if interpret else kernel)
-    if not interpret:
-        fn.lowering_platforms = ("cuda",)  # type: ignore[attr-defined]  # read by inline_jax_function
-    return fn
+    return Lowered(attrs.bind_operands(interpreted if interpret else kernel), platforms=() if interpret else ("cuda",))
 
 
 # target=gpu-mosaic: lowered for cuda (on any host), runs on Hopper only.
@@ -423,3 +421,12 @@ def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     from hlofuse.kernels.pallas import attention
 
     return attention.key_split(call, target, splits)
+
+
+def _spec(target: str, lower: Callable[[CompositeCall], Lowered]) -> KernelSpec:
+    """A per-shard gpu-mosaic attention call: B, heads and a decode's key ranges (on the Triton kernel)."""
+    return KernelSpec("hlofuse.attention", target, lower, cuts=lambda call, devices: shard_cuts(call),
+                      key_split=key_split)
+
+
+SPECS = (_spec("gpu-mosaic", gpu_mosaic_lowering), _spec("gpu-mosaic-interpret", gpu_mosaic_interpret_lowering))

@@ -20,7 +20,7 @@ program); a block holds its rows' whole vocabulary (TPU: in VMEM, read by every 
 back to HBM) and each pass walks it in lane tiles of `block_v`. The TPU kernel takes the logits as
 (tiles, rows, block_v), so that a tile is a leading-dimension index of the VMEM block.
 
-Targets (hlofuse.kernels.LOWERINGS): `tpu` / `gpu` lower the kernel for that platform on any host,
+Targets (this module's SPECS): `tpu` / `gpu` lower the kernel for that platform on any host,
 `tpu-interpret` / `gpu-interpret` run it in Pallas' HLO interpreter. Forms and dtypes the kernel does
 not reproduce exactly raise `Unsupported` (the composite stays, with the message as its remark).
 """
@@ -50,6 +50,7 @@ from hlofuse.kernels.sampling_reference import (
     reference_where_uncertified,
     sample_reference,
 )
+from hlofuse.kernels.target import KernelSpec, Lowered
 
 if TYPE_CHECKING:
     from hlofuse.kernels import CompositeCall
@@ -609,7 +610,7 @@ def _run(x: jax.Array, key: jax.Array | None, form: str, plan_params: dict[str, 
 # ----------------------------------------------------------------------------- lowerings
 
 
-def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Callable[..., Any]:
+def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Lowered:
     """An `hlofuse.sample` composite as this kernel, or Unsupported saying why not."""
     from hlofuse.composites import SampleAttrs
     from hlofuse.kernels import Unsupported
@@ -630,10 +631,7 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
         return sample(logits, key, form=attrs.form, backend=backend, interpret=interpret, row_offset=row_offset,
                       **attrs.params())
 
-    kernel.takes_row_offset = True  # type: ignore[attr-defined]  # read by hlofuse.shard_local
-    if platform is not None:
-        kernel.lowering_platforms = (platform,)  # type: ignore[attr-defined]  # read by inline_jax_function
-    return kernel
+    return Lowered(kernel, platforms=(platform,) if platform is not None else (), takes_row_offset=True)
 
 
 # Per-shard calls (hlofuse.shard_local, hlofuse.vocab_splits): the forms whose vocabulary a shard cuts. min_p
@@ -684,8 +682,16 @@ gpu_lowering = functools.partial(_lowering, backend="gpu", interpret=False, plat
 # target=tpu-interpret / gpu-interpret: the same kernels in Pallas' HLO interpreter, on this host.
 tpu_interpret_lowering = functools.partial(_lowering, backend="tpu", interpret=True, platform=None)
 gpu_interpret_lowering = functools.partial(_lowering, backend="gpu", interpret=True, platform=None)
+# gpu-mosaic samples with the Triton kernel.
+_LOWERINGS = {"tpu": tpu_lowering, "gpu": gpu_lowering, "tpu-interpret": tpu_interpret_lowering,
+              "gpu-interpret": gpu_interpret_lowering, "gpu-mosaic": gpu_lowering,
+              "gpu-mosaic-interpret": gpu_interpret_lowering}
+# Per-shard calls: the rows and, for VOCAB_SPLIT_FORMS, vocabulary ranges.
+SPECS = tuple(KernelSpec("hlofuse.sample", target, lower, cuts=lambda call, devices: shard_cuts(call),
+                         vocab_split=vocab_split) for target, lower in _LOWERINGS.items())
 
 __all__ = [
+    "SPECS",
     "SPLIT_FORMS",
     "VOCAB_SPLIT_FORMS",
     "BlockSizes",
