@@ -34,6 +34,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
@@ -73,6 +74,13 @@ class Draw:
     @property
     def last(self) -> bool:
         return self.dim == len(_shape(self.op.operands[0])) - 1
+
+    @property
+    def unit_dims(self) -> int | None:
+        """The dims after the drawn one when all have size 1 (keras' categorical draws over (..., V, 1)), else None:
+        the draw is not over the vocabulary of any form."""
+        after = _shape(self.op.operands[0])[self.dim + 1:]
+        return len(after) if all(size == 1 for size in after) else None
 
     def describe(self) -> str:
         what = "argmax" if self.kind == "argmax" else "top_k with k = 1"
@@ -230,6 +238,13 @@ class Site:
     root: ir.Value
     match: TemplateMatch
     k: int
+    unit_dims: int = 0  # size-1 dims the program's ids (the root) have after the form's: keras' (..., 1)
+
+    @property
+    def ids_type(self) -> ir.RankedTensorType:
+        """The composite's result: the root's type without its trailing size-1 dims (the form's token ids)."""
+        root = ir.RankedTensorType(self.root.type)
+        return ir.RankedTensorType.get(list(root.shape)[:root.rank - self.unit_dims], root.element_type)
 
     def attrs(self) -> SampleAttrs:
         params = self.match.params
@@ -303,10 +318,11 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
                 ops_present: set[str]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
     """(form, writing, logits shape, dtype, k) worth lowering for this draw."""
     x = draw.op.operands[0]
-    shape, dtype = _shape(x), _element(x)
+    shape, dtype = _shape(x)[:draw.dim + 1], _element(x)  # the trailing size-1 dims belong to the draw
     if draw.kind == "top_k" and len(shape) == 1:
         shape = _rows(draw) + shape
-    writings = [(form, i, w.marker_ops) for form in FORMS.values() for i, w in enumerate(form.writings)]
+    writings = [(form, i, w.marker_ops) for form in FORMS.values() for i, w in enumerate(form.writings)
+                if w.unit_dims == draw.unit_dims]
     for form, writing, markers in sorted(writings, key=lambda c: (-len(c[2]), -len(c[0].params))):
         if form.stochastic != noisy or not set(markers) <= ops_present:
             continue
@@ -340,7 +356,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                 found = match_template(root, template.root, template.args, SENTINELS, report)
                 if found is not None:
                     _last_platform[0] = template.platform
-                    return Site(form, root, found, k)
+                    return Site(form, root, found, k, draw.unit_dims or 0)
                 if closest is None or report.matched > closest[0]:
                     closest = (report.matched, form.name, report)
     what = "noisy logits (threefry)" if noisy else "logits"
@@ -446,16 +462,19 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             _remap(clone, mapping)
             for old, new in zip(op.results, clone.results, strict=True):
                 mapping[old] = new
-        return [mapping[site.root]]
+        ids = mapping[site.root]
+        return [stablehlo.reshape(site.ids_type, ids) if site.unit_dims else ids]
 
     location = root_op.location
     name = build.unique_symbol(module, f"{SAMPLE}.impl")
     name = build.build_private_func(module, name, [v.type for v in leaves], body, location)
     with location, ir.InsertionPoint(root_op):
         attributes = site.attrs().ir_attributes()
-        op = build.composite(SAMPLE, leaves, [site.root.type], attributes, name, SAMPLE_VERSION)
+        op = build.composite(SAMPLE, leaves, [site.ids_type], attributes, name, SAMPLE_VERSION)
+        # The program's ids keep their (..., 1) shape: the composite's are reshaped back to it.
+        ids = stablehlo.reshape(site.root.type, op.results[0]) if site.unit_dims else op.results[0]
     # The composite must come after its operands: right before the root, which follows them all.
-    site.root.replace_all_uses_with(op.results[0])
+    site.root.replace_all_uses_with(ids)
     leaf_ops = [o for o in ordered if o.name in build.LEAF_OPS]
     build.erase_dead([o for o in ordered if o.name not in build.LEAF_OPS])
     build.erase_dead(leaf_ops)
@@ -515,8 +534,9 @@ class FuseSamplingPass(ModulePass):
             if draw.op in failed:
                 continue
             try:
-                if not draw.last:
-                    raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim")
+                if draw.unit_dims is None:
+                    raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim (or one followed "
+                                  "only by size-1 dims, as keras' categorical does)")
                 site = analyze(draw, top_ks, names, templates)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 left = _parts_left_out(site, near_misses)
@@ -580,10 +600,11 @@ def _sampler_ops(value: ir.Value, limit: int = 600) -> list[ir.Operation]:
 
 
 def _over(op: ir.Operation, size: int) -> bool:
-    """Whether `op` works along a dim of `size` (the vocabulary): its first operand's (or result's) last dim."""
+    """Whether `op` works along a last dim of at least `size`: the vocabulary, or the whole of it when the fused
+    draw is over candidates (a top-k's k values) selected from it."""
     value = op.operands[0] if len(op.operands) else op.results[0]
     shape = _shape(value) if isinstance(value.type, ir.RankedTensorType) else ()
-    return bool(shape) and shape[-1] == size
+    return bool(shape) and shape[-1] >= size
 
 
 def _fed_by(draw: Draw) -> str | None:
@@ -606,7 +627,8 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
     at = {name: [f"{o.name} at {format_location(o.location)}" for o in ops if o.name == name]
           for name in ("chlo.top_k", "stablehlo.sort", "stablehlo.reduce_window", "stablehlo.exponential")}
     parts = []
-    full = [o for o in ops if o.name == "chlo.top_k" and ir.IntegerAttr(o.attributes["k"]).value == vocab]
+    full = [o for o in ops if o.name == "chlo.top_k"
+            and ir.IntegerAttr(o.attributes["k"]).value == _shape(o.operands[0])[-1]]  # a sort, as JetStream writes it
     partial = [o for o in ops if o.name == "chlo.top_k" and o not in full]
     if partial:
         parts.append("the top-k filter (" + ", ".join(f"chlo.top_k at {format_location(o.location)}"

@@ -205,10 +205,37 @@ def unknown_filter_is_categorical(x, key):
     return jax.random.categorical(key, jnp.where(x <= kth, x, -jnp.inf) * 1.25)
 
 
-def no_match_keras_categorical_axis1(x, key):
-    """keras' JAX random.categorical draws over axis 1 of logits[..., None]: an argmax over a dim that is not
-    the last, which no form has (a remark says so)."""
+def keras_categorical_axis1(x, key):
+    """keras' JAX random.categorical draws over axis 1 of logits[..., None], a dim followed only by a size-1 dim:
+    the same noise counters, so the categorical form."""
     return jax.random.categorical(key, x[..., None], shape=(x.shape[0], 1), axis=1)[:, 0]
+
+
+def no_match_categorical_axis0(x, key):
+    """A draw over the batch dim (axis 0 of (B, V)): no form draws over a dim followed by others (a remark)."""
+    return jax.random.categorical(key, x, axis=0)
+
+
+def keras_hub_random(x, key):
+    """keras-hub's RandomSampler as keras' JAX backend runs it: softmax(x / T), keras' random.categorical(log p, 1)
+    (over (B, V, 1) along axis 1), squeezed."""
+    log_probs = jnp.log(jax.nn.softmax(x / 0.7, axis=-1))
+    return jnp.squeeze(jax.random.categorical(key, log_probs[..., None], shape=(x.shape[0], 1), axis=1), -1)
+
+
+def keras_hub_top_k(x, key):
+    """keras-hub's TopKSampler: top_k of the probabilities (not the logits), keras' categorical of their log in
+    rank space, take_along_axis of the (B, 1) ids: fused at its draw, the top-k and softmax stay in XLA."""
+    values, ids = jax.lax.top_k(jax.nn.softmax(x / 0.7, axis=-1), 16)
+    pick = jax.random.categorical(key, jnp.log(values)[..., None], shape=(x.shape[0], 1), axis=1)
+    return jnp.squeeze(jnp.take_along_axis(ids, pick, axis=-1), -1)
+
+
+def gemma_top_k_by_batch_index(x, key):
+    """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
+    values, ids = jax.lax.top_k(x, 24)
+    pick = jax.random.categorical(key, values / 0.6, axis=-1)
+    return ids[jnp.arange(x.shape[0]), pick]
 
 
 def no_match_top_1_of_probs(x):
@@ -270,8 +297,14 @@ VARIANTS: list[Variant] = [
     Variant("jetstream_top_k_tpu", jetstream_top_k, "top_k", expect={"k": 40}, platform="tpu"),
     Variant("top_k_then_top_p_cuda", top_k_then_top_p, "top_k_top_p_mask", expect={"k": 50}, platform="cuda"),
     Variant("no_match_noise_escapes", no_match_noise_escapes, None),
-    Variant("no_match_keras_categorical_axis1", no_match_keras_categorical_axis1, None,
-            remark="argmax over dim 1 (not the last)"),
+    Variant("keras_categorical_axis1", keras_categorical_axis1, "categorical"),
+    Variant("no_match_categorical_axis0", no_match_categorical_axis0, None,
+            remark="argmax over dim 0 (not the last): every sampler form draws over the last dim"),
+    Variant("keras_hub_random", keras_hub_random, "temperature_log_of_softmax", expect={"temperature": 0.7}),
+    Variant("keras_hub_top_k", keras_hub_top_k, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-k filter "
+                   "(chlo.top_k"),
+    Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),
     Variant("unknown_filter_is_categorical", unknown_filter_is_categorical, "categorical"),

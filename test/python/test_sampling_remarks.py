@@ -30,8 +30,8 @@ def several_samples(x, key):
     return jax.random.categorical(key, x / 0.7, shape=(3, B))
 
 
-def keras_axis1(x, key):
-    return jax.random.categorical(key, x[..., None], shape=(B, 1), axis=1)[:, 0]
+def batch_axis_draw(x, key):
+    return jax.random.categorical(key, x, axis=0)
 
 
 def greedy_top_1_of_probs(x, key):
@@ -67,7 +67,7 @@ def scaled_logits_escape(x, key):
 NOT_FUSED = {
     hand_written_gumbel: "closest: `temperature`",
     uniform_noise: "closest: `categorical`, whose stablehlo.log",
-    keras_axis1: "argmax over dim 1 (not the last): every sampler form draws over the last dim",
+    batch_axis_draw: "argmax over dim 0 (not the last): every sampler form draws over the last dim",
     greedy_top_1_of_probs: "top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a "
                            "softmax: stablehlo.exponential at",
     scaled_logits_escape: "stablehlo.divide inside the sampler has a user outside it",

@@ -18,19 +18,14 @@ top-k list (value descending, ties by lower vocabulary id).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-
-from hlofuse.kernels.target import KernelSpec, Partitioning, lowered
-
-if TYPE_CHECKING:
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels import CompositeCall
 
 NEG_INF = -jnp.inf
 # jax.random.categorical, or one that draws the noise of other counters (hlofuse.kernels.noise.categorical_at_rows:
@@ -68,6 +63,18 @@ def _take(indices: jax.Array, position: jax.Array) -> jax.Array:
     return jnp.take_along_axis(indices, position[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+Take = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def take_by_batch_index(indices: jax.Array, position: jax.Array) -> jax.Array:
+    """`indices[arange(B), position]` over (B, k) candidates, as gemma maps the drawn rank back to its id: the
+    same ids as `_take`, written as a gather by batch index. (B, k) only: other shapes raise ValueError, so
+    no template is made for them."""
+    if indices.ndim != 2:
+        raise ValueError(f"the batch-index gather takes (B, k) candidates, not {indices.shape}")
+    return indices[jnp.arange(indices.shape[0]), position]
+
+
 TopK = Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]
 
 
@@ -81,18 +88,18 @@ def top_k_by_argsort(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
-          categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+          categorical_fn: Categorical = jax.random.categorical, take_fn: Take = _take, **_: Any) -> jax.Array:
     """JetStream / gemma style: categorical over the top-k logits / T, mapped back through their ids."""
     values, indices = top_k_fn(logits, k)
-    return _take(indices, categorical_fn(key, values / temperature, axis=-1))
+    return take_fn(indices, categorical_fn(key, values / temperature, axis=-1))
 
 
 def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
                       top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                      **_: Any) -> jax.Array:
+                      take_fn: Take = _take, **_: Any) -> jax.Array:
     """keras-hub style: temperature first, then categorical over the top-k."""
     values, indices = top_k_fn(logits / temperature, k)
-    return _take(indices, categorical_fn(key, values, axis=-1))
+    return take_fn(indices, categorical_fn(key, values, axis=-1))
 
 
 def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
@@ -167,6 +174,10 @@ class Writing:
 
     fn: Callable[..., jax.Array]
     marker_ops: tuple[str, ...] = ()
+    # Size-1 dims after the vocabulary in the array the draw reduces: 1 for keras' categorical, which draws over
+    # (..., V, 1) along the vocabulary. A draw is matched only against writings with its own count.
+    unit_dims: int = 0
+    own_take: bool = False  # maps the drawn rank back to its id its own way (not take_along_axis)
 
 
 @dataclass(frozen=True)
@@ -205,15 +216,21 @@ def _by_argsort(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writi
     return Writing(functools.partial(fn, top_k_fn=top_k_by_argsort), markers)
 
 
+def _by_batch_index(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
+    """`fn` with the drawn rank mapped back to its id by take_by_batch_index (gemma's TopkSampling)."""
+    return Writing(functools.partial(fn, take_fn=take_by_batch_index), markers, own_take=True)
+
+
 _TOP_K = _NOISE + ("chlo.top_k",)
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
     Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",)),
     Form("categorical", "temperature", categorical, marker_ops=_NOISE),
     Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
-    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K, (_by_argsort(top_k, _TOP_K),)),
+    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K,
+         (_by_argsort(top_k, _TOP_K), _by_batch_index(top_k, _TOP_K))),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
-         (_by_argsort(temperature_top_k, _TOP_K),)),
+         (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K))),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K, (_by_argsort(top_k_mask, _TOP_K),)),
     Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          (Writing(top_p_mask_by_top_k, _TOP_K),)),
@@ -269,7 +286,8 @@ def _drawn_by(fn: Callable[..., jax.Array], draw: Callable[..., jax.Array]) -> C
 
 def _with_draw(form: Form, name: str) -> Form:
     markers = ("stablehlo.exponential",) + ("chlo.top_k",) * (name == "choice")
-    others = tuple(Writing(_drawn_by(w.fn, DRAWS[name]), tuple(dict.fromkeys(w.marker_ops + markers)))
+    others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, DRAWS[name]),
+                                       marker_ops=tuple(dict.fromkeys(w.marker_ops + markers)))
                    for w in form.others)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
@@ -278,6 +296,35 @@ def _with_draw(form: Form, name: str) -> Form:
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
                                   if base.stochastic and base.draw == "argmax")})
+
+
+def keras_categorical_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """keras' `random.categorical(y, 1)` on its JAX backend: jax.random.categorical of `y[..., None]` along the
+    vocabulary with shape (..., 1), so (..., 1) ids. Its noise is the (..., V, 1) array, whose element (..., v, 0)
+    has the flat index, hence the threefry counter, of (..., v) in (..., V): the ids of `categorical_fn(key, y)`."""
+    del axis  # the vocabulary: the forms draw over the last axis
+    return categorical_fn(key, y[..., None], axis=y.ndim - 1, shape=(*y.shape[:-1], 1))
+
+
+def keras_take(indices: jax.Array, position: jax.Array) -> jax.Array:
+    """keras-hub's `take_along_axis(indices, position, axis=-1)` of the (..., 1) ids keras_categorical_draw gives."""
+    return jnp.take_along_axis(indices, position, axis=-1)
+
+
+def _keras_writing(writing: Writing) -> Writing:
+    """`writing` drawn as keras draws: its (..., 1) ids, which the program squeezes after (the fusion reshapes the
+    composite's ids back to them)."""
+    fn = functools.partial(_drawn_by(writing.fn, keras_categorical_draw), take_fn=keras_take)
+    return Writing(fn, writing.marker_ops, unit_dims=1)
+
+
+def _with_keras_draw(form: Form) -> Form:
+    """`form` with each of its writings (but those that map ranks back their own way) also drawn as keras does."""
+    keras = tuple(_keras_writing(w) for w in form.writings if not w.own_take)
+    return dataclasses.replace(form, others=form.others + keras)
+
+
+FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 
 # Each parameter's value when a form does not read it: what the form's function computes with.
@@ -345,21 +392,6 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
     return best
 
 
-def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
-    """target=reference: the composite's form, rebuilt from its attributes alone."""
-    from hlofuse.composites import SampleAttrs
-
-    attrs: SampleAttrs = SampleAttrs.from_dict(call.attributes)
-
-    def reference(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return sample_reference(logits, key, form=attrs.form, **attrs.params())
-
-    return reference
-
-
-# Plain JAX ops: runs on any platform, and XLA partitions it like the program it replaces.
-SPECS = (KernelSpec("hlofuse.sample", "reference", lowered(sampling_lowering), Partitioning.XLA),)
-
 __all__ = ["DRAWS", "FORMS", "NEUTRAL_PARAMS", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form", "Writing", "form_params",
-           "merge_vocab_splits", "reference_where_uncertified", "sample_reference", "sampling_lowering",
-           "top_k_by_argsort", "SPECS"]
+           "merge_vocab_splits", "reference_where_uncertified", "sample_reference",
+           "keras_categorical_draw", "take_by_batch_index", "top_k_by_argsort"]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from hlofuse.kernels.pallas import common, gpu, tpu
+from hlofuse.kernels.pallas import common, gpu, resources, tpu
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference, zeroed_if_asked
 from hlofuse.kernels.target import KernelSpec, Lowered
@@ -131,6 +131,65 @@ def _plan(
     )  # fmt: skip
 
 
+def _dtype_name(dtype: Any) -> str:  # noqa: ANN401
+    return {"bfloat16": "bf16", "float32": "f32", "float16": "f16"}.get(jnp.dtype(dtype).name, jnp.dtype(dtype).name)
+
+
+def chip_blocks(backend: str, q: Any, k: Any, v: Any, *, decode: bool, has_side: bool = False,  # noqa: ANN401
+                causal_offset: int | None = None, chip: resources.ChipLimits | None = None) -> BlockSizes:  # fmt: skip
+    """The tiles for these shapes on `chip` (default: resources.current_chip): GPU, the largest Triton tiles
+    whose shared memory and registers fit; TPU prefill, the fewest bundles x grid steps by libtpu's schedule
+    analysis, within the VMEM the kernel may ask for. get_default where nothing fits (the lowering refuses
+    such shapes; a direct call gets the compiler's error)."""
+    chip = chip or resources.current_chip(backend)
+    default = BlockSizes.get_default(backend, decode=decode)
+    b, t, n, h = q.shape
+    s, kv_heads, d = k.shape[1], k.shape[2], v.shape[3]
+    rows = t * (n // kv_heads)
+    if backend == "gpu":
+        found, _ = resources.triton_blocks(rows, s, h, d, jnp.dtype(q.dtype).itemsize, decode, chip)
+        return default if found is None else BlockSizes(*found)
+    if decode:
+        return default
+    head_pad = common.round_up(h, tpu.LANES)
+    found = resources.tpu_blocks(rows, s, head_pad, _dtype_name(q.dtype), chip, groups=n // kv_heads,
+                                 causal_offset=causal_offset)  # fmt: skip
+    blocks = BlockSizes(*found)
+    plan = _plan(backend, q, k, v, blocks, _NO_ATTRS)
+    plan = dataclasses.replace(plan, bias_rows=int(has_side), mask_rows=int(has_side))
+    fits = tpu.vmem_bytes(plan, jnp.dtype(q.dtype).itemsize) <= resources.tpu_vmem_limit(chip)
+    return blocks if fits else default
+
+
+_NO_ATTRS = {"scale": 1.0, "softcap": 0.0, "causal": False, "window_left": UNBOUNDED, "window_right": UNBOUNDED,
+             "q_offset": 0, "masked_value": float("-inf")}
+
+
+def unfit(backend: str, call: CompositeCall, *, decode: bool, has_side: bool, causal_offset: int | None = None,
+          chip: resources.ChipLimits | None = None) -> str | None:  # fmt: skip
+    """Why `backend`'s kernel cannot compile cleanly for this composite on `chip` (a phrase naming the limit:
+    Triton's shared memory or registers, the TPU's VMEM), or None when its tiles fit."""
+    chip = chip or resources.current_chip(backend)
+    (q_shape, dtype), (k_shape, _), (v_shape, _) = call.operand_types[:3]
+    if len(q_shape) != 4 or len(k_shape) != 4 or len(v_shape) != 4:
+        return None  # the layout check speaks for these
+    jdtype = {"bf16": jnp.bfloat16, "f32": jnp.float32, "f16": jnp.float16}[dtype]
+    q, k, v = (jax.ShapeDtypeStruct(shape, jdtype) for shape in (q_shape, k_shape, v_shape))
+    b, t, n, h = q_shape
+    s, d = k_shape[1], v_shape[3]
+    if backend == "gpu":
+        found, why = resources.triton_blocks(t * (n // k_shape[2]), s, h, d, jnp.dtype(jdtype).itemsize, decode, chip)
+        return None if found is not None else why
+    blocks = chip_blocks(backend, q, k, v, decode=decode, has_side=has_side, causal_offset=causal_offset, chip=chip)
+    plan = dataclasses.replace(_plan(backend, q, k, v, blocks, _NO_ATTRS), bias_rows=int(has_side),
+                               mask_rows=int(has_side))
+    vmem, limit = tpu.vmem_bytes(plan, jnp.dtype(jdtype).itemsize), resources.tpu_vmem_limit(chip)
+    if vmem > limit:
+        return (f"tiles ({plan.block_q} x {plan.block_k}) with head dims ({plan.head_pad}, {plan.value_pad}) need "
+                f"about {vmem // resources.MiB} MiB of VMEM > {limit // resources.MiB} MiB on {chip.name}")
+    return None
+
+
 def _check_shapes(q: jax.Array, k: jax.Array, v: jax.Array, backend: str) -> None:
     if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not one of {BACKENDS}")
@@ -192,7 +251,9 @@ def attention(
     if math.isinf(masked_value) and masked_value > 0:
         raise ValueError(f"masked_value {masked_value} must be -inf or finite")
     decode = q.shape[1] <= DECODE_MAX_T < k.shape[1]
-    blocks = block_sizes or BlockSizes.get_default(backend, decode=decode)
+    has_side = bias is not None or mask is not None
+    causal_offset = q_offset if causal and q_offsets is None else None
+    blocks = block_sizes or chip_blocks(backend, q, k, v, decode=decode, has_side=has_side, causal_offset=causal_offset)
     blocks.check(backend)
     attrs = {
         "scale": float(scale), "softcap": float(softcap), "causal": bool(causal), "window_left": int(window_left),
@@ -250,7 +311,7 @@ def decode_attention(
     """Flash-decoding: `attention` with the kv axis split across programs and a combine step."""
     if q.ndim != 4 or q.shape[1] > DECODE_MAX_T:
         raise ValueError(f"decode_attention takes at most {DECODE_MAX_T} queries, got q shape {q.shape}")
-    blocks = block_sizes or BlockSizes.get_default(backend, decode=True)
+    blocks = block_sizes or chip_blocks(backend, q, k, v, decode=True, has_side="bias" in kwargs or "mask" in kwargs)
     return attention(q, k, v, scale=scale, backend=backend, block_sizes=blocks, **kwargs)
 
 
@@ -276,6 +337,12 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
             f"the {target} kernel gives masked keys weight 0, which needs masked_value -inf or "
             f"<= {MASKED_VALUE_LIMIT:g}, not {mv:g}"
         )
+    has_side = any(role in ("bias", "mask") for role in attrs.operands)
+    causal_offset = attrs.q_offset if attrs.causal else None
+    why = None if interpret else unfit(backend, call, decode=attrs.decode, has_side=has_side,
+                                       causal_offset=causal_offset)  # fmt: skip
+    if why is not None:
+        raise Unsupported(f"the {target} kernel {why}")
     entry = decode_attention if attrs.decode else attention
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:

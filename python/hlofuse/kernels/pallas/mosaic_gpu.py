@@ -99,7 +99,11 @@ class BlockSizes:
 
 def smem_bytes(plan: Plan, stages: int, itemsize: int = 2) -> int:
     """Shared memory of one CTA: q, the K/V ring, P, the output tile and the mbarriers."""
-    bq, bk, hp, dp = plan.block_q, plan.block_k, plan.head_pad, plan.value_pad
+    return tile_smem_bytes(plan.block_q, plan.block_k, plan.head_pad, plan.value_pad, stages, itemsize)
+
+
+def tile_smem_bytes(bq: int, bk: int, hp: int, dp: int, stages: int, itemsize: int = 2) -> int:
+    """smem_bytes of tiles given one by one: q (bq, hp), the K/V ring, P (bq, bk), the output (bq, dp), barriers."""
     tiles = bq * hp + stages * bk * (hp + dp) + bq * bk + bq * dp
     return tiles * itemsize + (1 + 2 * stages) * 8
 
@@ -335,6 +339,32 @@ def attention(
 # ----------------------------------------------------------------------------- lowerings
 
 
+def unfit(call: CompositeCall, chip: Any = None) -> str | None:  # noqa: ANN401  (resources.ChipLimits)
+    """Why this kernel cannot compile cleanly for the composite's shapes on `chip` (default:
+    resources.current_chip("gpu")): shared memory per block, or registers (ptxas spills beyond
+    resources.MOSAIC_REGISTER_BUDGET words per thread); None when the default tiles fit."""
+    from hlofuse.kernels.pallas import resources
+
+    chip = chip or resources.current_chip("gpu")
+    (q_shape, _), (k_shape, _), (v_shape, _) = call.operand_types[:3]
+    _, t, n, h = q_shape
+    s, kv_heads, d = k_shape[1], k_shape[2], v_shape[3]
+    blocks = BlockSizes.get_default(h, d)
+    tiles = plan_tiles(t * (n // kv_heads), s, h, d, blocks)
+    bq, bk, hp, dp = tiles["block_q"], tiles["block_k"], tiles["head_pad"], tiles["value_pad"]
+    smem = tile_smem_bytes(bq, bk, hp, dp, blocks.stages)
+    if smem > chip.smem_per_block:
+        return f"needs {smem // 1024} KiB of shared memory > {chip.smem_per_block // 1024} KiB per block on {chip.name}"
+    words = resources.mosaic_register_words(bq, bk, dp)
+    if words > resources.MOSAIC_REGISTER_BUDGET:
+        return (
+            f"keeps two f32 ({bq} x {dp}) accumulators and a ({bq} x {bk}) logits tile in one warpgroup: "
+            f"~{words} registers per thread > {resources.MOSAIC_REGISTER_BUDGET} (above that ptxas spills on "
+            f"{chip.name})"
+        )
+    return None
+
+
 def _lowering(call: CompositeCall, interpret: bool) -> Lowered:
     """An `hlofuse.attention` composite as this kernel, or Unsupported saying why not.
 
@@ -372,6 +402,8 @@ def _lowering(call: CompositeCall, interpret: bool) -> Lowered:
     d = call.operand_types[2][0][-1]
     if common.round_up(d, SWIZZLE_ELEMS) > MAX_WGMMA_N:
         raise Unsupported(f"the {target} kernel takes value head dims up to {MAX_WGMMA_N} (wgmma's N), not {d}")
+    if not interpret and (why := unfit(call)) is not None:
+        raise Unsupported(f"the {target} kernel {why}")
 
     def kernel(q: jax.Array, k: jax.Array, v: jax.Array, *, zero_empty_rows: bool, **kwargs: Any) -> jax.Array:
         return zeroed_if_asked(attention(q, k, v, **kwargs), q, k, zero_empty_rows, kwargs)
