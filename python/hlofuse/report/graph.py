@@ -554,6 +554,8 @@ class Flattener:
                 moved = [d for d in perm if shape and shape[d] != 1]
                 # moving the minor (contiguous) dim is a strided gather on a CPU, far slower than a stream
                 node.info["permutes"] = bool(moved) and moved[-1] != max(moved)
+                if node.info["permutes"]:  # bytes between the input elements an output row reads in turn
+                    node.info["stride"] = _stride(shape, moved[-1], g.tensors[ins[0]].dtype)
             if _is_noop_layout(op, short, g.tensors[ins[0]].shape if ins else (), types):
                 node.info["layout"] = "noop"
         elif short in ("dot_general", "dot"):
@@ -632,7 +634,7 @@ class Flattener:
         # The copy lays the operand out as XLA's dot takes it, lhs [batch, rows, contraction] and rhs [batch,
         # contraction, columns]: one that keeps the minor dim minor moves whole rows (a stream), one that moves it
         # is a transpose.
-        strided = []
+        strided, strides = [], {}
         for side, (t, shape, b, c) in enumerate(operands):
             if _canonical_operand(shape, b, c):
                 continue
@@ -640,7 +642,10 @@ class Flattener:
             target = (sorted(d for d in c if shape[d] != 1) if side == 0 else free) or [_minor_dim(shape)]
             if _minor_dim(shape) != target[-1]:
                 strided.append(t)
+                # the copy writes the target's minor dim contiguously, reading the operand this far apart
+                strides[t] = _stride(shape, target[-1], g.tensors[t].dtype)
         node.info["strided_copies"] = strided
+        node.info["strides"] = strides
         global_k = self._global_contraction(op, contracting_l)
         if global_k and global_k > k:  # contracted dims are sharded: partial sums, then an all-reduce
             node.info["all_reduce"] = global_k / k
@@ -798,6 +803,11 @@ def _canonical_operand(shape: Sequence[int], batch: Sequence[int], contracting: 
     f = [d for d in keep if d not in b and d not in c]
     order = keep
     return order[: len(b)] == b and order[len(b):] in (f + c, c + f)
+
+
+def _stride(shape: Sequence[int], dim: int, dtype: str) -> float:
+    """Bytes between consecutive elements along `dim` of a row-major `shape`."""
+    return float(math.prod(shape[dim + 1:]) * dtype_bytes(dtype))
 
 
 def _minor_dim(shape: Sequence[int]) -> int:

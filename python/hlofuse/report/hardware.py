@@ -9,7 +9,8 @@ median of a few runs), which other jobs sharing the cores do not inflate as they
   - the vector units: a fused chain of 64 multiply-adds on an in-cache array; exp on one;
   - sort: jnp.sort of 8 rows of 32768;
   - overheads: a trivial program's call, and the cost per op of a chain of small unfusable ops;
-  - transposes of the minor dim: a copy, and a loop fusion reading through one;
+  - transposes of the minor dim: a copy, and a loop fusion reading through one, by the distance between
+    the elements it reads in turn (64 B to 16 KiB);
   - hlofuse's CPU attention kernel: its FLOP rate on a causal prefill and its K/V rate at decode (the
     kernel's own ceilings).
 The result is cached in ~/.cache/hlofuse/report-host-<key>.json (HLOFUSE_CACHE_DIR overrides the folder),
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("chips.toml")
-CALIBRATION_VERSION = 11
+CALIBRATION_VERSION = 12
 # Targets in the order the report lists them.
 DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
 ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
@@ -78,6 +79,10 @@ class Chip:
     transpose_bw: float = 0.0  # host only: bytes/s (read + written) of a copy that moves the minor dim
     transpose_cache_bw: float = 0.0  # the same when it fits in the last-level cache
     strided_bw: float = 0.0  # host only: bytes/s of a loop fusion reading through such a transpose
+    # host only: (bytes between the elements an output row reads in turn, bytes/s) of such a loop fusion, reading
+    # from DRAM, and from a source that fits in the last-level cache
+    strided_curve: list[tuple[float, float]] = field(default_factory=list)
+    strided_cache_curve: list[tuple[float, float]] = field(default_factory=list)
     chain_transcendental_rate: float = 0.0  # host: transcendentals/s past the second per element of one fusion
     variadic_rate: float = 0.0  # host: reducer ops/s of a reduction over several operands (argmax: scalar code)
     sampler_s_per_element: dict[str, float] = field(default_factory=dict)  # host: hlofuse's sampler, by mode
@@ -125,9 +130,16 @@ class Chip:
             return self.cache_bw
         return self.hbm_bw
 
-    def transpose_time(self, nbytes: float, fused: bool = False) -> float:
+    def transpose_time(self, nbytes: float, fused: bool = False, stride: float = 0.0, source: float = 0.0) -> float:
         """Seconds to move `nbytes` (read + written) through a transpose of the minor dim (host only): a copy,
-        or (`fused`) a loop fusion that reads through the transpose an element at a time."""
+        or (`fused`) a loop fusion that reads through the transpose an element at a time, `stride` bytes
+        apart, from a `source` of that many bytes (its rate falls from a line's neighbours to an element a
+        line, then an element a page; a source in the last-level cache serves the nearer ones faster)."""
+        if fused and self.strided_curve and stride > 0:
+            curve = self.strided_curve
+            if self.strided_cache_curve and source and self.cache_bytes and source <= self.cache_bytes / 2:
+                curve = self.strided_cache_curve
+            return nbytes / _interpolate(curve, stride)
         if fused and self.strided_bw:
             return nbytes / self.strided_bw
         if self.transpose_cache_bw and self.cache_bytes and nbytes <= self.cache_bytes * 0.75:
@@ -346,6 +358,17 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     for key, fn in (("transpose_bw", jax.jit(lambda x: x.T)), ("strided_bw", jax.jit(lambda x: x.T * 1.0001))):
         t = _timed(lambda fn=fn: fn(state["x"]).block_until_ready(), 0.4).cpu
         out[key] = 2 * state["x"].nbytes / max(t - faults, t * 0.1)
+    # The loop fusion's rate by the distance between the elements it reads in turn: 32 MiB of (8M / c, c)
+    # read along the columns, c elements apart.
+    # The same from 8 MiB, in the last-level cache (its output, under the mmap threshold, faults nothing).
+    strided = jax.jit(lambda x: x.T * 1.0001)
+    for key, mib in (("strided_curve", 32), ("strided_cache_curve", 8)):
+        out[key] = []
+        for stride in (64, 256, 1024, 4096, 16384):
+            state["x"] = jnp.ones((mib * 2 ** 18 * 4 // stride, stride // 4), jnp.float32)
+            faults = state["x"].nbytes / out["fault_bw"] if state["x"].nbytes >= 32 * 2 ** 20 else 0.0
+            t = _timed(lambda: strided(state["x"]).block_until_ready(), 0.2).cpu
+            out[key].append((stride, 2 * state["x"].nbytes / max(t - faults, t * 0.1)))
     state["x"] = jnp.ones((1024, 1024), jnp.float32)  # 4 MiB
     copy = jax.jit(lambda x: x.T)
     t = _timed(lambda: copy(state["x"]).block_until_ready(), 0.3, max_runs=400).cpu
@@ -474,8 +497,10 @@ def _calibrate_attention(rng: Any) -> tuple[float, float, float, float]:  # noqa
         q = jnp.asarray(rng.standard_normal((1, 1, 32, 128), np.float32))
         k, v = (jnp.asarray(rng.standard_normal((1, s, kv, 128), np.float32)) for _ in range(2))
         decode = _timed(lambda: fused(q, k, v).block_until_ready(), 0.4)
-        return (flops, cores if prefill.parallel >= 1.5 else 1.0, 2 * k.nbytes / decode.cpu,
-                cores if decode.parallel >= 1.5 else 1.0)
+        # its K/V rate without its math (the decode model adds the FLOPs at the prefill rate: no overlap)
+        math_s = 4.0 * 32 * s * 128 / flops
+        kv_rate = 2 * k.nbytes / max(decode.cpu - math_s, decode.cpu / 2)
+        return flops, cores if prefill.parallel >= 1.5 else 1.0, kv_rate, cores if decode.parallel >= 1.5 else 1.0
     except Exception:  # the kernels are optional: the model falls back to the GEMM curve
         return 0.0, 1.0, 0.0, 1.0
 
@@ -533,6 +558,8 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
             setattr(chip, key, float(data[key]))
             chip.sources[key] = where
     chip.sampler_s_per_element = {k: float(v) for k, v in data.get("sampler_s_per_element", {}).items()}
+    chip.strided_curve = [(float(d), float(r)) for d, r in data.get("strided_curve", [])]
+    chip.strided_cache_curve = [(float(d), float(r)) for d, r in data.get("strided_cache_curve", [])]
     chip.interconnect_bw = chip.hbm_bw
     chip.sources["peak_flops.f32"] = chip.sources["peak_flops.bf16"] = where
     chip.calibrated = where
@@ -554,6 +581,18 @@ def chips_for(targets: list[str], *, calibrate_host: bool = True, refresh: bool 
                 chip.sort_rate = chip.vector_flops / 8
         out[name] = chip
     return out
+
+
+def _interpolate(curve: list[tuple[float, float]], x: float) -> float:
+    """A measured (x, rate) curve at `x`, log-linear between its points and flat beyond its ends."""
+    points = sorted(curve)
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, r0), (x1, r1) in zip(points, points[1:], strict=False):
+        if x <= x1:
+            w = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return math.exp(math.log(r0) + w * (math.log(r1) - math.log(r0)))
+    return points[-1][1]
 
 
 def median(xs: list[float]) -> float:

@@ -87,8 +87,9 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
     scores = b * n * t * s_eff * vis
     useful = 2.0 * b * n * t * s_eff * (h + d) * _exact_visible(t, s_eff, attrs)
     mxu = 2.0 * scores * (h_pad + d_pad)
-    vector = ATTENTION_VECTOR_OPS * scores
-    trans = scores
+    softcap = float(attrs.get("softcap", 0) or 0) != 0.0
+    vector = (ATTENTION_VECTOR_OPS + 2 * softcap) * scores
+    trans = scores * (1 + softcap)  # exp, and tanh for a soft-cap
     q_bytes = b * t * n * h * width
     o_bytes = b * t * n * d * out_width
     kv_bytes = b * s_eff * kv * (h + d) * width
@@ -110,10 +111,19 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
     decode_host = chip.family == "cpu" and t <= 8 and chip.decode_bw > 0
     if decode_host:
         threads = chip.decode_threads
-    if decode_host:  # the kernel's measured rate at decode: K/V bytes per CPU-second
+    if decode_host:
+        # At decode the CPU kernel streams each K/V block and then does its math on it, a block at a time, with
+        # no overlap: the K/V bytes at its measured decode rate plus the FLOPs of the group's query rows at its
+        # prefill rate (a GQA group of 16 heads does 4x the math per K/V byte of a group of 4).
         compute = kv_bytes / (chip.decode_bw * threads)
+        if chip.attention_flops:
+            compute += 2.0 * scores * (h + d) / (chip.attention_flops * threads)
+        if softcap:
+            compute += scores / (chip.transcendental_rate * threads)
     elif chip.family == "cpu" and chip.attention_flops:
         compute = 4.0 * scores * h / (chip.attention_flops * threads)  # the kernel's measured rate, per thread
+        if softcap:  # the calibration has no soft-cap: its tanh per visible score comes on top
+            compute += scores / (chip.transcendental_rate * threads)
     else:
         mxu_s = mxu / chip.peak(dtype)
         vpu_s = vector / chip.vector_flops + trans / chip.transcendental_rate

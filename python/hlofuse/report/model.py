@@ -352,7 +352,7 @@ class Coster:
         self.chip, self.graph, self.sites, self.kv_fill = chip, graph, sites, kv_fill
         self.copy_fused = _copies_fused_into_producers(graph) if chip.family == "cpu" else set()
         self.copy_operands = _copy_operands(graph, self.copy_fused)
-        self.copy_strided = _copies_fused_into_producers(graph, strided=True) if chip.family == "cpu" else set()
+        self.copy_strided = _strided_sources(graph) if chip.family == "cpu" else {}
         # The program's arguments come from DRAM on every call unless all of them fit in the cache together
         # (one region's footprint fitting says nothing when the weights of 32 layers stream past it).
         arguments = sum(graph.tensors[t].nbytes for t in graph.inputs)
@@ -392,19 +392,28 @@ class Coster:
         if chip.family == "cpu" and chip.transpose_bw:
             memory += self._cpu_layout_copies(region)
             g = self.graph
-            permuted = sum(2 * g.tensors[t].nbytes for n in region.nodes for t in g.nodes[n].outputs
-                           if t in self.copy_strided)
-            permuted += sum(2 * g.tensors[g.nodes[n].inputs[0]].nbytes for n in region.nodes
-                            if g.nodes[n].info.get("permutes") and g.nodes[n].inputs)
+            # (bytes read + written, bytes between the elements an output row reads) of each transposed tensor
+            # and the bytes of what it reads them from
+            moves = [(2 * g.tensors[t].nbytes, *self.copy_strided[t]) for n in region.nodes
+                     for t in g.nodes[n].outputs if t in self.copy_strided]
+            moves += [(2 * g.tensors[g.nodes[n].inputs[0]].nbytes, g.nodes[n].info.get("stride", 0.0),
+                       g.tensors[g.nodes[n].inputs[0]].nbytes)
+                      for n in region.nodes if g.nodes[n].info.get("permutes") and g.nodes[n].inputs]
+            permuted = sum(m for m, _, _ in moves)
             if permuted:
                 # XLA's tiled transpose runs only a fusion that is a pure copy (slices allowed); any other op in
-                # it (a broadcast, arithmetic) makes it a loop reading through the transpose an element at a time
+                # it (a broadcast, arithmetic) makes it a loop reading through the transpose an element at a
+                # time, whose rate falls as the elements it reads in turn lie further apart (cache lines, pages)
                 pure = all(g.nodes[n].info.get("layout") in ("transpose", "reshape", "noop", "slice", "dynamic_slice")
                            for n in region.nodes)
-                permuted = min(permuted, nbytes)
+                # (each output element passes through once: a broadcast source is read again for each copy)
+                scale = min(1.0, 2 * nbytes / permuted)
+                permuted *= scale
                 rest = chip.memory_time(max(region.bytes_read - permuted / 2, 0.0),
                                         max(region.bytes_written - permuted / 2, 0.0))
-                memory = max(memory, rest + chip.transpose_time(permuted, fused=not pure))  # not a stream
+                moved = sum(chip.transpose_time(m * scale, fused=not pure, stride=stride, source=source)
+                            for m, stride, source in moves)
+                memory = max(memory, rest + moved)  # not a stream
                 transposed = permuted
             nbytes += sum(2 * self.graph.tensors[t].nbytes for d in region.dots for t in d.get("copies", ())
                           if t not in self.copy_operands)
@@ -513,6 +522,36 @@ def _copies_fused_into_producers(graph: Graph, strided: bool = False) -> set[int
             if p is not None and graph.nodes[p].cls in ("elementwise", "layout"):
                 fused.add(source)
     return fused
+
+
+def _strided_sources(graph: Graph) -> dict[int, tuple[float, float]]:
+    """The tensors whose producers write a dot operand's strided layout copy (`_copies_fused_into_producers`),
+    each with the bytes between the elements the copy reads in turn and the bytes it reads them from. A
+    broadcast in the producer (GQA's jnp.repeat of the KV heads) reads its smaller input: its elements lie
+    closer together by the ratio of the sizes (the repeated dims are the minor ones there)."""
+    sources = _copies_fused_into_producers(graph, strided=True)
+    out: dict[int, tuple[float, float]] = {}
+    for node in graph.nodes:
+        for t, stride in node.info.get("strides", {}).items() if node.cls == "dot" else ():
+            source = t
+            while source not in sources:
+                p = graph.tensors[source].producer
+                if p is None or graph.nodes[p].info.get("layout") not in ("reshape", "noop") or not \
+                        graph.nodes[p].inputs:
+                    break
+                source = graph.nodes[p].inputs[0]
+            if source not in sources:
+                continue
+            producer = graph.tensors[source].producer
+            node_p = graph.nodes[producer] if producer is not None else None
+            read = graph.tensors[source].nbytes
+            if node_p is not None and node_p.info.get("layout") in ("broadcast_in_dim", "broadcast") and node_p.inputs:
+                stride *= graph.tensors[node_p.inputs[0]].elements / max(graph.tensors[source].elements, 1)
+                read = graph.tensors[node_p.inputs[0]].nbytes
+            out[source] = (stride, read)
+    for source in sources:
+        out.setdefault(source, (0.0, graph.tensors[source].nbytes))
+    return out
 
 
 def _copy_operands(graph: Graph, fused: set[int]) -> set[int]:
