@@ -99,9 +99,19 @@ def run(argv: Sequence[str]) -> int:
         other = analyze(second.module, targets, fuse=args.fuse, kv_fill=args.kv_fill, calibrate=args.calibrate,
                         program=second.name)
     if args.measure:
-        from hlofuse.report.measure import measure_module
+        from hlofuse.report import measure
 
-        report.measured = {"host": measure_module(loaded.module, fuse=args.fuse, runs=args.runs)}
+        def progress(line: str) -> None:
+            if not args.quiet:
+                print(f"{PROG}: --measure: {line}", file=sys.stderr, flush=True)
+
+        progress("compiling for this CPU" + (" (both programs)" if other is not None else ""))
+        if other is not None:
+            report.measured, other.measured = ({"host": m} for m in measure.measure_pair(
+                loaded.module, second.module, fuse=args.fuse, runs=args.runs, progress=progress))
+        else:
+            report.measured = {"host": measure.measure_module(loaded.module, fuse=args.fuse, runs=args.runs,
+                                                              progress=progress)}
     to_stdout = args.json == "-"
     if not args.quiet and not to_stdout:
         sys.stdout.write(render.text(report, args.top))

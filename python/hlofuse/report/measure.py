@@ -21,18 +21,45 @@ _NUMPY = {"f32": "float32", "f64": "float64", "f16": "float16", "bf16": "bfloat1
           "i16": "int16", "i8": "int8", "ui32": "uint32", "ui64": "uint64", "ui8": "uint8", "i1": "bool"}
 
 
-def _time(call: Callable[[], Any], runs: int) -> dict[str, Any]:
+def _time(call: Callable[[], Any], runs: int, progress: Callable[[str], None] | None = None,
+          label: str = "") -> dict[str, Any]:
+    return _time_interleaved({label: call}, runs, progress)[label]
+
+
+def _time_interleaved(calls: dict[str, Callable[[], Any]], runs: int,
+                      progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Times each call `runs` times after one warm-up call, taking them in turn (A, B, A, B, ...), so that a
+    load which comes and goes on a shared machine slows all of them alike. With several calls each turn
+    starts with an untimed call: the timed one finds the caches as a repeated call of that program does
+    (what the host model predicts), not as the other program left them. `progress` gets a line after the
+    warm-up and after each round when the warm-up took a second or more."""
     import jax
 
-    jax.block_until_ready(call())
-    times, cpus = [], []
-    for _ in range(runs):
-        start, cpu = time.perf_counter(), time.process_time()
+    times: dict[str, list[float]] = {k: [] for k in calls}
+    cpus: dict[str, list[float]] = {k: [] for k in calls}
+    start = time.perf_counter()
+    for call in calls.values():
         jax.block_until_ready(call())
-        times.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu)
-    return {"measured_s": statistics.median(times), "best_s": min(times), "measured_cpu_s": statistics.median(cpus),
-            "runs": runs, "times_s": times, "cpu_s": cpus}
+    warm = time.perf_counter() - start
+    verbose = progress is not None and warm >= 1.0
+    if verbose:
+        progress(f"warm-up call{'s' if len(calls) > 1 else ''} {warm:.1f} s; timing {runs} "
+                 f"call{'s' if runs > 1 else ''} of {' and '.join(k or 'the program' for k in calls)}")
+    for i in range(runs):
+        for name, call in calls.items():
+            if len(calls) > 1:
+                jax.block_until_ready(call())
+            wall, cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(call())
+            times[name].append(time.perf_counter() - wall)
+            cpus[name].append(time.process_time() - cpu)
+        if verbose:
+            assert progress is not None
+            done = ", ".join(f"{k + ' ' if k else ''}{times[k][-1] * 1e3:.1f} ms" for k in calls)
+            progress(f"call {i + 1}/{runs}: {done} ({time.perf_counter() - start:.0f} s so far)")
+    return {k: {"measured_s": statistics.median(times[k]), "best_s": min(times[k]),
+                "measured_cpu_s": statistics.median(cpus[k]), "runs": runs, "times_s": times[k], "cpu_s": cpus[k]}
+            for k in calls}
 
 
 def random_arguments(module: ir.Module, seed: int = 0) -> list[Any]:  # noqa: ANN401
@@ -62,8 +89,9 @@ def random_arguments(module: ir.Module, seed: int = 0) -> list[Any]:  # noqa: AN
     return out
 
 
-def measure_module(module: ir.Module, *, fuse: bool = True, runs: int = 5) -> dict[str, Any]:
-    """Compiles `module` for this CPU (after `hlofuse-default{target=cpu}` when `fuse`) and times it."""
+def compiled_call(module: ir.Module, *, fuse: bool = True, seed: int = 0) -> Callable[[], Any]:
+    """`module` compiled for this CPU (after `hlofuse-default{target=cpu}` when `fuse`) with random arguments
+    (`random_arguments`): a function of no arguments that runs it once."""
     import jax
     from jax._src import compiler
     from jax._src.lib import xla_client
@@ -86,14 +114,31 @@ def measure_module(module: ir.Module, *, fuse: bool = True, runs: int = 5) -> di
     executable = client.compile_and_load(clone.operation.get_asm(binary=True),
                                          executable_devices=xla_client.DeviceList((device,)),
                                          compile_options=options)
-    arrays = [jax.device_put(a, jax.devices("cpu")[0]) for a in random_arguments(module)]
+    arrays = [jax.device_put(a, jax.devices("cpu")[0]) for a in random_arguments(module, seed)]
 
     def call() -> Any:  # noqa: ANN401
         return executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
 
-    result = _time(call, runs)
+    return call
+
+
+def measure_module(module: ir.Module, *, fuse: bool = True, runs: int = 5,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Compiles `module` for this CPU (after `hlofuse-default{target=cpu}` when `fuse`) and times it."""
+    result = _time(compiled_call(module, fuse=fuse), runs, progress)
     result["fused"] = fuse
     return result
+
+
+def measure_pair(a: ir.Module, b: ir.Module, *, fuse: bool = True, runs: int = 5,
+                 progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Times two programs (`--compare --measure`) in turn, call for call, so the load on a shared machine
+    falls on both alike."""
+    calls = {"A": compiled_call(a, fuse=fuse), "B": compiled_call(b, fuse=fuse)}
+    result = _time_interleaved(calls, runs, progress)
+    for r in result.values():
+        r["fused"] = fuse
+    return result["A"], result["B"]
 
 
 def measure_callable(fn: Callable[..., Any], args: tuple[Any, ...], *, fuse: bool = True,  # noqa: ANN401

@@ -89,11 +89,13 @@ def text(report: Report, top: int = 8) -> str:
         lines.extend(target_text(t, top))
     if report.measured:
         m = report.measured["host"]
-        pred = report.targets["host"].predicted_s if "host" in report.targets else None
-        line = (f"measured on this host: median {seconds(m['measured_s'])} (best {seconds(m['best_s'])}, "
-                f"{m['runs']} runs)")
-        if pred:
-            line += f"; predicted {seconds(pred)} ({(pred - m['measured_s']) / m['measured_s'] * 100:+.0f}% of median)"
+        host = report.targets.get("host")
+        line = (f"measured on this host: CPU time {seconds(m['measured_cpu_s'])} a call, wall median "
+                f"{seconds(m['measured_s'])} (best {seconds(m['best_s'])}), {m['runs']} runs")
+        if host is not None and m["measured_cpu_s"]:
+            cpu = host.predicted_cpu_s
+            line += (f"; predicted CPU time {seconds(cpu)} "
+                     f"({(cpu - m['measured_cpu_s']) / m['measured_cpu_s'] * 100:+.0f}%)")
         lines.append(line)
     lines.append(f"(analysis {report.analysis_s:.2f} s; GPU/TPU/Trainium times are unvalidated predictions)")
     return "\n".join(lines) + "\n"
@@ -149,6 +151,26 @@ def compare_json(a: Report, b: Report) -> dict[str, Any]:
                                 "delta_s": tb.predicted_s - ta.predicted_s,
                                 "ratio": tb.predicted_s / ta.predicted_s if ta.predicted_s else None,
                                 "regions": compare_rows(ta, tb)}
+    measured = compare_measured(a, b)
+    if measured is not None:
+        out["measured"] = measured
+    return out
+
+
+def compare_measured(a: Report, b: Report) -> dict[str, Any] | None:
+    """With `--compare --measure`: the host's predicted change (B/A, in CPU time, as the validation compares)
+    beside the measured one, and whether the sign agrees."""
+    if not (a.measured and b.measured and "host" in a.targets and "host" in b.targets):
+        return None
+    ma, mb = a.measured["host"], b.measured["host"]
+    pa, pb = a.targets["host"].predicted_cpu_s, b.targets["host"].predicted_cpu_s
+    out = {"a_cpu_s": ma["measured_cpu_s"], "b_cpu_s": mb["measured_cpu_s"],
+           "delta_cpu_s": mb["measured_cpu_s"] - ma["measured_cpu_s"],
+           "ratio": mb["measured_cpu_s"] / ma["measured_cpu_s"] if ma["measured_cpu_s"] else None,
+           "a_wall_s": ma["measured_s"], "b_wall_s": mb["measured_s"],
+           "predicted_a_cpu_s": pa, "predicted_b_cpu_s": pb, "predicted_delta_cpu_s": pb - pa,
+           "predicted_ratio": pb / pa if pa else None, "runs": ma["runs"]}
+    out["sign_agrees"] = (out["delta_cpu_s"] > 0) == (out["predicted_delta_cpu_s"] > 0)
     return out
 
 
@@ -163,6 +185,12 @@ def compare_text(a: Report, b: Report, top: int = 8) -> str:
         for row in t["regions"][:top]:
             lines.append(f"   {seconds(row['a_s']):>9}  {seconds(row['b_s']):>9}  {seconds(row['delta_s']):>10}  "
                          f"{_cut(row['region'], 80)}")
+    m = data.get("measured")
+    if m:
+        lines.append(f"measured on this host ({m['runs']} calls each, in turn; CPU time): A {seconds(m['a_cpu_s'])}, "
+                     f"B {seconds(m['b_cpu_s'])}, B/A {m['ratio']:.2f}x; predicted B/A {m['predicted_ratio']:.2f}x "
+                     f"(delta {seconds(m['predicted_delta_cpu_s'])} predicted, {seconds(m['delta_cpu_s'])} measured"
+                     f"{'' if m['sign_agrees'] else '; the sign differs'})")
     return "\n".join(lines) + "\n"
 
 

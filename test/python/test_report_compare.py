@@ -1,0 +1,48 @@
+"""`hlofuse-report --compare --measure`: the predicted change of a model change against the one this host measures.
+
+The pairs of tools/bench/report_compare.py at small shapes (GQA 8 -> 2 KV heads at decode, vocab 16k -> 32k
+under top-p; fused and unfused), run through the command line. The table's host fallbacks stand in for a
+calibration here (tests calibrate nothing), so the size is held to a looser tolerance than the benchmark's
+25% with a calibrated host; the sign must always be right."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hlofuse.report.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "bench"))
+import report_compare  # noqa: E402
+
+TOLERANCE = 0.5  # |predicted B/A / measured B/A - 1| on the uncalibrated host
+PAIRS = {pair.name: pair for pair in report_compare.pairs(small=True)}
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_compare_predicts_the_measured_change(name, tmp_path):
+    pair = PAIRS[name]
+    row = report_compare.judge(report_compare.run_pair(pair, tmp_path, runs=5, calibrate=False), TOLERANCE)
+    detail = (f"measured B/A {row['ratio']:.2f} ({row['a_cpu_s'] * 1e3:.3f} -> {row['b_cpu_s'] * 1e3:.3f} ms), "
+              f"predicted {row['predicted_ratio']:.2f}")
+    assert row["sign_ok"], detail
+    assert row["size_ok"], detail
+
+
+def test_compare_measure_json_and_text(tmp_path, capsys):
+    """--compare with --measure times both programs in turn and puts the measured change beside the predicted
+    one, in the JSON and in the terminal table."""
+    pair = PAIRS[sorted(PAIRS)[0]]
+    row = report_compare.run_pair(pair, tmp_path, runs=2, calibrate=False)
+    a, b = (str(p) for p in sorted(tmp_path.glob("*.mlir")))
+    assert main([a, "--compare", b, "--targets", "host", "--measure", "--runs", "2", "--no-calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "measured on this host (2 calls each, in turn; CPU time)" in out and "predicted B/A" in out
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    measured = data["compare"]["measured"]
+    assert measured["runs"] == 2 and measured["a_cpu_s"] > 0 and measured["b_cpu_s"] > 0
+    assert measured["predicted_ratio"] == pytest.approx(row["predicted_ratio"])
+    assert data["compare_program"]["measured"]["host"]["measured_cpu_s"] == measured["b_cpu_s"]
