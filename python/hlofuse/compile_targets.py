@@ -682,6 +682,8 @@ def table(
     targets: tuple[tuple[str, str], ...] = TABLE_TARGETS,
 ) -> str:
     """A markdown table: each case lowered for each (chip, kernel target) and its kernels compiled alone."""
+    from hlofuse.kernels.pallas import resources as pallas_resources
+
     for name, _ in targets:
         prepare(name, cpu_backends=True)
     lines = [
@@ -693,7 +695,8 @@ def table(
             if isinstance(case, SamplerCase) and kernel_target == "gpu-mosaic":
                 continue  # the same Triton sampler as target gpu
             build = _sampler_module if isinstance(case, SamplerCase) else _case_module
-            module = build(case, kernel_target)  # type: ignore[arg-type]
+            with pallas_resources.for_chip(name):  # the chip's own tiles and limits
+                module = build(case, kernel_target)  # type: ignore[arg-type]
             calls = kernel_calls(module)
             if not calls:
                 lines.append(f"| {case.label} | {name} | {kernel_target} | (kept as a composite) | - | - | - |")
@@ -709,6 +712,69 @@ def table(
     return "\n".join(lines) + "\n"
 
 
+# ----------------------------------------------------------------------------- TPU tiles by libtpu's static cost
+
+TUNE_TPU_CANDIDATES = ((128, 128), (128, 256), (128, 512), (128, 1024), (256, 256), (256, 512), (256, 1024),
+                       (256, 2048), (512, 512), (512, 1024))  # fmt: skip
+TUNE_TPU_SHAPE = (1, 4096, 4096, 1)  # B, T, S, N = K: one grid step's bundles do not depend on B, N or T
+
+
+def kernel_compile(chip_name: str, backend: str, dtype: str, b: int, t: int, s: int, n: int, k: int, h: int,
+                   blocks: Any = None, causal: bool = False) -> KernelReport:  # noqa: ANN401  # fmt: skip
+    """hlofuse's Pallas attention at these shapes (and BlockSizes, else the chip's choice) lowered for
+    `backend` and compiled alone for `chip_name`."""
+    import jax
+    import jax.numpy as jnp
+
+    from hlofuse.kernels.pallas import resources
+    from hlofuse.kernels.pallas.attention import attention
+
+    jdtype = jnp.dtype({"bf16": "bfloat16", "f32": "float32"}[dtype])
+
+    def fn(q: Any, k_: Any, v: Any) -> Any:  # noqa: ANN401
+        return attention(q, k_, v, scale=h**-0.5, causal=causal, backend=backend, block_sizes=blocks)
+
+    q = jax.ShapeDtypeStruct((b, t, n, h), jdtype)
+    kv = jax.ShapeDtypeStruct((b, s, k, h), jdtype)
+    platform = "tpu" if backend == "tpu" else "cuda"
+    with resources.for_chip(chip_name):
+        lowered = jax.jit(fn).trace(q, kv, kv).lower(lowering_platforms=(platform,)).compiler_ir("stablehlo")
+    (call,) = kernel_calls(lowered)
+    return _check_kernel(call, chip(chip_name))
+
+
+def tune_tpu_blocks(chips: tuple[str, ...] = ("tpu-v5e", "tpu-v6e", "tpu-v5p"),
+                    dtypes: tuple[str, ...] = ("bf16", "f32"),
+                    head_pads: tuple[int, ...] = (128, 256)) -> dict[str, Any]:  # fmt: skip
+    """Bundles of one grid step of the TPU prefill kernel for each candidate tile, chip, dtype and padded head
+    dim, from libtpu's schedule analysis: the data in hlofuse/kernels/pallas/tpu_bundles.json."""
+    import jax
+
+    from hlofuse.kernels.pallas.attention import BlockSizes
+
+    for name in chips:
+        prepare(name, cpu_backends=True)
+    b, t, s, n = TUNE_TPU_SHAPE
+    table: dict[str, dict[str, int]] = {}
+    for name in chips:
+        for dtype in dtypes:
+            for head_pad in head_pads:
+                row = table.setdefault(f"{name} {dtype} {head_pad}", {})
+                for bq, bk in TUNE_TPU_CANDIDATES:
+                    report = kernel_compile(name, "tpu", dtype, b, t, s, n, n, head_pad, BlockSizes(bq, bk))
+                    if report.ok and "bundles" in report.resources:
+                        row[f"{bq}x{bk}"] = report.resources["bundles"]
+    import libtpu  # type: ignore[import-not-found]
+
+    return {
+        "command": "python -m hlofuse.compile_targets --tune-tpu-blocks --write",
+        "compiler": f"jax {jax.__version__}, libtpu {getattr(libtpu, '__version__', '?')}",
+        "shape": f"B{b} T{t} S{s} N{n}, not causal, no bias or mask",
+        "what": "total scheduled bundles of the kernel (one grid step), libtpu's schedule-analysis dump",
+        "bundles": table,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -719,7 +785,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chips", default=",".join(dict.fromkeys(n for n, _ in TABLE_TARGETS)),
                         help="comma-separated chips (default: %(default)s)")
+    parser.add_argument("--tune-tpu-blocks", action="store_true",
+                        help="print the bundles of each candidate TPU tile (the data the TPU tiles are chosen from)")
+    parser.add_argument("--write", action="store_true",
+                        help="with --tune-tpu-blocks: write hlofuse/kernels/pallas/tpu_bundles.json")
     args = parser.parse_args(argv)
+    if args.tune_tpu_blocks:
+        from hlofuse.kernels.pallas import resources
+
+        text = json.dumps(tune_tpu_blocks(), indent=1, sort_keys=True) + "\n"
+        if args.write:
+            resources.TPU_BUNDLES_FILE.write_text(text)
+        print(text, end="")
+        return 0
     wanted = set(args.chips.split(","))
     for name in wanted:
         chip(name)
