@@ -49,7 +49,13 @@ TOP_KS = ("lax", "sort", "negated_sort")
 TOP_PS = ("sort", "top_k", "gemma", "keras")
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
-NOISES = ("categorical", "gumbel", "gumbel_first")  # gumbel: argmax(x + g); gumbel_first: argmax(g + x)
+# gumbel: argmax(x + g); gumbel_first: argmax(g + x); keras: keras' JAX random.categorical(x, 1), a categorical of
+# x[..., None] along the vocabulary with shape (..., 1), its (..., 1) ids squeezed (rank-space forms take_along_axis
+# the (..., 1) ids first, as keras-hub does)
+NOISES = ("categorical", "gumbel", "gumbel_first", "keras")
+# How a rank-space form maps the drawn rank back to its id: take_along_axis, or gemma's ids[arange(B), rank]
+# ((B, k) candidates only)
+TAKES = ("along_axis", "batch_index")
 # What the draw samples from its scaled, filtered logits y: y itself, log_softmax(y), log(softmax(y)) (keras-hub),
 # or softmax(y) by jax.random.choice per row (torch.multinomial through torchax; (B, V) rows only). The form
 # is then `<form>_<draw>` (sampling_reference.DRAWS).
@@ -84,6 +90,7 @@ class SamplerSpec:
     key_op: str = "none"
     noise: str = "categorical"
     draw: str = "categorical"
+    take: str = "along_axis"
     extras: tuple[str, ...] = ()
     escape: bool = False
 
@@ -222,6 +229,19 @@ class _Ctx:
 
     def draw(self, x: jax.Array) -> jax.Array:
         """Index of the Gumbel-max of `x` (or of its log-probabilities, per spec.draw) along its last axis."""
+        picked = self._pick(x)
+        return jnp.squeeze(picked, -1) if self.spec.noise == "keras" and self.spec.draw != "choice" else picked
+
+    def draw_rank(self, values: jax.Array, ids: jax.Array) -> jax.Array:
+        """The id of the rank drawn from `values`, mapped back through the candidates' `ids` as spec.take says."""
+        if self.spec.noise == "keras" and self.spec.draw != "choice":
+            return jnp.squeeze(jnp.take_along_axis(ids, self._pick(values), axis=-1), -1)
+        if self.spec.take == "batch_index":
+            return ids[jnp.arange(ids.shape[0]), self.draw(values)]
+        return _take(ids, self.draw(values))
+
+    def _pick(self, x: jax.Array) -> jax.Array:
+        """The draw's ids: (...,), or (..., 1) for keras' categorical."""
         key = self.key()
         if self.spec.draw == "choice":
             probs = jax.nn.softmax(x, axis=-1)
@@ -233,6 +253,8 @@ class _Ctx:
             x = jnp.log(jax.nn.softmax(x, axis=-1))
         if self.spec.noise == "categorical":
             return jax.random.categorical(key, x, axis=-1)
+        if self.spec.noise == "keras":
+            return jax.random.categorical(key, x[..., None], axis=x.ndim - 1, shape=(*x.shape[:-1], 1))
         g = jax.random.gumbel(key, x.shape, x.dtype)
         return jnp.argmax(x + g if self.spec.noise == "gumbel" else g + x, axis=-1)
 
@@ -280,7 +302,7 @@ def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:
         keep = cumulative <= c.spec.p
         keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
         kept = jnp.where(keep, ordered, jnp.zeros_like(ordered))
-    return _take(ids, c.draw(jnp.log(kept)))
+    return c.draw_rank(jnp.log(kept), ids)
 
 
 def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
@@ -301,10 +323,10 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
         return c.draw(scaled)
     if form == "top_k":
         values, ids = c.top_k(x, spec.k)
-        return _take(ids, c.draw(c.scale(values)))
+        return c.draw_rank(c.scale(values), ids)
     if form == "temperature_top_k":
         values, ids = c.top_k(c.scale(x), spec.k)
-        return _take(ids, c.draw(values))
+        return c.draw_rank(values, ids)
     if form == "top_k_mask":
         return c.draw(c.scale(_kth_mask(c, x)))
     if form in USES_TOP_P:

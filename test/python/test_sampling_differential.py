@@ -39,6 +39,7 @@ from sampling_programs import (
     READS_T,
     STOCHASTIC,
     TEMPERATURES,
+    TAKES,
     TOP_KS,
     TOP_PS,
     USES_TOP_K,
@@ -96,6 +97,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn != "choice":
             spec = dataclasses.replace(spec, draw=drawn)
+    if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
+        spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
     escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
@@ -195,6 +198,16 @@ FIXED_GAPS = {
     # argsort(-x)[..., :k] puts NaN last where lax.top_k puts it first: not a top-k writing, so the exact
     # fallback (temperature over what it feeds the draw).
     "top_k_mask_by_negated_argsort_is_not_top_k": SamplerSpec(form="top_k_mask", top_k_style="negated_sort"),
+    # keras' JAX random.categorical draws over (..., V, 1) along axis -2: an argmax over a dim that is not the
+    # last was refused with a remark, so keras-hub's samplers never fused. Now a writing of every form.
+    "keras_categorical": dataclasses.replace(_SMALL, noise="keras"),
+    "keras_log_of_softmax_top_k": SamplerSpec(form="top_k", noise="keras", draw="log_of_softmax"),
+    "keras_vector_logits": SamplerSpec(form="top_k_mask", batch="v", noise="keras"),
+    "keras_rank_space_top_p": SamplerSpec(form="top_p_mask", top_p_style="keras", noise="keras"),
+    # gemma's TopkSampling gathers the drawn rank's id by batch index: fused as `temperature` over the top-k
+    # values, which left the top_k in XLA with no remark. Now a writing of the rank-space top-k forms.
+    "top_k_by_batch_index": SamplerSpec(form="top_k", take="batch_index"),
+    "temperature_top_k_by_batch_index": SamplerSpec(form="temperature_top_k", take="batch_index", batch="bt"),
 }
 
 
