@@ -33,7 +33,6 @@ from hlofuse.passes.prepare import inline_private_calls
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from hlofuse.composites import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION, is_decode, mask_kind
 from hlofuse.ir import build, layout
 from hlofuse.ir.attention_dims import SiteOps, analyze_dims
 from hlofuse.ir.dims import LAYOUT_OPS, DimsError
@@ -41,6 +40,7 @@ from hlofuse.ir.layout import Labels
 from hlofuse.ir.mask_eval import Band, as_grid, band_table, evaluate, fit_band
 from hlofuse.ir.masks import Atom, MaskTerms, Opaque, analyze_mask, analyze_zero_one
 from hlofuse.ir.match import CONVERTS, P, Rule, constant_scalar, defining_op, first_rule, match, round_to_type
+from hlofuse.ops.attention import ATTENTION, ATTENTION_OPERANDS, ATTENTION_VERSION, is_decode, mask_kind
 from hlofuse.pipeline import ModulePass, PassState
 
 UNBOUNDED = -1

@@ -45,7 +45,6 @@ from hlofuse.passes.prepare import erase_unreferenced_private_funcs, inline_priv
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
-from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, attribute_values
 from hlofuse.ir import build
 from hlofuse.kernels import (
     CompositeCall,
@@ -58,6 +57,9 @@ from hlofuse.kernels import (
     spec_for,
     target_unavailable,
 )
+from hlofuse.ops.attention import ATTENTION, ATTENTION_VERSION
+from hlofuse.ops.attributes import attribute_values
+from hlofuse.ops.sample import SAMPLE, SAMPLE_VERSION
 from hlofuse.pipeline import ModulePass, PassState
 from hlofuse.shard_local import (
     RangeSplit,

@@ -21,8 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hlofuse.composites import ATTENTION, ATTENTION_VERSION, SAMPLE, SAMPLE_VERSION, is_decode, mask_kind
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference
+from hlofuse.kernels.sampling_reference import FORMS, sample_reference
+from hlofuse.ops.attention import ATTENTION, ATTENTION_VERSION, is_decode, mask_kind
+from hlofuse.ops.sample import SAMPLE, SAMPLE_VERSION
 
 
 def attention(
@@ -172,8 +174,6 @@ def sample(
     draw it after the filters: top-k alone is the rank-space `top_k` form (categorical over the top-k
     logits / T), top-p alone the nucleus mask `top_p_mask`, both `top_k_top_p_mask`, min-p alone `min_p`.
     """
-    from hlofuse.kernels.sampling_reference import FORMS, sample_reference
-
     if temperature < 0 or top_k < 0 or not 0 < top_p <= 1 or not 0 <= min_p <= 1:
         raise ValueError(f"invalid sampling parameters temperature={temperature}, top_k={top_k}, top_p={top_p}, "
                          f"min_p={min_p}")

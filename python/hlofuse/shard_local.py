@@ -55,10 +55,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import func, sdy, stablehlo
 
 from hlofuse.kernels import CompositeCall, KernelSpec, Lowered, spec_for
+from hlofuse.kernels.reference import UNBOUNDED, combine_partials
+from hlofuse.ops.attention import AttentionAttrs
 from hlofuse.sharding import _dims, _Factors, _rule, module_meshes
 
 PROBE_TARGET = "hlofuse_shard_probe"
@@ -155,9 +159,6 @@ def decode_key_split_unsupported(call: CompositeCall) -> str | None:
     One query row and no bias / mask / left window: its causal or right-window bound is then a key length,
     which each range shifts by its start (as the CPU kernel's decode splits do). masked_value -inf: a
     finite one weighs the masked keys of every range."""
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels.reference import UNBOUNDED
-
     if call.operand_types[0][0][1] != 1:
         return "more than one query row"
     attrs = AttentionAttrs.from_dict(call.attributes)
@@ -182,8 +183,6 @@ def prefill_key_split_unsupported(call: CompositeCall) -> str | None:
     """Why a prefill's key sequence cannot be cut into ranges run per shard, or None when it can: ranges
     weigh their keys by log-sum-exp, so masked_value must be -inf, and a bias or mask would have to be cut
     along the keys too (not done)."""
-    from hlofuse.composites import AttentionAttrs
-
     if (why := prefill_query_split_unsupported(call)) is not None:
         return why
     if not math.isinf(AttentionAttrs.from_dict(call.attributes).masked_value):
@@ -195,8 +194,6 @@ def prefill_query_split_unsupported(call: CompositeCall) -> str | None:
     """Why a prefill's query sequence cannot be cut into ranges run per shard, or None when it can: a bias or
     a mask would have to be cut along the queries too (not done), and the ranges' kernels do not zero empty
     rows."""
-    from hlofuse.composites import AttentionAttrs
-
     attrs = AttentionAttrs.from_dict(call.attributes)
     if {"bias", "mask"} & set(attrs.operands):
         return "a bias or a mask"
@@ -251,8 +248,6 @@ def _platforms(platform: str | None) -> tuple[str, ...]:
 
 def _merge_ranges(b: int, t: int, n: int, splits: int, dtype: Any) -> Callable[..., Any]:  # noqa: ANN401
     """The merge of a key split: combines the P ranges' (output, lse) exactly (`combine_partials`)."""
-    from hlofuse.kernels.reference import combine_partials
-
     def merge(out: Any, lse: Any) -> Any:  # noqa: ANN401  (B, P, T, N, D), (B, P, T, N)
         d = out.shape[-1]
         merged = combine_partials(out.reshape(b, splits, t * n, d), lse.reshape(b, splits, t * n), "float32")
@@ -269,11 +264,6 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
     the one query's causal / right-window bound, shifted by the range's start); `shard` runs
     `run_range(q, k, v, lengths, scale=, softcap=) -> (out f32, lse)` on one range (a target's kernel,
     lowered for `platform`); `merge` combines the P partial results exactly (`combine_partials`)."""
-    import jax.numpy as jnp
-
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels.reference import UNBOUNDED
-
     attrs = AttentionAttrs.from_dict(call.attributes)
     b, t, n, _ = call.operand_types[0][0]
     s, kv = call.operand_types[1][0][1:3]
@@ -303,11 +293,11 @@ def decode_key_split(call: CompositeCall, splits: int, run_range: Callable[..., 
                     results=(("b", "s", "", "n", ""), ("b", "s", "", "n")), platforms=_platforms(platform))
 
 
-def _range_attributes(attrs: Any) -> dict[str, Any]:  # noqa: ANN401  (AttentionAttrs)
-    """The attention attributes a prefill range's kernel call takes as they are (its q_offset and lengths are
-    the range's own)."""
-    return {"scale": attrs.scale, "softcap": attrs.softcap, "causal": attrs.causal, "window_left": attrs.window_left,
-            "window_right": attrs.window_right, "masked_value": attrs.masked_value}
+def _range_attributes(attrs: AttentionAttrs) -> dict[str, Any]:
+    """The attention attributes a prefill range's kernel call takes as they are: the reference's, less q_offset
+    (each range has its own) and zero_empty_rows (which the splits refuse)."""
+    own = ("q_offset", "zero_empty_rows")
+    return {name: value for name, value in attrs.reference_kwargs().items() if name not in own}
 
 
 def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[..., Any],
@@ -320,10 +310,6 @@ def prefill_key_split(call: CompositeCall, splits: int, run_range: Callable[...,
     `run_range(q, k, v, kv_lengths=, q_offsets=, q_lengths=, **attention attributes) -> (out f32, lse)`
     on one range; `merge` combines the P partial results exactly (`combine_partials`): a row that sees
     no key of a range weighs 0 there, one that sees none of any is NaN, as in the reference."""
-    import jax.numpy as jnp
-
-    from hlofuse.composites import AttentionAttrs
-
     attrs = AttentionAttrs.from_dict(call.attributes)
     b, t, n, _ = call.operand_types[0][0]
     s, kv = call.operand_types[1][0][1:3]
@@ -366,10 +352,6 @@ def prefill_query_split(call: CompositeCall, splits: int, run_range: Callable[..
     composite's, shifted by the range's start); `shard` runs `run_range(q, k, v, q_offsets=, q_lengths=,
     kv_lengths=, **attention attributes) -> out` on one range with K and V whole; `merge` is a reshape.
     Rows are independent, so nothing is combined and any masked_value works."""
-    import jax.numpy as jnp
-
-    from hlofuse.composites import AttentionAttrs
-
     attrs = AttentionAttrs.from_dict(call.attributes)
     b, t, n, h = call.operand_types[0][0]
     kv = call.operand_types[1][0][2]
@@ -718,9 +700,6 @@ def sampled_rows(call: CompositeCall, cuts: Cuts, kernel: Lowered) -> RangeSplit
     """A stochastic sampler whose rows are cut: `prepare` adds the global index of each slice of the cut row dim
     (its iota times the rows after it, an operand cut like that dim), and each shard runs `kernel(logits, key,
     row_offset=)` with its element 0, so that it draws the noise of its rows of the whole batch."""
-    import jax
-    import jax.numpy as jnp
-
     shape = call.operand_types[0][0]
     dim = cuts.operands[0].index("r")
     stride = math.prod(shape[dim + 1:-1])

@@ -26,7 +26,7 @@ BACKENDS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "tpu": ("hlofuse.kernels.pallas.attention", "hlofuse.kernels.pallas.sampling"),
     "gpu": ("hlofuse.kernels.pallas.attention", "hlofuse.kernels.pallas.sampling"),
     "neuron": ("hlofuse.kernels.nki.attention", "hlofuse.kernels.nki.sampling"),
-    "reference": ("hlofuse.kernels.reference", "hlofuse.kernels.sampling_reference"),
+    "reference": ("hlofuse.kernels.reference",),
     "tpu-interpret": ("hlofuse.kernels.pallas.attention", "hlofuse.kernels.pallas.sampling"),
     "gpu-interpret": ("hlofuse.kernels.pallas.attention", "hlofuse.kernels.pallas.sampling"),
     "gpu-mosaic": ("hlofuse.kernels.pallas.mosaic_gpu", "hlofuse.kernels.pallas.sampling"),

@@ -8,15 +8,15 @@ and attributes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from hlofuse.kernels.target import KernelSpec, Partitioning, lowered
-
-if TYPE_CHECKING:
-    from hlofuse.kernels import CompositeCall
+from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Partitioning, lowered
+from hlofuse.ops.attention import ATTENTION, AttentionAttrs
+from hlofuse.ops.sample import SAMPLE, SampleAttrs
 
 UNBOUNDED = -1
 
@@ -160,10 +160,19 @@ def attention_reference(
 
 def attention_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=reference: the composite's meaning computed from its attributes alone."""
-    from hlofuse.composites import AttentionAttrs
-
     return AttentionAttrs.from_dict(call.attributes).bind_operands(attention_reference)
 
 
-# Plain JAX ops: runs on any platform, and XLA partitions it like the program it replaces.
-SPECS = (KernelSpec("hlofuse.attention", "reference", lowered(attention_lowering), Partitioning.XLA),)
+def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
+    """target=reference for `hlofuse.sample`: the composite's form, rebuilt from its attributes alone."""
+    attrs = SampleAttrs.from_dict(call.attributes)
+
+    def reference(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return sample_reference(logits, key, form=attrs.form, **attrs.params())
+
+    return reference
+
+
+# Plain JAX ops: run on any platform, and XLA partitions them like the program they replace.
+SPECS = (KernelSpec(ATTENTION, "reference", lowered(attention_lowering), Partitioning.XLA),
+         KernelSpec(SAMPLE, "reference", lowered(sampling_lowering), Partitioning.XLA))

@@ -22,9 +22,10 @@ from jax._src.lib import xla_client
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
-from hlofuse.composites import ATTENTION, SAMPLE, AttentionAttrs, SampleAttrs
 from hlofuse.ir.context import clone_module as clone_module  # re-exported for the tests
 from hlofuse.ir.context import parse_module
+from hlofuse.ops.attention import ATTENTION, AttentionAttrs
+from hlofuse.ops.sample import SAMPLE, SampleAttrs
 
 T = TypeVar("T")
 

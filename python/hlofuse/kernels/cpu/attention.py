@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hlofuse.kernels import cpu
 from hlofuse.kernels.cpu import register
 from hlofuse.kernels.reference import (
     UNBOUNDED,
@@ -23,12 +24,9 @@ from hlofuse.kernels.reference import (
     combine_partials,
     zeroed_if_asked,
 )
-from hlofuse.kernels.target import KernelSpec, Lowered, Partitioning, lowered
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
+from hlofuse.ops.attention import ATTENTION, AttentionAttrs
 from hlofuse.shard_local import Cuts, attention_cuts
-
-if TYPE_CHECKING:
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_attention"
 
@@ -201,9 +199,6 @@ def _attention_call(
 
 def _supported_attrs(call: CompositeCall) -> AttentionAttrs:
     """The composite's attributes if this kernel takes them, else Unsupported saying why not."""
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels import Unsupported, cpu
-
     if not cpu.is_available():
         raise Unsupported("the native CPU kernel library is not built (pip install . builds it)")
     dtypes = {dtype for _, dtype in call.operand_types[:3]}
@@ -433,7 +428,7 @@ def _split_q_offsets(q_offset: int, t: int, s: int, q_splits: int, kv_splits: in
 
 
 # XLA's batch partitioner runs the FFI call per shard of its leading dims (hlofuse.sharding).
-SPECS = (KernelSpec("hlofuse.attention", "cpu", lowered(attention_lowering), Partitioning.XLA_BATCH,
+SPECS = (KernelSpec(ATTENTION, "cpu", lowered(attention_lowering), Partitioning.XLA_BATCH,
                     lower_partitioned=_partitioned, cuts=shard_cuts),)
 
 __all__ = ["SPECS", "BlockSizes", "attention", "attention_lowering", "attention_reference", "attention_with_lse",

@@ -12,26 +12,25 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hlofuse.kernels import cpu
 from hlofuse.kernels.sampling_reference import (
     DRAWS,
     FORMS,
     form_params,
     merge_vocab_splits,
+    min_p_masked,
     reference_where_uncertified,
     sample_reference,
 )
-from hlofuse.kernels.target import KernelSpec, Lowered, Partitioning, lowered
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
+from hlofuse.ops.sample import SAMPLE, SampleAttrs
 from hlofuse.shard_local import Cuts, sample_cuts
-
-if TYPE_CHECKING:
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels import CompositeCall
 
 TARGET = "hlofuse_sample"
 TOP_K_TARGET = "hlofuse_sample_top_k"
@@ -50,8 +49,6 @@ BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
 
 def is_available() -> bool:
     """True when the native library is built and exports the sampling kernel."""
-    from hlofuse.kernels import cpu
-
     if not cpu.is_available():
         return False
     try:
@@ -62,8 +59,6 @@ def is_available() -> bool:
 
 def isa() -> str:
     """The vector ISA the sampler picks here: "avx512", "avx2" or "generic" ($HLOFUSE_CPU_ISA lowers it)."""
-    from hlofuse.kernels import cpu
-
     fn = cpu._load().hlofuse_sample_isa
     fn.restype = ctypes.c_char_p
     return str(fn().decode())
@@ -71,8 +66,6 @@ def isa() -> str:
 
 def noise_stats() -> tuple[int, int]:
     """(noise draws, exact noise evaluations) over all rows since the last call: what the Gumbel bound left."""
-    from hlofuse.kernels import cpu
-
     draws, logs = ctypes.c_int64(0), ctypes.c_int64(0)
     cpu._load().hlofuse_sample_stats(ctypes.byref(draws), ctypes.byref(logs))
     return draws.value, logs.value
@@ -124,8 +117,6 @@ def _sample_call(
     p: float,
     min_p: float,
 ) -> list[jax.Array]:  # tokens (*L,) int32 [, scores (*L,) f32]
-    from hlofuse.kernels import cpu
-
     code = FORM_CODES.get(form, PACKED_FORM_CODES.get(form))
     if code is None:
         raise ValueError(f"the CPU sampler has no form '{form}'")
@@ -213,9 +204,6 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels import Unsupported
-
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
@@ -275,8 +263,6 @@ def top_k_candidates(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
     Concatenated in split order, the candidates of a row hold its top k in the same order: a token of the
     row's top k is in its split's top k, and among equal values, earlier positions have lower ids."""
-    from hlofuse.kernels import cpu
-
     cpu.register()
     *lead, splits, width = x.shape
     kk = min(k, width)
@@ -328,9 +314,6 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     the rows or the vocabulary are sharded. Same ids as `sampling_lowering`'s; forms that do not split
     (top_k, temperature_top_k, top-p) or a V the device count does not divide keep its whole-row
     call, with a remark."""
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels.sampling_reference import min_p_masked
-
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
     attrs = SampleAttrs.from_dict(call.attributes)
     vocab = call.operand_types[0][0][-1]
@@ -359,8 +342,6 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
 def whole_row_remark(call: CompositeCall, devices: int) -> str | None:
     """Why `partitioned_lowering` samples `call` by whole rows (gathering a sharded vocabulary), or None when it
     splits the vocabulary."""
-    from hlofuse.composites import SampleAttrs
-
     attrs = SampleAttrs.from_dict(call.attributes)
     vocab = call.operand_types[0][0][-1]
     if vocab_splits_for(attrs.form, vocab, devices) > 1:
@@ -377,14 +358,12 @@ def _partitioned(call: CompositeCall, devices: int, multi_device: str) -> Lowere
 def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
     """The dims `partitioned_lowering`'s call keeps local (hlofuse.shard_local): the rows and, for the
     forms that split it, the vocabulary."""
-    from hlofuse.composites import SampleAttrs
-
     form = SampleAttrs.from_dict(call.attributes).form
     return sample_cuts(call, vocab=vocab_splits_for(form, call.operand_types[0][0][-1], devices) > 1)
 
 
 # XLA's batch partitioner runs the FFI call per shard of its leading dims (hlofuse.sharding).
-SPECS = (KernelSpec("hlofuse.sample", "cpu", lowered(sampling_lowering), Partitioning.XLA_BATCH,
+SPECS = (KernelSpec(SAMPLE, "cpu", lowered(sampling_lowering), Partitioning.XLA_BATCH,
                     lower_partitioned=_partitioned, cuts=shard_cuts),)
 
 __all__ = ["SPECS", "FORM_CODES", "MASKED_FORMS", "PACKED_FORM_CODES", "SPLIT_FORMS", "TOP_K_FORMS", "isa",

@@ -31,7 +31,7 @@ import functools
 import math
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -39,11 +39,9 @@ import numpy as np
 
 from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.reference import UNBOUNDED, ZERO_EMPTY_ROWS_FILL_LIMIT, attention_reference, zeroed_if_asked
-from hlofuse.kernels.target import KernelSpec, Lowered
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
+from hlofuse.ops.attention import ATTENTION, AttentionAttrs
 from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts, decode_key_split
-
-if TYPE_CHECKING:
-    from hlofuse.kernels import CompositeCall
 
 try:  # the real NKI, when the Neuron SDK is installed
     import neuronxcc.nki as nki  # type: ignore[import-not-found]
@@ -436,9 +434,7 @@ def shard_cuts(call: CompositeCall) -> Cuts:
 
 def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A decode with its key sequence in `splits` ranges, one per shard, each run by the decode kernel with
-    `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here)."""
-    from hlofuse.kernels import Unsupported
-
+    `return_lse` (its specs' `key_split`)."""
     per_range = call.operand_types[1][0][1] // splits
     if not is_decode(call.operand_types[0][0][1], per_range):
         raise Unsupported(f"a key range of {per_range} keys per shard is too short for the {target} decode kernel "
@@ -457,9 +453,6 @@ def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
 
 def _lowering(call: CompositeCall, runner: str) -> Lowered:
     """An `hlofuse.attention` composite as the NKI kernels, or Unsupported saying why not."""
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels import Unsupported
-
     target = "neuron" if runner == "device" else "neuron-sim"
     if runner == "device" and not HAVE_NEURONXCC:
         raise Unsupported(INSTALL_MESSAGE)
@@ -490,9 +483,9 @@ neuron_lowering = functools.partial(_lowering, runner="device")
 # target=neuron-sim: the same kernels run on this host, under NKI's simulator or the emulator.
 neuron_sim_lowering = functools.partial(_lowering, runner="sim")
 # Per-shard calls: B, heads and a decode's key ranges. target=neuron needs the Neuron SDK on this host.
-SPECS = (KernelSpec("hlofuse.attention", "neuron", neuron_lowering, cuts=lambda call, devices: shard_cuts(call),
+SPECS = (KernelSpec(ATTENTION, "neuron", neuron_lowering, cuts=lambda call, devices: shard_cuts(call),
                     key_split=key_split, unavailable=missing_sdk),
-         KernelSpec("hlofuse.attention", "neuron-sim", neuron_sim_lowering,
+         KernelSpec(ATTENTION, "neuron-sim", neuron_sim_lowering,
                     cuts=lambda call, devices: shard_cuts(call), key_split=key_split))
 
 __all__ = [

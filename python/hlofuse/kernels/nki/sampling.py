@@ -46,7 +46,7 @@ import functools
 import math
 import types
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -63,10 +63,8 @@ from hlofuse.kernels.sampling_reference import (
     reference_where_uncertified,
     sample_reference,
 )
-from hlofuse.kernels.target import KernelSpec, Lowered
-
-if TYPE_CHECKING:
-    from hlofuse.kernels import CompositeCall
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
+from hlofuse.ops.sample import SAMPLE, SampleAttrs
 
 KERNEL_FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
                 "top_p_mask", "top_k_top_p_mask", "min_p")
@@ -519,9 +517,6 @@ def _device_call(cfg: KernelConfig, operands: list[jax.Array]) -> jax.Array:
 
 def _lowering(call: CompositeCall, runner: str) -> Lowered:
     """An `hlofuse.sample` composite as the NKI kernel, or Unsupported saying why not."""
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels import Unsupported
-
     target = "neuron" if runner == "device" else "neuron-sim"
     if runner == "device" and not HAVE_NEURONXCC:
         raise Unsupported(INSTALL_MESSAGE)
@@ -549,8 +544,8 @@ neuron_lowering = functools.partial(_lowering, runner="device")
 # target=neuron-sim: the same kernel run on this host, under NKI's simulator or the emulator.
 neuron_sim_lowering = functools.partial(_lowering, runner="sim")
 # Per-shard calls: the rows (no vocabulary ranges). target=neuron needs the Neuron SDK on this host.
-SPECS = (KernelSpec("hlofuse.sample", "neuron", neuron_lowering, unavailable=missing_sdk),
-         KernelSpec("hlofuse.sample", "neuron-sim", neuron_sim_lowering))
+SPECS = (KernelSpec(SAMPLE, "neuron", neuron_lowering, unavailable=missing_sdk),
+         KernelSpec(SAMPLE, "neuron-sim", neuron_sim_lowering))
 
 __all__ = [
     "SPECS",

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +31,8 @@ import jax.numpy as jnp
 from hlofuse.kernels.pallas import common, gpu, resources, tpu
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference, zeroed_if_asked
-from hlofuse.kernels.target import KernelSpec, Lowered
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
+from hlofuse.ops.attention import ATTENTION, AttentionAttrs
 from hlofuse.shard_local import (
     Cuts,
     RangeSplit,
@@ -40,9 +41,6 @@ from hlofuse.shard_local import (
     prefill_key_split,
     prefill_query_split,
 )
-
-if TYPE_CHECKING:
-    from hlofuse.kernels import CompositeCall
 
 BACKENDS = ("tpu", "gpu")
 # A finite masked_value must be at least this far below zero: the kernel gives masked keys weight 0,
@@ -320,9 +318,6 @@ def decode_attention(
 
 def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Lowered:
     """An `hlofuse.attention` composite as this kernel, or Unsupported saying why not."""
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels import Unsupported
-
     target = f"{backend}-interpret" if interpret else backend
     dtypes = [dtype for _, dtype in call.operand_types[:3]]
     allowed = {"tpu": ("f32", "bf16"), "gpu": ("f32", "bf16", "f16")}[backend]
@@ -412,7 +407,7 @@ gpu_interpret_lowering = functools.partial(_lowering, backend="gpu", interpret=T
 def _spec(target: str, lower: Callable[[CompositeCall], Lowered]) -> KernelSpec:
     """A per-shard Pallas attention call: B, heads, and decode or prefill key ranges (their q_offset per batch
     row), or prefill query ranges."""
-    return KernelSpec("hlofuse.attention", target, lower, cuts=lambda call, devices: shard_cuts(call),
+    return KernelSpec(ATTENTION, target, lower, cuts=lambda call, devices: shard_cuts(call),
                       key_split=key_split, prefill_key_ranges=True, query_split=query_split)
 
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,11 +50,9 @@ from jax.experimental import pallas as pl
 from hlofuse.kernels.pallas import common
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import zeroed_if_asked
-from hlofuse.kernels.target import KernelSpec, Lowered
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
+from hlofuse.ops.attention import ATTENTION, AttentionAttrs
 from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts
-
-if TYPE_CHECKING:
-    from hlofuse.kernels import CompositeCall
 
 WARPGROUP_ROWS = 64  # wgmma's M per warpgroup
 SWIZZLE_BYTES = 128
@@ -372,8 +370,6 @@ def _lowering(call: CompositeCall, interpret: bool) -> Lowered:
     decode step is T·G rows, mostly padding in a 64-row wgmma tile, and one CTA per (b, kv head)
     without KV splits would leave most of the GPU idle.
     """
-    from hlofuse.composites import AttentionAttrs
-    from hlofuse.kernels import Unsupported
     from hlofuse.kernels.nki import hostcall
     from hlofuse.kernels.pallas import attention as pallas_attention
 
@@ -457,7 +453,7 @@ def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
 
 def _spec(target: str, lower: Callable[[CompositeCall], Lowered]) -> KernelSpec:
     """A per-shard gpu-mosaic attention call: B, heads and a decode's key ranges (on the Triton kernel)."""
-    return KernelSpec("hlofuse.attention", target, lower, cuts=lambda call, devices: shard_cuts(call),
+    return KernelSpec(ATTENTION, target, lower, cuts=lambda call, devices: shard_cuts(call),
                       key_split=key_split)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
+from hlofuse import vocab_splits
 from hlofuse.kernels.noise import MAX_COUNTER, gumbel, threefry_bits
 from hlofuse.kernels.pallas.common import next_pow2, round_up
 from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
@@ -47,14 +48,13 @@ from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
 from hlofuse.kernels.sampling_reference import (
     SOFTMAX_TIE_MARGIN,
     UNCERTIFIED,
+    min_p_masked,
     reference_where_uncertified,
     sample_reference,
 )
-from hlofuse.kernels.target import KernelSpec, Lowered
-
-if TYPE_CHECKING:
-    from hlofuse.kernels import CompositeCall
-    from hlofuse.shard_local import Cuts, RangeSplit
+from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
+from hlofuse.ops.sample import SAMPLE, SampleAttrs
+from hlofuse.shard_local import Cuts, RangeSplit, sample_cuts
 
 BACKENDS = ("tpu", "gpu")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
@@ -612,9 +612,6 @@ def _run(x: jax.Array, key: jax.Array | None, form: str, plan_params: dict[str, 
 
 def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str | None) -> Lowered:
     """An `hlofuse.sample` composite as this kernel, or Unsupported saying why not."""
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels import Unsupported
-
     target = f"{backend}-interpret" if interpret else backend
     attrs = SampleAttrs.from_dict(call.attributes)
     (shape, dtype), *_ = call.operand_types
@@ -647,19 +644,12 @@ _TARGETS = {"tpu": ("tpu", False, "tpu"), "gpu": ("gpu", False, "cuda"), "tpu-in
 
 def shard_cuts(call: CompositeCall) -> Cuts:
     """The dims a per-shard call keeps local: the rows and, for VOCAB_SPLIT_FORMS, the vocabulary."""
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.shard_local import sample_cuts
-
     return sample_cuts(call, vocab=SampleAttrs.from_dict(call.attributes).form in VOCAB_SPLIT_FORMS)
 
 
 def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """`call` as `splits` vocabulary ranges, one per shard (hlofuse.vocab_splits), each sampled by
     `sample_split` with the whole row's noise."""
-    from hlofuse import vocab_splits
-    from hlofuse.composites import SampleAttrs
-    from hlofuse.kernels.sampling_reference import min_p_masked
-
     backend, interpret, platform = _TARGETS[target]
     attrs = SampleAttrs.from_dict(call.attributes)
     run = functools.partial(sample_split, temperature=attrs.temperature, backend=backend, interpret=interpret)
@@ -687,7 +677,7 @@ _LOWERINGS = {"tpu": tpu_lowering, "gpu": gpu_lowering, "tpu-interpret": tpu_int
               "gpu-interpret": gpu_interpret_lowering, "gpu-mosaic": gpu_lowering,
               "gpu-mosaic-interpret": gpu_interpret_lowering}
 # Per-shard calls: the rows and, for VOCAB_SPLIT_FORMS, vocabulary ranges.
-SPECS = tuple(KernelSpec("hlofuse.sample", target, lower, cuts=lambda call, devices: shard_cuts(call),
+SPECS = tuple(KernelSpec(SAMPLE, target, lower, cuts=lambda call, devices: shard_cuts(call),
                          vocab_split=vocab_split) for target, lower in _LOWERINGS.items())
 
 __all__ = [

@@ -1,0 +1,67 @@
+"""The `hlofuse.sample` composite: its name, version and attributes (docs/composites.md).
+
+`SampleAttrs` reads the attributes back from IR. Its `form` names one of the sampler forms of
+hlofuse.kernels.sampling_reference (`FORMS`), which fix what each parameter means, so this module reads them
+from there: the forms are part of the contract (the composite's reference is the form's function).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from jaxlib.mlir import ir
+
+from hlofuse.kernels.sampling_reference import FORMS, form_params
+from hlofuse.ops.attributes import attribute_values
+
+SAMPLE = "hlofuse.sample"
+SAMPLE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SampleAttrs:
+    """Attributes of `hlofuse.sample` v1. Operands: logits (..., V) float, key (2,) uint32 (threefry2x32).
+    The result is the token id per row, int32, of shape logits.shape[:-1].
+
+    `form` names the sampler as written (hlofuse.kernels.sampling_reference.FORMS): it fixes the order of
+    temperature and filters, where the Gumbel noise is indexed (vocabulary id or rank) and the tie rules.
+    """
+
+    mode: str  # greedy | temperature | top_k | top_p | min_p | top_k+top_p
+    form: str
+    temperature: float = 1.0
+    k: int = 0  # 0 = no top-k
+    p: float = 1.0  # 1 = no top-p
+    min_p: float = 0.0  # 0 = no min-p
+
+    @staticmethod
+    def from_ir(attributes: ir.Attribute) -> SampleAttrs:
+        """The attributes of a composite's `composite_attributes` dictionary."""
+        return SampleAttrs.from_dict(attribute_values(attributes))
+
+    @staticmethod
+    def from_dict(attributes: dict[str, Any]) -> SampleAttrs:
+        """The attributes of a `CompositeCall`; raises ValueError naming any this version does not have."""
+        known = {f.name for f in dataclasses.fields(SampleAttrs)}
+        unknown = set(attributes) - known
+        if unknown:
+            raise ValueError(f"unknown hlofuse.sample attributes {sorted(unknown)}")
+        return SampleAttrs(**attributes)
+
+    def ir_attributes(self) -> dict[str, ir.Attribute]:
+        """The composite_attributes dictionary (call inside an MLIR context)."""
+        f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
+        return {"mode": ir.StringAttr.get(self.mode), "form": ir.StringAttr.get(self.form),
+                "temperature": ir.FloatAttr.get(f64, self.temperature), "k": ir.IntegerAttr.get(i64, self.k),
+                "p": ir.FloatAttr.get(f64, self.p), "min_p": ir.FloatAttr.get(f64, self.min_p)}
+
+    def params(self) -> dict[str, Any]:
+        """Keyword arguments of the form's function (hlofuse.kernels.sampling_reference): the parameters
+        the form reads, the others at their neutral values (`form_params`)."""
+        values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p}
+        return form_params(self.form, **values) if self.form in FORMS else values
+
+
+__all__ = ["SAMPLE", "SAMPLE_VERSION", "SampleAttrs"]
