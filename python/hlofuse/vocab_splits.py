@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from hlofuse.kernels import CompositeCall
+from hlofuse.kernels.noise import categorical_at_rows
 from hlofuse.kernels.sampling_reference import merge_vocab_splits
 from hlofuse.shard_local import RangeSplit, ShardPass
 
@@ -129,8 +130,6 @@ def rank_top_k_ranges(call: CompositeCall, splits: int, form: str, temperature: 
     first pass takes each range's top k; the second takes every range's candidates of its rows (one
     all-gather at the manual computation's boundary), ranks them and draws among the row's top k as the
     program does, with the whole batch's noise at its rows (`categorical_at_rows`)."""
-    from hlofuse.kernels.noise import categorical_at_rows
-
     if form not in ("top_k", "temperature_top_k"):
         raise ValueError(f"'{form}' is not a rank-space top-k form")
     prepare, operands = _prepare(call, splits)

@@ -47,7 +47,10 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from hlofuse.kernels.pallas import common
+from hlofuse.kernels.nki import hostcall
+from hlofuse.kernels.pallas import attention as pallas_attention
+from hlofuse.kernels.pallas import common, resources
+from hlofuse.kernels.pallas.attention import MASKED_VALUE_LIMIT, _check_shapes
 from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import zeroed_if_asked
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
@@ -118,7 +121,7 @@ def plan_tiles(rows: int, s: int, h: int, d: int, blocks: BlockSizes) -> dict[st
 
 def _swizzled(shape: tuple[int, ...], dtype: Any) -> Any:  # noqa: ANN401
     """An SMEM buffer in wgmma's operand layout: (8, 64) tiles, 128-byte swizzle."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: a heavy import only kernel building needs
 
     transforms = (plgpu.TilingTransform((8, SWIZZLE_ELEMS)), plgpu.SwizzleTransform(SWIZZLE_BYTES))
     return plgpu.SMEM(shape, dtype, transforms=transforms)
@@ -126,7 +129,7 @@ def _swizzled(shape: tuple[int, ...], dtype: Any) -> Any:  # noqa: ANN401
 
 def _kernel(plan: Plan, stages: int, interpreted: bool, *refs: Any) -> None:
     """One (q tile, kv head, batch): TMA ring over the visible kv blocks, wgmma for both matmuls."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: a heavy import only kernel building needs
 
     lens_ref, q_ref, k_ref, v_ref, o_ref, q_smem, k_smem, v_smem, p_smem, o_smem, q_bar, k_bars, v_bars = refs
     bq, bk = plan.block_q, plan.block_k
@@ -217,7 +220,7 @@ def flash_attention(
     interpret: Any = None,  # noqa: ANN401  (InterpretGPUParams runs the Mosaic GPU interpreter)
 ) -> jax.Array:  # (B, K, rows_pad, value_pad), rows that see no key are 0
     """The plgpu.kernel call: grid (q tiles, kv heads, batch), one warpgroup per CTA."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # lazy: a heavy import only kernel building needs
 
     smem = smem_bytes(plan, stages, jnp.dtype(q.dtype).itemsize)
     if smem > MAX_SMEM:
@@ -296,8 +299,6 @@ def attention(
     interpret: Any = False,  # noqa: ANN401  (True or InterpretGPUParams: the Mosaic GPU interpreter)
 ) -> jax.Array:  # (B, T, N, D), in q's dtype
     """`attention_reference`'s semantics (no bias or mask operand) on the Hopper Mosaic GPU kernel."""
-    from hlofuse.kernels.pallas.attention import MASKED_VALUE_LIMIT, _check_shapes
-
     _check_shapes(q, k, v, "gpu")
     if q.dtype not in DTYPES:
         raise ValueError(
@@ -341,8 +342,6 @@ def unfit(call: CompositeCall, chip: Any = None) -> str | None:  # noqa: ANN401 
     """Why this kernel cannot compile cleanly for the composite's shapes on `chip` (default:
     resources.current_chip("gpu")): shared memory per block, or registers (ptxas spills beyond
     resources.MOSAIC_REGISTER_BUDGET words per thread); None when the default tiles fit."""
-    from hlofuse.kernels.pallas import resources
-
     chip = chip or resources.current_chip("gpu")
     (q_shape, _), (k_shape, _), (v_shape, _) = call.operand_types[:3]
     _, t, n, h = q_shape
@@ -370,9 +369,6 @@ def _lowering(call: CompositeCall, interpret: bool) -> Lowered:
     decode step is T·G rows, mostly padding in a 64-row wgmma tile, and one CTA per (b, kv head)
     without KV splits would leave most of the GPU idle.
     """
-    from hlofuse.kernels.nki import hostcall
-    from hlofuse.kernels.pallas import attention as pallas_attention
-
     target = "gpu-mosaic-interpret" if interpret else "gpu-mosaic"
     attrs = AttentionAttrs.from_dict(call.attributes)
     if attrs.decode:
@@ -446,9 +442,7 @@ def shard_cuts(call: CompositeCall) -> Cuts:
 
 def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A decode's key ranges, one per shard, on the Triton kernel (pallas.attention.key_split)."""
-    from hlofuse.kernels.pallas import attention
-
-    return attention.key_split(call, target, splits)
+    return pallas_attention.key_split(call, target, splits)
 
 
 def _spec(target: str, lower: Callable[[CompositeCall], Lowered]) -> KernelSpec:
