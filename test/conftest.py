@@ -94,10 +94,26 @@ SLOW: dict[str, str] = {
         "18 s, 4 cases",
     "test/python/test_differential.py::test_fixed_gap": "14 s, 7 cases",
     "test/python/test_sampling_differential.py::test_known_gap": "15 s, 4 cases",
+    # The compile grid: the real TPU and GPU compilers on every kernel hlofuse emits (about 2 min on 2 cores).
+    "test/python/test_compile_grid.py::test_attention_variant_compiles_or_is_refused":
+        "216 cases (each fusing variant lowered for 4 chip targets, each kernel compiled)",
+    "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused": "111 cases",
+    "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused": "64 cases, T to 32k, 128k caches",
 }
 
 # Cases of a SLOW entry that stay in the fast tier: one or a few of each grid, so --fast still runs the code.
 FAST_SAMPLES: frozenset[str] = frozenset({
+    "test/python/test_compile_grid.py::test_attention_variant_compiles_or_is_refused[causal_tril_inf-tpu-v5e-tpu]",
+    "test/python/test_compile_grid.py::test_attention_variant_compiles_or_is_refused[additive_bias-h100-gpu]",
+    "test/python/test_compile_grid.py::test_attention_variant_compiles_or_is_refused[nn_causal_gqa_bf16-h100-gpu-mosaic]",
+    "test/python/test_compile_grid.py::test_attention_variant_compiles_or_is_refused[decode_with_cache-tpu-v6e-tpu]",
+    "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused[top_k_then_top_p-tpu-v5e-tpu]",
+    "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused[jetstream_top_k_bf16-h100-gpu]",
+    "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused"
+    "[f32-B1-T32768-S32768-N8K8-H256-causal-h100-gpu]",
+    "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused"
+    "[bf16-B1-T32768-S32768-N8K8-H128-causal-tpu-v5e-tpu]",
+    "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused[bf16-B4-T1-S131072-N32K8-H128-h100-gpu]",
     "test/python/test_fuse_sampling_e2e.py::test_variant_lowered_for_another_platform_fuses_as_for_the_cpu"
     "[argmax-tpu]",
     "test/python/test_library_fixtures.py::test_default_pipeline_fuses_and_preserves_outputs[jnn_dpa_gqa]",

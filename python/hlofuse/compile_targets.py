@@ -297,6 +297,13 @@ def check_module(module: ir.Module, name: str) -> ModuleReport:
     return ModuleReport(name, reports, True, resources={"temp_bytes": stats.temp_size_in_bytes})
 
 
+def check_kernels(module: ir.Module, name: str) -> list[KernelReport]:
+    """Each kernel call of `module` compiled alone for chip `name` (no whole-module compile)."""
+    target = chip(name)
+    topology(name)  # CompilerUnavailable before any work
+    return [_check_kernel(call, target) for call in kernel_calls(module)]
+
+
 def _check_kernel(call: ir.Operation, target: Chip) -> KernelReport:
     report = KernelReport(kernel_name(call), _call_target(call), call.location, ok=False)
     wanted = KERNEL_TARGETS[report.target]
