@@ -133,6 +133,7 @@ class Graph:
     results: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     devices: int = 1
+    donated: set[int] = field(default_factory=set)  # inputs whose buffers a result may reuse (donated arguments)
 
     def tensor(self, shape: Sequence[int], dtype: str, producer: int | None = None, kind: str = "value") -> int:
         self.tensors.append(Tensor(len(self.tensors), tuple(int(d) for d in shape), dtype, producer, kind))
@@ -297,9 +298,13 @@ class Flattener:
         block = function.regions[0].blocks[0]
         shardings = self._arg_shardings(function)
         inputs = []
+        arg_attrs = function.attributes["arg_attrs"] if "arg_attrs" in function.attributes else None
         for i, arg in enumerate(block.arguments):
             shape, dtype = tensor_type(arg.type)
             inputs.append(self.graph.tensor(self._local(shape, shardings[i]), dtype, None, "param"))
+            attrs = str(ir.ArrayAttr(arg_attrs)[i]) if arg_attrs is not None else ""
+            if "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs:
+                self.graph.donated.add(inputs[-1])
         self.graph.inputs = inputs
         self.graph.results = self.block(block, inputs, _Frame({}, 0, None))
         return self.graph

@@ -5,7 +5,8 @@ Calibration (about 10 s on 2 cores; `calibrate()`) times jitted programs on the 
 median of a few runs), which other jobs sharing the cores do not inflate as they inflate wall time:
   - GEMM: f32 at N = 64 .. 2048 (the model interpolates the rate by the GEMM's size: a small GEMM never
     reaches the big one's rate on a CPU), and bf16 at N = 1024;
-  - memory: a streaming `x * a + b` over 256 MiB (DRAM) and over 4 MiB (the last-level cache);
+  - memory: a streaming `x * a + b` over 256 MiB (DRAM) and over 4 MiB (the last-level cache); matrix-vector
+    dots reading 264 MiB of weights;
   - the vector units: a fused chain of 64 multiply-adds on an in-cache array; exp on one;
   - sort: jnp.sort of 8 rows of 32768;
   - overheads: a trivial program's call, and the cost per op of a chain of small unfusable ops;
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 TABLE = Path(__file__).with_name("chips.toml")
-CALIBRATION_VERSION = 12
+CALIBRATION_VERSION = 13
 # Targets in the order the report lists them.
 DEFAULT_TARGETS = ("host", "tpu-v5e", "tpu-v5p", "tpu-v6e", "tpu-v7", "h100", "h200", "b200", "trn1", "trn2")
 ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", "v7": "tpu-v7", "tpu7x": "tpu-v7",
@@ -89,6 +90,7 @@ class Chip:
     decode_bw: float = 0.0  # host only: K/V bytes per CPU-second of hlofuse's attention kernel at decode
     decode_threads: float = 1.0
     read_bw: float = 0.0  # host only: DRAM read-only bandwidth (a reduction); 0 = hbm_bw
+    gemv_bw: float = 0.0  # host only: bytes/s at which XLA's matrix-vector dots read their weights from DRAM
     write_bw: float = 0.0  # host only: DRAM write bandwidth (from a stream and the read bandwidth); 0 = hbm_bw
     sources: dict[str, str] = field(default_factory=dict)
     calibrated: str = ""  # where host's numbers came from
@@ -329,6 +331,16 @@ def calibrate(verbose: bool = False) -> dict[str, Any]:
     out["peak_bf16"] = 2.0 * 1024 ** 3 / t.cpu
     log(f"bf16 GEMM 1024: {out['peak_bf16'] / 1e9:.1f} GFLOP per CPU-second; dots on {out['threads']:.0f} thread(s)")
 
+    # Matrix-vector dots (a decode step's weights, M = 1) reading 24 weights of 11 MiB from DRAM: XLA's GEMV
+    # streams them below a plain reduction's rate.
+    weights = [jnp.asarray(rng.standard_normal((1024, 2816), np.float32)) for _ in range(24)]
+    row = jnp.ones((1, 1024), jnp.float32)
+    gemvs = jax.jit(lambda x, ws: [x @ w for w in ws])
+    t = _timed(lambda: jax.block_until_ready(gemvs(row, weights)), 0.5).cpu
+    out["gemv_bw"] = sum(w.nbytes for w in weights) / t
+    weights.clear()
+    log(f"GEMV from DRAM: {out['gemv_bw'] / 1e9:.1f} GB/s of weights")
+
     # Streams in place (the input donated), so that the time is the memory's, not the page faults' of a
     # fresh output; the fresh-output time then gives the cost of faulting pages in.
     stream = jax.jit(lambda x: x * 1.0001 + 0.5, donate_argnums=0)
@@ -553,7 +565,7 @@ def apply_calibration(chip: Chip, data: dict[str, Any]) -> Chip:
     for key in ("vector_flops", "transcendental_rate", "hbm_bw", "cache_bw", "cache_bytes", "sort_rate", "step_s",
                 "launch_s", "attention_flops", "fault_bw", "read_bw", "write_bw", "threads", "kernel_threads",
                 "transpose_bw", "transpose_cache_bw", "strided_bw", "decode_bw", "decode_threads",
-                "chain_transcendental_rate", "variadic_rate"):
+                "chain_transcendental_rate", "variadic_rate", "gemv_bw"):
         if key in data:
             setattr(chip, key, float(data[key]))
             chip.sources[key] = where

@@ -275,7 +275,7 @@ def expand(base: Graph, templates: dict[int, tuple[Graph, bool]]) -> Graph:
     site's operands and results); nodes from a template carry the site's index."""
     out = Graph(tensors=[_copy(t) for t in base.tensors], scopes=dict(base.scopes),
                 scope_notes=dict(base.scope_notes), inputs=list(base.inputs), results=list(base.results),
-                notes=list(base.notes), devices=base.devices)
+                notes=list(base.notes), devices=base.devices, donated=set(base.donated))
     for node in base.nodes:
         if node.cls != "site":
             new = _copy(node, id=len(out.nodes))
@@ -387,8 +387,11 @@ class Coster:
         transposed = sum(2 * self.graph.tensors[t].nbytes for d in region.dots for t in d.get("strided_copies", ())
                          if t not in self.copy_operands) if chip.family == "cpu" else 0.0
         if self.arguments_from_dram and region.param_read:
+            read_bw = chip.read_bw or chip.hbm_bw
+            if chip.gemv_bw and region.dots and all(min(d["m"], d["n"]) <= 16 for d in region.dots):
+                read_bw = chip.gemv_bw  # a matrix-vector dot streams its weights at its own measured rate
             memory = max(memory, chip.memory_time(region.bytes_read - region.param_read, region.bytes_written)
-                         + region.param_read / (chip.read_bw or chip.hbm_bw))
+                         + region.param_read / read_bw)
         if chip.family == "cpu" and chip.transpose_bw:
             memory += self._cpu_layout_copies(region)
             g = self.graph
@@ -401,11 +404,11 @@ class Coster:
                       for n in region.nodes if g.nodes[n].info.get("permutes") and g.nodes[n].inputs]
             permuted = sum(m for m, _, _ in moves)
             if permuted:
-                # XLA's tiled transpose runs only a fusion that is a pure copy (slices allowed); any other op in
-                # it (a broadcast, arithmetic) makes it a loop reading through the transpose an element at a
-                # time, whose rate falls as the elements it reads in turn lie further apart (cache lines, pages)
-                pure = all(g.nodes[n].info.get("layout") in ("transpose", "reshape", "noop", "slice", "dynamic_slice")
-                           for n in region.nodes)
+                # XLA's tiled transpose runs only a fusion that is a pure copy; any other op in it (a slice, as
+                # of one layer's KV cache, a broadcast, arithmetic) makes it a loop reading through the transpose
+                # an element at a time (measured: x[:2048].T 20x x.T's time), whose rate falls as the elements
+                # it reads in turn lie further apart (cache lines, pages)
+                pure = all(g.nodes[n].info.get("layout") in ("transpose", "reshape", "noop") for n in region.nodes)
                 # (each output element passes through once: a broadcast source is read again for each copy)
                 scale = min(1.0, 2 * nbytes / permuted)
                 permuted *= scale
@@ -693,6 +696,7 @@ def analyze_target(prepared: Prepared, chip: Chip, *, kv_fill: float = 1.0) -> T
     rows = _aggregate(costed, chip, prepared.sites)
     if alloc is not None:
         rows.append(alloc)
+    rows.extend(_argument_copies(graph, chip))
     rows.append(RegionRow("call: dispatch of the program", "call", 1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, chip.step_s,
                           chip.step_s, chip.step_s, "overhead",
                           fix="a fixed cost per call: more work per call (a larger batch, several steps in one "
@@ -778,6 +782,29 @@ def _allocation(costed: list[Costed], graph: Graph, chip: Chip) -> RegionRow | N
                      t, t, 0.0, "overhead", cpu_s=t,
                      fix=f"{_human_bytes(fresh)} of buffers above glibc's mmap threshold fault in on every call "
                          f"(~{fault_bw / 1e9:.1f} GB/s here): donate them or keep temporaries smaller")
+
+
+def _argument_copies(graph: Graph, chip: Chip) -> list[RegionRow]:
+    """An argument updated in place (dynamic_update_slice, scatter: a KV cache) whose buffer was not donated
+    is copied first, whole: XLA's copy insertion keeps the caller's array intact. One row per shape."""
+    consumers = graph.consumers()
+    groups: dict[tuple[tuple[int, ...], str], list[int]] = defaultdict(list)
+    for t in graph.inputs:
+        if t in graph.donated:
+            continue
+        if any(graph.nodes[n].cls in ("dus", "scatter") and graph.nodes[n].inputs[:1] == [t] for n in consumers[t]):
+            groups[(graph.tensors[t].shape, graph.tensors[t].dtype)].append(t)
+    rows = []
+    for (shape, dtype), members in groups.items():
+        size = graph.tensors[members[0]].nbytes
+        t = chip.memory_time(size, size) + chip.launch_s
+        total = t * len(members)
+        rows.append(RegionRow(f"copy: argument {dtype}[{','.join(map(str, shape))}] updated in place, not donated",
+                              "dus", len(members), 0.0, 2 * size * len(members), 0.0, 0.0, total - chip.launch_s *
+                              len(members), 0.0, chip.launch_s * len(members), total, 0.0, "memory", cpu_s=total,
+                              fix=f"XLA copies the {_human_bytes(size)} argument before updating it in place: donating "
+                                  "it (jax.jit(..., donate_argnums=...)) removes the copy"))
+    return rows
 
 
 def _aggregate(costed: list[Costed], chip: Chip, sites: list[Site]) -> list[RegionRow]:
