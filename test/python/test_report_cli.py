@@ -68,6 +68,57 @@ def test_errors_are_one_line_and_exit_one(argv, message, programs, capsys):
     assert len(err.splitlines()) == 1
 
 
+def test_help_describes_every_option_formats_targets_and_exit_status(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--targets", "--json", "--html", "--compare", "--measure", "--runs", "--no-fuse", "--kv-fill",
+                 "--top", "--no-calibrate", "--recalibrate", "--quiet", "--debug"):
+        assert flag in out, flag
+    for words in ("input formats", "jax.export", "the next 2x", "tpu-v5e", "trn2", "HLOFUSE_CACHE_DIR",
+                  "exit status", "measured B/A"):
+        assert words in out, words
+
+
+@pytest.mark.parametrize("text, message", [
+    ("module {}", "nothing to model: the module has no public function"),
+    ("func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n",
+     "nothing to model: @main has no ops"),
+])
+def test_a_module_with_nothing_to_model_is_a_clear_error(text, message, tmp_path, capsys):
+    path = tmp_path / "empty.mlir"
+    path.write_text(text)
+    assert main([str(path), "--targets", "host", "--no-calibrate"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert message in err and str(path) in err and len(err.splitlines()) == 1
+
+
+def test_unknown_target_suggests_the_closest(programs, capsys):
+    assert main([str(programs[0]), "--targets", "host,h1000", "--no-calibrate"]) == 1
+    assert "did you mean 'h100'?" in capsys.readouterr().err
+
+
+def test_unwritable_output_fails_before_the_analysis(programs, capsys):
+    assert main([str(programs[0]), "--targets", "host", "--no-calibrate", "--json", "/no/such/dir/r.json"]) == 1
+    captured = capsys.readouterr()
+    assert "--json /no/such/dir/r.json: no such directory" in captured.err and "== host" not in captured.out
+
+
+def test_measure_shows_progress_on_a_long_run(programs, capsys, monkeypatch):
+    """Progress lines go to stderr: one when it compiles, then one per round once a call takes a second or more
+    (a slow clock here makes every call look long)."""
+    import itertools
+
+    from hlofuse.report import measure
+
+    ticks = itertools.count(0.0, 2.0)
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(ticks))
+    assert main([str(programs[1]), "--targets", "host", "--no-calibrate", "--measure", "--runs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "--measure: compiling for this CPU" in err
+    assert "--measure: call 1/2" in err and "--measure: call 2/2" in err
+
+
 def test_unparseable_input_exits_one(tmp_path, capsys):
     bad = tmp_path / "bad.mlir"
     bad.write_text("func.func @main() { stablehlo.bogus }")

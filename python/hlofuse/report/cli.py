@@ -17,15 +17,32 @@ from pathlib import Path
 PROG = "hlofuse-report"
 
 EPILOG = """\
+input formats (as hlofuse-opt): StableHLO text or bytecode (.mlir, .mlirbc), a jax.export artifact, an XLA
+HLO dump (.txt / .hlo text, .hlo.pb); '-' reads stdin. Get one from JAX with
+  jax.jit(f).lower(*args).as_text()             or  XLA_FLAGS=--xla_dump_to=DIR (DIR/*/module.mlir)
+
+what it prints, per target: the predicted time of one call (a decode step's is the per-token latency), the
+regions ranked by time with their bound (compute, memory, interconnect, overhead) and share, each hlofuse
+fusion with its unfused -> fused prediction, and "the next 2x": where the most time sits above its roofline
+and what would move it. With --compare, per target: A and B, their delta and B/A, region by region. With
+--measure: the program run on this CPU (CPU time and wall time of the median call, predicted beside it);
+with --compare too, both programs are timed in turn and the measured B/A is printed beside the predicted.
+
 examples:
   hlofuse-report model.mlir                         # every chip in the table
   hlofuse-report prefill.mlir --targets host,tpu-v5e,h100 --json out.json --html out.html
   hlofuse-report decode_gqa8.mlir --compare decode_gqa2.mlir --targets tpu-v6e,h200
   hlofuse-report step.mlir --targets host --measure  # also run it on this CPU
+  hlofuse-report a.mlir --compare b.mlir --targets host --measure --runs 9   # predicted vs measured B/A
 
-targets: host (this machine, calibrated once and cached in ~/.cache/hlofuse), tpu-v5e, tpu-v5p, tpu-v6e, tpu-v7,
-h100, h200, b200, trn1, trn2 (python/hlofuse/report/chips.toml has every number and its source). Host
-predictions are validated against measurements (docs/report.md); the others are not.
+targets: all, or a comma-separated list of host (this machine), tpu-v5e, tpu-v5p, tpu-v6e, tpu-v7, h100, h200,
+b200, trn1, trn2; aliases cpu, v5e, v5p, v6e, v7, trillium, ironwood, tpu7x, h100-sxm, trainium, trainium2.
+python/hlofuse/report/chips.toml has every number and its source. The host's ceilings are measured once
+(about 10 s) and cached in ~/.cache/hlofuse (HLOFUSE_CACHE_DIR moves it). Host predictions are validated
+against measurements (docs/report.md); the TPU, GPU and Trainium ones are not.
+
+exit status: 0 on success; 1 on any error (a missing or unreadable input, an input with nothing to model,
+an unknown target, a bad option), printed as one line on stderr (--debug adds the traceback).
 """
 
 
@@ -39,33 +56,75 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Analytical performance model of a StableHLO program per target.",
+    parser = _Parser(prog=PROG, description="Analytical performance model of a StableHLO program per target: where "
+                     "the time of one call goes on each chip, what bounds it, and what hlofuse's fusions gain.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
-    parser.add_argument("input", help="the program ('-' for stdin): any format hlofuse-opt reads")
+    parser.add_argument("input", help="the program ('-' for stdin): any format hlofuse-opt reads (below)")
     parser.add_argument("--targets", default="all", metavar="LIST",
-                        help="comma-separated targets (default: all)")
-    parser.add_argument("--json", metavar="FILE", help="write the report as JSON ('-' for stdout)")
-    parser.add_argument("--html", metavar="FILE", help="write a self-contained HTML page")
-    parser.add_argument("--compare", metavar="OTHER_INPUT", help="a second program, side by side per target")
-    parser.add_argument("--measure", action="store_true", help="run the program on this CPU and time it")
-    parser.add_argument("--runs", type=int, default=5, help="timed calls for --measure (default: 5)")
+                        help="comma-separated targets, or 'all' (the default): see targets below")
+    parser.add_argument("--json", metavar="FILE", help="write the whole report as JSON ('-' for stdout; schema in "
+                        "docs/report.md: targets.<name>.predicted_s, regions[], fusions[], next[]; measured; compare)")
+    parser.add_argument("--html", metavar="FILE", help="write one self-contained offline page (roofline per target, "
+                        "stacked time bars, the fusion table)")
+    parser.add_argument("--compare", metavar="OTHER_INPUT",
+                        help="a second program B (a proposed model change), side by side with INPUT (A) per target")
+    parser.add_argument("--measure", action="store_true",
+                        help="also run the program on this CPU (the default pipeline for 'cpu', random arguments of "
+                             "its parameter types) and compare the measured time with the host's prediction; with "
+                             "--compare, both programs in turn; progress goes to stderr")
+    parser.add_argument("--runs", type=int, default=5, metavar="N", help="timed calls for --measure (default: 5)")
     parser.add_argument("--no-fuse", dest="fuse", action="store_false",
-                        help="model the program as XLA runs it without hlofuse")
+                        help="model (and --measure) the program as XLA runs it without hlofuse")
     parser.add_argument("--kv-fill", type=float, default=1.0, metavar="F",
-                        help="fraction of the KV cache attention sites with kv_lengths read (default: 1)")
-    parser.add_argument("--top", type=int, default=8, help="regions shown per target (default: 8)")
+                        help="fraction in (0, 1] of the KV cache that attention sites with kv_lengths read (the "
+                             "model cannot see the lengths; default: 1)")
+    parser.add_argument("--top", type=int, default=8, metavar="N", help="regions shown per target (default: 8)")
     parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                         help="use the table's host fallbacks instead of measuring this machine")
-    parser.add_argument("--recalibrate", action="store_true", help="measure this machine again")
-    parser.add_argument("--quiet", action="store_true", help="no terminal table (with --json/--html)")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks")
+    parser.add_argument("--recalibrate", action="store_true", help="measure this machine again (about 10 s)")
+    parser.add_argument("--quiet", action="store_true", help="no terminal table and no progress (with --json/--html)")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     return parser
 
 
 def _load(path: str):  # noqa: ANN202
     from hlofuse.ir import loader
 
-    return loader.load_file(path)
+    loaded = loader.load_file(path)
+    _check_has_work(loaded.module, path)
+    return loaded
+
+
+def _check_has_work(module, path: str) -> None:  # noqa: ANN001
+    """A clear error for an input with nothing to model: no function, or a main that only returns."""
+    from jaxlib.mlir import ir
+
+    from hlofuse.report.graph import Flattener
+
+    try:
+        main = Flattener(module).main()
+    except ValueError as error:
+        raise UsageError(f"{path}: nothing to model: {error} (is it a StableHLO module with a main function?)") \
+            from error
+    name = ir.StringAttr(main.attributes["sym_name"]).value
+    ops = [op for op in main.regions[0].blocks[0].operations if op.operation.name != "func.return"]
+    if not ops:
+        raise UsageError(f"{path}: nothing to model: @{name} has no ops (it only returns its arguments)")
+
+
+def _resolve_targets(text: str) -> list[str]:
+    import difflib
+
+    from hlofuse.report import hardware
+
+    try:
+        return hardware.resolve_targets(text)
+    except ValueError as error:
+        known = [*hardware.DEFAULT_TARGETS, *hardware.ALIASES]
+        bad = [t.strip() for t in text.split(",") if t.strip() and t.strip() not in known and t.strip() != "all"]
+        close = difflib.get_close_matches(bad[0], known, n=1) if bad else []
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise UsageError(f"--targets: {error}{hint}") from error
 
 
 def _write(path: str, text: str) -> None:
@@ -74,8 +133,11 @@ def _write(path: str, text: str) -> None:
         return
     target = Path(path)
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(target)
+    try:
+        tmp.write_text(text)
+        tmp.replace(target)
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from error
 
 
 def run(argv: Sequence[str]) -> int:
@@ -87,7 +149,12 @@ def run(argv: Sequence[str]) -> int:
     from hlofuse.report import hardware, render
     from hlofuse.report.model import analyze
 
-    targets = hardware.resolve_targets(args.targets)
+    if args.top < 1:
+        raise UsageError("--top must be at least 1")
+    for flag, path in (("--json", args.json), ("--html", args.html)):
+        if path and path != "-" and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{flag} {path}: no such directory {str(Path(path).resolve().parent)!r}")
+    targets = _resolve_targets(args.targets)
     if args.recalibrate and "host" in targets:
         hardware.host_calibration(refresh=True, verbose=True)
     loaded = _load(args.input)
