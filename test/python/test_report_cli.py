@@ -147,3 +147,25 @@ def test_json_to_stdout(programs, capsys):
     data = json.loads(capsys.readouterr().out)
     assert set(data["targets"]) == {"trn2"}
     assert data["targets"]["trn2"]["lowering"] != "ok"  # no Neuron SDK here: the kernel is modelled
+
+
+def test_demo_programs_write_modules_the_report_reads(tmp_path, capsys):
+    """python -m hlofuse.report.demo_programs (the README's example) writes the demo's two programs; the report
+    fuses their attention and sampling sites, and more KV heads cost more in the decode step."""
+    from hlofuse.report import demo_programs
+
+    small = ["--layers", "1", "--d-model", "128", "--heads", "4", "--head-dim", "32", "--vocab", "512",
+             "--prompt-len", "16", "--cache-len", "256"]
+    assert demo_programs.main([str(tmp_path / "kv1"), *small, "--kv-heads", "1"]) == 0
+    assert demo_programs.main([str(tmp_path / "kv4"), *small, "--kv-heads", "4"]) == 0
+    assert demo_programs.main([str(tmp_path / "bad"), *small, "--kv-heads", "3"]) == 1
+    capsys.readouterr()
+    out_json = tmp_path / "r.json"
+    assert main([str(tmp_path / "kv4" / "decode_step.mlir"), "--compare", str(tmp_path / "kv1" / "decode_step.mlir"),
+                 "--targets", "tpu-v6e", "--no-calibrate", "--compare-only", "--json", str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("hlofuse-report --compare:") and "== tpu-v6e" in text
+    data = json.loads(out_json.read_text())
+    assert data["counters"].get("softmax_of_qk_to_attention") == 1 and data["sites"] == 2
+    assert data["compare"]["targets"]["tpu-v6e"]["delta_s"] < 0
+    assert main([str(tmp_path / "kv1" / "prefill.mlir"), "--targets", "host", "--no-calibrate", "--quiet"]) == 0

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                         help="use the table's host fallbacks instead of measuring this machine")
     parser.add_argument("--recalibrate", action="store_true", help="measure this machine again (about 10 s)")
+    parser.add_argument("--compare-only", action="store_true",
+                        help="with --compare: print only the side-by-side table, not each program's report")
     parser.add_argument("--quiet", action="store_true", help="no terminal table and no progress (with --json/--html)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     return parser
@@ -149,6 +151,8 @@ def run(argv: Sequence[str]) -> int:
     from hlofuse.report import hardware, render
     from hlofuse.report.model import analyze
 
+    if args.compare_only and not args.compare:
+        raise UsageError("--compare-only needs --compare OTHER_INPUT")
     if args.top < 1:
         raise UsageError("--top must be at least 1")
     for flag, path in (("--json", args.json), ("--html", args.html)):
@@ -181,7 +185,8 @@ def run(argv: Sequence[str]) -> int:
                                                               progress=progress)}
     to_stdout = args.json == "-"
     if not args.quiet and not to_stdout:
-        sys.stdout.write(render.text(report, args.top))
+        if other is None or not args.compare_only:
+            sys.stdout.write(render.text(report, args.top))
         if other is not None:
             sys.stdout.write(render.compare_text(report, other, args.top))
     if args.json:
