@@ -343,7 +343,8 @@ def process_chunk(
     text = pipeline_text(options)
     try:
         if text is not None:
-            result = pipeline.run_pipeline(module, text, target=kernel_target(options))
+            with _chip_scope(options):
+                result = pipeline.run_pipeline(module, text, target=kernel_target(options))
             if options.remarks:
                 for remark in result.remarks:
                     print(str(remark), file=stderr)
@@ -369,6 +370,15 @@ def process_chunk(
         module.operation.write_bytecode(buffer)
         return ChunkResult(True, data=bytes(buffer.data))
     return ChunkResult(True, text=module.operation.get_asm(enable_debug_info=options.debuginfo))
+
+
+def _chip_scope(options: Options) -> contextlib.AbstractContextManager[None]:
+    """With --compile-for, the Pallas lowerings choose tiles for, and check the limits of, that chip."""
+    if not options.compile_for:
+        return contextlib.nullcontext()
+    from hlofuse.kernels.pallas import resources
+
+    return resources.for_chip(options.compile_for)
 
 
 def _compile_for(module: ir.Module, name: str, options: Options, stderr: TextIO) -> bool:

@@ -55,7 +55,24 @@ def main() -> None:
     with open(os.path.join(HERE, "tanh_matmul.mlirbc"), "wb") as f:
         f.write(_jax.mlir.hlo_to_stablehlo(proto))
     shutil.rmtree(DUMP)
+    triton_tiles_too_large()
     print(f"wrote samples to {HERE}", file=sys.stderr)
+
+
+def triton_tiles_too_large() -> None:
+    """A module whose Triton kernel was lowered with tiles the H100 cannot hold (f32, H = 256, 64 x 64 tiles:
+    256 KiB of shared memory), as an explicit BlockSizes gives it: --compile-for's error path."""
+    import jax.numpy as jnp
+
+    from hlofuse.kernels.pallas.attention import BlockSizes, attention
+
+    def attend(q, k, v):
+        return attention(q, k, v, scale=256**-0.5, causal=True, backend="gpu", block_sizes=BlockSizes(64, 64))
+
+    x = jax.ShapeDtypeStruct((1, 128, 2, 256), jnp.float32)
+    module = jax.jit(attend).trace(x, x, x).lower(lowering_platforms=("cuda",)).compiler_ir("stablehlo")
+    with open(os.path.join(HERE, "triton_f32_h256_64x64.mlir"), "w") as f:
+        f.write(module.operation.get_asm(enable_debug_info=False))
 
 
 if __name__ == "__main__":
