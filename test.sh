@@ -8,7 +8,9 @@ usage() {
   cat <<'EOF'
 usage: ./test.sh [--fast | --full] [--help]
 
-  (no flag), --full  the full suite, as CI runs it (.ci/run): 24 min of CPU, about 12 min on 2 idle cores
+  (no flag), --full  the full suite, as CI runs it (.ci/run): 24 min of CPU, about 12 min on 2 idle cores;
+                     it also installs the TPU and GPU compilers (.[accelerators]) and compiles every kernel
+                     with them (test/python/test_compile_grid.py); a failed install stops it with a message
   --fast             the quick tier: the same lint, generator checks and lit, and pytest without the
                      tests marked slow (test/conftest.py's SLOW table), hypothesis at its `fast` profile;
                      3.5 min measured on 2 otherwise idle cores (7 min of CPU)
@@ -37,6 +39,8 @@ for arg in "$@"; do
 done
 
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+# Both pytest workers may load libtpu for deviceless TPU compiles; without this the second waits on its lock.
+export ALLOW_MULTIPLE_LIBTPU_LOAD="${ALLOW_MULTIPLE_LIBTPU_LOAD:-1}"
 if [ "$tier" = fast ]; then
   export HYPOTHESIS_PROFILE="${HYPOTHESIS_PROFILE:-fast}"
   marks=(-m "not slow")
@@ -64,8 +68,20 @@ summary() {
 }
 trap summary EXIT
 
-stage "install (.venv, editable)"
-HLOFUSE_EXTRAS="test" source tools/venv.sh
+# The full tier also installs the TPU and GPU compilers (the `accelerators` extra: libtpu, and CUDA 12 with
+# ptxas), so that test/python/test_compile_grid.py and lit's --compile-for tests compile every kernel for
+# real; HLOFUSE_REQUIRE_COMPILERS=1 makes those tests fail, not skip, when a compiler is missing.
+if [ "$tier" = full ]; then extras="test,accelerators"; else extras="test"; fi
+stage "install (.venv, editable, .[$extras])"
+if ! HLOFUSE_EXTRAS="$extras" source tools/venv.sh; then
+  echo "test.sh: installing .[$extras] into ${VENV:-.venv} failed (see pip's message above)." >&2
+  if [ "$tier" = full ]; then
+    echo "test.sh: the full tier needs the TPU and GPU compilers: libtpu (~1.3 GB) and CUDA 12 with ptxas" \
+      "(~4.9 GB), so network access to PyPI and ~7 GB of disk; ./test.sh --fast runs without them." >&2
+  fi
+  exit 1
+fi
+if [ "$tier" = full ]; then export HLOFUSE_REQUIRE_COMPILERS=1; fi
 export PATH="$VENV/bin:$PATH"
 stage "ruff"
 ruff check python passes test tools
