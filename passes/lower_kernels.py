@@ -25,7 +25,9 @@ remark saying why: XLA then inlines its decomposition, so the program stays exac
 In a module compiled for several devices (docs/sharding.md) a composite is lowered only where its kernel call
 keeps every sharded dim local (`multi_device=local`, the default: Shardy's propagation on a copy of the module
 says how the operands arrive); Pallas and NKI calls then run per shard inside `sdy.manual_computation`
-(hlofuse.shard_local), the CPU calls under XLA's batch partitioner (hlofuse.sharding).
+(hlofuse.partition), the CPU calls under XLA's batch partitioner (hlofuse.partition.rules). Per composite the
+pass plans (Shardy's propagation, where a lowering reads a plan), picks a strategy from data
+(hlofuse.partition.strategy: keep, inline or per shard) and emits it.
 
     %0 = stablehlo.composite "hlofuse.attention" %q, %k, %v {...}
   becomes (target=reference)
@@ -50,9 +52,7 @@ from hlofuse.kernels import (
     CompositeCall,
     KernelSpec,
     Lowered,
-    Partitioning,
     TargetUnavailable,
-    Unsupported,
     known_targets,
     spec_for,
     target_unavailable,
@@ -60,26 +60,12 @@ from hlofuse.kernels import (
 from hlofuse.ops.attention import ATTENTION, ATTENTION_VERSION
 from hlofuse.ops.attributes import attribute_values
 from hlofuse.ops.sample import SAMPLE, SAMPLE_VERSION
+from hlofuse.partition.manual import manual_computation, wrap_in_manual_computation
+from hlofuse.partition.plan import ShardPlan, composites_in, inside_manual_computation, local_call, plan_shards
+from hlofuse.partition.ranges import RangeSplit, ShardPass
+from hlofuse.partition.rules import annotate_if_partitioned, device_count, split_shared_iotas
+from hlofuse.partition.strategy import MULTI_DEVICE_MODES, Inline, Keep, LoweringOptions, Strategy, choose_strategy
 from hlofuse.pipeline import ModulePass, PassState
-from hlofuse.shard_local import (
-    RangeSplit,
-    ShardPass,
-    ShardPlan,
-    composites_in,
-    inside_manual_computation,
-    key_split_for,
-    local_call,
-    manual_computation,
-    plan_shards,
-    query_split_for,
-    sampled_rows,
-    vocab_split_for,
-    why_keys_stay_whole,
-    wrap_in_manual_computation,
-)
-from hlofuse.sharding import annotate_if_partitioned, device_count, split_shared_iotas
-
-MULTI_DEVICE_MODES = ("keep", "local", "batch", "sequence")
 
 # The composite versions this build lowers.
 VERSIONS = {ATTENTION: ATTENTION_VERSION, SAMPLE: SAMPLE_VERSION}
@@ -175,27 +161,6 @@ def composite_call(composite: ir.Operation) -> CompositeCall:
     return CompositeCall(name, version, attribute_values(composite.attributes["composite_attributes"]), types)
 
 
-def _kernel_spec(call: CompositeCall, target: str) -> KernelSpec:
-    """The target's kernel descriptor for `call`; raises Unsupported when it has none."""
-    spec = spec_for(call.name, target)
-    if spec is None:
-        raise Unsupported(f"no {target} kernel for {call.name} in this build")
-    return spec
-
-
-def _check_local(plan: ShardPlan | None, composite: ir.Operation, target: str) -> None:
-    """Raises Unsupported unless `plan` shows that `target`'s call keeps every sharded operand dim local."""
-    if plan is None and not inside_manual_computation(composite):  # a shard_map body's shapes are local
-        raise Unsupported("no sdy.mesh and propagated sharding say how its operands are sharded here (a module "
-                          "partitioned without Shardy?), so a kernel call might gather them; XLA partitions the "
-                          "composite instead (multi_device=batch lowers anyway)")
-
-
-def _gathers_keys(plan: ShardPlan) -> bool:
-    """Whether the plan would gather K or V (whose dim 1 is the key sequence)."""
-    return any(dim.startswith(("k dim 1 ", "v dim 1 ")) for dim in plan.gathered)
-
-
 @dataclass(frozen=True)
 class LowerKernelsPass(ModulePass):
     """Replaces hlofuse composites with `target`'s kernels; unsupported ones stay, with a remark."""
@@ -213,131 +178,90 @@ class LowerKernelsPass(ModulePass):
     multi_device: str = "local"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
+        """Plan (per-shard plans from Shardy where a lowering reads one), pick a strategy per composite, emit."""
         if self.target not in known_targets():
             raise ValueError(f"unknown target '{self.target}' (known: {', '.join(known_targets())})")
         if self.multi_device not in MULTI_DEVICE_MODES:
             raise ValueError(f"multi_device takes {', '.join(MULTI_DEVICE_MODES)}, not '{self.multi_device}'")
-        devices = device_count(module)
-        keep_partitioned = self.multi_device == "keep" and devices > 1
+        options = LoweringOptions(self.target, device_count(module), self.multi_device)
         composites = [op for op in composites_in(module) if ir.StringAttr(op.attributes["name"]).value in VERSIONS]
         if composites and (why := target_unavailable(self.target)) is not None:
             raise TargetUnavailable(f"target '{self.target}' cannot lower {len(composites)} composite(s) here: {why}")
         calls = [composite_call(op) for op in composites]
         specs = [spec_for(call.name, self.target) for call in calls]
-        partitionings = [spec.partitioning if spec is not None else None for spec in specs]
-        checked = [devices > 1 and self.multi_device == "local" and p is not Partitioning.XLA for p in partitionings]
-        per_shard = [devices > 1 and not keep_partitioned and p is Partitioning.PER_SHARD for p in partitionings]
-        planned = [shard or check for shard, check in zip(per_shard, checked, strict=True)]
-        plans = (plan_shards(module, composites, calls, self.target, devices) if any(planned)
-                 else [None] * len(composites))
+        plans = self._plans(module, composites, calls, specs, options)
         lowered_any = False
-        for composite, call, plan, shard, check, needed in zip(composites, calls, plans, per_shard, checked, planned,
-                                                              strict=True):
-            short = call.name.removeprefix("hlofuse.")
-            plan = plan if needed else None
-            try:
-                if call.version != VERSIONS[call.name]:
-                    raise Unsupported(f"version {call.version} is not {VERSIONS[call.name]}")
-                if keep_partitioned:
-                    raise Unsupported("the module runs on several devices and multi_device=keep leaves every "
-                                      "composite to XLA's partitioner")
-                lowering = _kernel_spec(call, self.target).lowering(call, devices, self._mode_for(plan))
-                kernel = _with_result_types(lowering, composite)
-                if check:
-                    _check_local(plan, composite, self.target)
-                if plan is not None and plan.gathered and self.multi_device == "local":
-                    keys = why_keys_stay_whole(call, self.target) if _gathers_keys(plan) else None
-                    why = f" (its key ranges cannot run per shard: {keys})" if keys else ""
-                    raise Unsupported(f"{', '.join(plan.gathered)} arrive sharded over mesh axes the {self.target} "
-                                      f"kernel call cannot cut and would be all-gathered{why}; XLA partitions the "
-                                      "composite instead")
-                if plan is not None and plan.gathered:
-                    state.remark(composite, f"lowered per shard; {', '.join(plan.gathered)} arrive sharded over "
-                                            "mesh axes the kernel cannot cut and are all-gathered before it")
-                if plan is not None and plan.is_cut and shard:
-                    self._lower_per_shard(composite, call, plan, kernel, module)
-                    state.count(f"{short}_to_{self.target}_per_shard")
-                    lowered_any = True
-                    continue
-            except Unsupported as reason:
-                state.remark(composite, f"kept as a composite: {reason}")
-                state.count(f"{short}_kept_composite")
-                continue
-            if kernel.remark and not (self.multi_device == "local" and plan is not None):  # local: nothing gathered
-                state.remark(composite, kernel.remark)
-            inline_jax_function(kernel.fn, composite, module, f"{call.name}.{self.target}", kernel.platforms)
-            state.count(f"{short}_to_{self.target}")
-            lowered_any = True
-        if devices > 1:
+        for composite, call, spec, plan in zip(composites, calls, specs, plans, strict=True):
+            strategy = choose_strategy(call, VERSIONS[call.name], spec, plan, inside_manual_computation(composite),
+                                       options)
+            lowered_any |= self._emit(strategy, composite, call, module, state)
+        if options.devices > 1:
             state.count("shared_iota_split", split_shared_iotas(module))
         if lowered_any:
             erase_unreferenced_private_funcs(module)
-            annotate_if_partitioned(module)  # sdy rules for the kernels' custom calls (hlofuse.sharding)
+            annotate_if_partitioned(module)  # sdy rules for the kernels' custom calls (hlofuse.partition.rules)
 
-    def _mode_for(self, plan: ShardPlan | None) -> str:
-        """The partitioned lowering's mode for one call: under "local", the query and key sequences the plan
-        cuts (they arrive, or leave, sharded) are split ("queries", "keys", or both: "sequence") and no
-        other, so that no unsharded prefill pays for split copies; otherwise the pass's own mode."""
-        if self.multi_device != "local" or plan is None:
-            return self.multi_device if self.multi_device != "local" else "batch"
-        queries, keys = plan.shards("t") > 1, plan.shards("s") > 1
-        return {(True, True): "sequence", (True, False): "queries", (False, True): "keys"}.get((queries, keys), "batch")
+    def _plans(self, module: ir.Operation, composites: Sequence[ir.Operation], calls: Sequence[CompositeCall],
+               specs: Sequence[KernelSpec | None], options: LoweringOptions) -> list[ShardPlan | None]:
+        """Each composite's per-shard plan where its lowering reads one, else None. The probes of one propagation
+        stand for every composite, so all are planned together."""
+        needed = [options.needs_plan(spec) for spec in specs]
+        if not any(needed):
+            return [None] * len(composites)
+        plans = plan_shards(module, composites, calls, self.target, options.devices)
+        return [plan if need else None for plan, need in zip(plans, needed, strict=True)]
 
-    def _lower_per_shard(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan,
-                         kernel: Lowered, module: ir.Operation) -> None:
-        """Lowers `composite` as `plan`'s manual computation around the kernel for one shard's shapes;
-        raises Unsupported (the composite stays, partitioned by XLA) when a shard cannot compute its part."""
-        stochastic = call.name == SAMPLE and len(call.operand_types) > 1
-        if stochastic and not kernel.takes_row_offset:
-            raise Unsupported(f"the {self.target} sampler cannot draw the whole batch's noise for one shard of its "
-                              "rows (its noise, or these logits' dtype, has no row offset); XLA partitions the "
-                              "composite instead")
-        shard_call = local_call(call, plan)
-        try:  # the target must take one shard's problem (its shapes), also where a RangeSplit runs it
-            shard_kernel = _kernel_spec(shard_call, self.target).lower(shard_call)
-        except Unsupported as reason:
-            raise Unsupported(f"one shard's part ({shard_call.operand_types[0][0]}) has no kernel: {reason}") from None
-        for label, split_for, dim in (("s", key_split_for, "key sequence"), ("t", query_split_for, "query sequence"),
-                                      ("v", vocab_split_for, "vocabulary")):
-            if plan.shards(label) > 1:  # one key, query or vocabulary range per shard (hlofuse.shard_local)
-                split = split_for(call, self.target, plan.shards(label))
-                if split is None:
-                    raise Unsupported(f"the {self.target} kernel cannot take a sharded {dim}")
-                self._lower_split(composite, call, plan, module, split)
-                return
-        if stochastic:  # each shard draws its rows of the whole batch's noise
-            self._lower_split(composite, call, plan, module, sampled_rows(call, plan.cuts, shard_kernel))
-            return
-        specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
-        wrap_in_manual_computation(composite, plan, add_jax_function(shard_kernel.fn, specs, module,
-                                                                     f"{call.name}.{self.target}",
-                                                                     shard_kernel.platforms))
-
-    def _run_per_shard(self, composite: ir.Operation, plan: ShardPlan, module: ir.Operation, shard_pass: ShardPass,
-                       operands: list[ir.Value], name: str) -> list[ir.Value]:
-        """`shard_pass` lowered for one shard's shapes and called in a manual computation on `operands`, before
-        `composite`; returns its whole results."""
-        specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)
-                 for v, labels in zip(operands, shard_pass.operands, strict=True)]
-        callee = add_jax_function(shard_pass.shard, specs, module, name, shard_pass.platforms)
-        whole = [ir.RankedTensorType.get(list(plan.whole_shape(r.shape, labels)), _element_type(r.dtype))
-                 for r, labels in zip(jax.eval_shape(shard_pass.shard, *specs), shard_pass.results, strict=True)]
-        return manual_computation(composite, plan, callee, operands, shard_pass.operands, whole, shard_pass.results)
-
-    def _lower_split(self, composite: ir.Operation, call: CompositeCall, plan: ShardPlan, module: ir.Operation,
-                     split: RangeSplit) -> None:
-        """`composite` with a dim cut into ranges: `split.prepare` on the whole operands, `split.first` per shard
-        and `split.between` where the split has a first pass, `split.shard` per shard in a manual computation,
-        then `split.merge` (a key split combines the ranges' partial results), in place of `composite`."""
+    def _emit(self, strategy: Strategy, composite: ir.Operation, call: CompositeCall, module: ir.Operation,
+              state: PassState) -> bool:
+        """Carries out `strategy` for `composite`, with its remarks and counter; whether a kernel replaced it."""
+        short = call.name.removeprefix("hlofuse.")
+        for note in strategy.notes:
+            state.remark(composite, note)
+        if isinstance(strategy, Keep):
+            state.remark(composite, f"kept as a composite: {strategy.reason}")
+            state.count(f"{short}_kept_composite")
+            return False
         base = f"{call.name}.{self.target}"
-        prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
-        if split.first is not None and split.between is not None:  # both or neither (RangeSplit)
-            first = self._run_per_shard(composite, plan, module, split.first, prepared, f"{base}.first")
-            prepared = call_jax_function(split.between, [*prepared, *first], composite, module, f"{base}.between")
-        partial = self._run_per_shard(composite, plan, module,
-                                      ShardPass(split.shard, split.operands, split.results, split.platforms),
-                                      prepared, base)
-        merged = call_jax_function(split.merge, partial, composite, module, f"{base}.merge")
-        for old, new in zip(composite.results, merged, strict=True):
-            old.replace_all_uses_with(new)
-        composite.erase()
+        if isinstance(strategy, Inline):
+            kernel = _with_result_types(strategy.kernel, composite)
+            inline_jax_function(kernel.fn, composite, module, base, kernel.platforms)
+            state.count(f"{short}_to_{self.target}")
+            return True
+        if strategy.split is not None:
+            _lower_split(composite, strategy.plan, module, strategy.split, base)
+        else:
+            shard_call = local_call(call, strategy.plan)
+            specs = [jax.ShapeDtypeStruct(shape, _DTYPES[dtype]) for shape, dtype in shard_call.operand_types]
+            callee = add_jax_function(strategy.kernel.fn, specs, module, base, strategy.kernel.platforms)
+            wrap_in_manual_computation(composite, strategy.plan, callee)
+        state.count(f"{short}_to_{self.target}_per_shard")
+        return True
+
+
+def _run_per_shard(composite: ir.Operation, plan: ShardPlan, module: ir.Operation, shard_pass: ShardPass,
+                   operands: list[ir.Value], name: str) -> list[ir.Value]:
+    """`shard_pass` lowered for one shard's shapes and called in a manual computation on `operands`, before
+    `composite`; returns its whole results."""
+    specs = [jax.ShapeDtypeStruct(plan.local_shape(_spec(v).shape, labels), _spec(v).dtype)
+             for v, labels in zip(operands, shard_pass.operands, strict=True)]
+    callee = add_jax_function(shard_pass.shard, specs, module, name, shard_pass.platforms)
+    whole = [ir.RankedTensorType.get(list(plan.whole_shape(r.shape, labels)), _element_type(r.dtype))
+             for r, labels in zip(jax.eval_shape(shard_pass.shard, *specs), shard_pass.results, strict=True)]
+    return manual_computation(composite, plan, callee, operands, shard_pass.operands, whole, shard_pass.results)
+
+
+def _lower_split(composite: ir.Operation, plan: ShardPlan, module: ir.Operation, split: RangeSplit,
+                 base: str) -> None:
+    """`composite` with a dim cut into ranges: `split.prepare` on the whole operands, `split.first` per shard
+    and `split.between` where the split has a first pass, `split.shard` per shard in a manual computation,
+    then `split.merge` (a key split combines the ranges' partial results), in place of `composite`."""
+    prepared = call_jax_function(split.prepare, list(composite.operands), composite, module, f"{base}.prepare")
+    if split.first is not None and split.between is not None:  # both or neither (RangeSplit)
+        first = _run_per_shard(composite, plan, module, split.first, prepared, f"{base}.first")
+        prepared = call_jax_function(split.between, [*prepared, *first], composite, module, f"{base}.between")
+    shard_pass = ShardPass(split.shard, split.operands, split.results, split.platforms)
+    partial = _run_per_shard(composite, plan, module, shard_pass, prepared, base)
+    merged = call_jax_function(split.merge, partial, composite, module, f"{base}.merge")
+    for old, new in zip(composite.results, merged, strict=True):
+        old.replace_all_uses_with(new)
+    composite.erase()

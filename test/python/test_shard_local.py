@@ -1,4 +1,5 @@
-"""hlofuse.shard_local: the dims a kernel call can cut, and the per-composite plans Shardy's propagation gives."""
+"""hlofuse.partition: the dims a kernel call can cut, the per-composite plans Shardy's propagation gives, and the
+strategy the lowering picks from them."""
 
 from __future__ import annotations
 
@@ -7,15 +8,10 @@ import re
 import pytest
 
 from hlofuse.ir.context import parse_module
-from hlofuse.kernels import CompositeCall
-from hlofuse.shard_local import (
-    attention_cuts,
-    composites_in,
-    cuts_for,
-    plan_shards,
-    prefill_key_split_unsupported,
-    sample_cuts,
-)
+from hlofuse.kernels import CompositeCall, spec_for
+from hlofuse.partition.cuts import attention_cuts, cuts_for, prefill_key_split_unsupported, sample_cuts
+from hlofuse.partition.plan import GatheredDim, composites_in, plan_shards
+from hlofuse.partition.strategy import Keep, LoweringOptions, PerShard, choose_strategy
 
 ATTRS = {"operands": ["q", "k", "v", "kv_lengths"], "causal": True}
 
@@ -113,7 +109,30 @@ def test_a_plan_names_the_axes_of_each_cut_and_what_would_be_gathered() -> None:
     assert plan.shards("n") == 1
     assert plan.local_shape((4, 16, 8, 16), ("b", "", "n", "")) == (2, 16, 8, 16)
     # q's heads arrive over `model`, k's key sequence too: both would be gathered.
-    assert plan.gathered == ["q dim 2 (over model)", "k dim 1 (over model)", "v dim 1 (over model)"]
+    assert plan.gathered == (GatheredDim("q", 2, ("model",)), GatheredDim("k", 1, ("model",)),
+                             GatheredDim("v", 1, ("model",)))
+    assert plan.gathers_keys
+    assert [str(dim) for dim in plan.gathered] == ["q dim 2 (over model)", "k dim 1 (over model)",
+                                                   "v dim 1 (over model)"]
+
+
+def test_the_strategy_is_taken_from_the_plan_and_the_spec() -> None:
+    """Under multi_device=local a plan that gathers keeps the composite, naming the gathered dims; under batch the
+    same plan runs per shard of the batch (no range split: the heads and keys stay whole), with a note that they
+    are gathered; another version always stays."""
+    module, calls = _call(_MODULE)
+    (plan,) = plan_shards(module.operation, composites_in(module.operation), calls, "neuron-sim", 8)
+    spec = spec_for("hlofuse.attention", "neuron-sim")
+    attrs = {"operands": ["q", "k", "v"], "scale": 0.25, "num_heads": 8, "num_kv_heads": 2}
+    calls = [CompositeCall(calls[0].name, 1, attrs, calls[0].operand_types)]
+    local = choose_strategy(calls[0], 1, spec, plan, False, LoweringOptions("neuron-sim", 8, "local"))
+    assert isinstance(local, Keep) and local.reason.startswith("q dim 2 (over model), k dim 1 (over model)")
+    assert "its key ranges cannot run per shard" in local.reason
+    batch = choose_strategy(calls[0], 1, spec, plan, False, LoweringOptions("neuron-sim", 8, "batch"))
+    assert isinstance(batch, PerShard) and batch.split is None and batch.plan.shards("b") == 2
+    assert batch.notes[0].startswith("lowered per shard; q dim 2")
+    assert choose_strategy(calls[0], 2, spec, plan, False, LoweringOptions("neuron-sim", 8, "batch")) == Keep(
+        "version 1 is not 2")
 
 
 def test_no_mesh_no_plan() -> None:

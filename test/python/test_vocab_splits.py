@@ -1,4 +1,4 @@
-"""hlofuse.vocab_splits: a sampler's vocabulary cut into ranges, run range by range as the shards of a mesh
+"""hlofuse.partition.vocab_ranges: a sampler's vocabulary cut into ranges, run range by range as the shards of a mesh
 would run them, gives `sample_reference`'s ids exactly (Pallas tpu kernel in interpret mode)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from hlofuse.kernels import CompositeCall
 from hlofuse.kernels.pallas import sampling as pallas_sampling
 from hlofuse.kernels.sampling_reference import sample_reference
-from hlofuse.shard_local import RangeSplit, ShardPass
+from hlofuse.partition.ranges import RangeSplit, ShardPass
 
 PARAMS = {"temperature": 0.7, "k": 20, "p": 1.0, "min_p": 0.05}
 

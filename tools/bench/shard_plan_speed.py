@@ -5,7 +5,7 @@
 
 Lowers an N-layer stack of Megatron-style attention layers (q/k/v projections sharded by heads over
 `model`, the batch over `data`, mesh (2, 4) on 8 host devices), fuses it, and times
-`hlofuse.shard_local.plan_shards` on the fused module against the whole pipeline with
+`hlofuse.partition.plan.plan_shards` on the fused module against the whole pipeline with
 `multi_device=keep` and `local`, and against XLA's compile of the plain program (its first compile). Prints medians.
 """
 
@@ -27,8 +27,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from timing import median_time  # noqa: E402
 
 from hlofuse.ir.context import parse_module  # noqa: E402
+from hlofuse.partition.plan import composites_in, plan_shards  # noqa: E402
 from hlofuse.pipeline import run_pipeline  # noqa: E402
-from hlofuse.shard_local import composites_in, plan_shards  # noqa: E402
 
 FUSE = "hlofuse-prepare,hlofuse-fuse-sampling,hlofuse-fuse-attention"
 

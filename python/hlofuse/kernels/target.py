@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hlofuse.shard_local import Cuts, RangeSplit
+    from hlofuse.partition.cuts import Cuts
+    from hlofuse.partition.ranges import RangeSplit
 
 
 class Unsupported(Exception):
@@ -89,7 +90,7 @@ class KernelSpec:
     differs from `lower`'s (the CPU calls take the dims to keep local as leading batch dims)."""
     cuts: Callable[[CompositeCall, int], Cuts] | None = None
     """`(call, devices)`: the dims the call keeps local; None: the composite's batch / heads / rows
-    (hlofuse.shard_local.PER_SHARD_CUTS)."""
+    (hlofuse.partition.cuts.default_cuts)."""
     key_split: Callable[[CompositeCall, str, int], RangeSplit] | None = None
     """`(call, target, splits)`: the key sequence as one range per shard, partial results merged."""
     prefill_key_ranges: bool = False

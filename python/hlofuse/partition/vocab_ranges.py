@@ -1,7 +1,7 @@
 """A sampler's sharded vocabulary as one range per shard: the `RangeSplit`s of per-shard samplers.
 
 A tensor-parallel model's logits arrive sharded along the vocabulary. A per-shard sampler call cannot take
-the whole row, so `hlofuse-lower-kernels` runs it as ranges (hlofuse.shard_local): `prepare` cuts the
+the whole row, so `hlofuse-lower-kernels` runs it as ranges (hlofuse.partition.ranges): `prepare` cuts the
 logits (*R, V) into (R, P, V/P) next to each row's global index and each range's first token (iotas cut
 like the rows and the ranges), the shards run their ranges, and `merge` gives the composite's ids. Each form
 is exactly its `sample_reference`:
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from hlofuse.kernels import CompositeCall
 from hlofuse.kernels.noise import categorical_at_rows
 from hlofuse.kernels.sampling_reference import merge_vocab_splits
-from hlofuse.shard_local import RangeSplit, ShardPass
+from hlofuse.partition.ranges import RangeSplit, ShardPass
 
 # Labels of the prepared operands: logits (R, P, V/P), row ids (R,), range starts (P,), the key if any; and of
 # the ranges' top-k candidates (R, P, k, 2).

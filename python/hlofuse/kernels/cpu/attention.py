@@ -26,7 +26,7 @@ from hlofuse.kernels.reference import (
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
 from hlofuse.ops.attention import ATTENTION, AttentionAttrs
-from hlofuse.shard_local import Cuts, attention_cuts
+from hlofuse.partition.cuts import Cuts, attention_cuts
 
 TARGET = "hlofuse_attention"
 

@@ -30,7 +30,7 @@ from hlofuse.kernels.sampling_reference import (
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
 from hlofuse.ops.sample import SAMPLE, SampleAttrs
-from hlofuse.shard_local import Cuts, sample_cuts
+from hlofuse.partition.cuts import Cuts, sample_cuts
 
 TARGET = "hlofuse_sample"
 TOP_K_TARGET = "hlofuse_sample_top_k"

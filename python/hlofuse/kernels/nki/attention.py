@@ -41,7 +41,8 @@ from hlofuse.kernels.nki import emulator, hostcall
 from hlofuse.kernels.reference import UNBOUNDED, ZERO_EMPTY_ROWS_FILL_LIMIT, attention_reference, zeroed_if_asked
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
 from hlofuse.ops.attention import ATTENTION, AttentionAttrs
-from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts, decode_key_split
+from hlofuse.partition.cuts import Cuts, decode_key_cuts
+from hlofuse.partition.ranges import RangeSplit, decode_key_split
 
 try:  # the real NKI, when the Neuron SDK is installed
     import neuronxcc.nki as nki  # type: ignore[import-not-found]

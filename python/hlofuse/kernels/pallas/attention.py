@@ -33,14 +33,8 @@ from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import UNBOUNDED, attention_reference, zeroed_if_asked
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
 from hlofuse.ops.attention import ATTENTION, AttentionAttrs
-from hlofuse.shard_local import (
-    Cuts,
-    RangeSplit,
-    decode_key_split,
-    key_sequence_cuts,
-    prefill_key_split,
-    prefill_query_split,
-)
+from hlofuse.partition.cuts import Cuts, key_sequence_cuts
+from hlofuse.partition.ranges import RangeSplit, decode_key_split, prefill_key_split, prefill_query_split
 
 BACKENDS = ("tpu", "gpu")
 # A finite masked_value must be at least this far below zero: the kernel gives masked keys weight 0,
@@ -362,7 +356,7 @@ def _range_target(target: str) -> tuple[str, bool, str | None]:
 
 def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     """A decode or prefill with its key sequence in `splits` ranges, one per shard, each run by this
-    target's kernel with `return_lse` (the table hlofuse.shard_local.KEY_SPLITS points here; gpu-mosaic's
+    target's kernel with `return_lse` (its specs' `key_split`; gpu-mosaic's
     decodes come here through mosaic_gpu.key_split and run the Triton kernel)."""
     backend, interpret, platform = _range_target(target)
     decode = call.operand_types[0][0][1] == 1

@@ -55,7 +55,8 @@ from hlofuse.kernels.pallas.common import Plan
 from hlofuse.kernels.reference import zeroed_if_asked
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
 from hlofuse.ops.attention import ATTENTION, AttentionAttrs
-from hlofuse.shard_local import Cuts, RangeSplit, decode_key_cuts
+from hlofuse.partition.cuts import Cuts, decode_key_cuts
+from hlofuse.partition.ranges import RangeSplit
 
 WARPGROUP_ROWS = 64  # wgmma's M per warpgroup
 SWIZZLE_BYTES = 128

@@ -40,7 +40,6 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from hlofuse import vocab_splits
 from hlofuse.kernels.noise import MAX_COUNTER, gumbel, threefry_bits
 from hlofuse.kernels.pallas.common import next_pow2, round_up
 from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
@@ -54,7 +53,9 @@ from hlofuse.kernels.sampling_reference import (
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Unsupported
 from hlofuse.ops.sample import SAMPLE, SampleAttrs
-from hlofuse.shard_local import Cuts, RangeSplit, sample_cuts
+from hlofuse.partition import vocab_ranges
+from hlofuse.partition.cuts import Cuts, sample_cuts
+from hlofuse.partition.ranges import RangeSplit
 
 BACKENDS = ("tpu", "gpu")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
@@ -648,21 +649,21 @@ def shard_cuts(call: CompositeCall) -> Cuts:
 
 
 def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
-    """`call` as `splits` vocabulary ranges, one per shard (hlofuse.vocab_splits), each sampled by
+    """`call` as `splits` vocabulary ranges, one per shard (hlofuse.partition.vocab_ranges), each sampled by
     `sample_split` with the whole row's noise."""
     backend, interpret, platform = _TARGETS[target]
     attrs = SampleAttrs.from_dict(call.attributes)
     run = functools.partial(sample_split, temperature=attrs.temperature, backend=backend, interpret=interpret)
     if attrs.form in SPLIT_FORMS:
-        return vocab_splits.sampled_ranges(call, splits, run, attrs.form, platform=platform)
+        return vocab_ranges.sampled_ranges(call, splits, run, attrs.form, platform=platform)
     if attrs.form == "min_p":
         mask = functools.partial(min_p_masked, temperature=attrs.temperature, min_p=attrs.min_p)
-        return vocab_splits.sampled_ranges(call, splits, functools.partial(run, temperature=1.0), "categorical",
+        return vocab_ranges.sampled_ranges(call, splits, functools.partial(run, temperature=1.0), "categorical",
                                            mask, platform)
     if attrs.form == "top_k_mask":
-        return vocab_splits.top_k_mask_ranges(call, splits, run, attrs.k, platform)
+        return vocab_ranges.top_k_mask_ranges(call, splits, run, attrs.k, platform)
     if attrs.form in ("top_k", "temperature_top_k"):
-        return vocab_splits.rank_top_k_ranges(call, splits, attrs.form, attrs.temperature, attrs.k, platform)
+        return vocab_ranges.rank_top_k_ranges(call, splits, attrs.form, attrs.temperature, attrs.k, platform)
     raise ValueError(f"'{attrs.form}' cannot be sampled per vocabulary split (splits: {VOCAB_SPLIT_FORMS})")
 
 
