@@ -41,7 +41,7 @@ from hlofuse.ir import build
 from hlofuse.ir.match import defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.sampling_reference import FORMS, Form
-from hlofuse.pipeline import ModulePass, PassState
+from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
@@ -169,8 +169,6 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
 def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                    platform: str) -> tuple[str, frozenset[str]]:
     """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops."""
-    from hlofuse.pipeline import run_pipeline
-
     lowered = _traced(form_name, writing, shape, dtype, k).lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
     module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)

@@ -14,6 +14,10 @@ attribute on each call. The user's `jax.jit(..., compiler_options=...)` arrive t
 The persistent cache key hashes the module it is given (the rewritten one) and the string returned
 by `jax._src.cache_key.custom_hook()`; the hook chains that function to add hlofuse's version, the
 pipeline and the target, so entries from different hlofuse versions or pipelines never collide.
+
+This module is imported while `import jax` runs (hlofuse.jax.startup), so it imports jax, jaxlib's MLIR and
+the pipeline inside the functions that need them: lazily, to keep `import jax` cheap and to not import jax
+from within its own import. None of those imports dodges an import cycle.
 """
 
 from __future__ import annotations
