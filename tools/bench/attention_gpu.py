@@ -103,7 +103,9 @@ def visible_pairs(case: Case) -> int:
     return int(np.asarray(vis).sum()) * case.B * case.N
 
 
-def run_case(case: Case, repeats: int, blocks: BlockSizes | None, interpret: bool) -> dict[str, Any]:
+def run_case(case: Case, repeats: int, blocks: BlockSizes | None, interpret: bool,
+             skip: tuple[str, ...] = ()) -> dict[str, Any]:  # fmt: skip
+    """One case's times, TFLOP/s and differences from XLA; the programs named in `skip` are left out."""
     dtype = DTYPES[case.dtype]
     key_q, key_k, key_v = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(key_q, (case.B, case.T, case.N, case.H), dtype)
@@ -123,6 +125,8 @@ def run_case(case: Case, repeats: int, blocks: BlockSizes | None, interpret: boo
                 jax.nn.dot_product_attention, scale=kw["scale"], is_causal=case.causal and not case.decode,
                 implementation="cudnn",
             )  # fmt: skip
+    for label in skip:
+        programs.pop(label, None)
     row: dict[str, Any] = {"case": case.name, "notes": []}
     outputs: dict[str, jax.Array] = {}
     for label, fn in programs.items():
