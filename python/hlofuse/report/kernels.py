@@ -115,7 +115,8 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
         # At decode the CPU kernel streams each K/V block and then does its math on it, a block at a time, with
         # no overlap: the K/V bytes at its measured decode rate plus the FLOPs of the group's query rows at its
         # prefill rate (a GQA group of 16 heads does 4x the math per K/V byte of a group of 4).
-        compute = kv_bytes / (chip.decode_bw * threads)
+        # (`serial`: the call's time is the sum of the two, and the bound the larger)
+        compute = 0.0
         if chip.attention_flops:
             compute += 2.0 * scores * (h + d) / (chip.attention_flops * threads)
         if softcap:
@@ -129,6 +130,8 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
         vpu_s = vector / chip.vector_flops + trans / chip.transcendental_rate
         compute = max(mxu_s, vpu_s)  # a pipelined flash kernel overlaps the matrix and vector units
     memory = chip.memory_time(total_bytes - o_bytes, o_bytes) / threads
+    if decode_host:
+        memory = kv_bytes / (chip.decode_bw * threads)
     window = ""
     if attrs.get("causal"):
         window = " causal"
@@ -139,7 +142,7 @@ def attention_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result
     name = f"hlofuse.attention {phase} {dtype} B{b} T{t} S{s} N{gqa} H{h}{window}"
     return KernelCost(name, mxu + vector + trans, useful, mxu, vector, trans, total_bytes, compute, memory,
                       {"visible_tiles": vis, "kv_reads": kv_reads, "head_dim": h, "head_dim_padded": h_pad,
-                       "kv_bytes": kv_bytes,
+                       "kv_bytes": kv_bytes, "serial": decode_host,
                        "block": [block_q, block_k]})
 
 

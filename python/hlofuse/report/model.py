@@ -467,7 +467,8 @@ class Coster:
         site = self.sites[site_index]
         site = self._local_site(site, node)
         k = kernel_cost(chip, site, node.info.get("kernel_operands"), kv_fill=self.kv_fill)
-        predicted = max(k.compute_s, k.memory_s) + chip.launch_s
+        overlap = not k.details.get("serial")  # the CPU kernel at decode loads a block, then computes on it
+        predicted = (max(k.compute_s, k.memory_s) if overlap else k.compute_s + k.memory_s) + chip.launch_s
         min_bytes = k.bytes if k.details.get("kv_reads", 1) <= 1 else k.bytes - k.details["kv_bytes"] * (
             k.details["kv_reads"] - 1)
         dtype = site.operand_types[0][1]
