@@ -589,6 +589,8 @@ TABLE_CASES = (
     AttentionCase("bf16", 1, 1024, 1024, 8, 8, 256),
     AttentionCase("f32", 1, 1024, 1024, 8, 8, 256),
     AttentionCase("bf16", 8, 1, 4096, 32, 8, 128, causal=False),
+    AttentionCase("bf16", 1, 32768, 32768, 8, 8, 128),
+    AttentionCase("f32", 4, 1, 131072, 32, 8, 256, causal=False),
 )
 @dataclass(frozen=True)
 class SamplerCase:
@@ -670,6 +672,23 @@ def _sampler_module(case: SamplerCase, kernel_target: str) -> ir.Module:
     return module
 
 
+def _triton_tiles(case: AttentionCase | SamplerCase, name: str) -> str:
+    """The Triton tiles the lowering picks for an attention case on chip `name` ("" for samplers)."""
+    if not isinstance(case, AttentionCase):
+        return ""
+    import jax
+    import jax.numpy as jnp
+
+    from hlofuse.kernels.pallas import attention, resources
+
+    dtype = jnp.dtype({"bf16": "bfloat16", "f32": "float32"}[case.dtype])
+    q = jax.ShapeDtypeStruct((case.b, case.t, case.n, case.h), dtype)
+    kv = jax.ShapeDtypeStruct((case.b, case.s, case.k, case.h), dtype)
+    decode = case.t <= attention.DECODE_MAX_T < case.s
+    blocks = attention.chip_blocks("gpu", q, kv, kv, decode=decode, chip=resources.CHIPS[name])
+    return f"tiles {blocks.block_q}x{blocks.block_k}, "
+
+
 def _blocks(call: ir.Operation, resources: dict[str, Any]) -> str:
     windows = resources.get("windows", {})
     if windows:  # TPU: the windows as the compiler allocated them (attention: q and k; sampler: logits)
@@ -712,8 +731,10 @@ def table(
                 report = _check_kernel(call, chip(name))
                 verdict = "yes" if report.ok else f"**no**: {report.error}"
                 resources = describe(report.resources) if report.ok else "-"
+                tiles = _triton_tiles(case, name) if report.target == "__gpu$xla.gpu.triton" else ""
+                blocks = tiles + _blocks(call, report.resources)
                 lines.append(
-                    f"| {case.label} | {name} | {kernel_target} | {report.name} | {_blocks(call, report.resources)} "
+                    f"| {case.label} | {name} | {kernel_target} | {report.name} | {blocks} "
                     f"| {verdict} | {resources} |"
                 )
     return "\n".join(lines) + "\n"
@@ -763,14 +784,17 @@ def tune_tpu_blocks(chips: tuple[str, ...] = ("tpu-v5e", "tpu-v6e", "tpu-v5p"),
         prepare(name, cpu_backends=True)
     b, t, s, n = TUNE_TPU_SHAPE
     table: dict[str, dict[str, int]] = {}
+    spills: dict[str, dict[str, int]] = {}
     for name in chips:
         for dtype in dtypes:
             for head_pad in head_pads:
                 row = table.setdefault(f"{name} {dtype} {head_pad}", {})
+                spill = spills.setdefault(f"{name} {dtype} {head_pad}", {})
                 for bq, bk in TUNE_TPU_CANDIDATES:
                     report = kernel_compile(name, "tpu", dtype, b, t, s, n, n, head_pad, BlockSizes(bq, bk))
                     if report.ok and "bundles" in report.resources:
                         row[f"{bq}x{bk}"] = report.resources["bundles"]
+                        spill[f"{bq}x{bk}"] = report.resources.get("vmem_spill_bytes", 0)
     import libtpu  # type: ignore[import-not-found]
 
     return {
@@ -779,7 +803,31 @@ def tune_tpu_blocks(chips: tuple[str, ...] = ("tpu-v5e", "tpu-v6e", "tpu-v5p"),
         "shape": f"B{b} T{t} S{s} N{n}, not causal, no bias or mask",
         "what": "total scheduled bundles of the kernel (one grid step), libtpu's schedule-analysis dump",
         "bundles": table,
+        "spill_bytes": spills,
     }
+
+
+def tpu_blocks_table(dtype: str = "bf16", head_pad: int = 128) -> str:
+    """Markdown: each candidate TPU tile's bundles per 10^4 logits and spills, per chip, from tpu_bundles.json,
+    with the tile the lowering picks for a causal T = S = 4096 and 32768 (one kv head group, G = 1)."""
+    from hlofuse.kernels.pallas import resources
+
+    data = json.loads(resources.TPU_BUNDLES_FILE.read_text())
+    chips = sorted({key.split()[0] for key in data["bundles"]})
+    lines = ["| tile (block_q x block_k) | " + " | ".join(chips) + " |", "|---|" + "---:|" * len(chips)]
+    for bq, bk in TUNE_TPU_CANDIDATES:
+        cells = []
+        for name in chips:
+            key = f"{name} {dtype} {head_pad}"
+            bundles = data["bundles"].get(key, {}).get(f"{bq}x{bk}")
+            spill = data["spill_bytes"].get(key, {}).get(f"{bq}x{bk}", 0)
+            per = "" if bundles is None else f"{bundles} ({bundles * 1e4 / (bq * bk):.0f}), spill {_kib(spill)}"
+            cells.append(per or "-")
+        lines.append(f"| {bq} x {bk} | " + " | ".join(cells) + " |")
+    for t in (4096, 32768):
+        picks = [resources.tpu_blocks(t, t, head_pad, dtype, resources.CHIPS[n], causal_offset=0) for n in chips]
+        lines.append(f"| **picked**, causal T = S = {t} | " + " | ".join(f"{q} x {k}" for q, k in picks) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -796,7 +844,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the bundles of each candidate TPU tile (the data the TPU tiles are chosen from)")
     parser.add_argument("--write", action="store_true",
                         help="with --tune-tpu-blocks: write hlofuse/kernels/pallas/tpu_bundles.json")
+    parser.add_argument("--tpu-blocks-table", action="store_true",
+                        help="print tpu_bundles.json as a markdown table (bf16, H = 128) with the tiles picked")
     args = parser.parse_args(argv)
+    if args.tpu_blocks_table:
+        print(tpu_blocks_table(), end="")
+        return 0
     if args.tune_tpu_blocks:
         from hlofuse.kernels.pallas import resources
 
