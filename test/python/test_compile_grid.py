@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -122,22 +121,11 @@ def test_sampler_form_compiles_or_is_refused(variant: object, chip_name: str, ke
 # ----------------------------------------------------------------------------- long contexts
 
 
-@dataclass(frozen=True)
-class Long:
-    """q (B, T, N, H) against k, v (B, S, K, H)."""
+Long = ct.AttentionCase  # q (B, T, N, H) against k, v (B, S, K, H); the table's cases are of the same kind
 
-    dtype: str
-    b: int
-    t: int
-    s: int
-    n: int
-    k: int
-    h: int
-    causal: bool = True
 
-    @property
-    def id(self) -> str:
-        return f"{self.dtype}-B{self.b}-T{self.t}-S{self.s}-N{self.n}K{self.k}-H{self.h}" + "-causal" * self.causal
+def _id(case: Long) -> str:
+    return case.label.replace(" ", "-")
 
 
 LONG = [
@@ -162,7 +150,7 @@ def _long_module(case: Long) -> ir.Module:
 
 
 @pytest.mark.parametrize(("chip_name", "kernel_target"), TARGETS, ids=[f"{c}-{t}" for c, t in TARGETS])
-@pytest.mark.parametrize("case", LONG, ids=[case.id for case in LONG])
+@pytest.mark.parametrize("case", LONG, ids=[_id(case) for case in LONG])
 def test_long_context_compiles_or_is_refused(case: Long, chip_name: str, kernel_target: str) -> None:
     _need(chip_name)
     module, remarks = _lowered_for(_long_module(case), chip_name, kernel_target)

@@ -365,9 +365,9 @@ def key_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
                   **kwargs: Any) -> tuple[jax.Array, jax.Array]:  # noqa: ANN401
         if lengths is not None:  # the decode split's positional key lengths
             kwargs["kv_lengths"] = lengths
+        blocks = chip_blocks(backend, q, k, v, decode=decode, has_side="bias" in kwargs or "mask" in kwargs)
         out: tuple[jax.Array, jax.Array] = attention(
-            q, k, v, backend=backend, interpret=interpret, return_lse=True,
-            block_sizes=BlockSizes.get_default(backend, decode=decode), **kwargs)
+            q, k, v, backend=backend, interpret=interpret, return_lse=True, block_sizes=blocks, **kwargs)
         return out
 
     if decode:
