@@ -97,7 +97,7 @@ def greedy(x: jax.Array, key: jax.Array) -> jax.Array:
 def pairs(small: bool = False) -> list[Pair]:
     out = []
     # GQA: 8 -> 2 KV heads at decode (32 query heads; H 128): the K/V bytes read fall 4x.
-    s, n, h = (2048, 8, 64) if small else (8192, 32, 128)
+    s, n, h = (4096, 32, 64) if small else (8192, 32, 128)
     for fuse in (True, False):
         out.append(Pair("gqa-decode", f"decode S{s} N{n} KV 8 -> 2 {'fused' if fuse else 'unfused'}",
                         (attention(), (_f32(1, 1, n, h), _f32(1, s, 8, h), _f32(1, s, 8, h))),

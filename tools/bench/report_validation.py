@@ -7,7 +7,8 @@
 
 For each program: the report's predicted host time (hlofuse.report, target `host`, modelled fused or, for
 the "unfused" rows, as XLA runs the plain program) and the CPU time it predicts, against the same jitted
-program with the same arguments, --runs calls after one warm-up: the median CPU time of a call, and the
+program with the same arguments, --runs calls after its warm-up calls (at least 3, up to 10 or 1 s: a fresh
+program's first calls run slower): the median CPU time of a call, and the
 best and median wall times. Then the median and worst absolute relative error over the programs that
 take more than 1 ms. The host is calibrated afresh first (--no-calibrate keeps the cached ceilings).
 
@@ -41,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 from hlofuse.report import hardware, report  # noqa: E402
+from hlofuse.report.measure import warm_up  # noqa: E402
 
 
 @dataclass
@@ -206,7 +208,7 @@ FAMILIES = {"matmul": matmuls, "attention": attentions, "sampling": samplers, "e
 def measure(program: Program, args: tuple[Any, ...]) -> dict[str, float]:
     options = {"hlofuse_pipeline": "default"} if program.fuse else {}
     compiled = jax.jit(program.fn, compiler_options=options).lower(*args).compile()
-    jax.block_until_ready(compiled(*args))
+    warm_up(lambda: compiled(*args))  # until the first calls' slower start has passed (as --measure does)
     times, cpus = [], []
     for _ in range(program.runs):
         start, cpu = time.perf_counter(), time.process_time()

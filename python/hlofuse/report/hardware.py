@@ -44,6 +44,11 @@ ALIASES = {"cpu": "host", "v5e": "tpu-v5e", "v5p": "tpu-v5p", "v6e": "tpu-v6e", 
            "ironwood": "tpu-v7", "trillium": "tpu-v6e", "h100-sxm": "h100", "trainium": "trn1", "trainium2": "trn2"}
 
 
+# Host ceilings that chips.toml may give fallbacks for (used uncalibrated; a calibration replaces them).
+HOST_FALLBACKS = ("read_bw", "write_bw", "fault_bw", "gemv_bw", "transpose_bw", "transpose_cache_bw", "strided_bw",
+                  "strided_curve", "strided_cache_curve", "decode_bw", "attention_flops")
+
+
 @dataclass(frozen=True)
 class Number:
     value: Any  # noqa: ANN401 - a float, an int or a list
@@ -207,6 +212,11 @@ def load_table(path: Path = TABLE) -> dict[str, Chip]:
         # Accelerators sort with bitonic networks on the vector units: a compare-exchange is ~4 vector ops.
         chip.sort_rate = chip.vector_flops / 4
         chip.attention_flops = 0.0
+        for key in HOST_FALLBACKS:  # the host's calibrated ceilings, where the table gives fallbacks
+            if key in row:
+                value = get(key)
+                value = [(float(a), float(b)) for a, b in value] if isinstance(value, list) else float(value)
+                setattr(chip, key, value)
         chips[name] = chip
     return chips
 
