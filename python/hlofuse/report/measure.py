@@ -40,7 +40,7 @@ def _time_interleaved(calls: dict[str, Callable[[], Any]], runs: int,
     cpus: dict[str, list[float]] = {k: [] for k in calls}
     start = time.perf_counter()
     for call in calls.values():
-        warm_up(call)
+        warm_up(call, progress=progress)
     warm = time.perf_counter() - start
     verbose = progress is not None and warm >= 1.0
     if verbose:
@@ -63,17 +63,23 @@ def _time_interleaved(calls: dict[str, Callable[[], Any]], runs: int,
             for k in calls}
 
 
-def warm_up(call: Callable[[], Any], budget_s: float = 1.0, max_calls: int = 10) -> None:
-    """Calls `call` until its time has settled: the first calls of a freshly compiled program run 2-3x slower
-    for several calls (measured: 5 calls of the demo's decode step; glibc raising its mmap threshold as big
-    buffers are freed, so that later calls reuse heap pages instead of faulting fresh ones). At least 3 calls,
-    then more while under `budget_s` seconds, at most `max_calls`."""
+def warm_up(call: Callable[[], Any], budget_s: float = 1.0, max_calls: int = 10,
+            progress: Callable[[str], None] | None = None) -> None:
+    """Calls `call` until its time has settled: the first calls of a freshly compiled program can run 2-3x
+    slower for several calls (measured: 5 calls of the demo's decode step; the cause is not pinned down,
+    buffers the allocator hands out fresh until it reuses them being the likely one). At least 3 calls, then
+    more while under `budget_s` seconds, at most `max_calls`; a program whose calls take seconds gets one.
+    `progress` gets a line for each warm-up call that takes a second or more."""
     import jax
 
     start = time.perf_counter()
     for i in range(max_calls):
+        t0 = time.perf_counter()
         jax.block_until_ready(call())
-        if i >= 2 and time.perf_counter() - start > budget_s:
+        took, elapsed = time.perf_counter() - t0, time.perf_counter() - start
+        if progress is not None and took >= 1.0:
+            progress(f"warm-up call {i + 1}: {took:.1f} s")
+        if elapsed > budget_s and (i >= 2 or elapsed > 5 * budget_s):
             break
 
 
