@@ -99,6 +99,7 @@ SLOW: dict[str, str] = {
         "216 cases (each fusing variant lowered for 4 chip targets, each kernel compiled)",
     "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused": "111 cases",
     "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused": "64 cases, T to 32k, 128k caches",
+    "test/python/test_compile_grid.py::test_bias_and_mask_at_4k_compile_or_are_refused": "16 cases",
     "test/python/test_bench_h200.py::test_cpu_smoke_checks_every_kernel_and_prints_the_table":
         "14 s (the H200 script in interpret mode; --dry-run stays in the fast tier)",
 }

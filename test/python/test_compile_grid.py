@@ -180,6 +180,28 @@ def test_long_context_compiles_or_is_refused(case: Long, chip_name: str, kernel_
         assert report.resources["vmem_bytes"] <= tpu.vmem_bytes(plan, itemsize), (report.resources, plan)
 
 
+@pytest.mark.parametrize(("chip_name", "kernel_target"), TARGETS, ids=[f"{c}-{t}" for c, t in TARGETS])
+@pytest.mark.parametrize("dtype", ["bf16", "f32"])
+@pytest.mark.parametrize("h", [128, 256])
+def test_bias_and_mask_at_4k_compile_or_are_refused(h: int, dtype: str, chip_name: str, kernel_target: str) -> None:
+    # The side operands add a (block_q, block_k) tile each: TPU VMEM near 20 MiB at f32 H = 256 (the kernel
+    # asks for 32 MiB), and Triton's registers near its cap; gpu-mosaic takes no bias or mask (a remark).
+    import hlofuse
+
+    _need(chip_name)
+    jdtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype]
+    t = 4096
+
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, mask: jax.Array) -> jax.Array:
+        return hlofuse.attention(q, k, v, bias=bias, mask=mask, causal=True)
+
+    specs = [jax.ShapeDtypeStruct((1, t, 8, h), jdtype)] * 3
+    specs += [jax.ShapeDtypeStruct((1, 8, t, t), jnp.float32), jax.ShapeDtypeStruct((1, 1, t, t), jnp.bool_)]
+    module = clone_module(jax.jit(attend).lower(*specs).compiler_ir("stablehlo"))
+    module, remarks = _lowered_for(module, chip_name, kernel_target)
+    check_compiles(module, remarks, chip_name, 1)
+
+
 # ----------------------------------------------------------------------------- refusals
 
 
