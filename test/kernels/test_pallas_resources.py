@@ -59,6 +59,20 @@ def test_for_chip_selects_the_limits_of_its_backend_only():
             pass
 
 
+def test_the_chip_jax_runs_on_is_taken_when_none_is_named(monkeypatch):
+    assert resources.chip_of_device_kind("TPU v5 lite") == "tpu-v5e"
+    assert resources.chip_of_device_kind("TPU v6 lite") == "tpu-v6e"
+    assert resources.chip_of_device_kind("TPU v5") == "tpu-v5p"
+    assert resources.chip_of_device_kind("NVIDIA H200") == "h200"
+    assert resources.chip_of_device_kind("NVIDIA H100 80GB HBM3") == "h100"
+    assert resources.chip_of_device_kind("cpu") is None
+    assert resources._device_chip() is None  # the CPU here
+    monkeypatch.setattr(resources, "_device_chip", lambda: "tpu-v6e")
+    assert resources.current_chip("tpu").name == "tpu-v6e" and resources.current_chip("gpu").name == "h100"
+    with resources.for_chip("tpu-v5p"):  # a named chip wins
+        assert resources.current_chip("tpu").name == "tpu-v5p"
+
+
 @pytest.mark.parametrize(
     ("dtype", "t", "s", "h", "want"),
     [

@@ -106,12 +106,38 @@ def for_chip(name: str) -> Iterator[None]:
         _chip.reset(token)
 
 
+# jax Device.device_kind -> chip, first match wins (v5e reports "TPU v5 lite", v5p "TPU v5").
+DEVICE_KINDS = (("tpu v5 lite", "tpu-v5e"), ("tpu v5e", "tpu-v5e"), ("tpu v6 lite", "tpu-v6e"), ("tpu v6e", "tpu-v6e"),
+                ("tpu v5p", "tpu-v5p"), ("tpu v5", "tpu-v5p"), ("h200", "h200"), ("h100", "h100"))  # fmt: skip
+
+
+def chip_of_device_kind(kind: str) -> str | None:
+    """The chip of a jax device kind ("TPU v6 lite", "NVIDIA H100 80GB HBM3"), or None for one not known here."""
+    kind = kind.lower()
+    return next((name for pattern, name in DEVICE_KINDS if pattern in kind), None)
+
+
+def _device_chip() -> str | None:
+    """The chip of JAX's default device when its backends are up on a TPU or GPU (the jit hook on a real chip)."""
+    try:
+        from jax._src import xla_bridge
+
+        if not xla_bridge.backends_are_initialized():
+            return None
+        import jax
+
+        device = jax.devices()[0]
+    except Exception:  # no backend at all: nothing to learn
+        return None
+    return chip_of_device_kind(device.device_kind) if device.platform in ("tpu", "gpu") else None
+
+
 def current_chip(backend: str) -> ChipLimits:
-    """The chip set by `for_chip` when it is one of `backend`'s, else the backend's DEFAULT_CHIP."""
-    name = _chip.get()
-    if name is None or CHIPS[name].backend != backend:
-        name = DEFAULT_CHIP[backend]
-    return CHIPS[name]
+    """The chip set by `for_chip`, else the chip JAX runs on, when one of `backend`'s; else DEFAULT_CHIP."""
+    for name in (_chip.get(), _device_chip()):
+        if name is not None and CHIPS[name].backend == backend:
+            return CHIPS[name]
+    return CHIPS[DEFAULT_CHIP[backend]]
 
 
 # ----------------------------------------------------------------------------- Triton (target gpu)
