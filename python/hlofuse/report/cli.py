@@ -38,7 +38,7 @@ examples:
 targets: all, or a comma-separated list of host (this machine), tpu-v5e, tpu-v5p, tpu-v6e, tpu-v7, h100, h200,
 b200, trn1, trn2; aliases cpu, v5e, v5p, v6e, v7, trillium, ironwood, tpu7x, h100-sxm, trainium, trainium2.
 python/hlofuse/report/chips.toml has every number and its source. The host's ceilings are measured once
-(about 10 s) and cached in ~/.cache/hlofuse (HLOFUSE_CACHE_DIR moves it). Host predictions are validated
+(about 15 s) and cached in ~/.cache/hlofuse (HLOFUSE_CACHE_DIR moves it). Host predictions are validated
 against measurements (docs/report.md); the TPU, GPU and Trainium ones are not.
 
 exit status: 0 on success; 1 on any error (a missing or unreadable input, an input with nothing to model,
@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG, description="Analytical performance model of a StableHLO program per target: where "
+    parser = _Parser(prog=PROG, description="Analytical performance model of a StableHLO program per target: where\n"
                      "the time of one call goes on each chip, what bounds it, and what hlofuse's fusions gain.",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("input", help="the program ('-' for stdin): any format hlofuse-opt reads (below)")
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=8, metavar="N", help="regions shown per target (default: 8)")
     parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                         help="use the table's host fallbacks instead of measuring this machine")
-    parser.add_argument("--recalibrate", action="store_true", help="measure this machine again (about 10 s)")
+    parser.add_argument("--recalibrate", action="store_true", help="measure this machine again (about 15 s)")
     parser.add_argument("--compare-only", action="store_true",
                         help="with --compare: print only the side-by-side table, not each program's report")
     parser.add_argument("--quiet", action="store_true", help="no terminal table and no progress (with --json/--html)")
