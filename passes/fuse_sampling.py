@@ -319,9 +319,17 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
     shape, dtype = _shape(x)[:draw.dim + 1], _element(x)  # the trailing size-1 dims belong to the draw
     if draw.kind == "top_k" and len(shape) == 1:
         shape = _rows(draw) + shape
-    writings = [(form, i, w.marker_ops) for form in FORMS.values() for i, w in enumerate(form.writings)
+    writings = [(form, i, w) for form in FORMS.values() for i, w in enumerate(form.writings)
                 if w.unit_dims == draw.unit_dims]
-    for form, writing, markers in sorted(writings, key=lambda c: (-len(c[2]), -len(c[0].params))):
+    # The most specific first: the most marker ops (the fallbacks, categorical and temperature, have none), then
+    # the most parameters read (a writing whose program scaled before it reads no temperature); among equals, one
+    # that scales inside the site, leaving no division outside the composite.
+    def specific(c: tuple[Form, int, Writing]) -> tuple[int, int, bool]:
+        form, _, w = c
+        return -len(w.marker_ops), -(len(form.params) - w.scaled_before), w.scaled_before
+
+    for form, writing, w in sorted(writings, key=specific):
+        markers = w.marker_ops
         if form.stochastic != noisy or not set(markers) <= ops_present:
             continue
         if "k" not in form.params:

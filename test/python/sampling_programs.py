@@ -37,8 +37,11 @@ MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "tempera
          "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p"}
 # v: (V,); b: (B, V); b1: (B, 1, V); bt: (B, T, V) of which the sampler reads the last position.
 BATCHES = ("v", "b", "b1", "bt")
-# const: x / T (a Python float); reciprocal: x * (1 / T); traced: x / t with t a scalar argument.
+# const: x / T (a Python float); reciprocal: x * (1 / T); traced: x / t with t a scalar argument; before: x / T
+# applied to the logits before the sampler, which then scales no more (gemma's top-p, Hugging Face's
+# TemperatureLogitsWarper first): for the mask forms only (SCALED_BEFORE).
 TEMPERATURES = ("const", "reciprocal", "traced")
+SCALED_BEFORE = ("top_k_mask", "top_p_mask", "top_k_top_p_mask")
 # lax.top_k, a stable descending argsort sliced to k (values gathered), or argsort(-x) sliced to k (which
 # puts NaN last, unlike lax.top_k: not a top-k writing)
 TOP_KS = ("lax", "sort", "negated_sort")
@@ -148,10 +151,17 @@ def _rounded(value: float, dtype: str) -> float:
     return float(np.asarray(value, np_dtype(dtype)).astype(np.float64))
 
 
+def _scales_first(spec: SamplerSpec) -> bool:
+    """A form whose function scales the logits before its filter, with the temperature written another way: the
+    scaling is the program's, outside the site, and the rest is the form unscaled (T = 1; temperature_top_k
+    unscaled is top_k)."""
+    return spec.form in ("temperature_top_k", "min_p") and spec.temperature_style in ("reciprocal", "traced")
+
+
 def writes_form_exactly(spec: SamplerSpec) -> bool:
     """Whether the program computes its form op for op as the reference writes it (else it is exact only
     as the categorical of what it feeds the draw)."""
-    if spec.form in READS_T and spec.temperature_style != "const":
+    if spec.form in READS_T and spec.temperature_style not in ("const", "before") and not _scales_first(spec):
         return False
     if spec.form in USES_TOP_K and spec.top_k_style == "negated_sort":
         return False
@@ -175,7 +185,10 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     if not writes_form_exactly(spec):
         form, values = _fallback(spec, attrs, dtype)
         return form + suffix, values
-    if spec.form in READS_T:
+    form = spec.form
+    if _scales_first(spec) and form == "temperature_top_k":
+        form, attrs["mode"] = "top_k", "top_k"
+    if spec.form in READS_T and spec.temperature_style == "const":
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if spec.form in USES_TOP_K:
         attrs["k"] = spec.k
@@ -183,16 +196,16 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
         attrs["p"] = _rounded(spec.p, dtype)
     if spec.form == "min_p":
         attrs["min_p"] = _rounded(spec.min_p, dtype)
-    return spec.form + suffix, attrs
+    return form + suffix, attrs
 
 
 def _fallback(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
     """The exact form a writing that is not its form's own fuses as (the draw's suffix aside)."""
     rank_space_p = spec.form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
-    if spec.temperature_style == "const" and spec.form == "top_k_top_p_mask" and not rank_space_p:
+    if spec.temperature_style in ("const", "before") and spec.form == "top_k_top_p_mask" and not rank_space_p:
         # The top-k mask in another writing, then the nucleus as written: top_p_mask of the masked logits.
-        return "top_p_mask", {**attrs, "mode": "top_p", "temperature": _rounded(spec.temperature, dtype),
-                              "p": _rounded(spec.p, dtype)}
+        scale = _rounded(spec.temperature, dtype) if spec.temperature_style == "const" else 1.0
+        return "top_p_mask", {**attrs, "mode": "top_p", "temperature": scale, "p": _rounded(spec.p, dtype)}
     if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
         return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
     return "categorical", {**attrs, "mode": "temperature"}
@@ -221,6 +234,8 @@ class _Ctx:
 
     def scale(self, x: jax.Array) -> jax.Array:
         style, t = self.spec.temperature_style, self.spec.temperature
+        if style == "before":
+            return x  # scaled before the sampler (_sampler)
         if style == "reciprocal":
             return x * (1.0 / t)
         if style == "traced":
@@ -307,6 +322,8 @@ def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:
 
 def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     form, spec = c.spec.form, c.spec
+    if spec.temperature_style == "before":
+        x = x / spec.temperature
     if form == "greedy":
         return jnp.argmax(x, axis=-1)
     if form == "greedy_softmax":

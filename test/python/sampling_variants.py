@@ -231,6 +231,26 @@ def keras_hub_top_k(x, key):
     return jnp.squeeze(jnp.take_along_axis(ids, pick, axis=-1), -1)
 
 
+def gemma_top_p(x, key):
+    """gemma's TopPSampling: the temperature first, the nucleus of the scaled logits in vocabulary order, dropped
+    logits at finfo.min: top_p_mask at T = 1 of x / T (the division stays in XLA)."""
+    y = x / 0.7
+    ordered = jnp.sort(y, axis=-1, descending=True)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+    return jax.random.categorical(key, jnp.where(y < cutoff, jnp.finfo(y.dtype).min, y), axis=-1)
+
+
+def scaled_then_top_k_mask_multinomial(x, key):
+    """Hugging Face's TemperatureLogitsWarper then TopKLogitsWarper, drawn as torch.multinomial through torchax:
+    top_k_mask_choice at T = 1 of x / T."""
+    y = x / 0.8
+    y = jnp.where(y < jax.lax.top_k(y, 20)[0][..., -1:], -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -304,6 +324,9 @@ VARIANTS: list[Variant] = [
     Variant("keras_hub_top_k", keras_hub_top_k, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-k filter "
                    "(chlo.top_k"),
+    Variant("gemma_top_p", gemma_top_p, "top_p_mask", expect={"temperature": 1.0, "p": 0.9}),
+    Variant("scaled_then_top_k_mask_multinomial", scaled_then_top_k_mask_multinomial, "top_k_mask_choice",
+            expect={"temperature": 1.0, "k": 20}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

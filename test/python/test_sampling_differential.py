@@ -37,6 +37,7 @@ from sampling_programs import (
     KEY_OPS,
     NOISES,
     READS_T,
+    SCALED_BEFORE,
     STOCHASTIC,
     TEMPERATURES,
     TAKES,
@@ -79,7 +80,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         form=form, vocab=vocab, batch=draw(st.sampled_from(BATCHES)), rows=draw(st.integers(1, 3)),
         steps=draw(st.integers(1, 3)), dtype=dtype, upcast=dtype != "float32" and draw(st.booleans()),
         temperature=draw(st.sampled_from([0.5, 0.7, 1.0, 1.3])),
-        temperature_style=draw(st.sampled_from(TEMPERATURES)) if form in READS_T else "const",
+        temperature_style=draw(st.sampled_from(TEMPERATURES + ("before",) * (form in SCALED_BEFORE)))
+        if form in READS_T else "const",
         k=draw(st.sampled_from([1, 3, 8])),
         top_k_style=draw(st.sampled_from(TOP_KS)) if form in USES_TOP_K else "lax",
         p=draw(st.sampled_from([0.5, 0.9])),
@@ -207,6 +209,13 @@ FIXED_GAPS = {
     # gemma's TopkSampling gathers the drawn rank's id by batch index: fused as `temperature` over the top-k
     # values, which left the top_k in XLA with no remark. Now a writing of the rank-space top-k forms.
     "top_k_by_batch_index": SamplerSpec(form="top_k", take="batch_index"),
+    # The temperature applied before the sampler (gemma's top-p, Hugging Face's warpers): fused as categorical of
+    # the filtered logits, leaving the filter's sort in XLA. Now each form also matches unscaled, at T = 1.
+    "top_p_scaled_before": SamplerSpec(form="top_p_mask", temperature_style="before"),
+    "top_k_top_p_scaled_before": SamplerSpec(form="top_k_top_p_mask", temperature_style="before", noise="keras"),
+    "top_k_mask_scaled_before_choice": SamplerSpec(form="top_k_mask", temperature_style="before", draw="choice"),
+    "min_p_traced_temperature": SamplerSpec(form="min_p", temperature_style="traced"),
+    "temperature_top_k_reciprocal": SamplerSpec(form="temperature_top_k", temperature_style="reciprocal"),
     "temperature_top_k_by_batch_index": SamplerSpec(form="temperature_top_k", take="batch_index", batch="bt"),
 }
 

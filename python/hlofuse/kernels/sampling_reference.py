@@ -37,6 +37,12 @@ def _argmax(x: jax.Array) -> jax.Array:
     return jnp.argmax(x, axis=-1)
 
 
+def _scale(x: jax.Array, temperature: float | None) -> jax.Array:
+    """x / T; x itself for temperature None, a writing whose program scaled its logits before the sampler (see
+    `_unscaled`)."""
+    return x if temperature is None else x / temperature
+
+
 def greedy(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
     """argmax(logits): first index of the largest value (NaN counts as largest)."""
     return _argmax(logits)
@@ -91,7 +97,7 @@ def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_
           categorical_fn: Categorical = jax.random.categorical, take_fn: Take = _take, **_: Any) -> jax.Array:
     """JetStream / gemma style: categorical over the top-k logits / T, mapped back through their ids."""
     values, indices = top_k_fn(logits, k)
-    return take_fn(indices, categorical_fn(key, values / temperature, axis=-1))
+    return take_fn(indices, categorical_fn(key, _scale(values, temperature), axis=-1))
 
 
 def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
@@ -110,10 +116,10 @@ def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> ja
 def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
                categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
-    return categorical_fn(key, _mask_top_k(logits, k, top_k_fn) / temperature, axis=-1)
+    return categorical_fn(key, _scale(_mask_top_k(logits, k, top_k_fn), temperature), axis=-1)
 
 
-def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False) -> jax.Array:
+def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: str = "-inf") -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
     if sort_by_top_k:
@@ -123,26 +129,28 @@ def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False) -> 
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
     cutoff_index = jnp.sum(cumulative < p, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
-    return jnp.where(logits < cutoff, NEG_INF, logits)
+    dropped = NEG_INF if fill == "-inf" else jnp.finfo(logits.dtype).min
+    return jnp.where(logits < cutoff, dropped, logits)
 
 
 def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
-               categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
-    """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p."""
-    return categorical_fn(key, _mask_top_p(logits, p) / temperature, axis=-1)
+               categorical_fn: Categorical = jax.random.categorical, fill: str = "-inf", **_: Any) -> jax.Array:
+    """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p. (`fill`
+    "finfo_min" is gemma's writing: the dropped logits become finfo.min, not -inf; see FILL_MIN_NOTE.)"""
+    return categorical_fn(key, _scale(_mask_top_p(logits, p, fill=fill), temperature), axis=-1)
 
 
 def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
                      **_: Any) -> jax.Array:
     """Top-k mask, then the nucleus mask over what is left, then / T."""
-    return categorical_fn(key, _mask_top_p(_mask_top_k(logits, k, top_k_fn), p) / temperature, axis=-1)
+    return categorical_fn(key, _scale(_mask_top_p(_mask_top_k(logits, k, top_k_fn), p), temperature), axis=-1)
 
 
 def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                         categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """top_p_mask as JetStream / MaxText write it: the descending sort is a full-width lax.top_k."""
-    return categorical_fn(key, _mask_top_p(logits, p, sort_by_top_k=True) / temperature, axis=-1)
+    return categorical_fn(key, _scale(_mask_top_p(logits, p, sort_by_top_k=True), temperature), axis=-1)
 
 
 def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
@@ -150,12 +158,12 @@ def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature:
                               **_: Any) -> jax.Array:
     """top_k_top_p_mask with the nucleus's sort as a full-width lax.top_k."""
     masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True)
-    return categorical_fn(key, masked / temperature, axis=-1)
+    return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
 def min_p_masked(logits: jax.Array, *, temperature: float, min_p: float) -> jax.Array:
     """min_p's scaled logits with the dropped tokens at -inf: what its categorical draws from."""
-    scaled = logits / temperature
+    scaled = _scale(logits, temperature)
     probs = jax.nn.softmax(scaled, axis=-1)
     keep = probs >= min_p * jnp.max(probs, axis=-1, keepdims=True)
     return jnp.where(keep, scaled, NEG_INF)
@@ -178,6 +186,7 @@ class Writing:
     # (..., V, 1) along the vocabulary. A draw is matched only against writings with its own count.
     unit_dims: int = 0
     own_take: bool = False  # maps the drawn rank back to its id its own way (not take_along_axis)
+    scaled_before: bool = False  # the program applied the temperature before the sampler (`_unscaled`)
 
 
 @dataclass(frozen=True)
@@ -216,6 +225,25 @@ def _by_argsort(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writi
     return Writing(functools.partial(fn, top_k_fn=top_k_by_argsort), markers)
 
 
+def _unscaled(writing: Writing) -> Writing:
+    """`writing` without a temperature of its own: the program scaled its logits before the sampler (gemma's top-p,
+    Hugging Face's TemperatureLogitsWarper first), so the site reads T = 1, and the form's x / 1.0 is x bit for bit.
+    The scaling stays in XLA, an elementwise op in front of the composite."""
+
+    def fn(logits: jax.Array, key: jax.Array, *, temperature: float | None = None, **params: Any) -> jax.Array:
+        del temperature
+        return writing.fn(logits, key, temperature=None, **params)
+
+    return dataclasses.replace(writing, fn=fn, scaled_before=True)
+
+
+# gemma fills the dropped logits with finfo.min, not -inf. The ids are the same: a dropped token scores
+# finfo.min + gumbel = finfo.min (the noise, within [-4.5, 17], is far below half its ulp), below every kept
+# token's y + gumbel, y >= the cutoff, which is a logit of the row; the exception is a row whose cutoff lies
+# within 4.5 of finfo.min (logits / T near -3.4e38 for f32), where the fill ties kept tokens.
+FILL_MIN_NOTE = "finfo.min fill: the ids of -inf but for cutoffs within 4.5 of finfo.min"
+
+
 def _by_batch_index(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
     """`fn` with the drawn rank mapped back to its id by take_by_batch_index (gemma's TopkSampling)."""
     return Writing(functools.partial(fn, take_fn=take_by_batch_index), markers, own_take=True)
@@ -233,7 +261,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K))),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K, (_by_argsort(top_k_mask, _TOP_K),)),
     Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
-         (Writing(top_p_mask_by_top_k, _TOP_K),)),
+         (Writing(top_p_mask_by_top_k, _TOP_K),
+          Writing(functools.partial(top_p_mask, fill="finfo_min"), _NOISE + ("stablehlo.sort",)))),
     Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort",),
          (Writing(top_k_top_p_mask_by_top_k, _TOP_K),
@@ -241,6 +270,13 @@ FORMS: dict[str, Form] = {f.name: f for f in (
           _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
 )}
+
+
+# Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
+# (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
+_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")
+FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
+              for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
 
 # ----- draws -----------------------------------------------------------------------------------------
