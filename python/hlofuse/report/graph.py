@@ -426,7 +426,7 @@ class Flattener:
         ins = self._inputs(op, frame)
         decomposition = ir.FlatSymbolRefAttr(op.attributes["decomposition"]).value
         if name in SITE_NAMES and frame.site is None:
-            from hlofuse.composites import attribute_values
+            from hlofuse.ops.attributes import attribute_values
 
             site = Site(len(self.sites), name, attribute_values(op.attributes["composite_attributes"]),
                         tuple(tensor_type(v.type) for v in op.operands),
