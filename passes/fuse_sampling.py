@@ -40,7 +40,7 @@ from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
 from hlofuse.ir.match import defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
-from hlofuse.kernels.sampling_reference import FORMS, Form
+from hlofuse.kernels.sampling_reference import FORMS, Form, Writing
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
