@@ -1,23 +1,24 @@
 """What the Pallas attention kernels need of a chip, what each chip has, and the tiles chosen from both.
 
 A kernel the chip's compiler would reject, or compile with ptxas spills, is not emitted: the lowering asks
-`attention_unfit` and keeps the composite, with a remark naming the limit. The needs are a small model of
-each kernel, computed from its tiles and dtypes; the limits are data (`CHIPS`, each number with its source).
-`python -m hlofuse.compile_targets` and test/python/test_compile_grid.py check the model against the real
-compilers (deviceless compiles for TPU v5e/v6e/v5p and the H100 target config).
+`attention.unfit` / `mosaic_gpu.unfit` and keeps the composite, with a remark naming the limit. The needs
+are a small model of each kernel, computed from its tiles and dtypes; the limits are data (`CHIPS`, each
+number with its source). `python -m hlofuse.compile_targets` and test/python/test_compile_grid.py check
+the model against the real compilers (deviceless compiles for TPU v5e/v6e/v5p and the H100 config).
 
 - **Triton (gpu).** Shared memory of one program, and a register estimate. Both were fitted to what Triton
   and ptxas report for this kernel on sm_90a (docs/kernels-pallas.md, "Resources per chip"): with 4 warps
   and block_q a multiple of 64 Triton uses wgmma, K and V tiles are buffered `num_stages` deep and q sits in
-  shared memory; otherwise (mma.sync) K and V are single-buffered and q takes up to four tiles' worth. The register
-  estimate counts the f32 accumulator and logits tile per thread, plus q where it lives in registers;
-  estimates up to REGISTER_BUDGET compiled without spills.
+  shared memory; otherwise (mma.sync) K and V are single-buffered and q takes up to four tiles' worth. The
+  register estimate counts the f32 accumulator and logits tile per thread, plus q where it lives in
+  registers; estimates up to REGISTER_BUDGET compiled without spills (f32 on mma.sync also keeps K in
+  registers: triton_f32_mma_registers).
 - **Mosaic GPU (gpu-mosaic).** Shared memory is `mosaic_gpu.smem_bytes` (exact); registers: the kernel
   keeps two f32 (block_q, D) accumulators and the f32 logits tile in one warpgroup.
 - **TPU (Mosaic).** VMEM per grid step is `tpu.vmem_bytes`, an upper bound (2-3x what libtpu allocates),
   against the scoped VMEM the kernel may ask for. TPU prefill tiles are chosen by libtpu's own static cost:
-  the bundle count of one grid step (TPU_BUNDLES, measured by `python -m hlofuse.compile_targets
-  --tune-tpu-blocks`) times the grid steps the shape needs.
+  the bundle count of one grid step (tpu_bundles.json, measured by `python -m hlofuse.compile_targets
+  --tune-tpu-blocks --write`) times the grid steps the shape needs.
 """
 
 from __future__ import annotations
