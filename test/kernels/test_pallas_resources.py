@@ -138,3 +138,23 @@ def test_chosen_tpu_tiles_fit_the_vmem_the_kernel_may_ask_for():
             blocks = pallas_attention.chip_blocks("tpu", q, q, q, decode=False, has_side=True)
             plan = pallas_attention._plan("tpu", q, q, q, blocks, pallas_attention._NO_ATTRS)
             assert tpu.vmem_bytes(plan, jnp.dtype(dtype).itemsize) <= tpu.MAX_VMEM
+
+
+# Every tile the choice can return computes the same attention, up to float rounding (interpret mode).
+CANDIDATES = [("gpu", bq, bk) for bq, bk in resources.TRITON_PREFILL + resources.TRITON_DECODE[:1]]
+CANDIDATES += [("tpu", 128, 128), ("tpu", 128, 256), ("tpu", 256, 256)]
+
+
+@pytest.mark.parametrize(("backend", "block_q", "block_k"), CANDIDATES)
+def test_every_candidate_tile_gives_the_reference(backend, block_q, block_k):
+    import numpy as np
+
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (1, 96, 4, 64), jnp.float32)  # GQA G = 2: 192 rows, a ragged last tile
+    k = jax.random.normal(keys[1], (1, 320, 2, 64), jnp.float32)
+    v = jax.random.normal(keys[2], (1, 320, 2, 64), jnp.float32)
+    kw = dict(scale=0.125, causal=True, q_offset=224)
+    got = pallas_attention.attention(q, k, v, backend=backend, interpret=True,
+                                     block_sizes=pallas_attention.BlockSizes(block_q, block_k), **kw)  # fmt: skip
+    want = pallas_attention.attention_reference(q, k, v, **kw)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
