@@ -251,6 +251,17 @@ def scaled_then_top_k_mask_multinomial(x, key):
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def torchax_top_k_warper_multinomial(x, key):
+    """Hugging Face's TemperatureLogitsWarper and TopKLogitsWarper as torchax lowers them (torch.topk sorts its
+    values again; the k-th read as [..., -1, None]), then torch.multinomial: top_k_mask_choice at T = 1."""
+    y = x / 0.9
+    kth = jnp.sort(jax.lax.top_k(y, 12)[0], axis=-1, descending=True)[..., -1][..., None]
+    y = jnp.where(y < kth, -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -327,6 +338,8 @@ VARIANTS: list[Variant] = [
     Variant("gemma_top_p", gemma_top_p, "top_p_mask", expect={"temperature": 1.0, "p": 0.9}),
     Variant("scaled_then_top_k_mask_multinomial", scaled_then_top_k_mask_multinomial, "top_k_mask_choice",
             expect={"temperature": 1.0, "k": 20}),
+    Variant("torchax_top_k_warper_multinomial", torchax_top_k_warper_multinomial, "top_k_mask_choice",
+            expect={"temperature": 1.0, "k": 12}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

@@ -108,15 +108,36 @@ def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, 
     return take_fn(indices, categorical_fn(key, values, axis=-1))
 
 
-def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
-    kth = top_k_fn(logits, k)[0][..., -1:]
+def top_k_resorted(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """lax.top_k with its values sorted again, descending, as torchax lowers `torch.topk(x, k)` (sorted=True).
+    Only the k-th value is read through it (`_mask_top_k`): the smallest of the k either way, NaN only if all
+    k are NaN, and of a tie of +0 and -0 either one, which compare equal."""
+    values, ids = jax.lax.top_k(x, k)
+    return jnp.sort(values, axis=-1, descending=True), ids
+
+
+def _last(values: jax.Array) -> jax.Array:
+    """values[..., -1:]: the k-th largest, kept as a (..., 1) column."""
+    return values[..., -1:]
+
+
+def last_as_torch_indexes(values: jax.Array) -> jax.Array:
+    """values[..., -1, None], as torch code reads the k-th largest (`topk(...)[0][..., -1, None]`): the same
+    column, through a squeeze and an expand."""
+    return values[..., -1][..., None]
+
+
+def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k,
+                kth_fn: Callable[[jax.Array], jax.Array] = _last) -> jax.Array:
+    kth = kth_fn(top_k_fn(logits, k)[0])
     return jnp.where(logits < kth, NEG_INF, logits)
 
 
 def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
-               categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+               categorical_fn: Categorical = jax.random.categorical,
+               kth_fn: Callable[[jax.Array], jax.Array] = _last, **_: Any) -> jax.Array:
     """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
-    return categorical_fn(key, _scale(_mask_top_k(logits, k, top_k_fn), temperature), axis=-1)
+    return categorical_fn(key, _scale(_mask_top_k(logits, k, top_k_fn, kth_fn), temperature), axis=-1)
 
 
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: str = "-inf") -> jax.Array:
@@ -244,6 +265,13 @@ def _unscaled(writing: Writing) -> Writing:
 FILL_MIN_NOTE = "finfo.min fill: the ids of -inf but for cutoffs within 4.5 of finfo.min"
 
 
+def _by_resorted_top_k(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
+    """`fn` with its k-th value read from top_k_resorted as torch indexes it (Hugging Face's TopKLogitsWarper
+    through torchax)."""
+    return Writing(functools.partial(fn, top_k_fn=top_k_resorted, kth_fn=last_as_torch_indexes),
+                   markers + ("stablehlo.sort",))
+
+
 def _by_batch_index(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
     """`fn` with the drawn rank mapped back to its id by take_by_batch_index (gemma's TopkSampling)."""
     return Writing(functools.partial(fn, take_fn=take_by_batch_index), markers, own_take=True)
@@ -259,7 +287,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (_by_argsort(top_k, _TOP_K), _by_batch_index(top_k, _TOP_K))),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
          (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K))),
-    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K, (_by_argsort(top_k_mask, _TOP_K),)),
+    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
+         (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K))),
     Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          (Writing(top_p_mask_by_top_k, _TOP_K),
           Writing(functools.partial(top_p_mask, fill="finfo_min"), _NOISE + ("stablehlo.sort",)))),
