@@ -198,3 +198,12 @@ def test_a_missing_compiler_is_one_error_line(monkeypatch, capsys):
         'hlofuse-opt: error: --compile-for=tpu-v5e: tpu-v5e needs libtpu: pip install "hlofuse[tpu]" '
         "(or jax[tpu]==0.10.2)"
     ]
+
+
+def test_tpu_blocks_table_reads_the_shipped_bundles():
+    text = ct.tpu_blocks_table()
+    lines = text.splitlines()
+    assert lines[0] == "| tile (block_q x block_k) | tpu-v5e | tpu-v5p | tpu-v6e |"
+    assert len(lines) == 2 + len(ct.TUNE_TPU_CANDIDATES) + 2
+    assert lines[-1].startswith("| **picked**, causal T = S = 32768 |")
+    assert all(any(line.startswith(f"| {q} x {k} | ") for line in lines) for q, k in ct.TUNE_TPU_CANDIDATES)
