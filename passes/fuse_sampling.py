@@ -152,6 +152,9 @@ def _forward_values(value: ir.Value, depth: int) -> list[ir.Value]:
 # CPU, unrolled rounds elsewhere), so a program matches the template lowered for its own platform, which the
 # module does not record: each site tries every platform's lowering, the last one that matched first.
 PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
+# The platform whose lowering each one shares, text for text, for every form (test_sampling_templates checks it
+# for each form and writing): only the CPU lowers threefry as a loop. Each site lowers a form once per class.
+LOWERS_LIKE = {"cpu": "cpu", "tpu": "tpu", "cuda": "tpu", "rocm": "tpu"}
 _last_platform = ["cpu"]  # the platform of the last site fused (a hint for the order only; races are harmless)
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
@@ -198,7 +201,8 @@ class Templates:
                  ops_present: set[str]) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program."""
-        order = [_last_platform[0], *(p for p in PLATFORMS if p != _last_platform[0])]
+        classes = list(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
+        order = [_last_platform[0], *(p for p in classes if p != _last_platform[0])]
         seen: set[str] = set()
         for platform in order:
             try:

@@ -48,9 +48,18 @@ def greedy(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
     return _argmax(logits)
 
 
-def greedy_softmax(logits: jax.Array, key: jax.Array, **_: Any) -> jax.Array:
+def greedy_softmax(logits: jax.Array, key: jax.Array, *, argmax_fn: Callable[[jax.Array], jax.Array] = _argmax,
+                   **_: Any) -> jax.Array:
     """argmax(softmax(logits)), as samplers write `argmax(probs)`."""
-    return _argmax(jax.nn.softmax(logits, axis=-1))
+    return argmax_fn(jax.nn.softmax(logits, axis=-1))
+
+
+def keras_argmax(x: jax.Array) -> jax.Array:
+    """keras' `ops.argmax` on its JAX backend: -0.0 becomes -tiny first (so that it ranks below +0.0), then
+    jnp.argmax. Over probabilities, which are never -0.0, that is jnp.argmax: a writing of greedy_softmax (not of
+    greedy, whose logits may hold -0.0)."""
+    negative_zero = (x == 0) & jnp.signbit(x)
+    return _argmax(jnp.where(negative_zero, -jnp.finfo(x.dtype).tiny, x))
 
 
 def categorical(logits: jax.Array, key: jax.Array, *, categorical_fn: Categorical = jax.random.categorical,
@@ -280,7 +289,8 @@ def _by_batch_index(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> W
 _TOP_K = _NOISE + ("chlo.top_k",)
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
-    Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",)),
+    Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",),
+         others=(Writing(functools.partial(greedy_softmax, argmax_fn=keras_argmax), ("stablehlo.exponential",)),)),
     Form("categorical", "temperature", categorical, marker_ops=_NOISE),
     Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
     Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K,

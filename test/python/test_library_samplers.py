@@ -1,0 +1,104 @@
+"""Samplers as real libraries write them (test/fixtures/samplers, tools/fixtures/gen_library_samplers.py).
+
+gemma's `gm.text` sampling methods, keras-hub's samplers and Hugging Face `generate()`'s sampling step under
+torchax, one decode step each. Every module must fuse as its manifest says: the form, and whether whole or
+in part with a remark naming what stays in XLA. The original, the fused module and the fused module lowered
+to the CPU kernel must return the same token ids for the same keys; a sampler fused whole to a filtering
+form must leave no sort or TopK in the compiled program.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+from jax._src import compiler
+from jax._src.lib import _jax as xla_client
+from jaxlib.mlir import ir
+
+from hlofuse.kernels.sampling_reference import FORMS
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import count_composites, main_func, parse_module_text, sample_attrs
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "samplers"
+MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "manifest.json").read_text())
+FUSE = "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)"
+KEYS = 4
+
+
+def _compile(module: ir.Module) -> Any:  # noqa: ANN401
+    backend = jax.devices("cpu")[0].client
+    options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=backend)
+    return backend.compile_and_load(module, executable_devices=xla_client.DeviceList(
+        (backend.local_devices()[0],)), compile_options=options)
+
+
+def _run(executable: Any, args: list[np.ndarray]) -> np.ndarray:  # noqa: ANN401
+    device = jax.devices("cpu")[0]
+    buffers = [jax.device_put(a, device) for a in args]
+    return np.asarray(executable.execute_sharded(buffers).disassemble_into_single_device_arrays()[0][0])
+
+
+def _logits(shape: tuple[int, ...], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    normal = rng.standard_normal(shape).astype(np.float32)
+    ties = np.round(normal * 2.0) / 2.0
+    with_inf = normal * 3.0
+    with_inf[..., rng.random(shape[-1]) < 0.3] = -np.inf
+    return {"normal": normal, "peaked": normal * 6.0, "ties": ties, "with_inf": with_inf}
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_library_sampler_fuses_as_expected_and_draws_the_same_tokens(name: str) -> None:
+    entry = MANIFEST[name]
+    expected = entry["expected"]
+    text = (FIXTURES / f"{name}.mlir").read_text()
+    fused = parse_module_text(text)
+    result = run_pipeline(fused, FUSE)
+    remarks = [str(r) for r in result.remarks]
+    assert count_composites(fused, "hlofuse.sample") == 1, remarks
+    (attrs,) = sample_attrs(fused)
+    assert attrs.form == expected["form"], remarks
+    partial = [r for r in remarks if "sampler fused only in part" in r]
+    if expected["whole"]:
+        assert not partial and not result.counters.get("sampling_not_fused"), remarks
+    else:
+        assert partial and expected["remark"] in partial[0], remarks
+
+    lowered = parse_module_text(str(fused))
+    run_pipeline(lowered, "builtin.module(hlofuse-lower-kernels{target=cpu})")
+    arity = len(main_func(parse_module_text(text)).type.inputs)
+    programs = {"original": _compile(parse_module_text(text)), "fused": _compile(fused), "cpu": _compile(lowered)}
+    rng = np.random.default_rng(1)
+    for case, logits in _logits(tuple(entry["logits"]), seed=0).items():
+        for _ in range(KEYS):
+            key = rng.integers(0, 2**32, size=2, dtype=np.uint32)
+            args = [logits, key][:arity]  # a greedy sampler's unused key is not an argument
+            ids = {what: _run(program, args) for what, program in programs.items()}
+            for what in ("fused", "cpu"):
+                np.testing.assert_array_equal(ids[what], ids["original"], err_msg=f"{name} {what} on {case}")
+
+
+WHOLE_FILTERING = sorted(n for n, e in MANIFEST.items() if e["expected"]["whole"] and e["expected"]["form"]
+                         and FORMS[e["expected"]["form"]].mode in ("top_k", "top_p", "min_p", "top_k+top_p")
+                         and not FORMS[e["expected"]["form"]].base)
+
+
+@pytest.mark.parametrize("name", WHOLE_FILTERING)
+def test_library_filter_runs_in_the_kernel(name: str) -> None:
+    module = parse_module_text((FIXTURES / f"{name}.mlir").read_text())
+    run_pipeline(module, FUSE[:-1] + ",hlofuse-lower-kernels{target=cpu})")
+    hlo = "\n".join(m.to_string() for m in _compile(module).hlo_modules())
+    assert 'custom_call_target="hlofuse_sample"' in hlo
+    assert not re.findall(r" (sort|topk)\(", hlo) and "TopK" not in hlo, name
+
+
+def test_the_corpus_covers_each_library() -> None:
+    libraries = {lib for entry in MANIFEST.values() for lib in entry["libraries"]}
+    assert {"gemma", "keras-hub", "transformers", "torchax"} <= libraries
+    assert len(WHOLE_FILTERING) >= 2, WHOLE_FILTERING

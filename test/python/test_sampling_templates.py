@@ -1,0 +1,39 @@
+"""The sampling pass's templates: what hlofuse-fuse-sampling assumes of JAX's per-platform lowerings.
+
+A site lowers each form once per class of `LOWERS_LIKE` (cpu; tpu for tpu, cuda and rocm) instead of once per
+platform. That holds only while JAX lowers every form and writing to the same text for the platforms of a
+class; this test lowers each of them for every platform and compares. If it fails after a JAX upgrade, give
+the platform that differs its own class.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hlofuse.passes.fuse_sampling import LOWERS_LIKE, PLATFORMS, _template_text
+
+from hlofuse.kernels.sampling_reference import FORMS
+
+WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form.writings) if not w.unit_dims]
+
+
+def _text(name: str, writing: int, platform: str) -> str:
+    """The template's ops, without locations (the matcher reads ops and attributes; locations name the parts of
+    a form in remarks, and come from the same reference functions)."""
+    k = 3 if "k" in FORMS[name].params else 0
+    text = _template_text(name, writing, (2, 16), "f32", k, platform)[0]
+    return re.sub(r"^#loc.*$| loc\([^\n]*?\)(?=\s*$)", "", text, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize(("name", "writing"), WRITINGS, ids=[f"{n}-{i}" for n, i in WRITINGS])
+def test_platforms_of_a_class_lower_alike(name: str, writing: int) -> None:
+    for platform in PLATFORMS:
+        if LOWERS_LIKE[platform] != platform:
+            assert _text(name, writing, platform) == _text(name, writing, LOWERS_LIKE[platform]), platform
+
+
+def test_the_classes_differ_where_threefry_does() -> None:
+    """The classes are not one: the CPU's threefry loop is not the unrolled rounds (else drop a class)."""
+    assert _text("temperature", 0, "cpu") != _text("temperature", 0, "tpu")
+    assert set(LOWERS_LIKE) == set(PLATFORMS)
