@@ -195,11 +195,20 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         if draw == "choice":
-            return base(logits, key, categorical_fn=_choice_by_kernel, **params)
+            return base(logits, key, categorical_fn=_choice_by_kernel, top_k_fn=_top_k_by_kernel, **params)
         return base(logits, key, categorical_fn=functools.partial(DRAWS[draw], _kernel_categorical(False)),
-                    **params)
+                    top_k_fn=_top_k_by_kernel, **params)
 
     return kernel
+
+
+def _top_k_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """lax.top_k(x, k) by the kernel's one-pass top-k (`hlofuse_sample_top_k`): the same values and ids, in the
+    same order (value descending, lower id first on ties). XLA's CPU top-k of a filter whose ids go unused is a
+    full sort (152 ms at 8 x 128256 f32, against 1.2 ms here); values come back in x's dtype (bf16 widened
+    exactly, so narrowed exactly)."""
+    values, ids = top_k_candidates(x[..., None, :], k)
+    return values[..., 0, :].astype(x.dtype), ids[..., 0, :]
 
 
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:

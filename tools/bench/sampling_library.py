@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Library-written samplers on the CPU: the program as the library writes it, compiled by XLA, against the same
+program through hlofuse's default pipeline (`compiler_options={"hlofuse_pipeline": "default"}`), and argmax.
+
+    python tools/bench/sampling_library.py                          # batch 1 and 8, vocab 128256 and 262144
+    python tools/bench/sampling_library.py --batch 8 --vocab 128256 --samplers gemma_top_p
+
+The samplers are the catalogue's library writings (test/python/sampling_variants.py: gemma's top-p and top-k,
+keras-hub's random and top-k, Hugging Face's temperature + top-k warpers with torch.multinomial as torchax
+lowers them, JetStream's top-p and top-k + top-p). tools/bench/sampling_cpu.py times the kernel's forms
+directly. Each row: the fusion (form, "whole" or "part"), then medians of --iters interleaved calls (original,
+fused, argmax, in turn) in milliseconds, fused / original, and fused / argmax. Token ids are checked equal
+first. On 2 shared cores the ratios are the numbers to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test" / "python"))
+import sampling_variants  # noqa: E402
+
+from hlofuse.pipeline import run_pipeline  # noqa: E402
+from hlofuse.testing.modules import clone_module, sample_attrs  # noqa: E402
+
+SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "keras_hub_top_k",
+            "torchax_top_k_warper_multinomial", "multinomial_temperature", "multinomial_top_k_mask", "jetstream_top_p",
+            "top_k_then_top_p")
+
+
+def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
+    """How the pass fuses `fn`: its composite's form, and whether whole (no fused-in-part remark)."""
+    module = clone_module(jax.jit(fn).lower(x, key).compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    attrs = sample_attrs(module)
+    if not attrs:
+        return "not fused"
+    part = any("fused only in part" in str(r) for r in result.remarks)
+    return f"{attrs[0].form} ({'part' if part else 'whole'})"
+
+
+def _median_ms(fns: dict[str, Any], args: tuple[jax.Array, ...], iters: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for fn in fns.values():
+        jax.block_until_ready(fn(*args))
+    for _ in range(iters):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="*", default=[1, 8])
+    parser.add_argument("--vocab", type=int, nargs="*", default=[128256, 262144])
+    parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS), choices=SAMPLERS)
+    parser.add_argument("--iters", type=int, default=15)
+    args = parser.parse_args()
+    print("| sampler | fusion | B | V | original ms | fused ms | argmax ms | fused/original | fused/argmax |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in args.samplers:
+        fn = getattr(sampling_variants, name)
+        for batch in args.batch:
+            for vocab in args.vocab:
+                x = 3.0 * jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
+                key = jnp.array([7, 11], jnp.uint32)
+                spec = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2,), jnp.uint32))
+                fns = {"original": jax.jit(fn),
+                       "fused": jax.jit(fn, compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True}),
+                       "argmax": jax.jit(lambda x, key: jnp.argmax(x, axis=-1))}
+                np.testing.assert_array_equal(fns["fused"](x, key), fns["original"](x, key), err_msg=name)
+                ms = _median_ms(fns, (x, key), args.iters)
+                print(f"| {name} | {_fusion(fn, *spec)} | {batch} | {vocab} | {ms['original']:.3f} | "
+                      f"{ms['fused']:.3f} | {ms['argmax']:.3f} | {ms['fused'] / ms['original']:.3f}x | "
+                      f"{ms['fused'] / ms['argmax']:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
