@@ -316,6 +316,10 @@ def _rows(draw: Draw) -> tuple[int, ...]:
     return _shape(stacked[0])[:1] if stacked and _shape(stacked[0])[0] == 1 else ()
 
 
+# Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
+_RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs")
+
+
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
                 ops_present: set[str]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
     """(form, writing, logits shape, dtype, k) worth lowering for this draw."""
@@ -340,7 +344,7 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
             yield form, writing, shape, dtype, 0
             continue
         for top_k in dict.fromkeys(top_ks):
-            if form.filters in ("top_k", "temperature_top_k") and shape[-1] == top_k.k:
+            if form.filters in _RANK_SPACE and shape[-1] == top_k.k:
                 yield form, writing, top_k.shape, top_k.dtype, top_k.k
             elif top_k.shape == shape and top_k.dtype == dtype and top_k.k < shape[-1]:
                 yield form, writing, shape, dtype, top_k.k

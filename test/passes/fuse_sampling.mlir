@@ -7235,10 +7235,9 @@ module @sample_keras_hub_random attributes {mhlo.num_partitions = 1 : i32, mhlo.
 // -----
 
 // CHECK-LABEL: func.func public @sample_keras_hub_top_k(
-// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "categorical"
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_of_probs"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"
 // CHECK: func.func private @hlofuse.sample.impl
-// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-k filter (chlo.top_k
 module @sample_keras_hub_top_k attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @sample_keras_hub_top_k(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
     %cst = stablehlo.constant dense<0.699999988> : tensor<f32>

@@ -225,7 +225,7 @@ def keras_hub_random(x, key):
 
 def keras_hub_top_k(x, key):
     """keras-hub's TopKSampler: top_k of the probabilities (not the logits), keras' categorical of their log in
-    rank space, take_along_axis of the (B, 1) ids: fused at its draw, the top-k and softmax stay in XLA."""
+    rank space, take_along_axis of the (B, 1) ids: the top_k_of_probs form."""
     values, ids = jax.lax.top_k(jax.nn.softmax(x / 0.7, axis=-1), 16)
     pick = jax.random.categorical(key, jnp.log(values)[..., None], shape=(x.shape[0], 1), axis=1)
     return jnp.squeeze(jnp.take_along_axis(ids, pick, axis=-1), -1)
@@ -332,9 +332,7 @@ VARIANTS: list[Variant] = [
     Variant("no_match_categorical_axis0", no_match_categorical_axis0, None,
             remark="argmax over dim 0 (not the last): every sampler form draws over the last dim"),
     Variant("keras_hub_random", keras_hub_random, "temperature_log_of_softmax", expect={"temperature": 0.7}),
-    Variant("keras_hub_top_k", keras_hub_top_k, "categorical",
-            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-k filter "
-                   "(chlo.top_k"),
+    Variant("keras_hub_top_k", keras_hub_top_k, "top_k_of_probs", expect={"k": 16, "temperature": 0.7}),
     Variant("gemma_top_p", gemma_top_p, "top_p_mask", expect={"temperature": 1.0, "p": 0.9}),
     Variant("scaled_then_top_k_mask_multinomial", scaled_then_top_k_mask_multinomial, "top_k_mask_choice",
             expect={"temperature": 1.0, "k": 20}),

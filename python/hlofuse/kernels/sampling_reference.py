@@ -142,6 +142,15 @@ def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k,
     return jnp.where(logits < kth, NEG_INF, logits)
 
 
+def top_k_of_probs(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
+                   categorical_fn: Categorical = jax.random.categorical, take_fn: Take = _take, **_: Any) -> jax.Array:
+    """keras-hub's TopKSampler: the top k of the probabilities softmax(x / T) (not of the logits: distinct logits
+    whose probabilities round equal tie, lower id first), then a categorical of their log in rank space, mapped
+    back through their ids."""
+    values, indices = top_k_fn(jax.nn.softmax(_scale(logits, temperature), axis=-1), k)
+    return take_fn(indices, categorical_fn(key, jnp.log(values), axis=-1))
+
+
 def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
                categorical_fn: Categorical = jax.random.categorical,
                kth_fn: Callable[[jax.Array], jax.Array] = _last, **_: Any) -> jax.Array:
@@ -231,6 +240,7 @@ class Form:
     others: tuple[Writing, ...] = ()  # other writings of fn, as libraries vary it
     draw: str = "argmax"  # the op that draws: "argmax", or "top_k" (k = 1, as jax.random.choice draws)
     base: str = ""  # the form whose filters this one has, with another draw ("" = its own)
+    composes_draws: bool = True  # whether DRAWS compose with it (not for a form that draws from a log of its own)
 
     @property
     def filters(self) -> str:
@@ -370,7 +380,7 @@ def _with_draw(form: Form, name: str) -> Form:
 
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
-                                  if base.stochastic and base.draw == "argmax")})
+                                  if base.stochastic and base.draw == "argmax" and base.composes_draws)})
 
 
 def keras_categorical_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
@@ -399,6 +409,9 @@ def _with_keras_draw(form: Form) -> Form:
     return dataclasses.replace(form, others=form.others + keras)
 
 
+# Forms with a draw of their own (the log of probabilities): no other draw composes with them.
+FORMS["top_k_of_probs"] = Form("top_k_of_probs", "top_k", top_k_of_probs, ("temperature", "k"),
+                               _TOP_K + ("stablehlo.exponential", "stablehlo.log"), composes_draws=False)
 FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 

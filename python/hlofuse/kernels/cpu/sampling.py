@@ -202,6 +202,21 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     return kernel
 
 
+# Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
+# other ops (a softmax, a log) are the program's, so the same bits.
+FUNCTION_FORMS = ("top_k_of_probs",)
+
+
+def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form of FUNCTION_FORMS: its function with the kernel's top-k and categorical draw."""
+    fn = FORMS[form].fn
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=_top_k_by_kernel, **params)
+
+    return kernel
+
+
 def _top_k_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """lax.top_k(x, k) by the kernel's one-pass top-k (`hlofuse_sample_top_k`): the same values and ids, in the
     same order (value descending, lower id first on ties). XLA's CPU top-k of a filter whose ids go unused is a
@@ -220,6 +235,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
             raise Unsupported("the choice draw takes (B, V) logits")
         return drawn_form_lowering(attrs.form, attrs.params())
+    if attrs.form in FUNCTION_FORMS and call.operand_types[0][1] in ("f32", "bf16"):
+        if attrs.k > call.operand_types[0][0][-1]:
+            raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
+        return function_form_lowering(attrs.form, attrs.params())
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
     dtype = call.operand_types[0][1]
