@@ -528,6 +528,18 @@ def _copies_fused_into_producers(graph: Graph, strided: bool = False) -> set[int
     return fused
 
 
+def _viewed_through_reshapes(graph: Graph, t: int, targets: set[int]) -> int:
+    """The first of `t` and the tensors it views through reshapes and no-op layouts (walking to their inputs) that
+    is in `targets`; the last one reached when none is."""
+    source = t
+    while source not in targets:
+        p = graph.tensors[source].producer
+        if p is None or graph.nodes[p].info.get("layout") not in ("reshape", "noop") or not graph.nodes[p].inputs:
+            break
+        source = graph.nodes[p].inputs[0]
+    return source
+
+
 def _strided_sources(graph: Graph) -> dict[int, tuple[float, float]]:
     """The tensors whose producers write a dot operand's strided layout copy (`_copies_fused_into_producers`),
     each with the bytes between the elements the copy reads in turn and the bytes it reads them from. A
@@ -537,13 +549,7 @@ def _strided_sources(graph: Graph) -> dict[int, tuple[float, float]]:
     out: dict[int, tuple[float, float]] = {}
     for node in graph.nodes:
         for t, stride in node.info.get("strides", {}).items() if node.cls == "dot" else ():
-            source = t
-            while source not in sources:
-                p = graph.tensors[source].producer
-                if p is None or graph.nodes[p].info.get("layout") not in ("reshape", "noop") or not \
-                        graph.nodes[p].inputs:
-                    break
-                source = graph.nodes[p].inputs[0]
+            source = _viewed_through_reshapes(graph, t, sources)
             if source not in sources:
                 continue
             producer = graph.tensors[source].producer
@@ -563,13 +569,7 @@ def _copy_operands(graph: Graph, fused: set[int]) -> set[int]:
     out = set()
     for node in graph.nodes:
         for t in node.info.get("copies", ()) if node.cls == "dot" else ():
-            source = t
-            while source not in fused:
-                p = graph.tensors[source].producer
-                if p is None or graph.nodes[p].info.get("layout") not in ("reshape", "noop") or not \
-                        graph.nodes[p].inputs:
-                    break
-                source = graph.nodes[p].inputs[0]
+            source = _viewed_through_reshapes(graph, t, fused)
             if source in fused:
                 out.add(t)
     return out
