@@ -17,25 +17,15 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from jax._src import compiler
-from jax._src.lib import _jax as xla_client
-from jaxlib.mlir import ir
 
 from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import count_composites, main_func, parse_module_text, sample_attrs
+from hlofuse.testing.modules import compile_for_cpu, count_composites, main_func, parse_module_text, sample_attrs
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "samplers"
 MANIFEST: dict[str, dict[str, Any]] = json.loads((FIXTURES / "manifest.json").read_text())
 FUSE = "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)"
 KEYS = 4
-
-
-def _compile(module: ir.Module) -> Any:  # noqa: ANN401
-    backend = jax.devices("cpu")[0].client
-    options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=backend)
-    return backend.compile_and_load(module, executable_devices=xla_client.DeviceList(
-        (backend.local_devices()[0],)), compile_options=options)
 
 
 def _run(executable: Any, args: list[np.ndarray]) -> np.ndarray:  # noqa: ANN401
@@ -72,8 +62,9 @@ def test_library_sampler_fuses_as_expected_and_draws_the_same_tokens(name: str) 
 
     lowered = parse_module_text(str(fused))
     run_pipeline(lowered, "builtin.module(hlofuse-lower-kernels{target=cpu})")
-    arity = len(main_func(parse_module_text(text)).type.inputs)
-    programs = {"original": _compile(parse_module_text(text)), "fused": _compile(fused), "cpu": _compile(lowered)}
+    original = parse_module_text(text)
+    arity = len(main_func(original).type.inputs)
+    programs = {"original": compile_for_cpu(original), "fused": compile_for_cpu(fused), "cpu": compile_for_cpu(lowered)}
     rng = np.random.default_rng(1)
     for case, logits in _logits(tuple(entry["logits"]), seed=0).items():
         for _ in range(KEYS):
@@ -93,7 +84,7 @@ WHOLE_FILTERING = sorted(n for n, e in MANIFEST.items() if e["expected"]["whole"
 def test_library_filter_runs_in_the_kernel(name: str) -> None:
     module = parse_module_text((FIXTURES / f"{name}.mlir").read_text())
     run_pipeline(module, FUSE[:-1] + ",hlofuse-lower-kernels{target=cpu})")
-    hlo = "\n".join(m.to_string() for m in _compile(module).hlo_modules())
+    hlo = "\n".join(m.to_string() for m in compile_for_cpu(module).hlo_modules())
     assert 'custom_call_target="hlofuse_sample"' in hlo
     top_k_calls = [t for t in re.findall(r'custom_call_target="([^"]+)"', hlo) if "topk" in t.lower()]
     assert not re.findall(r" (sort|topk)\(", hlo) and not top_k_calls, name

@@ -16,13 +16,11 @@ import re
 
 import jax
 import pytest
-from jax._src import compiler
-from jax._src.lib import _jax as xla_client
 from sampling_variants import VARIANTS, Variant, lower
 
 from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import clone_module, count_composites
+from hlofuse.testing.modules import clone_module, compile_for_cpu, count_composites
 
 FILTERING_MODES = ("top_k", "top_p", "min_p", "top_k+top_p")
 CPU_SUPPORTED_DTYPES = (jax.numpy.float32,)  # the kernel refuses bf16 top-p / min-p (rounded probabilities)
@@ -46,11 +44,7 @@ def _optimized_hlo(variant: Variant) -> str:
     module = clone_module(lower(variant).compiler_ir("stablehlo"))
     run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling,hlofuse-lower-kernels{target=cpu})")
     assert count_composites(module, None) == 0, "the composite stayed: no CPU kernel took it"
-    backend = jax.devices("cpu")[0].client
-    options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=backend)
-    executable = backend.compile_and_load(module, executable_devices=xla_client.DeviceList(
-        (backend.local_devices()[0],)), compile_options=options)
-    return "\n".join(m.to_string() for m in executable.hlo_modules())
+    return "\n".join(m.to_string() for m in compile_for_cpu(module).hlo_modules())
 
 
 def _sorts(hlo: str) -> list[str]:

@@ -102,15 +102,19 @@ def run_module(module: ir.Module | str, args: Sequence[np.ndarray]) -> list[np.n
             raise ValueError(
                 f"argument {i}: module expects {shape} {dtype}, got {np.shape(a)} {np.asarray(a).dtype}"
             )
+    executable = compile_for_cpu(module)
+    buffers = [jax.device_put(np.asarray(a), jax.devices("cpu")[0]) for a in args]
+    results = executable.execute_sharded(buffers).disassemble_into_single_device_arrays()
+    return [np.asarray(r[0]) for r in results]
+
+
+def compile_for_cpu(module: ir.Module) -> Any:  # noqa: ANN401  (an XLA LoadedExecutable)
+    """`module` compiled by XLA for one CPU device: the executable (`.hlo_modules()` gives its optimized HLO)."""
     backend = jax.devices("cpu")[0].client
     device = backend.local_devices()[0]
     options = compiler.get_compile_options(num_replicas=1, num_partitions=1, backend=backend)
-    executable = backend.compile_and_load(
-        module, executable_devices=xla_client.DeviceList((device,)), compile_options=options
-    )
-    buffers = [jax.device_put(np.asarray(a), device) for a in args]
-    results = executable.execute_sharded(buffers).disassemble_into_single_device_arrays()
-    return [np.asarray(r[0]) for r in results]
+    return backend.compile_and_load(module, executable_devices=xla_client.DeviceList((device,)),
+                                    compile_options=options)
 
 
 def _one_input(
