@@ -155,6 +155,7 @@ PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
 # The platform whose lowering each one shares, text for text, for every form (test_sampling_templates checks it
 # for each form and writing): only the CPU lowers threefry as a loop. Each site lowers a form once per class.
 LOWERS_LIKE = {"cpu": "cpu", "tpu": "tpu", "cuda": "tpu", "rocm": "tpu"}
+_LOWERING_CLASSES = tuple(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
 _last_platform = ["cpu"]  # the platform of the last site fused (a hint for the order only; races are harmless)
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
@@ -201,8 +202,7 @@ class Templates:
                  ops_present: set[str]) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program."""
-        classes = list(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
-        order = [_last_platform[0], *(p for p in classes if p != _last_platform[0])]
+        order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
         seen: set[str] = set()
         for platform in order:
             try:
@@ -337,8 +337,7 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
         return -len(w.marker_ops), -(len(form.params) - w.scaled_before), w.scaled_before
 
     for form, writing, w in sorted(writings, key=specific):
-        markers = w.marker_ops
-        if form.stochastic != noisy or not set(markers) <= ops_present:
+        if form.stochastic != noisy or not set(w.marker_ops) <= ops_present:
             continue
         if "k" not in form.params:
             yield form, writing, shape, dtype, 0
