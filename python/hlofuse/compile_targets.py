@@ -379,6 +379,9 @@ def tpu_resources(dump_dir: str, files: list[str]) -> dict[str, Any]:
             found = _BUNDLES.search(Path(dump_dir, file).read_text(errors="replace"))
             if found:
                 resources["bundles"] = int(found.group(1))
+    for file in files:
+        if f"-{hlo}-" in file and file.endswith("-final_bundles.txt") and "schedule-analysis" not in file:
+            resources["inner_loop_bundles"] = inner_loop_bundles(Path(dump_dir, file).read_text(errors="replace"))
     for file in reports:
         data = _vmem_report_data(Path(dump_dir, file).read_text(errors="replace"))
         if not data:
@@ -398,6 +401,16 @@ def tpu_resources(dump_dir: str, files: list[str]) -> dict[str, Any]:
                 if found
             }
     return resources
+
+
+_BUNDLE_LINE = re.compile(r"^\s*(?:0x[0-9a-f]+|\d+)\s+(?:[A-Z]{2}:|:)\s*(>*)\s*\{", re.MULTILINE)
+
+
+def inner_loop_bundles(final_bundles: str) -> int:
+    """Bundles inside loops nested in the grid loop (libtpu's final_bundles marks each bundle's loop depth
+    with '>'; depth 1 is the grid loop): what a kernel's inner loop runs per trip."""
+    depths = [len(found.group(1)) for found in _BUNDLE_LINE.finditer(final_bundles)]
+    return sum(1 for depth in depths if depth >= 2)
 
 
 def _vmem_report_data(html: str) -> dict[str, Any] | None:
@@ -742,8 +755,11 @@ def table(
 
 # ----------------------------------------------------------------------------- TPU tiles by libtpu's static cost
 
-TUNE_TPU_CANDIDATES = ((128, 128), (128, 256), (128, 512), (128, 1024), (256, 256), (256, 512), (256, 1024),
-                       (256, 2048), (512, 512), (512, 1024))  # fmt: skip
+# (block_q, block_k, block_k_inner): whole tiles, and tiles whose kv block the kernel walks in slices.
+TUNE_TPU_CANDIDATES = ((128, 128, 0), (128, 256, 0), (128, 512, 0), (128, 1024, 0), (256, 256, 0), (256, 512, 0),
+                       (256, 1024, 0), (256, 2048, 0), (512, 512, 0), (512, 1024, 0), (128, 512, 128),
+                       (128, 1024, 128), (128, 2048, 128), (128, 1024, 256), (128, 2048, 256), (64, 1024, 128),
+                       (64, 2048, 128))  # fmt: skip
 TUNE_TPU_SHAPE = (1, 4096, 4096, 1)  # B, T, S, N = K: one grid step's bundles do not depend on B, N or T
 
 
@@ -778,6 +794,7 @@ def tune_tpu_blocks(chips: tuple[str, ...] = ("tpu-v5e", "tpu-v6e", "tpu-v5p"),
     dim, from libtpu's schedule analysis: the data in hlofuse/kernels/pallas/tpu_bundles.json."""
     import jax
 
+    from hlofuse.kernels.pallas import resources
     from hlofuse.kernels.pallas.attention import BlockSizes
 
     for name in chips:
@@ -790,43 +807,55 @@ def tune_tpu_blocks(chips: tuple[str, ...] = ("tpu-v5e", "tpu-v6e", "tpu-v5p"),
             for head_pad in head_pads:
                 row = table.setdefault(f"{name} {dtype} {head_pad}", {})
                 spill = spills.setdefault(f"{name} {dtype} {head_pad}", {})
-                for bq, bk in TUNE_TPU_CANDIDATES:
-                    report = kernel_compile(name, "tpu", dtype, b, t, s, n, n, head_pad, BlockSizes(bq, bk))
+                for bq, bk, inner in TUNE_TPU_CANDIDATES:
+                    blocks = BlockSizes(bq, bk, block_k_inner=inner)
+                    report = kernel_compile(name, "tpu", dtype, b, t, s, n, n, head_pad, blocks)
                     if report.ok and "bundles" in report.resources:
-                        row[f"{bq}x{bk}"] = report.resources["bundles"]
-                        spill[f"{bq}x{bk}"] = report.resources.get("vmem_spill_bytes", 0)
+                        key = resources.tpu_tile_key(bq, bk, inner)
+                        trips = bk // inner if inner else 1
+                        loop = report.resources.get("inner_loop_bundles", 0) if trips > 1 else 0
+                        row[key] = report.resources["bundles"] + (trips - 1) * loop
+                        spill[key] = report.resources.get("vmem_spill_bytes", 0)
     import libtpu  # type: ignore[import-not-found]
 
     return {
         "command": "python -m hlofuse.compile_targets --tune-tpu-blocks --write",
         "compiler": f"jax {jax.__version__}, libtpu {getattr(libtpu, '__version__', '?')}",
         "shape": f"B{b} T{t} S{s} N{n}, not causal, no bias or mask",
-        "what": "total scheduled bundles of the kernel (one grid step), libtpu's schedule-analysis dump",
+        "what": "bundles one grid step of the kernel runs: libtpu's total scheduled bundles (schedule-analysis "
+        "dump), plus its inner loop's bundles (final_bundles, loop depth 2) once more per further trip; "
+        "spill_bytes: the SPILL allocations of its vmem_report",
         "bundles": table,
         "spill_bytes": spills,
     }
 
 
+def _tile_text(tile: str) -> str:
+    return tile.replace("x", " x ").replace("/", " / ")
+
+
 def tpu_blocks_table(dtype: str = "bf16", head_pad: int = 128) -> str:
-    """Markdown: each candidate TPU tile's bundles per 10^4 logits and spills, per chip, from tpu_bundles.json,
-    with the tile the lowering picks for a causal T = S = 4096 and 32768 (one kv head group, G = 1)."""
+    """Markdown: each candidate TPU tile's bundles per grid step and per 10^4 logits, and its spills, per chip,
+    from tpu_bundles.json, with the tile the lowering picks for a causal T = S = 4096 and 32768 (G = 1)."""
     from hlofuse.kernels.pallas import resources
 
     data = json.loads(resources.TPU_BUNDLES_FILE.read_text())
     chips = sorted({key.split()[0] for key in data["bundles"]})
-    lines = ["| tile (block_q x block_k) | " + " | ".join(chips) + " |", "|---|" + "---:|" * len(chips)]
-    for bq, bk in TUNE_TPU_CANDIDATES:
+    lines = ["| tile (block_q x block_k / slice) | " + " | ".join(chips) + " |", "|---|" + "---:|" * len(chips)]
+    for bq, bk, inner in TUNE_TPU_CANDIDATES:
+        tile = resources.tpu_tile_key(bq, bk, inner)
         cells = []
         for name in chips:
             key = f"{name} {dtype} {head_pad}"
-            bundles = data["bundles"].get(key, {}).get(f"{bq}x{bk}")
-            spill = data["spill_bytes"].get(key, {}).get(f"{bq}x{bk}", 0)
+            bundles = data["bundles"].get(key, {}).get(tile)
+            spill = data["spill_bytes"].get(key, {}).get(tile, 0)
             per = "" if bundles is None else f"{bundles} ({bundles * 1e4 / (bq * bk):.0f}), spill {_kib(spill)}"
             cells.append(per or "-")
-        lines.append(f"| {bq} x {bk} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_tile_text(tile)} | " + " | ".join(cells) + " |")
     for t in (4096, 32768):
         picks = [resources.tpu_blocks(t, t, head_pad, dtype, resources.CHIPS[n], causal_offset=0) for n in chips]
-        lines.append(f"| **picked**, causal T = S = {t} | " + " | ".join(f"{q} x {k}" for q, k in picks) + " |")
+        cells = ["refused" if found is None else _tile_text(resources.tpu_tile_key(*found)) for found, _ in picks]
+        lines.append(f"| **picked**, causal T = S = {t} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -106,19 +106,39 @@ def test_mosaic_gpu_register_model_splits_what_spilled_from_what_did_not():
     assert resources.mosaic_register_words(64, 64, 256) > resources.MOSAIC_REGISTER_BUDGET
 
 
-def test_tpu_tiles_minimise_bundles_times_steps():
-    table = resources.tpu_bundles()
+def test_tpu_tiles_minimise_bundles_times_steps_among_those_that_do_not_spill():
+    table, spills = resources.tpu_bundles(), resources.tpu_spills()
     assert "tpu-v5e bf16 128" in table and "256x512" in table["tpu-v5e bf16 128"]
     chip = resources.CHIPS["tpu-v5e"]
     rows, s = 4096, 4096
-    chosen = resources.tpu_blocks(rows, s, 128, "bf16", chip)
+    chosen, why = resources.tpu_blocks(rows, s, 128, "bf16", chip)
+    assert chosen is not None and why == ""
     costs = {
-        key: bundles * resources.tpu_steps(rows, s, 16, *map(int, key.split("x")))
+        key: bundles * resources.tpu_steps(rows, s, 16, *resources.parse_tpu_tile_key(key)[:2])
         for key, bundles in table["tpu-v5e bf16 128"].items()
+        if spills["tpu-v5e bf16 128"][key] == 0
     }
-    assert costs[f"{chosen[0]}x{chosen[1]}"] == min(costs.values())
+    assert spills["tpu-v5e bf16 128"][resources.tpu_tile_key(*chosen)] == 0
+    assert costs[resources.tpu_tile_key(*chosen)] == min(costs.values())
     # Nothing measured for this head dim: the default tiles.
-    assert resources.tpu_blocks(rows, s, 512, "bf16", chip) == resources.TPU_PREFILL_DEFAULT
+    assert resources.tpu_blocks(rows, s, 512, "bf16", chip) == ((*resources.TPU_PREFILL_DEFAULT, 0), "")
+
+
+def test_tpu_tiles_are_refused_when_every_measured_tile_spills(monkeypatch):
+    chip = resources.CHIPS["tpu-v5e"]
+    monkeypatch.setattr(resources, "tpu_bundles", lambda: {"tpu-v5e bf16 128": {"128x128": 700, "256x512": 1600}})
+    monkeypatch.setattr(resources, "tpu_spills", lambda: {"tpu-v5e bf16 128": {"128x128": 12288, "256x512": 479232}})
+    found, why = resources.tpu_blocks(4096, 4096, 128, "bf16", chip)
+    assert found is None
+    assert why == ("every tile measured for bf16 with head dim 128 spills vector registers on tpu-v5e "
+                   "(the least: 128x128, 12 KiB; tpu_bundles.json)")  # fmt: skip
+
+
+def test_tpu_tile_keys_round_trip():
+    assert resources.tpu_tile_key(128, 1024, 256) == "128x1024/256"
+    assert resources.tpu_tile_key(256, 512) == resources.tpu_tile_key(256, 512, 512) == "256x512"
+    assert resources.parse_tpu_tile_key("128x1024/256") == (128, 1024, 256)
+    assert resources.parse_tpu_tile_key("256x512") == (256, 512, 0)
 
 
 def test_tpu_causal_steps_count_only_visible_blocks():
@@ -142,11 +162,12 @@ def test_chosen_tpu_tiles_fit_the_vmem_the_kernel_may_ask_for():
 
 # Every tile the choice can return computes the same attention, up to float rounding (interpret mode).
 CANDIDATES = [("gpu", bq, bk) for bq, bk in resources.TRITON_PREFILL + resources.TRITON_DECODE[:1]]
-CANDIDATES += [("tpu", 128, 128), ("tpu", 128, 256), ("tpu", 256, 256)]
+CANDIDATES += [("tpu", 128, 128), ("tpu", 128, 256), ("tpu", 256, 256), ("tpu", 64, 256, 128), ("tpu", 128, 512, 256)]
 
 
-@pytest.mark.parametrize(("backend", "block_q", "block_k"), CANDIDATES)
-def test_every_candidate_tile_gives_the_reference(backend, block_q, block_k):
+@pytest.mark.parametrize(("backend", "block_q", "block_k", "block_k_inner"),
+                         [c + (0,) * (4 - len(c)) for c in CANDIDATES], ids=["-".join(map(str, c)) for c in CANDIDATES])
+def test_every_candidate_tile_gives_the_reference(backend, block_q, block_k, block_k_inner):
     import numpy as np
 
     keys = jax.random.split(jax.random.key(0), 3)
@@ -154,7 +175,7 @@ def test_every_candidate_tile_gives_the_reference(backend, block_q, block_k):
     k = jax.random.normal(keys[1], (1, 320, 2, 64), jnp.float32)
     v = jax.random.normal(keys[2], (1, 320, 2, 64), jnp.float32)
     kw = dict(scale=0.125, causal=True, q_offset=224)
-    got = pallas_attention.attention(q, k, v, backend=backend, interpret=True,
-                                     block_sizes=pallas_attention.BlockSizes(block_q, block_k), **kw)  # fmt: skip
+    blocks = pallas_attention.BlockSizes(block_q, block_k, block_k_inner=block_k_inner)
+    got = pallas_attention.attention(q, k, v, backend=backend, interpret=True, block_sizes=blocks, **kw)
     want = pallas_attention.attention_reference(q, k, v, **kw)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

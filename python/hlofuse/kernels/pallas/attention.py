@@ -54,6 +54,8 @@ class BlockSizes:
     block_q: query rows per tile, counted over the G = N/K heads that share a kv head (a tile holds
     block_q // G query positions). block_k: keys per tile. num_splits: parts the kv axis is split into
     (flash-decoding; 0 = pick from the shapes, 1 = none). num_warps, num_stages: Triton only.
+    block_k_inner (TPU only): keys per slice of the kernel's loop over each kv block, so that one slice's
+    f32 logits stay in vector registers (0 = block_k: the whole block at once).
     TPU tiles are multiples of (8, 128); GPU tiles are powers of two, at least 16.
     """
 
@@ -62,9 +64,11 @@ class BlockSizes:
     num_splits: int = 0
     num_warps: int = 4
     num_stages: int = 2
+    block_k_inner: int = 0
 
     def __post_init__(self) -> None:
-        if self.block_q < 1 or self.block_k < 1 or self.num_splits < 0 or self.num_warps < 1 or self.num_stages < 1:
+        if (self.block_q < 1 or self.block_k < 1 or self.num_splits < 0 or self.num_warps < 1 or self.num_stages < 1
+                or self.block_k_inner < 0):
             raise ValueError(f"invalid BlockSizes {self}")
 
     @classmethod
@@ -82,6 +86,10 @@ class BlockSizes:
                 f"TPU block_q {self.block_q} must be a multiple of {tpu.SUBLANES} and block_k {self.block_k} "
                 f"a multiple of {tpu.LANES}"
             )
+        if backend == "tpu" and self.block_k_inner and (self.block_k_inner % tpu.LANES
+                                                        or self.block_k % self.block_k_inner):
+            raise ValueError(f"TPU block_k_inner {self.block_k_inner} must be a multiple of {tpu.LANES} dividing "
+                             f"block_k {self.block_k}")
         if backend == "gpu":
             for name, x in (("block_q", self.block_q), ("block_k", self.block_k), ("num_warps", self.num_warps)):
                 if x & (x - 1) or (x < 16 and name != "num_warps"):
@@ -104,7 +112,10 @@ def _plan(
         block_q = min(blocks.block_q, common.round_up(rows, sublanes))
         block_k = min(blocks.block_k, common.round_up(s, tpu.LANES))
         head_pad, value_pad = common.round_up(h, tpu.LANES), common.round_up(d, tpu.LANES)
+        inner = blocks.block_k_inner if 0 < blocks.block_k_inner < block_k else 0
+        block_k_inner = inner if inner and block_k % inner == 0 else 0
     else:
+        block_k_inner = 0
         block_q = min(blocks.block_q, max(16, common.next_pow2(rows)))
         block_k = min(blocks.block_k, max(16, common.next_pow2(s)))
         head_pad, value_pad = max(16, common.next_pow2(h)), max(16, common.next_pow2(d))
@@ -119,7 +130,7 @@ def _plan(
     splits = min(splits, num_k_blocks)
     return Plan(
         b=b, t=t, n=n, kv_heads=kv_heads, h=h, d=d, s=s, block_q=block_q, block_k=block_k,
-        head_pad=head_pad, value_pad=value_pad, num_splits=splits, **attrs,
+        head_pad=head_pad, value_pad=value_pad, num_splits=splits, block_k_inner=block_k_inner, **attrs,
     )  # fmt: skip
 
 
@@ -131,7 +142,8 @@ def chip_blocks(backend: str, q: Any, k: Any, v: Any, *, decode: bool, has_side:
                 causal_offset: int | None = None, chip: resources.ChipLimits | None = None) -> BlockSizes:  # fmt: skip
     """The tiles for these shapes on `chip` (default: resources.current_chip): GPU, the largest Triton tiles
     whose shared memory and registers fit; TPU prefill, the fewest bundles x grid steps by libtpu's schedule
-    analysis, within the VMEM the kernel may ask for. get_default where nothing fits (the lowering refuses
+    analysis among the tiles it compiled without spills, within the VMEM the kernel may ask for. get_default
+    where nothing fits (the lowering refuses
     such shapes; a direct call gets the compiler's error)."""
     chip = chip or resources.current_chip(backend)
     default = BlockSizes.get_default(backend, decode=decode)
@@ -144,9 +156,11 @@ def chip_blocks(backend: str, q: Any, k: Any, v: Any, *, decode: bool, has_side:
     if decode:
         return default
     head_pad = common.round_up(h, tpu.LANES)
-    found = resources.tpu_blocks(rows, s, head_pad, _dtype_name(q.dtype), chip, groups=n // kv_heads,
-                                 causal_offset=causal_offset)  # fmt: skip
-    blocks = BlockSizes(*found)
+    found, _ = resources.tpu_blocks(rows, s, head_pad, _dtype_name(q.dtype), chip, groups=n // kv_heads,
+                                    causal_offset=causal_offset)  # fmt: skip
+    if found is None:
+        return default
+    blocks = BlockSizes(found[0], found[1], block_k_inner=found[2])
     plan = _plan(backend, q, k, v, blocks, _NO_ATTRS)
     plan = dataclasses.replace(plan, bias_rows=int(has_side), mask_rows=int(has_side))
     fits = tpu.vmem_bytes(plan, jnp.dtype(q.dtype).itemsize) <= resources.tpu_vmem_limit(chip)
@@ -172,6 +186,12 @@ def unfit(backend: str, call: CompositeCall, *, decode: bool, has_side: bool, ca
     if backend == "gpu":
         found, why = resources.triton_blocks(t * (n // k_shape[2]), s, h, d, jnp.dtype(jdtype).itemsize, decode, chip)
         return None if found is not None else why
+    if not decode:
+        rows, head_pad = t * (n // k_shape[2]), common.round_up(h, tpu.LANES)
+        found, why = resources.tpu_blocks(rows, s, head_pad, dtype, chip, groups=n // k_shape[2],
+                                          causal_offset=causal_offset)  # fmt: skip
+        if found is None:
+            return why
     blocks = chip_blocks(backend, q, k, v, decode=decode, has_side=has_side, causal_offset=causal_offset, chip=chip)
     plan = dataclasses.replace(_plan(backend, q, k, v, blocks, _NO_ATTRS), bias_rows=int(has_side),
                                mask_rows=int(has_side))

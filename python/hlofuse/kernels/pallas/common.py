@@ -65,6 +65,7 @@ class Plan:
     mask_batch: int = 0
     partials: bool = False  # write per-split (acc, m, l) even with one split (attention(return_lse=True))
     dynamic_q_offset: bool = False  # each batch row's q_offset is column 2 of the lengths (q_offset is 0)
+    block_k_inner: int = 0  # TPU: keys per slice of the kernel's loop over a kv block (0: block_k, no loop)
 
     @property
     def writes_partials(self) -> bool:

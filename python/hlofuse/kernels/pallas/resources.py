@@ -17,8 +17,9 @@ the model against the real compilers (deviceless compiles for TPU v5e/v6e/v5p an
   keeps two f32 (block_q, D) accumulators and the f32 logits tile in one warpgroup.
 - **TPU (Mosaic).** VMEM per grid step is `tpu.vmem_bytes`, an upper bound (2-3x what libtpu allocates),
   against the scoped VMEM the kernel may ask for. TPU prefill tiles are chosen by libtpu's own static cost:
-  the bundle count of one grid step (tpu_bundles.json, measured by `python -m hlofuse.compile_targets
-  --tune-tpu-blocks --write`) times the grid steps the shape needs.
+  the bundles one grid step runs (tpu_bundles.json, measured by `python -m hlofuse.compile_targets
+  --tune-tpu-blocks --write`) times the grid steps the shape needs, among the tiles libtpu compiled with no
+  vector register spilled to VMEM; a shape with no such tile is refused.
 """
 
 from __future__ import annotations
@@ -237,12 +238,34 @@ def mosaic_register_words(block_q: int, block_k: int, value_pad: int) -> int:
 
 
 @cache
-def tpu_bundles() -> dict[str, dict[str, int]]:
-    """'<chip> <dtype> <head_pad>' -> {'<block_q>x<block_k>': bundles of one grid step} (TPU_BUNDLES_FILE)."""
+def _tpu_measured() -> dict[str, dict[str, dict[str, int]]]:
     if not TPU_BUNDLES_FILE.is_file():
         return {}
-    data: dict[str, dict[str, int]] = json.loads(TPU_BUNDLES_FILE.read_text())["bundles"]
+    data: dict[str, dict[str, dict[str, int]]] = json.loads(TPU_BUNDLES_FILE.read_text())
     return data
+
+
+def tpu_bundles() -> dict[str, dict[str, int]]:
+    """'<chip> <dtype> <head_pad>' -> {'<block_q>x<block_k>[/<block_k_inner>]': bundles one grid step runs}
+    (TPU_BUNDLES_FILE; a looped tile's inner loop counted once per slice)."""
+    return _tpu_measured().get("bundles", {})
+
+
+def tpu_spills() -> dict[str, dict[str, int]]:
+    """The same keys -> bytes of vector registers libtpu spilled to VMEM for that tile (TPU_BUNDLES_FILE)."""
+    return _tpu_measured().get("spill_bytes", {})
+
+
+def tpu_tile_key(block_q: int, block_k: int, block_k_inner: int = 0) -> str:
+    """'128x1024/256' for a tile with an inner loop over 256-key slices, '256x512' for one without."""
+    return f"{block_q}x{block_k}" + (f"/{block_k_inner}" if block_k_inner and block_k_inner < block_k else "")
+
+
+def parse_tpu_tile_key(key: str) -> tuple[int, int, int]:
+    """(block_q, block_k, block_k_inner) of tpu_tile_key's text (block_k_inner 0: no inner loop)."""
+    tile, _, inner = key.partition("/")
+    bq, bk = (int(x) for x in tile.split("x"))
+    return bq, bk, int(inner or 0)
 
 
 TPU_PREFILL_DEFAULT = (256, 512)
@@ -270,19 +293,28 @@ def tpu_steps(rows: int, s: int, sublanes: int, block_q: int, block_k: int, *, g
 
 
 def tpu_blocks(rows: int, s: int, head_pad: int, dtype: str, chip: ChipLimits, *, groups: int = 1,
-               causal_offset: int | None = None) -> tuple[int, int]:  # fmt: skip
-    """The prefill tiles with the fewest bundles x computing grid steps for this shape, by libtpu's schedule
-    analysis on `chip`; TPU_PREFILL_DEFAULT when nothing was measured for this dtype and padded head dim."""
-    table = tpu_bundles().get(f"{chip.name} {dtype} {head_pad}")
+               causal_offset: int | None = None) -> tuple[tuple[int, int, int] | None, str]:  # fmt: skip
+    """The prefill tiles (block_q, block_k, block_k_inner) with the fewest bundles x computing grid steps for
+    this shape among those libtpu compiled without spilling vector registers on `chip`; TPU_PREFILL_DEFAULT
+    when nothing was measured for this dtype and padded head dim; (None, why) when every measured tile spills."""
+    key = f"{chip.name} {dtype} {head_pad}"
+    table = tpu_bundles().get(key)
     if not table:
-        return TPU_PREFILL_DEFAULT
+        return (*TPU_PREFILL_DEFAULT, 0), ""
+    spills = tpu_spills().get(key, {})
     sublanes = 16 if dtype == "bf16" else 8
     costs = {}
-    for key, bundles in table.items():
-        bq, bk = (int(x) for x in key.split("x"))
+    for tile, bundles in table.items():
+        if spills.get(tile, 0):
+            continue
+        bq, bk, inner = parse_tpu_tile_key(tile)
         steps = tpu_steps(rows, s, sublanes, bq, bk, groups=groups, causal_offset=causal_offset)
-        costs[(bq, bk)] = bundles * steps
-    return min(costs, key=lambda b: (costs[b], b[0] * b[1]))
+        costs[(bq, bk, inner)] = bundles * steps
+    if not costs:
+        least = min(spills, key=lambda tile: spills[tile])
+        return None, (f"every tile measured for {dtype} with head dim {head_pad} spills vector registers on "
+                      f"{chip.name} (the least: {least}, {spills[least] // KiB} KiB; tpu_bundles.json)")
+    return min(costs, key=lambda b: (costs[b], b[0] * b[1], -b[2])), ""
 
 
 def tpu_vmem_limit(chip: ChipLimits) -> int:

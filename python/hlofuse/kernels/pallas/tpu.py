@@ -34,13 +34,19 @@ DEFAULT_SCOPED_VMEM = 16 * 2**20
 MAX_VMEM = 32 * 2**20
 
 
+def inner_keys(plan: Plan) -> int:
+    """Keys per slice of the kernel's inner loop over a kv block (block_k: no loop)."""
+    width = plan.block_k_inner or plan.block_k
+    return width if plan.block_k % width == 0 else plan.block_k
+
+
 def vmem_bytes(plan: Plan, itemsize: int) -> int:
-    """Estimated VMEM of one grid step: double-buffered tiles, scratch and the f32 (block_q, block_k) temporaries."""
+    """Estimated VMEM of one grid step: double-buffered tiles, scratch and the f32 (block_q, key slice) temporaries."""
     bq, bk, hp, dp = plan.block_q, plan.block_k, plan.head_pad, plan.value_pad
     tiles = (bq * hp + bk * hp + bk * dp) * itemsize + bq * dp * max(itemsize, 4) + 2 * bq * LANES * 4
     tiles += (int(plan.bias_rows > 0) + int(plan.mask_rows > 0)) * bq * bk * 4
     scratch = (2 * bq * LANES + bq * dp) * 4
-    return 2 * tiles + scratch + 4 * bq * bk * 4
+    return 2 * tiles + scratch + 4 * bq * inner_keys(plan) * 4
 
 
 def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: Any) -> None:
@@ -63,26 +69,36 @@ def _kernel(plan: Plan, has_bias: bool, has_mask: bool, has_empty: bool, *refs: 
 
     lo, hi = common.kv_block_range(plan, iq, q_len, kv_len, q_offset)
 
-    @pl.when((j >= lo) & (j <= hi))
-    def _step() -> None:
+    def key_slice(c: Any, width: int) -> None:  # noqa: ANN401
+        """The online softmax over keys [c * width, (c + 1) * width) of this kv block."""
+        key0 = c * width if isinstance(c, int) else pl.multiple_of(c * width, width)
         q = q_ref[...]  # (block_q, head_pad)
-        k = k_ref[...]  # (block_k, head_pad)
+        k = k_ref[pl.ds(key0, width), :]  # (width, head_pad)
         s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
-        s = common.logits(plan, s)  # (block_q, block_k)
+        s = common.logits(plan, s)  # (block_q, width)
         if bias_ref is not None:
-            s = s + bias_ref[...]  # (block_q | 1, block_k)
-        shape = (plan.block_q, plan.block_k)
-        ok = common.visible(plan, iq * plan.block_q, j * plan.block_k, q_len, kv_len, shape, q_offset=q_offset)
+            s = s + bias_ref[:, pl.ds(key0, width)]  # (block_q | 1, width)
+        shape = (plan.block_q, width)
+        key_first = j * plan.block_k + key0
+        ok = common.visible(plan, iq * plan.block_q, key_first, q_len, kv_len, shape, q_offset=q_offset)
         if mask_ref is not None:
-            ok = ok & (mask_ref[...] != 0)
+            ok = ok & (mask_ref[:, pl.ds(key0, width)] != 0)
         s = jnp.where(ok, s, -jnp.inf)
         m_prev = m_sc[...]  # (block_q, LANES), lane-replicated
         p, alpha, m_new, l_new = common.online_softmax_step(s, m_prev[:, :1], l_sc[...][:, :1])
         m_sc[...] = jnp.broadcast_to(m_new, m_sc.shape)
         l_sc[...] = jnp.broadcast_to(l_new, l_sc.shape)
-        v = v_ref[...]  # (block_k, value_pad)
+        v = v_ref[pl.ds(key0, width), :]  # (width, value_pad)
         pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
         acc_sc[...] = acc_sc[...] * alpha + pv
+
+    @pl.when((j >= lo) & (j <= hi))
+    def _step() -> None:
+        width = inner_keys(plan)
+        if width == plan.block_k:
+            key_slice(0, width)
+        else:  # a loop, not unrolled: one slice's f32 logits live at a time (unrolled, the scheduler spills)
+            lax.fori_loop(0, plan.block_k // width, lambda c, carry: (key_slice(c, width), carry)[1], None)
 
     @pl.when(i == plan.blocks_per_split - 1)
     def _write() -> None:
