@@ -203,7 +203,15 @@ def test_a_missing_compiler_is_one_error_line(monkeypatch, capsys):
 def test_tpu_blocks_table_reads_the_shipped_bundles():
     text = ct.tpu_blocks_table()
     lines = text.splitlines()
-    assert lines[0] == "| tile (block_q x block_k) | tpu-v5e | tpu-v5p | tpu-v6e |"
+    assert lines[0] == "| tile (block_q x block_k / slice) | tpu-v5e | tpu-v5p | tpu-v6e |"
     assert len(lines) == 2 + len(ct.TUNE_TPU_CANDIDATES) + 2
     assert lines[-1].startswith("| **picked**, causal T = S = 32768 |")
-    assert all(any(line.startswith(f"| {q} x {k} | ") for line in lines) for q, k in ct.TUNE_TPU_CANDIDATES)
+    heads = [f"| {q} x {k}" + (f" / {w}" if w else "") + " | " for q, k, w in ct.TUNE_TPU_CANDIDATES]
+    assert all(any(line.startswith(head) for line in lines) for head in heads)
+    assert "refused" not in text  # some measured tile is spill-free for every chip
+
+
+def test_inner_loop_bundles_count_bundles_below_the_grid_loop():
+    dump = ("     0   :  { %1 = smov 0 }\n  0x13 LB: > { %2 = sadd.s32 1, %1 }\n  0x14   : > { %3 = vld }\n"
+            "  0xb5 LB: >> { %4 = vld }\n  0xb6   : >> { %5 = vst }\n  0xb7 PF: > { %6 = smov 0 }\n")
+    assert ct.inner_loop_bundles(dump) == 2
