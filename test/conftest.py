@@ -100,6 +100,8 @@ SLOW: dict[str, str] = {
     "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused": "111 cases",
     "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused": "64 cases, T to 32k, 128k caches",
     "test/python/test_compile_grid.py::test_bias_and_mask_at_4k_compile_or_are_refused": "16 cases",
+    "test/python/test_compile_grid.py::test_sampler_at_real_vocabularies_compiles_without_spills":
+        "204 cases (17 forms and dtypes x 3 vocabularies x 4 chip targets, 80 s)",
     "test/kernels/test_pallas_resources.py::test_every_candidate_tile_gives_the_reference": "13 cases, 12 s of CPU",
     "test/python/test_bench_h200.py::test_cpu_smoke_checks_every_kernel_and_prints_the_table":
         "14 s (the H200 script in interpret mode; --dry-run stays in the fast tier)",
@@ -116,6 +118,10 @@ FAST_SAMPLES: frozenset[str] = frozenset({
     "test/python/test_compile_grid.py::test_attention_variant_compiles_or_is_refused[decode_with_cache-tpu-v6e-tpu]",
     "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused[top_k_then_top_p-tpu-v5e-tpu]",
     "test/python/test_compile_grid.py::test_sampler_form_compiles_or_is_refused[jetstream_top_k_bf16-h100-gpu]",
+    "test/python/test_compile_grid.py::test_sampler_at_real_vocabularies_compiles_without_spills"
+    "[top_k_top_p_mask-f32-32000-tpu-v5e-tpu]",
+    "test/python/test_compile_grid.py::test_sampler_at_real_vocabularies_compiles_without_spills"
+    "[temperature-bf16-128256-tpu-v6e-tpu]",
     "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused"
     "[f32-B1-T32768-S32768-N8-H256-causal-h100-gpu]",
     "test/python/test_compile_grid.py::test_long_context_compiles_or_is_refused"

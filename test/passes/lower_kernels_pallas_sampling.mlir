@@ -5,18 +5,18 @@
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=tpu})' --remarks 2>&1 >/dev/null | filecheck %s --check-prefix=TPU-REMARK
 // RUN: hlofuse-opt %s --split-input-file --pass-pipeline='builtin.module(hlofuse-lower-kernels{target=gpu-interpret})' --remarks 2>&1 >/dev/null | filecheck %s --check-prefix=GPUI-REMARK
 
-// f32 top-k then top-p over a 32000 vocabulary: rows padded to the 8 sublanes, the vocabulary cut into 10
-// lane tiles of 3200 (a multiple of 128 dividing V, so no vocabulary padding) laid out tile-major, the key as int32
+// f32 top-k then top-p over a 32000 vocabulary: rows padded to the 8 sublanes, the vocabulary padded with -inf
+// to 42 lane tiles of 768 (8 x 768 f32 is 6 vregs, which libtpu holds without spilling) laid out tile-major, the key as int32
 // followed by the first row's global index and the first token's id (0 and 0 on one device; hlofuse.shard_local
 // passes a shard's).
 // TPU-LABEL: func.func public @top_k_top_p_to_kernel
 // TPU-NOT: stablehlo.composite
 // TPU: call @hlofuse.sample.tpu(%arg0, %arg1)
 // TPU: func.func private @hlofuse.sample.tpu
-// TPU: stablehlo.pad %arg0, {{.*}} -> tensor<8x32000xf32>
+// TPU: stablehlo.pad %arg0, {{.*}} -> tensor<8x32256xf32>
 // TPU: %[[RAW:.*]] = stablehlo.bitcast_convert %arg1 : (tensor<2xui32>) -> tensor<2xi32>
 // TPU: %[[KEY:.*]] = stablehlo.concatenate %[[RAW]], {{.*}} -> tensor<4xi32>
-// TPU: %[[TILES:.*]] = stablehlo.transpose {{.*}} -> tensor<10x8x3200xf32>
+// TPU: %[[TILES:.*]] = stablehlo.transpose {{.*}} -> tensor<42x8x768xf32>
 // TPU: stablehlo.custom_call @tpu_custom_call(%[[KEY]], %[[TILES]])
 // TPU-SAME: kernel_name = "hlofuse_sample_tpu"
 // TPU-SAME: -> tensor<8x128xi32>

@@ -18,7 +18,8 @@ for the forms in FORMS. No kernel sorts the vocabulary:
 Layout: rows go to the grid (TPU: 8 rows per block on the sublanes, 16 for bf16; GPU: one row per
 program); a block holds its rows' whole vocabulary (TPU: in VMEM, read by every pass without going
 back to HBM) and each pass walks it in lane tiles of `block_v`. The TPU kernel takes the logits as
-(tiles, rows, block_v), so that a tile is a leading-dimension index of the VMEM block.
+(tiles, rows, block_v), so that a tile is a leading-dimension index of the VMEM block; a tile is at most
+6 vregs (8 x 768 f32, 16 x 384 bf16), which libtpu holds without spilling vector registers to VMEM.
 
 Targets (this module's SPECS): `tpu` / `gpu` lower the kernel for that platform on any host,
 `tpu-interpret` / `gpu-interpret` run it in Pallas' HLO interpreter. Forms and dtypes the kernel does
@@ -88,7 +89,7 @@ class BlockSizes:
         if backend == "gpu":
             return cls(block_rows=1, block_v=min(2048, next_pow2(vocab)))
         rows = 16 if jnp.dtype(dtype) == jnp.bfloat16 else 8
-        return cls(block_rows=rows, block_v=_tpu_block_v(round_up(vocab, LANES)))
+        return cls(block_rows=rows, block_v=_tpu_block_v(round_up(vocab, LANES), rows))
 
     def check(self, backend: str) -> None:
         if backend == "tpu" and (self.block_rows % 8 or self.block_v % LANES):
@@ -97,10 +98,27 @@ class BlockSizes:
             raise ValueError(f"GPU tiles need block_rows == 1 and a power-of-two block_v, got {self}")
 
 
-def _tpu_block_v(vocab_pad: int, most: int = 4096) -> int:
-    """The largest multiple of 128 lanes dividing vocab_pad, at most `most`: no padding beyond 128."""
+# f32 elements of one lane tile a pass holds in vector registers (6 vregs of 8 x 128). libtpu 0.0.42.1 spilled
+# vregs to VMEM from 8: min_p at 8 x 1024 f32, categorical and top_k_mask at 16 x 768 bf16 (the noise's threefry
+# keeps several int32 tiles live); at 8 x 3200 every form spilled (57-356 KiB). docs/kernels-pallas.md, "TPU
+# tiles without spills".
+TPU_TILE_ELEMENTS = 6 * 8 * LANES
+# A pass's fixed cost per tile, in vregs of work: libtpu's loop body over a tile was about 93 + 32 bundles per
+# f32 vreg (categorical, 8 rows; bf16 at 16 rows about 80 + 40), so a tile's trip costs about 2-3 vregs more.
+_TRIP_VREGS = 2
+
+
+def _tpu_block_v(vocab_pad: int, rows: int) -> int:
+    """Lanes per tile: the multiple of 128 whose tile of rows x block_v holds at most TPU_TILE_ELEMENTS, with
+    the fewest tiles x (vregs per tile + _TRIP_VREGS) over vocab_pad rounded up to it (ties: the wider)."""
     lanes = vocab_pad // LANES
-    return LANES * max(d for d in range(1, most // LANES + 1) if lanes % d == 0)
+    most = max(1, TPU_TILE_ELEMENTS // (rows * LANES))
+    vregs = max(1, rows // 8)  # per 128 lanes
+
+    def cost(width: int) -> int:
+        return -(-lanes // width) * (width * vregs + _TRIP_VREGS)
+
+    return LANES * min(range(1, most + 1), key=lambda width: (cost(width), -width))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,7 +491,7 @@ def _plan(form: str, vocab: int, dtype: Any, backend: str, blocks: BlockSizes, t
           k: int = 0, p: float = 1.0, min_p: float = 0.0, noise_vocab: int = 0, with_scores: bool = False) -> Plan:
     if backend == "tpu":
         vocab_pad = round_up(vocab, LANES)
-        block_v = blocks.block_v or _tpu_block_v(vocab_pad)
+        block_v = blocks.block_v or _tpu_block_v(vocab_pad, blocks.block_rows)
         vocab_pad = round_up(vocab_pad, block_v)
     else:
         block_v = blocks.block_v or min(2048, next_pow2(vocab))
