@@ -45,7 +45,7 @@ from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
-SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789}
+SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9}
 THREEFRY_KS_PARITY = 0x1BD11BDA  # threefry2x32's key-schedule constant: noise is in the slice
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 _SEARCH_FORWARD = 12  # ops between the draw and the token ids (take_along_axis, reshapes, the rows stacked)
@@ -164,8 +164,9 @@ _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int) -> jax.stages.Traced:
     """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform)."""
     form = FORMS[form_name]
+    floor = {"eps": SENTINELS["eps"]} if "eps" in form.params else {}  # a floor only where the form reads one
     fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
-                           min_p=SENTINELS["min_p"])
+                           min_p=SENTINELS["min_p"], **floor)
     return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct((2,), jnp.uint32))
 
 
@@ -252,7 +253,7 @@ class Site:
         params = self.match.params
         return SampleAttrs(mode=self.form.mode, form=self.form.name,
                            temperature=params.get("temperature", 1.0), k=self.k,
-                           p=params.get("p", 1.0), min_p=params.get("min_p", 0.0))
+                           p=params.get("p", 1.0), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0))
 
 
 def _element(value: ir.Value) -> str:
@@ -317,7 +318,8 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 
 
 # Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
-_RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs")
+_RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
+               "top_k_top_p_of_probs_normalized")
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
@@ -595,8 +597,9 @@ _MODEL_OPS = ("stablehlo.dot_general", "stablehlo.dot", "stablehlo.convolution",
               "stablehlo.case", "stablehlo.if", "func.call", "stablehlo.custom_call", "stablehlo.composite")
 
 
-def _sampler_ops(value: ir.Value, limit: int = 600) -> list[ir.Operation]:
-    """The ops that compute `value` from the model's output: the backward slice, not past _MODEL_OPS."""
+def _sampler_ops(value: ir.Value, limit: int = 600, bounds: list[ir.Operation] | None = None) -> list[ir.Operation]:
+    """The ops that compute `value` from the model's output: the backward slice, not past _MODEL_OPS (those it
+    stopped at go into `bounds`, when given)."""
     found: list[ir.Operation] = []
     seen: set[ir.Operation] = set()
     stack = [value]
@@ -606,6 +609,8 @@ def _sampler_ops(value: ir.Value, limit: int = 600) -> list[ir.Operation]:
             continue
         seen.add(op)
         if op.name in _MODEL_OPS:
+            if bounds is not None:
+                bounds.append(op)
             continue
         found.append(op)
         stack.extend(op.operands)
@@ -631,12 +636,23 @@ def _fed_by(draw: Draw) -> str | None:
     return None
 
 
+def _carries(value: ir.Value, logits: ir.Value) -> bool:
+    """Whether `value` may be the logits themselves, in any dim order: floats of the same dims."""
+    return (isinstance(value.type, ir.RankedTensorType) and _element(value) == _element(logits)
+            and len(_shape(logits)) > 0 and sorted(_shape(value)) == sorted(_shape(logits)))
+
+
 def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
     """The filters that compute the fused site's logits operand (a top-k, a top-p's sort and cumulative sum, a
     softmax over the vocabulary): they stay in XLA. Sorts already `reported` (argsorts) are left out."""
     logits = site.match.leaves[0]
     vocab = _shape(logits)[-1] if _shape(logits) else 0
-    ops = [op for op in _sampler_ops(logits) if op not in reported and _over(op, vocab)]
+    bounds: list[ir.Operation] = []
+    ops = [op for op in _sampler_ops(logits, bounds=bounds) if op not in reported and _over(op, vocab)]
+    # A loop that carries the logits themselves is the sampler's, not the model's: a threshold found by search
+    # (a bisection over the values for a top-k or top-p cutoff), which stays in XLA too.
+    searches = [f"stablehlo.while at {format_location(o.location)}" for o in bounds
+                if o.name == "stablehlo.while" and any(_carries(v, logits) for v in o.operands)]
     at = {name: [f"{o.name} at {format_location(o.location)}" for o in ops if o.name == name]
           for name in ("chlo.top_k", "stablehlo.sort", "stablehlo.reduce_window", "stablehlo.exponential")}
     parts = []
@@ -653,4 +669,6 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
         parts.append("a sort over the vocabulary (" + ", ".join(nucleus) + ")")
     elif at["stablehlo.exponential"]:
         parts.append("a softmax (" + ", ".join(at["stablehlo.exponential"]) + ")")
+    if searches:
+        parts.append("a threshold search over the vocabulary (" + ", ".join(searches) + ")")
     return parts

@@ -1,9 +1,11 @@
 """hlofuse-prepare: one normal form to match.
 
 Matches: `func.call`s of private, single-block functions (JAX outlines helpers such as `@_where` and
-`@tril`, which the upstream `inline` pass leaves in place).
-Emits: the callee's body inlined at each call site, unreferenced private functions erased, then
-`canonicalize` and `cse`.
+`@tril`, which the upstream `inline` pass leaves in place), and `stablehlo.case`s whose index is a constant
+(`lax.cond` on a Python-level flag, as libraries guard each logits warper: canonicalize does not fold them).
+Emits: the callee's body inlined at each call site, the taken branch inlined in place of its case, unreferenced
+private functions erased, identity converts (`convert` to its own type, as JAX writes a weak-typed Python
+scalar: `where(m, x, 0.0)`) dropped, then `canonicalize` and `cse`.
 
     %m = call @tril(%c) : (tensor<16x16xi1>) -> tensor<16x16xi1>
   becomes
@@ -18,7 +20,13 @@ from typing import ClassVar
 from jax._src.lib import jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
 
+from hlofuse.ir.mask_eval import evaluate
+from hlofuse.ir.match import defining_op
 from hlofuse.pipeline import ModulePass, PassState
+
+# Ops an index may be computed through that compute no float: a float index term is decided only by comparing
+# constants (exact), never by arithmetic the evaluator would round otherwise than the program.
+_FLOAT_EXACT = ("stablehlo.constant", "stablehlo.broadcast_in_dim", "stablehlo.reshape")
 
 
 def _symbol(op: ir.Operation) -> str:
@@ -108,6 +116,77 @@ def erase_unreferenced_private_funcs(module: ir.Operation) -> None:
             op.erase()
 
 
+def _computes_a_float(value: ir.Value, limit: int = 64) -> bool:
+    """Whether the index term `value` rounds a float on its way (or is too long to tell)."""
+    stack, seen = [value], 0
+    while stack:
+        op = defining_op(stack.pop())
+        seen += 1
+        if op is None or seen > limit:
+            return seen > limit
+        floats = any(isinstance(ir.RankedTensorType(r.type).element_type, ir.FloatType) for r in op.results)
+        if floats and op.name not in _FLOAT_EXACT:
+            return True
+        stack.extend(op.operands)
+    return False
+
+
+def constant_branch(case: ir.Operation) -> int | None:
+    """The branch a `stablehlo.case` takes when its index is a constant term (out of range: the last, as
+    StableHLO says), or None."""
+    index = case.operands[0]
+    if _computes_a_float(index):
+        return None
+    value = evaluate(index)
+    if value is None or value.size != 1:
+        return None
+    taken = int(value.reshape(()))
+    return taken if 0 <= taken < len(case.regions) else len(case.regions) - 1
+
+
+def fold_constant_cases(module: ir.Operation) -> int:
+    """Inlines the taken branch of every `stablehlo.case` with a constant index, until none is left; returns how
+    many it folded."""
+    folded = 0
+    while True:
+        cases: list[tuple[ir.Operation, int]] = []
+
+        def visit(op: ir.Operation, cases: list[tuple[ir.Operation, int]] = cases) -> ir.WalkResult:
+            if op.name == "stablehlo.case" and (taken := constant_branch(op)) is not None:
+                cases.append((op, taken))
+                return ir.WalkResult.SKIP
+            return ir.WalkResult.ADVANCE
+
+        module.walk(visit)
+        if not cases:
+            return folded
+        for case, taken in cases:
+            block = case.regions[taken].blocks[0]
+            *body, terminator = list(block.operations)
+            for op in body:
+                op.move_before(case)
+            for old, new in zip(case.results, terminator.operands, strict=True):
+                old.replace_all_uses_with(new)
+            case.erase()
+            folded += 1
+
+
+def erase_identity_converts(module: ir.Operation) -> int:
+    """Replaces every `stablehlo.convert` whose result has its operand's type by its operand; returns how many."""
+    converts: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.convert" and op.operands[0].type == op.results[0].type:
+            converts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    for op in converts:
+        op.results[0].replace_all_uses_with(op.operands[0])
+        op.erase()
+    return len(converts)
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -117,5 +196,7 @@ class PreparePass(ModulePass):
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         state.count("inline_private_call", inline_private_calls(module))
+        state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
+        state.count("erase_identity_convert", erase_identity_converts(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

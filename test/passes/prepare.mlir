@@ -38,3 +38,96 @@ func.func public @helper(%arg0: tensor<4xf32>) -> tensor<4xf32> {
   %0 = stablehlo.add %arg0, %arg0 : tensor<4xf32>
   return %0 : tensor<4xf32>
 }
+
+// -----
+
+// lax.cond on a flag known when tracing (a logits warper switched on): the taken branch replaces the case.
+// CHECK-LABEL: func.func public @folds_a_case_on_a_constant_flag
+// CHECK-NOT: stablehlo.case
+// CHECK: %[[Q:.*]] = stablehlo.divide %arg0
+// CHECK: return %[[Q]]
+func.func public @folds_a_case_on_a_constant_flag(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %t = stablehlo.constant dense<0.699999988> : tensor<f32>
+  %off = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+  %on = stablehlo.compare NE, %t, %off, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+  %index = stablehlo.convert %on : (tensor<i1>) -> tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    stablehlo.return %arg0 : tensor<2x8xf32>
+  }, {
+    %1 = stablehlo.broadcast_in_dim %t, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<2x8xf32>
+    stablehlo.return %2 : tensor<2x8xf32>
+  }) : (tensor<i32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+// An index past the last branch takes the last (StableHLO's rule).
+// CHECK-LABEL: func.func public @folds_an_out_of_range_index_to_the_last_branch
+// CHECK-NOT: stablehlo.case
+// CHECK: stablehlo.negate %arg0
+func.func public @folds_an_out_of_range_index_to_the_last_branch(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %index = stablehlo.constant dense<7> : tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    stablehlo.return %arg0 : tensor<4xf32>
+  }, {
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// A data-dependent index: the case stays.
+// CHECK-LABEL: func.func public @no_match_case_on_an_argument
+// CHECK: stablehlo.case
+func.func public @no_match_case_on_an_argument(%arg0: tensor<4xf32>, %arg1: tensor<i32>) -> tensor<4xf32> {
+  %0 = "stablehlo.case"(%arg1) ({
+    stablehlo.return %arg0 : tensor<4xf32>
+  }, {
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Near miss: the index compares a float computed from constants (0.1 + 0.2 rounds in f32 otherwise than in the
+// evaluator's f64), so it is not decided here and the case stays.
+// CHECK-LABEL: func.func public @no_match_index_from_float_arithmetic
+// CHECK: stablehlo.case
+func.func public @no_match_index_from_float_arithmetic(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %a = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+  %b = stablehlo.constant dense<2.000000e-01> : tensor<f32>
+  %c = stablehlo.constant dense<3.000000e-01> : tensor<f32>
+  %sum = stablehlo.add %a, %b : tensor<f32>
+  %eq = stablehlo.compare EQ, %sum, %c, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+  %index = stablehlo.convert %eq : (tensor<i1>) -> tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    stablehlo.return %arg0 : tensor<4xf32>
+  }, {
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// A weak-typed Python scalar lowers through a convert to its own type: dropped, so `where(m, x, 0.0)` reads as
+// `where(m, x, zeros_like(x))`.
+// CHECK-LABEL: func.func public @drops_identity_converts
+// CHECK: %[[ZERO:.*]] = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+// CHECK-NEXT: stablehlo.broadcast_in_dim %[[ZERO]]
+// CHECK: stablehlo.convert %arg1 : (tensor<4xf32>) -> tensor<4xbf16>
+func.func public @drops_identity_converts(%arg0: tensor<4xi1>, %arg1: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xbf16>) {
+  %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %0 = stablehlo.convert %cst : tensor<f32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+  %2 = stablehlo.select %arg0, %arg1, %1 : tensor<4xi1>, tensor<4xf32>
+  %3 = stablehlo.convert %arg1 : (tensor<4xf32>) -> tensor<4xbf16>
+  return %2, %3 : tensor<4xf32>, tensor<4xbf16>
+}

@@ -50,6 +50,8 @@ TOP_KS = ("lax", "sort", "negated_sort")
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
 # shifted `cumsum <= p` mask, draw from log(kept) in rank space.
 TOP_PS = ("sort", "top_k", "gemma", "keras")
+# The rank-space styles and the forms they write (sampling_reference.RANK_NUCLEI).
+RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_probs"}
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # gumbel: argmax(x + g); gumbel_first: argmax(g + x); keras: keras' JAX random.categorical(x, 1), a categorical of
@@ -182,6 +184,8 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
     suffix = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
+    if spec.form in USES_TOP_P and spec.top_p_style in RANK_SPACE_TOP_PS:
+        return _rank_space_nucleus(spec, attrs, dtype)
     if not writes_form_exactly(spec):
         form, values = _fallback(spec, attrs, dtype)
         return form + suffix, values
@@ -197,6 +201,18 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     if spec.form == "min_p":
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
+
+
+def _rank_space_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """A rank-space nucleus fuses whole as its rule's form (over all V: a top-k mask before it stays in XLA), the
+    temperature read where the program divides by a constant right before its softmax (a division "before" the
+    sampler is that too, unless a top-k mask lies between), else 1 (the scaling outside)."""
+    form = RANK_SPACE_TOP_PS[spec.top_p_style]
+    attrs = {**attrs, "mode": "top_p", "p": _rounded(spec.p, dtype)}
+    divides_first = spec.temperature_style == "before" and spec.form == "top_p_mask"
+    if spec.temperature_style == "const" or divides_first:
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    return form, attrs
 
 
 def _fallback(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:

@@ -275,12 +275,55 @@ def no_match_top_1_of_probs(x):
 
 
 def gemma_top_p_rank_space(x, key):
-    """gemma's nucleus: sorted probabilities, the tail dropped, a draw in rank space: fused only at its draw."""
+    """gemma's (and flax's, tunix's) `_sample_top_p`: the probabilities sorted by a full-width lax.top_k, the ranks
+    whose preceding mass passes p (`cumsum - p > 0.9`) at 0, renormalised, a categorical of their log in rank
+    space, mapped back: the top_p_of_probs_normalized form."""
     probs = jax.nn.softmax(x / 0.7, axis=-1)
     ordered, ids = jax.lax.top_k(probs, probs.shape[-1])
     cumulative = jnp.cumsum(ordered, axis=-1)
     kept = jnp.where(cumulative - ordered > 0.9, 0.0, ordered)
     pick = jax.random.categorical(key, jnp.log(kept / jnp.sum(kept, axis=-1, keepdims=True)))
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+
+def floored_top_k_top_p_rank_space(x, key):
+    """The same nucleus over the top k probabilities, floored before the log (`log(p + 1e-10)`), squeezed as
+    several gemma-derived samplers write it: top_k_top_p_of_probs_normalized with eps = 1e-10."""
+    probs = jax.nn.softmax(x / 0.8, axis=-1)
+    ordered, ids = jax.lax.top_k(probs, 32)
+    kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered > 0.95, 0.0, ordered)
+    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    pick = jax.random.categorical(key, jnp.log(kept + 1e-10))
+    return jnp.squeeze(jnp.take_along_axis(ids, pick[..., None], axis=-1), axis=-1)
+
+
+def keras_hub_top_p(x, key):
+    """keras-hub's TopPSampler: the probabilities sorted (top_k of all V), the shifted `cumsum <= p` keep mask,
+    the rest at 0, keras' categorical of their log over (B, V, 1), take_along_axis of the (B, 1) ranks: the
+    top_p_of_probs form."""
+    ordered, ids = jax.lax.top_k(jax.nn.softmax(x / 0.7, axis=-1), x.shape[-1])
+    keep = jnp.cumsum(ordered, axis=-1) <= 0.9
+    keep = jnp.concatenate([jnp.ones_like(keep[:, :1]), keep[:, :-1]], axis=-1)
+    kept = jnp.where(keep, ordered, jnp.zeros_like(ordered))
+    pick = jax.random.categorical(key, jnp.log(kept)[..., None], shape=(x.shape[0], 1), axis=1)
+    return jnp.squeeze(jnp.take_along_axis(ids, pick, axis=-1), -1)
+
+
+def keras_hub_top_k_top_p(x, key):
+    """keras-hub's TopPSampler with k: the nucleus of the top k probabilities (top_k_top_p_of_probs)."""
+    ordered, ids = jax.lax.top_k(jax.nn.softmax(x, axis=-1), 24)
+    keep = jnp.cumsum(ordered, axis=-1) <= 0.8
+    keep = jnp.concatenate([jnp.ones_like(keep[:, :1]), keep[:, :-1]], axis=-1)
+    kept = jnp.where(keep, ordered, jnp.zeros_like(ordered))
+    pick = jax.random.categorical(key, jnp.log(kept)[..., None], shape=(x.shape[0], 1), axis=1)
+    return jnp.squeeze(jnp.take_along_axis(ids, pick, axis=-1), -1)
+
+
+def no_match_rank_space_nucleus_cumsum_lt(x, key):
+    """A nucleus whose keep rule no form has (`cumsum < p`, unshifted): fused at its draw only, with a remark."""
+    ordered, ids = jax.lax.top_k(jax.nn.softmax(x, axis=-1), x.shape[-1])
+    kept = jnp.where(jnp.cumsum(ordered, axis=-1) < 0.9, ordered, 0.0)
+    pick = jax.random.categorical(key, jnp.log(kept))
     return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
 
 
@@ -322,7 +365,14 @@ VARIANTS: list[Variant] = [
     Variant("multinomial_temperature", multinomial_temperature, "temperature_choice", expect={"temperature": 0.7}),
     Variant("multinomial_top_k_mask", multinomial_top_k_mask, "top_k_mask_choice",
             expect={"k": 16, "temperature": 0.8}),
-    Variant("gemma_top_p_rank_space", gemma_top_p_rank_space, "categorical",
+    Variant("gemma_top_p_rank_space", gemma_top_p_rank_space, "top_p_of_probs_normalized",
+            expect={"mode": "top_p", "p": 0.9, "temperature": 0.7, "eps": 0.0}),
+    Variant("floored_top_k_top_p_rank_space", floored_top_k_top_p_rank_space, "top_k_top_p_of_probs_normalized",
+            expect={"mode": "top_k+top_p", "k": 32, "p": 0.95, "temperature": 0.8, "eps": 1e-10}),
+    Variant("keras_hub_top_p", keras_hub_top_p, "top_p_of_probs", expect={"p": 0.9, "temperature": 0.7, "k": 0}),
+    Variant("keras_hub_top_k_top_p", keras_hub_top_k_top_p, "top_k_top_p_of_probs",
+            expect={"k": 24, "p": 0.8, "temperature": 1.0}),
+    Variant("rank_space_nucleus_cumsum_lt", no_match_rank_space_nucleus_cumsum_lt, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter "
                    "(chlo.top_k"),
     Variant("jetstream_top_k_tpu", jetstream_top_k, "top_k", expect={"k": 40}, platform="tpu"),

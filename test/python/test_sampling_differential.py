@@ -180,6 +180,12 @@ _SMALL = SamplerSpec(form="temperature", vocab=64, batch="b", rows=2)
 
 # Gaps the differential test found and that are fixed: each stays as a regression test.
 FIXED_GAPS = {
+    # gemma / keras-hub nucleus: draws in rank space from log(kept probabilities), fused as `categorical` with
+    # its sort left in XLA until the rank-space nucleus forms (sampling_reference.RANK_NUCLEI).
+    "top_p_rank_space_gemma": SamplerSpec(form="top_p_mask", top_p_style="gemma"),
+    "top_p_rank_space_keras": SamplerSpec(form="top_p_mask", top_p_style="keras", noise="keras"),
+    "top_k_then_rank_space_keras_traced_t": SamplerSpec(form="top_k_top_p_mask", top_p_style="keras",
+                                                        temperature_style="traced"),
     # argmax(x + gumbel): JAX's categorical adds gumbel + x; the matcher now tries add/multiply both ways.
     "gumbel_logits_first": dataclasses.replace(_SMALL, noise="gumbel"),
     # argmax(softmax(x)) next to log_softmax(x) (logprobs): CSE shares the max, shift, exp and sum.
@@ -265,13 +271,7 @@ def test_other_draw(spec: SamplerSpec) -> None:
 # Known gaps: each the smallest program of its family, with the form it should fuse to; the strategy lets
 # these families through with the fallback fusion (`sampling_programs.expected`), which is exact. When a
 # fix lands the entry XPASSes, which fails the suite: move it to FIXED_GAPS and update `expected`.
-KNOWN_GAPS = {
-    # gemma / keras-hub nucleus: draws in rank space from log(kept probabilities), a noise index space and
-    # normalisation no form has; fuses as `categorical` over the rank-space log-probabilities (exact). It
-    # needs a new form and kernels.
-    "top_p_rank_space_gemma": (SamplerSpec(form="top_p_mask", top_p_style="gemma"), "top_p_mask"),
-    "top_p_rank_space_keras": (SamplerSpec(form="top_p_mask", top_p_style="keras"), "top_p_mask"),
-}
+KNOWN_GAPS: dict[str, tuple[SamplerSpec, str]] = {}
 
 
 @pytest.mark.parametrize(("spec", "form"), [pytest.param(*entry, id=name) for name, entry in KNOWN_GAPS.items()])

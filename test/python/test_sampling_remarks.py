@@ -50,13 +50,26 @@ def nucleus_with_finite_fill(x, key):
     return jax.random.categorical(key, jnp.where(x < cutoff, -1e9, x) / 0.7)
 
 
-def keras_top_p_rank_space(x, key):
+def unshifted_rank_space_nucleus(x, key):
+    """keras-hub's nucleus without its shift (`cumsum <= p` itself keeps): a rule no form has."""
     probs = jax.nn.softmax(x / 0.7, axis=-1)
     ordered, ids = jax.lax.top_k(probs, V)
     keep = jnp.cumsum(ordered, axis=-1) <= 0.9
-    keep = jnp.concatenate([jnp.ones_like(keep[:, :1]), keep[:, :-1]], axis=-1)
     pick = jax.random.categorical(key, jnp.log(jnp.where(keep, ordered, 0.0)))
     return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+
+
+def bisected_top_k(x, key):
+    """A top-k cutoff found by bisection over the values (tpu-inference's way: no sort), a loop carrying the
+    logits: fused at its draw, and the remark names the loop."""
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = (lo + hi) / 2
+        enough = jnp.sum(x >= mid[:, None], axis=-1) >= 16
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, 24, halve, (jnp.min(x, axis=-1), jnp.max(x, axis=-1)))
+    return jax.random.categorical(key, jnp.where(x >= lo[:, None], x, -jnp.inf))
 
 
 def scaled_logits_escape(x, key):
@@ -75,7 +88,8 @@ NOT_FUSED = {
 FUSED_IN_PART = {
     argmax_of_log_softmax: "fused as `greedy`; a softmax (stablehlo.exponential at",
     nucleus_with_finite_fill: "fused as `temperature`; the top-p filter (stablehlo.sort at",
-    keras_top_p_rank_space: "fused as `categorical`; the top-p filter (chlo.top_k at",
+    unshifted_rank_space_nucleus: "fused as `categorical`; the top-p filter (chlo.top_k at",
+    bisected_top_k: "fused as `categorical`; a threshold search over the vocabulary (stablehlo.while at",
 }
 
 
@@ -116,3 +130,18 @@ def test_sampler_fused_whole_gives_no_remark() -> None:
 def test_several_samples_fuse_as_categorical_of_the_broadcast() -> None:
     module, remarks, counters = _run(several_samples)
     assert counters["categorical_to_sample"] == 1, remarks
+
+
+def test_a_python_zero_fill_is_the_zeros_of_the_form() -> None:
+    """keras-hub's nucleus with `where(keep, p, 0.0)`: the weak-typed zero's identity convert is dropped by
+    hlofuse-prepare, so it fuses whole as top_p_of_probs."""
+
+    def keras_top_p_python_zero(x, key):
+        ordered, ids = jax.lax.top_k(jax.nn.softmax(x / 0.7, axis=-1), V)
+        keep = jnp.cumsum(ordered, axis=-1) <= 0.9
+        keep = jnp.concatenate([jnp.ones_like(keep[:, :1]), keep[:, :-1]], axis=-1)
+        pick = jax.random.categorical(key, jnp.log(jnp.where(keep, ordered, 0.0)))
+        return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+
+    module, remarks, counters = _run(keras_top_p_python_zero)
+    assert counters["top_p_of_probs_to_sample"] == 1 and not remarks, (remarks, counters)

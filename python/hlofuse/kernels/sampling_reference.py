@@ -158,6 +158,81 @@ def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
     return categorical_fn(key, _scale(_mask_top_k(logits, k, top_k_fn, kth_fn), temperature), axis=-1)
 
 
+@dataclass(frozen=True)
+class RankNucleus:
+    """How a rank-space nucleus keeps the sorted probabilities `v` (descending) with their cumsum `c`. The two
+    rules mean the same set in exact arithmetic, but each rounds its own way, so each is a form of its own:
+      - "shifted" (keras-hub's TopPSampler): rank 0, and every rank whose preceding cumsum is <= p, that is
+        `concatenate([True], (c <= p)[:-1])`; the dropped become 0;
+      - "exclusive" (the flax / gemma / tunix `_sample_top_p`): `where(c - v > p, 0, v)`.
+    `normalized`: the kept probabilities are divided by their sum before their log (flax / gemma)."""
+
+    rule: str
+    normalized: bool = False
+
+
+KERAS_NUCLEUS = RankNucleus("shifted")
+NORMALIZED_NUCLEUS = RankNucleus("exclusive", normalized=True)
+
+
+def rank_nucleus_kept(values: jax.Array, cumulative: jax.Array, p: float, rule: str) -> jax.Array:
+    """The sorted probabilities `values` with the ranks outside the nucleus at 0, by `rule` (RankNucleus), from
+    their cumsum `cumulative`."""
+    if rule == "shifted":
+        keep = cumulative <= p
+        keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
+        return jnp.where(keep, values, jnp.zeros_like(values))
+    if rule == "exclusive":
+        return jnp.where(cumulative - values > p, 0.0, values)
+    raise ValueError(f"no rank-space nucleus rule '{rule}'")
+
+
+def log_floored(x: jax.Array, eps: float | None) -> jax.Array:
+    """log(x + eps), as samplers floor the zeros before their log; log(x) for eps None (no floor written), which
+    is log(x + 0.0) bit for bit for x >= 0."""
+    return jnp.log(x) if eps is None else jnp.log(x + eps)
+
+
+def nucleus_probs(logits: jax.Array, temperature: float | None) -> jax.Array:
+    """softmax(x / T): the probabilities a rank-space nucleus sorts."""
+    return jax.nn.softmax(_scale(logits, temperature), axis=-1)
+
+
+def top_p_of_probs(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, k: int = 0,
+                   eps: float | None = None, nucleus: RankNucleus = KERAS_NUCLEUS, top_k_fn: TopK = jax.lax.top_k,
+                   categorical_fn: Categorical = jax.random.categorical, take_fn: Take = _take,
+                   **_: Any) -> jax.Array:
+    """The rank-space nucleus: the top k (k = 0: all V) of softmax(x / T), sorted; the ranks outside the nucleus
+    (`nucleus`'s rule) at 0, divided by their sum if `nucleus.normalized`; a categorical of log(kept + eps) in rank
+    space (noise at row * width + rank), mapped back through the ids. keras-hub's TopPSampler (with or without k),
+    and the flax / gemma / tunix `_sample_top_p`. Zero-probability ranks can win only when eps > 0."""
+    values, indices = top_k_fn(nucleus_probs(logits, temperature), k or logits.shape[-1])
+    return take_fn(indices, categorical_fn(key, rank_nucleus_scores(values, p, eps, nucleus), axis=-1))
+
+
+def rank_nucleus_scores(values: jax.Array, p: float, eps: float | None, nucleus: RankNucleus,
+                        width: int | None = None) -> jax.Array:
+    """What a rank-space nucleus draws from: log(kept + eps), the kept sorted probabilities divided by their sum
+    if `nucleus.normalized`. `values` may be the first ranks of `width` whose others all lie outside the nucleus
+    (a kernel's candidates): the sum is then taken over the whole width, the others as zeros, so that it is the
+    program's reduction of the same values."""
+    kept = rank_nucleus_kept(values, jnp.cumsum(values, axis=-1), p, nucleus.rule)
+    if nucleus.normalized:
+        whole = kept if width is None else jnp.pad(kept, [(0, 0)] * (kept.ndim - 1) + [(0, width - kept.shape[-1])])
+        kept = kept / jnp.sum(whole, axis=-1, keepdims=True)
+    return log_floored(kept, eps)
+
+
+def _unfloored(writing: Writing) -> Writing:
+    """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
+
+    def fn(logits: jax.Array, key: jax.Array, *, eps: float | None = None, **params: Any) -> jax.Array:
+        del eps
+        return writing.fn(logits, key, eps=None, **params)
+
+    return dataclasses.replace(writing, fn=fn)
+
+
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: str = "-inf") -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
@@ -235,7 +310,7 @@ class Form:
     name: str
     mode: str
     fn: Callable[..., jax.Array]
-    params: tuple[str, ...] = ()  # of temperature, k, p, min_p
+    params: tuple[str, ...] = ()  # of temperature, k, p, min_p, eps
     marker_ops: tuple[str, ...] = ()  # ops a program must contain for the form to be worth lowering
     others: tuple[Writing, ...] = ()  # other writings of fn, as libraries vary it
     draw: str = "argmax"  # the op that draws: "argmax", or "top_k" (k = 1, as jax.random.choice draws)
@@ -323,7 +398,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 
 # Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
-_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")
+_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")  # (the rank nuclei: below)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
@@ -410,23 +485,58 @@ def _with_keras_draw(form: Form) -> Form:
 
 
 # Forms with a draw of their own (the log of probabilities): no other draw composes with them.
-FORMS["top_k_of_probs"] = Form("top_k_of_probs", "top_k", top_k_of_probs, ("temperature", "k"),
-                               _TOP_K + ("stablehlo.exponential", "stablehlo.log"), composes_draws=False)
+_OF_PROBS = _TOP_K + ("stablehlo.exponential", "stablehlo.log")
+FORMS["top_k_of_probs"] = Form("top_k_of_probs", "top_k", top_k_of_probs, ("temperature", "k"), _OF_PROBS,
+                               composes_draws=False)
+
+
+def _of_fewer_than_all(fn: Callable[..., jax.Array], logits: jax.Array, key: jax.Array, *, k: int,
+                       **params: Any) -> jax.Array:
+    """`fn` with a top k of fewer than all V (ValueError otherwise, so that no template is made: the top k of
+    every token is the whole-row form)."""
+    if not 0 < k < logits.shape[-1]:
+        raise ValueError(f"a top-k + top-p nucleus takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
+    return fn(logits, key, k=k, **params)
+
+
+def _rank_nucleus_form(name: str, nucleus: RankNucleus, with_k: bool) -> Form:
+    """A rank-space nucleus form (top_p_of_probs with `nucleus`'s rule), of all V sorted probabilities or of the
+    top k. A normalized nucleus reads the floor eps added before its log (or none: eps = 0)."""
+    fn = functools.partial(top_p_of_probs, nucleus=nucleus)
+    if with_k:
+        fn = functools.partial(_of_fewer_than_all, fn)
+    params = ("temperature",) + ("k",) * with_k + ("p",) + ("eps",) * nucleus.normalized
+    mode = "top_k+top_p" if with_k else "top_p"
+    own = Writing(fn, _OF_PROBS)
+    writings = (own, _unfloored(own)) if nucleus.normalized else (own,)
+    writings += tuple(_unscaled(w) for w in writings)
+    return Form(name, mode, fn, params, _OF_PROBS, writings[1:], composes_draws=False)
+
+
+# The rank-space nuclei: each rule with all V probabilities (top_p) or the top k of them (top_k+top_p).
+RANK_NUCLEI: dict[str, RankNucleus] = {"top_p_of_probs": KERAS_NUCLEUS, "top_k_top_p_of_probs": KERAS_NUCLEUS,
+                                       "top_p_of_probs_normalized": NORMALIZED_NUCLEUS,
+                                       "top_k_top_p_of_probs_normalized": NORMALIZED_NUCLEUS}
+FORMS.update({name: _rank_nucleus_form(name, nucleus, name.startswith("top_k_"))
+              for name, nucleus in RANK_NUCLEI.items()})
 FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 
+# Parameters only the forms that read them are given (so that the kernels of the other forms never see them).
+OPTIONAL_PARAMS = ("eps",)
 # Each parameter's value when a form does not read it: what the form's function computes with.
-NEUTRAL_PARAMS: dict[str, float] = {"temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
+NEUTRAL_PARAMS: dict[str, float] = {"temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0, "eps": 0.0}
 
 
 def form_params(form: str, *, temperature: float = 1.0, k: int = 0, p: float = 1.0,
-                min_p: float = 0.0) -> dict[str, Any]:
+                min_p: float = 0.0, eps: float = 0.0) -> dict[str, Any]:
     """The parameters `form` reads, the others at their neutral values. Kernels take their parameters
     through this, so that none applies, say, a temperature to the categorical form, whose function
     ignores it (a composite written by hand may carry any attribute values)."""
-    given = {"temperature": temperature, "k": k, "p": p, "min_p": min_p}
+    given = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps}
     read = FORMS[form].params
-    return {name: given[name] if name in read else neutral for name, neutral in NEUTRAL_PARAMS.items()}
+    return {name: given[name] if name in read else neutral for name, neutral in NEUTRAL_PARAMS.items()
+            if name in read or name not in OPTIONAL_PARAMS}
 
 
 def sample_reference(
@@ -438,11 +548,12 @@ def sample_reference(
     k: int = 0,
     p: float = 1.0,
     min_p: float = 0.0,
+    eps: float = 0.0,
     categorical_fn: Categorical = jax.random.categorical,
 ) -> jax.Array:  # (...,) int32 token ids
     """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
     (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise.)"""
-    return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p,
+    return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p, eps=eps,
                           categorical_fn=categorical_fn).astype(jnp.int32)
 
 
@@ -480,6 +591,7 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
     return best
 
 
-__all__ = ["DRAWS", "FORMS", "NEUTRAL_PARAMS", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form", "Writing", "form_params",
-           "merge_vocab_splits", "reference_where_uncertified", "sample_reference",
-           "keras_categorical_draw", "take_by_batch_index", "top_k_by_argsort"]
+__all__ = ["DRAWS", "FORMS", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
+           "RankNucleus", "Writing", "form_params", "keras_categorical_draw", "log_floored", "merge_vocab_splits",
+           "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores", "reference_where_uncertified",
+           "sample_reference", "take_by_batch_index", "top_k_by_argsort"]

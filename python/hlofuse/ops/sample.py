@@ -35,6 +35,7 @@ class SampleAttrs:
     k: int = 0  # 0 = no top-k
     p: float = 1.0  # 1 = no top-p
     min_p: float = 0.0  # 0 = no min-p
+    eps: float = 0.0  # the floor added to probabilities before their log (forms that read it); 0 = none
 
     @staticmethod
     def from_ir(attributes: ir.Attribute) -> SampleAttrs:
@@ -53,14 +54,17 @@ class SampleAttrs:
     def ir_attributes(self) -> dict[str, ir.Attribute]:
         """The composite_attributes dictionary (call inside an MLIR context)."""
         f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
-        return {"mode": ir.StringAttr.get(self.mode), "form": ir.StringAttr.get(self.form),
-                "temperature": ir.FloatAttr.get(f64, self.temperature), "k": ir.IntegerAttr.get(i64, self.k),
-                "p": ir.FloatAttr.get(f64, self.p), "min_p": ir.FloatAttr.get(f64, self.min_p)}
+        attributes = {"mode": ir.StringAttr.get(self.mode), "form": ir.StringAttr.get(self.form),
+                      "temperature": ir.FloatAttr.get(f64, self.temperature), "k": ir.IntegerAttr.get(i64, self.k),
+                      "p": ir.FloatAttr.get(f64, self.p), "min_p": ir.FloatAttr.get(f64, self.min_p)}
+        if self.eps:  # only forms that read a floor carry one, so that every other composite reads as before
+            attributes["eps"] = ir.FloatAttr.get(f64, self.eps)
+        return attributes
 
     def params(self) -> dict[str, Any]:
         """Keyword arguments of the form's function (hlofuse.kernels.sampling_reference): the parameters
         the form reads, the others at their neutral values (`form_params`)."""
-        values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p}
+        values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p, "eps": self.eps}
         return form_params(self.form, **values) if self.form in FORMS else values
 
 

@@ -22,9 +22,14 @@ from hlofuse.kernels import cpu
 from hlofuse.kernels.sampling_reference import (
     DRAWS,
     FORMS,
+    RANK_NUCLEI,
+    UNCERTIFIED,
     form_params,
+    log_floored,
     merge_vocab_splits,
     min_p_masked,
+    nucleus_probs,
+    rank_nucleus_scores,
     reference_where_uncertified,
     sample_reference,
 )
@@ -212,7 +217,100 @@ def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
     fn = FORMS[form].fn
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=_top_k_by_kernel, **params)
+        tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=_top_k_by_kernel, **params)
+        return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), tokens)  # (the top k of probabilities)
+
+    return kernel
+
+
+#===--- Rank-space nuclei ---------------------------------------------------------------------===#
+# A rank-space nucleus (sampling_reference.RANK_NUCLEI) sorts every probability, but only the nucleus can be
+# drawn (or, with a floor eps > 0, a rank outside it, rarely). So the top L probabilities come from the kernel's
+# one-pass top-k, for L in NUCLEUS_CANDIDATES in turn, and the program's own ops run on them: the cumsum of the
+# first L sorted values is the first L of the whole cumsum (XLA's CPU cumsum is a blocked scan from rank 0, so
+# each prefix sums alike; test_sampling_nucleus checks it), and the normalising sum is taken over the whole width
+# with the other ranks as zeros. The L candidates hold the nucleus when their mass passes p by NUCLEUS_MARGIN
+# (far above the cumsum's rounding) in every row; else the next L, and last the form's own function (its sort).
+NUCLEUS_CANDIDATES = (256, 1024, 4096)
+NUCLEUS_MARGIN = 2.0**-12
+
+
+def _rank_categorical(width: int) -> Callable[..., jax.Array]:
+    """jax.random.categorical over the first L ranks of a (..., width) rank space, by the kernel: the noise at
+    counter row * width + rank, as the program draws it over all width ranks."""
+
+    def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
+        del axis
+        batch, ranks = z.shape[:-1], z.shape[-1]
+        rows = int(np.prod(batch, dtype=np.int64))
+        (tokens,) = _sample_call(z.reshape(rows, ranks), _keys(key, (rows,)), jax.lax.iota(jnp.int32, rows),
+                                 jnp.zeros((rows,), jnp.int32), vocab_total=width, form="categorical",
+                                 **form_params("categorical"))
+        return tokens.reshape(batch)
+
+    return draw
+
+
+def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, width: int, form: str,
+                           params: dict[str, Any]) -> jax.Array:
+    """The form's ids from the top L sorted probabilities `values` (..., L) of `width` and their `ids`, when they
+    hold the nucleus; a rank outside them that wins (only with eps > 0) gives UNCERTIFIED."""
+    candidates = values.shape[-1]
+    eps = params.get("eps", 0.0)
+    scores = rank_nucleus_scores(values, params["p"], eps, RANK_NUCLEI[form], width)
+    if not eps:  # log(0) = -inf: no rank outside the nucleus can win
+        rank = _rank_categorical(width)(key, scores)
+        return jnp.take_along_axis(ids, rank[..., None], axis=-1)[..., 0]
+    # Every rank outside the candidates scores log(0 + eps), as the program computes it for its zeros.
+    lead = values.shape[:-1]
+    outside = log_floored(jnp.zeros((*lead, 1), values.dtype), eps)
+    everyone = jnp.concatenate([scores, jnp.broadcast_to(outside, (*lead, width - candidates))], axis=-1)
+    rank = _rank_categorical(width)(key, everyone)
+    inside = jnp.take_along_axis(ids, jnp.minimum(rank, candidates - 1)[..., None], axis=-1)[..., 0]
+    return jnp.where(rank < candidates, inside, UNCERTIFIED)
+
+
+def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
+    """Whether the top L sorted probabilities `values` of every row hold its nucleus: their mass passes p by the
+    margin (False for NaN)."""
+    return jnp.all(jnp.cumsum(values, axis=-1)[..., -1] > jnp.float32(p + NUCLEUS_MARGIN))
+
+
+def _id_0_where_nan(probs: jax.Array, tokens: jax.Array) -> jax.Array:
+    """`tokens`, but 0 in the rows whose probabilities are NaN. A softmax row is all NaN or none (a NaN, or an
+    infinity, in its logits makes its max or its sum NaN), and lax.top_k puts NaN first, ties by the lower id:
+    such a row's first candidate is id 0, whose NaN score wins every draw. The kernel's top-k does not order NaN."""
+    return jnp.where(jnp.isnan(probs[..., 0]), 0, tokens)
+
+
+def rank_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form of RANK_NUCLEI on the CPU: the nucleus from the kernel's top-L candidates (NUCLEUS_CANDIDATES), the
+    form's own function when no L holds it. A top k of the probabilities (a narrow rank space) or bf16 logits
+    run the form's function with the kernel's top-k and categorical."""
+    fn = FORMS[form].fn
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        def whole() -> jax.Array:  # every rank by the kernel's top-k: no sort in XLA, even here
+            return fn(logits, key, top_k_fn=_top_k_by_kernel, categorical_fn=_kernel_categorical(False), **params)
+
+        width = logits.shape[-1]
+        probs = nucleus_probs(logits, params["temperature"])
+        if params["k"] or width <= NUCLEUS_CANDIDATES[-1] or logits.dtype != jnp.float32:
+            return _id_0_where_nan(probs, whole())
+        tried = [c for c in NUCLEUS_CANDIDATES if c < width]
+
+        def attempt(level: int) -> jax.Array:
+            if level == len(tried):
+                return whole()
+            values, ids = _top_k_by_kernel(probs, tried[level])
+            return jax.lax.cond(_holds_nucleus(values, params["p"]),
+                                lambda: _nucleus_of_candidates(values, ids, key, width, form, params),
+                                lambda: attempt(level + 1))
+
+        if not params.get("eps"):
+            return _id_0_where_nan(probs, attempt(0))
+        # a rank outside the candidates won: the whole row
+        return _id_0_where_nan(probs, reference_where_uncertified(attempt(0), whole))
 
     return kernel
 
@@ -235,6 +333,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
             raise Unsupported("the choice draw takes (B, V) logits")
         return drawn_form_lowering(attrs.form, attrs.params())
+    if attrs.form in RANK_NUCLEI and call.operand_types[0][1] in ("f32", "bf16"):
+        return rank_nucleus_lowering(attrs.form, attrs.params())
     if attrs.form in FUNCTION_FORMS and call.operand_types[0][1] in ("f32", "bf16"):
         if attrs.k > call.operand_types[0][0][-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")

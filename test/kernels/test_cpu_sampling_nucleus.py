@@ -1,0 +1,113 @@
+"""The CPU lowering of the rank-space nuclei (sampling_reference.RANK_NUCLEI): the top L probabilities from the
+kernel's top-k, the program's ops on them, must give `sample_reference`'s ids exactly, whichever path a row takes
+(L candidates, the next L, the whole row, a floored rank outside the candidates that wins). And the two facts about
+XLA's CPU ops the lowering rests on: a cumsum's first L values are the cumsum of the first L, and a sum over the
+whole width with zeros after L is the program's sum of the same values."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hlofuse.kernels.cpu import sampling
+from hlofuse.kernels.sampling_reference import RANK_NUCLEI, form_params, sample_reference
+
+pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
+
+WIDE = 12288  # wider than every candidate count: the candidates' path runs
+
+
+def _logits(rows: int, vocab: int, case: str) -> np.ndarray:
+    rng = np.random.default_rng(vocab + rows + len(case))
+    x = rng.standard_normal((rows, vocab)).astype(np.float32)
+    if case == "peaked":  # a nucleus of a few tokens: the first candidates hold it
+        x *= 12
+    elif case == "normal":  # a nucleus of hundreds: the second or third candidate count
+        x *= 3
+    elif case == "flat":  # a nucleus of thousands: the whole row
+        x *= 0.2
+    elif case == "ties":
+        x = np.round(x * 4)
+    elif case == "neg_inf":
+        x *= 4
+        x[:, rng.random(vocab) < 0.5] = -np.inf
+    elif case == "nan":
+        x[0, 7] = np.nan
+    return x
+
+
+CASES = ("peaked", "normal", "flat", "ties", "neg_inf", "nan")
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-10, 0.05], ids=["no_floor", "floor_1e-10", "floor_0.05"])
+@pytest.mark.parametrize("form", sorted(RANK_NUCLEI))
+def test_rank_nucleus_gives_the_reference_ids(form: str, eps: float) -> None:
+    """eps = 0.05 makes ranks outside the nucleus win often: the lowering must then fall back, not guess."""
+    if eps and "eps" not in form_params(form, eps=eps):
+        pytest.skip("the form reads no floor")
+    params = form_params(form, temperature=0.8, k=40, p=0.9, eps=eps)
+    kernel = jax.jit(sampling.rank_nucleus_lowering(form, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for case in CASES:
+        logits = jnp.asarray(_logits(3, WIDE, case))
+        for seed in range(3):
+            key = jnp.array([seed, 41 + seed], jnp.uint32)
+            np.testing.assert_array_equal(kernel(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+
+
+@pytest.mark.parametrize("form", sorted(RANK_NUCLEI))
+def test_rank_nucleus_of_a_narrow_row_and_of_bf16(form: str) -> None:
+    params = form_params(form, temperature=0.7, k=16, p=0.8)
+    kernel = jax.jit(sampling.rank_nucleus_lowering(form, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for dtype in (jnp.float32, jnp.bfloat16):
+        logits = jnp.asarray(_logits(2, 600, "normal"), dtype)
+        for seed in range(3):
+            key = jnp.array([seed, 7], jnp.uint32)
+            np.testing.assert_array_equal(kernel(logits, key), reference(logits, key))
+
+
+def test_the_candidates_path_leaves_no_sort_in_the_compiled_program() -> None:
+    params = form_params("top_p_of_probs", temperature=0.8, p=0.9)
+    hlo = jax.jit(sampling.rank_nucleus_lowering("top_p_of_probs", params)).lower(
+        jax.ShapeDtypeStruct((2, WIDE), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert " sort(" not in hlo and "TopK" not in hlo
+    assert sampling.TOP_K_TARGET in hlo
+
+
+@pytest.mark.parametrize("vocab", [5000, 32000, 128256])
+def test_xla_cumsum_of_a_prefix_is_the_prefix_of_the_cumsum(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    probs = jax.nn.softmax(jnp.asarray(rng.standard_normal((3, vocab)).astype(np.float32) * 3), axis=-1)
+    ordered = jnp.sort(probs, axis=-1)[..., ::-1]
+    whole = np.asarray(jax.jit(lambda v: jnp.cumsum(v, axis=-1))(ordered))
+    for candidates in (*sampling.NUCLEUS_CANDIDATES, 17, vocab // 3):
+        prefix = np.asarray(jax.jit(lambda v: jnp.cumsum(v, axis=-1))(ordered[:, :candidates]))
+        np.testing.assert_array_equal(prefix, whole[:, :candidates], err_msg=f"first {candidates}")
+    # and it is not a running sum (which the lowering does not assume)
+    assert not np.array_equal(whole, np.cumsum(np.asarray(ordered), axis=-1, dtype=np.float32))
+
+
+@pytest.mark.parametrize("vocab", [5000, 128256])
+def test_sum_over_the_whole_width_with_zeros_after_the_candidates(vocab: int) -> None:
+    rng = np.random.default_rng(1)
+    values = rng.random((4, vocab)).astype(np.float32)
+    for candidates in sampling.NUCLEUS_CANDIDATES:
+        values[:, candidates:] = 0
+        program = np.asarray(jax.jit(lambda v: jnp.sum(v, axis=-1))(jnp.asarray(values)))
+        padded = np.asarray(jax.jit(lambda v: jnp.sum(jnp.pad(v, [(0, 0), (0, vocab - v.shape[-1])]), axis=-1))(
+            jnp.asarray(values[:, :candidates])))
+        np.testing.assert_array_equal(padded, program)
+
+
+def test_top_k_of_probs_of_a_nan_row_draws_id_0_as_the_program() -> None:
+    """The kernel's top-k does not order NaN as lax.top_k does (first, lower id first): a NaN row is id 0."""
+    params = form_params("top_k_of_probs", temperature=0.7, k=8)
+    kernel = jax.jit(sampling.function_form_lowering("top_k_of_probs", params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form="top_k_of_probs", **params))
+    logits = jnp.asarray(_logits(3, 600, "nan"))
+    for seed in range(3):
+        key = jnp.array([seed, 5], jnp.uint32)
+        np.testing.assert_array_equal(kernel(logits, key), reference(logits, key))
