@@ -1,8 +1,8 @@
-"""The CPU lowering of the rank-space nuclei (sampling_reference.RANK_NUCLEI): the top L probabilities from the
-kernel's top-k, the program's ops on them, must give `sample_reference`'s ids exactly, whichever path a row takes
-(L candidates, the next L, the whole row, a floored rank outside the candidates that wins). And the two facts about
-XLA's CPU ops the lowering rests on: a cumsum's first L values are the cumsum of the first L, and a sum over the
-whole width with zeros after L is the program's sum of the same values."""
+"""The CPU lowering of the rank-space nuclei (sampling_reference.RANK_NUCLEI): the largest probabilities by mass
+from the kernel, the program's ops on them, must give `sample_reference`'s ids exactly, whichever path a row takes
+(the candidates, the whole row, a floored rank past the candidates that wins). And the two facts about XLA's CPU
+ops the lowering rests on: a cumsum's first L values are the cumsum of the first L, and a sum over the whole width
+with zeros after L is the program's sum of the same values."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hlofuse.kernels.sampling_reference import RANK_NUCLEI, form_params, sample_
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
-WIDE = 12288  # wider than every candidate count: the candidates' path runs
+WIDE = 12288  # wider than the candidates: their path runs
 
 
 def _logits(rows: int, vocab: int, case: str) -> np.ndarray:
@@ -24,9 +24,9 @@ def _logits(rows: int, vocab: int, case: str) -> np.ndarray:
     x = rng.standard_normal((rows, vocab)).astype(np.float32)
     if case == "peaked":  # a nucleus of a few tokens: the first candidates hold it
         x *= 12
-    elif case == "normal":  # a nucleus of hundreds: the second or third candidate count
+    elif case == "normal":  # a nucleus of hundreds
         x *= 3
-    elif case == "flat":  # a nucleus of thousands: the whole row
+    elif case == "flat":  # a nucleus of thousands, more than the candidates: the whole row
         x *= 0.2
     elif case == "ties":
         x = np.round(x * 4)
@@ -74,7 +74,7 @@ def test_the_candidates_path_leaves_no_sort_in_the_compiled_program() -> None:
     hlo = jax.jit(sampling.rank_nucleus_lowering("top_p_of_probs", params)).lower(
         jax.ShapeDtypeStruct((2, WIDE), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     assert " sort(" not in hlo and "TopK" not in hlo
-    assert sampling.TOP_K_TARGET in hlo
+    assert sampling.TOP_MASS_TARGET in hlo
 
 
 @pytest.mark.parametrize("vocab", [5000, 32000, 128256])
@@ -83,7 +83,7 @@ def test_xla_cumsum_of_a_prefix_is_the_prefix_of_the_cumsum(vocab: int) -> None:
     probs = jax.nn.softmax(jnp.asarray(rng.standard_normal((3, vocab)).astype(np.float32) * 3), axis=-1)
     ordered = jnp.sort(probs, axis=-1)[..., ::-1]
     whole = np.asarray(jax.jit(lambda v: jnp.cumsum(v, axis=-1))(ordered))
-    for candidates in (*sampling.NUCLEUS_CANDIDATES, 17, vocab // 3):
+    for candidates in (sampling.NUCLEUS_CANDIDATES, 256, 17, vocab // 3):
         prefix = np.asarray(jax.jit(lambda v: jnp.cumsum(v, axis=-1))(ordered[:, :candidates]))
         np.testing.assert_array_equal(prefix, whole[:, :candidates], err_msg=f"first {candidates}")
     # and it is not a running sum (which the lowering does not assume)
@@ -94,7 +94,7 @@ def test_xla_cumsum_of_a_prefix_is_the_prefix_of_the_cumsum(vocab: int) -> None:
 def test_sum_over_the_whole_width_with_zeros_after_the_candidates(vocab: int) -> None:
     rng = np.random.default_rng(1)
     values = rng.random((4, vocab)).astype(np.float32)
-    for candidates in sampling.NUCLEUS_CANDIDATES:
+    for candidates in (sampling.NUCLEUS_CANDIDATES, 300):
         values[:, candidates:] = 0
         program = np.asarray(jax.jit(lambda v: jnp.sum(v, axis=-1))(jnp.asarray(values)))
         padded = np.asarray(jax.jit(lambda v: jnp.sum(jnp.pad(v, [(0, 0), (0, vocab - v.shape[-1])]), axis=-1))(
@@ -111,3 +111,18 @@ def test_top_k_of_probs_of_a_nan_row_draws_id_0_as_the_program() -> None:
     for seed in range(3):
         key = jnp.array([seed, 5], jnp.uint32)
         np.testing.assert_array_equal(kernel(logits, key), reference(logits, key))
+
+
+def test_top_mass_returns_the_top_by_mass_then_zeros() -> None:
+    """As many of the largest as their mass needs (ties by the lower id, as lax.top_k), then zeros with id -1."""
+    probs = np.zeros((2, 5000), np.float32)
+    probs[0, [10, 20, 30, 40]] = [0.5, 0.3, 0.15, 0.05]
+    probs[1, :] = 1 / 5000
+    values, ids = jax.jit(lambda v: sampling._top_mass_by_kernel(v, 64, 0.9))(jnp.asarray(probs))
+    want_values, want_ids = jax.lax.top_k(jnp.asarray(probs), 64)
+    # 0.5 + 0.3 + 0.15 passes 0.9: three, each in a bin of its own
+    assert list(np.asarray(ids[0, :3])) == [10, 20, 30] and np.all(np.asarray(ids[0, 3:]) == -1)
+    np.testing.assert_array_equal(values[0, :3], np.float32([0.5, 0.3, 0.15]))
+    assert np.all(np.asarray(values[0, 3:]) == 0)
+    np.testing.assert_array_equal(ids[1], want_ids[1])  # a flat row: all 64, as lax.top_k orders them
+    np.testing.assert_array_equal(values[1], want_values[1])

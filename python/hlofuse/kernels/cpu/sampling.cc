@@ -935,8 +935,79 @@ ffi::Error SampleTopK(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<f
   return ffi::Error::Success();
 }
 
+// How many of the largest of n probabilities it takes for their mass to pass `mass`, at most `limit` (and `limit`
+// when no count does, or when the row is not a probability row: NaN or negative values). One pass bins the values
+// by their top 12 bits (sign, exponent, 3 mantissa bits: bins ordered as the values); the count is that of the
+// bins from the top down to the one where the mass passes, so every value of that bin is counted (an upper
+// bound, which is all the caller needs: it checks the mass of what it gets with the program's own cumsum).
+int64_t CountForMass(const float* v, int64_t n, double mass, int64_t limit) {
+  constexpr int kBins = 1 << 11;  // non-negative floats: bits >> 20 < 2048
+  std::vector<double> bin_mass(kBins, 0.0);
+  std::vector<int64_t> bin_count(kBins, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(v[i]) || v[i] < 0) return limit;  // not a probability row
+    uint32_t bits;
+    std::memcpy(&bits, &v[i], 4);
+    if (bits >> 31) continue;  // -0.0: no mass
+    const uint32_t bin = bits >> 20;  // +inf: 0x7F8, the top
+    bin_mass[bin] += v[i];
+    bin_count[bin] += 1;
+  }
+  double above = 0;
+  int64_t count = 0;
+  for (int b = kBins - 1; b >= 0 && count < limit; --b) {
+    above += bin_mass[b];
+    count += bin_count[b];
+    if (above > mass) return std::max<int64_t>(1, std::min(count, limit));
+  }
+  return limit;
+}
+
+// Each row's largest probabilities, as many as their mass needs to pass `mass` (CountForMass), at most k: values
+// (*L, k) value descending, lower id first on ties (lax.top_k's order), then zeros; ids likewise, then -1. One
+// pass for the count and one for the top of that count, so a nucleus of a few tokens costs a top-few, whatever
+// k allows.
+ffi::Error SampleTopMass(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> probs, ffi::Result<ffi::Buffer<ffi::F32>> values,
+                         ffi::Result<ffi::Buffer<ffi::S32>> ids, int64_t k, float mass) {
+  const auto dims = probs.dimensions();
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample_top_mass: probs must be (*L, V)");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
+  if (k < 1 || k > vocab) return ffi::Error::InvalidArgument("hlofuse_sample_top_mass: need 1 <= k <= V");
+  if (values->element_count() != rows * k || ids->element_count() != rows * k)
+    return ffi::Error::InvalidArgument("hlofuse_sample_top_mass: values and ids must be (*L, k)");
+  const SimdOps& ops = SelectOps();
+  const float* base = probs.typed_data();
+  float* out_values = values->typed_data();
+  int32_t* out_ids = ids->typed_data();
+  ParallelFor(pool, rows, [&](int64_t r) {
+    int32_t* scratch = reinterpret_cast<int32_t*>(ThreadScratch(vocab + kMaxLanes));
+    const float* x = base + r * vocab;
+    const int64_t count = CountForMass(x, vocab, static_cast<double>(mass), k);
+    const auto top = TopK(ops, x, vocab, count, scratch);
+    for (int64_t j = 0; j < k; ++j) {
+      const bool found = j < static_cast<int64_t>(top.size());
+      out_values[r * k + j] = found ? top[j].first : 0.0f;
+      out_ids[r * k + j] = found ? static_cast<int32_t>(top[j].second) : -1;
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace hlofuse::cpu
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_top_mass(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_top_mass, hlofuse::cpu::SampleTopMass,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // probs (*L, V): L folds into rows
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // values (*L, k): the top count, then zeros
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // ids (*L, k): their ids, then -1
+                                  .Attr<int64_t>("k")
+                                  .Attr<float>("mass"));
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_top_k(XLA_FFI_CallFrame* call_frame);
 

@@ -39,6 +39,7 @@ from hlofuse.partition.cuts import Cuts, sample_cuts
 
 TARGET = "hlofuse_sample"
 TOP_K_TARGET = "hlofuse_sample_top_k"
+TOP_MASS_TARGET = "hlofuse_sample_top_mass"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
@@ -225,13 +226,15 @@ def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
 
 #===--- Rank-space nuclei ---------------------------------------------------------------------===#
 # A rank-space nucleus (sampling_reference.RANK_NUCLEI) sorts every probability, but only the nucleus can be
-# drawn (or, with a floor eps > 0, a rank outside it, rarely). So the top L probabilities come from the kernel's
-# one-pass top-k, for L in NUCLEUS_CANDIDATES in turn, and the program's own ops run on them: the cumsum of the
-# first L sorted values is the first L of the whole cumsum (XLA's CPU cumsum is a blocked scan from rank 0, so
-# each prefix sums alike; test_sampling_nucleus checks it), and the normalising sum is taken over the whole width
-# with the other ranks as zeros. The L candidates hold the nucleus when their mass passes p by NUCLEUS_MARGIN
-# (far above the cumsum's rounding) in every row; else the next L, and last the form's own function (its sort).
-NUCLEUS_CANDIDATES = (256, 1024, 4096)
+# drawn (or, with a floor eps > 0, a rank outside it, rarely). So the kernel returns each row's largest
+# probabilities, as many as their mass needs to pass p (`hlofuse_sample_top_mass`, at most NUCLEUS_CANDIDATES,
+# then zeros), and the program's own ops run on them. The cumsum of the first ranks is the first ranks of the
+# whole cumsum (XLA's CPU cumsum is a blocked scan from rank 0, so each prefix sums alike; test_cpu_sampling_nucleus
+# checks it); a zero rank is outside the nucleus in the program too, whose value there is 0 once dropped; the
+# normalising sum runs over the whole width, the other ranks as zeros, so it is the program's sum of the same
+# values. The candidates hold the nucleus when their cumsum passes p by NUCLEUS_MARGIN (far above its rounding)
+# in every row; else the form's own function runs, with the kernel's top-k of the whole row (no sort in XLA).
+NUCLEUS_CANDIDATES = 4096
 NUCLEUS_MARGIN = 2.0**-12
 
 
@@ -251,28 +254,40 @@ def _rank_categorical(width: int) -> Callable[..., jax.Array]:
     return draw
 
 
+def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple[jax.Array, jax.Array]:
+    """probs (..., V) f32 -> each row's largest values, as many as it takes for their mass to pass `mass` (at most
+    `candidates`), value descending and lower id first on ties as lax.top_k orders them, then zeros (ids -1)."""
+    cpu.register()
+    out_types = [jax.ShapeDtypeStruct((*probs.shape[:-1], candidates), jnp.float32),
+                 jax.ShapeDtypeStruct((*probs.shape[:-1], candidates), jnp.int32)]
+    call = jax.ffi.ffi_call(TOP_MASS_TARGET, out_types, vmap_method="sequential")
+    values, ids = call(probs, k=np.int64(candidates), mass=np.float32(mass))
+    return values, ids
+
+
 def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, width: int, form: str,
                            params: dict[str, Any]) -> jax.Array:
-    """The form's ids from the top L sorted probabilities `values` (..., L) of `width` and their `ids`, when they
-    hold the nucleus; a rank outside them that wins (only with eps > 0) gives UNCERTIFIED."""
+    """The form's ids from the first ranks `values` (..., L) of `width` sorted probabilities and their `ids` (-1 for
+    a zero past the row's candidates), when they hold the nucleus; a rank that wins without an id (only with a
+    floor eps > 0) gives UNCERTIFIED."""
     candidates = values.shape[-1]
     eps = params.get("eps", 0.0)
     scores = rank_nucleus_scores(values, params["p"], eps, RANK_NUCLEI[form], width)
     if not eps:  # log(0) = -inf: no rank outside the nucleus can win
         rank = _rank_categorical(width)(key, scores)
         return jnp.take_along_axis(ids, rank[..., None], axis=-1)[..., 0]
-    # Every rank outside the candidates scores log(0 + eps), as the program computes it for its zeros.
+    # Every rank past the candidates scores log(0 + eps), as the program computes it for its zeros.
     lead = values.shape[:-1]
     outside = log_floored(jnp.zeros((*lead, 1), values.dtype), eps)
     everyone = jnp.concatenate([scores, jnp.broadcast_to(outside, (*lead, width - candidates))], axis=-1)
     rank = _rank_categorical(width)(key, everyone)
     inside = jnp.take_along_axis(ids, jnp.minimum(rank, candidates - 1)[..., None], axis=-1)[..., 0]
-    return jnp.where(rank < candidates, inside, UNCERTIFIED)
+    return jnp.where((rank < candidates) & (inside >= 0), inside, UNCERTIFIED)
 
 
 def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
-    """Whether the top L sorted probabilities `values` of every row hold its nucleus: their mass passes p by the
-    margin (False for NaN)."""
+    """Whether the first ranks `values` of every row hold its nucleus: their cumsum passes p by the margin (False
+    for NaN)."""
     return jnp.all(jnp.cumsum(values, axis=-1)[..., -1] > jnp.float32(p + NUCLEUS_MARGIN))
 
 
@@ -284,9 +299,9 @@ def _id_0_where_nan(probs: jax.Array, tokens: jax.Array) -> jax.Array:
 
 
 def rank_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of RANK_NUCLEI on the CPU: the nucleus from the kernel's top-L candidates (NUCLEUS_CANDIDATES), the
-    form's own function when no L holds it. A top k of the probabilities (a narrow rank space) or bf16 logits
-    run the form's function with the kernel's top-k and categorical."""
+    """A form of RANK_NUCLEI on the CPU: the nucleus from the kernel's top candidates by mass, the form's own
+    function when they do not hold it. A top k of the probabilities (a narrow rank space), a row no wider than the
+    candidates, or bf16 logits run the form's function with the kernel's top-k and categorical."""
     fn = FORMS[form].fn
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
@@ -295,22 +310,14 @@ def rank_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., ja
 
         width = logits.shape[-1]
         probs = nucleus_probs(logits, params["temperature"])
-        if params["k"] or width <= NUCLEUS_CANDIDATES[-1] or logits.dtype != jnp.float32:
+        if params["k"] or width <= NUCLEUS_CANDIDATES or logits.dtype != jnp.float32:
             return _id_0_where_nan(probs, whole())
-        tried = [c for c in NUCLEUS_CANDIDATES if c < width]
-
-        def attempt(level: int) -> jax.Array:
-            if level == len(tried):
-                return whole()
-            values, ids = _top_k_by_kernel(probs, tried[level])
-            return jax.lax.cond(_holds_nucleus(values, params["p"]),
-                                lambda: _nucleus_of_candidates(values, ids, key, width, form, params),
-                                lambda: attempt(level + 1))
-
-        if not params.get("eps"):
-            return _id_0_where_nan(probs, attempt(0))
-        # a rank outside the candidates won: the whole row
-        return _id_0_where_nan(probs, reference_where_uncertified(attempt(0), whole))
+        values, ids = _top_mass_by_kernel(probs, NUCLEUS_CANDIDATES, params["p"] + 2 * NUCLEUS_MARGIN)
+        tokens = jax.lax.cond(_holds_nucleus(values, params["p"]),
+                              lambda: _nucleus_of_candidates(values, ids, key, width, form, params), whole)
+        if params.get("eps"):  # a rank without an id won: the whole row
+            tokens = reference_where_uncertified(tokens, whole)
+        return _id_0_where_nan(probs, tokens)
 
     return kernel
 
