@@ -948,7 +948,7 @@ int64_t CountForMass(const float* v, int64_t n, double mass, int64_t limit) {
     if (std::isnan(v[i]) || v[i] < 0) return limit;  // not a probability row
     uint32_t bits;
     std::memcpy(&bits, &v[i], 4);
-    if (bits >> 31) continue;  // -0.0: no mass
+    if (bits >> 31) continue;         // -0.0: no mass
     const uint32_t bin = bits >> 20;  // +inf: 0x7F8, the top
     bin_mass[bin] += v[i];
     bin_count[bin] += 1;
