@@ -40,12 +40,15 @@ from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
 from hlofuse.ir.match import defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
-from hlofuse.kernels.sampling_reference import FORMS, Form, Writing
+from hlofuse.kernels.sampling_reference import FILL_BOUND, FILL_NOTE, FORMS, Form, Writing
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
-SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9}
+SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9,
+             "fill": -8.7654321e30}
+# What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
+WRITING_LIMITS = {"fill": (FILL_BOUND, FILL_NOTE)}
 THREEFRY_KS_PARITY = 0x1BD11BDA  # threefry2x32's key-schedule constant: noise is in the slice
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 _SEARCH_FORWARD = 12  # ops between the draw and the token ids (take_along_axis, reshapes, the rows stacked)
@@ -164,9 +167,10 @@ _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int) -> jax.stages.Traced:
     """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform)."""
     form = FORMS[form_name]
-    floor = {"eps": SENTINELS["eps"]} if "eps" in form.params else {}  # a floor only where the form reads one
+    # a floor or a fill only where the form or the writing reads one
+    read = {name: SENTINELS[name] for name in ("eps", "fill") if name in form.params + form.writings[writing].reads}
     fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
-                           min_p=SENTINELS["min_p"], **floor)
+                           min_p=SENTINELS["min_p"], **read)
     return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct((2,), jnp.uint32))
 
 
@@ -319,7 +323,7 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 
 # Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
 _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
-               "top_k_top_p_of_probs_normalized")
+               "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits")
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
@@ -351,11 +355,20 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
                 yield form, writing, shape, dtype, top_k.k
 
 
+def _beyond_limits(params: dict[str, float]) -> str:
+    """Which constant a writing reads lies beyond its limit (WRITING_LIMITS), and why that matters; "" if none."""
+    for name, (bound, why) in WRITING_LIMITS.items():
+        if name in params and not params[name] <= bound:
+            return f"with {name} = {params[name]:g}, above {bound:g}: the ids are the form's only for {why}"
+    return ""
+
+
 def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Templates) -> Site:
     noisy = _has_noise(draw.op.operands[0])
     templates.missing.clear()
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
+    limits_missed: list[str] = []
     for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
@@ -369,6 +382,9 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     continue
                 report = MatchReport()
                 found = match_template(root, template.root, template.args, SENTINELS, report)
+                if found is not None and (beyond := _beyond_limits(found.params)):
+                    limits_missed.append(f"`{form.name}` ({beyond})")
+                    continue
                 if found is not None:
                     _last_platform[0] = template.platform
                     return Site(form, root, found, k, draw.unit_dims or 0)
@@ -376,6 +392,8 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     closest = (report.matched, form.name, report)
     what = "noisy logits (threefry)" if noisy else "logits"
     reason = f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
+    if limits_missed:
+        reason += "; written as " + ", ".join(limits_missed)
     if closest is None and templates.missing:
         form, lacks = min(templates.missing.items(), key=lambda item: len(item[1]))
         reason += f"; closest: `{form}`, whose {', '.join(sorted(lacks))} the program has none of"

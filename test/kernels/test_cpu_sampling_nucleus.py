@@ -126,3 +126,23 @@ def test_top_mass_returns_the_top_by_mass_then_zeros() -> None:
     assert np.all(np.asarray(values[0, 3:]) == 0)
     np.testing.assert_array_equal(ids[1], want_ids[1])  # a flat row: all 64, as lax.top_k orders them
     np.testing.assert_array_equal(values[1], want_values[1])
+
+
+def test_kernel_top_k_orders_nan_first_as_lax_top_k() -> None:
+    """MaxText's top-k + top-p of logits on the CPU (the form's function, the kernel's top-k): a row with NaN
+    logits draws the first NaN, as lax.top_k ranks NaN first, lower id first."""
+    params = form_params("top_k_top_p_of_logits", temperature=0.7, k=8, p=0.9)
+    kernel = jax.jit(sampling.function_form_lowering("top_k_top_p_of_logits", params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form="top_k_top_p_of_logits", **params))
+    logits = _logits(4, 600, "normal")
+    logits[1, [50, 9, 300]] = np.nan
+    logits[2, :] = np.nan
+    for seed in range(3):
+        key = jnp.array([seed, 5], jnp.uint32)
+        got = np.asarray(kernel(jnp.asarray(logits), key))
+        np.testing.assert_array_equal(got, reference(jnp.asarray(logits), key))
+        assert got[1] == 9 and got[2] == 0
+    values, ids = sampling._top_k_by_kernel(jnp.asarray(logits), 5)
+    want_values, want_ids = jax.lax.top_k(jnp.asarray(logits), 5)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(values, want_values)

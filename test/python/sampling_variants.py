@@ -286,6 +286,26 @@ def gemma_top_p_rank_space(x, key):
     return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
 
 
+def maxtext_top_p_fill(x, key):
+    """MaxText's nucleus: the dropped logits at -1e7, not -inf (any fill <= -1e6 gives -inf's ids: FILL_NOTE), then
+    / T: the top_p_mask form."""
+    ordered = jnp.sort(x, axis=-1)[..., ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+    return jax.random.categorical(key, jnp.where(x < cutoff, -1e7, x) / 0.8)
+
+
+def maxtext_composite(x, key):
+    """MaxText's composite: the top k logits, their nucleus in rank space (`arange(k) <= sum(cumsum < p)`), the rest
+    at -1e7, / max(T, 1e-6), a categorical over the k ranks: the top_k_top_p_of_logits form."""
+    values, ids = jax.lax.top_k(x, 24)
+    cumulative = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1)
+    keep = jnp.arange(24) <= jnp.sum(cumulative < 0.9, axis=-1, keepdims=True)
+    masked = jnp.where(keep, values, jnp.full_like(values, -1e7)) / jnp.maximum(0.6, 1e-6)
+    pick = jax.random.categorical(key, masked).astype(jnp.int32)
+    return jnp.squeeze(jnp.take_along_axis(ids, pick[..., None], axis=-1), axis=-1)
+
+
 def floored_top_k_top_p_rank_space(x, key):
     """The same nucleus over the top k probabilities, floored before the log (`log(p + 1e-10)`), squeezed as
     several gemma-derived samplers write it: top_k_top_p_of_probs_normalized with eps = 1e-10."""
@@ -369,6 +389,9 @@ VARIANTS: list[Variant] = [
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.7, "eps": 0.0}),
     Variant("floored_top_k_top_p_rank_space", floored_top_k_top_p_rank_space, "top_k_top_p_of_probs_normalized",
             expect={"mode": "top_k+top_p", "k": 32, "p": 0.95, "temperature": 0.8, "eps": 1e-10}),
+    Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),
+    Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
+            expect={"k": 24, "p": 0.9, "temperature": 0.6}),
     Variant("keras_hub_top_p", keras_hub_top_p, "top_p_of_probs", expect={"p": 0.9, "temperature": 0.7, "k": 0}),
     Variant("keras_hub_top_k_top_p", keras_hub_top_k_top_p, "top_k_top_p_of_probs",
             expect={"k": 24, "p": 0.8, "temperature": 1.0}),

@@ -42,12 +42,13 @@ def argmax_of_log_softmax(x, key):
     return jnp.argmax(jax.nn.log_softmax(x, axis=-1), axis=-1)
 
 
-def nucleus_with_finite_fill(x, key):
-    """The nucleus filled with -1e9, not -inf: not the top_p_mask form; fused as temperature of its output."""
+def nucleus_with_small_fill(x, key):
+    """The nucleus filled with -1000, not -inf: a fill a kept logit may come near (FILL_BOUND), so not the top_p_mask
+    form; fused as temperature of its output."""
     ordered = jnp.sort(x, axis=-1)[:, ::-1]
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
     cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
-    return jax.random.categorical(key, jnp.where(x < cutoff, -1e9, x) / 0.7)
+    return jax.random.categorical(key, jnp.where(x < cutoff, -1000.0, x) / 0.7)
 
 
 def unshifted_rank_space_nucleus(x, key):
@@ -87,7 +88,7 @@ NOT_FUSED = {
 }
 FUSED_IN_PART = {
     argmax_of_log_softmax: "fused as `greedy`; a softmax (stablehlo.exponential at",
-    nucleus_with_finite_fill: "fused as `temperature`; the top-p filter (stablehlo.sort at",
+    nucleus_with_small_fill: "fused as `temperature`; the top-p filter (stablehlo.sort at",
     unshifted_rank_space_nucleus: "fused as `categorical`; the top-p filter (chlo.top_k at",
     bisected_top_k: "fused as `categorical`; a threshold search over the vocabulary (stablehlo.while at",
 }
@@ -145,3 +146,17 @@ def test_a_python_zero_fill_is_the_zeros_of_the_form() -> None:
 
     module, remarks, counters = _run(keras_top_p_python_zero)
     assert counters["top_p_of_probs_to_sample"] == 1 and not remarks, (remarks, counters)
+
+
+@pytest.mark.parametrize("fill", [-1e7, -1e10, float(jnp.finfo(jnp.float32).min)])
+def test_a_large_negative_fill_is_the_minus_inf_of_the_form(fill: float) -> None:
+    """MaxText fills the dropped logits with -1e7, EasyDeL -1e10, gemma finfo.min: each the top_p_mask form."""
+
+    def nucleus(x, key):
+        ordered = jnp.sort(x, axis=-1)[:, ::-1]
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+        cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < 0.9, axis=-1, keepdims=True), axis=-1)
+        return jax.random.categorical(key, jnp.where(x < cutoff, fill, x) / 0.7)
+
+    module, remarks, counters = _run(nucleus)
+    assert counters["top_p_mask_to_sample"] == 1 and not remarks, (remarks, counters)

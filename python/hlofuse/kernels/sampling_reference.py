@@ -223,6 +223,21 @@ def rank_nucleus_scores(values: jax.Array, p: float, eps: float | None, nucleus:
     return log_floored(kept, eps)
 
 
+def top_k_top_p_of_logits(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                          fill: float | None = None, top_k_fn: TopK = jax.lax.top_k,
+                          categorical_fn: Categorical = jax.random.categorical, take_fn: Take = _take,
+                          **_: Any) -> jax.Array:
+    """MaxText's composite sampler: the top k logits, the nucleus of their own softmax in rank space (ranks up to
+    `sum(cumsum < p)` kept, as `arange(k) <= count`), the rest at -inf (or a writing's fill, FILL_NOTE), a categorical
+    of `/ max(T, 1e-6)` (MaxText's guard, part of the form) over the k ranks, mapped back through the ids."""
+    values, indices = top_k_fn(logits, k)
+    cumulative = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1)
+    keep = jnp.arange(values.shape[-1]) <= jnp.sum(cumulative < p, axis=-1, keepdims=True)
+    masked = jnp.where(keep, values, jnp.full_like(values, NEG_INF if fill is None else fill))
+    guarded = None if temperature is None else jnp.maximum(temperature, 1e-6)
+    return take_fn(indices, categorical_fn(key, _scale(masked, guarded), axis=-1))
+
+
 def _unfloored(writing: Writing) -> Writing:
     """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
 
@@ -233,7 +248,7 @@ def _unfloored(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=fn)
 
 
-def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: str = "-inf") -> jax.Array:
+def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None) -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
     if sort_by_top_k:
@@ -243,14 +258,14 @@ def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fil
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
     cutoff_index = jnp.sum(cumulative < p, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
-    dropped = NEG_INF if fill == "-inf" else jnp.finfo(logits.dtype).min
-    return jnp.where(logits < cutoff, dropped, logits)
+    return jnp.where(logits < cutoff, NEG_INF if fill is None else fill, logits)
 
 
 def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
-               categorical_fn: Categorical = jax.random.categorical, fill: str = "-inf", **_: Any) -> jax.Array:
-    """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p. (`fill`
-    "finfo_min" is gemma's writing: the dropped logits become finfo.min, not -inf; see FILL_MIN_NOTE.)"""
+               categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
+               **_: Any) -> jax.Array:
+    """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p. (A
+    `fill` is a writing's: the dropped logits become that large negative number, not -inf; see FILL_NOTE.)"""
     return categorical_fn(key, _scale(_mask_top_p(logits, p, fill=fill), temperature), axis=-1)
 
 
@@ -262,9 +277,11 @@ def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
 
 
 def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
-                        categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+                        categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
+                        **_: Any) -> jax.Array:
     """top_p_mask as JetStream / MaxText write it: the descending sort is a full-width lax.top_k."""
-    return categorical_fn(key, _scale(_mask_top_p(logits, p, sort_by_top_k=True), temperature), axis=-1)
+    masked = _mask_top_p(logits, p, sort_by_top_k=True, fill=fill)
+    return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
 def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
@@ -301,6 +318,9 @@ class Writing:
     unit_dims: int = 0
     own_take: bool = False  # maps the drawn rank back to its id its own way (not take_along_axis)
     scaled_before: bool = False  # the program applied the temperature before the sampler (`_unscaled`)
+    # Constants the writing reads that the composite does not carry (its meaning is the form's without them): a
+    # fill for the dropped logits (FILL_NOTE). The fusion checks each (`fuse_sampling.WRITING_LIMITS`).
+    reads: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -352,11 +372,14 @@ def _unscaled(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=fn, scaled_before=True)
 
 
-# gemma fills the dropped logits with finfo.min, not -inf. The ids are the same: a dropped token scores
-# finfo.min + gumbel = finfo.min (the noise, within [-4.5, 17], is far below half its ulp), below every kept
-# token's y + gumbel, y >= the cutoff, which is a logit of the row; the exception is a row whose cutoff lies
-# within 4.5 of finfo.min (logits / T near -3.4e38 for f32), where the fill ties kept tokens.
-FILL_MIN_NOTE = "finfo.min fill: the ids of -inf but for cutoffs within 4.5 of finfo.min"
+# Libraries fill the dropped logits with a large negative number, not -inf: gemma finfo.min, MaxText -1e7,
+# EasyDeL -1e10, tpu-inference -1e12. The ids are those of -inf when the fill F is at most FILL_BOUND: a dropped
+# token scores F / T + gumbel, the noise within [-4.5, 16.7], below every kept token's y + gumbel, y >= the
+# cutoff / T, where the cutoff is a logit of the row; the exception is a row whose cutoff / T lies within 21.2 of
+# F / T, that is logits within about 1e6 of F, which no model writes. A writing that reads its fill (a sentinel in
+# the template, `Writing.reads`) is matched only for F <= FILL_BOUND; the composite means the -inf form.
+FILL_BOUND = -1.0e6
+FILL_NOTE = "a fill F <= -1e6 for the dropped logits: the ids of -inf but for logits / T within 21.2 of F / T"
 
 
 def _by_resorted_top_k(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
@@ -386,7 +409,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K))),
     Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          (Writing(top_p_mask_by_top_k, _TOP_K),
-          Writing(functools.partial(top_p_mask, fill="finfo_min"), _NOISE + ("stablehlo.sort",)))),
+          Writing(top_p_mask, _NOISE + ("stablehlo.sort",), reads=("fill",)),
+          Writing(top_p_mask_by_top_k, _TOP_K, reads=("fill",)))),
     Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort",),
          (Writing(top_k_top_p_mask_by_top_k, _TOP_K),
@@ -475,7 +499,7 @@ def _keras_writing(writing: Writing) -> Writing:
     """`writing` drawn as keras draws: its (..., 1) ids, which the program squeezes after (the fusion reshapes the
     composite's ids back to them)."""
     fn = functools.partial(_drawn_by(writing.fn, keras_categorical_draw), take_fn=keras_take)
-    return Writing(fn, writing.marker_ops, unit_dims=1)
+    return dataclasses.replace(writing, fn=fn, unit_dims=1)
 
 
 def _with_keras_draw(form: Form) -> Form:
@@ -519,6 +543,11 @@ RANK_NUCLEI: dict[str, RankNucleus] = {"top_p_of_probs": KERAS_NUCLEUS, "top_k_t
                                        "top_k_top_p_of_probs_normalized": NORMALIZED_NUCLEUS}
 FORMS.update({name: _rank_nucleus_form(name, nucleus, name.startswith("top_k_"))
               for name, nucleus in RANK_NUCLEI.items()})
+_LOGITS_NUCLEUS = Writing(top_k_top_p_of_logits, _OF_PROBS[:-1])
+FORMS["top_k_top_p_of_logits"] = Form(
+    "top_k_top_p_of_logits", "top_k+top_p", top_k_top_p_of_logits, ("temperature", "k", "p"), _OF_PROBS[:-1],
+    (dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)), _unscaled(_LOGITS_NUCLEUS),
+     _unscaled(dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)))), composes_draws=False)
 FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 

@@ -488,6 +488,23 @@ Best Winner(const Best& best) {
 // a value enters the full heap only if it is strictly above the heap's worst; the scan collects those
 // in vector blocks.
 std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k, int32_t* ids) {
+  // NaN ranks first, lower index first, as lax.top_k orders them; the heap below never sees one.
+  std::vector<std::pair<float, int64_t>> nans;
+  for (int64_t i = 0; i < n && static_cast<int64_t>(nans.size()) < k; ++i)
+    if (std::isnan(v[i])) nans.emplace_back(v[i], i);
+  if (!nans.empty()) {
+    const int64_t rest = k - static_cast<int64_t>(nans.size());
+    std::vector<std::pair<float, int64_t>> others;
+    for (int64_t i = 0; i < n && rest > 0; ++i)
+      if (!std::isnan(v[i])) others.emplace_back(v[i], i);
+    auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    };
+    const int64_t keep = std::min<int64_t>(rest, static_cast<int64_t>(others.size()));
+    std::partial_sort(others.begin(), others.begin() + keep, others.end(), before);
+    nans.insert(nans.end(), others.begin(), others.begin() + keep);
+    return nans;
+  }
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };

@@ -210,7 +210,7 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
 # Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
 # other ops (a softmax, a log) are the program's, so the same bits.
-FUNCTION_FORMS = ("top_k_of_probs",)
+FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits")
 
 
 def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -219,7 +219,9 @@ def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=_top_k_by_kernel, **params)
-        return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), tokens)  # (the top k of probabilities)
+        if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
+            return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), tokens)
+        return tokens
 
     return kernel
 
