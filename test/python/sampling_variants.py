@@ -306,6 +306,17 @@ def maxtext_composite(x, key):
     return jnp.squeeze(jnp.take_along_axis(ids, pick[..., None], axis=-1), axis=-1)
 
 
+def flax_top_k_warper(x, key):
+    """Hugging Face's Flax generate(): the Temperature warper (x / T), then FlaxTopKLogitsWarper (lax.top_k's exactly
+    k scattered into a flat row of -inf), then a categorical: top_k_exact_mask at T = 1 of x / T."""
+    y = x / 0.8
+    batch, vocab = y.shape
+    values, ids = jax.lax.top_k(y, 20)
+    shift = jnp.broadcast_to((jnp.arange(batch) * vocab)[:, None], (batch, 20)).flatten()
+    kept = jnp.full(batch * vocab, -jnp.inf).at[ids.flatten() + shift].set(values.flatten()).reshape(batch, vocab)
+    return jax.random.categorical(key, kept, axis=-1)
+
+
 def floored_top_k_top_p_rank_space(x, key):
     """The same nucleus over the top k probabilities, floored before the log (`log(p + 1e-10)`), squeezed as
     several gemma-derived samplers write it: top_k_top_p_of_probs_normalized with eps = 1e-10."""
@@ -390,6 +401,7 @@ VARIANTS: list[Variant] = [
     Variant("floored_top_k_top_p_rank_space", floored_top_k_top_p_rank_space, "top_k_top_p_of_probs_normalized",
             expect={"mode": "top_k+top_p", "k": 32, "p": 0.95, "temperature": 0.8, "eps": 1e-10}),
     Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),
+    Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
             expect={"k": 24, "p": 0.9, "temperature": 0.6}),
     Variant("keras_hub_top_p", keras_hub_top_p, "top_p_of_probs", expect={"p": 0.9, "temperature": 0.7, "k": 0}),

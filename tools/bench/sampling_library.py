@@ -8,7 +8,7 @@ program through hlofuse's default pipeline (`compiler_options={"hlofuse_pipeline
 The samplers are the catalogue's library writings (test/python/sampling_variants.py: gemma's top-p and top-k,
 keras-hub's random, top-k, top-p and top-k + top-p, Hugging Face's temperature + top-k warpers with
 torch.multinomial as torchax lowers them, JetStream's top-p and top-k + top-p, the flax / gemma / tunix
-rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill). tools/bench/sampling_cpu.py times the kernel's forms
+rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill and its composite). tools/bench/sampling_cpu.py times the kernel's forms
 directly. Each row: the fusion (form, "whole" or "part"), then medians of --iters interleaved calls (original,
 fused, argmax, in turn) in milliseconds, fused / original, and fused / argmax. Token ids are checked equal
 first. On 2 shared cores the ratios are the numbers to read.
@@ -36,7 +36,7 @@ from hlofuse.testing.modules import clone_module, sample_attrs  # noqa: E402
 SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "keras_hub_top_k",
             "torchax_top_k_warper_multinomial", "multinomial_temperature", "multinomial_top_k_mask", "jetstream_top_p",
             "top_k_then_top_p", "keras_hub_top_p", "keras_hub_top_k_top_p", "gemma_top_p_rank_space",
-            "floored_top_k_top_p_rank_space", "maxtext_top_p_fill")
+            "floored_top_k_top_p_rank_space", "maxtext_top_p_fill", "maxtext_composite")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -248,6 +248,27 @@ def _unfloored(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=fn)
 
 
+def _keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+    """The k logits lax.top_k picks (ties by the lower id: exactly k, unlike `_mask_top_k`) scattered into a row of
+    -inf, as Hugging Face's FlaxTopKLogitsWarper writes it: flat ids (row * V + id) set into a flat (B * V,) row.
+    (B, V) logits only: other shapes raise ValueError, so no template is made for them."""
+    if logits.ndim != 2:
+        raise ValueError(f"the exact top-k scatter takes (B, V) logits, not {logits.shape}")
+    batch, vocab = logits.shape
+    values, ids = top_k_fn(logits, k)
+    rows = jnp.broadcast_to((jnp.arange(batch) * vocab)[:, None], (batch, k)).flatten()
+    kept = jnp.full(batch * vocab, NEG_INF).at[ids.flatten() + rows].set(values.flatten())
+    return kept.reshape(batch, vocab)
+
+
+def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
+                     top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                     **_: Any) -> jax.Array:
+    """Exactly the top k logits kept (lax.top_k's, ties by the lower id), the rest -inf, then / T, a categorical over
+    the vocabulary (noise by id): Hugging Face's Flax generate() with its TopK warper."""
+    return categorical_fn(key, _scale(_keep_exactly_top_k(logits, k, top_k_fn), temperature), axis=-1)
+
+
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None) -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
@@ -417,12 +438,14 @@ FORMS: dict[str, Form] = {f.name: f for f in (
           _by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
           _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
+    Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
+         composes_draws=False),
 )}
 
 
 # Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
-_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")  # (the rank nuclei: below)
+_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask")  # (the rank nuclei: below)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -210,7 +210,7 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
 # Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
 # other ops (a softmax, a log) are the program's, so the same bits.
-FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits")
+FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask")
 
 
 def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
