@@ -8,10 +8,10 @@ program through hlofuse's default pipeline (`compiler_options={"hlofuse_pipeline
 The samplers are the catalogue's library writings (test/python/sampling_variants.py: gemma's top-p and top-k,
 keras-hub's random, top-k, top-p and top-k + top-p, Hugging Face's temperature + top-k warpers with
 torch.multinomial as torchax lowers them, JetStream's top-p and top-k + top-p, the flax / gemma / tunix
-rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill and its composite). tools/bench/sampling_cpu.py times the kernel's forms
-directly. Each row: the fusion (form, "whole" or "part"), then medians of --iters interleaved calls (original,
-fused, argmax, in turn) in milliseconds, fused / original, and fused / argmax. Token ids are checked equal
-first. On 2 shared cores the ratios are the numbers to read.
+rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill and its composite).
+tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
+then medians of --iters interleaved calls (original, fused, argmax, in turn) in milliseconds, fused / original,
+and fused / argmax. Token ids are checked equal first. On 2 shared cores the ratios are the numbers to read.
 """
 
 from __future__ import annotations

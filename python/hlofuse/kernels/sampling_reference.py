@@ -445,7 +445,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 
 # Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
-_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask")  # (the rank nuclei: below)
+# (the rank nuclei: below)
+_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
