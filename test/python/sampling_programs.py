@@ -50,6 +50,10 @@ TOP_KS = ("lax", "sort", "negated_sort")
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
 # shifted `cumsum <= p` mask, draw from log(kept) in rank space.
 TOP_PS = ("sort", "top_k", "gemma", "keras")
+# What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
+# finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
+# writing of it (top_p_mask only: it fuses as the fallback of its output).
+FILLS = ("-inf", "finfo_min", "-1e7", "-1000")
 # The rank-space styles and the forms they write (sampling_reference.RANK_NUCLEI).
 RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_probs"}
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
@@ -90,6 +94,7 @@ class SamplerSpec:
     top_k_style: str = "lax"
     p: float = 0.9
     top_p_style: str = "sort"
+    fill: str = "-inf"
     min_p: float = 0.1
     key_kind: str = "raw"
     key_op: str = "none"
@@ -169,6 +174,8 @@ def writes_form_exactly(spec: SamplerSpec) -> bool:
         return False
     # A stable descending argsort sliced to k for the top-k, and a full-width lax.top_k for the nucleus's
     # sort, are other writings of the form (sampling_reference).
+    if spec.form in USES_TOP_P and spec.fill == "-1000":
+        return False
     return not (spec.form in USES_TOP_P and spec.top_p_style not in ("sort", "top_k"))
 
 
@@ -318,7 +325,8 @@ def _nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     if c.spec.escape:
         c.escaped.append(cumulative)
     cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < c.spec.p, axis=-1, keepdims=True), axis=-1)
-    return jnp.where(x < cutoff, NEG_INF, x)
+    fills = {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(x.dtype).min), "-1e7": -1e7, "-1000": -1000.0}
+    return jnp.where(x < cutoff, fills[c.spec.fill], x)
 
 
 def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:

@@ -32,6 +32,7 @@ from sampling_programs import (
     DRAWS,
     ESCAPES,
     EXTRAS,
+    FILLS,
     FORMS,
     KEY_KINDS,
     KEY_OPS,
@@ -86,6 +87,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         top_k_style=draw(st.sampled_from(TOP_KS)) if form in USES_TOP_K else "lax",
         p=draw(st.sampled_from([0.5, 0.9])),
         top_p_style=draw(st.sampled_from(TOP_PS)) if form in USES_TOP_P else "sort",
+        fill=draw(st.sampled_from(FILLS if form == "top_p_mask" else FILLS[:3])) if form in USES_TOP_P else "-inf",
         min_p=draw(st.sampled_from([0.05, 0.2])),
         key_kind=draw(st.sampled_from(KEY_KINDS)) if stochastic else "raw",
         key_op=draw(st.sampled_from(KEY_OPS)) if stochastic else "none",
@@ -186,6 +188,12 @@ FIXED_GAPS = {
     "top_p_rank_space_keras": SamplerSpec(form="top_p_mask", top_p_style="keras", noise="keras"),
     "top_k_then_rank_space_keras_traced_t": SamplerSpec(form="top_k_top_p_mask", top_p_style="keras",
                                                         temperature_style="traced"),
+    # A nucleus fill other than -inf fused only at its draw until fills <= -1e6 became writings (FILL_NOTE); -1000
+    # still does, the near-miss.
+    "top_p_fill_maxtext": SamplerSpec(form="top_p_mask", fill="-1e7"),
+    "top_k_top_p_fill_finfo_min_bf16": SamplerSpec(form="top_k_top_p_mask", top_p_style="top_k", fill="finfo_min",
+                                                   dtype="bfloat16"),
+    "top_p_fill_small_is_the_fallback": SamplerSpec(form="top_p_mask", fill="-1000"),
     # argmax(x + gumbel): JAX's categorical adds gumbel + x; the matcher now tries add/multiply both ways.
     "gumbel_logits_first": dataclasses.replace(_SMALL, noise="gumbel"),
     # argmax(softmax(x)) next to log_softmax(x) (logprobs): CSE shares the max, shift, exp and sum.

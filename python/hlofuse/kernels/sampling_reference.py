@@ -292,9 +292,10 @@ def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: floa
 
 def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                     **_: Any) -> jax.Array:
-    """Top-k mask, then the nucleus mask over what is left, then / T."""
-    return categorical_fn(key, _scale(_mask_top_p(_mask_top_k(logits, k, top_k_fn), p), temperature), axis=-1)
+                     fill: float | None = None, **_: Any) -> jax.Array:
+    """Top-k mask, then the nucleus mask over what is left (its fill a writing's, FILL_NOTE), then / T."""
+    masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, fill=fill)
+    return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
 def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
@@ -307,9 +308,9 @@ def top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float
 
 def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                               top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                              **_: Any) -> jax.Array:
+                              fill: float | None = None, **_: Any) -> jax.Array:
     """top_k_top_p_mask with the nucleus's sort as a full-width lax.top_k."""
-    masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True)
+    masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True, fill=fill)
     return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
@@ -415,6 +416,13 @@ def _by_batch_index(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> W
     return Writing(functools.partial(fn, take_fn=take_by_batch_index), markers, own_take=True)
 
 
+def _with_fills(form: Form) -> Form:
+    """`form` with each of its writings also filling the dropped logits with the program's own large negative
+    number (FILL_NOTE)."""
+    return dataclasses.replace(form, others=form.others + tuple(dataclasses.replace(w, reads=(*w.reads, "fill"))
+                                                                for w in form.writings))
+
+
 _TOP_K = _NOISE + ("chlo.top_k",)
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
@@ -428,15 +436,13 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K))),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
          (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K))),
-    Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
-         (Writing(top_p_mask_by_top_k, _TOP_K),
-          Writing(top_p_mask, _NOISE + ("stablehlo.sort",), reads=("fill",)),
-          Writing(top_p_mask_by_top_k, _TOP_K, reads=("fill",)))),
-    Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
-         _TOP_K + ("stablehlo.sort",),
-         (Writing(top_k_top_p_mask_by_top_k, _TOP_K),
-          _by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
-          _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K))),
+    _with_fills(Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
+                     (Writing(top_p_mask_by_top_k, _TOP_K),))),
+    _with_fills(Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
+                     _TOP_K + ("stablehlo.sort",),
+                     (Writing(top_k_top_p_mask_by_top_k, _TOP_K),
+                      _by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
+                      _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K)))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          composes_draws=False),
