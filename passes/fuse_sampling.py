@@ -46,7 +46,7 @@ from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9,
-             "fill": -8.7654321e30}
+             "fill": -8.7654321e30, "one_minus_p": 0.0918273}
 # What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
 WRITING_LIMITS = {"fill": (FILL_BOUND, FILL_NOTE)}
 THREEFRY_KS_PARITY = 0x1BD11BDA  # threefry2x32's key-schedule constant: noise is in the slice
@@ -168,7 +168,8 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
-    read = {name: SENTINELS[name] for name in ("eps", "fill") if name in form.params + form.writings[writing].reads}
+    read = {name: SENTINELS[name] for name in ("eps", "fill", "one_minus_p")
+            if name in form.params + form.writings[writing].reads}
     fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
                            min_p=SENTINELS["min_p"], **read)
     return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct((2,), jnp.uint32))
@@ -257,7 +258,12 @@ class Site:
         params = self.match.params
         return SampleAttrs(mode=self.form.mode, form=self.form.name,
                            temperature=params.get("temperature", 1.0), k=self.k,
-                           p=params.get("p", 1.0), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0))
+                           p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0))
+
+
+def _p(params: dict[str, float]) -> float:
+    """The nucleus's p: the program's constant, or 1 - its removal threshold 1 - p (exact in f64 for an f32 one)."""
+    return 1.0 - params["one_minus_p"] if "one_minus_p" in params else params.get("p", 1.0)
 
 
 def _element(value: ir.Value) -> str:

@@ -26,6 +26,8 @@ def _logits(rows: int, vocab: int, case: str, dtype: jnp.dtype) -> jax.Array:
         x[:, rng.random(vocab) < 0.4] = -np.inf
     elif case == "flat":
         x[:] = 0
+    elif case == "nan":  # a NaN logit: every draw takes the first NaN (argmax), the kernel's categorical too
+        x[0, 11] = np.nan
     return jnp.asarray(x, dtype)
 
 
@@ -35,7 +37,7 @@ def test_drawn_form_gives_the_reference_ids(form: str, dtype: jnp.dtype) -> None
     params = form_params(form, **PARAMS)
     kernel = jax.jit(sampling.drawn_form_lowering(form, params))
     reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
-    for case in ("normal", "ties", "neg_inf", "flat"):
+    for case in ("normal", "ties", "neg_inf", "flat", "nan"):
         logits = _logits(3, 700, case, dtype)
         for seed in range(4):
             key = jnp.array([seed, 99 + seed], jnp.uint32)

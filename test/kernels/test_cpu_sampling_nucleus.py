@@ -146,3 +146,62 @@ def test_kernel_top_k_orders_nan_first_as_lax_top_k() -> None:
     want_values, want_ids = jax.lax.top_k(jnp.asarray(logits), 5)
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_array_equal(values, want_values)
+
+
+# ----- Hugging Face's top-p: the row sorted by the kernel ------------------------------------------------
+
+
+def test_kernel_sort_is_jnp_sort_and_a_stable_argsort() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 5000)).astype(np.float32)
+    x[0, rng.integers(0, 5000, 300)] = 0.0
+    x[0, rng.integers(0, 5000, 300)] = -0.0
+    x[1, rng.integers(0, 5000, 50)] = np.nan
+    x[1, rng.integers(0, 5000, 50)] = -np.inf
+    x[1, rng.integers(0, 5000, 50)] = np.inf
+    x[2] = np.round(x[2] * 2)  # ties everywhere
+    values, ids = jax.jit(sampling._sort_by_kernel)(jnp.asarray(x))
+    np.testing.assert_array_equal(np.asarray(values) == 0, np.sort(x, axis=-1) == 0)  # +-0 as a tie
+    np.testing.assert_array_equal(values, jnp.sort(jnp.asarray(x), axis=-1))
+    np.testing.assert_array_equal(ids, jnp.argsort(jnp.asarray(x), axis=-1, stable=True))
+
+
+HF_TOP_P = ("top_p_ascending_mask", "top_p_ascending_mask_choice", "top_p_ascending_mask_log_softmax")
+
+
+@pytest.mark.parametrize("form", HF_TOP_P)
+def test_hf_top_p_gives_the_reference_ids(form: str) -> None:
+    """Ties straddling the removal (rounded logits) take the form's own function; the rest, the kernel's sort."""
+    params = form_params(form, temperature=0.8, p=0.9)
+    kernel = jax.jit(sampling.top_p_ascending_lowering(form, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for case in ("peaked", "normal", "flat", "ties", "neg_inf", "nan"):
+        logits = jnp.asarray(_logits(3, 4096, case))
+        for seed in range(3):
+            key = jnp.array([seed, 17 + seed], jnp.uint32)
+            np.testing.assert_array_equal(kernel(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+
+
+def _computations_with(hlo: str, op: str) -> tuple[set[str], str]:
+    """The names of the HLO text's computations holding `op`, and the text of its ENTRY computation."""
+    names, entry = set(), ""
+    for block in hlo.split("\n\n"):
+        header = block.strip().splitlines()[0] if block.strip() else ""
+        if op in block:
+            names.add(header.split()[1] if header.startswith("ENTRY") else header.split()[0])
+        if header.startswith("ENTRY"):
+            entry = block
+    return names, entry
+
+
+def test_hf_top_p_sorts_in_xla_only_where_ties_straddle() -> None:
+    """The compiled program's sort runs only in the conditional's branch for a batch with ties at the removal."""
+    params = form_params("top_p_ascending_mask_choice", temperature=0.8, p=0.9)
+    hlo = jax.jit(sampling.top_p_ascending_lowering("top_p_ascending_mask_choice", params)).lower(
+        jax.ShapeDtypeStruct((2, WIDE), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert sampling.SORT_TARGET in hlo
+    sorting, entry = _computations_with(hlo, " sort(")
+    assert sorting and " sort(" not in entry and "conditional(" in entry
+    branches = " ".join(line for line in hlo.splitlines() if "branch_computations=" in line)
+    reached = {name for name in sorting if name.lstrip("%") in branches.replace("%", "")}
+    assert reached or all(name not in entry for name in sorting)

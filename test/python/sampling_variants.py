@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 B, V = 4, 256
 
@@ -262,6 +263,21 @@ def torchax_top_k_warper_multinomial(x, key):
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def torchax_top_p_warper_multinomial(x, key):
+    """Hugging Face's TemperatureLogitsWarper and TopPLogitsWarper as torchax lowers them (jnp.sort and jnp.argsort,
+    unstable; remove where the ascending cumsum of the sorted softmax is <= 1 - p but the largest; scattered back),
+    then torch.multinomial: top_p_ascending_mask_choice at T = 1, p = 1 - f32(0.1)."""
+    y = x / 0.6
+    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - 0.9)
+    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    y = jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -423,6 +439,8 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 1.0, "k": 20}),
     Variant("torchax_top_k_warper_multinomial", torchax_top_k_warper_multinomial, "top_k_mask_choice",
             expect={"temperature": 1.0, "k": 12}),
+    Variant("torchax_top_p_warper_multinomial", torchax_top_p_warper_multinomial, "top_p_ascending_mask_choice",
+            expect={"temperature": 1.0, "p": 1 - float(np.float32(1 - 0.9))}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

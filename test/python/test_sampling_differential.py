@@ -190,6 +190,10 @@ FIXED_GAPS = {
                                                         temperature_style="traced"),
     # A nucleus fill other than -inf fused only at its draw until fills <= -1e6 became writings (FILL_NOTE); -1000
     # still does, the near-miss.
+    # A top-k by argsort whose drawn rank is gathered by batch index (HYPOTHESIS_PROFILE=thorough found it): the
+    # two writings composed.
+    "argsort_top_k_by_batch_index": SamplerSpec(form="top_k", vocab=16, rows=1, k=1, top_k_style="sort",
+                                                temperature=0.5, take="batch_index"),
     "top_p_fill_maxtext": SamplerSpec(form="top_p_mask", fill="-1e7"),
     "top_k_top_p_fill_finfo_min_bf16": SamplerSpec(form="top_k_top_p_mask", top_p_style="top_k", fill="finfo_min",
                                                    dtype="bfloat16"),

@@ -36,7 +36,8 @@ from hlofuse.testing.modules import clone_module, sample_attrs  # noqa: E402
 SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "keras_hub_top_k",
             "torchax_top_k_warper_multinomial", "multinomial_temperature", "multinomial_top_k_mask", "jetstream_top_p",
             "top_k_then_top_p", "keras_hub_top_p", "keras_hub_top_k_top_p", "gemma_top_p_rank_space",
-            "floored_top_k_top_p_rank_space", "maxtext_top_p_fill", "maxtext_composite")
+            "floored_top_k_top_p_rank_space", "maxtext_top_p_fill", "maxtext_composite",
+            "torchax_top_p_warper_multinomial")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

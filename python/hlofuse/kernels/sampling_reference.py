@@ -269,6 +269,41 @@ def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
     return categorical_fn(key, _scale(_keep_exactly_top_k(logits, k, top_k_fn), temperature), axis=-1)
 
 
+Sort = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def sort_unstable(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`torch.sort(x)` as torchax lowers it: jnp.sort and jnp.argsort, both unstable (ascending; -0 and +0 equal,
+    NaN last). Which of equal values comes first is the backend's."""
+    return jnp.sort(logits, axis=-1, stable=False), jnp.argsort(logits, axis=-1, stable=False)
+
+
+def top_p_removal(logits: jax.Array, one_minus_p: float, sort_fn: Sort = sort_unstable) -> tuple[jax.Array, ...]:
+    """Hugging Face's TopPLogitsWarper as torchax lowers it: the logits sorted ascending, the softmax of the sorted
+    logits and its cumsum, `remove = cumsum <= 1 - p` but for the largest (`[..., -1:] = 0`, min_tokens_to_keep
+    = 1), scattered back to vocabulary order. Returns (removed in vocabulary order, sorted logits, removed in sorted
+    order). (B, V) logits only: other shapes raise ValueError, so no template is made for them."""
+    if logits.ndim != 2:
+        raise ValueError(f"the Hugging Face top-p warper takes (B, V) logits, not {logits.shape}")
+    ordered, ids = sort_fn(logits)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= one_minus_p
+    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((*remove.shape[:-1], 1), jnp.int32)) != 0
+    batch, vocab = remove.shape
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    return remove.at[(rows, ids)].set(remove[0:batch, 0:vocab]), ordered, remove
+
+
+def top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                         sort_fn: Sort = sort_unstable, categorical_fn: Categorical = jax.random.categorical,
+                         one_minus_p: float | None = None, **_: Any) -> jax.Array:
+    """Hugging Face's top-p (`top_p_removal`: the tokens whose ascending cumulative mass is at most 1 - p removed,
+    the largest always kept) at -inf, then / T. The program's threshold is the constant 1 - p (`one_minus_p`, what
+    the fusion reads); the attribute p is 1 - that, so that 1 - p gives it back exactly in f64."""
+    threshold = 1 - p if one_minus_p is None else one_minus_p
+    removed = top_p_removal(logits, threshold, sort_fn)[0]
+    return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, logits), temperature), axis=-1)
+
+
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None) -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
@@ -358,6 +393,7 @@ class Form:
     draw: str = "argmax"  # the op that draws: "argmax", or "top_k" (k = 1, as jax.random.choice draws)
     base: str = ""  # the form whose filters this one has, with another draw ("" = its own)
     composes_draws: bool = True  # whether DRAWS compose with it (not for a form that draws from a log of its own)
+    reads: tuple[str, ...] = ()  # constants its own writing reads that no attribute is (Writing.reads)
 
     @property
     def filters(self) -> str:
@@ -367,7 +403,7 @@ class Form:
     @property
     def writings(self) -> tuple[Writing, ...]:
         """Every program the fusion matches for this form: its own function first."""
-        return (Writing(self.fn, self.marker_ops), *self.others)
+        return (Writing(self.fn, self.marker_ops, reads=self.reads), *self.others)
 
     @property
     def stochastic(self) -> bool:
@@ -423,6 +459,11 @@ def _with_fills(form: Form) -> Form:
                                                                 for w in form.writings))
 
 
+def _by_batch_index_of(writing: Writing) -> Writing:
+    """`writing` with the drawn rank mapped back by take_by_batch_index (an argsort top-k, gathered as gemma does)."""
+    return dataclasses.replace(writing, fn=functools.partial(writing.fn, take_fn=take_by_batch_index), own_take=True)
+
+
 _TOP_K = _NOISE + ("chlo.top_k",)
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
@@ -431,9 +472,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("categorical", "temperature", categorical, marker_ops=_NOISE),
     Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
     Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K,
-         (_by_argsort(top_k, _TOP_K), _by_batch_index(top_k, _TOP_K))),
+         (_by_argsort(top_k, _TOP_K), _by_batch_index(top_k, _TOP_K), _by_batch_index_of(_by_argsort(top_k, _TOP_K)))),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
-         (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K))),
+         (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K),
+          _by_batch_index_of(_by_argsort(temperature_top_k, _TOP_K)))),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
          (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K))),
     _with_fills(Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
@@ -446,13 +488,17 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          composes_draws=False),
+    # The program writes the threshold 1 - p: its writings read `one_minus_p` (fuse_sampling turns it into p).
+    Form("top_p_ascending_mask", "top_p", top_p_ascending_mask, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
 )}
 
 
 # Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
 # (the rank nuclei: below)
-_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask")
+_SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
+                  "top_p_ascending_mask")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
@@ -505,7 +551,7 @@ def _with_draw(form: Form, name: str) -> Form:
                    for w in form.others)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
-                form.name)
+                form.name, reads=form.reads)
 
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
@@ -650,7 +696,7 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
     return best
 
 
-__all__ = ["DRAWS", "FORMS", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
+__all__ = ["DRAWS", "FORMS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
            "RankNucleus", "Writing", "form_params", "keras_categorical_draw", "log_floored", "merge_vocab_splits",
            "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores", "reference_where_uncertified",
-           "sample_reference", "take_by_batch_index", "top_k_by_argsort"]
+           "sample_reference", "sort_unstable", "take_by_batch_index", "top_k_by_argsort", "top_p_removal"]

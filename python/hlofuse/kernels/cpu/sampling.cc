@@ -1012,8 +1012,65 @@ ffi::Error SampleTopMass(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> probs, ffi:
   return ffi::Error::Success();
 }
 
+// The key that orders floats as jnp.sort's comparator does: -0 and +0 equal, NaN (any) after +inf.
+uint32_t AscendingKey(float x) {
+  if (std::isnan(x)) return 0xFFFFFFFFu;
+  if (x == 0.0f) x = 0.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Each row sorted ascending, stably (equal keys keep their order): values (*L, V) and their ids. Three passes of
+// an 11-bit least-significant-digit radix sort over AscendingKey.
+ffi::Error SampleSortAscending(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
+                               ffi::Result<ffi::Buffer<ffi::F32>> values, ffi::Result<ffi::Buffer<ffi::S32>> ids) {
+  const auto dims = logits.dimensions();
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample_sort: logits must be (*L, V)");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
+  if (vocab > (int64_t{1} << 31) - 1) return ffi::Error::InvalidArgument("hlofuse_sample_sort: V must fit int32");
+  const float* base = logits.typed_data();
+  float* out_values = values->typed_data();
+  int32_t* out_ids = ids->typed_data();
+  ParallelFor(pool, rows, [&](int64_t r) {
+    const float* x = base + r * vocab;
+    std::vector<uint32_t> keys(vocab), keys_next(vocab);
+    std::vector<int32_t> order(vocab), order_next(vocab);
+    for (int64_t i = 0; i < vocab; ++i) keys[i] = AscendingKey(x[i]), order[i] = static_cast<int32_t>(i);
+    constexpr int kBits = 11, kBuckets = 1 << kBits;
+    for (int shift = 0; shift < 32; shift += kBits) {
+      std::vector<int64_t> start(kBuckets + 1, 0);
+      for (int64_t i = 0; i < vocab; ++i) ++start[((keys[i] >> shift) & (kBuckets - 1)) + 1];
+      for (int b = 0; b < kBuckets; ++b) start[b + 1] += start[b];
+      for (int64_t i = 0; i < vocab; ++i) {
+        const int64_t at = start[(keys[i] >> shift) & (kBuckets - 1)]++;
+        keys_next[at] = keys[i];
+        order_next[at] = order[i];
+      }
+      keys.swap(keys_next);
+      order.swap(order_next);
+    }
+    for (int64_t i = 0; i < vocab; ++i) {
+      out_values[r * vocab + i] = x[order[i]];
+      out_ids[r * vocab + i] = order[i];
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace hlofuse::cpu
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_sort(XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_sort, hlofuse::cpu::SampleSortAscending,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // logits (*L, V): L folds into rows
+                                  .Ret<ffi::Buffer<ffi::F32>>()    // values (*L, V) ascending
+                                  .Ret<ffi::Buffer<ffi::S32>>());  // ids (*L, V): where each came from
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_top_mass(XLA_FFI_CallFrame* call_frame);
 

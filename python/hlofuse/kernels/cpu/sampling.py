@@ -22,6 +22,7 @@ from hlofuse.kernels import cpu
 from hlofuse.kernels.sampling_reference import (
     DRAWS,
     FORMS,
+    NEG_INF,
     RANK_NUCLEI,
     UNCERTIFIED,
     form_params,
@@ -32,6 +33,7 @@ from hlofuse.kernels.sampling_reference import (
     rank_nucleus_scores,
     reference_where_uncertified,
     sample_reference,
+    top_p_removal,
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
 from hlofuse.ops.sample import SAMPLE, SampleAttrs
@@ -40,6 +42,7 @@ from hlofuse.partition.cuts import Cuts, sample_cuts
 TARGET = "hlofuse_sample"
 TOP_K_TARGET = "hlofuse_sample_top_k"
 TOP_MASS_TARGET = "hlofuse_sample_top_mass"
+SORT_TARGET = "hlofuse_sample_sort"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
@@ -179,7 +182,9 @@ def _kernel_categorical(shared_noise: bool) -> Callable[..., jax.Array]:
         row_ids = jnp.zeros((rows,), jnp.int32) if shared_noise else jax.lax.iota(jnp.int32, rows)
         params = form_params("categorical")
         (tokens,) = _sample_call(z.reshape(rows, vocab), _keys(key, (rows,)), row_ids, form="categorical", **params)
-        return tokens.reshape(batch)
+        # A NaN scores NaN whatever its noise, and argmax takes the first NaN: the kernel does not rank NaN so.
+        nan = jnp.isnan(z)
+        return jnp.where(jnp.any(nan, axis=-1), jnp.argmax(nan, axis=-1).astype(jnp.int32), tokens.reshape(batch))
 
     return draw
 
@@ -293,6 +298,48 @@ def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
     return jnp.all(jnp.cumsum(values, axis=-1)[..., -1] > jnp.float32(p + NUCLEUS_MARGIN))
 
 
+#===--- Hugging Face's top-p --------------------------------------------------------------------===#
+# TopPLogitsWarper (sampling_reference.top_p_removal) sorts the row ascending and removes by the cumsum of the
+# softmax of the sorted logits, which depends on every value in sorted order: so the kernel sorts the row
+# (`hlofuse_sample_sort`, a radix sort, stable) and the program's own ops run on the sorted row, the same values
+# in the same places. The program's sort is unstable: which of equal logits comes first is XLA's, so where equal
+# logits straddle the removal (one removed, one kept) the ids could differ; such a batch runs the form's own
+# function (UNCERTIFIED).
+
+
+def _sort_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x (..., V) f32 sorted ascending as jnp.sort orders it (-0 and +0 equal, NaN last), stably: values and ids."""
+    cpu.register()
+    out_types = [jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
+    values, ids = jax.ffi.ffi_call(SORT_TARGET, out_types, vmap_method="sequential")(x)
+    return values, ids
+
+
+def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form whose filter is top_p_ascending_mask (any draw): the row sorted by the kernel, the removal by the
+    program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal."""
+    spec = FORMS[form]
+    draw = form[len(spec.base) + 1:] if spec.base else ""
+    categorical_fn = _kernel_categorical(False)
+    if draw == "choice":
+        categorical_fn = _choice_by_kernel
+    elif draw:
+        categorical_fn = functools.partial(DRAWS[draw], categorical_fn)
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        def own() -> jax.Array:
+            return sample_reference(logits, key, form=form, **params)
+
+        if logits.dtype != jnp.float32:
+            return own()
+        removed, ordered, remove = top_p_removal(logits, 1 - params["p"], _sort_by_kernel)
+        tokens = categorical_fn(key, jnp.where(removed, NEG_INF, logits) / params["temperature"], axis=-1)
+        straddles = jnp.any((ordered[:, 1:] == ordered[:, :-1]) & (remove[:, 1:] != remove[:, :-1]), axis=-1)
+        return reference_where_uncertified(jnp.where(straddles, UNCERTIFIED, tokens), own)
+
+    return kernel
+
+
 def _id_0_where_nan(probs: jax.Array, tokens: jax.Array) -> jax.Array:
     """`tokens`, but 0 in the rows whose probabilities are NaN. A softmax row is all NaN or none (a NaN, or an
     infinity, in its logits makes its max or its sum NaN), and lax.top_k puts NaN first, ties by the lower id:
@@ -338,6 +385,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.form in FORMS and FORMS[attrs.form].filters == "top_p_ascending_mask":
+        if len(call.operand_types[0][0]) != 2:
+            raise Unsupported("Hugging Face's top-p takes (B, V) logits")
+        return top_p_ascending_lowering(attrs.form, attrs.params())
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
             raise Unsupported("the choice draw takes (B, V) logits")
