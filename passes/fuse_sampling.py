@@ -562,12 +562,19 @@ class FuseSamplingPass(ModulePass):
     summary: ClassVar[str] = "Raise greedy/temperature/top-k/top-p/min-p samplers to hlofuse.sample composites"
 
     def run(self, module: ir.Operation, state: PassState) -> None:
-        failed: set[ir.Operation] = set()  # never erased, so these handles stay valid
+        # Draws that did not fuse, with their remark (None: none is due). A later site may absorb one (torch.topk
+        # of the probabilities inside Hugging Face's min-p): it leaves the dict before the rewrite erases it, so
+        # every handle here stays valid, and its remark is given only if it stays unfused to the end.
+        failed: dict[ir.Operation, str | None] = {}
         templates = Templates(module.context, state.keep_alive)
         while self._fuse_one(module, state, failed, templates):
             pass  # each rewrite erases ops: collect the sites afresh
+        for op, remark in failed.items():
+            if remark is not None:
+                state.remark(op, remark)
+                state.count("sampling_not_fused")
 
-    def _fuse_one(self, module: ir.Operation, state: PassState, failed: set[ir.Operation],
+    def _fuse_one(self, module: ir.Operation, state: PassState, failed: dict[ir.Operation, str | None],
                   templates: Templates) -> bool:
         for draw, top_ks, names in list(_sites(module)):
             if draw.op in failed:
@@ -579,13 +586,17 @@ class FuseSamplingPass(ModulePass):
                 site = analyze(draw, top_ks, names, templates)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 left = _parts_left_out(site, near_misses)
-                composite = rewrite(site, module)
+                # (popped before the rewrite erases them: an erased op's handle no longer hashes as it did)
+                absorbed = {op: failed.pop(op) for op in list(failed) if op in set(site.match.ops.values())}
+                try:
+                    composite = rewrite(site, module)
+                except NoMatch:
+                    failed.update(absorbed)
+                    raise
             except NoMatch as reason:
-                failed.add(draw.op)
                 fed_by = _fed_by(draw)
-                if "outside" in str(reason) or fed_by is not None:
-                    state.remark(draw.op, f"sampler not fused: {reason}{fed_by or ''}")
-                    state.count("sampling_not_fused")
+                due = "outside" in str(reason) or fed_by is not None
+                failed[draw.op] = f"sampler not fused: {reason}{fed_by or ''}" if due else None
                 continue
             state.count(f"{site.form.name}_to_sample")
             for sort in near_misses:

@@ -278,6 +278,22 @@ def torchax_top_p_warper_multinomial(x, key):
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def torchax_min_p_warper_multinomial(x, key):
+    """Hugging Face's TemperatureLogitsWarper and MinPLogitsWarper as torchax lowers them (remove where the
+    softmax is below min_p times its max; the top token kept by a scatter of False at torch.topk's id), then
+    torch.multinomial: min_p_removal_choice (its scaling inside the site)."""
+    y = x / 0.7
+    probs = jax.nn.softmax(y, axis=-1)
+    remove = probs < 0.05 * jnp.max(probs, axis=-1, keepdims=True)
+    values, ids = jax.lax.top_k(probs, 1)
+    ids = jnp.take_along_axis(ids, jnp.argsort(jnp.sort(values, descending=True), axis=-1, descending=True), axis=-1)
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), ids.shape)
+    y = jnp.where(remove.at[(rows, ids)].set(False), -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -441,6 +457,8 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 1.0, "k": 12}),
     Variant("torchax_top_p_warper_multinomial", torchax_top_p_warper_multinomial, "top_p_ascending_mask_choice",
             expect={"temperature": 1.0, "p": 1 - float(np.float32(1 - 0.9))}),
+    Variant("torchax_min_p_warper_multinomial", torchax_min_p_warper_multinomial, "min_p_removal_choice",
+            expect={"temperature": 0.7, "min_p": 0.05}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

@@ -363,6 +363,31 @@ def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float
     return categorical_fn(key, min_p_masked(logits, temperature=temperature, min_p=min_p), axis=-1)
 
 
+def _torch_top_1_ids(probs: jax.Array, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+    """`torch.topk(probs, 1).indices` as torchax lowers it: lax.top_k, its values sorted again (descending) and the
+    ids taken along their argsort."""
+    values, ids = top_k_fn(probs, 1)
+    values = jnp.sort(values, descending=True)
+    return jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
+
+
+def min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                  top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                  **_: Any) -> jax.Array:
+    """Hugging Face's MinPLogitsWarper as torchax lowers it: y = x / T (its TemperatureLogitsWarper first), remove
+    where `softmax(y) < min_p * max(softmax(y))` (so a NaN probability is never removed, unlike `min_p`, which keeps
+    `>=`), the top token kept by a scatter of False at torch.topk's id (min_tokens_to_keep = 1), removed at -inf, a
+    categorical. (B, V) logits only: other shapes raise ValueError."""
+    if logits.ndim != 2:
+        raise ValueError(f"the Hugging Face min-p warper takes (B, V) logits, not {logits.shape}")
+    y = _scale(logits, temperature)
+    probs = jax.nn.softmax(y, axis=-1)
+    remove = probs < min_p * jnp.max(probs, axis=-1, keepdims=True)
+    ids = _torch_top_1_ids(probs, top_k_fn)
+    rows = jnp.broadcast_to(jnp.arange(ids.shape[0]).reshape(ids.shape[0], 1), ids.shape)
+    return categorical_fn(key, jnp.where(remove.at[(rows, ids)].set(False), NEG_INF, y), axis=-1)
+
+
 @dataclass(frozen=True)
 class Writing:
     """Another program for a form's function that computes its token ids bit for bit: the fusion pass
@@ -488,6 +513,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          composes_draws=False),
+    Form("min_p_removal", "min_p", min_p_removal, ("temperature", "min_p"),
+         _NOISE + ("stablehlo.exponential", "chlo.top_k", "stablehlo.scatter")),
     # The program writes the threshold 1 - p: its writings read `one_minus_p` (fuse_sampling turns it into p).
     Form("top_p_ascending_mask", "top_p", top_p_ascending_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
@@ -498,7 +525,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
 # (the rank nuclei: below)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
-                  "top_p_ascending_mask")
+                  "top_p_ascending_mask", "min_p_removal")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
