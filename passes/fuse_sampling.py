@@ -408,7 +408,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
 
 # What each part of a form's template is, by the reference function (or JAX's own) that its location names.
 _PARTS = (("_gumbel", "the Gumbel noise"), ("_uniform", "the Gumbel noise"), ("threefry", "the Gumbel noise"),
-          ("_mask_top_p", "the top-p filter"), ("_mask_top_k", "the top-k filter"),
+          ("_mask_top_p", "the top-p filter"), ("mask_top_k", "the top-k filter"),
           ("top_k_by_argsort", "the top-k (argsort)"), ("min_p_masked", "the min-p filter"),
           ("softmax", "the softmax"), ("_take", "the ids mapped back (take_along_axis)"),
           ("_argmax", "the argmax"), ("categorical", "the draw"), ("choice", "the draw"))

@@ -166,13 +166,15 @@ def test_kernel_sort_is_jnp_sort_and_a_stable_argsort() -> None:
     np.testing.assert_array_equal(ids, jnp.argsort(jnp.asarray(x), axis=-1, stable=True))
 
 
-HF_TOP_P = ("top_p_ascending_mask", "top_p_ascending_mask_choice", "top_p_ascending_mask_log_softmax")
+HF_TOP_P = ("top_p_ascending_mask", "top_p_ascending_mask_choice", "top_p_ascending_mask_log_softmax",
+            "top_k_top_p_ascending_mask", "top_k_top_p_ascending_mask_choice")
 
 
 @pytest.mark.parametrize("form", HF_TOP_P)
 def test_hf_top_p_gives_the_reference_ids(form: str) -> None:
-    """Ties straddling the removal (rounded logits) take the form's own function; the rest, the kernel's sort."""
-    params = form_params(form, temperature=0.8, p=0.9)
+    """Ties straddling the removal (rounded logits) take the form's own function; the rest, the kernel's sort (after
+    the kernel's top-k mask, whose k-th value ties in the `ties` rows)."""
+    params = form_params(form, temperature=0.8, p=0.9, k=64)
     kernel = jax.jit(sampling.top_p_ascending_lowering(form, params))
     reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
     for case in ("peaked", "normal", "flat", "ties", "neg_inf", "nan"):
@@ -205,3 +207,23 @@ def test_hf_top_p_sorts_in_xla_only_where_ties_straddle() -> None:
     branches = " ".join(line for line in hlo.splitlines() if "branch_computations=" in line)
     reached = {name for name in sorting if name.lstrip("%") in branches.replace("%", "")}
     assert reached or all(name not in entry for name in sorting)
+
+
+HF_MIN_P = ("min_p_removal", "min_p_removal_choice", "top_k_min_p_removal", "top_k_min_p_removal_choice")
+
+
+@pytest.mark.parametrize("form", HF_MIN_P)
+def test_hf_min_p_gives_the_reference_ids_with_no_sort(form: str) -> None:
+    """Hugging Face's min-p (after its top-k): the form's function with the kernel's top-k and draw; no sort and no
+    TopK in the compiled program."""
+    params = form_params(form, temperature=0.7, min_p=0.1, k=64)
+    lowering = jax.jit(sampling.min_p_removal_lowering(form, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for case in ("peaked", "normal", "flat", "ties", "neg_inf", "nan"):
+        logits = jnp.asarray(_logits(3, 4096, case))
+        for seed in range(3):
+            key = jnp.array([seed, 17 + seed], jnp.uint32)
+            np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo

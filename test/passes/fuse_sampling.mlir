@@ -10505,6 +10505,678 @@ module @sample_torchax_min_p_warper_multinomial attributes {mhlo.num_partitions 
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_torchax_top_k_top_p_warpers_multinomial(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_top_p_ascending_mask_choice"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_torchax_top_k_top_p_warpers_multinomial attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_torchax_top_k_top_p_warpers_multinomial(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<6.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %values, %indices = chlo.top_k(%1, k = 50) : tensor<4x256xf32> -> (tensor<4x50xf32>, tensor<4x50xi32>)
+    %2 = call @sort(%values) : (tensor<4x50xf32>) -> tensor<4x50xf32>
+    %3 = stablehlo.slice %2 [0:4, 49:50] : (tensor<4x50xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %7 = stablehlo.compare LT, %1, %6, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = call @_where(%7, %cst_0, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %9 = call @sort_0(%8) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %10 = call @argsort(%8) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.reduce(%9 init: %cst_1) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %12 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %13 = stablehlo.maximum %12, %11 : tensor<4xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %16 = stablehlo.subtract %9, %15 : tensor<4x256xf32>
+    %17 = stablehlo.exponential %16 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = stablehlo.reduce(%17 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %21 = stablehlo.divide %17, %20 : tensor<4x256xf32>
+    %22 = call @cumsum(%21) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_4 = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %24 = stablehlo.compare LE, %22, %23, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %25 = stablehlo.convert %24 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %26 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %c_5 = stablehlo.constant dense<255> : tensor<i32>
+    %27 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %28 = "stablehlo.scatter"(%25, %27, %26) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0, 1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>):
+      stablehlo.return %arg3 : tensor<i32>
+    }) : (tensor<4x256xi32>, tensor<1xi32>, tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %29 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %30 = stablehlo.compare NE, %28, %29, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %31 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %32 = stablehlo.reshape %31 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %33 = stablehlo.broadcast_in_dim %32, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %34 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %35 = stablehlo.compare LT, %33, %34, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_8 = stablehlo.constant dense<4> : tensor<i32>
+    %36 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %37 = stablehlo.add %33, %36 : tensor<4x256xi32>
+    %38 = stablehlo.select %35, %37, %33 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_9 = stablehlo.constant dense<0> : tensor<i32>
+    %39 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %40 = stablehlo.compare LT, %10, %39, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_10 = stablehlo.constant dense<256> : tensor<i32>
+    %41 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %42 = stablehlo.add %10, %41 : tensor<4x256xi32>
+    %43 = stablehlo.select %40, %42, %10 : tensor<4x256xi1>, tensor<4x256xi32>
+    %44 = stablehlo.broadcast_in_dim %38, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %45 = stablehlo.broadcast_in_dim %43, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %46 = stablehlo.concatenate %44, %45, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %47 = "stablehlo.scatter"(%30, %46, %30) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x2xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_11 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %48 = call @_where(%47, %cst_11, %8) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_12 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %49 = stablehlo.reduce(%48 init: %cst_12) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_13 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %50 = stablehlo.broadcast_in_dim %cst_13, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %51 = stablehlo.maximum %50, %49 : tensor<4xf32>
+    %52 = stablehlo.broadcast_in_dim %51, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %53 = stablehlo.broadcast_in_dim %52, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %54 = stablehlo.subtract %48, %53 : tensor<4x256xf32>
+    %55 = stablehlo.exponential %54 : tensor<4x256xf32>
+    %cst_14 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %56 = stablehlo.reduce(%55 init: %cst_14) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %57 = stablehlo.broadcast_in_dim %56, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %58 = stablehlo.broadcast_in_dim %57, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %59 = stablehlo.divide %55, %58 : tensor<4x256xf32>
+    %60 = stablehlo.slice %59 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %61 = stablehlo.reshape %60 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %62 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %63 = stablehlo.log %61 : tensor<256xf32>
+    %64 = stablehlo.add %62, %63 : tensor<256xf32>
+    %values_15, %indices_16 = chlo.top_k(%64, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %65 = stablehlo.slice %59 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %66 = stablehlo.reshape %65 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %67 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %68 = stablehlo.log %66 : tensor<256xf32>
+    %69 = stablehlo.add %67, %68 : tensor<256xf32>
+    %values_17, %indices_18 = chlo.top_k(%69, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %70 = stablehlo.slice %59 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %71 = stablehlo.reshape %70 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %72 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %73 = stablehlo.log %71 : tensor<256xf32>
+    %74 = stablehlo.add %72, %73 : tensor<256xf32>
+    %values_19, %indices_20 = chlo.top_k(%74, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %75 = stablehlo.slice %59 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %76 = stablehlo.reshape %75 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %77 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %78 = stablehlo.log %76 : tensor<256xf32>
+    %79 = stablehlo.add %77, %78 : tensor<256xf32>
+    %values_21, %indices_22 = chlo.top_k(%79, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %80 = stablehlo.broadcast_in_dim %indices_16, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %81 = stablehlo.broadcast_in_dim %indices_18, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %82 = stablehlo.broadcast_in_dim %indices_20, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %83 = stablehlo.broadcast_in_dim %indices_22, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %84 = stablehlo.concatenate %80, %81, %82, %83, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %85 = stablehlo.reshape %84 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %85 : tensor<4xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x50xf32>) -> tensor<4x50xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x50xf32>) -> tensor<4x50xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x50xf32>
+    return %1 : tensor<4x50xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @sort_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    return %1#1 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_1(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_1(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_torchax_top_k_min_p_argsort_multinomial(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_min_p_removal_choice"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_torchax_top_k_min_p_argsort_multinomial attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_torchax_top_k_min_p_argsort_multinomial(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %values, %indices = chlo.top_k(%1, k = 50) : tensor<4x256xf32> -> (tensor<4x50xf32>, tensor<4x50xi32>)
+    %2 = call @sort(%values) : (tensor<4x50xf32>) -> tensor<4x50xf32>
+    %3 = stablehlo.slice %2 [0:4, 49:50] : (tensor<4x50xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %7 = stablehlo.compare LT, %1, %6, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = call @_where(%7, %cst_0, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = stablehlo.reduce(%8 init: %cst_1) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %11 = stablehlo.maximum %10, %9 : tensor<4xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %14 = stablehlo.subtract %8, %13 : tensor<4x256xf32>
+    %15 = stablehlo.exponential %14 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %16 = stablehlo.reduce(%15 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %19 = stablehlo.divide %15, %18 : tensor<4x256xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %20 = stablehlo.reduce(%19 init: %cst_4) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %cst_5 = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+    %22 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %23 = stablehlo.multiply %22, %21 : tensor<4x1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %25 = stablehlo.compare LT, %19, %24, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %26 = call @argsort(%8) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %27 = stablehlo.reverse %26, dims = [1] : tensor<4x256xi32>
+    %28 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %29 = stablehlo.reshape %28 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %31 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %32 = stablehlo.compare LT, %30, %31, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_6 = stablehlo.constant dense<4> : tensor<i32>
+    %33 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %34 = stablehlo.add %30, %33 : tensor<4x256xi32>
+    %35 = stablehlo.select %32, %34, %30 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %36 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %37 = stablehlo.compare LT, %27, %36, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_8 = stablehlo.constant dense<256> : tensor<i32>
+    %38 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %39 = stablehlo.add %27, %38 : tensor<4x256xi32>
+    %40 = stablehlo.select %37, %39, %27 : tensor<4x256xi1>, tensor<4x256xi32>
+    %41 = stablehlo.broadcast_in_dim %35, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %42 = stablehlo.broadcast_in_dim %40, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %43 = stablehlo.concatenate %41, %42, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %44 = "stablehlo.gather"(%25, %43) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1], start_index_map = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xi1>, tensor<4x256x2xi32>) -> tensor<4x256xi1>
+    %c_9 = stablehlo.constant dense<false> : tensor<i1>
+    %45 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i1>) -> tensor<4x1xi1>
+    %c_10 = stablehlo.constant dense<0> : tensor<i32>
+    %46 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %47 = "stablehlo.scatter"(%44, %46, %45) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0, 1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<1xi32>, tensor<4x1xi1>) -> tensor<4x256xi1>
+    %c_11 = stablehlo.constant dense<0> : tensor<i32>
+    %48 = stablehlo.broadcast_in_dim %c_11, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %49 = stablehlo.compare LT, %30, %48, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_12 = stablehlo.constant dense<4> : tensor<i32>
+    %50 = stablehlo.broadcast_in_dim %c_12, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %51 = stablehlo.add %30, %50 : tensor<4x256xi32>
+    %52 = stablehlo.select %49, %51, %30 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_13 = stablehlo.constant dense<0> : tensor<i32>
+    %53 = stablehlo.broadcast_in_dim %c_13, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %54 = stablehlo.compare LT, %27, %53, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_14 = stablehlo.constant dense<256> : tensor<i32>
+    %55 = stablehlo.broadcast_in_dim %c_14, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %56 = stablehlo.add %27, %55 : tensor<4x256xi32>
+    %57 = stablehlo.select %54, %56, %27 : tensor<4x256xi1>, tensor<4x256xi32>
+    %58 = stablehlo.broadcast_in_dim %52, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %59 = stablehlo.broadcast_in_dim %57, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %60 = stablehlo.concatenate %58, %59, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %61 = "stablehlo.scatter"(%47, %60, %47) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x2xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_15 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %62 = call @_where(%61, %cst_15, %8) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_16 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %63 = stablehlo.reduce(%62 init: %cst_16) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_17 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %64 = stablehlo.broadcast_in_dim %cst_17, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %65 = stablehlo.maximum %64, %63 : tensor<4xf32>
+    %66 = stablehlo.broadcast_in_dim %65, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %67 = stablehlo.broadcast_in_dim %66, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %68 = stablehlo.subtract %62, %67 : tensor<4x256xf32>
+    %69 = stablehlo.exponential %68 : tensor<4x256xf32>
+    %cst_18 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %70 = stablehlo.reduce(%69 init: %cst_18) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %71 = stablehlo.broadcast_in_dim %70, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %72 = stablehlo.broadcast_in_dim %71, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %73 = stablehlo.divide %69, %72 : tensor<4x256xf32>
+    %74 = stablehlo.slice %73 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %75 = stablehlo.reshape %74 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %76 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %77 = stablehlo.log %75 : tensor<256xf32>
+    %78 = stablehlo.add %76, %77 : tensor<256xf32>
+    %values_19, %indices_20 = chlo.top_k(%78, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %79 = stablehlo.slice %73 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %80 = stablehlo.reshape %79 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %81 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %82 = stablehlo.log %80 : tensor<256xf32>
+    %83 = stablehlo.add %81, %82 : tensor<256xf32>
+    %values_21, %indices_22 = chlo.top_k(%83, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %84 = stablehlo.slice %73 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %85 = stablehlo.reshape %84 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %86 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %87 = stablehlo.log %85 : tensor<256xf32>
+    %88 = stablehlo.add %86, %87 : tensor<256xf32>
+    %values_23, %indices_24 = chlo.top_k(%88, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %89 = stablehlo.slice %73 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %90 = stablehlo.reshape %89 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %91 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %92 = stablehlo.log %90 : tensor<256xf32>
+    %93 = stablehlo.add %91, %92 : tensor<256xf32>
+    %values_25, %indices_26 = chlo.top_k(%93, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %94 = stablehlo.broadcast_in_dim %indices_20, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %95 = stablehlo.broadcast_in_dim %indices_22, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %96 = stablehlo.broadcast_in_dim %indices_24, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %97 = stablehlo.broadcast_in_dim %indices_26, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %98 = stablehlo.concatenate %94, %95, %96, %97, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %99 = stablehlo.reshape %98 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %99 : tensor<4xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x50xf32>) -> tensor<4x50xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x50xf32>) -> tensor<4x50xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x50xf32>
+    return %1 : tensor<4x50xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    return %1#1 : tensor<4x256xi32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_gemma_top_k_by_batch_index(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

@@ -294,6 +294,42 @@ def torchax_min_p_warper_multinomial(x, key):
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def _torchax_top_k_warper(y, k):
+    kth = jnp.sort(jax.lax.top_k(y, k)[0], axis=-1, descending=True)[..., -1][..., None]
+    return jnp.where(y < kth, -jnp.inf, y)
+
+
+def _torchax_multinomial(y, key):
+    probs = jax.nn.softmax(y, axis=-1)
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
+def torchax_top_k_top_p_warpers_multinomial(x, key):
+    """transformers 4.x's Llama-3 config (Temperature, its default TopK(50), TopP) as torchax lowers it, then
+    torch.multinomial: top_k_top_p_ascending_mask_choice at T = 1 of x / T."""
+    y = _torchax_top_k_warper(x / 0.6, 50)
+    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - 0.9)
+    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    return _torchax_multinomial(jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]),
+                                          -jnp.inf, y), key)
+
+
+def torchax_top_k_min_p_argsort_multinomial(x, key):
+    """transformers 4.x's min-p config (Temperature, TopK(50), MinP: the top token kept through a descending
+    argsort, gathered, cleared and scattered back) as torchax lowers it, then torch.multinomial."""
+    y = _torchax_top_k_warper(x / 0.7, 50)
+    probs = jax.nn.softmax(y, axis=-1)
+    remove = probs < 0.1 * jnp.max(probs, axis=-1, keepdims=True)
+    order = jnp.argsort(y, axis=-1, stable=False)[..., ::-1]
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    ordered = remove[(rows, order)].at[..., :1].set(jnp.zeros((y.shape[0], 1), jnp.bool_))
+    scattered = ordered.at[(rows, order)].set(ordered[0:y.shape[0], 0:y.shape[1]])  # torchax slices the source
+    return _torchax_multinomial(jnp.where(scattered, -jnp.inf, y), key)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -459,6 +495,10 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 1.0, "p": 1 - float(np.float32(1 - 0.9))}),
     Variant("torchax_min_p_warper_multinomial", torchax_min_p_warper_multinomial, "min_p_removal_choice",
             expect={"temperature": 0.7, "min_p": 0.05}),
+    Variant("torchax_top_k_top_p_warpers_multinomial", torchax_top_k_top_p_warpers_multinomial,
+            "top_k_top_p_ascending_mask_choice", expect={"temperature": 1.0, "k": 50, "p": 1 - float(np.float32(0.1))}),
+    Variant("torchax_top_k_min_p_argsort_multinomial", torchax_top_k_min_p_argsort_multinomial,
+            "top_k_min_p_removal_choice", expect={"temperature": 1.0, "k": 50, "min_p": float(np.float32(0.1))}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

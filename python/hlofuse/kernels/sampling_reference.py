@@ -119,13 +119,13 @@ def temperature_top_k(logits: jax.Array, key: jax.Array, *, temperature: float, 
 
 def top_k_resorted(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     """lax.top_k with its values sorted again, descending, as torchax lowers `torch.topk(x, k)` (sorted=True).
-    Only the k-th value is read through it (`_mask_top_k`): the smallest of the k either way, NaN only if all
+    Only the k-th value is read through it (`mask_top_k`): the smallest of the k either way, NaN only if all
     k are NaN, and of a tie of +0 and -0 either one, which compare equal."""
     values, ids = jax.lax.top_k(x, k)
     return jnp.sort(values, axis=-1, descending=True), ids
 
 
-def _last(values: jax.Array) -> jax.Array:
+def last_column(values: jax.Array) -> jax.Array:
     """values[..., -1:]: the k-th largest, kept as a (..., 1) column."""
     return values[..., -1:]
 
@@ -136,8 +136,8 @@ def last_as_torch_indexes(values: jax.Array) -> jax.Array:
     return values[..., -1][..., None]
 
 
-def _mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k,
-                kth_fn: Callable[[jax.Array], jax.Array] = _last) -> jax.Array:
+def mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k,
+                kth_fn: Callable[[jax.Array], jax.Array] = last_column) -> jax.Array:
     kth = kth_fn(top_k_fn(logits, k)[0])
     return jnp.where(logits < kth, NEG_INF, logits)
 
@@ -153,9 +153,9 @@ def top_k_of_probs(logits: jax.Array, key: jax.Array, *, temperature: float, k: 
 
 def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
                categorical_fn: Categorical = jax.random.categorical,
-               kth_fn: Callable[[jax.Array], jax.Array] = _last, **_: Any) -> jax.Array:
+               kth_fn: Callable[[jax.Array], jax.Array] = last_column, **_: Any) -> jax.Array:
     """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
-    return categorical_fn(key, _scale(_mask_top_k(logits, k, top_k_fn, kth_fn), temperature), axis=-1)
+    return categorical_fn(key, _scale(mask_top_k(logits, k, top_k_fn, kth_fn), temperature), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -249,7 +249,7 @@ def _unfloored(writing: Writing) -> Writing:
 
 
 def _keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
-    """The k logits lax.top_k picks (ties by the lower id: exactly k, unlike `_mask_top_k`) scattered into a row of
+    """The k logits lax.top_k picks (ties by the lower id: exactly k, unlike `mask_top_k`) scattered into a row of
     -inf, as Hugging Face's FlaxTopKLogitsWarper writes it: flat ids (row * V + id) set into a flat (B * V,) row.
     (B, V) logits only: other shapes raise ValueError, so no template is made for them."""
     if logits.ndim != 2:
@@ -304,6 +304,19 @@ def top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: floa
     return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, logits), temperature), axis=-1)
 
 
+def top_k_top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                               top_k_fn: TopK = top_k_resorted,
+                               kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                               sort_fn: Sort = sort_unstable, categorical_fn: Categorical = jax.random.categorical,
+                               one_minus_p: float | None = None, **_: Any) -> jax.Array:
+    """Hugging Face's TopKLogitsWarper then its TopPLogitsWarper, in generate()'s order (transformers 4.x adds
+    top-k 50 to every sampling config, so Llama-3's and Qwen's configs are this), as torchax lowers them: the logits
+    below the k-th largest at -inf (ties of the k-th kept), then `top_p_removal` of what is left, then / T."""
+    masked = mask_top_k(logits, k, top_k_fn, kth_fn)
+    removed = top_p_removal(masked, 1 - p if one_minus_p is None else one_minus_p, sort_fn)[0]
+    return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, masked), temperature), axis=-1)
+
+
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None) -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
@@ -329,7 +342,7 @@ def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
                      fill: float | None = None, **_: Any) -> jax.Array:
     """Top-k mask, then the nucleus mask over what is left (its fill a writing's, FILL_NOTE), then / T."""
-    masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, fill=fill)
+    masked = _mask_top_p(mask_top_k(logits, k, top_k_fn), p, fill=fill)
     return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
@@ -345,7 +358,7 @@ def top_k_top_p_mask_by_top_k(logits: jax.Array, key: jax.Array, *, temperature:
                               top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
                               fill: float | None = None, **_: Any) -> jax.Array:
     """top_k_top_p_mask with the nucleus's sort as a full-width lax.top_k."""
-    masked = _mask_top_p(_mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True, fill=fill)
+    masked = _mask_top_p(mask_top_k(logits, k, top_k_fn), p, sort_by_top_k=True, fill=fill)
     return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
@@ -386,6 +399,43 @@ def min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, min_
     ids = _torch_top_1_ids(probs, top_k_fn)
     rows = jnp.broadcast_to(jnp.arange(ids.shape[0]).reshape(ids.shape[0], 1), ids.shape)
     return categorical_fn(key, jnp.where(remove.at[(rows, ids)].set(False), NEG_INF, y), axis=-1)
+
+
+def _keep_sorted_first(remove: jax.Array, order: jax.Array) -> jax.Array:
+    """transformers 4.x's min_tokens_to_keep = 1: `remove` gathered into `order`, its first set False, scattered
+    back (`sorted_remove.scatter(1, order, sorted_remove)`)."""
+    batch, vocab = remove.shape
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    ordered = remove[(rows, order)]  # torch.gather as torchax indexes it
+    ordered = ordered.at[..., :1].set(jnp.zeros((batch, 1), jnp.bool_))
+    return ordered.at[(rows, order)].set(ordered[0:batch, 0:vocab])
+
+
+def min_p_removal_by_argsort(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                             categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """min_p_removal as transformers 4.x writes it: the top token kept through a descending argsort of the scores,
+    gathered, cleared at rank 0 and scattered back. The same ids: the kept token's probability is the max, which
+    `< min_p * max` never removes for min_p <= 1 (so which of tied maxima the unstable argsort puts first, and the
+    whole keep, change nothing)."""
+    if logits.ndim != 2:
+        raise ValueError(f"the Hugging Face min-p warper takes (B, V) logits, not {logits.shape}")
+    y = _scale(logits, temperature)
+    probs = jax.nn.softmax(y, axis=-1)
+    remove = probs < min_p * jnp.max(probs, axis=-1, keepdims=True)
+    order = jnp.argsort(y, axis=-1, stable=False)[..., ::-1]
+    return categorical_fn(key, jnp.where(_keep_sorted_first(remove, order), NEG_INF, y), axis=-1)
+
+
+def top_k_min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, min_p: float,
+                        top_k_fn: TopK = top_k_resorted,
+                        kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                        min_p_fn: Callable[..., jax.Array] = min_p_removal, min_p_top_k_fn: TopK = jax.lax.top_k,
+                        **params: Any) -> jax.Array:
+    """Hugging Face's TopKLogitsWarper then MinPLogitsWarper (transformers 4.x's default top-k 50 with a min_p):
+    the top-k mask (-inf below the k-th largest), then min_p_removal of what is left (`min_p_fn`: a writing's,
+    `min_p_top_k_fn` its top-1's top-k)."""
+    masked = mask_top_k(logits, k, top_k_fn, kth_fn)
+    return min_p_fn(masked, key, temperature=temperature, min_p=min_p, top_k_fn=min_p_top_k_fn, **params)
 
 
 @dataclass(frozen=True)
@@ -514,10 +564,18 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          composes_draws=False),
     Form("min_p_removal", "min_p", min_p_removal, ("temperature", "min_p"),
-         _NOISE + ("stablehlo.exponential", "chlo.top_k", "stablehlo.scatter")),
+         _NOISE + ("stablehlo.exponential", "chlo.top_k", "stablehlo.scatter"),
+         (Writing(min_p_removal_by_argsort,
+                  _NOISE + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter")),)),
     # The program writes the threshold 1 - p: its writings read `one_minus_p` (fuse_sampling turns it into p).
     Form("top_p_ascending_mask", "top_p", top_p_ascending_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
+    Form("top_k_top_p_ascending_mask", "top_k+top_p", top_k_top_p_ascending_mask, ("temperature", "k", "p"),
+         _TOP_K + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
+    Form("top_k_min_p_removal", "min_p", top_k_min_p_removal, ("temperature", "k", "min_p"),
+         _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"),
+         (Writing(functools.partial(top_k_min_p_removal, min_p_fn=min_p_removal_by_argsort),
+                  _TOP_K + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter")),)),
 )}
 
 
@@ -525,7 +583,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
 # (the rank nuclei: below)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
-                  "top_p_ascending_mask", "min_p_removal")
+                  "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -25,8 +25,11 @@ from hlofuse.kernels.sampling_reference import (
     NEG_INF,
     RANK_NUCLEI,
     UNCERTIFIED,
+    Categorical,
     form_params,
+    last_column,
     log_floored,
+    mask_top_k,
     merge_vocab_splits,
     min_p_masked,
     nucleus_probs,
@@ -315,16 +318,23 @@ def _sort_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return values, ids
 
 
-def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form whose filter is top_p_ascending_mask (any draw): the row sorted by the kernel, the removal by the
-    program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal."""
+def _draw_by_kernel(form: str) -> Categorical:
+    """The kernel's categorical draw for `form`'s draw (its own, or that of DRAWS it is drawn by)."""
     spec = FORMS[form]
     draw = form[len(spec.base) + 1:] if spec.base else ""
-    categorical_fn = _kernel_categorical(False)
     if draw == "choice":
-        categorical_fn = _choice_by_kernel
-    elif draw:
-        categorical_fn = functools.partial(DRAWS[draw], categorical_fn)
+        return _choice_by_kernel
+    if draw:
+        return functools.partial(DRAWS[draw], _kernel_categorical(False))
+    return _kernel_categorical(False)
+
+
+def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form whose filter is top_p_ascending_mask or top_k_top_p_ascending_mask (any draw): the top-k mask by the
+    kernel's top-k, the row sorted by the kernel, the removal by the program's ops, the draw by the kernel; the
+    form's own function where equal logits straddle the removal."""
+    categorical_fn = _draw_by_kernel(form)
+    top_k_first = "k" in FORMS[FORMS[form].filters].params
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
@@ -332,10 +342,30 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
 
         if logits.dtype != jnp.float32:
             return own()
-        removed, ordered, remove = top_p_removal(logits, 1 - params["p"], _sort_by_kernel)
-        tokens = categorical_fn(key, jnp.where(removed, NEG_INF, logits) / params["temperature"], axis=-1)
+        masked = mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits
+        removed, ordered, remove = top_p_removal(masked, 1 - params["p"], _sort_by_kernel)
+        tokens = categorical_fn(key, jnp.where(removed, NEG_INF, masked) / params["temperature"], axis=-1)
         straddles = jnp.any((ordered[:, 1:] == ordered[:, :-1]) & (remove[:, 1:] != remove[:, :-1]), axis=-1)
         return reference_where_uncertified(jnp.where(straddles, UNCERTIFIED, tokens), own)
+
+    return kernel
+
+
+#===--- Hugging Face's min-p --------------------------------------------------------------------===#
+# MinPLogitsWarper (sampling_reference.min_p_removal, after a TopKLogitsWarper in top_k_min_p_removal) is
+# elementwise but for its top-1 (and the top-k's k-th value): the form's function, with the kernel's top-k for
+# both and the kernel's draw. No sort.
+MIN_P_REMOVALS = ("min_p_removal", "top_k_min_p_removal")
+
+
+def min_p_removal_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form whose filters are of MIN_P_REMOVALS (any draw): its function with the kernel's top-k and draw."""
+    fn = FORMS[FORMS[form].filters].fn
+    categorical_fn = _draw_by_kernel(form)
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return fn(logits, key, top_k_fn=_top_k_by_kernel, kth_fn=last_column, min_p_top_k_fn=_top_k_by_kernel,
+                  categorical_fn=categorical_fn, **params)
 
     return kernel
 
@@ -385,9 +415,16 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
-    if attrs.form in FORMS and FORMS[attrs.form].filters == "top_p_ascending_mask":
+    filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
+    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS):
         if len(call.operand_types[0][0]) != 2:
-            raise Unsupported("Hugging Face's top-p takes (B, V) logits")
+            raise Unsupported("Hugging Face's warpers take (B, V) logits")
+        if call.operand_types[0][1] not in ("f32", "bf16"):
+            raise Unsupported(f"the CPU sampler takes f32 or bf16 logits, not {call.operand_types[0][1]}")
+        if attrs.k > call.operand_types[0][0][-1]:
+            raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
+        if filters in MIN_P_REMOVALS:
+            return min_p_removal_lowering(attrs.form, attrs.params())
         return top_p_ascending_lowering(attrs.form, attrs.params())
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
