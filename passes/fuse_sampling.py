@@ -48,7 +48,10 @@ from hlofuse.remarks import format_location
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9,
              "fill": -8.7654321e30, "one_minus_p": 0.0918273}
 # What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
-WRITING_LIMITS = {"fill": (FILL_BOUND, FILL_NOTE)}
+# (min_p: Hugging Face's writings keep their top token by torch.topk or by an argsort; for min_p <= 1 it is never
+# removed anyway, so their ids agree; above 1 every other token is, and which of tied maxima stays is the writing's.)
+WRITING_LIMITS = {"fill": (FILL_BOUND, FILL_NOTE),
+                  "min_p": (1.0, "min_p <= 1, where the top token is never removed (which one a writing keeps)")}
 THREEFRY_KS_PARITY = 0x1BD11BDA  # threefry2x32's key-schedule constant: noise is in the slice
 _DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16}
 _SEARCH_FORWARD = 12  # ops between the draw and the token ids (take_along_axis, reshapes, the rows stacked)

@@ -227,3 +227,38 @@ def test_hf_min_p_gives_the_reference_ids_with_no_sort(form: str) -> None:
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+
+
+# ----- Hugging Face's Flax top-p: the row in lax.top_k's order, by the kernel ------------------------------
+
+
+def test_kernel_descending_sort_is_a_full_width_lax_top_k() -> None:
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5000)).astype(np.float32)
+    x[0, rng.integers(0, 5000, 300)] = 0.0
+    x[0, rng.integers(0, 5000, 300)] = -0.0  # lax.top_k puts +0 first
+    x[1, rng.integers(0, 5000, 50)] = -np.inf
+    x[1, rng.integers(0, 5000, 50)] = np.inf
+    x[2] = np.round(x[2] * 2)  # ties everywhere: the lower id first
+    nans = np.array([0x7FC00000, 0x7FC01234, 0xFFC00000, 0x7FC00000], np.uint32).view(np.float32)
+    x[1, [40, 3, 4000, 9]] = nans  # XLA's total order: +NaN by payload first, -NaN after -inf
+    values, ids = jax.jit(sampling._sort_descending_by_kernel)(jnp.asarray(x))
+    want_values, want_ids = jax.lax.top_k(jnp.asarray(x), x.shape[-1])
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(np.asarray(values).view(np.uint32), np.asarray(want_values).view(np.uint32))
+
+
+@pytest.mark.parametrize("form", ["top_p_flax_mask", "top_k_exact_top_p_flax_mask"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_flax_top_p_gives_the_reference_ids_with_no_sort(form: str, dtype: jnp.dtype) -> None:
+    params = form_params(form, temperature=0.8, p=0.9, k=64)
+    lowering = jax.jit(sampling.flax_top_p_lowering(form, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for case in CASES:
+        logits = jnp.asarray(_logits(3, 4096, case), dtype)
+        for seed in range(3):
+            key = jnp.array([seed, 23 + seed], jnp.uint32)
+            np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), dtype),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo

@@ -385,6 +385,31 @@ def flax_top_k_warper(x, key):
     return jax.random.categorical(key, kept, axis=-1)
 
 
+def _flax_top_p_warper(y, p):
+    values, ids = jax.lax.top_k(y, y.shape[-1])
+    keep = jnp.roll(jax.nn.softmax(values, axis=-1).cumsum(axis=-1) < p, 1)
+    keep |= keep.at[:, 0].set(True)
+    keep = keep.at[:, :1].set(True)
+    return jax.lax.sort_key_val(ids, jnp.where(keep, values, jnp.full_like(y, -jnp.inf)))[-1]
+
+
+def flax_top_p_warper(x, key):
+    """Hugging Face's Flax generate() with top_k=0: Temperature, then FlaxTopPLogitsWarper (a full-width lax.top_k,
+    the rolled cumsum < p, -inf elsewhere, sort_key_val back), then a categorical: top_p_flax_mask at T = 1."""
+    return jax.random.categorical(key, _flax_top_p_warper(x / 0.7, 0.9), axis=-1)
+
+
+def flax_top_k_top_p_warpers(x, key):
+    """Flax generate()'s Llama-3 config: Temperature, its default FlaxTopKLogitsWarper(50), FlaxTopPLogitsWarper:
+    top_k_exact_top_p_flax_mask at T = 1 of x / T."""
+    y = x / 0.6
+    batch, vocab = y.shape
+    values, ids = jax.lax.top_k(y, 50)
+    shift = jnp.broadcast_to((jnp.arange(batch) * vocab)[:, None], (batch, 50)).flatten()
+    kept = jnp.full(batch * vocab, -jnp.inf).at[ids.flatten() + shift].set(values.flatten()).reshape(batch, vocab)
+    return jax.random.categorical(key, _flax_top_p_warper(kept, 0.9), axis=-1)
+
+
 def floored_top_k_top_p_rank_space(x, key):
     """The same nucleus over the top k probabilities, floored before the log (`log(p + 1e-10)`), squeezed as
     several gemma-derived samplers write it: top_k_top_p_of_probs_normalized with eps = 1e-10."""
@@ -499,6 +524,10 @@ VARIANTS: list[Variant] = [
             "top_k_top_p_ascending_mask_choice", expect={"temperature": 1.0, "k": 50, "p": 1 - float(np.float32(0.1))}),
     Variant("torchax_top_k_min_p_argsort_multinomial", torchax_top_k_min_p_argsort_multinomial,
             "top_k_min_p_removal_choice", expect={"temperature": 1.0, "k": 50, "min_p": float(np.float32(0.1))}),
+    Variant("flax_top_p_warper", flax_top_p_warper, "top_p_flax_mask",
+            expect={"temperature": 1.0, "p": float(np.float32(0.9))}),
+    Variant("flax_top_k_top_p_warpers", flax_top_k_top_p_warpers, "top_k_exact_top_p_flax_mask",
+            expect={"temperature": 1.0, "k": 50, "p": float(np.float32(0.9))}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

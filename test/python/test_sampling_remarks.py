@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites
 
@@ -160,3 +161,18 @@ def test_a_large_negative_fill_is_the_minus_inf_of_the_form(fill: float) -> None
 
     module, remarks, counters = _run(nucleus)
     assert counters["top_p_mask_to_sample"] == 1 and not remarks, (remarks, counters)
+
+
+@pytest.mark.parametrize("min_p", [0.1, 1.5])
+def test_hf_min_p_fuses_only_where_its_writings_agree(min_p: float) -> None:
+    """Hugging Face's min-p keeps its top token by torch.topk (5.x) or an argsort (4.x): the same ids while min_p
+    <= 1 (the max is never removed); above 1 the fusion keeps to the draw and says what stays in XLA."""
+
+    def hf_min_p(x, key):  # the form's own program (its test: the limit on the constant it reads)
+        return FORMS["min_p_removal"].fn(x, key, temperature=0.7, min_p=min_p)
+
+    module, remarks, counters = _run(hf_min_p)
+    if min_p <= 1:
+        assert counters["min_p_removal_to_sample"] == 1 and not remarks, (remarks, counters)
+    else:
+        assert not counters["min_p_removal_to_sample"] and counters["sampling_fused_in_part"] == 1, counters

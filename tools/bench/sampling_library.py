@@ -38,7 +38,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "top_k_then_top_p", "keras_hub_top_p", "keras_hub_top_k_top_p", "gemma_top_p_rank_space",
             "floored_top_k_top_p_rank_space", "maxtext_top_p_fill", "maxtext_composite",
             "torchax_top_p_warper_multinomial", "torchax_top_k_top_p_warpers_multinomial",
-            "torchax_min_p_warper_multinomial", "torchax_top_k_min_p_argsort_multinomial")
+            "torchax_min_p_warper_multinomial", "torchax_top_k_min_p_argsort_multinomial",
+            "flax_top_p_warper", "flax_top_k_top_p_warpers")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

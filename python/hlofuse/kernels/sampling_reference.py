@@ -269,6 +269,34 @@ def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
     return categorical_fn(key, _scale(_keep_exactly_top_k(logits, k, top_k_fn), temperature), axis=-1)
 
 
+def flax_top_p_keep(values: jax.Array, p: float) -> jax.Array:
+    """Hugging Face's FlaxTopPLogitsWarper's keep of the descending-sorted logits `values` (B, V): rank j is kept
+    where the cumulative softmax before it is below p (`jnp.roll` of `cumsum < p` by one, over the flattened
+    array, whose wrapped first column is then set), and rank 0 always (min_tokens_to_keep = 1)."""
+    keep = jnp.roll(jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) < p, 1)
+    keep |= keep.at[:, 0].set(True)
+    return keep.at[:, :1].set(True)
+
+
+def top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                    categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """Hugging Face's FlaxTopPLogitsWarper (transformers 4.x Flax generate()): a full-width lax.top_k (value
+    descending, ties by the lower id), `flax_top_p_keep`, the others -inf, back to vocabulary order by
+    `lax.sort_key_val` of the ids, then a categorical of / T. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"the Flax top-p warper takes (B, V) logits, not {logits.shape}")
+    values, ids = jax.lax.top_k(logits, logits.shape[-1])
+    scores = jnp.where(flax_top_p_keep(values, p), values, jnp.full_like(logits, NEG_INF))
+    return categorical_fn(key, _scale(jax.lax.sort_key_val(ids, scores)[-1], temperature), axis=-1)
+
+
+def top_k_exact_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                                top_k_fn: TopK = jax.lax.top_k, **params: Any) -> jax.Array:
+    """Flax generate()'s FlaxTopKLogitsWarper then FlaxTopPLogitsWarper (its Llama-3 config, with the default
+    top-k 50): the exact top k scattered into -inf (`top_k_exact_mask`), then `top_p_flax_mask` of it."""
+    return top_p_flax_mask(_keep_exactly_top_k(logits, k, top_k_fn), key, temperature=temperature, p=p, **params)
+
+
 Sort = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -276,6 +304,13 @@ def sort_unstable(logits: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`torch.sort(x)` as torchax lowers it: jnp.sort and jnp.argsort, both unstable (ascending; -0 and +0 equal,
     NaN last). Which of equal values comes first is the backend's."""
     return jnp.sort(logits, axis=-1, stable=False), jnp.argsort(logits, axis=-1, stable=False)
+
+
+def sorted_top_p_removal(ordered: jax.Array, one_minus_p: float) -> jax.Array:
+    """Hugging Face's top-p removal of ascending-sorted logits: `cumsum(softmax(ordered)) <= 1 - p`, but never the
+    last (the largest; min_tokens_to_keep = 1)."""
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= one_minus_p
+    return remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((*remove.shape[:-1], 1), jnp.int32)) != 0
 
 
 def top_p_removal(logits: jax.Array, one_minus_p: float, sort_fn: Sort = sort_unstable) -> tuple[jax.Array, ...]:
@@ -286,8 +321,7 @@ def top_p_removal(logits: jax.Array, one_minus_p: float, sort_fn: Sort = sort_un
     if logits.ndim != 2:
         raise ValueError(f"the Hugging Face top-p warper takes (B, V) logits, not {logits.shape}")
     ordered, ids = sort_fn(logits)
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= one_minus_p
-    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((*remove.shape[:-1], 1), jnp.int32)) != 0
+    remove = sorted_top_p_removal(ordered, one_minus_p)
     batch, vocab = remove.shape
     rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
     return remove.at[(rows, ids)].set(remove[0:batch, 0:vocab]), ordered, remove
@@ -563,6 +597,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          composes_draws=False),
+    Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
+         composes_draws=False),
+    Form("top_k_exact_top_p_flax_mask", "top_k+top_p", top_k_exact_top_p_flax_mask, ("temperature", "k", "p"),
+         _TOP_K + ("stablehlo.sort", "stablehlo.scatter"), composes_draws=False),
     Form("min_p_removal", "min_p", min_p_removal, ("temperature", "min_p"),
          _NOISE + ("stablehlo.exponential", "chlo.top_k", "stablehlo.scatter"),
          (Writing(min_p_removal_by_argsort,
@@ -583,7 +621,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
 # (the rank nuclei: below)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
-                  "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal")
+                  "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
+                  "top_p_flax_mask", "top_k_exact_top_p_flax_mask")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -26,6 +26,7 @@ from hlofuse.kernels.sampling_reference import (
     RANK_NUCLEI,
     UNCERTIFIED,
     Categorical,
+    flax_top_p_keep,
     form_params,
     last_column,
     log_floored,
@@ -36,6 +37,7 @@ from hlofuse.kernels.sampling_reference import (
     rank_nucleus_scores,
     reference_where_uncertified,
     sample_reference,
+    sorted_top_p_removal,
     top_p_removal,
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
@@ -46,6 +48,7 @@ TARGET = "hlofuse_sample"
 TOP_K_TARGET = "hlofuse_sample_top_k"
 TOP_MASS_TARGET = "hlofuse_sample_top_mass"
 SORT_TARGET = "hlofuse_sample_sort"
+SORT_DESCENDING_TARGET = "hlofuse_sample_sort_descending"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
@@ -329,10 +332,40 @@ def _draw_by_kernel(form: str) -> Categorical:
     return _kernel_categorical(False)
 
 
+def _straddles(ordered: jax.Array, remove: jax.Array) -> jax.Array:
+    """Per row: whether equal sorted logits straddle the removal (one removed, the next kept, or the reverse)."""
+    return jnp.any((ordered[:, 1:] == ordered[:, :-1]) & (remove[:, 1:] != remove[:, :-1]), axis=-1)
+
+
+def _top_k_top_p_removal(logits: jax.Array, k: int, one_minus_p: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Hugging Face's top-k then top-p removal with no sort of the row: where every row keeps exactly its k largest
+    (finite, no tie at the k-th), the masked row sorted ascending is V - k times -inf and then the kernel's top k
+    reversed, the same values in the same places as the program's sort, so the program's removal runs on that; else
+    the kernel's sort of the masked row. Returns (masked logits, removed in vocabulary order, straddles per row)."""
+    values, ids = _top_k_by_kernel(logits, k)
+    masked = jnp.where(logits < values[:, -1:], NEG_INF, logits)
+    batch, vocab = logits.shape
+
+    def constructed() -> tuple[jax.Array, jax.Array]:
+        ordered = jnp.concatenate([jnp.full((batch, vocab - k), NEG_INF, logits.dtype), values[:, ::-1]], axis=-1)
+        remove = sorted_top_p_removal(ordered, one_minus_p)
+        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, k))
+        removed = jnp.ones((batch, vocab), jnp.bool_).at[rows, ids[:, ::-1]].set(remove[:, vocab - k:])
+        return removed, _straddles(ordered, remove)
+
+    def sorted_by_kernel() -> tuple[jax.Array, jax.Array]:
+        removed, ordered, remove = top_p_removal(masked, one_minus_p, _sort_by_kernel)
+        return removed, _straddles(ordered, remove)
+
+    exactly_k = jnp.all(jnp.isfinite(values)) & jnp.all(jnp.sum(logits >= values[:, -1:], axis=-1) == k)
+    removed, straddles = jax.lax.cond(exactly_k, constructed, sorted_by_kernel)
+    return masked, removed, straddles
+
+
 def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form whose filter is top_p_ascending_mask or top_k_top_p_ascending_mask (any draw): the top-k mask by the
-    kernel's top-k, the row sorted by the kernel, the removal by the program's ops, the draw by the kernel; the
-    form's own function where equal logits straddle the removal."""
+    """A form whose filter is top_p_ascending_mask or top_k_top_p_ascending_mask (any draw): the top-k by the
+    kernel's top-k, the row's order by the kernel (`_top_k_top_p_removal`, or its sort), the removal by the
+    program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal."""
     categorical_fn = _draw_by_kernel(form)
     top_k_first = "k" in FORMS[FORMS[form].filters].params
 
@@ -342,11 +375,60 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
 
         if logits.dtype != jnp.float32:
             return own()
-        masked = mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits
-        removed, ordered, remove = top_p_removal(masked, 1 - params["p"], _sort_by_kernel)
+        if top_k_first and params["k"] < logits.shape[-1]:
+            masked, removed, straddles = _top_k_top_p_removal(logits, params["k"], 1 - params["p"])
+        else:
+            masked = mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits
+            removed, ordered, remove = top_p_removal(masked, 1 - params["p"], _sort_by_kernel)
+            straddles = _straddles(ordered, remove)
         tokens = categorical_fn(key, jnp.where(removed, NEG_INF, masked) / params["temperature"], axis=-1)
-        straddles = jnp.any((ordered[:, 1:] == ordered[:, :-1]) & (remove[:, 1:] != remove[:, :-1]), axis=-1)
         return reference_where_uncertified(jnp.where(straddles, UNCERTIFIED, tokens), own)
+
+    return kernel
+
+
+#===--- Hugging Face's Flax top-p ---------------------------------------------------------------===#
+# FlaxTopPLogitsWarper (sampling_reference.top_p_flax_mask) sorts the row descending by a full-width lax.top_k
+# (ties by the lower id: deterministic) and keeps by the cumsum of the softmax of the sorted logits. The kernel
+# sorts the row in that order (`hlofuse_sample_sort_descending`), or, after Flax's exact top-k, takes the top k
+# (the sorted row is those k and then -inf), the program's own ops keep, a scatter puts the scores back where
+# sort_key_val would, and the kernel draws. The kernel's order is lax.top_k's to the bit (XLA's total order, NaN
+# payloads and signs included), so even a row with a NaN gives the program's ids: no sort in XLA.
+FLAX_TOP_P = ("top_p_flax_mask", "top_k_exact_top_p_flax_mask")
+
+
+def _sort_descending_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x (B, V) sorted as lax.top_k(x, V) orders it (+NaN, +inf, ..., +0, -0, ..., -inf, -NaN; ties by the lower
+    id)."""
+    cpu.register()
+    out_types = [jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
+    values, ids = jax.ffi.ffi_call(SORT_DESCENDING_TARGET, out_types, vmap_method="sequential")(
+        x.astype(jnp.float32))
+    return values.astype(x.dtype), ids  # bf16 widened exactly, so narrowed exactly
+
+
+def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form of FLAX_TOP_P on the CPU: the row's order by the kernel, the keep by the program's ops, the draw by
+    the kernel."""
+    with_k = "k" in FORMS[form].params
+    categorical_fn = _kernel_categorical(False)
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        batch, vocab = logits.shape
+        dtype = logits.dtype
+        if with_k:  # Flax's exact top-k scatters into a row of jnp.full's default float dtype
+            values, ids = _top_k_by_kernel(logits, params["k"])
+            dtype = jnp.full((), NEG_INF).dtype
+            values = values.astype(dtype)
+            rest = jnp.full((batch, vocab - params["k"]), NEG_INF, dtype)
+            keep = flax_top_p_keep(jnp.concatenate([values, rest], axis=-1), params["p"])[:, :params["k"]]
+        else:
+            values, ids = _sort_descending_by_kernel(logits)
+            keep = flax_top_p_keep(values, params["p"])
+        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], ids.shape)
+        kept = jnp.where(keep, values, jnp.full_like(values, NEG_INF))
+        scores = jnp.full((batch, vocab), NEG_INF, dtype).at[rows, ids].set(kept)
+        return categorical_fn(key, scores / params["temperature"], axis=-1)
 
     return kernel
 
@@ -416,6 +498,13 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
+    if filters in FLAX_TOP_P:
+        shape, dtype = call.operand_types[0]
+        if len(shape) != 2 or dtype not in ("f32", "bf16"):
+            raise Unsupported("Flax's top-p takes (B, V) f32 or bf16 logits")
+        if attrs.k > shape[-1]:
+            raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
+        return flax_top_p_lowering(attrs.form, attrs.params())
     if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS):
         if len(call.operand_types[0][0]) != 2:
             raise Unsupported("Hugging Face's warpers take (B, V) logits")
