@@ -45,17 +45,24 @@ SCALED_BEFORE = ("top_k_mask", "top_p_mask", "top_k_top_p_mask")
 # lax.top_k, a stable descending argsort sliced to k (values gathered), or argsort(-x) sliced to k (which
 # puts NaN last, unlike lax.top_k: not a top-k writing)
 TOP_KS = ("lax", "sort", "negated_sort")
+MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (its values sorted again), for masks
 # sort: the reference (descending sort, softmax after it, cutoff at sum(cumsum < p)); top_k: the same with
 # a full-width lax.top_k for the sort (JetStream / MaxText); gemma: softmax first, then sort the
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
-# shifted `cumsum <= p` mask, draw from log(kept) in rank space.
-TOP_PS = ("sort", "top_k", "gemma", "keras")
+# shifted `cumsum <= p` mask, draw from log(kept) in rank space; hf: Hugging Face's TopPLogitsWarper as torchax
+# lowers it (ascending unstable sort, remove `cumsum <= 1 - p` but the largest, scattered back); flax: its
+# FlaxTopPLogitsWarper (a full-width lax.top_k, the rolled `cumsum < p`, sort_key_val back). hf and flax take
+# (B, V) logits and fill with -inf.
+TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
 FILLS = ("-inf", "finfo_min", "-1e7", "-1000")
 # The rank-space styles and the forms they write (sampling_reference.RANK_NUCLEI).
 RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_probs"}
+# The forms a nucleus written in the Hugging Face styles fuses to, alone and after a top-k mask (the torch chain has
+# a form; Flax's follows only its own exact top-k, so a top-k mask before it stays in XLA).
+HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None)}
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # gumbel: argmax(x + g); gumbel_first: argmax(g + x); keras: keras' JAX random.categorical(x, 1), a categorical of
@@ -172,6 +179,10 @@ def writes_form_exactly(spec: SamplerSpec) -> bool:
         return False
     if spec.form in USES_TOP_K and spec.top_k_style == "negated_sort":
         return False
+    if spec.form == "top_k_top_p_mask" and spec.top_k_style == "torchax" and spec.top_p_style in ("sort", "top_k"):
+        return False  # the torchax k-th is a writing of top_k_mask and of the torch chain only
+    if spec.form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:
+        return spec.form == "top_p_mask" or HF_TOP_PS[spec.top_p_style][1] is not None
     # A stable descending argsort sliced to k for the top-k, and a full-width lax.top_k for the nucleus's
     # sort, are other writings of the form (sampling_reference).
     if spec.form in USES_TOP_P and spec.fill == "-1000":
@@ -197,6 +208,9 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
         form, values = _fallback(spec, attrs, dtype)
         return form + suffix, values
     form = spec.form
+    if spec.form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:
+        form = HF_TOP_PS[spec.top_p_style][spec.form == "top_k_top_p_mask"]
+        attrs["mode"] = "top_k+top_p" if spec.form == "top_k_top_p_mask" else "top_p"
     if _scales_first(spec) and form == "temperature_top_k":
         form, attrs["mode"] = "top_k", "top_k"
     if spec.form in READS_T and spec.temperature_style == "const":
@@ -204,10 +218,16 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     if spec.form in USES_TOP_K:
         attrs["k"] = spec.k
     if spec.form in USES_TOP_P:
-        attrs["p"] = _rounded(spec.p, dtype)
+        attrs["p"] = _nucleus_p(spec, dtype)
     if spec.form == "min_p":
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
+
+
+def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:
+    """The p a nucleus's composite carries: the program's constant, or, for Hugging Face's torch style, which writes
+    1 - p, 1 minus it."""
+    return 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "hf" else _rounded(spec.p, dtype)
 
 
 def _rank_space_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
@@ -228,7 +248,8 @@ def _fallback(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str
     if spec.temperature_style in ("const", "before") and spec.form == "top_k_top_p_mask" and not rank_space_p:
         # The top-k mask in another writing, then the nucleus as written: top_p_mask of the masked logits.
         scale = _rounded(spec.temperature, dtype) if spec.temperature_style == "const" else 1.0
-        return "top_p_mask", {**attrs, "mode": "top_p", "temperature": scale, "p": _rounded(spec.p, dtype)}
+        nucleus = HF_TOP_PS[spec.top_p_style][0] if spec.top_p_style in HF_TOP_PS else "top_p_mask"
+        return nucleus, {**attrs, "mode": "top_p", "temperature": scale, "p": _nucleus_p(spec, dtype)}
     if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
         return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
     return "categorical", {**attrs, "mode": "temperature"}
@@ -311,8 +332,33 @@ def _take(ids: jax.Array, position: jax.Array) -> jax.Array:
 
 
 def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
-    kth = c.top_k(x, c.spec.k)[0][..., -1:]
+    if c.spec.top_k_style == "torchax":
+        kth = jnp.sort(jax.lax.top_k(x, c.spec.k)[0], axis=-1, descending=True)[..., -1][..., None]
+    else:
+        kth = c.top_k(x, c.spec.k)[0][..., -1:]
     return jnp.where(x < kth, NEG_INF, x)
+
+
+def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
+    """hf / flax styles: Hugging Face's top-p warpers, torch's through torchax or Flax's; the dropped at -inf."""
+    batch, vocab = x.shape
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    if c.spec.top_p_style == "hf":
+        ordered, ids = jnp.sort(x, axis=-1, stable=False), jnp.argsort(x, axis=-1, stable=False)
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+        remove = (cumulative <= 1 - c.spec.p).astype(jnp.int32).at[..., -1:].set(jnp.zeros((batch, 1), jnp.int32))
+        remove = remove != 0
+        kept = jnp.where(remove.at[(rows, ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
+    else:
+        ordered, ids = jax.lax.top_k(x, vocab)
+        cumulative = jax.nn.softmax(ordered, axis=-1).cumsum(axis=-1)
+        keep = jnp.roll(cumulative < c.spec.p, 1)
+        keep |= keep.at[:, 0].set(True)
+        keep = keep.at[:, :1].set(True)
+        kept = jax.lax.sort_key_val(ids, jnp.where(keep, ordered, jnp.full_like(x, NEG_INF)))[-1]
+    if c.spec.escape:
+        c.escaped.append(cumulative)
+    return kept
 
 
 def _nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
@@ -375,6 +421,8 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
             x = _kth_mask(c, x)
         if spec.top_p_style in ("gemma", "keras"):
             return _rank_space_top_p(c, x)
+        if spec.top_p_style in HF_TOP_PS:
+            return c.draw(c.scale(_hf_nucleus_mask(c, x)))
         return c.draw(c.scale(_nucleus_mask(c, x)))
     assert form == "min_p", form
     scaled = c.scale(x)

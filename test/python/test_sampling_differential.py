@@ -34,8 +34,10 @@ from sampling_programs import (
     EXTRAS,
     FILLS,
     FORMS,
+    HF_TOP_PS,
     KEY_KINDS,
     KEY_OPS,
+    MASK_TOP_KS,
     NOISES,
     READS_T,
     SCALED_BEFORE,
@@ -84,7 +86,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         temperature_style=draw(st.sampled_from(TEMPERATURES + ("before",) * (form in SCALED_BEFORE)))
         if form in READS_T else "const",
         k=draw(st.sampled_from([1, 3, 8])),
-        top_k_style=draw(st.sampled_from(TOP_KS)) if form in USES_TOP_K else "lax",
+        top_k_style=draw(st.sampled_from(MASK_TOP_KS if form in ("top_k_mask", "top_k_top_p_mask") else TOP_KS))
+        if form in USES_TOP_K else "lax",
         p=draw(st.sampled_from([0.5, 0.9])),
         top_p_style=draw(st.sampled_from(TOP_PS)) if form in USES_TOP_P else "sort",
         fill=draw(st.sampled_from(FILLS if form == "top_p_mask" else FILLS[:3])) if form in USES_TOP_P else "-inf",
@@ -95,7 +98,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         extras=tuple(e for e in EXTRAS if draw(st.integers(0, 3)) == 0),
     )
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
-    if stochastic and not rank_space_p:
+    if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
+        spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), fill="-inf")
+    flax_p = form in USES_TOP_P and spec.top_p_style == "flax"  # Flax draws by categorical only
+    if stochastic and not rank_space_p and not flax_p:
         drawn = draw(st.sampled_from(DRAWS))
         if drawn == "choice" and spec.batch in ("b", "bt"):
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
@@ -103,7 +109,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn)
     if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
-    escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k"))
+    escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k", "hf", "flax"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
     escape = escapable and draw(st.integers(0, 4)) == 0
