@@ -38,7 +38,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
-from hlofuse.ir.match import defining_op
+from hlofuse.ir.match import constant_scalar, defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.sampling_reference import FILL_BOUND, FILL_NOTE, FORMS, Form, Writing
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
@@ -295,6 +295,8 @@ def _top_ks(op: ir.Operation) -> list[TopK]:
     if op.name == "chlo.top_k":
         source = op.operands[0]
         return [TopK(_shape(source), _element(source), ir.IntegerAttr(op.attributes["k"]).value)]
+    if op.name == "stablehlo.sort" and len(op.operands) == 1:
+        return _kth_of_sort(op)
     if op.name != "stablehlo.sort" or len(op.operands) != 2:
         return []
     source = op.operands[0]
@@ -316,6 +318,39 @@ def _top_ks(op: ir.Operation) -> list[TopK]:
             if not any(starts) and set(strides) == {1} and k < _shape(source)[last]:
                 found.append(TopK(_shape(source), _element(source), k, op))
     return found
+
+
+def _kth_of_sort(op: ir.Operation) -> list[TopK]:
+    """A 1-operand sort along the last dim, reversed along it, whose column k - 1 is taken (a slice or a
+    dynamic_slice at a constant index, one wide): the k-th largest, as EasyDeL's TopKLogitsWarper reads it. Which
+    are a top-k's threshold the templates decide."""
+    source = op.operands[0]
+    last = len(_shape(source)) - 1
+    if ir.IntegerAttr(op.attributes["dimension"]).value != last:
+        return []
+    found = []
+    for reverse in (use.owner for use in op.results[0].uses):
+        if reverse.name != "stablehlo.reverse":
+            continue
+        if list(ir.DenseI64ArrayAttr(reverse.attributes["dimensions"])) != [last]:
+            continue
+        for column in (u.owner for u in reverse.results[0].uses):
+            k = _column_index(column, last)
+            if k is not None and 0 < k + 1 < _shape(source)[last]:
+                found.append(TopK(_shape(source), _element(source), k + 1))
+    return found
+
+
+def _column_index(op: ir.Operation, last: int) -> int | None:
+    """The index of the one column of dim `last` that a slice or a dynamic_slice at constant indices takes."""
+    if _shape(op.results[0])[last] != 1:
+        return None
+    if op.name == "stablehlo.slice":
+        return list(ir.DenseI64ArrayAttr(op.attributes["start_indices"]))[last]
+    if op.name == "stablehlo.dynamic_slice":
+        index = constant_scalar(op.operands[1 + last])
+        return None if index is None or index != int(index) else int(index)
+    return None
 
 
 def _rows(draw: Draw) -> tuple[int, ...]:

@@ -5,7 +5,8 @@ Matches: `func.call`s of private, single-block functions (JAX outlines helpers s
 (`lax.cond` on a Python-level flag, as libraries guard each logits warper: canonicalize does not fold them).
 Emits: the callee's body inlined at each call site, the taken branch inlined in place of its case, unreferenced
 private functions erased, identity converts (`convert` to its own type, as JAX writes a weak-typed Python
-scalar: `where(m, x, 0.0)`) dropped, then `canonicalize` and `cse`.
+scalar: `where(m, x, 0.0)`) dropped, integer scalar arithmetic on constants folded (an index normalised at a
+constant, `select(i < 0, i + n, i)`), then `canonicalize` and `cse`.
 
     %m = call @tril(%c) : (tensor<16x16xi1>) -> tensor<16x16xi1>
   becomes
@@ -19,6 +20,7 @@ from typing import ClassVar
 
 from jax._src.lib import jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.ir.mask_eval import evaluate
 from hlofuse.ir.match import defining_op
@@ -187,6 +189,49 @@ def erase_identity_converts(module: ir.Operation) -> int:
     return len(converts)
 
 
+# Integer scalar ops folded when every operand is a constant: exact in numpy as in XLA (two's complement), and
+# what JAX leaves of an index it normalises (`select(i < 0, i + n, i)`) or a library computes under a cond
+# (EasyDeL's `maximum(0, k - 1)`), which canonicalize does not fold.
+_INTEGER_FOLDS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.maximum",
+                  "stablehlo.minimum", "stablehlo.compare", "stablehlo.select", "stablehlo.convert")
+
+
+def _rank_0(value: ir.Value) -> ir.RankedTensorType | None:
+    return value.type if isinstance(value.type, ir.RankedTensorType) and value.type.rank == 0 else None
+
+
+def _integer_scalar(value: ir.Value) -> bool:
+    return (t := _rank_0(value)) is not None and isinstance(t.element_type, ir.IntegerType)
+
+
+def fold_integer_scalars(module: ir.Operation) -> int:
+    """Replaces each 0-d integer result of an op of _INTEGER_FOLDS whose operands are all constants (after the
+    folds before it) by its constant; returns how many. A read at a constant index then reads as one."""
+    candidates: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in _INTEGER_FOLDS and len(op.results) == 1 and _integer_scalar(op.results[0]) and all(
+                _integer_scalar(v) for v in op.operands):
+            candidates.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    folded = 0
+    for op in candidates:  # in program order: an op's operands are folded before it
+        if not all((d := defining_op(v)) is not None and d.name == "stablehlo.constant" for v in op.operands):
+            continue
+        value = evaluate(op.results[0])
+        if value is None:
+            continue
+        result_type = ir.RankedTensorType(op.results[0].type)
+        attr = ir.IntegerAttr.get(result_type.element_type, int(value.reshape(())))
+        with ir.InsertionPoint(op), op.location:
+            constant = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(result_type, attr))
+        op.results[0].replace_all_uses_with(constant.result)
+        folded += 1
+    return folded
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -198,5 +243,6 @@ class PreparePass(ModulePass):
         state.count("inline_private_call", inline_private_calls(module))
         state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
         state.count("erase_identity_convert", erase_identity_converts(module))
+        state.count("fold_integer_scalar", fold_integer_scalars(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

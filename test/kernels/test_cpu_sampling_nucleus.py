@@ -248,14 +248,21 @@ def test_kernel_descending_sort_is_a_full_width_lax_top_k() -> None:
     np.testing.assert_array_equal(np.asarray(values).view(np.uint32), np.asarray(want_values).view(np.uint32))
 
 
-@pytest.mark.parametrize("form", ["top_p_flax_mask", "top_k_exact_top_p_flax_mask"])
+@pytest.mark.parametrize("form", ["top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_top_p_flax_mask",
+                                  "top_k_keep_mask", "top_k_keep_mask_choice"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_flax_top_p_gives_the_reference_ids_with_no_sort(form: str, dtype: jnp.dtype) -> None:
+    """Flax's and EasyDeL's warpers; `many_nan` has a row with k NaNs (EasyDeL's k-th is then NaN: nothing kept)
+    and one with fewer."""
     params = form_params(form, temperature=0.8, p=0.9, k=64)
     lowering = jax.jit(sampling.flax_top_p_lowering(form, params))
     reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
-    for case in CASES:
-        logits = jnp.asarray(_logits(3, 4096, case), dtype)
+    for case in (*CASES, "many_nan"):
+        x = _logits(3, 4096, case if case != "many_nan" else "normal")
+        if case == "many_nan":
+            x[0, ::61] = np.nan  # 68 NaNs
+            x[1, ::200] = np.nan  # 21
+        logits = jnp.asarray(x, dtype)
         for seed in range(3):
             key = jnp.array([seed, 23 + seed], jnp.uint32)
             np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")

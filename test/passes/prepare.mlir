@@ -131,3 +131,39 @@ func.func public @drops_identity_converts(%arg0: tensor<4xi1>, %arg1: tensor<4xf
   %3 = stablehlo.convert %arg1 : (tensor<4xf32>) -> tensor<4xbf16>
   return %2, %3 : tensor<4xf32>, tensor<4xbf16>
 }
+
+// -----
+
+// An index computed from constants (EasyDeL's `maximum(0, k - 1)` under its cond, then JAX's negative-index wrap
+// `select(i < 0, i + n, i)`) folds to its constant, so the read is at a constant column.
+// CHECK-LABEL: func.func public @folds_integer_scalars_of_constants
+// CHECK-DAG: %[[ZERO:.*]] = stablehlo.constant dense<0> : tensor<i32>
+// CHECK-DAG: %[[K:.*]] = stablehlo.constant dense<39> : tensor<i32>
+// CHECK-NOT: stablehlo.select
+// CHECK: stablehlo.dynamic_slice %arg0, %[[ZERO]], %[[K]], sizes = [2, 1]
+func.func public @folds_integer_scalars_of_constants(%arg0: tensor<2x64xf32>) -> tensor<2x1xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %c1 = stablehlo.constant dense<1> : tensor<i32>
+  %c40 = stablehlo.constant dense<40> : tensor<i32>
+  %c64 = stablehlo.constant dense<64> : tensor<i32>
+  %0 = stablehlo.subtract %c40, %c1 : tensor<i32>
+  %1 = stablehlo.maximum %c0, %0 : tensor<i32>
+  %2 = stablehlo.compare LT, %1, %c0, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+  %3 = stablehlo.add %1, %c64 : tensor<i32>
+  %4 = stablehlo.select %2, %3, %1 : tensor<i1>, tensor<i32>
+  %5 = stablehlo.dynamic_slice %arg0, %c0, %4, sizes = [2, 1] : (tensor<2x64xf32>, tensor<i32>, tensor<i32>) -> tensor<2x1xf32>
+  return %5 : tensor<2x1xf32>
+}
+
+// -----
+
+// Near miss: an index that reads an argument stays computed.
+// CHECK-LABEL: func.func public @no_match_integer_scalars_of_an_argument
+// CHECK: stablehlo.maximum
+// CHECK: stablehlo.dynamic_slice
+func.func public @no_match_integer_scalars_of_an_argument(%arg0: tensor<2x64xf32>, %arg1: tensor<i32>) -> tensor<2x1xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0 = stablehlo.maximum %c0, %arg1 : tensor<i32>
+  %1 = stablehlo.dynamic_slice %arg0, %c0, %0, sizes = [2, 1] : (tensor<2x64xf32>, tensor<i32>, tensor<i32>) -> tensor<2x1xf32>
+  return %1 : tensor<2x1xf32>
+}

@@ -410,6 +410,24 @@ def flax_top_k_top_p_warpers(x, key):
     return jax.random.categorical(key, _flax_top_p_warper(kept, 0.9), axis=-1)
 
 
+def _easydel_top_k_warper(y, k):
+    """EasyDeL's TopKLogitsWarper: the k-th of a descending jnp.sort (its index computed from k under its cond,
+    constants a prepare folds), keep >=."""
+    effective_k = jnp.minimum(jnp.maximum(jnp.asarray(k), 1), y.shape[-1]).astype(jnp.int32)
+    threshold = jnp.sort(y, axis=-1)[:, ::-1][:, jnp.maximum(0, effective_k - 1)][:, None]
+    return jnp.where(y >= threshold, y, -jnp.inf)
+
+
+def easydel_top_k_warper(x, key):
+    """EasyDeL's Temperature and TopK warpers, then a categorical: top_k_keep_mask at T = 1 of x / T."""
+    return jax.random.categorical(key, _easydel_top_k_warper(x / 0.7, 12), axis=-1)
+
+
+def easydel_top_k_top_p_warpers(x, key):
+    """EasyDeL's Temperature, TopK and TopP (Flax's) warpers: top_k_keep_top_p_flax_mask at T = 1 of x / T."""
+    return jax.random.categorical(key, _flax_top_p_warper(_easydel_top_k_warper(x / 0.7, 40), 0.9), axis=-1)
+
+
 def floored_top_k_top_p_rank_space(x, key):
     """The same nucleus over the top k probabilities, floored before the log (`log(p + 1e-10)`), squeezed as
     several gemma-derived samplers write it: top_k_top_p_of_probs_normalized with eps = 1e-10."""
@@ -528,6 +546,9 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 1.0, "p": float(np.float32(0.9))}),
     Variant("flax_top_k_top_p_warpers", flax_top_k_top_p_warpers, "top_k_exact_top_p_flax_mask",
             expect={"temperature": 1.0, "k": 50, "p": float(np.float32(0.9))}),
+    Variant("easydel_top_k_warper", easydel_top_k_warper, "top_k_keep_mask", expect={"temperature": 1.0, "k": 12}),
+    Variant("easydel_top_k_top_p_warpers", easydel_top_k_top_p_warpers, "top_k_keep_top_p_flax_mask",
+            expect={"temperature": 1.0, "k": 40, "p": float(np.float32(0.9))}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

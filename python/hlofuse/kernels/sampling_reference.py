@@ -297,6 +297,32 @@ def top_k_exact_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperatur
     return top_p_flax_mask(_keep_exactly_top_k(logits, k, top_k_fn), key, temperature=temperature, p=p, **params)
 
 
+def kth_of_descending_sort(logits: jax.Array, k: int) -> jax.Array:
+    """EasyDeL's TopKLogitsWarper's threshold: column k - 1 of jnp.sort reversed (so NaN, any, first), as a (B, 1)
+    column, read at a constant index."""
+    return jnp.sort(logits, axis=-1)[:, ::-1][:, jnp.asarray(k - 1, jnp.int32)][:, None]
+
+
+def keep_top_k(logits: jax.Array, k: int) -> jax.Array:
+    """EasyDeL's top-k filter: keep `x >= kth_of_descending_sort(x, k)` (ties of the k-th kept; a NaN logit never
+    kept, and a row with k NaNs keeps nothing), -inf elsewhere. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"EasyDeL's top-k warper takes (B, V) logits, not {logits.shape}")
+    return jnp.where(logits >= kth_of_descending_sort(logits, k), logits, NEG_INF)
+
+
+def top_k_keep_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
+                    categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """EasyDeL's TopKLogitsWarper (`keep_top_k`), then a categorical of / T."""
+    return categorical_fn(key, _scale(keep_top_k(logits, k), temperature), axis=-1)
+
+
+def top_k_keep_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                               **params: Any) -> jax.Array:
+    """EasyDeL's TopKLogitsWarper then its TopPLogitsWarper (Flax's, `top_p_flax_mask`)."""
+    return top_p_flax_mask(keep_top_k(logits, k), key, temperature=temperature, p=p, **params)
+
+
 Sort = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -599,6 +625,9 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          composes_draws=False),
     Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
          composes_draws=False),
+    Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
+    Form("top_k_keep_top_p_flax_mask", "top_k+top_p", top_k_keep_top_p_flax_mask, ("temperature", "k", "p"),
+         _TOP_K + ("stablehlo.sort",), composes_draws=False),
     Form("top_k_exact_top_p_flax_mask", "top_k+top_p", top_k_exact_top_p_flax_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort", "stablehlo.scatter"), composes_draws=False),
     Form("min_p_removal", "min_p", min_p_removal, ("temperature", "min_p"),
@@ -628,7 +657,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 # (the rank nuclei: below)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
-                  "top_p_flax_mask", "top_k_exact_top_p_flax_mask")
+                  "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

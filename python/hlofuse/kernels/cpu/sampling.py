@@ -393,8 +393,10 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
 # sorts the row in that order (`hlofuse_sample_sort_descending`), or, after Flax's exact top-k, takes the top k
 # (the sorted row is those k and then -inf), the program's own ops keep, a scatter puts the scores back where
 # sort_key_val would, and the kernel draws. The kernel's order is lax.top_k's to the bit (XLA's total order, NaN
-# payloads and signs included), so even a row with a NaN gives the program's ids: no sort in XLA.
-FLAX_TOP_P = ("top_p_flax_mask", "top_k_exact_top_p_flax_mask")
+# payloads and signs included), so even a row with a NaN gives the program's ids: no sort in XLA. EasyDeL's warpers
+# are Flax's top-p after a top-k of their own (`keep_top_k`: the k-th of a descending jnp.sort), whose k-th the
+# kernel's top-k gives.
+FLAX_TOP_P = ("top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_top_p_flax_mask")
 
 
 def _sort_descending_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -407,27 +409,50 @@ def _sort_descending_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return values.astype(x.dtype), ids  # bf16 widened exactly, so narrowed exactly
 
 
+def _keep_top_k_by_kernel(x: jax.Array, k: int) -> jax.Array:
+    """sampling_reference.keep_top_k with no sort: its k-th (column k - 1 of jnp.sort reversed, where every NaN
+    comes first) is NaN in a row of k NaNs or more, else the (k - n)-th largest of the row's other logits (n NaNs),
+    from the kernel's top-k; -0 and +0 compare equal either way."""
+    nans = jnp.sum(jnp.isnan(x), axis=-1, keepdims=True)
+    values, _ = _top_k_by_kernel(jnp.where(jnp.isnan(x), NEG_INF, x), k)
+    kth = jnp.take_along_axis(values, jnp.clip(k - 1 - nans, 0, k - 1), axis=-1)
+    kth = jnp.where(nans >= k, jnp.asarray(jnp.nan, x.dtype), kth)
+    return jnp.where(x >= kth, x, NEG_INF)
+
+
+def _flax_top_p_kept(logits: jax.Array, p: float, exact_k: int) -> jax.Array:
+    """FlaxTopPLogitsWarper of `logits` (B, V): the row in lax.top_k's order by the kernel (or, after Flax's exact
+    top-k, `exact_k` > 0, the kernel's top k and then -inf, which is that order), the program's keep, a scatter
+    back to vocabulary order (where the program's sort_key_val puts them)."""
+    batch, vocab = logits.shape
+    dtype = logits.dtype
+    if exact_k:  # Flax's exact top-k scatters into a row of jnp.full's default float dtype
+        values, ids = _top_k_by_kernel(logits, exact_k)
+        dtype = jnp.full((), NEG_INF).dtype
+        values = values.astype(dtype)
+        rest = jnp.full((batch, vocab - exact_k), NEG_INF, dtype)
+        keep = flax_top_p_keep(jnp.concatenate([values, rest], axis=-1), p)[:, :exact_k]
+    else:
+        values, ids = _sort_descending_by_kernel(logits)
+        keep = flax_top_p_keep(values, p)
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], ids.shape)
+    kept = jnp.where(keep, values, jnp.full_like(values, NEG_INF))
+    return jnp.full((batch, vocab), NEG_INF, dtype).at[rows, ids].set(kept)
+
+
 def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of FLAX_TOP_P on the CPU: the row's order by the kernel, the keep by the program's ops, the draw by
-    the kernel."""
-    with_k = "k" in FORMS[form].params
-    categorical_fn = _kernel_categorical(False)
+    """A form of FLAX_TOP_P, or of top_k_keep_mask (EasyDeL's top-k; any draw), on the CPU: the top-k and the row's
+    order by the kernel, the keep by the program's ops, the draw by the kernel."""
+    filters = FORMS[form].filters
+    categorical_fn = _draw_by_kernel(form)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        batch, vocab = logits.shape
-        dtype = logits.dtype
-        if with_k:  # Flax's exact top-k scatters into a row of jnp.full's default float dtype
-            values, ids = _top_k_by_kernel(logits, params["k"])
-            dtype = jnp.full((), NEG_INF).dtype
-            values = values.astype(dtype)
-            rest = jnp.full((batch, vocab - params["k"]), NEG_INF, dtype)
-            keep = flax_top_p_keep(jnp.concatenate([values, rest], axis=-1), params["p"])[:, :params["k"]]
+        if filters == "top_k_keep_mask":
+            scores = _keep_top_k_by_kernel(logits, params["k"])
+        elif filters == "top_k_keep_top_p_flax_mask":
+            scores = _flax_top_p_kept(_keep_top_k_by_kernel(logits, params["k"]), params["p"], 0)
         else:
-            values, ids = _sort_descending_by_kernel(logits)
-            keep = flax_top_p_keep(values, params["p"])
-        rows = jnp.broadcast_to(jnp.arange(batch)[:, None], ids.shape)
-        kept = jnp.where(keep, values, jnp.full_like(values, NEG_INF))
-        scores = jnp.full((batch, vocab), NEG_INF, dtype).at[rows, ids].set(kept)
+            scores = _flax_top_p_kept(logits, params["p"], params["k"] if filters != "top_p_flax_mask" else 0)
         return categorical_fn(key, scores / params["temperature"], axis=-1)
 
     return kernel
@@ -498,10 +523,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
-    if filters in FLAX_TOP_P:
+    if filters in (*FLAX_TOP_P, "top_k_keep_mask"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
-            raise Unsupported("Flax's top-p takes (B, V) f32 or bf16 logits")
+            raise Unsupported("the Flax and EasyDeL warpers take (B, V) f32 or bf16 logits")
         if attrs.k > shape[-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
         return flax_top_p_lowering(attrs.form, attrs.params())
