@@ -249,12 +249,12 @@ def test_kernel_descending_sort_is_a_full_width_lax_top_k() -> None:
 
 
 @pytest.mark.parametrize("form", ["top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_top_p_flax_mask",
-                                  "top_k_keep_mask", "top_k_keep_mask_choice"])
+                                  "top_k_keep_mask", "top_k_keep_mask_choice", "min_p_sorted_removal"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_flax_top_p_gives_the_reference_ids_with_no_sort(form: str, dtype: jnp.dtype) -> None:
+def test_flax_and_easydel_warpers_give_the_reference_ids_with_no_sort(form: str, dtype: jnp.dtype) -> None:
     """Flax's and EasyDeL's warpers; `many_nan` has a row with k NaNs (EasyDeL's k-th is then NaN: nothing kept)
     and one with fewer."""
-    params = form_params(form, temperature=0.8, p=0.9, k=64)
+    params = form_params(form, temperature=0.8, p=0.9, k=64, min_p=0.1)
     lowering = jax.jit(sampling.flax_top_p_lowering(form, params))
     reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
     for case in (*CASES, "many_nan"):

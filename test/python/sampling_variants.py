@@ -428,6 +428,19 @@ def easydel_top_k_top_p_warpers(x, key):
     return jax.random.categorical(key, _flax_top_p_warper(_easydel_top_k_warper(x / 0.7, 40), 0.9), axis=-1)
 
 
+def easydel_min_p_warper(x, key):
+    """EasyDeL's Temperature and MinP warpers (the softmax of the full-width-sorted logits against its first, the
+    removal scattered back through a meshgrid), then a categorical: min_p_sorted_removal at T = 1 of x / T."""
+    y = x / 0.7
+    batch, vocab = y.shape
+    ordered, ids = jax.lax.top_k(y, vocab)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    remove = (probs < 0.1 * probs[:, 0:1]) & ~(jnp.arange(vocab) < 1)
+    rows, _ = jnp.meshgrid(jnp.arange(batch), jnp.arange(vocab), indexing="ij")
+    removed = jnp.zeros_like(y, dtype=jnp.bool_).at[(rows, ids)].set(remove)
+    return jax.random.categorical(key, jnp.where(removed, -jnp.inf, y), axis=-1)
+
+
 def floored_top_k_top_p_rank_space(x, key):
     """The same nucleus over the top k probabilities, floored before the log (`log(p + 1e-10)`), squeezed as
     several gemma-derived samplers write it: top_k_top_p_of_probs_normalized with eps = 1e-10."""
@@ -549,6 +562,8 @@ VARIANTS: list[Variant] = [
     Variant("easydel_top_k_warper", easydel_top_k_warper, "top_k_keep_mask", expect={"temperature": 1.0, "k": 12}),
     Variant("easydel_top_k_top_p_warpers", easydel_top_k_top_p_warpers, "top_k_keep_top_p_flax_mask",
             expect={"temperature": 1.0, "k": 40, "p": float(np.float32(0.9))}),
+    Variant("easydel_min_p_warper", easydel_min_p_warper, "min_p_sorted_removal",
+            expect={"temperature": 1.0, "min_p": float(np.float32(0.1))}),
     Variant("gemma_top_k_by_batch_index", gemma_top_k_by_batch_index, "top_k", expect={"k": 24, "temperature": 0.6}),
     Variant("no_match_top_1_of_probs", no_match_top_1_of_probs, None, stochastic=False,
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),

@@ -323,6 +323,22 @@ def top_k_keep_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature
     return top_p_flax_mask(keep_top_k(logits, k), key, temperature=temperature, p=p, **params)
 
 
+def min_p_sorted_removal(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                         categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """EasyDeL's MinPLogitsWarper: a full-width lax.top_k, the softmax of the sorted logits, remove ranks whose
+    probability is below min_p times rank 0's (rank 0 never: min_tokens_to_keep = 1), scattered back to vocabulary
+    order through a meshgrid of rows, -inf there, then a categorical of / T. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"EasyDeL's min-p warper takes (B, V) logits, not {logits.shape}")
+    batch, vocab = logits.shape
+    ordered, ids = jax.lax.top_k(logits, vocab)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    remove = (probs < min_p * probs[:, 0:1]) & ~(jnp.arange(vocab) < 1)
+    rows, _ = jnp.meshgrid(jnp.arange(batch), jnp.arange(vocab), indexing="ij")
+    removed = jnp.zeros_like(logits, dtype=jnp.bool_).at[(rows, ids)].set(remove)
+    return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, logits), temperature), axis=-1)
+
+
 Sort = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
 
 
@@ -626,6 +642,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
          composes_draws=False),
     Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
+    Form("min_p_sorted_removal", "min_p", min_p_sorted_removal, ("temperature", "min_p"),
+         _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"), composes_draws=False),
     Form("top_k_keep_top_p_flax_mask", "top_k+top_p", top_k_keep_top_p_flax_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort",), composes_draws=False),
     Form("top_k_exact_top_p_flax_mask", "top_k+top_p", top_k_exact_top_p_flax_mask, ("temperature", "k", "p"),
@@ -657,7 +675,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 # (the rank nuclei: below)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
-                  "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask")
+                  "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
+                  "min_p_sorted_removal")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -440,15 +440,30 @@ def _flax_top_p_kept(logits: jax.Array, p: float, exact_k: int) -> jax.Array:
     return jnp.full((batch, vocab), NEG_INF, dtype).at[rows, ids].set(kept)
 
 
+def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
+    """EasyDeL's MinPLogitsWarper of `logits` (B, V): the row in lax.top_k's order by the kernel, the program's
+    softmax and removal on it, scattered back; the removed at -inf."""
+    batch, vocab = logits.shape
+    ordered, ids = _sort_descending_by_kernel(logits)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    remove = (probs < min_p * probs[:, 0:1]) & ~(jnp.arange(vocab) < 1)
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], ids.shape)
+    removed = jnp.zeros(logits.shape, jnp.bool_).at[rows, ids].set(remove)
+    return jnp.where(removed, NEG_INF, logits)
+
+
 def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of FLAX_TOP_P, or of top_k_keep_mask (EasyDeL's top-k; any draw), on the CPU: the top-k and the row's
-    order by the kernel, the keep by the program's ops, the draw by the kernel."""
+    """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw) or min_p_sorted_removal (EasyDeL's min-p)
+    on the CPU: the top-k and the row's order by the kernel, the keep by the program's ops, the draw by the
+    kernel."""
     filters = FORMS[form].filters
     categorical_fn = _draw_by_kernel(form)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         if filters == "top_k_keep_mask":
             scores = _keep_top_k_by_kernel(logits, params["k"])
+        elif filters == "min_p_sorted_removal":
+            scores = _min_p_sorted_kept(logits, params["min_p"])
         elif filters == "top_k_keep_top_p_flax_mask":
             scores = _flax_top_p_kept(_keep_top_k_by_kernel(logits, params["k"]), params["p"], 0)
         else:
@@ -523,7 +538,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
-    if filters in (*FLAX_TOP_P, "top_k_keep_mask"):
+    if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
             raise Unsupported("the Flax and EasyDeL warpers take (B, V) f32 or bf16 logits")
