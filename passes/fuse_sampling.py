@@ -343,7 +343,10 @@ def _kth_of_sort(op: ir.Operation) -> list[TopK]:
 
 def _column_index(op: ir.Operation, last: int) -> int | None:
     """The index of the one column of dim `last` that a slice or a dynamic_slice at constant indices takes."""
-    if _shape(op.results[0])[last] != 1:
+    if op.name not in ("stablehlo.slice", "stablehlo.dynamic_slice") or len(op.results) != 1:
+        return None
+    shape = _shape(op.results[0])
+    if len(shape) != last + 1 or shape[last] != 1:
         return None
     if op.name == "stablehlo.slice":
         return list(ir.DenseI64ArrayAttr(op.attributes["start_indices"]))[last]
