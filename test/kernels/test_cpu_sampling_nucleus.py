@@ -6,6 +6,8 @@ with zeros after L is the program's sum of the same values."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,10 +37,32 @@ def _logits(rows: int, vocab: int, case: str) -> np.ndarray:
         x[:, rng.random(vocab) < 0.5] = -np.inf
     elif case == "nan":
         x[0, 7] = np.nan
+    elif case == "many_nan":  # normal, with a row of k = 64 NaNs or more and one with fewer
+        x *= 3
+        x[0, ::61] = np.nan  # 68 NaNs
+        x[1, ::200] = np.nan  # 21
     return x
 
 
 CASES = ("peaked", "normal", "flat", "ties", "neg_inf", "nan")
+
+
+def _assert_gives_the_reference_ids(lowering: Callable[..., jax.Array], form: str, params: dict, cases: tuple[str, ...],
+                                    dtype: jnp.dtype = jnp.float32, key_base: int = 17) -> None:
+    """`lowering` draws `sample_reference`'s ids on 3 x 4096 logits of each case, for 3 keys."""
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for case in cases:
+        logits = jnp.asarray(_logits(3, 4096, case), dtype)
+        for seed in range(3):
+            key = jnp.array([seed, key_base + seed], jnp.uint32)
+            np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+
+
+def _assert_no_sort(lowering: Callable[..., jax.Array], dtype: jnp.dtype = jnp.float32) -> None:
+    """The compiled program of `lowering` over (2, WIDE) logits holds no sort and no TopK."""
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), dtype),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
 
 
 @pytest.mark.parametrize("eps", [0.0, 1e-10, 0.05], ids=["no_floor", "floor_1e-10", "floor_0.05"])
@@ -175,13 +199,7 @@ def test_hf_top_p_gives_the_reference_ids(form: str) -> None:
     """Ties straddling the removal (rounded logits) take the form's own function; the rest, the kernel's sort (after
     the kernel's top-k mask, whose k-th value ties in the `ties` rows)."""
     params = form_params(form, temperature=0.8, p=0.9, k=64)
-    kernel = jax.jit(sampling.top_p_ascending_lowering(form, params))
-    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
-    for case in ("peaked", "normal", "flat", "ties", "neg_inf", "nan"):
-        logits = jnp.asarray(_logits(3, 4096, case))
-        for seed in range(3):
-            key = jnp.array([seed, 17 + seed], jnp.uint32)
-            np.testing.assert_array_equal(kernel(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+    _assert_gives_the_reference_ids(jax.jit(sampling.top_p_ascending_lowering(form, params)), form, params, CASES)
 
 
 def _computations_with(hlo: str, op: str) -> tuple[set[str], str]:
@@ -218,15 +236,8 @@ def test_hf_min_p_gives_the_reference_ids_with_no_sort(form: str) -> None:
     TopK in the compiled program."""
     params = form_params(form, temperature=0.7, min_p=0.1, k=64)
     lowering = jax.jit(sampling.min_p_removal_lowering(form, params))
-    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
-    for case in ("peaked", "normal", "flat", "ties", "neg_inf", "nan"):
-        logits = jnp.asarray(_logits(3, 4096, case))
-        for seed in range(3):
-            key = jnp.array([seed, 17 + seed], jnp.uint32)
-            np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
-    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
-                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
-    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+    _assert_gives_the_reference_ids(lowering, form, params, CASES)
+    _assert_no_sort(lowering)
 
 
 # ----- Hugging Face's Flax top-p: the row in lax.top_k's order, by the kernel ------------------------------
@@ -256,16 +267,5 @@ def test_flax_and_easydel_warpers_give_the_reference_ids_with_no_sort(form: str,
     and one with fewer."""
     params = form_params(form, temperature=0.8, p=0.9, k=64, min_p=0.1)
     lowering = jax.jit(sampling.flax_top_p_lowering(form, params))
-    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
-    for case in (*CASES, "many_nan"):
-        x = _logits(3, 4096, case if case != "many_nan" else "normal")
-        if case == "many_nan":
-            x[0, ::61] = np.nan  # 68 NaNs
-            x[1, ::200] = np.nan  # 21
-        logits = jnp.asarray(x, dtype)
-        for seed in range(3):
-            key = jnp.array([seed, 23 + seed], jnp.uint32)
-            np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
-    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), dtype),
-                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
-    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), dtype, key_base=23)
+    _assert_no_sort(lowering, dtype)
