@@ -313,12 +313,18 @@ def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
 # function (UNCERTIFIED).
 
 
-def _sort_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x (..., V) f32 sorted ascending as jnp.sort orders it (-0 and +0 equal, NaN last), stably: values and ids."""
+def _sorted_by(target: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each row of x (..., V) sorted by the radix-sort kernel `target`, stably: values (in x's dtype: bf16 widened
+    exactly, so narrowed exactly) and ids."""
     cpu.register()
     out_types = [jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
-    values, ids = jax.ffi.ffi_call(SORT_TARGET, out_types, vmap_method="sequential")(x)
-    return values, ids
+    values, ids = jax.ffi.ffi_call(target, out_types, vmap_method="sequential")(x.astype(jnp.float32))
+    return values.astype(x.dtype), ids
+
+
+def _sort_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x (..., V) sorted ascending as jnp.sort orders it (-0 and +0 equal, NaN last), stably: values and ids."""
+    return _sorted_by(SORT_TARGET, x)
 
 
 def _draw_by_kernel(form: str) -> Categorical:
@@ -402,11 +408,7 @@ FLAX_TOP_P = ("top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_top_
 def _sort_descending_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """x (B, V) sorted as lax.top_k(x, V) orders it (+NaN, +inf, ..., +0, -0, ..., -inf, -NaN; ties by the lower
     id)."""
-    cpu.register()
-    out_types = [jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
-    values, ids = jax.ffi.ffi_call(SORT_DESCENDING_TARGET, out_types, vmap_method="sequential")(
-        x.astype(jnp.float32))
-    return values.astype(x.dtype), ids  # bf16 widened exactly, so narrowed exactly
+    return _sorted_by(SORT_DESCENDING_TARGET, x)
 
 
 def _keep_top_k_by_kernel(x: jax.Array, k: int) -> jax.Array:
