@@ -370,7 +370,8 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 
 # Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
 _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
-               "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits")
+               "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits", "top_p_of_logits_exclusive",
+               "top_k_top_p_of_logits_exclusive")
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],

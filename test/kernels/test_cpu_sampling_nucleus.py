@@ -269,3 +269,16 @@ def test_flax_and_easydel_warpers_give_the_reference_ids_with_no_sort(form: str,
     lowering = jax.jit(sampling.flax_top_p_lowering(form, params))
     _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), dtype, key_base=23)
     _assert_no_sort(lowering, dtype)
+
+
+@pytest.mark.parametrize(("form", "dtype"), [("top_p_of_logits_exclusive", jnp.float32),
+                                             ("top_k_top_p_of_logits_exclusive", jnp.float32),
+                                             ("top_k_top_p_of_logits_exclusive", jnp.bfloat16)])
+def test_tunix_nucleus_of_logits_gives_the_reference_ids_with_no_sort(form: str, dtype: jnp.dtype) -> None:
+    """tunix's sample_top_p: all V sorted logits by the kernel's descending sort, or its top k by the kernel's top-k;
+    the program's softmax, cumsum and mask on them. (All V bf16 logits are not lowered: sampling_lowering says
+    why.)"""
+    params = form_params(form, temperature=0.8, p=0.9, k=64)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), dtype, key_base=29)
+    _assert_no_sort(lowering, dtype)

@@ -374,6 +374,32 @@ def maxtext_composite(x, key):
     return jnp.squeeze(jnp.take_along_axis(ids, pick[..., None], axis=-1), axis=-1)
 
 
+def tunix_top_p(x, key):
+    """tunix's sample_top_p without a top k: x / T first, every logit by lax.top_k, the softmax of the sorted logits,
+    the ranks whose mass before them exceeds p at -inf, a categorical of the kept sorted logits themselves, the rank
+    mapped back: the top_p_of_logits_exclusive form, T inside it."""
+    ordered, ids = jax.lax.top_k(x / 0.7, x.shape[-1])
+    probs = jax.nn.softmax(ordered, axis=-1)
+    ordered = jnp.where(jnp.cumsum(probs, axis=-1) - probs > 0.9, -jnp.inf, ordered)
+    return jnp.take_along_axis(ids, jax.random.categorical(key, ordered)[..., None], axis=-1)[..., 0]
+
+
+def tunix_top_k_top_p(x, key):
+    """tunix's sample_top_p with a top k of 32: the same nucleus over lax.top_k(x / T, 32)."""
+    ordered, ids = jax.lax.top_k(x / 0.8, 32)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    ordered = jnp.where(jnp.cumsum(probs, axis=-1) - probs > 0.95, -jnp.inf, ordered)
+    return jnp.take_along_axis(ids, jax.random.categorical(key, ordered)[..., None], axis=-1)[..., 0]
+
+
+def near_miss_logits_nucleus_inclusive(x, key):
+    """The tunix nucleus with the inclusive rule `cumsum > p` (its own rank's mass counted): no form keeps that, so
+    only the draw fuses, and the remark names the top-p filter left in XLA."""
+    ordered, ids = jax.lax.top_k(x / 0.7, x.shape[-1])
+    ordered = jnp.where(jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > 0.9, -jnp.inf, ordered)
+    return jnp.take_along_axis(ids, jax.random.categorical(key, ordered)[..., None], axis=-1)[..., 0]
+
+
 def flax_top_k_warper(x, key):
     """Hugging Face's Flax generate(): the Temperature warper (x / T), then FlaxTopKLogitsWarper (lax.top_k's exactly
     k scattered into a flat row of -inf), then a categorical: top_k_exact_mask at T = 1 of x / T."""
@@ -528,6 +554,12 @@ VARIANTS: list[Variant] = [
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
             expect={"k": 24, "p": 0.9, "temperature": 0.6}),
+    Variant("tunix_top_p", tunix_top_p, "top_p_of_logits_exclusive", expect={"p": 0.9, "temperature": 0.7}),
+    Variant("tunix_top_k_top_p", tunix_top_k_top_p, "top_k_top_p_of_logits_exclusive",
+            expect={"k": 32, "p": 0.95, "temperature": 0.8}),
+    Variant("near_miss_logits_nucleus_inclusive", near_miss_logits_nucleus_inclusive, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter "
+                   "(chlo.top_k"),
     Variant("keras_hub_top_p", keras_hub_top_p, "top_p_of_probs", expect={"p": 0.9, "temperature": 0.7, "k": 0}),
     Variant("keras_hub_top_k_top_p", keras_hub_top_k_top_p, "top_k_top_p_of_probs",
             expect={"k": 24, "p": 0.8, "temperature": 1.0}),

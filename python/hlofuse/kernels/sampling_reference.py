@@ -238,6 +238,18 @@ def top_k_top_p_of_logits(logits: jax.Array, key: jax.Array, *, temperature: flo
     return take_fn(indices, categorical_fn(key, _scale(masked, guarded), axis=-1))
 
 
+def top_p_of_logits_exclusive(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, k: int = 0,
+                              top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                              take_fn: Take = _take, **_: Any) -> jax.Array:
+    """tunix's `sample_top_p`: the top k (k = 0: all V) of x / T, the softmax of those sorted logits, the ranks whose
+    preceding mass `cumsum - v` exceeds p at -inf (the "exclusive" rule of RankNucleus, on logits), a categorical
+    of the kept logits themselves (not renormalised probabilities) over the ranks, mapped back through the ids."""
+    values, indices = top_k_fn(_scale(logits, temperature), k or logits.shape[-1])
+    probs = jax.nn.softmax(values, axis=-1)
+    masked = jnp.where(jnp.cumsum(probs, axis=-1) - probs > p, NEG_INF, values)
+    return take_fn(indices, categorical_fn(key, masked, axis=-1))
+
+
 def _unfloored(writing: Writing) -> Writing:
     """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
 
@@ -802,6 +814,15 @@ FORMS["top_k_top_p_of_logits"] = Form(
     "top_k_top_p_of_logits", "top_k+top_p", top_k_top_p_of_logits, ("temperature", "k", "p"), _OF_PROBS[:-1],
     (dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)), _unscaled(_LOGITS_NUCLEUS),
      _unscaled(dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)))), composes_draws=False)
+# tunix's nucleus of the sorted logits, of all V (top_p) or of the top k (top_k+top_p): T inside or before.
+_EXCLUSIVE_LOGITS = Writing(top_p_of_logits_exclusive, _OF_PROBS[:-1])
+_EXCLUSIVE_LOGITS_K = Writing(functools.partial(_of_fewer_than_all, top_p_of_logits_exclusive), _OF_PROBS[:-1])
+FORMS["top_p_of_logits_exclusive"] = Form(
+    "top_p_of_logits_exclusive", "top_p", top_p_of_logits_exclusive, ("temperature", "p"), _OF_PROBS[:-1],
+    (_unscaled(_EXCLUSIVE_LOGITS),), composes_draws=False)
+FORMS["top_k_top_p_of_logits_exclusive"] = Form(
+    "top_k_top_p_of_logits_exclusive", "top_k+top_p", _EXCLUSIVE_LOGITS_K.fn, ("temperature", "k", "p"),
+    _OF_PROBS[:-1], (_unscaled(_EXCLUSIVE_LOGITS_K),), composes_draws=False)
 FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 

@@ -221,15 +221,25 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
 # Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
 # other ops (a softmax, a log) are the program's, so the same bits.
-FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask")
+# (tunix's nucleus of all V sorted logits takes the kernel's full descending sort, lax.top_k's order to the bit.)
+FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
+                  "top_k_top_p_of_logits_exclusive")
+
+
+def _whole_row_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """lax.top_k(x, V) of x (..., V) by the kernel's descending sort (the same values and ids, NaN included)."""
+    del k  # every rank
+    values, ids = _sort_descending_by_kernel(x.reshape(-1, x.shape[-1]))
+    return values.reshape(x.shape), ids.reshape(x.shape)
 
 
 def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of FUNCTION_FORMS: its function with the kernel's top-k and categorical draw."""
+    """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw."""
     fn = FORMS[form].fn
+    top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=_top_k_by_kernel, **params)
+        tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn, **params)
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), tokens)
         return tokens
@@ -566,6 +576,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if attrs.form in FUNCTION_FORMS and call.operand_types[0][1] in ("f32", "bf16"):
         if attrs.k > call.operand_types[0][0][-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
+        if attrs.form == "top_p_of_logits_exclusive" and call.operand_types[0][1] == "bf16":
+            raise Unsupported("tunix's nucleus of all V bf16 logits: the bf16 softmax and cumsum of the whole sorted "
+                              "row round as XLA fuses them, which the kernel's sorted row does not reproduce")
         return function_form_lowering(attrs.form, attrs.params())
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
