@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -175,7 +175,8 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
             if name in form.params + form.writings[writing].reads}
     fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
                            min_p=SENTINELS["min_p"], **read)
-    return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    key = (shape[0], 2) if form.row_keys else (2,)  # a key per row: (B, V) logits only (the draw raises otherwise)
+    return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct(key, jnp.uint32))
 
 
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
@@ -374,15 +375,16 @@ _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_p
                "top_k_top_p_of_logits_exclusive")
 
 
-def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK],
-                ops_present: set[str]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
-    """(form, writing, logits shape, dtype, k) worth lowering for this draw."""
+def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[str],
+                key_rows: set[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
+    """(form, writing, logits shape, dtype, k) worth lowering for this draw (a form with a key per row only where
+    the program holds (B, 2) keys for its B rows: `key_rows`)."""
     x = draw.op.operands[0]
     shape, dtype = _shape(x)[:draw.dim + 1], _element(x)  # the trailing size-1 dims belong to the draw
     if draw.kind == "top_k" and len(shape) == 1:
         shape = _rows(draw) + shape
     writings = [(form, i, w) for form in FORMS.values() for i, w in enumerate(form.writings)
-                if w.unit_dims == draw.unit_dims]
+                if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[:1] in {(b,) for b in key_rows})]
     # The most specific first: the most marker ops (the fallbacks, categorical and temperature, have none), then
     # the most parameters read (a writing whose program scaled before it reads no temperature); among equals, one
     # that scales inside the site, leaving no division outside the composite.
@@ -411,13 +413,14 @@ def _beyond_limits(params: dict[str, float]) -> str:
     return ""
 
 
-def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Templates) -> Site:
+def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Templates,
+            key_rows: frozenset[int] = frozenset()) -> Site:
     noisy = _has_noise(draw.op.operands[0])
     templates.missing.clear()
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
-    for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present):
+    for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present, set(key_rows)):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
         if form.name not in tried:
@@ -574,15 +577,26 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
     op.walk(visit)
 
 
-def _sites(module: ir.Operation) -> Iterator[tuple[Draw, list[TopK], set[str]]]:
+def _key_rows(values: Iterable[ir.Value]) -> Iterator[int]:
+    """B for each (B, 2) ui32 of `values`: threefry keys, one per row of B (a form with a key per row needs them)."""
+    for value in values:
+        if isinstance(value.type, ir.RankedTensorType) and _element(value) == "ui32":
+            shape = _shape(value)
+            if len(shape) == 2 and shape[1] == 2:
+                yield shape[0]
+
+
+def _sites(module: ir.Operation) -> Iterator[tuple[Draw, list[TopK], set[str], frozenset[int]]]:
     for fn in build.functions(module, skip_decompositions=True):
         draws: list[Draw] = []
         top_ks: list[TopK] = []
         names: set[str] = set()
+        key_rows: set[int] = set(_key_rows(fn.regions[0].blocks[0].arguments))  # keys given as arguments
 
         def visit(op: ir.Operation, draws: list[Draw] = draws, top_ks: list[TopK] = top_ks,
-                  names: set[str] = names) -> ir.WalkResult:
+                  names: set[str] = names, key_rows: set[int] = key_rows) -> ir.WalkResult:
             names.add(op.name)
+            key_rows.update(_key_rows(op.results))
             draw = _draw(op)
             if draw is not None:
                 draws.append(draw)
@@ -592,7 +606,7 @@ def _sites(module: ir.Operation) -> Iterator[tuple[Draw, list[TopK], set[str]]]:
 
         fn.walk(visit)
         for draw in draws:
-            yield draw, top_ks, names
+            yield draw, top_ks, names, frozenset(key_rows)
 
 
 @dataclass(frozen=True)
@@ -618,14 +632,14 @@ class FuseSamplingPass(ModulePass):
 
     def _fuse_one(self, module: ir.Operation, state: PassState, failed: dict[ir.Operation, str | None],
                   templates: Templates) -> bool:
-        for draw, top_ks, names in list(_sites(module)):
+        for draw, top_ks, names, key_rows in list(_sites(module)):
             if draw.op in failed:
                 continue
             try:
                 if draw.unit_dims is None:
                     raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim (or one followed "
                                   "only by size-1 dims, as keras' categorical does)")
-                site = analyze(draw, top_ks, names, templates)
+                site = analyze(draw, top_ks, names, templates, key_rows)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 left = _parts_left_out(site, near_misses)
                 # (popped before the rewrite erases them: an erased op's handle no longer hashes as it did)
@@ -730,6 +744,10 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
     # (a bisection over the values for a top-k or top-p cutoff), which stays in XLA too.
     searches = [f"stablehlo.while at {format_location(o.location)}" for o in bounds
                 if o.name == "stablehlo.while" and any(_carries(v, logits) for v in o.operands)]
+    # A branch on traced values that yields the logits (a lax.cond whose flag depends on per-row parameters, as
+    # EasyDeL's eSurge applies its filters): what its branches compute stays in XLA.
+    branches = [f"{o.name} at {format_location(o.location)}" for o in bounds
+                if o.name in ("stablehlo.case", "stablehlo.if") and any(_carries(r, logits) for r in o.results)]
     at = {name: [f"{o.name} at {format_location(o.location)}" for o in ops if o.name == name]
           for name in ("chlo.top_k", "stablehlo.sort", "stablehlo.reduce_window", "stablehlo.exponential")}
     parts = []
@@ -748,4 +766,6 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
         parts.append("a softmax (" + ", ".join(at["stablehlo.exponential"]) + ")")
     if searches:
         parts.append("a threshold search over the vocabulary (" + ", ".join(searches) + ")")
+    if branches:
+        parts.append("the filters of a branch on traced values (" + ", ".join(branches) + ")")
     return parts

@@ -1,5 +1,5 @@
-"""The CPU lowering of the forms with another draw (`<form>_log_softmax`, `_log_of_softmax`, `_choice`): the
-form's function with the kernel as its categorical must give `sample_reference`'s ids exactly."""
+"""The CPU lowering of the forms with another draw (`<form>_log_softmax`, `_log_of_softmax`, `_choice`, `_row_keys`):
+the form's function with the kernel as its categorical must give `sample_reference`'s ids exactly."""
 
 from __future__ import annotations
 
@@ -41,10 +41,13 @@ def test_drawn_form_gives_the_reference_ids(form: str, dtype: jnp.dtype) -> None
         logits = _logits(3, 700, case, dtype)
         for seed in range(4):
             key = jnp.array([seed, 99 + seed], jnp.uint32)
+            if FORMS[form].row_keys:  # a key per row (row 1 shares row 0's: the same noise, other logits)
+                key = jnp.array([[seed, 99 + seed], [seed, 99 + seed], [7 * seed + 1, 5]], jnp.uint32)
             np.testing.assert_array_equal(kernel(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
 
 
 def test_every_draw_composes_with_every_stochastic_form() -> None:
     bases = [name for name, form in FORMS.items()
              if form.stochastic and not form.base and form.draw == "argmax" and form.composes_draws]
-    assert {f"{base}_{draw}" for base in bases for draw in ("log_softmax", "log_of_softmax", "choice")} == set(DRAWN)
+    draws = ("log_softmax", "log_of_softmax", "choice", "row_keys")
+    assert {f"{base}_{draw}" for base in bases for draw in draws} == set(DRAWN)

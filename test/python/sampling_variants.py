@@ -112,6 +112,39 @@ def negated_argsort_top_k_mask(x, key):
     return jax.random.categorical(key, jnp.where(x < kth, -jnp.inf, x) / 0.8)
 
 
+# --- a key per row ---------------------------------------------------------------------------------
+
+
+def split_key_per_row(x, key):
+    """A key split into one per row, each row drawn with its own (penzai's nmap of jax.random.categorical over a
+    key split along the batch axis): the temperature form drawn by `row_keys`."""
+    keys = jax.random.split(jax.random.wrap_key_data(key), x.shape[0])
+    return jax.vmap(jax.random.categorical)(keys, x / 0.7)
+
+
+def fold_in_row_top_k_mask(x, key):
+    """A serving engine's per-request key, `fold_in(key, row)`, drawing MaxText's top-k mask row by row."""
+    keys = jax.vmap(lambda row: jax.random.fold_in(key, row))(jnp.arange(x.shape[0]))
+    kth = jax.lax.top_k(x, 16)[0][..., -1:]
+    return jax.vmap(lambda k, row: jax.random.categorical(k, row))(keys, jnp.where(x < kth, -jnp.inf, x) / 0.8)
+
+
+def vmapped_row_sampler(x, key):
+    """A one-row sampler (the nucleus of `_nucleus`, then / T and a categorical) vmapped over rows and their split
+    keys: its filters batch into the (B, V) form, its draw into `row_keys`."""
+    def one_row(row_key, row):
+        return jax.random.categorical(row_key, _nucleus(row, 0.9) / 0.7)
+
+    return jax.vmap(one_row)(jax.random.split(key, x.shape[0]), x)
+
+
+def near_miss_row_keys_of_other_rows(x, key):
+    """Each row drawn with the key split for another row (the keys reversed): the composite's keys are the
+    program's own, whatever derives them, so this fuses too, with the reversed keys as its operand."""
+    keys = jax.random.split(key, x.shape[0])[::-1]
+    return jax.vmap(jax.random.categorical)(keys, x)
+
+
 # --- top-p, min-p and combinations ------------------------------------------------------------------
 
 
@@ -554,6 +587,11 @@ VARIANTS: list[Variant] = [
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
             expect={"k": 24, "p": 0.9, "temperature": 0.6}),
+    Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
+    Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
+            expect={"k": 16, "temperature": 0.8}),
+    Variant("vmapped_row_sampler", vmapped_row_sampler, "top_p_mask_row_keys", expect={"p": 0.9, "temperature": 0.7}),
+    Variant("row_keys_of_other_rows", near_miss_row_keys_of_other_rows, "categorical_row_keys"),
     Variant("tunix_top_p", tunix_top_p, "top_p_of_logits_exclusive", expect={"p": 0.9, "temperature": 0.7}),
     Variant("tunix_top_k_top_p", tunix_top_k_top_p, "top_k_top_p_of_logits_exclusive",
             expect={"k": 32, "p": 0.95, "temperature": 0.8}),

@@ -557,6 +557,7 @@ class Form:
     base: str = ""  # the form whose filters this one has, with another draw ("" = its own)
     composes_draws: bool = True  # whether DRAWS compose with it (not for a form that draws from a log of its own)
     reads: tuple[str, ...] = ()  # constants its own writing reads that no attribute is (Writing.reads)
+    row_keys: bool = False  # its key is one per row, (B, 2) (ROW_KEY_DRAWS), not one (2,) key
 
     @property
     def filters(self) -> str:
@@ -720,8 +721,20 @@ def choice_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis:
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def row_keys_draw(categorical_fn: Categorical, keys: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """Each row drawn with a key of its own: `jax.vmap(jax.random.categorical)(keys, y)` of (B, n) rows and (B, 2)
+    keys, as serving engines draw each request (a key split or folded in per row, penzai's nmap of a split key).
+    Row r's noise is that of counters 0..n-1 under keys[r]. Rows of (B, n) with (B, 2) keys only."""
+    del axis  # the rows' last
+    if y.ndim != 2 or keys.shape != (y.shape[0], 2):
+        raise ValueError(f"the per-row-key draw takes (B, n) rows and (B, 2) keys, not {y.shape} and {keys.shape}")
+    return jax.vmap(lambda key, row: categorical_fn(key, row, axis=-1))(keys, y)
+
+
 DRAWS: dict[str, Callable[..., jax.Array]] = {"log_softmax": log_softmax_draw, "log_of_softmax": log_of_softmax_draw,
-                                              "choice": choice_draw}
+                                              "choice": choice_draw, "row_keys": row_keys_draw}
+# Draws whose key is one per row, (B, 2): their forms' key operand.
+ROW_KEY_DRAWS = ("row_keys",)
 
 
 def _drawn_by(fn: Callable[..., jax.Array], draw: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
@@ -734,14 +747,28 @@ def _drawn_by(fn: Callable[..., jax.Array], draw: Callable[..., jax.Array]) -> C
     return composed
 
 
+def _row_by_row(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`fn` written for one row and vmapped over the rows and their keys, `jax.vmap(lambda k, x: fn(x, k))(keys,
+    logits)`: each row's filters alone, its categorical over counters 0..V-1 under its own key, which is what
+    `fn` drawn by `row_keys_draw` computes. (Whether a form's functions take one row is the template's to find:
+    those that do not raise, and no template is made.)"""
+
+    def vmapped(logits: jax.Array, keys: jax.Array, **params: Any) -> jax.Array:
+        return jax.vmap(lambda key, row: fn(row, key, **params))(keys, logits)
+
+    return vmapped
+
+
 def _with_draw(form: Form, name: str) -> Form:
-    markers = ("stablehlo.exponential",) + ("chlo.top_k",) * (name == "choice")
+    markers = ("stablehlo.exponential",) * (name not in ROW_KEY_DRAWS) + ("chlo.top_k",) * (name == "choice")
     others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, DRAWS[name]),
                                        marker_ops=tuple(dict.fromkeys(w.marker_ops + markers)))
                    for w in form.others)
+    if name in ROW_KEY_DRAWS:  # also a one-row sampler vmapped over the rows (EasyDeL's, a serving engine's)
+        others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn)) for w in form.writings)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
-                form.name, reads=form.reads)
+                form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS)
 
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
@@ -845,7 +872,7 @@ def form_params(form: str, *, temperature: float = 1.0, k: int = 0, p: float = 1
 
 def sample_reference(
     logits: jax.Array,  # (..., V) float
-    key: jax.Array | None,  # (2,) uint32, a raw threefry2x32 key; None for greedy forms
+    key: jax.Array | None,  # (2,) uint32, a raw threefry2x32 key ((B, 2) for a `row_keys` form); None if greedy
     *,
     form: str,
     temperature: float = 1.0,

@@ -24,6 +24,7 @@ from hlofuse.kernels.sampling_reference import (
     FORMS,
     NEG_INF,
     RANK_NUCLEI,
+    ROW_KEY_DRAWS,
     UNCERTIFIED,
     Categorical,
     flax_top_p_keep,
@@ -176,18 +177,21 @@ def sample_splits(
     return tokens, scores
 
 
-def _kernel_categorical(shared_noise: bool) -> Callable[..., jax.Array]:
+def _kernel_categorical(shared_noise: bool, row_keys: bool = False) -> Callable[..., jax.Array]:
     """jax.random.categorical(key, z, axis=-1) by the kernel (form categorical: the same ids for f32 and bf16 z).
-    With `shared_noise` every row draws row 0's noise, as jax.random.choice does row by row with one key."""
+    With `shared_noise` every row draws row 0's noise, as jax.random.choice does row by row with one key; with
+    `row_keys` the key is (B, 2), one per row of (B, n) z, each row drawing counters 0..n-1 under its own
+    (sampling_reference.row_keys_draw)."""
 
     def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
         if axis not in (-1, z.ndim - 1):
             raise ValueError("the kernel draws over the last axis")
         batch, vocab = z.shape[:-1], z.shape[-1]
         rows = int(np.prod(batch, dtype=np.int64))
-        row_ids = jnp.zeros((rows,), jnp.int32) if shared_noise else jax.lax.iota(jnp.int32, rows)
+        row_ids = jnp.zeros((rows,), jnp.int32) if shared_noise or row_keys else jax.lax.iota(jnp.int32, rows)
+        keys = key.astype(jnp.uint32).reshape(rows, 2) if row_keys else _keys(key, (rows,))
         params = form_params("categorical")
-        (tokens,) = _sample_call(z.reshape(rows, vocab), _keys(key, (rows,)), row_ids, form="categorical", **params)
+        (tokens,) = _sample_call(z.reshape(rows, vocab), keys, row_ids, form="categorical", **params)
         # A NaN scores NaN whatever its noise, and argmax takes the first NaN: the kernel does not rank NaN so.
         nan = jnp.isnan(z)
         return jnp.where(jnp.any(nan, axis=-1), jnp.argmax(nan, axis=-1).astype(jnp.int32), tokens.reshape(batch))
@@ -213,6 +217,9 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         if draw == "choice":
             return base(logits, key, categorical_fn=_choice_by_kernel, top_k_fn=_top_k_by_kernel, **params)
+        if draw in ROW_KEY_DRAWS:  # the kernel draws every row with its key at once (no vmap)
+            return base(logits, key, categorical_fn=_kernel_categorical(False, row_keys=True),
+                        top_k_fn=_top_k_by_kernel, **params)
         return base(logits, key, categorical_fn=functools.partial(DRAWS[draw], _kernel_categorical(False)),
                     top_k_fn=_top_k_by_kernel, **params)
 
@@ -343,6 +350,8 @@ def _draw_by_kernel(form: str) -> Categorical:
     draw = form[len(spec.base) + 1:] if spec.base else ""
     if draw == "choice":
         return _choice_by_kernel
+    if draw in ROW_KEY_DRAWS:
+        return _kernel_categorical(False, row_keys=True)
     if draw:
         return functools.partial(DRAWS[draw], _kernel_categorical(False))
     return _kernel_categorical(False)
@@ -685,6 +694,9 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     call, with a remark."""
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.form in FORMS and FORMS[attrs.form].row_keys:
+        # (the partitioner's cuts take the key as one (2,) key for every shard: (B, 2) keys are not cut by row)
+        raise Unsupported(f"'{attrs.form}' draws each row with its own key, which the kernel takes on one device only")
     vocab = call.operand_types[0][0][-1]
     splits = vocab_splits_for(attrs.form, vocab, devices)
     if splits == 1:
