@@ -173,10 +173,18 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     # a floor or a fill only where the form or the writing reads one
     read = {name: SENTINELS[name] for name in ("eps", "fill", "one_minus_p")
             if name in form.params + form.writings[writing].reads}
-    fn = functools.partial(form.writings[writing].fn, temperature=SENTINELS["temperature"], k=k, p=SENTINELS["p"],
-                           min_p=SENTINELS["min_p"], **read)
+    scalars = {"temperature": SENTINELS["temperature"], "k": k, "p": SENTINELS["p"], "min_p": SENTINELS["min_p"]}
+    for name in form.row_params:  # template arguments after the key, like the composite's operands
+        del scalars[name]
+
+    def fn(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
+        per_row = dict(zip(form.row_params, rows, strict=True))
+        return form.writings[writing].fn(logits, key, **scalars, **read, **per_row)
+
     key = (shape[0], 2) if form.row_keys else (2,)  # a key per row: (B, V) logits only (the draw raises otherwise)
-    return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct(key, jnp.uint32))
+    rows = [jax.ShapeDtypeStruct(shape[:1], jnp.float32) for _ in form.row_params]
+    return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct(key, jnp.uint32),
+                             *rows)
 
 
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
@@ -372,7 +380,7 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 # Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
 _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
                "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits", "top_p_of_logits_exclusive",
-               "top_k_top_p_of_logits_exclusive")
+               "top_k_top_p_of_logits_exclusive", "top_p_of_top_k_rows")
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[str],

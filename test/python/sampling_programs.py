@@ -75,7 +75,8 @@ TAKES = ("along_axis", "batch_index")
 # What the draw samples from its scaled, filtered logits y: y itself, log_softmax(y), log(softmax(y)) (keras-hub),
 # or softmax(y) by jax.random.choice per row (torch.multinomial through torchax; (B, V) rows only). The form
 # is then `<form>_<draw>` (sampling_reference.DRAWS).
-DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice")
+# or each row by a key of its own (row_keys: the key split into one per row, then a vmapped categorical).
+DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice", "row_keys")
 # Outputs next to the token: the logits, their log-softmax at the token (logprobs), another
 # take_along_axis of the logits, an iota-indexed select: consumers the sampler must not be blocked by.
 EXTRAS = ("logits", "logprobs", "take", "iota")
@@ -306,6 +307,9 @@ class _Ctx:
             probs = jax.nn.softmax(x, axis=-1)
             rows = [jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(x.shape[0])]
             return jnp.squeeze(jnp.array(rows), 1)
+        if self.spec.draw == "row_keys":
+            return jax.vmap(lambda row_key, row: jax.random.categorical(row_key, row))(
+                jax.random.split(key, x.shape[0]), x)
         if self.spec.draw == "log_softmax":
             x = jax.nn.log_softmax(x, axis=-1)
         elif self.spec.draw == "log_of_softmax":

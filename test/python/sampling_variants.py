@@ -145,6 +145,21 @@ def near_miss_row_keys_of_other_rows(x, key):
     return jax.vmap(jax.random.categorical)(keys, x)
 
 
+# --- parameters per row ----------------------------------------------------------------------------
+
+
+def easydel_per_row_top_p(x, key):
+    """EasyDeL's sample_top_p_efficient with each request's own temperature and p (one below its 1e-6 guard): the
+    top_p_of_top_k_rows form, whose composite takes them as (B,) operands."""
+    temperature = jnp.array([0.7, 1.0, 1e-7, 1.3])[: x.shape[0]]
+    top_p = jnp.array([0.9, 0.5, 1.0, 0.95])[: x.shape[0]]
+    scaled = x / jnp.where(temperature > 1e-6, temperature, 1.0)[:, None]
+    values, ids = jax.lax.top_k(scaled, 32)
+    keep = (jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) <= top_p[:, None]).at[:, 0].set(True)
+    pick = jax.random.categorical(key, jnp.where(keep, values, -jnp.inf))
+    return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+
+
 # --- top-p, min-p and combinations ------------------------------------------------------------------
 
 
@@ -587,6 +602,7 @@ VARIANTS: list[Variant] = [
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
             expect={"k": 24, "p": 0.9, "temperature": 0.6}),
+    Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
             expect={"k": 16, "temperature": 0.8}),

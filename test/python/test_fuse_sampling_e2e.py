@@ -165,3 +165,46 @@ def test_constants_shared_with_the_rest_of_the_program_do_not_block_fusion() -> 
                   np.array([[seed * 11]], np.int32))
         for want, got in zip(run_original(*inputs), run_fused(*inputs), strict=True):
             np.testing.assert_array_equal(got, want)
+
+
+def test_per_row_parameters_given_as_arguments_become_the_composites_operands() -> None:
+    """A serving step whose temperature and p are the batch's (B,) arguments (EasyDeL's sample_top_p_efficient):
+    fused whole, the composite's operands the arguments themselves, and on the CPU kernel the ids of the original
+    for other values of them, one row below the 1e-6 temperature guard."""
+    import jax.numpy as jnp
+
+    def step(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
+        scaled = logits / jnp.expand_dims(jnp.where(temperature > 1e-6, temperature, 1.0), axis=-1)
+        values, ids = jax.lax.top_k(scaled, 16)
+        keep = (jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) <= jnp.expand_dims(top_p, -1)).at[..., 0].set(True)
+        pick = jax.random.categorical(key, jnp.where(keep, values, -jnp.inf))
+        return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+    rows = jax.ShapeDtypeStruct((3,), np.float32)
+    lowered = jax.jit(step).lower(jax.ShapeDtypeStruct((3, 500), np.float32), jax.ShapeDtypeStruct((2,), np.uint32),
+                                  rows, rows)
+    original = clone_module(lowered.compiler_ir("stablehlo"))
+    fused = clone_module(original)
+    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    (attrs,) = sample_attrs(fused)
+    assert attrs.form == "top_p_of_top_k_rows" and attrs.k == 16
+    assert " %arg0, %arg1, %arg2, %arg3 {" in str(fused)  # the composite's operands: the arguments themselves
+    programs = {"original": original, "fused": fused}
+    for target in ("reference", "cpu"):
+        lowered = clone_module(fused)
+        if run_pipeline(lowered, f"builtin.module(hlofuse-lower-kernels{{target={target}}})").counters[
+                f"sample_to_{target}"]:
+            programs[target] = lowered
+    from hlofuse.kernels import cpu
+
+    assert "reference" in programs and ("cpu" in programs or not cpu.is_available())
+    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
+    rng = np.random.default_rng(3)
+    for case, logits in logits_cases((3, 500), np.dtype(np.float32)).items():
+        for seed in range(KEYS):
+            temperature = rng.choice([0.5, 0.7, 1.0, 1e-7], 3).astype(np.float32)
+            top_p = rng.choice([0.3, 0.9, 1.0], 3).astype(np.float32)
+            args = (logits, np.array([seed, 31], np.uint32), temperature, top_p)
+            want = runs["original"](*args)[0]
+            for name, run in runs.items():
+                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")

@@ -105,7 +105,9 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         drawn = draw(st.sampled_from(DRAWS))
         if drawn == "choice" and spec.batch in ("b", "bt"):
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
-        elif drawn != "choice":
+        elif drawn == "row_keys" and spec.batch == "b":  # (B, V) rows, one key each
+            spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
+        elif drawn not in ("choice", "row_keys"):
             spec = dataclasses.replace(spec, draw=drawn)
     if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
@@ -267,8 +269,9 @@ def test_argsort_writing_is_lax_top_k_but_for_signed_zeros() -> None:
     assert jax.lax.top_k(zeros, 3)[1].tolist() == [[2, 1, 0]]  # +0 first
 
 
-# The draws from the log-probabilities and by jax.random.choice, each with a filter (and the logprobs next to
-# a log_softmax draw: CSE shares the log-softmax of the logits, as it shares a softmax's row statistics).
+# The draws from the log-probabilities, by jax.random.choice and by a key per row, each with a filter (and the
+# logprobs next to a log_softmax draw: CSE shares the log-softmax of the logits, as it shares a softmax's row
+# statistics).
 DRAW_CASES = {
     "log_softmax_temperature": SamplerSpec(form="temperature", draw="log_softmax"),
     "log_softmax_categorical_with_logprobs": SamplerSpec(form="categorical", draw="log_softmax", extras=("logprobs",)),
@@ -278,6 +281,10 @@ DRAW_CASES = {
     "choice_one_row": SamplerSpec(form="temperature", draw="choice", rows=1),
     "choice_min_p_decode_slice": SamplerSpec(form="min_p", draw="choice", batch="bt"),
     "choice_top_k_mask_split_key": SamplerSpec(form="top_k_mask", draw="choice", key_op="split"),
+    "row_keys_temperature": SamplerSpec(form="temperature", draw="row_keys", rows=3),
+    "row_keys_top_k_rank_space_typed": SamplerSpec(form="top_k", draw="row_keys", key_kind="typed"),
+    "row_keys_top_p_mask_fold_in": SamplerSpec(form="top_p_mask", draw="row_keys", key_op="fold_in"),
+    "row_keys_min_p_bf16": SamplerSpec(form="min_p", draw="row_keys", dtype="bfloat16"),
 }
 
 

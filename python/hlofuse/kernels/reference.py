@@ -167,8 +167,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=reference for `hlofuse.sample`: the composite's form, rebuilt from its attributes alone."""
     attrs = SampleAttrs.from_dict(call.attributes)
 
-    def reference(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return sample_reference(logits, key, form=attrs.form, **attrs.params())
+    def reference(logits: jax.Array, key: jax.Array | None = None, *rows: jax.Array) -> jax.Array:
+        return sample_reference(logits, key, form=attrs.form, **attrs.params(), rows=rows)
 
     return reference
 

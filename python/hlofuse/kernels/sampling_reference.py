@@ -250,6 +250,22 @@ def top_p_of_logits_exclusive(logits: jax.Array, key: jax.Array, *, temperature:
     return take_fn(indices, categorical_fn(key, masked, axis=-1))
 
 
+def top_p_of_top_k_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.Array, p: jax.Array, k: int,
+                        top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                        take_fn: Take = _take, **_: Any) -> jax.Array:
+    """EasyDeL's `sample_top_p_efficient`, with a temperature and a p per row ((B,) operands, a serving batch's
+    requests): x / T (T at or below 1e-6 taken as 1), the top k of that, ranks whose cumsum of their softmax is
+    within p kept (rank 0 always), the rest -inf, a categorical over the k ranks, mapped back through the ids.
+    (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"the per-row nucleus takes (B, V) logits, not {logits.shape}")
+    safe = jnp.where(temperature > 1e-6, temperature, 1.0)
+    values, indices = top_k_fn(logits / jnp.expand_dims(safe, axis=-1), k)
+    keep = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) <= jnp.expand_dims(p, axis=-1)
+    keep = keep.at[..., 0].set(True)
+    return take_fn(indices, categorical_fn(key, jnp.where(keep, values, NEG_INF), axis=-1))
+
+
 def _unfloored(writing: Writing) -> Writing:
     """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
 
@@ -558,6 +574,9 @@ class Form:
     composes_draws: bool = True  # whether DRAWS compose with it (not for a form that draws from a log of its own)
     reads: tuple[str, ...] = ()  # constants its own writing reads that no attribute is (Writing.reads)
     row_keys: bool = False  # its key is one per row, (B, 2) (ROW_KEY_DRAWS), not one (2,) key
+    # Parameters given per row, as (B,) f32 operands after the key in this order (a serving engine's per-request
+    # temperature and p), not as attributes: the composite's operands are (logits, key, *row_params).
+    row_params: tuple[str, ...] = ()
 
     @property
     def filters(self) -> str:
@@ -841,6 +860,8 @@ FORMS["top_k_top_p_of_logits"] = Form(
     "top_k_top_p_of_logits", "top_k+top_p", top_k_top_p_of_logits, ("temperature", "k", "p"), _OF_PROBS[:-1],
     (dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)), _unscaled(_LOGITS_NUCLEUS),
      _unscaled(dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)))), composes_draws=False)
+FORMS["top_p_of_top_k_rows"] = Form("top_p_of_top_k_rows", "top_k+top_p", top_p_of_top_k_rows, ("k",),
+                                     _OF_PROBS[:-1], composes_draws=False, row_params=("temperature", "p"))
 # tunix's nucleus of the sorted logits, of all V (top_p) or of the top k (top_k+top_p): T inside or before.
 _EXCLUSIVE_LOGITS = Writing(top_p_of_logits_exclusive, _OF_PROBS[:-1])
 _EXCLUSIVE_LOGITS_K = Writing(functools.partial(_of_fewer_than_all, top_p_of_logits_exclusive), _OF_PROBS[:-1])
@@ -881,11 +902,22 @@ def sample_reference(
     min_p: float = 0.0,
     eps: float = 0.0,
     categorical_fn: Categorical = jax.random.categorical,
+    rows: tuple[jax.Array, ...] = (),  # (B,) per-row values of the form's `row_params`, in order (the operands)
 ) -> jax.Array:  # (...,) int32 token ids
     """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
     (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise.)"""
-    return FORMS[form].fn(logits, key, temperature=temperature, k=k, p=p, min_p=min_p, eps=eps,
+    scalars = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps}
+    return FORMS[form].fn(logits, key, **(scalars | row_values(form, rows)),
                           categorical_fn=categorical_fn).astype(jnp.int32)
+
+
+def row_values(form: str, rows: tuple[jax.Array, ...]) -> dict[str, jax.Array]:
+    """The per-row parameters of `form` (`Form.row_params`) by name, from the composite's operands after the key."""
+    names = FORMS[form].row_params
+    if len(rows) != len(names):
+        raise ValueError(f"'{form}' takes {len(names)} per-row operands ({', '.join(names) or 'none'}), "
+                         f"not {len(rows)}")
+    return dict(zip(names, rows, strict=True))
 
 
 # The id a kernel gives a row it cannot vouch for (an unconverged search, a NaN, greedy_softmax near a tie);

@@ -273,7 +273,9 @@ def plan_shards(module: ir.Operation, composites: Sequence[ir.Operation], calls:
         if entry is None:
             plans.append(None)
             continue
-        roles = list(call.attributes.get("operands", [])) or ["logits", "key"][:len(call.operand_types)]
+        # (a sampler's operands after the key: its per-row parameters, sampling_reference.Form.row_params)
+        named = ["logits", "key", *(f"per-row operand {i}" for i in range(2, len(call.operand_types)))]
+        roles = list(call.attributes.get("operands", [])) or named[:len(call.operand_types)]
         plans.append(_plan(entry[0], entry[1], meshes, roles))
     return plans
 

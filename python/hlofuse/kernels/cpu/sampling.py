@@ -37,6 +37,7 @@ from hlofuse.kernels.sampling_reference import (
     nucleus_probs,
     rank_nucleus_scores,
     reference_where_uncertified,
+    row_values,
     sample_reference,
     sorted_top_p_removal,
     top_p_removal,
@@ -553,12 +554,33 @@ def _top_k_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return values[..., 0, :].astype(x.dtype), ids[..., 0, :]
 
 
+# Forms with per-row parameters (sampling_reference.Form.row_params, operands after the key): their function, with
+# the kernel's top-k and categorical, on the rows' values.
+ROW_PARAM_FORMS = ("top_p_of_top_k_rows",)
+
+
+def row_param_lowering(form: str, k: int) -> Callable[..., jax.Array]:
+    """A form of ROW_PARAM_FORMS on the CPU: its function with the kernel's top-k and draw, on the operands."""
+    fn = FORMS[form].fn
+
+    def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
+        return fn(logits, key, k=k, top_k_fn=_top_k_by_kernel, categorical_fn=_kernel_categorical(False),
+                  **row_values(form, rows))
+
+    return kernel
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
+    if attrs.form in ROW_PARAM_FORMS:
+        (shape, dtype), *_ = call.operand_types
+        if len(shape) != 2 or dtype not in ("f32", "bf16") or not 0 < attrs.k <= shape[-1]:
+            raise Unsupported(f"'{attrs.form}' takes (B, V) f32 or bf16 logits and 0 < k <= V")
+        return row_param_lowering(attrs.form, attrs.k)
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
@@ -694,6 +716,8 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     call, with a remark."""
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.form in FORMS and FORMS[attrs.form].row_params:
+        raise Unsupported(f"'{attrs.form}' takes per-row parameters, which the kernel takes on one device only")
     if attrs.form in FORMS and FORMS[attrs.form].row_keys:
         # (the partitioner's cuts take the key as one (2,) key for every shard: (B, 2) keys are not cut by row)
         raise Unsupported(f"'{attrs.form}' draws each row with its own key, which the kernel takes on one device only")
