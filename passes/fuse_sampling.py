@@ -45,7 +45,7 @@ from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
-SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9,
+SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9, "epsilon": 2.71828e-4,
              "fill": -8.7654321e30, "one_minus_p": 0.0918273}
 # What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
 # (min_p: Hugging Face's writings keep their top token by torch.topk or by an argsort; for min_p <= 1 it is never
@@ -171,7 +171,7 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
-    read = {name: SENTINELS[name] for name in ("eps", "fill", "one_minus_p")
+    read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p")
             if name in form.params + form.writings[writing].reads}
     scalars = {"temperature": SENTINELS["temperature"], "k": k, "p": SENTINELS["p"], "min_p": SENTINELS["min_p"]}
     for name in form.row_params:  # template arguments after the key, like the composite's operands
@@ -270,7 +270,8 @@ class Site:
         params = self.match.params
         return SampleAttrs(mode=self.form.mode, form=self.form.name,
                            temperature=params.get("temperature", 1.0), k=self.k,
-                           p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0))
+                           p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0),
+                           epsilon=params.get("epsilon", 0.0))
 
 
 def _p(params: dict[str, float]) -> float:

@@ -240,6 +240,18 @@ def test_hf_min_p_gives_the_reference_ids_with_no_sort(form: str) -> None:
     _assert_no_sort(lowering)
 
 
+@pytest.mark.parametrize("form", ["epsilon_removal", "top_k_epsilon_removal", "top_k_epsilon_removal_choice"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_hf_epsilon_gives_the_reference_ids_with_no_sort(form: str, dtype: jnp.dtype) -> None:
+    """Hugging Face's epsilon sampling (after its top-k): the form's function with the kernel's top-k for the top-k
+    and the kept max, and the kernel's draw; no sort and no TopK in the compiled program. (4096 wide: an epsilon of
+    3e-4 removes some of each case's tokens and keeps others.)"""
+    params = form_params(form, temperature=0.7, epsilon=3e-4, k=64)
+    lowering = jax.jit(sampling.epsilon_removal_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), dtype, key_base=31)
+    _assert_no_sort(lowering, dtype)
+
+
 # ----- Hugging Face's Flax top-p: the row in lax.top_k's order, by the kernel ------------------------------
 
 

@@ -378,6 +378,25 @@ def torchax_top_k_min_p_argsort_multinomial(x, key):
     return _torchax_multinomial(jnp.where(scattered, -jnp.inf, y), key)
 
 
+def torchax_epsilon_warper_multinomial(x, key):
+    """Hugging Face's TemperatureLogitsWarper and EpsilonLogitsWarper as torchax lowers them (remove where the
+    softmax is below epsilon and the score below torch.topk's max, sorted again as torch.topk(sorted=True) is),
+    then torch.multinomial: epsilon_removal_choice."""
+    y = x / 0.8
+    largest = jnp.sort(jax.lax.top_k(y, 1)[0], axis=-1, descending=True)[..., -1][..., None]
+    remove = (jax.nn.softmax(y, axis=-1) < 3e-3) & (y < largest)
+    return _torchax_multinomial(jnp.where(remove, -jnp.inf, y), key)
+
+
+def near_miss_epsilon_at_or_below(x, key):
+    """The epsilon warper with `<=` for its cutoff: not Hugging Face's rule, so only the draw fuses (the top-1 and
+    the softmax left in XLA are named)."""
+    y = x / 0.8
+    largest = jnp.sort(jax.lax.top_k(y, 1)[0], axis=-1, descending=True)[..., -1][..., None]
+    remove = (jax.nn.softmax(y, axis=-1) <= 3e-3) & (y < largest)
+    return _torchax_multinomial(jnp.where(remove, -jnp.inf, y), key)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -602,6 +621,11 @@ VARIANTS: list[Variant] = [
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
             expect={"k": 24, "p": 0.9, "temperature": 0.6}),
+    Variant("torchax_epsilon_warper_multinomial", torchax_epsilon_warper_multinomial, "epsilon_removal_choice",
+            expect={"temperature": 0.8, "epsilon": 3e-3}),
+    Variant("near_miss_epsilon_at_or_below", near_miss_epsilon_at_or_below, "categorical_choice",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-k filter "
+                   "(chlo.top_k"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",

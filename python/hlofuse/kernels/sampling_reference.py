@@ -505,6 +505,29 @@ def min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, min_
     return categorical_fn(key, jnp.where(remove.at[(rows, ids)].set(False), NEG_INF, y), axis=-1)
 
 
+def epsilon_removal(logits: jax.Array, key: jax.Array, *, temperature: float, epsilon: float,
+                    top_1_fn: TopK = top_k_resorted, kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                    categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """Hugging Face's EpsilonLogitsWarper as torchax lowers it: y = x / T, remove where `softmax(y) < epsilon` and y
+    is below its largest (`torch.topk(y, 1)`'s value: min_tokens_to_keep = 1, so every tie of the max stays), at
+    -inf, then a categorical (with `_choice`: torch.multinomial). (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"the Hugging Face epsilon warper takes (B, V) logits, not {logits.shape}")
+    y = _scale(logits, temperature)
+    remove = (jax.nn.softmax(y, axis=-1) < epsilon) & (y < kth_fn(top_1_fn(y, 1)[0]))
+    return categorical_fn(key, jnp.where(remove, NEG_INF, y), axis=-1)
+
+
+def top_k_epsilon_removal(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, epsilon: float,
+                          top_k_fn: TopK = top_k_resorted,
+                          kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                          **params: Any) -> jax.Array:
+    """transformers 4.x's epsilon config: TopKLogitsWarper (its default 50), then epsilon_removal of what is left."""
+    masked = mask_top_k(logits, k, top_k_fn, kth_fn)
+    return epsilon_removal(masked, key, temperature=temperature, epsilon=epsilon, top_1_fn=top_k_fn, kth_fn=kth_fn,
+                           **params)
+
+
 def _keep_sorted_first(remove: jax.Array, order: jax.Array) -> jax.Array:
     """transformers 4.x's min_tokens_to_keep = 1: `remove` gathered into `order`, its first set False, scattered
     back (`sorted_remove.scatter(1, order, sorted_remove)`)."""
@@ -695,6 +718,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
           Writing(functools.partial(top_k_top_p_ascending_mask, top_k_fn=top_k_by_argsort, kth_fn=last_column),
                   ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",))),
          reads=("one_minus_p",)),
+    Form("epsilon_removal", "epsilon", epsilon_removal, ("temperature", "epsilon"),
+         _NOISE + ("stablehlo.exponential", "chlo.top_k")),
+    Form("top_k_epsilon_removal", "top_k+epsilon", top_k_epsilon_removal, ("temperature", "k", "epsilon"),
+         _NOISE + ("stablehlo.exponential", "chlo.top_k")),
     Form("top_k_min_p_removal", "min_p", top_k_min_p_removal, ("temperature", "k", "min_p"),
          _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"),
          (Writing(functools.partial(top_k_min_p_removal, min_p_fn=min_p_removal_by_argsort),
@@ -708,7 +735,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
-                  "min_p_sorted_removal")
+                  "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
@@ -875,17 +902,17 @@ FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stocha
 
 
 # Parameters only the forms that read them are given (so that the kernels of the other forms never see them).
-OPTIONAL_PARAMS = ("eps",)
+OPTIONAL_PARAMS = ("eps", "epsilon")
 # Each parameter's value when a form does not read it: what the form's function computes with.
-NEUTRAL_PARAMS: dict[str, float] = {"temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0, "eps": 0.0}
+NEUTRAL_PARAMS: dict[str, float] = {"temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0, "eps": 0.0, "epsilon": 0.0}
 
 
 def form_params(form: str, *, temperature: float = 1.0, k: int = 0, p: float = 1.0,
-                min_p: float = 0.0, eps: float = 0.0) -> dict[str, Any]:
+                min_p: float = 0.0, eps: float = 0.0, epsilon: float = 0.0) -> dict[str, Any]:
     """The parameters `form` reads, the others at their neutral values. Kernels take their parameters
     through this, so that none applies, say, a temperature to the categorical form, whose function
     ignores it (a composite written by hand may carry any attribute values)."""
-    given = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps}
+    given = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps, "epsilon": epsilon}
     read = FORMS[form].params
     return {name: given[name] if name in read else neutral for name, neutral in NEUTRAL_PARAMS.items()
             if name in read or name not in OPTIONAL_PARAMS}
@@ -901,12 +928,13 @@ def sample_reference(
     p: float = 1.0,
     min_p: float = 0.0,
     eps: float = 0.0,
+    epsilon: float = 0.0,
     categorical_fn: Categorical = jax.random.categorical,
     rows: tuple[jax.Array, ...] = (),  # (B,) per-row values of the form's `row_params`, in order (the operands)
 ) -> jax.Array:  # (...,) int32 token ids
     """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
     (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise.)"""
-    scalars = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps}
+    scalars = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps, "epsilon": epsilon}
     return FORMS[form].fn(logits, key, **(scalars | row_values(form, rows)),
                           categorical_fn=categorical_fn).astype(jnp.int32)
 

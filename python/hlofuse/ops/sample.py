@@ -22,20 +22,23 @@ SAMPLE_VERSION = 1
 
 @dataclass(frozen=True)
 class SampleAttrs:
-    """Attributes of `hlofuse.sample` v1. Operands: logits (..., V) float, key (2,) uint32 (threefry2x32).
-    The result is the token id per row, int32, of shape logits.shape[:-1].
+    """Attributes of `hlofuse.sample` v1. Operands: logits (..., V) float, key (2,) uint32 (threefry2x32), or (B, 2)
+    for a form that draws each row with its own key (`Form.row_keys`), then the (B,) per-row parameters of a form
+    that has them (`Form.row_params`, in its order). The result is the token id per row, int32, of shape
+    logits.shape[:-1].
 
     `form` names the sampler as written (hlofuse.kernels.sampling_reference.FORMS): it fixes the order of
     temperature and filters, where the Gumbel noise is indexed (vocabulary id or rank) and the tie rules.
     """
 
-    mode: str  # greedy | temperature | top_k | top_p | min_p | top_k+top_p
+    mode: str  # greedy | temperature | top_k | top_p | min_p | top_k+top_p | epsilon | top_k+epsilon
     form: str
     temperature: float = 1.0
     k: int = 0  # 0 = no top-k
     p: float = 1.0  # 1 = no top-p
     min_p: float = 0.0  # 0 = no min-p
     eps: float = 0.0  # the floor added to probabilities before their log (forms that read it); 0 = none
+    epsilon: float = 0.0  # the absolute probability below which a token is removed (epsilon sampling); 0 = none
 
     @staticmethod
     def from_ir(attributes: ir.Attribute) -> SampleAttrs:
@@ -59,12 +62,15 @@ class SampleAttrs:
                       "p": ir.FloatAttr.get(f64, self.p), "min_p": ir.FloatAttr.get(f64, self.min_p)}
         if self.eps:  # only forms that read a floor carry one, so that every other composite reads as before
             attributes["eps"] = ir.FloatAttr.get(f64, self.eps)
+        if self.epsilon:  # likewise, only epsilon sampling's forms
+            attributes["epsilon"] = ir.FloatAttr.get(f64, self.epsilon)
         return attributes
 
     def params(self) -> dict[str, Any]:
         """Keyword arguments of the form's function (hlofuse.kernels.sampling_reference): the parameters
         the form reads, the others at their neutral values (`form_params`)."""
-        values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p, "eps": self.eps}
+        values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p, "eps": self.eps,
+                  "epsilon": self.epsilon}
         return form_params(self.form, **values) if self.form in FORMS else values
 
 

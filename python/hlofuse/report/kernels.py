@@ -162,7 +162,7 @@ def sample_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result_ty
     elements = rows * vocab
     logits_bytes = elements * dtype_bytes(dtype)
     vector = 4.0 * elements * passes
-    trans = elements if mode in ("top_p", "min_p", "top_k+top_p") else 0.0
+    trans = elements if mode in ("top_p", "min_p", "top_k+top_p", "epsilon", "top_k+epsilon") else 0.0
     total_bytes = logits_bytes * passes + rows * 4
     threads = chip.kernel_threads if chip.family == "cpu" else 1.0
     compute = (vector / chip.vector_flops + trans / chip.transcendental_rate) / threads

@@ -514,6 +514,25 @@ def min_p_removal_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
     return kernel
 
 
+# EpsilonLogitsWarper (sampling_reference.epsilon_removal, after a TopKLogitsWarper in top_k_epsilon_removal) is
+# elementwise but for its top-1 (and the top-k's k-th value): the form's function with the kernel's top-k for both
+# (its values are torch.topk's, sorted, NaN first) and the kernel's draw. No sort.
+EPSILON_REMOVALS = ("epsilon_removal", "top_k_epsilon_removal")
+
+
+def epsilon_removal_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form whose filters are of EPSILON_REMOVALS (any draw): its function with the kernel's top-k and draw."""
+    filters = FORMS[form].filters
+    fn = FORMS[filters].fn
+    categorical_fn = _draw_by_kernel(form)
+    top_k = {"top_k_fn": _top_k_by_kernel} if filters == "top_k_epsilon_removal" else {"top_1_fn": _top_k_by_kernel}
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return fn(logits, key, kth_fn=last_column, categorical_fn=categorical_fn, **top_k, **params)
+
+    return kernel
+
+
 def _id_0_where_nan(probs: jax.Array, tokens: jax.Array) -> jax.Array:
     """`tokens`, but 0 in the rows whose probabilities are NaN. A softmax row is all NaN or none (a NaN, or an
     infinity, in its logits makes its max or its sum NaN), and lax.top_k puts NaN first, ties by the lower id:
@@ -588,7 +607,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if attrs.k > shape[-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
         return flax_top_p_lowering(attrs.form, attrs.params())
-    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS):
+    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS, *EPSILON_REMOVALS):
         if len(call.operand_types[0][0]) != 2:
             raise Unsupported("Hugging Face's warpers take (B, V) logits")
         if call.operand_types[0][1] not in ("f32", "bf16"):
@@ -597,6 +616,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
         if filters in MIN_P_REMOVALS:
             return min_p_removal_lowering(attrs.form, attrs.params())
+        if filters in EPSILON_REMOVALS:
+            return epsilon_removal_lowering(attrs.form, attrs.params())
         return top_p_ascending_lowering(attrs.form, attrs.params())
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
