@@ -40,7 +40,7 @@ from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
 from hlofuse.ir.match import constant_scalar, defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
-from hlofuse.kernels.sampling_reference import FILL_BOUND, FILL_NOTE, FORMS, Form, Writing
+from hlofuse.kernels.sampling_reference import FILL_BOUND, FILL_NOTE, FORMS, SHARED_NOISE_DRAWS, Form, Writing
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
@@ -381,19 +381,39 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 # Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
 _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
                "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits", "top_p_of_logits_exclusive",
-               "top_k_top_p_of_logits_exclusive", "top_p_of_top_k_rows")
+               "top_k_top_p_of_logits_exclusive", "top_p_of_top_k_rows", "top_p_of_top_k_rows_same_key_rows")
+
+
+def _noise_of_one_row(draw: Draw) -> bool:
+    """Whether the draw's noise is one row's, broadcast over its rows (a one-row sampler vmapped with one key):
+    a broadcast of a noisy (n,) into the (B, n) the draw reduces."""
+    x = draw.op.operands[0]
+    n = _shape(x)[-1]
+    if len(_shape(x)) < 2:
+        return False
+    for op in _backward_ops(x, limit=400):
+        if op.name != "stablehlo.broadcast_in_dim" or _shape(op.results[0])[-1:] != (n,):
+            continue
+        source = _shape(op.operands[0])
+        one_row = source[-1:] == (n,) and all(size == 1 for size in source[:-1])
+        if one_row and len(_shape(op.results[0])) >= 2 and _shape(op.results[0])[0] > 1 and _has_noise(op.operands[0]):
+            return True
+    return False
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[str],
                 key_rows: set[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
     """(form, writing, logits shape, dtype, k) worth lowering for this draw (a form with a key per row only where
-    the program holds (B, 2) keys for its B rows: `key_rows`)."""
+    the program holds (B, 2) keys for its B rows: `key_rows`; one whose rows share one row's noise only where the
+    program's is: `_noise_of_one_row`)."""
     x = draw.op.operands[0]
     shape, dtype = _shape(x)[:draw.dim + 1], _element(x)  # the trailing size-1 dims belong to the draw
     if draw.kind == "top_k" and len(shape) == 1:
         shape = _rows(draw) + shape
+    shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
     writings = [(form, i, w) for form in FORMS.values() for i, w in enumerate(form.writings)
-                if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[:1] in {(b,) for b in key_rows})]
+                if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[:1] in {(b,) for b in key_rows})
+                and (form.drawn_by not in SHARED_NOISE_DRAWS or shared)]
     # The most specific first: the most marker ops (the fallbacks, categorical and temperature, have none), then
     # the most parameters read (a writing whose program scaled before it reads no temperature); among equals, one
     # that scales inside the site, leaving no division outside the composite.

@@ -145,14 +145,33 @@ def near_miss_row_keys_of_other_rows(x, key):
     return jax.vmap(jax.random.categorical)(keys, x)
 
 
+def vmapped_same_key_sampler(x, key):
+    """A one-row sampler (the nucleus of `_nucleus`, then / T and a categorical) vmapped over the rows with its key
+    unbatched, so every row draws the same noise: the top_p_mask form drawn by `same_key_rows`."""
+    return jax.vmap(lambda row: jax.random.categorical(key, _nucleus(row, 0.9) / 0.7))(x)
+
+
 # --- parameters per row ----------------------------------------------------------------------------
+
+
+def easydel_vmapped_per_row_top_p(x, key):
+    """EasyDeL's vmaped_sample_top_p_efficient: the one-row sampler vmapped over the rows, each with its own
+    temperature and p, the key unbatched: top_p_of_top_k_rows drawn by `same_key_rows`."""
+    def one_row(row, temperature, top_p):
+        values, ids = jax.lax.top_k(row / jnp.expand_dims(jnp.where(temperature > 1e-6, temperature, 1.0), -1), 32)
+        keep = (jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) <= jnp.expand_dims(top_p, -1)).at[..., 0].set(True)
+        pick = jax.random.categorical(key, jnp.where(keep, values, -jnp.inf))
+        return jnp.take_along_axis(ids, jnp.expand_dims(pick, -1), axis=-1).squeeze(-1)
+
+    return jax.vmap(one_row)(x, jnp.resize(jnp.array([0.7, 1.0, 1e-7, 1.3]), x.shape[:1]),
+                             jnp.resize(jnp.array([0.9, 0.5, 1.0, 0.95]), x.shape[:1]))
 
 
 def easydel_per_row_top_p(x, key):
     """EasyDeL's sample_top_p_efficient with each request's own temperature and p (one below its 1e-6 guard): the
     top_p_of_top_k_rows form, whose composite takes them as (B,) operands."""
-    temperature = jnp.array([0.7, 1.0, 1e-7, 1.3])[: x.shape[0]]
-    top_p = jnp.array([0.9, 0.5, 1.0, 0.95])[: x.shape[0]]
+    temperature = jnp.resize(jnp.array([0.7, 1.0, 1e-7, 1.3]), x.shape[:1])
+    top_p = jnp.resize(jnp.array([0.9, 0.5, 1.0, 0.95]), x.shape[:1])
     scaled = x / jnp.where(temperature > 1e-6, temperature, 1.0)[:, None]
     values, ids = jax.lax.top_k(scaled, 32)
     keep = (jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) <= top_p[:, None]).at[:, 0].set(True)
@@ -626,6 +645,10 @@ VARIANTS: list[Variant] = [
     Variant("near_miss_epsilon_at_or_below", near_miss_epsilon_at_or_below, "categorical_choice",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-k filter "
                    "(chlo.top_k"),
+    Variant("vmapped_same_key_sampler", vmapped_same_key_sampler, "top_p_mask_same_key_rows",
+            expect={"p": 0.9, "temperature": 0.7}),
+    Variant("easydel_vmapped_per_row_top_p", easydel_vmapped_per_row_top_p, "top_p_of_top_k_rows_same_key_rows",
+            expect={"k": 32}),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",

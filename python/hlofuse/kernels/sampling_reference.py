@@ -256,9 +256,9 @@ def top_p_of_top_k_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.A
     """EasyDeL's `sample_top_p_efficient`, with a temperature and a p per row ((B,) operands, a serving batch's
     requests): x / T (T at or below 1e-6 taken as 1), the top k of that, ranks whose cumsum of their softmax is
     within p kept (rank 0 always), the rest -inf, a categorical over the k ranks, mapped back through the ids.
-    (B, V) logits only."""
-    if logits.ndim != 2:
-        raise ValueError(f"the per-row nucleus takes (B, V) logits, not {logits.shape}")
+    (B, V) logits (one (V,) row with scalar parameters under a vmap: `_same_key_by_row`)."""
+    if logits.ndim > 2:
+        raise ValueError(f"the per-row nucleus takes (B, V) logits (or one row, vmapped), not {logits.shape}")
     safe = jnp.where(temperature > 1e-6, temperature, 1.0)
     values, indices = top_k_fn(logits / jnp.expand_dims(safe, axis=-1), k)
     keep = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1) <= jnp.expand_dims(p, axis=-1)
@@ -602,6 +602,11 @@ class Form:
     row_params: tuple[str, ...] = ()
 
     @property
+    def drawn_by(self) -> str:
+        """The draw of DRAWS this form is its base's with ("" for a form's own draw)."""
+        return self.name[len(self.base) + 1:] if self.base else ""
+
+    @property
     def filters(self) -> str:
         """The form whose filters (and their order) this form has: its base, or itself."""
         return self.base or self.name
@@ -777,8 +782,22 @@ def row_keys_draw(categorical_fn: Categorical, keys: jax.Array, y: jax.Array, ax
     return jax.vmap(lambda key, row: categorical_fn(key, row, axis=-1))(keys, y)
 
 
+def same_key_rows_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """Every row drawn with the same key: `jax.vmap(lambda row: jax.random.categorical(key, row))(y)` of (B, n) rows,
+    as a one-row sampler vmapped over the batch with its key unbatched draws (EasyDeL's vmapped samplers): row r's
+    noise is that of counters 0..n-1 under `key`, for every r. Rows of (B, n) only."""
+    del axis  # the rows' last
+    if y.ndim != 2:
+        raise ValueError(f"the same-key draw takes (B, n) rows, not {y.shape}")
+    return jax.vmap(lambda row: categorical_fn(key, row, axis=-1))(y)
+
+
 DRAWS: dict[str, Callable[..., jax.Array]] = {"log_softmax": log_softmax_draw, "log_of_softmax": log_of_softmax_draw,
-                                              "choice": choice_draw, "row_keys": row_keys_draw}
+                                              "choice": choice_draw, "row_keys": row_keys_draw,
+                                              "same_key_rows": same_key_rows_draw}
+# Draws whose rows all take the one key's noise, counted from 0 in each row (the fusion looks for them only where
+# the program's noise is one row's, broadcast over the rows).
+SHARED_NOISE_DRAWS = ("same_key_rows",)
 # Draws whose key is one per row, (B, 2): their forms' key operand.
 ROW_KEY_DRAWS = ("row_keys",)
 
@@ -805,16 +824,34 @@ def _row_by_row(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
     return vmapped
 
 
+def _same_key_by_row(fn: Callable[..., jax.Array], row_params: tuple[str, ...]) -> Callable[..., jax.Array]:
+    """`fn` written for one row and vmapped over the rows (and the form's per-row parameters) with one key for
+    every row: what `fn` drawn by `same_key_rows_draw` computes."""
+
+    def vmapped(logits: jax.Array, key: jax.Array, **params: Any) -> jax.Array:
+        per_row = {name: params.pop(name) for name in row_params}
+
+        def one_row(row: jax.Array, *values: jax.Array) -> jax.Array:
+            return fn(row, key, **params, **dict(zip(per_row, values, strict=True)))
+
+        return jax.vmap(one_row)(logits, *per_row.values())
+
+    return vmapped
+
+
 def _with_draw(form: Form, name: str) -> Form:
-    markers = ("stablehlo.exponential",) * (name not in ROW_KEY_DRAWS) + ("chlo.top_k",) * (name == "choice")
+    markers = (("stablehlo.exponential",) * (name not in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS)
+               + ("chlo.top_k",) * (name == "choice"))
     others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, DRAWS[name]),
                                        marker_ops=tuple(dict.fromkeys(w.marker_ops + markers)))
                    for w in form.others)
     if name in ROW_KEY_DRAWS:  # also a one-row sampler vmapped over the rows (EasyDeL's, a serving engine's)
         others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn)) for w in form.writings)
+    if name in SHARED_NOISE_DRAWS:  # likewise, with its key unbatched
+        others += tuple(dataclasses.replace(w, fn=_same_key_by_row(w.fn, form.row_params)) for w in form.writings)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
-                form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS)
+                form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS, row_params=form.row_params)
 
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
@@ -889,6 +926,8 @@ FORMS["top_k_top_p_of_logits"] = Form(
      _unscaled(dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)))), composes_draws=False)
 FORMS["top_p_of_top_k_rows"] = Form("top_p_of_top_k_rows", "top_k+top_p", top_p_of_top_k_rows, ("k",),
                                      _OF_PROBS[:-1], composes_draws=False, row_params=("temperature", "p"))
+# (its vmapped writing, EasyDeL's `vmaped_sample_top_p_efficient`, draws every row with the one key)
+FORMS["top_p_of_top_k_rows_same_key_rows"] = _with_draw(FORMS["top_p_of_top_k_rows"], "same_key_rows")
 # tunix's nucleus of the sorted logits, of all V (top_p) or of the top k (top_k+top_p): T inside or before.
 _EXCLUSIVE_LOGITS = Writing(top_p_of_logits_exclusive, _OF_PROBS[:-1])
 _EXCLUSIVE_LOGITS_K = Writing(functools.partial(_of_fewer_than_all, top_p_of_logits_exclusive), _OF_PROBS[:-1])

@@ -25,6 +25,7 @@ from hlofuse.kernels.sampling_reference import (
     NEG_INF,
     RANK_NUCLEI,
     ROW_KEY_DRAWS,
+    SHARED_NOISE_DRAWS,
     UNCERTIFIED,
     Categorical,
     flax_top_p_keep,
@@ -218,9 +219,8 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         if draw == "choice":
             return base(logits, key, categorical_fn=_choice_by_kernel, top_k_fn=_top_k_by_kernel, **params)
-        if draw in ROW_KEY_DRAWS:  # the kernel draws every row with its key at once (no vmap)
-            return base(logits, key, categorical_fn=_kernel_categorical(False, row_keys=True),
-                        top_k_fn=_top_k_by_kernel, **params)
+        if draw in ROW_KEY_DRAWS or draw in SHARED_NOISE_DRAWS:  # every row at once (no vmap)
+            return base(logits, key, categorical_fn=_draw_by_kernel(form), top_k_fn=_top_k_by_kernel, **params)
         return base(logits, key, categorical_fn=functools.partial(DRAWS[draw], _kernel_categorical(False)),
                     top_k_fn=_top_k_by_kernel, **params)
 
@@ -353,6 +353,8 @@ def _draw_by_kernel(form: str) -> Categorical:
         return _choice_by_kernel
     if draw in ROW_KEY_DRAWS:
         return _kernel_categorical(False, row_keys=True)
+    if draw in SHARED_NOISE_DRAWS:
+        return _kernel_categorical(True)
     if draw:
         return functools.partial(DRAWS[draw], _kernel_categorical(False))
     return _kernel_categorical(False)
@@ -575,15 +577,17 @@ def _top_k_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 # Forms with per-row parameters (sampling_reference.Form.row_params, operands after the key): their function, with
 # the kernel's top-k and categorical, on the rows' values.
-ROW_PARAM_FORMS = ("top_p_of_top_k_rows",)
+ROW_PARAM_FORMS = ("top_p_of_top_k_rows", "top_p_of_top_k_rows_same_key_rows")
 
 
 def row_param_lowering(form: str, k: int) -> Callable[..., jax.Array]:
-    """A form of ROW_PARAM_FORMS on the CPU: its function with the kernel's top-k and draw, on the operands."""
-    fn = FORMS[form].fn
+    """A form of ROW_PARAM_FORMS on the CPU: its function with the kernel's top-k and draw, on the operands (every
+    row with the one key's noise for a same-key draw)."""
+    fn = FORMS[FORMS[form].filters].fn
+    categorical_fn = _kernel_categorical(FORMS[form].drawn_by in SHARED_NOISE_DRAWS)
 
     def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
-        return fn(logits, key, k=k, top_k_fn=_top_k_by_kernel, categorical_fn=_kernel_categorical(False),
+        return fn(logits, key, k=k, top_k_fn=_top_k_by_kernel, categorical_fn=categorical_fn,
                   **row_values(form, rows))
 
     return kernel
