@@ -396,7 +396,7 @@ def _noise_of_one_row(draw: Draw) -> bool:
             continue
         source = _shape(op.operands[0])
         one_row = source[-1:] == (n,) and all(size == 1 for size in source[:-1])
-        if one_row and len(_shape(op.results[0])) >= 2 and _shape(op.results[0])[0] > 1 and _has_noise(op.operands[0]):
+        if one_row and len(_shape(op.results[0])) >= 2 and _has_noise(op.operands[0]):
             return True
     return False
 

@@ -7762,6 +7762,274 @@ module @sample_easydel_vmapped_per_row_top_p attributes {mhlo.num_partitions = 1
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_easydel_vmapped_per_row_top_p_one_row(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_of_top_k_rows_same_key_rows"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_easydel_vmapped_per_row_top_p_one_row attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_easydel_vmapped_per_row_top_p_one_row(%arg0: tensor<1x256xf32>, %arg1: tensor<2xui32>) -> (tensor<1xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<[0.699999988, 1.000000e+00, 1.000000e-07, 1.300000e+00]> : tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<[0.899999976, 5.000000e-01, 1.000000e+00, 0.949999988]> : tensor<4xf32>
+    %0 = call @resize(%cst) : (tensor<4xf32>) -> tensor<1xf32>
+    %1 = call @resize(%cst_0) : (tensor<4xf32>) -> tensor<1xf32>
+    %cst_1 = stablehlo.constant dense<9.99999997E-7> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.compare GT, %0, %2, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_2 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %4 = call @_where(%3, %0, %cst_2) : (tensor<1xi1>, tensor<1xf32>, tensor<f32>) -> tensor<1xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %7 = stablehlo.divide %arg0, %6 : tensor<1x256xf32>
+    %values, %indices = chlo.top_k(%7, k = 32) : tensor<1x256xf32> -> (tensor<1x32xf32>, tensor<1x32xi32>)
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = stablehlo.reduce(%values init: %cst_3) applies stablehlo.maximum across dimensions = [1] : (tensor<1x32xf32>, tensor<f32>) -> tensor<1xf32>
+    %cst_4 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %10 = stablehlo.maximum %9, %8 : tensor<1xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x32xf32>
+    %13 = stablehlo.subtract %values, %12 : tensor<1x32xf32>
+    %14 = stablehlo.exponential %13 : tensor<1x32xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.reduce(%14 init: %cst_5) applies stablehlo.add across dimensions = [1] : (tensor<1x32xf32>, tensor<f32>) -> tensor<1xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x32xf32>
+    %18 = stablehlo.divide %14, %17 : tensor<1x32xf32>
+    %19 = call @cumsum(%18) : (tensor<1x32xf32>) -> tensor<1x32xf32>
+    %20 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x32xf32>
+    %22 = stablehlo.compare LE, %19, %21, FLOAT : (tensor<1x32xf32>, tensor<1x32xf32>) -> tensor<1x32xi1>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %23 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %c_6 = stablehlo.constant dense<true> : tensor<i1>
+    %24 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i1>) -> tensor<1xi1>
+    %25 = "stablehlo.scatter"(%22, %23, %24) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0], inserted_window_dims = [1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<1x32xi1>, tensor<1xi32>, tensor<1xi1>) -> tensor<1x32xi1>
+    %cst_7 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %26 = call @_where_1(%25, %values, %cst_7) : (tensor<1x32xi1>, tensor<1x32xf32>, tensor<f32>) -> tensor<1x32xf32>
+    %27 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<32xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [1] : (tensor<32xf32>) -> tensor<1x32xf32>
+    %29 = stablehlo.add %28, %26 : tensor<1x32xf32>
+    %30 = call @argmax(%29) : (tensor<1x32xf32>) -> tensor<1xi32>
+    %31 = stablehlo.broadcast_in_dim %30, dims = [0] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %32 = call @take_along_axis(%indices, %31) : (tensor<1x32xi32>, tensor<1x1xi32>) -> tensor<1x1xi32>
+    %33 = stablehlo.reshape %32 : (tensor<1x1xi32>) -> tensor<1xi32>
+    return %33 : tensor<1xi32>
+  }
+  func.func private @resize(%arg0: tensor<4xf32>) -> tensor<1xf32> {
+    %0 = stablehlo.reshape %arg0 : (tensor<4xf32>) -> tensor<1x4xf32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<1x4xf32>
+    %2 = stablehlo.reshape %1 : (tensor<1x4xf32>) -> tensor<4xf32>
+    %3 = stablehlo.slice %2 [0:1] : (tensor<4xf32>) -> tensor<1xf32>
+    return %3 : tensor<1xf32>
+  }
+  func.func private @_where(%arg0: tensor<1xi1>, %arg1: tensor<1xf32>, %arg2: tensor<f32>) -> tensor<1xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<1xi1>, tensor<1xf32>
+    return %2 : tensor<1xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<1x32xf32>) -> tensor<1x32xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<1x32xf32>) -> tensor<1x32xf32>
+    return %0 : tensor<1x32xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<1x32xf32>) -> tensor<1x32xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [31, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 32>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<1x32xf32>, tensor<f32>) -> tensor<1x32xf32>
+    return %1 : tensor<1x32xf32>
+  }
+  func.func private @_where_1(%arg0: tensor<1x32xi1>, %arg1: tensor<1x32xf32>, %arg2: tensor<f32>) -> tensor<1x32xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<32xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<32xf32>) -> tensor<1x32xf32>
+    %3 = stablehlo.select %arg0, %arg1, %2 : tensor<1x32xi1>, tensor<1x32xf32>
+    return %3 : tensor<1x32xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<32xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<32xf32>
+    %1 = stablehlo.log %0 : tensor<32xf32>
+    %2 = stablehlo.negate %1 : tensor<32xf32>
+    %3 = stablehlo.log %2 : tensor<32xf32>
+    %4 = stablehlo.negate %3 : tensor<32xf32>
+    return %4 : tensor<32xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<32xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<32xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<32xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<32xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<32xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<32xui64>
+    %12 = stablehlo.convert %9 : (tensor<32xui64>) -> tensor<32xui32>
+    %13 = stablehlo.convert %11 : (tensor<32xui64>) -> tensor<32xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<32xui32>, tensor<32xui32>) -> (tensor<32xui32>, tensor<32xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<32xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<32xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %19 = stablehlo.or %17, %18 : tensor<32xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<32xui32>) -> tensor<32xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<32xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<32xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<32xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<32xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<32xf32>
+    %27 = stablehlo.add %25, %26 : tensor<32xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<32xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<32xf32>
+    return %29 : tensor<32xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<32xui32>, %arg3: tensor<32xui32>) -> (tensor<32xui32>, tensor<32xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<32xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<32xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<32xui32>, tensor<32xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<32xui32>, tensor<32xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<32xui32>, tensor<32xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<32xui32>, tensor<32xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<32xui32>, tensor<32xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<32xui32>, %arg2: tensor<32xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<32xui32>, tensor<32xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<32xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<32xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<32xui32>
+    %9 = stablehlo.or %5, %8 : tensor<32xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<32xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<32xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<32xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<32xui32>
+    %19 = stablehlo.or %15, %18 : tensor<32xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<32xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<32xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<32xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<32xui32>
+    %29 = stablehlo.or %25, %28 : tensor<32xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<32xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<32xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<32xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<32xui32>
+    %39 = stablehlo.or %35, %38 : tensor<32xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<32xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %42 = stablehlo.add %33, %41 : tensor<32xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %44 = stablehlo.add %40, %43 : tensor<32xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<32xui32>
+    %48 = stablehlo.add %44, %47 : tensor<32xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<32xui32>, tensor<32xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<1x32xf32>) -> tensor<1xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<1x32xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<1x32xf32>, tensor<1x32xi32>, tensor<f32>, tensor<i32>) -> (tensor<1xf32>, tensor<1xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<1xi32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<1x32xi32>, %arg1: tensor<1x1xi32>) -> tensor<1x1xi32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %c_0 = stablehlo.constant dense<32> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<1x1xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<1x1xi1>, tensor<1x1xi32>
+    %5 = stablehlo.reshape %4 : (tensor<1x1xi32>) -> tensor<1x1x1xi32>
+    %c_1 = stablehlo.constant dense<31> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<1x1x1xi32>
+    %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<1x1x1xi32>, tensor<1x1x1xi32>) -> tensor<1x1x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.compare LE, %5, %8, SIGNED : (tensor<1x1x1xi32>, tensor<1x1x1xi32>) -> tensor<1x1x1xi1>
+    %10 = stablehlo.and %7, %9 : tensor<1x1x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %11 = stablehlo.reduce(%10 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<1x1x1xi1>, tensor<i1>) -> tensor<1x1xi1>
+    %12 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<1x32xi32>, tensor<1x1x1xi32>) -> tensor<1x1xi32>
+    %c_4 = stablehlo.constant dense<-2147483648> : tensor<i32>
+    %13 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %14 = stablehlo.select %11, %12, %13 : tensor<1x1xi1>, tensor<1x1xi32>
+    return %14 : tensor<1x1xi32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_easydel_per_row_top_p(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_of_top_k_rows"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

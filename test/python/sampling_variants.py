@@ -649,6 +649,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("easydel_vmapped_per_row_top_p", easydel_vmapped_per_row_top_p, "top_p_of_top_k_rows_same_key_rows",
             expect={"k": 32}),
+    Variant("easydel_vmapped_per_row_top_p_one_row", easydel_vmapped_per_row_top_p,
+            "top_p_of_top_k_rows_same_key_rows", shape=(1, V), expect={"k": 32}),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
