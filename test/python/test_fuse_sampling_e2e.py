@@ -208,3 +208,48 @@ def test_per_row_parameters_given_as_arguments_become_the_composites_operands() 
             want = runs["original"](*args)[0]
             for name, run in runs.items():
                 np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+
+
+def test_sglang_jax_per_row_k_p_and_min_p_given_as_arguments() -> None:
+    """sglang-jax's sampler with its per-row top_ks (int32), top_ps and min_ps as the step's arguments: fused whole
+    (sorted_probs_min_p_rows), the same ids as the original through the reference and the CPU kernel (whose radix
+    sort replaces XLA's sort and argsort), for other values of them."""
+    import jax.numpy as jnp
+
+    def step(logits: jax.Array, key: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Array) -> jax.Array:
+        probs = jax.nn.softmax(logits / 0.8, axis=-1)
+        ordered, ids = jnp.sort(probs, axis=-1)[:, ::-1], jnp.argsort(probs, axis=-1)[:, ::-1]
+        cumulative = jnp.cumsum(ordered, axis=-1)
+        ordered = jnp.where(jnp.arange(0, probs.shape[-1]).reshape(1, -1) >= top_k.reshape(-1, 1), 0.0, ordered)
+        ordered = jnp.where((cumulative - ordered) > top_p.reshape(-1, 1), 0.0, ordered)
+        ordered = jnp.where(ordered < (ordered[:, 0] * min_p).reshape(-1, 1), 0.0, ordered)
+        drawn = jax.random.categorical(key, ordered).reshape(-1, 1)
+        return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
+
+    rows_f, rows_i = jax.ShapeDtypeStruct((3,), np.float32), jax.ShapeDtypeStruct((3,), np.int32)
+    lowered = jax.jit(step).lower(jax.ShapeDtypeStruct((3, 400), np.float32), jax.ShapeDtypeStruct((2,), np.uint32),
+                                  rows_i, rows_f, rows_f)
+    original = clone_module(lowered.compiler_ir("stablehlo"))
+    fused = clone_module(original)
+    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    (attrs,) = sample_attrs(fused)
+    assert attrs.form == "sorted_probs_min_p_rows" and attrs.temperature == pytest.approx(0.8)
+    programs = {"original": original, "fused": fused}
+    for target in ("reference", "cpu"):
+        lowered_module = clone_module(fused)
+        if run_pipeline(lowered_module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})").counters[
+                f"sample_to_{target}"]:
+            programs[target] = lowered_module
+    from hlofuse.kernels import cpu
+
+    assert "reference" in programs and ("cpu" in programs or not cpu.is_available())
+    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
+    rng = np.random.default_rng(5)
+    for case, logits in logits_cases((3, 400), np.dtype(np.float32)).items():
+        for seed in range(KEYS):
+            top_k = rng.choice([1, 5, 40, 400], 3).astype(np.int32)
+            top_p, min_p = rng.choice([0.3, 0.9, 1.0], 3), rng.choice([0.0, 0.05, 0.5], 3)
+            args = (logits, np.array([seed, 41], np.uint32), top_k, top_p.astype(np.float32), min_p.astype(np.float32))
+            want = runs["original"](*args)[0]
+            for name, run in runs.items():
+                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")

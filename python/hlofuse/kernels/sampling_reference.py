@@ -266,6 +266,30 @@ def top_p_of_top_k_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.A
     return take_fn(indices, categorical_fn(key, jnp.where(keep, values, NEG_INF), axis=-1))
 
 
+def sorted_probs_rows(logits: jax.Array, key: jax.Array, *, temperature: float, k: jax.Array, p: jax.Array,
+                      min_p: jax.Array | None = None, sort_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]] | None
+                      = None, categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """sglang-jax's sampler with a k, a p (and a min-p) per row ((B,) operands): softmax(x / T) sorted descending as
+    `jnp.sort(probs)[:, ::-1]` with `jnp.argsort(probs)[:, ::-1]` (ties: the higher id first), its cumsum, ranks at
+    or past k zeroed, ranks whose preceding mass exceeds p zeroed (by the zeroed values), ranks below min-p times rank
+    0 zeroed, then a categorical of those probabilities *as logits* (so a zeroed rank still scores 0 + noise: the
+    library's own rule), mapped back through the ids. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"sglang-jax's sampler takes (B, V) logits, not {logits.shape}")
+    probs = jax.nn.softmax(_scale(logits, temperature), axis=-1)
+    if sort_fn is None:
+        ordered, ids = jnp.sort(probs, axis=-1)[:, ::-1], jnp.argsort(probs, axis=-1)[:, ::-1]
+    else:
+        ordered, ids = sort_fn(probs)
+    cumulative = jnp.cumsum(ordered, axis=-1)
+    ordered = jnp.where(jnp.arange(0, probs.shape[-1]).reshape(1, -1) >= k.reshape(-1, 1), 0.0, ordered)
+    ordered = jnp.where((cumulative - ordered) > p.reshape(-1, 1), 0.0, ordered)
+    if min_p is not None:
+        ordered = jnp.where(ordered < (ordered[:, 0] * min_p).reshape(-1, 1), 0.0, ordered)
+    drawn = categorical_fn(key, ordered, axis=-1).reshape(-1, 1)
+    return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
+
+
 def _unfloored(writing: Writing) -> Writing:
     """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
 
@@ -597,9 +621,13 @@ class Form:
     composes_draws: bool = True  # whether DRAWS compose with it (not for a form that draws from a log of its own)
     reads: tuple[str, ...] = ()  # constants its own writing reads that no attribute is (Writing.reads)
     row_keys: bool = False  # its key is one per row, (B, 2) (ROW_KEY_DRAWS), not one (2,) key
-    # Parameters given per row, as (B,) f32 operands after the key in this order (a serving engine's per-request
-    # temperature and p), not as attributes: the composite's operands are (logits, key, *row_params).
+    # Parameters given per row, as (B,) operands after the key in this order (a serving engine's per-request
+    # temperature, k, p, min-p; `row_dtype`), not as attributes: the composite's operands are (logits, key, *rows).
     row_params: tuple[str, ...] = ()
+
+    def row_dtype(self, name: str) -> Any:  # noqa: ANN401
+        """The dtype of a per-row operand: int32 for k, float32 for the others."""
+        return jnp.int32 if name == "k" else jnp.float32
 
     @property
     def drawn_by(self) -> str:
@@ -926,6 +954,25 @@ FORMS["top_k_top_p_of_logits"] = Form(
      _unscaled(dataclasses.replace(_LOGITS_NUCLEUS, reads=("fill",)))), composes_draws=False)
 FORMS["top_p_of_top_k_rows"] = Form("top_p_of_top_k_rows", "top_k+top_p", top_p_of_top_k_rows, ("k",),
                                      _OF_PROBS[:-1], composes_draws=False, row_params=("temperature", "p"))
+def _without_min_p(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`fn` with no min-p filter (sglang-jax's sampler when no request asks for one)."""
+
+    def without(logits: jax.Array, key: jax.Array, *, min_p: Any = None, **params: Any) -> jax.Array:  # noqa: ANN401
+        del min_p
+        return fn(logits, key, **params)
+
+    return without
+
+
+# sglang-jax's sampler, without and with its min-p (a Python flag of the batch): T inside, or before, the site.
+_SORTED_PROBS = Writing(_without_min_p(sorted_probs_rows), _NOISE + ("stablehlo.sort", "stablehlo.exponential"))
+_SORTED_PROBS_MIN_P = Writing(sorted_probs_rows, _SORTED_PROBS.marker_ops)
+FORMS["sorted_probs_rows"] = Form("sorted_probs_rows", "top_k+top_p", _SORTED_PROBS.fn, ("temperature",),
+                                  _SORTED_PROBS.marker_ops, (_unscaled(_SORTED_PROBS),), composes_draws=False,
+                                  row_params=("k", "p"))
+FORMS["sorted_probs_min_p_rows"] = Form("sorted_probs_min_p_rows", "top_k+top_p", sorted_probs_rows, ("temperature",),
+                                        _SORTED_PROBS.marker_ops, (_unscaled(_SORTED_PROBS_MIN_P),),
+                                        composes_draws=False, row_params=("k", "p", "min_p"))
 # (its vmapped writing, EasyDeL's `vmaped_sample_top_p_efficient`, draws every row with the one key)
 FORMS["top_p_of_top_k_rows_same_key_rows"] = _with_draw(FORMS["top_p_of_top_k_rows"], "same_key_rows")
 # tunix's nucleus of the sorted logits, of all V (top_p) or of the top k (top_k+top_p): T inside or before.

@@ -577,18 +577,28 @@ def _top_k_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 # Forms with per-row parameters (sampling_reference.Form.row_params, operands after the key): their function, with
 # the kernel's top-k and categorical, on the rows' values.
-ROW_PARAM_FORMS = ("top_p_of_top_k_rows", "top_p_of_top_k_rows_same_key_rows")
+ROW_PARAM_FORMS = ("top_p_of_top_k_rows", "top_p_of_top_k_rows_same_key_rows", "sorted_probs_rows",
+                   "sorted_probs_min_p_rows")
 
 
-def row_param_lowering(form: str, k: int) -> Callable[..., jax.Array]:
-    """A form of ROW_PARAM_FORMS on the CPU: its function with the kernel's top-k and draw, on the operands (every
-    row with the one key's noise for a same-key draw)."""
-    fn = FORMS[FORMS[form].filters].fn
-    categorical_fn = _kernel_categorical(FORMS[form].drawn_by in SHARED_NOISE_DRAWS)
+def _descending_by_kernel_sort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`jnp.sort(x)[:, ::-1]` and `jnp.argsort(x)[:, ::-1]` (a stable ascending order reversed: ties by the higher id
+    first) by the kernel's radix sort."""
+    values, ids = _sort_by_kernel(x)
+    return values[:, ::-1], ids[:, ::-1]
+
+
+def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form of ROW_PARAM_FORMS on the CPU: its function with the kernel's top-k (or sort) and draw, on the operands
+    (every row with the one key's noise for a same-key draw); `params` are the attributes' (the per-row ones aside)."""
+    spec = FORMS[form]
+    fn = FORMS[spec.filters].fn
+    categorical_fn = _kernel_categorical(spec.drawn_by in SHARED_NOISE_DRAWS)
+    scalars = {name: value for name, value in params.items() if name not in spec.row_params}
 
     def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
-        return fn(logits, key, k=k, top_k_fn=_top_k_by_kernel, categorical_fn=categorical_fn,
-                  **row_values(form, rows))
+        return fn(logits, key, top_k_fn=_top_k_by_kernel, sort_fn=_descending_by_kernel_sort,
+                  categorical_fn=categorical_fn, **scalars, **row_values(form, rows))
 
     return kernel
 
@@ -601,9 +611,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
     if attrs.form in ROW_PARAM_FORMS:
         (shape, dtype), *_ = call.operand_types
-        if len(shape) != 2 or dtype not in ("f32", "bf16") or not 0 < attrs.k <= shape[-1]:
-            raise Unsupported(f"'{attrs.form}' takes (B, V) f32 or bf16 logits and 0 < k <= V")
-        return row_param_lowering(attrs.form, attrs.k)
+        k_attribute = "k" in FORMS[attrs.form].params
+        if len(shape) != 2 or dtype not in ("f32", "bf16") or (k_attribute and not 0 < attrs.k <= shape[-1]):
+            raise Unsupported(f"'{attrs.form}' takes (B, V) f32 or bf16 logits (and 0 < k <= V)")
+        return row_param_lowering(attrs.form, attrs.params())
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
