@@ -154,6 +154,28 @@ def vmapped_same_key_sampler(x, key):
 # --- parameters per row ----------------------------------------------------------------------------
 
 
+def sglang_jax_sorted_probs(x, key):
+    """sglang-jax's sampler: softmax(x / T), sorted descending with its argsort, per-row top-k and top-p zeroing of the
+    sorted probabilities, then a categorical of those probabilities as logits: sorted_probs_rows (T outside it)."""
+    probs = jax.nn.softmax(jnp.divide(x, jnp.full((x.shape[0], 1), 0.8)), axis=-1)
+    ordered, ids = jnp.sort(probs, axis=-1)[:, ::-1], jnp.argsort(probs, axis=-1)[:, ::-1]
+    cumulative = jnp.cumsum(ordered, axis=-1)
+    top_k = jnp.resize(jnp.array([40, 5]), x.shape[:1])
+    ordered = jnp.where(jnp.arange(0, x.shape[-1]).reshape(1, -1) >= top_k.reshape(-1, 1), 0.0, ordered)
+    ordered = jnp.where((cumulative - ordered) > jnp.full((x.shape[0],), 0.9).reshape(-1, 1), 0.0, ordered)
+    drawn = jax.random.categorical(key, ordered).reshape(-1, 1)
+    return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
+
+
+def near_miss_sorted_probs_inclusive(x, key):
+    """The sglang-jax sampler with the inclusive top-p rule `cumsum > p`: no form has it, so only the draw fuses."""
+    probs = jax.nn.softmax(x / 0.8, axis=-1)
+    ordered, ids = jnp.sort(probs, axis=-1)[:, ::-1], jnp.argsort(probs, axis=-1)[:, ::-1]
+    ordered = jnp.where(jnp.cumsum(ordered, axis=-1) > jnp.full((x.shape[0],), 0.9).reshape(-1, 1), 0.0, ordered)
+    drawn = jax.random.categorical(key, ordered).reshape(-1, 1)
+    return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
+
+
 def easydel_vmapped_per_row_top_p(x, key):
     """EasyDeL's vmaped_sample_top_p_efficient: the one-row sampler vmapped over the rows, each with its own
     temperature and p, the key unbatched: top_p_of_top_k_rows drawn by `same_key_rows`."""
@@ -651,6 +673,9 @@ VARIANTS: list[Variant] = [
             expect={"k": 32}),
     Variant("easydel_vmapped_per_row_top_p_one_row", easydel_vmapped_per_row_top_p,
             "top_p_of_top_k_rows_same_key_rows", shape=(1, V), expect={"k": 32}),
+    Variant("sglang_jax_sorted_probs", sglang_jax_sorted_probs, "sorted_probs_rows"),
+    Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
