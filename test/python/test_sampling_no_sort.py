@@ -31,8 +31,10 @@ def _filtering(variant: Variant) -> bool:
 
 
 def _nucleus_drawn(variant: Variant) -> bool:
-    """A drawn form with a top-p filter: its nucleus sort still runs in XLA on the CPU (the known gap)."""
-    return bool(FORMS[variant.form].base) and "top_p" in FORMS[variant.form].mode
+    """A drawn form with a top-p filter: its nucleus sort still runs in XLA on the CPU (the known gap), but for the
+    forms with per-row parameters, whose lowering takes the kernel's top-k whatever their draw."""
+    form = FORMS[variant.form]
+    return bool(form.base) and "top_p" in form.mode and not form.row_params
 
 
 FUSED_WHOLE = [v for v in VARIANTS if _filtering(v) and not _nucleus_drawn(v) and v.dtype in CPU_SUPPORTED_DTYPES]
