@@ -402,7 +402,7 @@ def _noise_of_one_row(draw: Draw) -> bool:
 
 
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[str],
-                key_rows: set[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
+                key_rows: frozenset[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
     """(form, writing, logits shape, dtype, k) worth lowering for this draw (a form with a key per row only where
     the program holds (B, 2) keys for its B rows: `key_rows`; one whose rows share one row's noise only where the
     program's is: `_noise_of_one_row`)."""
@@ -412,7 +412,7 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
         shape = _rows(draw) + shape
     shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
     writings = [(form, i, w) for form in FORMS.values() for i, w in enumerate(form.writings)
-                if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[:1] in {(b,) for b in key_rows})
+                if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[0] in key_rows)
                 and (form.drawn_by not in SHARED_NOISE_DRAWS or shared)]
     # The most specific first: the most marker ops (the fallbacks, categorical and temperature, have none), then
     # the most parameters read (a writing whose program scaled before it reads no temperature); among equals, one
@@ -449,7 +449,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
-    for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present, set(key_rows)):
+    for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present, key_rows):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
         if form.name not in tried:

@@ -167,6 +167,39 @@ def test_constants_shared_with_the_rest_of_the_program_do_not_block_fusion() -> 
             np.testing.assert_array_equal(got, want)
 
 
+def _per_row_programs(step: Callable[..., jax.Array], vocab: int,
+                      row_dtypes: tuple[type, ...]) -> tuple[ir.Module, dict[str, Callable[..., list[np.ndarray]]]]:
+    """`step(logits, key, *rows)` on (3, vocab) f32 logits and (3,) per-row arguments of `row_dtypes`: the fused
+    module, and the original, fused, reference-lowered and (where built) CPU-kernel programs compiled."""
+    from hlofuse.kernels import cpu
+
+    specs = [jax.ShapeDtypeStruct((3, vocab), np.float32), jax.ShapeDtypeStruct((2,), np.uint32),
+             *(jax.ShapeDtypeStruct((3,), dtype) for dtype in row_dtypes)]
+    original = clone_module(jax.jit(step).lower(*specs).compiler_ir("stablehlo"))
+    fused = clone_module(original)
+    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    programs = {"original": original, "fused": fused}
+    for target in ("reference", "cpu"):
+        lowered = clone_module(fused)
+        if run_pipeline(lowered, f"builtin.module(hlofuse-lower-kernels{{target={target}}})").counters[
+                f"sample_to_{target}"]:
+            programs[target] = lowered
+    assert "reference" in programs and ("cpu" in programs or not cpu.is_available())
+    return fused, {name: compile_module(clone_module(m)) for name, m in programs.items()}
+
+
+def _assert_the_originals_ids(runs: dict[str, Callable[..., list[np.ndarray]]], vocab: int, key_word: int,
+                              rows_for: Callable[[], tuple[np.ndarray, ...]]) -> None:
+    """Every program of `runs` gives the original's ids on each logits case, for KEYS keys, each with the per-row
+    arguments `rows_for()` draws."""
+    for case, logits in logits_cases((3, vocab), np.dtype(np.float32)).items():
+        for seed in range(KEYS):
+            args = (logits, np.array([seed, key_word], np.uint32), *rows_for())
+            want = runs["original"](*args)[0]
+            for name, run in runs.items():
+                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+
+
 def test_per_row_parameters_given_as_arguments_become_the_composites_operands() -> None:
     """A serving step whose temperature and p are the batch's (B,) arguments (EasyDeL's sample_top_p_efficient):
     fused whole, the composite's operands the arguments themselves, and on the CPU kernel the ids of the original
@@ -180,34 +213,17 @@ def test_per_row_parameters_given_as_arguments_become_the_composites_operands() 
         pick = jax.random.categorical(key, jnp.where(keep, values, -jnp.inf))
         return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
 
-    rows = jax.ShapeDtypeStruct((3,), np.float32)
-    lowered = jax.jit(step).lower(jax.ShapeDtypeStruct((3, 500), np.float32), jax.ShapeDtypeStruct((2,), np.uint32),
-                                  rows, rows)
-    original = clone_module(lowered.compiler_ir("stablehlo"))
-    fused = clone_module(original)
-    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    fused, runs = _per_row_programs(step, 500, (np.float32, np.float32))
     (attrs,) = sample_attrs(fused)
     assert attrs.form == "top_p_of_top_k_rows" and attrs.k == 16
     assert " %arg0, %arg1, %arg2, %arg3 {" in str(fused)  # the composite's operands: the arguments themselves
-    programs = {"original": original, "fused": fused}
-    for target in ("reference", "cpu"):
-        lowered = clone_module(fused)
-        if run_pipeline(lowered, f"builtin.module(hlofuse-lower-kernels{{target={target}}})").counters[
-                f"sample_to_{target}"]:
-            programs[target] = lowered
-    from hlofuse.kernels import cpu
-
-    assert "reference" in programs and ("cpu" in programs or not cpu.is_available())
-    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
     rng = np.random.default_rng(3)
-    for case, logits in logits_cases((3, 500), np.dtype(np.float32)).items():
-        for seed in range(KEYS):
-            temperature = rng.choice([0.5, 0.7, 1.0, 1e-7], 3).astype(np.float32)
-            top_p = rng.choice([0.3, 0.9, 1.0], 3).astype(np.float32)
-            args = (logits, np.array([seed, 31], np.uint32), temperature, top_p)
-            want = runs["original"](*args)[0]
-            for name, run in runs.items():
-                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+
+    def rows() -> tuple[np.ndarray, ...]:
+        temperature = rng.choice([0.5, 0.7, 1.0, 1e-7], 3).astype(np.float32)
+        return temperature, rng.choice([0.3, 0.9, 1.0], 3).astype(np.float32)
+
+    _assert_the_originals_ids(runs, 500, 31, rows)
 
 
 def test_sglang_jax_per_row_k_p_and_min_p_given_as_arguments() -> None:
@@ -226,30 +242,14 @@ def test_sglang_jax_per_row_k_p_and_min_p_given_as_arguments() -> None:
         drawn = jax.random.categorical(key, ordered).reshape(-1, 1)
         return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
 
-    rows_f, rows_i = jax.ShapeDtypeStruct((3,), np.float32), jax.ShapeDtypeStruct((3,), np.int32)
-    lowered = jax.jit(step).lower(jax.ShapeDtypeStruct((3, 400), np.float32), jax.ShapeDtypeStruct((2,), np.uint32),
-                                  rows_i, rows_f, rows_f)
-    original = clone_module(lowered.compiler_ir("stablehlo"))
-    fused = clone_module(original)
-    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    fused, runs = _per_row_programs(step, 400, (np.int32, np.float32, np.float32))
     (attrs,) = sample_attrs(fused)
     assert attrs.form == "sorted_probs_min_p_rows" and attrs.temperature == pytest.approx(0.8)
-    programs = {"original": original, "fused": fused}
-    for target in ("reference", "cpu"):
-        lowered_module = clone_module(fused)
-        if run_pipeline(lowered_module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})").counters[
-                f"sample_to_{target}"]:
-            programs[target] = lowered_module
-    from hlofuse.kernels import cpu
-
-    assert "reference" in programs and ("cpu" in programs or not cpu.is_available())
-    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
     rng = np.random.default_rng(5)
-    for case, logits in logits_cases((3, 400), np.dtype(np.float32)).items():
-        for seed in range(KEYS):
-            top_k = rng.choice([1, 5, 40, 400], 3).astype(np.int32)
-            top_p, min_p = rng.choice([0.3, 0.9, 1.0], 3), rng.choice([0.0, 0.05, 0.5], 3)
-            args = (logits, np.array([seed, 41], np.uint32), top_k, top_p.astype(np.float32), min_p.astype(np.float32))
-            want = runs["original"](*args)[0]
-            for name, run in runs.items():
-                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+
+    def rows() -> tuple[np.ndarray, ...]:
+        top_k = rng.choice([1, 5, 40, 400], 3).astype(np.int32)
+        top_p, min_p = rng.choice([0.3, 0.9, 1.0], 3), rng.choice([0.0, 0.05, 0.5], 3)
+        return top_k, top_p.astype(np.float32), min_p.astype(np.float32)
+
+    _assert_the_originals_ids(runs, 400, 41, rows)

@@ -256,7 +256,7 @@ def top_p_of_top_k_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.A
     """EasyDeL's `sample_top_p_efficient`, with a temperature and a p per row ((B,) operands, a serving batch's
     requests): x / T (T at or below 1e-6 taken as 1), the top k of that, ranks whose cumsum of their softmax is
     within p kept (rank 0 always), the rest -inf, a categorical over the k ranks, mapped back through the ids.
-    (B, V) logits (one (V,) row with scalar parameters under a vmap: `_same_key_by_row`)."""
+    (B, V) logits (one (V,) row with scalar parameters under a vmap: `_row_by_row`)."""
     if logits.ndim > 2:
         raise ValueError(f"the per-row nucleus takes (B, V) logits (or one row, vmapped), not {logits.shape}")
     safe = jnp.where(temperature > 1e-6, temperature, 1.0)
@@ -840,29 +840,21 @@ def _drawn_by(fn: Callable[..., jax.Array], draw: Callable[..., jax.Array]) -> C
     return composed
 
 
-def _row_by_row(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-    """`fn` written for one row and vmapped over the rows and their keys, `jax.vmap(lambda k, x: fn(x, k))(keys,
-    logits)`: each row's filters alone, its categorical over counters 0..V-1 under its own key, which is what
-    `fn` drawn by `row_keys_draw` computes. (Whether a form's functions take one row is the template's to find:
-    those that do not raise, and no template is made.)"""
-
-    def vmapped(logits: jax.Array, keys: jax.Array, **params: Any) -> jax.Array:
-        return jax.vmap(lambda key, row: fn(row, key, **params))(keys, logits)
-
-    return vmapped
-
-
-def _same_key_by_row(fn: Callable[..., jax.Array], row_params: tuple[str, ...]) -> Callable[..., jax.Array]:
-    """`fn` written for one row and vmapped over the rows (and the form's per-row parameters) with one key for
-    every row: what `fn` drawn by `same_key_rows_draw` computes."""
+def _row_by_row(fn: Callable[..., jax.Array], row_params: tuple[str, ...],
+                keys_per_row: bool) -> Callable[..., jax.Array]:
+    """`fn` written for one row and vmapped over the rows (and the form's per-row parameters), with a key per row
+    (`keys_per_row`: what `fn` drawn by `row_keys_draw` computes, each row's categorical over counters 0..V-1 under
+    its own key) or one key for every row (what `same_key_rows_draw` computes). (Whether a form's functions take one
+    row is the template's to find: those that do not raise, and no template is made.)"""
 
     def vmapped(logits: jax.Array, key: jax.Array, **params: Any) -> jax.Array:
         per_row = {name: params.pop(name) for name in row_params}
 
-        def one_row(row: jax.Array, *values: jax.Array) -> jax.Array:
-            return fn(row, key, **params, **dict(zip(per_row, values, strict=True)))
+        def one_row(row: jax.Array, row_key: jax.Array, *values: jax.Array) -> jax.Array:
+            return fn(row, row_key, **params, **dict(zip(per_row, values, strict=True)))
 
-        return jax.vmap(one_row)(logits, *per_row.values())
+        in_axes = (0, 0 if keys_per_row else None, *(0 for _ in per_row))
+        return jax.vmap(one_row, in_axes=in_axes)(logits, key, *per_row.values())
 
     return vmapped
 
@@ -873,10 +865,10 @@ def _with_draw(form: Form, name: str) -> Form:
     others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, DRAWS[name]),
                                        marker_ops=tuple(dict.fromkeys(w.marker_ops + markers)))
                    for w in form.others)
-    if name in ROW_KEY_DRAWS:  # also a one-row sampler vmapped over the rows (EasyDeL's, a serving engine's)
-        others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn)) for w in form.writings)
-    if name in SHARED_NOISE_DRAWS:  # likewise, with its key unbatched
-        others += tuple(dataclasses.replace(w, fn=_same_key_by_row(w.fn, form.row_params)) for w in form.writings)
+    if name in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS:  # also a one-row sampler vmapped over the rows (EasyDeL's, a
+        keys_per_row = name in ROW_KEY_DRAWS  # serving engine's), its key batched or not
+        others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn, form.row_params, keys_per_row))
+                        for w in form.writings)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
                 form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS, row_params=form.row_params)

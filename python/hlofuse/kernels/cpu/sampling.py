@@ -212,17 +212,11 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     """A form `<base>_<draw>` (a draw of sampling_reference.DRAWS): the form's own function, whose filters and
     log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
     categorical draw. The kernel prunes the noise, the filters run as XLA runs them."""
-    spec = FORMS[form]
-    draw = form[len(spec.base) + 1:]
-    base = FORMS[spec.base].fn
+    base = FORMS[FORMS[form].base].fn
+    categorical_fn = _draw_by_kernel(form)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        if draw == "choice":
-            return base(logits, key, categorical_fn=_choice_by_kernel, top_k_fn=_top_k_by_kernel, **params)
-        if draw in ROW_KEY_DRAWS or draw in SHARED_NOISE_DRAWS:  # every row at once (no vmap)
-            return base(logits, key, categorical_fn=_draw_by_kernel(form), top_k_fn=_top_k_by_kernel, **params)
-        return base(logits, key, categorical_fn=functools.partial(DRAWS[draw], _kernel_categorical(False)),
-                    top_k_fn=_top_k_by_kernel, **params)
+        return base(logits, key, categorical_fn=categorical_fn, top_k_fn=_top_k_by_kernel, **params)
 
     return kernel
 
@@ -346,9 +340,9 @@ def _sort_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def _draw_by_kernel(form: str) -> Categorical:
-    """The kernel's categorical draw for `form`'s draw (its own, or that of DRAWS it is drawn by)."""
-    spec = FORMS[form]
-    draw = form[len(spec.base) + 1:] if spec.base else ""
+    """The kernel's categorical draw for `form`'s draw (its own, or that of DRAWS it is drawn by; a key per row, or
+    one key's noise for every row, drawn for every row at once, not under a vmap)."""
+    draw = FORMS[form].drawn_by
     if draw == "choice":
         return _choice_by_kernel
     if draw in ROW_KEY_DRAWS:
@@ -576,9 +570,7 @@ def _top_k_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
 
 
 # Forms with per-row parameters (sampling_reference.Form.row_params, operands after the key): their function, with
-# the kernel's top-k and categorical, on the rows' values.
-ROW_PARAM_FORMS = ("top_p_of_top_k_rows", "top_p_of_top_k_rows_same_key_rows", "sorted_probs_rows",
-                   "sorted_probs_min_p_rows")
+# the kernel's top-k (or sort) and categorical, on the rows' values.
 
 
 def _descending_by_kernel_sort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -589,11 +581,12 @@ def _descending_by_kernel_sort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of ROW_PARAM_FORMS on the CPU: its function with the kernel's top-k (or sort) and draw, on the operands
-    (every row with the one key's noise for a same-key draw); `params` are the attributes' (the per-row ones aside)."""
+    """A form with per-row parameters on the CPU: its function with the kernel's top-k (or sort) and draw, on the
+    operands (every row with the one key's noise for a same-key draw); `params` are the attributes' (the per-row
+    ones aside)."""
     spec = FORMS[form]
     fn = FORMS[spec.filters].fn
-    categorical_fn = _kernel_categorical(spec.drawn_by in SHARED_NOISE_DRAWS)
+    categorical_fn = _draw_by_kernel(form)
     scalars = {name: value for name, value in params.items() if name not in spec.row_params}
 
     def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
@@ -609,7 +602,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
-    if attrs.form in ROW_PARAM_FORMS:
+    if attrs.form in FORMS and FORMS[attrs.form].row_params:
         (shape, dtype), *_ = call.operand_types
         k_attribute = "k" in FORMS[attrs.form].params
         if len(shape) != 2 or dtype not in ("f32", "bf16") or (k_attribute and not 0 < attrs.k <= shape[-1]):
