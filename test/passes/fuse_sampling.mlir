@@ -8907,6 +8907,767 @@ module @sample_easydel_per_row_top_p attributes {mhlo.num_partitions = 1 : i32, 
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_tpu_inference_searched(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "threshold_search_rows"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_tpu_inference_searched attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_tpu_inference_searched(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %c = stablehlo.constant dense<[16, 0]> : tensor<2xi32>
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %1 = call @resize(%c) : (tensor<2xi32>) -> tensor<4xi32>
+    %cst_0 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %3 = stablehlo.convert %0 : tensor<4xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %6 = stablehlo.divide %arg0, %5 : tensor<4x256xf32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %7 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %8 = stablehlo.compare GT, %1, %7, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0] : (tensor<4xi1>) -> tensor<4x1xi1>
+    %10 = stablehlo.transpose %6, dims = [1, 0] : (tensor<4x256xf32>) -> tensor<256x4xf32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %11 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare LT, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_4 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %14 = call @_where(%13, %c_4, %c_5) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %15 = stablehlo.xor %11, %14 : tensor<4xi32>
+    %c_6 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %16 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %17 = stablehlo.and %15, %16 : tensor<4xi32>
+    %c_7 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %18 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %19 = stablehlo.compare NE, %17, %18, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %20 = stablehlo.bitcast_convert %15 : (tensor<4xi32>) -> tensor<4xf32>
+    %21 = stablehlo.negate %20 : tensor<4xf32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %23 = stablehlo.broadcast_in_dim %22, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %24 = stablehlo.compare GT, %10, %23, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %25 = stablehlo.convert %24 : (tensor<256x4xi1>) -> tensor<256x4xi32>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %26 = stablehlo.reduce(%25 init: %c_8) applies stablehlo.add across dimensions = [0] : (tensor<256x4xi32>, tensor<i32>) -> tensor<4xi32>
+    %27 = stablehlo.compare GE, %26, %1, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_9 = stablehlo.constant dense<0> : tensor<i32>
+    %28 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %29 = stablehlo.compare GE, %15, %28, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %30 = call @_where_0(%19, %27, %29) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_10 = stablehlo.constant dense<2147483648> : tensor<ui32>
+    %c_11 = stablehlo.constant dense<0> : tensor<ui32>
+    %31 = call @_where_1(%30, %c_10, %c_11) : (tensor<4xi1>, tensor<ui32>, tensor<ui32>) -> tensor<4xui32>
+    %32 = stablehlo.convert %31 : (tensor<4xui32>) -> tensor<4xi32>
+    %33 = stablehlo.or %11, %32 : tensor<4xi32>
+    %c_12 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %c_13 = stablehlo.constant dense<0> : tensor<i32>
+    %c_14 = stablehlo.constant dense<0> : tensor<i32>
+    %34:6 = stablehlo.while(%iterArg = %c_12, %iterArg_41 = %10, %iterArg_42 = %1, %iterArg_43 = %c_14, %iterArg_44 = %c_13, %iterArg_45 = %33) : tensor<i32>, tensor<256x4xf32>, tensor<4xi32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    cond {
+      %c_46 = stablehlo.constant dense<31> : tensor<i32>
+      %100 = stablehlo.compare LT, %iterArg_43, %c_46, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %100 : tensor<i1>
+    } do {
+      %100:2 = func.call @closed_call(%iterArg, %iterArg_41, %iterArg_42, %iterArg_44, %iterArg_45) : (tensor<i32>, tensor<256x4xf32>, tensor<4xi32>, tensor<i32>, tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>)
+      %c_46 = stablehlo.constant dense<1> : tensor<i32>
+      %101 = stablehlo.add %iterArg_43, %c_46 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_41, %iterArg_42, %101, %100#0, %100#1 : tensor<i32>, tensor<256x4xf32>, tensor<4xi32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    }
+    %c_15 = stablehlo.constant dense<0> : tensor<i32>
+    %35 = stablehlo.broadcast_in_dim %c_15, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %36 = stablehlo.compare LT, %34#5, %35, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_16 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_17 = stablehlo.constant dense<0> : tensor<i32>
+    %37 = call @_where(%36, %c_16, %c_17) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %38 = stablehlo.xor %34#5, %37 : tensor<4xi32>
+    %39 = stablehlo.bitcast_convert %38 : (tensor<4xi32>) -> tensor<4xf32>
+    %40 = stablehlo.negate %39 : tensor<4xf32>
+    %41 = stablehlo.broadcast_in_dim %40, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %42 = stablehlo.broadcast_in_dim %41, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %43 = stablehlo.compare GE, %6, %42, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_18 = stablehlo.constant dense<-9.99999995E+11> : tensor<f32>
+    %44 = stablehlo.broadcast_in_dim %cst_18, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %45 = call @_where_2(%43, %6, %44) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %46 = call @_where_3(%9, %45, %6) : (tensor<4x1xi1>, tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_19 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %47 = stablehlo.broadcast_in_dim %cst_19, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %48 = stablehlo.compare LT, %2, %47, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %49 = stablehlo.broadcast_in_dim %48, dims = [0] : (tensor<4xi1>) -> tensor<4x1xi1>
+    %cst_20 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %50 = stablehlo.reduce(%46 init: %cst_20) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_21 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %51 = stablehlo.broadcast_in_dim %cst_21, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %52 = stablehlo.maximum %51, %50 : tensor<4xf32>
+    %53 = stablehlo.broadcast_in_dim %52, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %54 = stablehlo.broadcast_in_dim %53, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %55 = stablehlo.subtract %46, %54 : tensor<4x256xf32>
+    %56 = stablehlo.exponential %55 : tensor<4x256xf32>
+    %cst_22 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %57 = stablehlo.reduce(%56 init: %cst_22) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %58 = stablehlo.broadcast_in_dim %57, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %59 = stablehlo.broadcast_in_dim %58, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %60 = stablehlo.divide %56, %59 : tensor<4x256xf32>
+    %61 = stablehlo.transpose %60, dims = [1, 0] : (tensor<4x256xf32>) -> tensor<256x4xf32>
+    %c_23 = stablehlo.constant dense<0> : tensor<i32>
+    %62 = stablehlo.broadcast_in_dim %c_23, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %c_24 = stablehlo.constant dense<0> : tensor<i32>
+    %63 = stablehlo.broadcast_in_dim %c_24, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %64 = stablehlo.compare LT, %62, %63, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_25 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_26 = stablehlo.constant dense<0> : tensor<i32>
+    %65 = call @_where(%64, %c_25, %c_26) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %66 = stablehlo.xor %62, %65 : tensor<4xi32>
+    %c_27 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %67 = stablehlo.broadcast_in_dim %c_27, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %68 = stablehlo.and %66, %67 : tensor<4xi32>
+    %c_28 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %69 = stablehlo.broadcast_in_dim %c_28, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %70 = stablehlo.compare NE, %68, %69, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %71 = stablehlo.bitcast_convert %66 : (tensor<4xi32>) -> tensor<4xf32>
+    %72 = stablehlo.broadcast_in_dim %71, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %73 = stablehlo.broadcast_in_dim %72, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %74 = stablehlo.compare GE, %61, %73, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %cst_29 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %75 = call @_where_4(%74, %61, %cst_29) : (tensor<256x4xi1>, tensor<256x4xf32>, tensor<f32>) -> tensor<256x4xf32>
+    %cst_30 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %76 = stablehlo.reduce(%75 init: %cst_30) applies stablehlo.add across dimensions = [0] : (tensor<256x4xf32>, tensor<f32>) -> tensor<4xf32>
+    %77 = stablehlo.convert %2 : tensor<4xf32>
+    %78 = stablehlo.compare LT, %76, %77, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %c_31 = stablehlo.constant dense<0> : tensor<i32>
+    %79 = stablehlo.broadcast_in_dim %c_31, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %80 = stablehlo.compare GE, %66, %79, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %81 = call @_where_0(%70, %78, %80) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_32 = stablehlo.constant dense<2147483648> : tensor<ui32>
+    %c_33 = stablehlo.constant dense<0> : tensor<ui32>
+    %82 = call @_where_1(%81, %c_32, %c_33) : (tensor<4xi1>, tensor<ui32>, tensor<ui32>) -> tensor<4xui32>
+    %83 = stablehlo.convert %82 : (tensor<4xui32>) -> tensor<4xi32>
+    %84 = stablehlo.or %62, %83 : tensor<4xi32>
+    %c_34 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %c_35 = stablehlo.constant dense<0> : tensor<i32>
+    %c_36 = stablehlo.constant dense<0> : tensor<i32>
+    %85:6 = stablehlo.while(%iterArg = %c_34, %iterArg_41 = %61, %iterArg_42 = %2, %iterArg_43 = %c_36, %iterArg_44 = %c_35, %iterArg_45 = %84) : tensor<i32>, tensor<256x4xf32>, tensor<4xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    cond {
+      %c_46 = stablehlo.constant dense<31> : tensor<i32>
+      %100 = stablehlo.compare LT, %iterArg_43, %c_46, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %100 : tensor<i1>
+    } do {
+      %100:2 = func.call @closed_call_5(%iterArg, %iterArg_41, %iterArg_42, %iterArg_44, %iterArg_45) : (tensor<i32>, tensor<256x4xf32>, tensor<4xf32>, tensor<i32>, tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>)
+      %c_46 = stablehlo.constant dense<1> : tensor<i32>
+      %101 = stablehlo.add %iterArg_43, %c_46 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_41, %iterArg_42, %101, %100#0, %100#1 : tensor<i32>, tensor<256x4xf32>, tensor<4xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    }
+    %c_37 = stablehlo.constant dense<0> : tensor<i32>
+    %86 = stablehlo.broadcast_in_dim %c_37, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %87 = stablehlo.compare LT, %85#5, %86, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_38 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_39 = stablehlo.constant dense<0> : tensor<i32>
+    %88 = call @_where(%87, %c_38, %c_39) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %89 = stablehlo.xor %85#5, %88 : tensor<4xi32>
+    %90 = stablehlo.bitcast_convert %89 : (tensor<4xi32>) -> tensor<4xf32>
+    %91 = stablehlo.broadcast_in_dim %90, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %92 = stablehlo.broadcast_in_dim %91, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %93 = stablehlo.compare GE, %60, %92, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_40 = stablehlo.constant dense<-9.99999995E+11> : tensor<f32>
+    %94 = stablehlo.broadcast_in_dim %cst_40, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %95 = call @_where_2(%93, %46, %94) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %96 = call @_where_6(%49, %95, %46) : (tensor<4x1xi1>, tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %97 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<4x256xf32>
+    %98 = stablehlo.add %97, %96 : tensor<4x256xf32>
+    %99 = call @argmax(%98) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %99 : tensor<4xi32>
+  }
+  func.func private @resize(%arg0: tensor<2xi32>) -> tensor<4xi32> {
+    %0 = stablehlo.reshape %arg0 : (tensor<2xi32>) -> tensor<1x2xi32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<1x2xi32>) -> tensor<2x2xi32>
+    %2 = stablehlo.reshape %1 : (tensor<2x2xi32>) -> tensor<4xi32>
+    return %2 : tensor<4xi32>
+  }
+  func.func private @_where(%arg0: tensor<4xi1>, %arg1: tensor<i32>, %arg2: tensor<i32>) -> tensor<4xi32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<4xi1>, tensor<4xi32>
+    return %2 : tensor<4xi32>
+  }
+  func.func private @_where_0(%arg0: tensor<4xi1>, %arg1: tensor<4xi1>, %arg2: tensor<4xi1>) -> tensor<4xi1> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<4xi1>, tensor<4xi1>
+    return %0 : tensor<4xi1>
+  }
+  func.func private @_where_1(%arg0: tensor<4xi1>, %arg1: tensor<ui32>, %arg2: tensor<ui32>) -> tensor<4xui32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<4xi1>, tensor<4xui32>
+    return %2 : tensor<4xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256x4xf32>, %arg2: tensor<4xi32>, %arg3: tensor<i32>, %arg4: tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg3, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg3 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %5 = stablehlo.or %arg4, %4 : tensor<4xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where(%7, %c_3, %c_4) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<4xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %11 = stablehlo.and %9, %10 : tensor<4xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<4xi32>) -> tensor<4xf32>
+    %15 = stablehlo.negate %14 : tensor<4xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %18 = stablehlo.compare GT, %arg1, %17, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %19 = stablehlo.convert %18 : (tensor<256x4xi1>) -> tensor<256x4xi32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %20 = stablehlo.reduce(%19 init: %c_5) applies stablehlo.add across dimensions = [0] : (tensor<256x4xi32>, tensor<i32>) -> tensor<4xi32>
+    %21 = stablehlo.compare GE, %20, %arg2, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %23 = stablehlo.compare GE, %9, %22, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %24 = call @_where_0(%13, %21, %23) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %25 = call @_where(%24, %c_7, %3) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %26 = stablehlo.or %arg4, %25 : tensor<4xi32>
+    return %0, %26 : tensor<i32>, tensor<4xi32>
+  }
+  func.func private @_where_2(%arg0: tensor<4x256xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @_where_3(%arg0: tensor<4x1xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xi1>) -> tensor<4x256xi1>
+    %1 = stablehlo.select %0, %arg1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_where_4(%arg0: tensor<256x4xi1>, %arg1: tensor<256x4xf32>, %arg2: tensor<f32>) -> tensor<256x4xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256x4xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<256x4xi1>, tensor<256x4xf32>
+    return %2 : tensor<256x4xf32>
+  }
+  func.func private @closed_call_5(%arg0: tensor<i32>, %arg1: tensor<256x4xf32>, %arg2: tensor<4xf32>, %arg3: tensor<i32>, %arg4: tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg3, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg3 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %5 = stablehlo.or %arg4, %4 : tensor<4xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where(%7, %c_3, %c_4) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<4xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %11 = stablehlo.and %9, %10 : tensor<4xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<4xi32>) -> tensor<4xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %17 = stablehlo.compare GE, %arg1, %16, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = call @_where_4(%17, %arg1, %cst) : (tensor<256x4xi1>, tensor<256x4xf32>, tensor<f32>) -> tensor<256x4xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %19 = stablehlo.reduce(%18 init: %cst_5) applies stablehlo.add across dimensions = [0] : (tensor<256x4xf32>, tensor<f32>) -> tensor<4xf32>
+    %20 = stablehlo.convert %arg2 : tensor<4xf32>
+    %21 = stablehlo.compare LT, %19, %20, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %23 = stablehlo.compare GE, %9, %22, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %24 = call @_where_0(%13, %21, %23) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %25 = call @_where(%24, %c_7, %3) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %26 = stablehlo.or %arg4, %25 : tensor<4xi32>
+    return %0, %26 : tensor<i32>, tensor<4xi32>
+  }
+  func.func private @_where_6(%arg0: tensor<4x1xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xi1>) -> tensor<4x256xi1>
+    %1 = stablehlo.select %0, %arg1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x256xf32>
+    return %4 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %10 = stablehlo.multiply %9, %7 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %12 = stablehlo.multiply %11, %8 : tensor<4x256xui64>
+    %13 = stablehlo.add %10, %12 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %15 = stablehlo.shift_right_logical %13, %14 : tensor<4x256xui64>
+    %16 = stablehlo.convert %13 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %17 = stablehlo.convert %15 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18:2 = call @threefry2x32(%4, %6, %17, %16) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %19 = stablehlo.xor %18#0, %18#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %20 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %21 = stablehlo.shift_right_logical %19, %20 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %22 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %23 = stablehlo.or %21, %22 : tensor<4x256xui32>
+    %24 = stablehlo.bitcast_convert %23 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %26 = stablehlo.subtract %24, %25 : tensor<4x256xf32>
+    %27 = stablehlo.subtract %2, %1 : tensor<1x1xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %29 = stablehlo.multiply %26, %28 : tensor<4x256xf32>
+    %30 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %31 = stablehlo.add %29, %30 : tensor<4x256xf32>
+    %32 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %33 = stablehlo.maximum %32, %31 : tensor<4x256xf32>
+    return %33 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call_7(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call_7(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_near_miss_searched_top_p_strict(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "categorical"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.composite: sampler fused only in part: fused as `categorical`; a softmax
+module @sample_near_miss_searched_top_p_strict attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_near_miss_searched_top_p_strict(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %10 = stablehlo.divide %6, %9 : tensor<4x256xf32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %11 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %12 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare LT, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %14 = call @_where(%13, %c_3, %c_4) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %15 = stablehlo.xor %11, %14 : tensor<4xi32>
+    %c_5 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %16 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %17 = stablehlo.and %15, %16 : tensor<4xi32>
+    %c_6 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %18 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %19 = stablehlo.compare NE, %17, %18, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %20 = stablehlo.bitcast_convert %15 : (tensor<4xi32>) -> tensor<4xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %23 = stablehlo.compare GE, %10, %22, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %24 = call @_where_0(%23, %10, %cst_7) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %25 = stablehlo.reduce(%24 init: %cst_8) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_9 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %27 = stablehlo.compare LT, %25, %26, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %c_10 = stablehlo.constant dense<0> : tensor<i32>
+    %28 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %29 = stablehlo.compare GE, %15, %28, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %30 = call @_where_1(%19, %27, %29) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_11 = stablehlo.constant dense<2147483648> : tensor<ui32>
+    %c_12 = stablehlo.constant dense<0> : tensor<ui32>
+    %31 = call @_where_2(%30, %c_11, %c_12) : (tensor<4xi1>, tensor<ui32>, tensor<ui32>) -> tensor<4xui32>
+    %32 = stablehlo.convert %31 : (tensor<4xui32>) -> tensor<4xi32>
+    %33 = stablehlo.or %11, %32 : tensor<4xi32>
+    %c_13 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %c_14 = stablehlo.constant dense<0> : tensor<i32>
+    %c_15 = stablehlo.constant dense<0> : tensor<i32>
+    %34:5 = stablehlo.while(%iterArg = %c_13, %iterArg_20 = %10, %iterArg_21 = %c_15, %iterArg_22 = %c_14, %iterArg_23 = %33) : tensor<i32>, tensor<4x256xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    cond {
+      %c_24 = stablehlo.constant dense<31> : tensor<i32>
+      %47 = stablehlo.compare LT, %iterArg_21, %c_24, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %47 : tensor<i1>
+    } do {
+      %47:2 = func.call @closed_call(%iterArg, %iterArg_20, %iterArg_22, %iterArg_23) : (tensor<i32>, tensor<4x256xf32>, tensor<i32>, tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>)
+      %c_24 = stablehlo.constant dense<1> : tensor<i32>
+      %48 = stablehlo.add %iterArg_21, %c_24 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_20, %48, %47#0, %47#1 : tensor<i32>, tensor<4x256xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    }
+    %c_16 = stablehlo.constant dense<0> : tensor<i32>
+    %35 = stablehlo.broadcast_in_dim %c_16, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %36 = stablehlo.compare LT, %34#4, %35, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_17 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_18 = stablehlo.constant dense<0> : tensor<i32>
+    %37 = call @_where(%36, %c_17, %c_18) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %38 = stablehlo.xor %34#4, %37 : tensor<4xi32>
+    %39 = stablehlo.bitcast_convert %38 : (tensor<4xi32>) -> tensor<4xf32>
+    %40 = stablehlo.broadcast_in_dim %39, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %41 = stablehlo.broadcast_in_dim %40, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %42 = stablehlo.compare GT, %10, %41, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_19 = stablehlo.constant dense<-9.99999995E+11> : tensor<f32>
+    %43 = call @_where_0(%42, %arg0, %cst_19) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %44 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<4x256xf32>
+    %45 = stablehlo.add %44, %43 : tensor<4x256xf32>
+    %46 = call @argmax(%45) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %46 : tensor<4xi32>
+  }
+  func.func private @_where(%arg0: tensor<4xi1>, %arg1: tensor<i32>, %arg2: tensor<i32>) -> tensor<4xi32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<4xi1>, tensor<4xi32>
+    return %2 : tensor<4xi32>
+  }
+  func.func private @_where_0(%arg0: tensor<4x256xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @_where_1(%arg0: tensor<4xi1>, %arg1: tensor<4xi1>, %arg2: tensor<4xi1>) -> tensor<4xi1> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<4xi1>, tensor<4xi1>
+    return %0 : tensor<4xi1>
+  }
+  func.func private @_where_2(%arg0: tensor<4xi1>, %arg1: tensor<ui32>, %arg2: tensor<ui32>) -> tensor<4xui32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<4xi1>, tensor<4xui32>
+    return %2 : tensor<4xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xf32>, %arg2: tensor<i32>, %arg3: tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg2, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg2 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %5 = stablehlo.or %arg3, %4 : tensor<4xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where(%7, %c_3, %c_4) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<4xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %11 = stablehlo.and %9, %10 : tensor<4xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<4xi32>) -> tensor<4xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %17 = stablehlo.compare GE, %arg1, %16, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = call @_where_0(%17, %arg1, %cst) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %19 = stablehlo.reduce(%18 init: %cst_5) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_6 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %20 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %21 = stablehlo.compare LT, %19, %20, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %23 = stablehlo.compare GE, %9, %22, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %24 = call @_where_1(%13, %21, %23) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %25 = call @_where(%24, %c_8, %3) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %26 = stablehlo.or %arg3, %25 : tensor<4xi32>
+    return %0, %26 : tensor<i32>, tensor<4xi32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x256xf32>
+    return %4 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %10 = stablehlo.multiply %9, %7 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %12 = stablehlo.multiply %11, %8 : tensor<4x256xui64>
+    %13 = stablehlo.add %10, %12 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %15 = stablehlo.shift_right_logical %13, %14 : tensor<4x256xui64>
+    %16 = stablehlo.convert %13 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %17 = stablehlo.convert %15 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18:2 = call @threefry2x32(%4, %6, %17, %16) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %19 = stablehlo.xor %18#0, %18#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %20 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %21 = stablehlo.shift_right_logical %19, %20 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %22 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %23 = stablehlo.or %21, %22 : tensor<4x256xui32>
+    %24 = stablehlo.bitcast_convert %23 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %26 = stablehlo.subtract %24, %25 : tensor<4x256xf32>
+    %27 = stablehlo.subtract %2, %1 : tensor<1x1xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %29 = stablehlo.multiply %26, %28 : tensor<4x256xf32>
+    %30 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %31 = stablehlo.add %29, %30 : tensor<4x256xf32>
+    %32 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %33 = stablehlo.maximum %32, %31 : tensor<4x256xf32>
+    return %33 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call_3(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call_3(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_split_key_per_row(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature_row_keys"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

@@ -189,6 +189,30 @@ def easydel_vmapped_per_row_top_p(x, key):
                              jnp.resize(jnp.array([0.9, 0.5, 1.0, 0.95]), x.shape[:1]))
 
 
+def tpu_inference_searched(x, key):
+    """tpu-inference's sampler: a temperature, k and p per row, its top-k and top-p masks each found by a search over
+    float32 bits (-1e12 fills), a categorical: threshold_search_rows."""
+    from hlofuse.kernels.sampling_reference import search_top_k_mask, search_top_p_mask
+
+    rows = x.shape[:1]
+    temperature, top_k, top_p = jnp.full(rows, 0.7), jnp.resize(jnp.array([16, 0]), rows), jnp.full(rows, 0.9)
+    x = x / jnp.expand_dims(temperature.astype(x.dtype), axis=-1)
+    x = jnp.where(jnp.expand_dims(top_k > 0, axis=-1), search_top_k_mask(x, top_k, -1e12), x)
+    x = jnp.where(jnp.expand_dims(top_p < 1.0, axis=-1), search_top_p_mask(x, top_p, -1e12), x)
+    return jax.random.categorical(key, x)
+
+
+def near_miss_searched_top_p_strict(x, key):
+    """The searched top-p keeping probs strictly above its threshold (it keeps probs >= t): no form has it, so only
+    the draw fuses, with the search named as left in XLA."""
+    from hlofuse.kernels.sampling_reference import largest_float_not_meeting
+
+    probs = jax.nn.softmax(x, axis=-1)
+    threshold = largest_float_not_meeting(
+        x.shape[:-1], lambda t: jnp.sum(jnp.where(probs >= t[:, None], probs, 0.0), axis=-1) < 0.9)
+    return jax.random.categorical(key, jnp.where(probs > threshold[:, None], x, -1e12))
+
+
 def easydel_per_row_top_p(x, key):
     """EasyDeL's sample_top_p_efficient with each request's own temperature and p (one below its 1e-6 guard): the
     top_p_of_top_k_rows form, whose composite takes them as (B,) operands."""
@@ -677,6 +701,9 @@ VARIANTS: list[Variant] = [
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
+    Variant("tpu_inference_searched", tpu_inference_searched, "threshold_search_rows"),
+    Variant("near_miss_searched_top_p_strict", near_miss_searched_top_p_strict, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a softmax"),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
             expect={"k": 16, "temperature": 0.8}),

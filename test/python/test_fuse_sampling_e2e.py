@@ -253,3 +253,33 @@ def test_sglang_jax_per_row_k_p_and_min_p_given_as_arguments() -> None:
         return top_k, top_p.astype(np.float32), min_p.astype(np.float32)
 
     _assert_the_originals_ids(runs, 400, 41, rows)
+
+
+def test_tpu_inference_searched_sampler_with_per_row_arguments() -> None:
+    """tpu-inference's sampler step (vLLM on TPU) with the batch's temperature, top_k (int32) and top_p as (B,)
+    arguments: logits / T, the top-k and top-p masks each found by a search over float32 bits (no sort), -1e12
+    fills, a categorical, and the argmax for T < 1e-5 rows. Fused whole (threshold_search_rows, the greedy argmax
+    beside it), and every program gives the original's ids for other values, greedy and unfiltered rows among
+    them (the CPU lowering reads both thresholds off the kernel's top candidates where that is certain)."""
+    import jax.numpy as jnp
+
+    from hlofuse.kernels.sampling_reference import search_top_k_mask, search_top_p_mask
+
+    def step(logits: jax.Array, key: jax.Array, temperature: jax.Array, top_k: jax.Array,
+             top_p: jax.Array) -> jax.Array:
+        greedy = jnp.argmax(logits, axis=-1)
+        x = logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
+        x = jnp.where(jnp.expand_dims(top_k > 0, axis=-1), search_top_k_mask(x, top_k, -1e12), x)
+        x = jnp.where(jnp.expand_dims(top_p < 1.0, axis=-1), search_top_p_mask(x, top_p, -1e12), x)
+        return jnp.where(temperature < 1e-5, greedy, jax.random.categorical(key, x))
+
+    fused, runs = _per_row_programs(step, 600, (np.float32, np.int32, np.float32))
+    assert sorted(attrs.form for attrs in sample_attrs(fused)) == ["greedy", "threshold_search_rows"]
+    rng = np.random.default_rng(8)
+
+    def rows() -> tuple[np.ndarray, ...]:
+        temperature = rng.choice([0.0, 0.6, 1.0], 3).astype(np.float32)
+        return temperature, rng.choice([0, 1, 20, 600], 3).astype(np.int32), rng.choice([0.5, 0.9, 1.0], 3).astype(
+            np.float32)
+
+    _assert_the_originals_ids(runs, 600, 53, rows)

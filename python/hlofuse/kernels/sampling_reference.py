@@ -290,6 +290,90 @@ def sorted_probs_rows(logits: jax.Array, key: jax.Array, *, temperature: float, 
     return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
 
 
+# ----- threshold searches over float32 bits (tpu-inference's sampler; eSurge's search is the same) --------------
+# A search finds, per row, the largest finite float32 t for which a monotone predicate is False, one bit at a time from
+# the sign down (32 predicate evaluations, each a reduction over the vocabulary, and no sort): the top-k cutoff is the
+# k-th largest value (the count of values above -t reaching k), the top-p threshold the smallest probability whose
+# mass of probabilities at or above it reaches p.
+
+_EXPONENT_BITS = (1 << 31) - (1 << 23)
+
+
+def _total_order_bits(bits: jax.Array) -> jax.Array:
+    """int32 -> the bit pattern of the float32 at that place in the float total order (the non-sign bits of a
+    negative flipped), so that int32 order is float order."""
+    return bits ^ jnp.where(bits < 0, jnp.int32((1 << 31) - 1), jnp.int32(0))
+
+
+def largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Per element of `lead`, the largest finite float32 t with predicate(t) False (predicate monotone: False up to
+    a threshold, True above it), found over int32 bit patterns in the float order: the sign bit first, then bits 30
+    down to 0 in a fori_loop. Non-finite patterns answer False below and True above every finite one."""
+
+    exponent = jnp.int32(_EXPONENT_BITS)  # one array the loop body closes over (a loop operand, as libraries write it)
+
+    def on_bits(bits: jax.Array) -> jax.Array:
+        pattern = _total_order_bits(bits)
+        finite = (pattern & exponent) != exponent
+        return jnp.where(finite, predicate(jax.lax.bitcast_convert_type(pattern, jnp.float32)), pattern >= 0)
+
+    found = jnp.zeros(lead, dtype=jnp.int32)
+    found = found | jnp.where(on_bits(found), jnp.uint32(1 << 31), jnp.uint32(0))
+
+    def next_bit(i: jax.Array, found: jax.Array) -> jax.Array:
+        bit = jnp.int32(1 << (30 - i))
+        return found | jnp.where(on_bits(found | bit), jnp.int32(0), bit)
+
+    found = jax.lax.fori_loop(0, 31, next_bit, found)
+    return jax.lax.bitcast_convert_type(_total_order_bits(found), jnp.float32)
+
+
+def _over_rows(x: jax.Array) -> tuple[jax.Array, int]:
+    """x (..., V) with the vocabulary moved next to last (the searches reduce it 32 times: not across lanes)."""
+    return (jnp.swapaxes(x, -1, -2), x.ndim - 2) if x.ndim > 1 else (x, x.ndim - 1)
+
+
+def search_top_k_mask(x: jax.Array, k: jax.Array, fill: float) -> jax.Array:
+    """x where x >= its k-th largest value (all tied values kept), else `fill`: the cutoff found by
+    largest_float_not_meeting over -t, with the count of values above -t reaching k."""
+    rows, axis = _over_rows(x)
+
+    def reaches_k(t: jax.Array) -> jax.Array:
+        return jnp.sum(rows > jax.lax.expand_dims(-t, (axis,)), axis=axis) >= k
+
+    cutoff = -largest_float_not_meeting(x.shape[:-1], reaches_k)
+    return jnp.where(x >= jax.lax.expand_dims(cutoff, (cutoff.ndim,)), x, jnp.full_like(x, fill))
+
+
+def search_top_p_mask(logits: jax.Array, p: jax.Array, fill: float) -> jax.Array:
+    """logits where softmax(logits) >= t, else `fill`, for the largest t whose mass of probabilities at or above
+    it is not below p (found by largest_float_not_meeting)."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    rows, axis = _over_rows(probs)
+
+    def below_p(t: jax.Array) -> jax.Array:
+        t = jax.lax.expand_dims(t, (axis,))
+        return jnp.sum(jnp.where(rows >= t, rows, 0.0), axis=axis) < p
+
+    threshold = largest_float_not_meeting(probs.shape[:-1], below_p)
+    return jnp.where(probs >= jax.lax.expand_dims(threshold, (threshold.ndim,)), logits, jnp.full_like(logits, fill))
+
+
+def threshold_search_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.Array, k: jax.Array, p: jax.Array,
+                          fill: float | None = None, categorical_fn: Categorical = jax.random.categorical,
+                          **_: Any) -> jax.Array:
+    """tpu-inference's sampler (vLLM on TPU) with a temperature, k (int32) and p per row ((B,) operands): x / T, the
+    searched top-k mask where k > 0, the searched top-p mask of what is left where p < 1, the dropped logits at -inf
+    (or a writing's fill, FILL_NOTE), then a categorical. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"the threshold-search sampler takes (B, V) logits, not {logits.shape}")
+    fill = NEG_INF if fill is None else fill
+    x = logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
+    x = jnp.where(jnp.expand_dims(k > 0, axis=-1), search_top_k_mask(x, k, fill), x)
+    x = jnp.where(jnp.expand_dims(p < 1.0, axis=-1), search_top_p_mask(x, p, fill), x)
+    return categorical_fn(key, x)
+
+
 def _unfloored(writing: Writing) -> Writing:
     """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
 
@@ -965,6 +1049,11 @@ FORMS["sorted_probs_rows"] = Form("sorted_probs_rows", "top_k+top_p", _SORTED_PR
 FORMS["sorted_probs_min_p_rows"] = Form("sorted_probs_min_p_rows", "top_k+top_p", sorted_probs_rows, ("temperature",),
                                         _SORTED_PROBS.marker_ops, (_unscaled(_SORTED_PROBS_MIN_P),),
                                         composes_draws=False, row_params=("k", "p", "min_p"))
+# tpu-inference's sampler: its searches fill with -1e12 (FILL_NOTE).
+_SEARCHED = Writing(threshold_search_rows, _NOISE + ("stablehlo.bitcast_convert", "stablehlo.while"), reads=("fill",))
+FORMS["threshold_search_rows"] = Form("threshold_search_rows", "top_k+top_p", threshold_search_rows, (),
+                                      _SEARCHED.marker_ops, (_SEARCHED,), composes_draws=False,
+                                      row_params=("temperature", "k", "p"))
 # (its vmapped writing, EasyDeL's `vmaped_sample_top_p_efficient`, draws every row with the one key)
 FORMS["top_p_of_top_k_rows_same_key_rows"] = _with_draw(FORMS["top_p_of_top_k_rows"], "same_key_rows")
 # tunix's nucleus of the sorted logits, of all V (top_p) or of the top k (top_k+top_p): T inside or before.

@@ -596,6 +596,79 @@ def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.A
     return kernel
 
 
+# tpu-inference's searched top-k and top-p (sampling_reference.threshold_search_rows) without the searches: the
+# top-k cutoff is the kernel's k-th value, the top-p threshold the first of the row's largest probabilities whose
+# mass (ties counted whole) passes p by more than any order of summing it can move it.
+SEARCH_CANDIDATES = 1024
+_F32_UNIT = 2.0**-24  # the f32 unit roundoff u
+
+
+def searched_top_k_cutoff(values: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The top-k search's cutoff per row (its k-th largest value) from the row's largest `values` (B, C) in
+    lax.top_k's order, and whether that holds: 0 < k <= C, no NaN in the row (lax.top_k ranks NaN first; the
+    search counts none) and a finite k-th value (the search ranges over finite floats only)."""
+    kth = jnp.take_along_axis(values, jnp.clip(k - 1, 0, values.shape[-1] - 1)[:, None], axis=-1)[:, 0]
+    holds = (k <= values.shape[-1]) & ~jnp.isnan(values[:, 0]) & jnp.isfinite(kth)
+    return kth, holds
+
+
+def searched_top_p_threshold(ordered: jax.Array, p: jax.Array, complete: bool) -> tuple[jax.Array, jax.Array]:
+    """The top-p search's threshold per row from the row's largest probabilities `ordered` (B, C), descending, and
+    whether it is certain. The search keeps probs >= t for the largest t whose mass of probabilities >= t is not
+    below p, computed by an f32 sum over the row. That mass is a sum of the n values >= t (the zeros add nothing);
+    any order of summing n non-negative f32 values is within (n - 1) u of the exact sum, and a sum of larger sets
+    is never smaller (each rounded addition is monotone), so the threshold is the value of the first tie group
+    whose mass is at least p by more than that bound, when the mass before it is below p by more than it too.
+    (`complete`: the candidates are the whole row; otherwise the group must end before the last candidate.)"""
+    width = ordered.shape[-1]
+    mass = jnp.cumsum(ordered, axis=-1)
+    # how many values are >= each one (where its tie group ends, by a reverse running min of the groups' last
+    # places), and the mass of all of them
+    place = jax.lax.broadcasted_iota(jnp.int32, ordered.shape, ordered.ndim - 1)
+    last_of_group = jnp.concatenate([ordered[:, 1:] != ordered[:, :-1], jnp.ones_like(ordered[:, :1], bool)], -1)
+    at_or_above = jax.lax.cummin(jnp.where(last_of_group, place, width - 1), axis=1, reverse=True) + 1
+    group_mass = jnp.take_along_axis(mass, at_or_above - 1, axis=-1)
+    slack = 4 * _F32_UNIT * at_or_above * group_mass  # ours and the program's sums: 2 (n - 1) u, with room
+    reaches = group_mass - slack >= p[:, None]
+    first = jnp.argmax(reaches, axis=-1)
+    threshold = jnp.take_along_axis(ordered, first[:, None], axis=-1)[:, 0]
+    before = jnp.where(first > 0, jnp.take_along_axis(mass, jnp.maximum(first - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    certain = jnp.any(reaches, axis=-1) & (before + 4 * _F32_UNIT * first * before < p) & ~jnp.isnan(ordered[:, 0])
+    if not complete:
+        certain &= threshold > ordered[:, -1]
+    return threshold, certain
+
+
+def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """tpu-inference's sampler on the CPU: the searches' cutoffs from the kernel's top SEARCH_CANDIDATES of x / T
+    (`searched_top_k_cutoff`, then `searched_top_p_threshold` on the probabilities at those ids, which softmax
+    keeps in order), the program's masks and softmax, and the kernel's categorical. A row where either is not
+    certain (a k above the candidates, a nucleus wider than them, a NaN or an infinity, a mass within rounding of p)
+    runs the form's own function, searches and all, for the batch."""
+    fn = FORMS[form].fn
+    categorical = _draw_by_kernel(form)
+    scalars = {name: value for name, value in params.items() if name not in FORMS[form].row_params}
+
+    def kernel(logits: jax.Array, key: jax.Array, temperature: jax.Array, k: jax.Array, p: jax.Array) -> jax.Array:
+        def searched() -> jax.Array:
+            return fn(logits, key, temperature=temperature, k=k, p=p, categorical_fn=categorical, **scalars)
+
+        width = logits.shape[-1]
+        x = logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
+        values, ids = _top_k_by_kernel(x, min(width, SEARCH_CANDIDATES))
+        cutoff, k_holds = searched_top_k_cutoff(values, k)
+        x = jnp.where((k > 0)[:, None], jnp.where(x >= cutoff[:, None], x, NEG_INF), x)
+        probs = jax.nn.softmax(x, axis=-1)
+        threshold, p_holds = searched_top_p_threshold(jnp.take_along_axis(probs, ids, axis=-1), p,
+                                                      width <= SEARCH_CANDIDATES)
+        x = jnp.where((p < 1.0)[:, None], jnp.where(probs >= threshold[:, None], x, NEG_INF), x)
+        certain = ((k <= 0) | k_holds) & ((p >= 1.0) | p_holds)
+        tokens = jnp.where(jnp.all(certain), categorical(key, x), UNCERTIFIED)
+        return reference_where_uncertified(tokens, searched)
+
+    return kernel
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
     if not is_available():
@@ -607,6 +680,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         k_attribute = "k" in FORMS[attrs.form].params
         if len(shape) != 2 or dtype not in ("f32", "bf16") or (k_attribute and not 0 < attrs.k <= shape[-1]):
             raise Unsupported(f"'{attrs.form}' takes (B, V) f32 or bf16 logits (and 0 < k <= V)")
+        if attrs.form == "threshold_search_rows":
+            return threshold_search_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
         shape, dtype = call.operand_types[0]
