@@ -252,6 +252,39 @@ def test_hf_epsilon_gives_the_reference_ids_with_no_sort(form: str, dtype: jnp.d
     _assert_no_sort(lowering, dtype)
 
 
+HF_TYPICAL = ("typical_mask", "typical_mask_choice", "top_k_typical_mask", "top_k_typical_mask_choice")
+
+
+@pytest.mark.parametrize("form", HF_TYPICAL)
+def test_hf_typical_gives_the_reference_ids(form: str) -> None:
+    """Hugging Face's typical sampling (after 4.x's top-k): the kernel's sort of the scores and the program's removal,
+    or the form's own function where the order of equal scores could matter (the `ties` rows, the -inf of the top-k
+    mask: equal scores of equal logits, which it does not)."""
+    params = form_params(form, temperature=0.8, p=0.9, k=64)
+    _assert_gives_the_reference_ids(jax.jit(sampling.typical_lowering(form, params)), form, params,
+                                    (*CASES, "many_nan"), key_base=37)
+
+
+def test_hf_typical_sorts_in_xla_only_where_the_order_of_ties_matters() -> None:
+    params = form_params("typical_mask_choice", temperature=0.8, p=0.9)
+    hlo = jax.jit(sampling.typical_lowering("typical_mask_choice", params)).lower(
+        jax.ShapeDtypeStruct((2, WIDE), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert sampling.SORT_TARGET in hlo
+    sorting, entry = _computations_with(hlo, " sort(")
+    assert sorting and " sort(" not in entry and "conditional(" in entry and "TopK" not in entry
+
+
+def test_typical_order_matters_only_for_ties_of_other_logits_or_a_split_first_group() -> None:
+    ordered = jnp.array([[0.1, 0.2, 0.2, 0.5], [0.1, 0.1, 0.3, 0.4], [0.1, 0.1, 0.3, 0.4], [0.2, 0.2, 0.2, 0.9]])
+    in_order = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 1.0, 0.0], [5.0, 5.0, 1.0, 0.0], [1.0, 1.0, 1.0, 3.0]])
+    remove = jnp.array([[False, False, False, True], [False, False, True, True], [False, True, True, True],
+                        [False, False, False, True]])
+    # row 0: tied scores hold the logits 2 and 3; row 1: a tie of equal logits, both kept; row 2: the first group's
+    # second removed while its first is kept; row 3: equal logits tied, kept together
+    np.testing.assert_array_equal(sampling.typical_order_matters(ordered, in_order, remove), [True, False, True, False])
+    assert sampling.typical_order_matters(ordered.at[1, 3].set(jnp.nan), in_order, remove)[1]
+
+
 # ----- Hugging Face's Flax top-p: the row in lax.top_k's order, by the kernel ------------------------------
 
 

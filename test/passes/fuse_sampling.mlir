@@ -7226,6 +7226,824 @@ module @sample_near_miss_epsilon_at_or_below attributes {mhlo.num_partitions = 1
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_torchax_typical_warper_multinomial(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "typical_mask_choice"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_torchax_typical_warper_multinomial attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_torchax_typical_warper_multinomial(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %2 = call @log_softmax(%1) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.exponential %2 : tensor<4x256xf32>
+    %4 = stablehlo.multiply %2, %3 : tensor<4x256xf32>
+    %5 = stablehlo.compare NE, %4, %4, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %6 = call @_where(%5, %c, %4) : (tensor<4x256xi1>, tensor<i32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_0) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %cst_1 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %10 = stablehlo.multiply %9, %8 : tensor<4x1xf32>
+    %cst_2 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %12 = stablehlo.multiply %11, %2 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %14 = stablehlo.multiply %10, %13 : tensor<4x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %16 = stablehlo.subtract %12, %15 : tensor<4x256xf32>
+    %17 = stablehlo.abs %16 : tensor<4x256xf32>
+    %18 = call @sort(%17) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %19 = call @argsort(%17) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %20 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %21 = stablehlo.reshape %20 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %23 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %24 = stablehlo.compare LT, %22, %23, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_5 = stablehlo.constant dense<4> : tensor<i32>
+    %25 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %26 = stablehlo.add %22, %25 : tensor<4x256xi32>
+    %27 = stablehlo.select %24, %26, %22 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %28 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %29 = stablehlo.compare LT, %19, %28, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_7 = stablehlo.constant dense<256> : tensor<i32>
+    %30 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %31 = stablehlo.add %19, %30 : tensor<4x256xi32>
+    %32 = stablehlo.select %29, %31, %19 : tensor<4x256xi1>, tensor<4x256xi32>
+    %33 = stablehlo.broadcast_in_dim %27, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %35 = stablehlo.concatenate %33, %34, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %36 = "stablehlo.gather"(%1, %35) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1], start_index_map = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x256x2xi32>) -> tensor<4x256xf32>
+    %cst_8 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %37 = stablehlo.reduce(%36 init: %cst_8) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_9 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %38 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %39 = stablehlo.maximum %38, %37 : tensor<4xf32>
+    %40 = stablehlo.broadcast_in_dim %39, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %41 = stablehlo.broadcast_in_dim %40, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %42 = stablehlo.subtract %36, %41 : tensor<4x256xf32>
+    %43 = stablehlo.exponential %42 : tensor<4x256xf32>
+    %cst_10 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %44 = stablehlo.reduce(%43 init: %cst_10) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %45 = stablehlo.broadcast_in_dim %44, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %46 = stablehlo.broadcast_in_dim %45, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %47 = stablehlo.divide %43, %46 : tensor<4x256xf32>
+    %48 = call @cumsum(%47) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_11 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %49 = stablehlo.broadcast_in_dim %cst_11, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %50 = stablehlo.compare LT, %48, %49, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %51 = stablehlo.convert %50 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c_12 = stablehlo.constant dense<0> : tensor<i32>
+    %52 = stablehlo.reduce(%51 init: %c_12) applies stablehlo.add across dimensions = [1] : (tensor<4x256xi32>, tensor<i32>) -> tensor<4xi32>
+    %c_13 = stablehlo.constant dense<255> : tensor<i32>
+    %53 = call @clip(%52, %c_13) : (tensor<4xi32>, tensor<i32>) -> tensor<4xi32>
+    %54 = stablehlo.reshape %53 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %55 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %56 = stablehlo.reshape %55 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %c_14 = stablehlo.constant dense<0> : tensor<i32>
+    %57 = stablehlo.broadcast_in_dim %c_14, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %58 = stablehlo.compare LT, %56, %57, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_15 = stablehlo.constant dense<4> : tensor<i32>
+    %59 = stablehlo.broadcast_in_dim %c_15, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %60 = stablehlo.add %56, %59 : tensor<4x1xi32>
+    %61 = stablehlo.select %58, %60, %56 : tensor<4x1xi1>, tensor<4x1xi32>
+    %c_16 = stablehlo.constant dense<0> : tensor<i32>
+    %62 = stablehlo.broadcast_in_dim %c_16, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %63 = stablehlo.compare LT, %54, %62, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_17 = stablehlo.constant dense<256> : tensor<i32>
+    %64 = stablehlo.broadcast_in_dim %c_17, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %65 = stablehlo.add %54, %64 : tensor<4x1xi32>
+    %66 = stablehlo.select %63, %65, %54 : tensor<4x1xi1>, tensor<4x1xi32>
+    %67 = stablehlo.broadcast_in_dim %61, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %68 = stablehlo.broadcast_in_dim %66, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %69 = stablehlo.concatenate %67, %68, dim = 2 : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x2xi32>
+    %70 = "stablehlo.gather"(%18, %69) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1], start_index_map = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x1x2xi32>) -> tensor<4x1xf32>
+    %71 = stablehlo.broadcast_in_dim %70, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %72 = stablehlo.compare GT, %18, %71, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %73 = stablehlo.convert %72 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c_18 = stablehlo.constant dense<0> : tensor<i32>
+    %74 = stablehlo.broadcast_in_dim %c_18, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %c_19 = stablehlo.constant dense<0> : tensor<i32>
+    %75 = stablehlo.broadcast_in_dim %c_19, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %76 = "stablehlo.scatter"(%73, %75, %74) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0, 1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>):
+      stablehlo.return %arg3 : tensor<i32>
+    }) : (tensor<4x256xi32>, tensor<1xi32>, tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_20 = stablehlo.constant dense<0> : tensor<i32>
+    %77 = stablehlo.broadcast_in_dim %c_20, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %78 = stablehlo.compare NE, %76, %77, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_21 = stablehlo.constant dense<0> : tensor<i32>
+    %79 = stablehlo.broadcast_in_dim %c_21, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %80 = stablehlo.compare LT, %22, %79, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_22 = stablehlo.constant dense<4> : tensor<i32>
+    %81 = stablehlo.broadcast_in_dim %c_22, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %82 = stablehlo.add %22, %81 : tensor<4x256xi32>
+    %83 = stablehlo.select %80, %82, %22 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_23 = stablehlo.constant dense<0> : tensor<i32>
+    %84 = stablehlo.broadcast_in_dim %c_23, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %85 = stablehlo.compare LT, %19, %84, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_24 = stablehlo.constant dense<256> : tensor<i32>
+    %86 = stablehlo.broadcast_in_dim %c_24, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %87 = stablehlo.add %19, %86 : tensor<4x256xi32>
+    %88 = stablehlo.select %85, %87, %19 : tensor<4x256xi1>, tensor<4x256xi32>
+    %89 = stablehlo.broadcast_in_dim %83, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %90 = stablehlo.broadcast_in_dim %88, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %91 = stablehlo.concatenate %89, %90, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %92 = "stablehlo.scatter"(%78, %91, %78) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x2xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_25 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %93 = call @_where_1(%92, %cst_25, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_26 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %94 = stablehlo.reduce(%93 init: %cst_26) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_27 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %95 = stablehlo.broadcast_in_dim %cst_27, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %96 = stablehlo.maximum %95, %94 : tensor<4xf32>
+    %97 = stablehlo.broadcast_in_dim %96, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %98 = stablehlo.broadcast_in_dim %97, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %99 = stablehlo.subtract %93, %98 : tensor<4x256xf32>
+    %100 = stablehlo.exponential %99 : tensor<4x256xf32>
+    %cst_28 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %101 = stablehlo.reduce(%100 init: %cst_28) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %102 = stablehlo.broadcast_in_dim %101, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %103 = stablehlo.broadcast_in_dim %102, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %104 = stablehlo.divide %100, %103 : tensor<4x256xf32>
+    %105 = stablehlo.slice %104 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %106 = stablehlo.reshape %105 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %107 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %108 = stablehlo.log %106 : tensor<256xf32>
+    %109 = stablehlo.add %107, %108 : tensor<256xf32>
+    %values, %indices = chlo.top_k(%109, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %110 = stablehlo.slice %104 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %111 = stablehlo.reshape %110 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %112 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %113 = stablehlo.log %111 : tensor<256xf32>
+    %114 = stablehlo.add %112, %113 : tensor<256xf32>
+    %values_29, %indices_30 = chlo.top_k(%114, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %115 = stablehlo.slice %104 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %116 = stablehlo.reshape %115 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %117 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %118 = stablehlo.log %116 : tensor<256xf32>
+    %119 = stablehlo.add %117, %118 : tensor<256xf32>
+    %values_31, %indices_32 = chlo.top_k(%119, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %120 = stablehlo.slice %104 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %121 = stablehlo.reshape %120 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %122 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %123 = stablehlo.log %121 : tensor<256xf32>
+    %124 = stablehlo.add %122, %123 : tensor<256xf32>
+    %values_33, %indices_34 = chlo.top_k(%124, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %125 = stablehlo.broadcast_in_dim %indices, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %126 = stablehlo.broadcast_in_dim %indices_30, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %127 = stablehlo.broadcast_in_dim %indices_32, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %128 = stablehlo.broadcast_in_dim %indices_34, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %129 = stablehlo.concatenate %125, %126, %127, %128, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %130 = stablehlo.reshape %129 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %130 : tensor<4xi32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x256xf32>
+    return %11 : tensor<4x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<i32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    return %1#1 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @clip(%arg0: tensor<4xi32>, %arg1: tensor<i32>) -> tensor<4xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %2 = stablehlo.minimum %1, %arg0 : tensor<4xi32>
+    return %2 : tensor<4xi32>
+  }
+  func.func private @_where_1(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_near_miss_typical_at_or_below(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "categorical_choice"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.composite: sampler fused only in part: fused as `categorical_choice`
+module @sample_near_miss_typical_at_or_below attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_near_miss_typical_at_or_below(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %0 = call @log_softmax(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %1 = stablehlo.exponential %0 : tensor<4x256xf32>
+    %2 = stablehlo.multiply %0, %1 : tensor<4x256xf32>
+    %3 = stablehlo.compare NE, %2, %2, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %4 = call @_where(%3, %c, %2) : (tensor<4x256xi1>, tensor<i32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %5 = stablehlo.reduce(%4 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %cst_0 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %8 = stablehlo.multiply %7, %6 : tensor<4x1xf32>
+    %cst_1 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %10 = stablehlo.multiply %9, %0 : tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %12 = stablehlo.multiply %8, %11 : tensor<4x1xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %14 = stablehlo.subtract %10, %13 : tensor<4x256xf32>
+    %15 = stablehlo.abs %14 : tensor<4x256xf32>
+    %16 = call @sort(%15) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %17 = call @argsort(%15) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %18 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %19 = stablehlo.reshape %18 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %21 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %22 = stablehlo.compare LT, %20, %21, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_4 = stablehlo.constant dense<4> : tensor<i32>
+    %23 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %24 = stablehlo.add %20, %23 : tensor<4x256xi32>
+    %25 = stablehlo.select %22, %24, %20 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %26 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %27 = stablehlo.compare LT, %17, %26, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_6 = stablehlo.constant dense<256> : tensor<i32>
+    %28 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %29 = stablehlo.add %17, %28 : tensor<4x256xi32>
+    %30 = stablehlo.select %27, %29, %17 : tensor<4x256xi1>, tensor<4x256xi32>
+    %31 = stablehlo.broadcast_in_dim %25, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %32 = stablehlo.broadcast_in_dim %30, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %33 = stablehlo.concatenate %31, %32, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %34 = "stablehlo.gather"(%arg0, %33) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1], start_index_map = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x256x2xi32>) -> tensor<4x256xf32>
+    %cst_7 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %35 = stablehlo.reduce(%34 init: %cst_7) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_8 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %36 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %37 = stablehlo.maximum %36, %35 : tensor<4xf32>
+    %38 = stablehlo.broadcast_in_dim %37, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %39 = stablehlo.broadcast_in_dim %38, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %40 = stablehlo.subtract %34, %39 : tensor<4x256xf32>
+    %41 = stablehlo.exponential %40 : tensor<4x256xf32>
+    %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %42 = stablehlo.reduce(%41 init: %cst_9) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %43 = stablehlo.broadcast_in_dim %42, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %44 = stablehlo.broadcast_in_dim %43, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %45 = stablehlo.divide %41, %44 : tensor<4x256xf32>
+    %46 = call @cumsum(%45) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_10 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %47 = stablehlo.broadcast_in_dim %cst_10, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %48 = stablehlo.compare LE, %46, %47, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %49 = stablehlo.convert %48 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c_11 = stablehlo.constant dense<0> : tensor<i32>
+    %50 = stablehlo.reduce(%49 init: %c_11) applies stablehlo.add across dimensions = [1] : (tensor<4x256xi32>, tensor<i32>) -> tensor<4xi32>
+    %c_12 = stablehlo.constant dense<255> : tensor<i32>
+    %51 = call @clip(%50, %c_12) : (tensor<4xi32>, tensor<i32>) -> tensor<4xi32>
+    %52 = stablehlo.reshape %51 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %53 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %54 = stablehlo.reshape %53 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %c_13 = stablehlo.constant dense<0> : tensor<i32>
+    %55 = stablehlo.broadcast_in_dim %c_13, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %56 = stablehlo.compare LT, %54, %55, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_14 = stablehlo.constant dense<4> : tensor<i32>
+    %57 = stablehlo.broadcast_in_dim %c_14, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %58 = stablehlo.add %54, %57 : tensor<4x1xi32>
+    %59 = stablehlo.select %56, %58, %54 : tensor<4x1xi1>, tensor<4x1xi32>
+    %c_15 = stablehlo.constant dense<0> : tensor<i32>
+    %60 = stablehlo.broadcast_in_dim %c_15, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %61 = stablehlo.compare LT, %52, %60, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_16 = stablehlo.constant dense<256> : tensor<i32>
+    %62 = stablehlo.broadcast_in_dim %c_16, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %63 = stablehlo.add %52, %62 : tensor<4x1xi32>
+    %64 = stablehlo.select %61, %63, %52 : tensor<4x1xi1>, tensor<4x1xi32>
+    %65 = stablehlo.broadcast_in_dim %59, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %66 = stablehlo.broadcast_in_dim %64, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %67 = stablehlo.concatenate %65, %66, dim = 2 : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x2xi32>
+    %68 = "stablehlo.gather"(%16, %67) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1], start_index_map = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x1x2xi32>) -> tensor<4x1xf32>
+    %69 = stablehlo.broadcast_in_dim %68, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %70 = stablehlo.compare GT, %16, %69, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %71 = stablehlo.convert %70 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c_17 = stablehlo.constant dense<0> : tensor<i32>
+    %72 = stablehlo.broadcast_in_dim %c_17, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %c_18 = stablehlo.constant dense<0> : tensor<i32>
+    %73 = stablehlo.broadcast_in_dim %c_18, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %74 = "stablehlo.scatter"(%71, %73, %72) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0, 1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>):
+      stablehlo.return %arg3 : tensor<i32>
+    }) : (tensor<4x256xi32>, tensor<1xi32>, tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_19 = stablehlo.constant dense<0> : tensor<i32>
+    %75 = stablehlo.broadcast_in_dim %c_19, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %76 = stablehlo.compare NE, %74, %75, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_20 = stablehlo.constant dense<0> : tensor<i32>
+    %77 = stablehlo.broadcast_in_dim %c_20, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %78 = stablehlo.compare LT, %20, %77, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_21 = stablehlo.constant dense<4> : tensor<i32>
+    %79 = stablehlo.broadcast_in_dim %c_21, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %80 = stablehlo.add %20, %79 : tensor<4x256xi32>
+    %81 = stablehlo.select %78, %80, %20 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_22 = stablehlo.constant dense<0> : tensor<i32>
+    %82 = stablehlo.broadcast_in_dim %c_22, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %83 = stablehlo.compare LT, %17, %82, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_23 = stablehlo.constant dense<256> : tensor<i32>
+    %84 = stablehlo.broadcast_in_dim %c_23, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %85 = stablehlo.add %17, %84 : tensor<4x256xi32>
+    %86 = stablehlo.select %83, %85, %17 : tensor<4x256xi1>, tensor<4x256xi32>
+    %87 = stablehlo.broadcast_in_dim %81, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %88 = stablehlo.broadcast_in_dim %86, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %89 = stablehlo.concatenate %87, %88, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %90 = "stablehlo.scatter"(%76, %89, %76) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x2xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_24 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %91 = call @_where_1(%90, %cst_24, %arg0) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_25 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %92 = stablehlo.reduce(%91 init: %cst_25) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_26 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %93 = stablehlo.broadcast_in_dim %cst_26, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %94 = stablehlo.maximum %93, %92 : tensor<4xf32>
+    %95 = stablehlo.broadcast_in_dim %94, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %96 = stablehlo.broadcast_in_dim %95, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %97 = stablehlo.subtract %91, %96 : tensor<4x256xf32>
+    %98 = stablehlo.exponential %97 : tensor<4x256xf32>
+    %cst_27 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %99 = stablehlo.reduce(%98 init: %cst_27) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %100 = stablehlo.broadcast_in_dim %99, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %101 = stablehlo.broadcast_in_dim %100, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %102 = stablehlo.divide %98, %101 : tensor<4x256xf32>
+    %103 = stablehlo.slice %102 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %104 = stablehlo.reshape %103 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %105 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %106 = stablehlo.log %104 : tensor<256xf32>
+    %107 = stablehlo.add %105, %106 : tensor<256xf32>
+    %values, %indices = chlo.top_k(%107, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %108 = stablehlo.slice %102 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %109 = stablehlo.reshape %108 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %110 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %111 = stablehlo.log %109 : tensor<256xf32>
+    %112 = stablehlo.add %110, %111 : tensor<256xf32>
+    %values_28, %indices_29 = chlo.top_k(%112, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %113 = stablehlo.slice %102 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %114 = stablehlo.reshape %113 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %115 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %116 = stablehlo.log %114 : tensor<256xf32>
+    %117 = stablehlo.add %115, %116 : tensor<256xf32>
+    %values_30, %indices_31 = chlo.top_k(%117, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %118 = stablehlo.slice %102 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %119 = stablehlo.reshape %118 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %120 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %121 = stablehlo.log %119 : tensor<256xf32>
+    %122 = stablehlo.add %120, %121 : tensor<256xf32>
+    %values_32, %indices_33 = chlo.top_k(%122, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %123 = stablehlo.broadcast_in_dim %indices, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %124 = stablehlo.broadcast_in_dim %indices_29, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %125 = stablehlo.broadcast_in_dim %indices_31, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %126 = stablehlo.broadcast_in_dim %indices_33, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %127 = stablehlo.concatenate %123, %124, %125, %126, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %128 = stablehlo.reshape %127 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %128 : tensor<4xi32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x256xf32>
+    return %11 : tensor<4x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<i32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    return %1#1 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @clip(%arg0: tensor<4xi32>, %arg1: tensor<i32>) -> tensor<4xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %2 = stablehlo.minimum %1, %arg0 : tensor<4xi32>
+    return %2 : tensor<4xi32>
+  }
+  func.func private @_where_1(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_vmapped_same_key_sampler(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_mask_same_key_rows"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

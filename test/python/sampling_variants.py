@@ -462,6 +462,37 @@ def near_miss_epsilon_at_or_below(x, key):
     return _torchax_multinomial(jnp.where(remove, -jnp.inf, y), key)
 
 
+def _typical_removed(y, mass, strict=True):
+    """Hugging Face's TypicalLogitsWarper as torchax lowers it: the entropy as a nansum, the shifted scores sorted
+    (unstable), the cumsum of the softmax of the logits in that order, the cut at the score of `last`, the first kept,
+    the removal scattered back (`strict=False`: the cumsum compared with <=, not HF's rule)."""
+    batch, vocab = y.shape
+    normalized = jax.nn.log_softmax(y, axis=-1)
+    product = normalized * jnp.exp(normalized)
+    entropy = -1.0 * jnp.sum(jnp.where(jnp.isnan(product), 0, product), axis=-1, keepdims=True)
+    shifted = jnp.abs(-1.0 * normalized - entropy * 1.0)
+    ordered, order = jnp.sort(shifted, axis=-1, stable=False), jnp.argsort(shifted, axis=-1, stable=False)
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    cumulative = jnp.cumsum(jax.nn.softmax(y[(rows, order)], axis=-1), axis=1)
+    below = cumulative < mass if strict else cumulative <= mass
+    last = jnp.clip(jnp.sum(below, axis=1), max=vocab - 1).reshape(-1, 1)
+    remove = ordered > ordered[(jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), last.shape), last)]
+    remove = remove.astype(jnp.int32).at[..., :1].set(jnp.zeros((batch, 1), jnp.int32)) != 0
+    return remove.at[(rows, order)].set(remove[0:batch, 0:vocab])
+
+
+def torchax_typical_warper_multinomial(x, key):
+    """Hugging Face's TemperatureLogitsWarper and TypicalLogitsWarper (typical_p = 0.9) as torchax lowers them, then
+    torch.multinomial: typical_mask_choice."""
+    y = x / 0.8
+    return _torchax_multinomial(jnp.where(_typical_removed(y, 0.9), -jnp.inf, y), key)
+
+
+def near_miss_typical_at_or_below(x, key):
+    """The typical warper counting the cumsum at or below its mass: not Hugging Face's rule, so only the draw fuses."""
+    return _torchax_multinomial(jnp.where(_typical_removed(x, 0.9, strict=False), -jnp.inf, x), key)
+
+
 def gemma_top_k_by_batch_index(x, key):
     """gemma's TopkSampling: categorical over the top-k / T, the drawn rank's id gathered by batch index."""
     values, ids = jax.lax.top_k(x, 24)
@@ -691,6 +722,10 @@ VARIANTS: list[Variant] = [
     Variant("near_miss_epsilon_at_or_below", near_miss_epsilon_at_or_below, "categorical_choice",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-k filter "
                    "(chlo.top_k"),
+    Variant("torchax_typical_warper_multinomial", torchax_typical_warper_multinomial, "typical_mask_choice",
+            expect={"temperature": 0.8, "p": 0.9}),
+    Variant("near_miss_typical_at_or_below", near_miss_typical_at_or_below, "categorical_choice",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`"),
     Variant("vmapped_same_key_sampler", vmapped_same_key_sampler, "top_p_mask_same_key_rows",
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("easydel_vmapped_per_row_top_p", easydel_vmapped_per_row_top_p, "top_p_of_top_k_rows_same_key_rows",

@@ -10,7 +10,7 @@ keras-hub's random, top-k, top-p and top-k + top-p, Hugging Face's temperature +
 torch.multinomial as torchax lowers them, JetStream's top-p and top-k + top-p, the flax / gemma / tunix
 rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill and its composite,
 tunix's sample_top_p, Hugging Face's epsilon warper, EasyDeL's per-row top-p plain and vmapped, and a draw with a
-key per row).
+key per row, tpu-inference's searched top-k and top-p with per-row parameters, and Hugging Face's typical warper).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn) in milliseconds, fused / original,
 and fused / argmax. Token ids are checked equal first. On 2 shared cores the ratios are the numbers to read.
@@ -43,7 +43,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "torchax_min_p_warper_multinomial", "torchax_top_k_min_p_argsort_multinomial",
             "flax_top_p_warper", "flax_top_k_top_p_warpers", "tunix_top_p", "tunix_top_k_top_p",
             "torchax_epsilon_warper_multinomial", "easydel_per_row_top_p", "easydel_vmapped_per_row_top_p",
-            "split_key_per_row")
+            "split_key_per_row", "tpu_inference_searched", "torchax_typical_warper_multinomial")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, nargs="*", default=[128256, 262144])
     parser.add_argument("--samplers", nargs="*", default=list(SAMPLERS), choices=SAMPLERS)
     parser.add_argument("--iters", type=int, default=15)
+    parser.add_argument("--scale", type=float, default=3.0,
+                        help="the logits' spread: scale x N(0, 1) (3: a nucleus of hundreds at p = 0.9 and T = 0.7 "
+                             "over 128256; 6 and above: the few tokens of a peaked, model-like row)")
     args = parser.parse_args()
     print("| sampler | fusion | B | V | original ms | fused ms | argmax ms | fused/original | fused/argmax |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -82,7 +85,7 @@ def main() -> None:
         fn = getattr(sampling_variants, name)
         for batch in args.batch:
             for vocab in args.vocab:
-                x = 3.0 * jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
+                x = args.scale * jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
                 key = jnp.array([7, 11], jnp.uint32)
                 spec = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2,), jnp.uint32))
                 fns = {"original": jax.jit(fn),

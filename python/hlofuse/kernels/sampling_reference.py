@@ -636,6 +636,44 @@ def top_k_epsilon_removal(logits: jax.Array, key: jax.Array, *, temperature: flo
                            **params)
 
 
+def typical_removal(y: jax.Array, mass: float, sort_fn: Sort = sort_unstable) -> tuple[jax.Array, ...]:
+    """Hugging Face's TypicalLogitsWarper's removal as torchax lowers it: the entropy H of softmax(y) (a nansum of
+    log q * q), the scores |-log q - H| sorted ascending (an unstable sort and argsort), the cumsum of the softmax of
+    y in that order, `last = min(sum(cumsum < mass), V - 1)`, remove the scores above the score at `last`, but never
+    the first (min_tokens_to_keep = 1), scattered back to vocabulary order. Returns (removed in vocabulary order,
+    the sorted scores, y in their order, removed in their order). (B, V) logits only."""
+    if y.ndim != 2:
+        raise ValueError(f"the Hugging Face typical warper takes (B, V) logits, not {y.shape}")
+    batch, vocab = y.shape
+    normalized = jax.nn.log_softmax(y, axis=-1)
+    product = normalized * jnp.exp(normalized)
+    # torch's negations are products with -1, and its subtraction a - b * alpha (alpha = 1)
+    entropy = -1.0 * jnp.sum(jnp.where(jnp.isnan(product), 0, product), axis=-1, keepdims=True)
+    ordered, order = sort_fn(jnp.abs(-1.0 * normalized - entropy * 1.0))
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    in_order = y[(rows, order)]
+    cumulative = jnp.cumsum(jax.nn.softmax(in_order, axis=-1), axis=1)
+    last = jnp.clip(jnp.sum(cumulative < mass, axis=1), max=vocab - 1).reshape(-1, 1)
+    remove = ordered > ordered[(jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), last.shape), last)]
+    remove = remove.astype(jnp.int32).at[..., :1].set(jnp.zeros((batch, 1), jnp.int32)) != 0
+    return remove.at[(rows, order)].set(remove[0:batch, 0:vocab]), ordered, in_order, remove
+
+
+def typical_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, sort_fn: Sort = sort_unstable,
+                 categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """Hugging Face's typical sampling (`typical_p`, TypicalLogitsWarper: p is its mass): y = x / T, the tokens of
+    `typical_removal` at -inf, then a categorical (with `_choice`: torch.multinomial). (B, V) logits only."""
+    y = _scale(logits, temperature)
+    return categorical_fn(key, jnp.where(typical_removal(y, p, sort_fn)[0], NEG_INF, y), axis=-1)
+
+
+def top_k_typical_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                       top_k_fn: TopK = top_k_resorted,
+                       kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes, **params: Any) -> jax.Array:
+    """transformers 4.x's typical config: TopKLogitsWarper (its default 50), then typical_mask of what is left."""
+    return typical_mask(mask_top_k(logits, k, top_k_fn, kth_fn), key, temperature=temperature, p=p, **params)
+
+
 def _keep_sorted_first(remove: jax.Array, order: jax.Array) -> jax.Array:
     """transformers 4.x's min_tokens_to_keep = 1: `remove` gathered into `order`, its first set False, scattered
     back (`sorted_remove.scatter(1, order, sorted_remove)`)."""
@@ -839,6 +877,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          _NOISE + ("stablehlo.exponential", "chlo.top_k")),
     Form("top_k_epsilon_removal", "top_k+epsilon", top_k_epsilon_removal, ("temperature", "k", "epsilon"),
          _NOISE + ("stablehlo.exponential", "chlo.top_k")),
+    Form("typical_mask", "typical", typical_mask, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort", "stablehlo.scatter", "stablehlo.abs")),
+    Form("top_k_typical_mask", "top_k+typical", top_k_typical_mask, ("temperature", "k", "p"),
+         _TOP_K + ("stablehlo.sort", "stablehlo.scatter", "stablehlo.abs")),
     Form("top_k_min_p_removal", "min_p", top_k_min_p_removal, ("temperature", "k", "min_p"),
          _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"),
          (Writing(functools.partial(top_k_min_p_removal, min_p_fn=min_p_removal_by_argsort),
@@ -852,7 +894,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
-                  "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal")
+                  "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
+                  "top_k_typical_mask")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -31,7 +31,7 @@ class SampleAttrs:
     temperature and filters, where the Gumbel noise is indexed (vocabulary id or rank) and the tie rules.
     """
 
-    mode: str  # greedy | temperature | top_k | top_p | min_p | top_k+top_p | epsilon | top_k+epsilon
+    mode: str  # greedy | temperature | top_k | top_p | min_p | top_k+top_p | epsilon | typical (these two also top_k+)
     form: str
     temperature: float = 1.0
     k: int = 0  # 0 = no top-k

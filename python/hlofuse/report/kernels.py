@@ -20,7 +20,9 @@ from hlofuse.report.graph import dtype_bytes
 from hlofuse.report.hardware import Chip
 
 # Logit passes of the sort-free sampler per mode (docs/kernels-cpu-sampling.md "How it works").
-SAMPLER_PASSES = {"greedy": 2.0, "top_k": 1.0, "temperature": 2.0, "top_p": 2.0, "min_p": 2.0, "top_k+top_p": 2.0}
+SAMPLER_PASSES = {"greedy": 2.0, "top_k": 1.0, "temperature": 2.0, "top_p": 2.0, "min_p": 2.0, "top_k+top_p": 2.0,
+                  # typical sampling sorts its scores (the kernel's radix sort: 4 passes), then a softmax and cumsum
+                  "typical": 7.0, "top_k+typical": 7.0}
 # Vector ops per visible score in a flash kernel: scale, mask, running max, subtract, sum, rescale.
 ATTENTION_VECTOR_OPS = 6.0
 
@@ -163,6 +165,8 @@ def sample_cost(chip: Chip, attrs: dict[str, Any], operand_types: Any, result_ty
     logits_bytes = elements * dtype_bytes(dtype)
     vector = 4.0 * elements * passes
     trans = elements if mode in ("top_p", "min_p", "top_k+top_p", "epsilon", "top_k+epsilon") else 0.0
+    if mode in ("typical", "top_k+typical"):  # the log-softmax's exp and log, and the sorted row's exp
+        trans = 3.0 * elements
     total_bytes = logits_bytes * passes + rows * 4
     threads = chip.kernel_threads if chip.family == "cpu" else 1.0
     compute = (vector / chip.vector_flops + trans / chip.transcendental_rate) / threads

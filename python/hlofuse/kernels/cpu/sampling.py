@@ -42,6 +42,7 @@ from hlofuse.kernels.sampling_reference import (
     sample_reference,
     sorted_top_p_removal,
     top_p_removal,
+    typical_removal,
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
 from hlofuse.ops.sample import SAMPLE, SampleAttrs
@@ -529,6 +530,45 @@ def epsilon_removal_lowering(form: str, params: dict[str, Any]) -> Callable[...,
     return kernel
 
 
+# Hugging Face's typical warper (sampling_reference.typical_removal) sorts its scores |-log q - H| with an unstable
+# sort: the kernel's radix sort is one order the program's could be, and gives the program's removal wherever no two
+# orders differ, that is unless tied scores hold different logits (the cumsum would add them in another order), the
+# first tie group both keeps its first (min_tokens_to_keep) and removes the rest, or a row holds a NaN.
+TYPICAL_MASKS = ("typical_mask", "top_k_typical_mask")
+
+
+def typical_order_matters(ordered: jax.Array, in_order: jax.Array, remove: jax.Array) -> jax.Array:
+    """Per row: whether another order of equal sorted scores `ordered` could change the typical removal (the sorted
+    logits `in_order`, the removal in sorted order `remove`)."""
+    tied = ordered[:, 1:] == ordered[:, :-1]
+    mixed = jnp.any(tied & (in_order[:, 1:] != in_order[:, :-1]), axis=-1)
+    first_kept_only = tied[:, 0] & remove[:, 1]
+    nan = jnp.any(jnp.isnan(ordered) | jnp.isnan(in_order), axis=-1)
+    return mixed | first_kept_only | nan
+
+
+def typical_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form whose filters are of TYPICAL_MASKS (any draw): the top-k by the kernel's top-k, the scores' order by
+    the kernel's sort, the removal by the program's ops, the draw by the kernel; the form's own function (its sort
+    in XLA) where the order of equal scores could matter (`typical_order_matters`) and for logits other than f32."""
+    categorical_fn = _draw_by_kernel(form)
+    top_k_first = FORMS[form].filters == "top_k_typical_mask"
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        def own() -> jax.Array:
+            return sample_reference(logits, key, form=form, **params)
+
+        if logits.dtype != jnp.float32:
+            return own()
+        y = (mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits) / params["temperature"]
+        removed, ordered, in_order, remove = typical_removal(y, params["p"], _sort_by_kernel)
+        tokens = categorical_fn(key, jnp.where(removed, NEG_INF, y), axis=-1)
+        return reference_where_uncertified(jnp.where(typical_order_matters(ordered, in_order, remove), UNCERTIFIED,
+                                                     tokens), own)
+
+    return kernel
+
+
 def _id_0_where_nan(probs: jax.Array, tokens: jax.Array) -> jax.Array:
     """`tokens`, but 0 in the rows whose probabilities are NaN. A softmax row is all NaN or none (a NaN, or an
     infinity, in its logits makes its max or its sum NaN), and lax.top_k puts NaN first, ties by the lower id:
@@ -690,7 +730,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if attrs.k > shape[-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
         return flax_top_p_lowering(attrs.form, attrs.params())
-    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS, *EPSILON_REMOVALS):
+    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS, *EPSILON_REMOVALS,
+                   *TYPICAL_MASKS):
         if len(call.operand_types[0][0]) != 2:
             raise Unsupported("Hugging Face's warpers take (B, V) logits")
         if call.operand_types[0][1] not in ("f32", "bf16"):
@@ -701,6 +742,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             return min_p_removal_lowering(attrs.form, attrs.params())
         if filters in EPSILON_REMOVALS:
             return epsilon_removal_lowering(attrs.form, attrs.params())
+        if filters in TYPICAL_MASKS:
+            return typical_lowering(attrs.form, attrs.params())
         return top_p_ascending_lowering(attrs.form, attrs.params())
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
