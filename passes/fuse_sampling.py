@@ -182,7 +182,7 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
         return form.writings[writing].fn(logits, key, **scalars, **read, **per_row)
 
     key = (shape[0], 2) if form.row_keys else (2,)  # a key per row: (B, V) logits only (the draw raises otherwise)
-    rows = [jax.ShapeDtypeStruct(shape[:1], form.row_dtype(name)) for name in form.row_params]
+    rows = [jax.ShapeDtypeStruct(form.row_shape(name, shape[0]), form.row_dtype(name)) for name in form.row_params]
     return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct(key, jnp.uint32),
                              *rows)
 

@@ -114,3 +114,35 @@ def test_lowering_leaves_no_sort_and_searches_only_in_its_fallback() -> None:
     # the searches (two 31-step loops) run under the conditional, for an uncertain batch only
     entry = hlo[hlo.index("ENTRY"):]
     assert " while(" not in entry.split("\n}\n")[0]
+
+
+ESURGE = ("esurge_searched_rows_row_keys", "esurge_searched_min_p_rows_row_keys")
+
+
+@pytest.mark.parametrize("form", ESURGE)
+@pytest.mark.parametrize("case", ["model", "peaked", "flat", "ties", "neg_inf", "nan"])
+def test_esurge_lowering_gives_the_reference_ids(form: str, case: str) -> None:
+    """EasyDeL eSurge's sampler: its (B, 1) temperatures, k, p (and min-p) per row, a key per row; rows with T = 1
+    (no division), k = 0 and p = 1 (no filter), and min-p rows whose negative max logit keeps nothing among them."""
+    params = form_params(form)
+    lowering = jax.jit(sampling.esurge_lowering(form, params))
+    reference = jax.jit(lambda x, keys, *rows: sample_reference(x, keys, form=form, rows=rows, **params))
+    for seed in range(4):
+        x = jnp.asarray(_rows(case, 4, 3000, seed=seed) - (8.0 if seed == 3 else 0.0))
+        temperature, k, p = _per_row(4, seed)
+        rows = (jnp.where(temperature > 0, temperature, 1.0)[:, None], k, p)
+        if form.endswith("min_p_rows_row_keys"):
+            rows += (jnp.asarray(np.random.default_rng(seed).choice([0.0, 0.1, 0.5], 4).astype(np.float32)),)
+        keys = jnp.asarray(np.random.default_rng(seed + 9).integers(0, 2**32, (4, 2), dtype=np.uint32))
+        np.testing.assert_array_equal(lowering(x, keys, *rows), reference(x, keys, *rows), err_msg=f"{case} {seed}")
+
+
+def test_esurge_lowering_leaves_no_sort_and_searches_only_in_its_fallback() -> None:
+    lowering = jax.jit(sampling.esurge_lowering(ESURGE[1], form_params(ESURGE[1])))
+    rows = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in
+            (((2, 1), jnp.float32), ((2,), jnp.int32), ((2,), jnp.float32), ((2,), jnp.float32))]
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32), jax.ShapeDtypeStruct((2, 2), jnp.uint32),
+                         *rows).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+    entry = hlo[hlo.index("ENTRY"):]
+    assert " while(" not in entry.split("\n}\n")[0]

@@ -202,6 +202,22 @@ def tpu_inference_searched(x, key):
     return jax.random.categorical(key, x)
 
 
+def esurge_searched(x, key):
+    """EasyDeL eSurge's sampler: the searched top-k and top-p of the rows asking for them (lax.conds, a vmap of a
+    per-row lax.cond), x / T by a (B, 1) column, its min-p on the logits, -1e10 fills, each row drawn with
+    fold_in(key, row): esurge_searched_min_p_rows_row_keys."""
+    from hlofuse.kernels.sampling_reference import esurge_searched_rows
+
+    rows = x.shape[:1]
+
+    def per_row_draw(key, y):
+        return jax.vmap(lambda row, i: jax.random.categorical(jax.random.fold_in(key, i), row))(y, jnp.arange(rows[0]))
+
+    return esurge_searched_rows(x, key, temperature=jnp.full((rows[0], 1), 0.7, jnp.float32),
+                                k=jnp.full(rows, 16, jnp.int32), p=jnp.full(rows, 0.9, jnp.float32),
+                                min_p=jnp.full(rows, 0.05, jnp.float32), categorical_fn=per_row_draw)
+
+
 def near_miss_searched_top_p_strict(x, key):
     """The searched top-p keeping probs strictly above its threshold (it keeps probs >= t): no form has it, so only
     the draw fuses, with the search named as left in XLA."""
@@ -737,6 +753,7 @@ VARIANTS: list[Variant] = [
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("tpu_inference_searched", tpu_inference_searched, "threshold_search_rows"),
+    Variant("esurge_searched", esurge_searched, "esurge_searched_min_p_rows_row_keys"),
     Variant("near_miss_searched_top_p_strict", near_miss_searched_top_p_strict, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a softmax"),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),

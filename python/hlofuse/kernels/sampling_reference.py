@@ -374,6 +374,51 @@ def threshold_search_rows(logits: jax.Array, key: jax.Array, *, temperature: jax
     return categorical_fn(key, x)
 
 
+ESURGE_FILL = -1.0e10  # eSurge's fill for every dropped logit: its forms read it as a constant of their own
+
+
+def _esurge_per_row(mask: Callable[..., jax.Array], applies: Callable[[jax.Array], jax.Array],
+                    values: jax.Array) -> Callable[[jax.Array], jax.Array]:
+    """eSurge's filter of a batch: each row, under a vmap, through `mask(row[None], value, fill)[0]` where
+    `applies(value)` (a lax.cond per row), else the row itself."""
+
+    def rows(x: jax.Array) -> jax.Array:
+        def one(row: jax.Array, value: jax.Array) -> jax.Array:
+            return jax.lax.cond(applies(value), lambda: mask(row[None, :], value, ESURGE_FILL)[0], lambda: row)
+
+        return jax.vmap(one)(x, values)
+
+    return rows
+
+
+def esurge_min_p_mask(x: jax.Array, min_p: jax.Array) -> jax.Array:
+    """eSurge's min-p, on the logits (not the probabilities): keep `x >= min_p * max(x)`, else its fill (so a row whose
+    max logit is negative, above min_p times itself, keeps nothing: every logit at the fill)."""
+    threshold = min_p[:, None] * jnp.max(x, axis=-1, keepdims=True)
+    return jnp.where(x >= threshold, x, jnp.full_like(x, ESURGE_FILL))
+
+
+def esurge_searched_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.Array, k: jax.Array, p: jax.Array,
+                         min_p: jax.Array | None = None, categorical_fn: Categorical = jax.random.categorical,
+                         **_: Any) -> jax.Array:
+    """EasyDeL eSurge's sampler (`_regular_sample`) with a temperature ((B, 1) column), k (int32), p (and min-p) per
+    row: the searched top-k mask (search_top_k_mask) of the rows with k > 0, then the searched top-p mask of the rows
+    with p < 1, each under a lax.cond on whether any row asks for it and a per-row lax.cond under a vmap; then
+    x / T where any T != 1 (x / 1 is x); then, with a min-p, esurge_min_p_mask under its flag's lax.cond; every
+    dropped logit at eSurge's -1e10 (ESURGE_FILL, its rule, kept), then the draw (a key per row: `_row_keys`).
+    (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"eSurge's sampler takes (B, V) logits, not {logits.shape}")
+    x = jax.lax.cond(jnp.any(k > 0), _esurge_per_row(search_top_k_mask, lambda value: value > 0, k), lambda x: x,
+                     logits)
+    x = jax.lax.cond(jnp.any(p < 1.0), _esurge_per_row(search_top_p_mask, lambda value: value < 1.0, p),
+                     lambda x: x, x)
+    x = jax.lax.cond(jnp.any(temperature != 1.0), lambda x: x / temperature, lambda x: x, x)
+    if min_p is not None:
+        x = jax.lax.cond(True, lambda x: esurge_min_p_mask(x, min_p), lambda x: x, x)
+    return categorical_fn(key, x)
+
+
 def _unfloored(writing: Writing) -> Writing:
     """`writing` without a floor before the log: the program takes log(kept) itself, which reads eps = 0."""
 
@@ -746,10 +791,15 @@ class Form:
     # Parameters given per row, as (B,) operands after the key in this order (a serving engine's per-request
     # temperature, k, p, min-p; `row_dtype`), not as attributes: the composite's operands are (logits, key, *rows).
     row_params: tuple[str, ...] = ()
+    row_columns: tuple[str, ...] = ()  # the per-row parameters the program holds as (B, 1) columns, not (B,)
 
     def row_dtype(self, name: str) -> Any:  # noqa: ANN401
         """The dtype of a per-row operand: int32 for k, float32 for the others."""
         return jnp.int32 if name == "k" else jnp.float32
+
+    def row_shape(self, name: str, batch: int) -> tuple[int, ...]:
+        """The shape of a per-row operand: (B,), or (B, 1) for one of `row_columns`."""
+        return (batch, 1) if name in self.row_columns else (batch,)
 
     @property
     def drawn_by(self) -> str:
@@ -998,7 +1048,8 @@ def _with_draw(form: Form, name: str) -> Form:
                         for w in form.writings)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
-                form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS, row_params=form.row_params)
+                form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS, row_params=form.row_params,
+                row_columns=form.row_columns)
 
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
@@ -1092,11 +1143,23 @@ FORMS["sorted_probs_rows"] = Form("sorted_probs_rows", "top_k+top_p", _SORTED_PR
 FORMS["sorted_probs_min_p_rows"] = Form("sorted_probs_min_p_rows", "top_k+top_p", sorted_probs_rows, ("temperature",),
                                         _SORTED_PROBS.marker_ops, (_unscaled(_SORTED_PROBS_MIN_P),),
                                         composes_draws=False, row_params=("k", "p", "min_p"))
-# tpu-inference's sampler: its searches fill with -1e12 (FILL_NOTE).
-_SEARCHED = Writing(threshold_search_rows, _NOISE + ("stablehlo.bitcast_convert", "stablehlo.while"), reads=("fill",))
+# tpu-inference's sampler: its searches fill with -1e12 (FILL_NOTE). Its markers are the search's own (the
+# vocabulary moved next to last, the exponent test's `and`): the CPU's threefry loop has the while and the bitcast.
+_SEARCH_MARKERS = _NOISE + ("stablehlo.bitcast_convert", "stablehlo.while", "stablehlo.transpose", "stablehlo.and")
+_SEARCHED = Writing(threshold_search_rows, _SEARCH_MARKERS, reads=("fill",))
 FORMS["threshold_search_rows"] = Form("threshold_search_rows", "top_k+top_p", threshold_search_rows, (),
                                       _SEARCHED.marker_ops, (_SEARCHED,), composes_draws=False,
                                       row_params=("temperature", "k", "p"))
+# EasyDeL eSurge's sampler, without and with its min-p (a Python flag of the batch), drawn with a key per row.
+_ESURGE_MARKERS = _SEARCH_MARKERS + ("stablehlo.case",)
+FORMS["esurge_searched_rows"] = Form("esurge_searched_rows", "top_k+top_p", _without_min_p(esurge_searched_rows), (),
+                                     _ESURGE_MARKERS, composes_draws=False, row_params=("temperature", "k", "p"),
+                                     row_columns=("temperature",))
+FORMS["esurge_searched_min_p_rows"] = Form("esurge_searched_min_p_rows", "top_k+top_p", esurge_searched_rows, (),
+                                           _ESURGE_MARKERS, composes_draws=False,
+                                           row_params=("temperature", "k", "p", "min_p"), row_columns=("temperature",))
+FORMS["esurge_searched_rows_row_keys"] = _with_draw(FORMS["esurge_searched_rows"], "row_keys")
+FORMS["esurge_searched_min_p_rows_row_keys"] = _with_draw(FORMS["esurge_searched_min_p_rows"], "row_keys")
 # (its vmapped writing, EasyDeL's `vmaped_sample_top_p_efficient`, draws every row with the one key)
 FORMS["top_p_of_top_k_rows_same_key_rows"] = _with_draw(FORMS["top_p_of_top_k_rows"], "same_key_rows")
 # tunix's nucleus of the sorted logits, of all V (top_p) or of the top k (top_k+top_p): T inside or before.

@@ -21,6 +21,7 @@ import numpy as np
 from hlofuse.kernels import cpu
 from hlofuse.kernels.sampling_reference import (
     DRAWS,
+    ESURGE_FILL,
     FORMS,
     NEG_INF,
     RANK_NUCLEI,
@@ -28,6 +29,7 @@ from hlofuse.kernels.sampling_reference import (
     SHARED_NOISE_DRAWS,
     UNCERTIFIED,
     Categorical,
+    esurge_min_p_mask,
     flax_top_p_keep,
     form_params,
     last_column,
@@ -679,12 +681,26 @@ def searched_top_p_threshold(ordered: jax.Array, p: jax.Array, complete: bool) -
     return threshold, certain
 
 
+def _searched_masks(x: jax.Array, k: jax.Array, p: jax.Array, fill: float,
+                    softmax: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """x with the searched top-k mask (rows with k > 0), then the searched top-p mask of `softmax` of that (rows with
+    p < 1), dropped logits at `fill`, both thresholds read off the kernel's top SEARCH_CANDIDATES of x (which the
+    softmax keeps in order); and whether every row's thresholds are certain."""
+    width = x.shape[-1]
+    values, ids = _top_k_by_kernel(x, min(width, SEARCH_CANDIDATES))
+    cutoff, k_holds = searched_top_k_cutoff(values, k)
+    x = jnp.where((k > 0)[:, None], jnp.where(x >= cutoff[:, None], x, fill), x)
+    probs = softmax(x)
+    threshold, p_holds = searched_top_p_threshold(jnp.take_along_axis(probs, ids, axis=-1), p,
+                                                  width <= SEARCH_CANDIDATES)
+    x = jnp.where((p < 1.0)[:, None], jnp.where(probs >= threshold[:, None], x, fill), x)
+    return x, jnp.all(((k <= 0) | k_holds) & ((p >= 1.0) | p_holds))
+
+
 def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """tpu-inference's sampler on the CPU: the searches' cutoffs from the kernel's top SEARCH_CANDIDATES of x / T
-    (`searched_top_k_cutoff`, then `searched_top_p_threshold` on the probabilities at those ids, which softmax
-    keeps in order), the program's masks and softmax, and the kernel's categorical. A row where either is not
-    certain (a k above the candidates, a nucleus wider than them, a NaN or an infinity, a mass within rounding of p)
-    runs the form's own function, searches and all, for the batch."""
+    """tpu-inference's sampler on the CPU: x / T, the searches' thresholds by `_searched_masks`, the kernel's
+    categorical. A batch with a row where either is not certain (a k above the candidates, a nucleus wider than them,
+    a NaN or an infinity, a mass within rounding of p) runs the form's own function, searches and all."""
     fn = FORMS[form].fn
     categorical = _draw_by_kernel(form)
     scalars = {name: value for name, value in params.items() if name not in FORMS[form].row_params}
@@ -693,20 +709,42 @@ def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[...
         def searched() -> jax.Array:
             return fn(logits, key, temperature=temperature, k=k, p=p, categorical_fn=categorical, **scalars)
 
-        width = logits.shape[-1]
         x = logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
-        values, ids = _top_k_by_kernel(x, min(width, SEARCH_CANDIDATES))
-        cutoff, k_holds = searched_top_k_cutoff(values, k)
-        x = jnp.where((k > 0)[:, None], jnp.where(x >= cutoff[:, None], x, NEG_INF), x)
-        probs = jax.nn.softmax(x, axis=-1)
-        threshold, p_holds = searched_top_p_threshold(jnp.take_along_axis(probs, ids, axis=-1), p,
-                                                      width <= SEARCH_CANDIDATES)
-        x = jnp.where((p < 1.0)[:, None], jnp.where(probs >= threshold[:, None], x, NEG_INF), x)
-        certain = ((k <= 0) | k_holds) & ((p >= 1.0) | p_holds)
-        tokens = jnp.where(jnp.all(certain), categorical(key, x), UNCERTIFIED)
-        return reference_where_uncertified(tokens, searched)
+        x, certain = _searched_masks(x, k, p, NEG_INF, lambda x: jax.nn.softmax(x, axis=-1))
+        return reference_where_uncertified(jnp.where(certain, categorical(key, x), UNCERTIFIED), searched)
 
     return kernel
+
+
+def _softmax_of_each_row(x: jax.Array) -> jax.Array:
+    """The softmax of each row as one (1, V) array, as eSurge's vmapped top-p computes it."""
+    return jax.vmap(lambda row: jax.nn.softmax(row[None, :], axis=-1)[0])(x)
+
+
+def esurge_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """EasyDeL eSurge's sampler on the CPU: the searches' thresholds by `_searched_masks` (its -1e10 fill), x / T, its
+    min-p, the kernel's categorical with a key per row; the form's own function for a batch with an uncertain row."""
+    spec = FORMS[form]
+    fn = FORMS[spec.filters].fn
+    categorical = _draw_by_kernel(form)
+    scalars = {name: value for name, value in params.items() if name not in spec.row_params}
+
+    def kernel(logits: jax.Array, keys: jax.Array, *rows: jax.Array) -> jax.Array:
+        values = row_values(form, rows)
+
+        def searched() -> jax.Array:
+            return fn(logits, keys, categorical_fn=categorical, **scalars, **values)
+
+        x, certain = _searched_masks(logits, values["k"], values["p"], ESURGE_FILL, _softmax_of_each_row)
+        x = x / values["temperature"]
+        if "min_p" in values:
+            x = esurge_min_p_mask(x, values["min_p"])
+        return reference_where_uncertified(jnp.where(certain, categorical(keys, x), UNCERTIFIED), searched)
+
+    return kernel
+
+
+ESURGE_FORMS = ("esurge_searched_rows", "esurge_searched_min_p_rows")
 
 
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
@@ -722,6 +760,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported(f"'{attrs.form}' takes (B, V) f32 or bf16 logits (and 0 < k <= V)")
         if attrs.form == "threshold_search_rows":
             return threshold_search_lowering(attrs.form, attrs.params())
+        if FORMS[attrs.form].filters in ESURGE_FORMS:
+            return esurge_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
         shape, dtype = call.operand_types[0]
