@@ -274,15 +274,16 @@ def test_hf_typical_sorts_in_xla_only_where_the_order_of_ties_matters() -> None:
     assert sorting and " sort(" not in entry and "conditional(" in entry and "TopK" not in entry
 
 
-def test_typical_order_matters_only_for_ties_of_other_logits_or_a_split_first_group() -> None:
-    ordered = jnp.array([[0.1, 0.2, 0.2, 0.5], [0.1, 0.1, 0.3, 0.4], [0.1, 0.1, 0.3, 0.4], [0.2, 0.2, 0.2, 0.9]])
-    in_order = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 1.0, 0.0], [5.0, 5.0, 1.0, 0.0], [1.0, 1.0, 1.0, 3.0]])
-    remove = jnp.array([[False, False, False, True], [False, False, True, True], [False, True, True, True],
-                        [False, False, False, True]])
-    # row 0: tied scores hold the logits 2 and 3; row 1: a tie of equal logits, both kept; row 2: the first group's
-    # second removed while its first is kept; row 3: equal logits tied, kept together
-    np.testing.assert_array_equal(sampling.typical_order_matters(ordered, in_order, remove), [True, False, True, False])
-    assert sampling.typical_order_matters(ordered.at[1, 3].set(jnp.nan), in_order, remove)[1]
+def test_typical_order_matters_only_for_ties_of_other_logits_before_the_mass() -> None:
+    ordered = jnp.array([[0.1, 0.2, 0.2, 0.5], [0.1, 0.1, 0.3, 0.4], [0.1, 0.2, 0.3, 0.3], [0.2, 0.2, 0.2, 0.9]])
+    in_order = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 5.0, 1.0, 0.0], [5.0, 4.0, 1.0, 0.5], [1.0, 1.0, 1.0, 3.0]])
+    cumulative = jnp.array([[0.3, 0.5, 0.8, 1.0], [0.4, 0.8, 0.9, 1.0], [0.5, 0.96, 0.98, 1.0], [0.2, 0.4, 0.6, 1.0]])
+    # row 0: tied scores of the logits 2 and 3 before the mass 0.9; row 1: a tie of equal logits only; row 2: a tie of
+    # other logits after the cumsum passed 0.9 by more than 2 V u; row 3: equal logits tied
+    np.testing.assert_array_equal(sampling.typical_order_matters(ordered, in_order, cumulative, 0.9),
+                                  [True, False, False, False])
+    assert sampling.typical_order_matters(ordered, in_order, cumulative, 0.96)[2]  # within 2 V u of the mass
+    assert sampling.typical_order_matters(ordered.at[1, 3].set(jnp.nan), in_order, cumulative, 0.9)[1]
 
 
 # ----- Hugging Face's Flax top-p: the row in lax.top_k's order, by the kernel ------------------------------

@@ -701,7 +701,7 @@ def typical_removal(y: jax.Array, mass: float, sort_fn: Sort = sort_unstable) ->
     last = jnp.clip(jnp.sum(cumulative < mass, axis=1), max=vocab - 1).reshape(-1, 1)
     remove = ordered > ordered[(jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), last.shape), last)]
     remove = remove.astype(jnp.int32).at[..., :1].set(jnp.zeros((batch, 1), jnp.int32)) != 0
-    return remove.at[(rows, order)].set(remove[0:batch, 0:vocab]), ordered, in_order, remove
+    return remove.at[(rows, order)].set(remove[0:batch, 0:vocab]), ordered, in_order, cumulative
 
 
 def typical_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, sort_fn: Sort = sort_unstable,

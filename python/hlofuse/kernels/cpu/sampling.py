@@ -533,20 +533,31 @@ def epsilon_removal_lowering(form: str, params: dict[str, Any]) -> Callable[...,
 
 
 # Hugging Face's typical warper (sampling_reference.typical_removal) sorts its scores |-log q - H| with an unstable
-# sort: the kernel's radix sort is one order the program's could be, and gives the program's removal wherever no two
-# orders differ, that is unless tied scores hold different logits (the cumsum would add them in another order), the
-# first tie group both keeps its first (min_tokens_to_keep) and removes the rest, or a row holds a NaN.
+# sort: the kernel's radix sort is one order the program's could be. The removal reads the order only through the
+# cumsum's count below the mass (the cut is a score: tied scores share it). Equal scores of equal logits can come in
+# any order (the same values in the same places), so the cumsums agree bit for bit before the first tie group of
+# other logits (a scan's output at j reads positions up to j only); past it they are sums of the same values in
+# other orders, within 2 V u of each other's exact sum. The cut is the same where that first group comes after the
+# mass, by that much; the batch runs the form's own function where not (a wide typical set among symmetric ties, a
+# NaN).
 TYPICAL_MASKS = ("typical_mask", "top_k_typical_mask")
 
 
-def typical_order_matters(ordered: jax.Array, in_order: jax.Array, remove: jax.Array) -> jax.Array:
-    """Per row: whether another order of equal sorted scores `ordered` could change the typical removal (the sorted
-    logits `in_order`, the removal in sorted order `remove`)."""
-    tied = ordered[:, 1:] == ordered[:, :-1]
-    mixed = jnp.any(tied & (in_order[:, 1:] != in_order[:, :-1]), axis=-1)
-    first_kept_only = tied[:, 0] & remove[:, 1]
+def typical_order_matters(ordered: jax.Array, in_order: jax.Array, cumulative: jax.Array, mass: float) -> jax.Array:
+    """Per row: whether another order of equal sorted scores `ordered` could move the typical cut (the sorted
+    logits `in_order`, their cumsum in the kernel's order `cumulative`, the warper's `mass`)."""
+    width = ordered.shape[-1]
+    place = jax.lax.broadcasted_iota(jnp.int32, ordered.shape, 1)
+    starts = jnp.concatenate([jnp.ones_like(ordered[:, :1], bool), ordered[:, 1:] != ordered[:, :-1]], axis=-1)
+    group_start = jax.lax.cummax(jnp.where(starts, place, 0), axis=1)
+    mixed = jnp.concatenate([(ordered[:, 1:] == ordered[:, :-1]) & (in_order[:, 1:] != in_order[:, :-1]),
+                             jnp.zeros_like(ordered[:, :1], bool)], axis=-1)
+    first_group = jnp.take_along_axis(group_start, jnp.argmax(mixed, axis=-1)[:, None], axis=1)[:, 0]
+    first = jnp.where(jnp.any(mixed, axis=-1), first_group, width)
+    before = jnp.where(first > 0, jnp.take_along_axis(cumulative, jnp.maximum(first - 1, 0)[:, None], 1)[:, 0], 0.0)
+    settled = (first >= width) | (before * (1 - 2 * width * _F32_UNIT) >= np.float32(mass))
     nan = jnp.any(jnp.isnan(ordered) | jnp.isnan(in_order), axis=-1)
-    return mixed | first_kept_only | nan
+    return ~settled | nan
 
 
 def typical_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -563,10 +574,10 @@ def typical_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Arr
         if logits.dtype != jnp.float32:
             return own()
         y = (mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits) / params["temperature"]
-        removed, ordered, in_order, remove = typical_removal(y, params["p"], _sort_by_kernel)
+        removed, ordered, in_order, cumulative = typical_removal(y, params["p"], _sort_by_kernel)
         tokens = categorical_fn(key, jnp.where(removed, NEG_INF, y), axis=-1)
-        return reference_where_uncertified(jnp.where(typical_order_matters(ordered, in_order, remove), UNCERTIFIED,
-                                                     tokens), own)
+        matters = typical_order_matters(ordered, in_order, cumulative, params["p"])
+        return reference_where_uncertified(jnp.where(matters, UNCERTIFIED, tokens), own)
 
     return kernel
 
