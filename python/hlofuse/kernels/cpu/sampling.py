@@ -555,7 +555,8 @@ def typical_order_matters(ordered: jax.Array, in_order: jax.Array, cumulative: j
     first_group = jnp.take_along_axis(group_start, jnp.argmax(mixed, axis=-1)[:, None], axis=1)[:, 0]
     first = jnp.where(jnp.any(mixed, axis=-1), first_group, width)
     before = jnp.where(first > 0, jnp.take_along_axis(cumulative, jnp.maximum(first - 1, 0)[:, None], 1)[:, 0], 0.0)
-    settled = (first >= width) | (before * (1 - 2 * width * _F32_UNIT) >= np.float32(mass))
+    # (1 - g) / (1 + g) = 1 - 2 V u for g = V u / (1 - V u); 4 u more for this f32 product's own rounding
+    settled = (first >= width) | (before * (1 - (2 * width + 4) * _F32_UNIT) >= np.float32(mass))
     nan = jnp.any(jnp.isnan(ordered) | jnp.isnan(in_order), axis=-1)
     return ~settled | nan
 
