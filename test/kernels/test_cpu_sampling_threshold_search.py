@@ -7,6 +7,8 @@ search loop in the compiled program."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,15 +107,21 @@ def test_lowering_gives_the_reference_ids(case: str) -> None:
         np.testing.assert_array_equal(lowering(x, key, *rows), reference(x, key, *rows), err_msg=f"{case} {seed}")
 
 
+def _assert_no_sort_and_searches_only_in_the_fallback(lowering: Callable[..., jax.Array], key: tuple[int, ...],
+                                                      rows: list[jax.ShapeDtypeStruct]) -> None:
+    """The compiled program of `lowering` over (2, 12288) f32 logits holds no sort and no TopK, and its entry no loop:
+    the searches (two 31-step loops) run under the conditional, for an uncertain batch only."""
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32), jax.ShapeDtypeStruct(key, jnp.uint32),
+                         *rows).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+    entry = hlo[hlo.index("ENTRY"):]
+    assert " while(" not in entry.split("\n}\n")[0]
+
+
 def test_lowering_leaves_no_sort_and_searches_only_in_its_fallback() -> None:
     lowering = jax.jit(sampling.threshold_search_lowering(FORM, form_params(FORM)))
     rows = [jax.ShapeDtypeStruct((2,), dtype) for dtype in (jnp.float32, jnp.int32, jnp.float32)]
-    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32),
-                         *rows).compile().as_text()
-    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
-    # the searches (two 31-step loops) run under the conditional, for an uncertain batch only
-    entry = hlo[hlo.index("ENTRY"):]
-    assert " while(" not in entry.split("\n}\n")[0]
+    _assert_no_sort_and_searches_only_in_the_fallback(lowering, (2,), rows)
 
 
 ESURGE = ("esurge_searched_rows_row_keys", "esurge_searched_min_p_rows_row_keys")
@@ -141,8 +149,4 @@ def test_esurge_lowering_leaves_no_sort_and_searches_only_in_its_fallback() -> N
     lowering = jax.jit(sampling.esurge_lowering(ESURGE[1], form_params(ESURGE[1])))
     rows = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in
             (((2, 1), jnp.float32), ((2,), jnp.int32), ((2,), jnp.float32), ((2,), jnp.float32))]
-    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32), jax.ShapeDtypeStruct((2, 2), jnp.uint32),
-                         *rows).compile().as_text()
-    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
-    entry = hlo[hlo.index("ENTRY"):]
-    assert " while(" not in entry.split("\n}\n")[0]
+    _assert_no_sort_and_searches_only_in_the_fallback(lowering, (2, 2), rows)

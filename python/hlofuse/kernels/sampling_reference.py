@@ -359,6 +359,11 @@ def search_top_p_mask(logits: jax.Array, p: jax.Array, fill: float) -> jax.Array
     return jnp.where(probs >= jax.lax.expand_dims(threshold, (threshold.ndim,)), logits, jnp.full_like(logits, fill))
 
 
+def scale_rows(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """logits (B, V) / a temperature per row (B,), in the logits' dtype (tpu-inference's scaling)."""
+    return logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
+
+
 def threshold_search_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.Array, k: jax.Array, p: jax.Array,
                           fill: float | None = None, categorical_fn: Categorical = jax.random.categorical,
                           **_: Any) -> jax.Array:
@@ -368,7 +373,7 @@ def threshold_search_rows(logits: jax.Array, key: jax.Array, *, temperature: jax
     if logits.ndim != 2:
         raise ValueError(f"the threshold-search sampler takes (B, V) logits, not {logits.shape}")
     fill = NEG_INF if fill is None else fill
-    x = logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
+    x = scale_rows(logits, temperature)
     x = jnp.where(jnp.expand_dims(k > 0, axis=-1), search_top_k_mask(x, k, fill), x)
     x = jnp.where(jnp.expand_dims(p < 1.0, axis=-1), search_top_p_mask(x, p, fill), x)
     return categorical_fn(key, x)

@@ -42,6 +42,7 @@ from hlofuse.kernels.sampling_reference import (
     reference_where_uncertified,
     row_values,
     sample_reference,
+    scale_rows,
     sorted_top_p_removal,
     top_p_removal,
     typical_removal,
@@ -532,6 +533,21 @@ def epsilon_removal_lowering(form: str, params: dict[str, Any]) -> Callable[...,
     return kernel
 
 
+def _at(values: jax.Array, column: jax.Array) -> jax.Array:
+    """values (B, C) at one column per row, (B,)."""
+    return jnp.take_along_axis(values, column[:, None], axis=-1)[:, 0]
+
+
+def _before(values: jax.Array, column: jax.Array) -> jax.Array:
+    """values (B, C) at the column before `column` per row (0 where `column` is the first)."""
+    return jnp.where(column > 0, _at(values, jnp.maximum(column - 1, 0)), 0.0)
+
+
+def _scalar_params(form: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The attributes' parameters of a form with per-row parameters, the per-row ones (its operands) left out."""
+    return {name: value for name, value in params.items() if name not in FORMS[form].row_params}
+
+
 # Hugging Face's typical warper (sampling_reference.typical_removal) sorts its scores |-log q - H| with an unstable
 # sort: the kernel's radix sort is one order the program's could be. The removal reads the order only through the
 # cumsum's count below the mass (the cut is a score: tied scores share it). Equal scores of equal logits can come in
@@ -552,9 +568,8 @@ def typical_order_matters(ordered: jax.Array, in_order: jax.Array, cumulative: j
     group_start = jax.lax.cummax(jnp.where(starts, place, 0), axis=1)
     mixed = jnp.concatenate([(ordered[:, 1:] == ordered[:, :-1]) & (in_order[:, 1:] != in_order[:, :-1]),
                              jnp.zeros_like(ordered[:, :1], bool)], axis=-1)
-    first_group = jnp.take_along_axis(group_start, jnp.argmax(mixed, axis=-1)[:, None], axis=1)[:, 0]
-    first = jnp.where(jnp.any(mixed, axis=-1), first_group, width)
-    before = jnp.where(first > 0, jnp.take_along_axis(cumulative, jnp.maximum(first - 1, 0)[:, None], 1)[:, 0], 0.0)
+    first = jnp.where(jnp.any(mixed, axis=-1), _at(group_start, jnp.argmax(mixed, axis=-1)), width)
+    before = _before(cumulative, first)
     # (1 - g) / (1 + g) = 1 - 2 V u for g = V u / (1 - V u); 4 u more for this f32 product's own rounding
     settled = (first >= width) | (before * (1 - (2 * width + 4) * _F32_UNIT) >= np.float32(mass))
     nan = jnp.any(jnp.isnan(ordered) | jnp.isnan(in_order), axis=-1)
@@ -638,10 +653,9 @@ def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.A
     """A form with per-row parameters on the CPU: its function with the kernel's top-k (or sort) and draw, on the
     operands (every row with the one key's noise for a same-key draw); `params` are the attributes' (the per-row
     ones aside)."""
-    spec = FORMS[form]
-    fn = FORMS[spec.filters].fn
+    fn = FORMS[FORMS[form].filters].fn
     categorical_fn = _draw_by_kernel(form)
-    scalars = {name: value for name, value in params.items() if name not in spec.row_params}
+    scalars = _scalar_params(form, params)
 
     def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
         return fn(logits, key, top_k_fn=_top_k_by_kernel, sort_fn=_descending_by_kernel_sort,
@@ -661,7 +675,7 @@ def searched_top_k_cutoff(values: jax.Array, k: jax.Array) -> tuple[jax.Array, j
     """The top-k search's cutoff per row (its k-th largest value) from the row's largest `values` (B, C) in
     lax.top_k's order, and whether that holds: 0 < k <= C, no NaN in the row (lax.top_k ranks NaN first; the
     search counts none) and a finite k-th value (the search ranges over finite floats only)."""
-    kth = jnp.take_along_axis(values, jnp.clip(k - 1, 0, values.shape[-1] - 1)[:, None], axis=-1)[:, 0]
+    kth = _at(values, jnp.clip(k - 1, 0, values.shape[-1] - 1))
     holds = (k <= values.shape[-1]) & ~jnp.isnan(values[:, 0]) & jnp.isfinite(kth)
     return kth, holds
 
@@ -685,8 +699,8 @@ def searched_top_p_threshold(ordered: jax.Array, p: jax.Array, complete: bool) -
     slack = 4 * _F32_UNIT * at_or_above * group_mass  # ours and the program's sums: 2 (n - 1) u, with room
     reaches = group_mass - slack >= p[:, None]
     first = jnp.argmax(reaches, axis=-1)
-    threshold = jnp.take_along_axis(ordered, first[:, None], axis=-1)[:, 0]
-    before = jnp.where(first > 0, jnp.take_along_axis(mass, jnp.maximum(first - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    threshold = _at(ordered, first)
+    before = _before(mass, first)
     certain = jnp.any(reaches, axis=-1) & (before + 4 * _F32_UNIT * first * before < p) & ~jnp.isnan(ordered[:, 0])
     if not complete:
         certain &= threshold > ordered[:, -1]
@@ -715,14 +729,14 @@ def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[...
     a NaN or an infinity, a mass within rounding of p) runs the form's own function, searches and all."""
     fn = FORMS[form].fn
     categorical = _draw_by_kernel(form)
-    scalars = {name: value for name, value in params.items() if name not in FORMS[form].row_params}
+    scalars = _scalar_params(form, params)
 
     def kernel(logits: jax.Array, key: jax.Array, temperature: jax.Array, k: jax.Array, p: jax.Array) -> jax.Array:
         def searched() -> jax.Array:
             return fn(logits, key, temperature=temperature, k=k, p=p, categorical_fn=categorical, **scalars)
 
-        x = logits / jnp.expand_dims(temperature.astype(logits.dtype), axis=-1)
-        x, certain = _searched_masks(x, k, p, NEG_INF, lambda x: jax.nn.softmax(x, axis=-1))
+        x, certain = _searched_masks(scale_rows(logits, temperature), k, p, NEG_INF,
+                                     functools.partial(jax.nn.softmax, axis=-1))
         return reference_where_uncertified(jnp.where(certain, categorical(key, x), UNCERTIFIED), searched)
 
     return kernel
@@ -736,10 +750,9 @@ def _softmax_of_each_row(x: jax.Array) -> jax.Array:
 def esurge_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """EasyDeL eSurge's sampler on the CPU: the searches' thresholds by `_searched_masks` (its -1e10 fill), x / T, its
     min-p, the kernel's categorical with a key per row; the form's own function for a batch with an uncertain row."""
-    spec = FORMS[form]
-    fn = FORMS[spec.filters].fn
+    fn = FORMS[FORMS[form].filters].fn
     categorical = _draw_by_kernel(form)
-    scalars = {name: value for name, value in params.items() if name not in spec.row_params}
+    scalars = _scalar_params(form, params)
 
     def kernel(logits: jax.Array, keys: jax.Array, *rows: jax.Array) -> jax.Array:
         values = row_values(form, rows)
