@@ -103,7 +103,7 @@ def pairs(small: bool = False) -> list[Pair]:
                         (attention(), (_f32(1, 1, n, h), _f32(1, s, 8, h), _f32(1, s, 8, h))),
                         (attention(), (_f32(1, 1, n, h), _f32(1, s, 2, h), _f32(1, s, 2, h))), fuse))
     # vocab 128k -> 256k under top-p: the sampler's passes over the logits (or the sort) double.
-    rows, (va, vb) = (2, (16384, 32768)) if small else (8, (131072, 262144))
+    rows, (va, vb) = (8, (16384, 32768)) if small else (8, (131072, 262144))
     for fuse in (True, False):
         out.append(Pair("vocab-top-p", f"top-p {rows}x{va // 1024}k -> {rows}x{vb // 1024}k "
                                        f"{'fused' if fuse else 'unfused'}",
