@@ -3,8 +3,9 @@
 `SamplerSpec` describes one sampler program: its form (the semantics, sampling_reference.FORMS) and the
 ways libraries vary how they write it: logits dtype and an f32 upcast, the batch shape (with a decode-step
 slice of the last position), how the temperature is applied, top-k by `lax.top_k` or a sort, top-p as
-JetStream/MaxText, gemma or keras-hub write it, typed or raw keys (split or folded in the program),
-`jax.random.categorical` or an explicit Gumbel argmax, other consumers of the logits and of the
+JetStream/MaxText, gemma or keras-hub write it, Hugging Face's min-p, epsilon and typical warpers as torchax
+lowers them (after its temperature warper, with or without its top-k warper), typed or raw keys (split or
+folded in the program), `jax.random.categorical` or an explicit Gumbel argmax, other consumers of the logits and of the
 constants the sampler shares after CSE, and interior values returned by the program.
 
 `build(spec)` writes the program, `inputs(spec, logits, seed)` its arguments, and `expected(spec)` the
@@ -26,15 +27,25 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+# Hugging Face's warpers as torchax lowers `generate()`'s logits processors: MinPLogitsWarper, EpsilonLogitsWarper and
+# TypicalLogitsWarper over (B, V) logits, each after the TemperatureLogitsWarper and, with `warper_top_k`, the
+# TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`.
+HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
-         "top_p_mask", "top_k_top_p_mask", "min_p")
+         "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS)
 STOCHASTIC = FORMS[2:]
-READS_T = ("temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p")
+READS_T = ("temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p",
+           *HF_WARPERS)
 USES_TOP_K = ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask")
 USES_TOP_P = ("top_p_mask", "top_k_top_p_mask")
 MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "temperature", "temperature": "temperature",
          "top_k": "top_k", "temperature_top_k": "top_k", "top_k_mask": "top_k", "top_p_mask": "top_p",
-         "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p"}
+         "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p", "min_p_removal": "min_p", "epsilon_removal": "epsilon",
+         "typical_mask": "typical"}
+# How the min-p warper keeps its top token (min_tokens_to_keep = 1): transformers 5.x scatters False at
+# torch.topk(probs, 1)'s id; 4.x gathers the removal into a descending argsort of the scores, clears rank 0 and
+# scatters it back.
+MIN_P_KEEPS = ("topk", "argsort")
 # v: (V,); b: (B, V); b1: (B, 1, V); bt: (B, T, V) of which the sampler reads the last position.
 BATCHES = ("v", "b", "b1", "bt")
 # const: x / T (a Python float); reciprocal: x * (1 / T); traced: x / t with t a scalar argument; before: x / T
@@ -104,6 +115,9 @@ class SamplerSpec:
     top_p_style: str = "sort"
     fill: str = "-inf"
     min_p: float = 0.1
+    epsilon: float = 0.02
+    warper_top_k: bool = False  # the TopKLogitsWarper (k) before a Hugging Face warper
+    min_p_keep: str = "topk"
     key_kind: str = "raw"
     key_op: str = "none"
     noise: str = "categorical"
@@ -170,7 +184,8 @@ def _scales_first(spec: SamplerSpec) -> bool:
     """A form whose function scales the logits before its filter, with the temperature written another way: the
     scaling is the program's, outside the site, and the rest is the form unscaled (T = 1; temperature_top_k
     unscaled is top_k)."""
-    return spec.form in ("temperature_top_k", "min_p") and spec.temperature_style in ("reciprocal", "traced")
+    return spec.form in ("temperature_top_k", "min_p", *HF_WARPERS) and spec.temperature_style in ("reciprocal",
+                                                                                                   "traced")
 
 
 def writes_form_exactly(spec: SamplerSpec) -> bool:
@@ -208,6 +223,8 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     if not writes_form_exactly(spec):
         form, values = _fallback(spec, attrs, dtype)
         return form + suffix, values
+    if spec.form in HF_WARPERS:
+        return _hf_warper(spec, attrs, dtype) + suffix, attrs
     form = spec.form
     if spec.form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:
         form = HF_TOP_PS[spec.top_p_style][spec.form == "top_k_top_p_mask"]
@@ -223,6 +240,25 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     if spec.form == "min_p":
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
+
+
+def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> str:
+    """A Hugging Face warper's form, its attributes set in `attrs`: the temperature is the form's where the program
+    divides by a constant and no top-k warper lies between (else 1: the scaling stays outside)."""
+    if spec.temperature_style == "const" and not spec.warper_top_k:
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    if spec.form == "min_p_removal":
+        attrs["min_p"] = _rounded(spec.min_p, dtype)
+    elif spec.form == "epsilon_removal":
+        attrs["epsilon"] = _rounded(spec.epsilon, dtype)
+    else:
+        attrs["p"] = _rounded(spec.p, dtype)
+    if not spec.warper_top_k:
+        return spec.form
+    attrs["k"] = spec.k
+    if attrs["mode"] != "min_p":
+        attrs["mode"] = f"top_k+{attrs['mode']}"
+    return f"top_k_{spec.form}"
 
 
 def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:
@@ -394,6 +430,61 @@ def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:
     return c.draw_rank(jnp.log(kept), ids)
 
 
+def _torch_topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """`torch.topk(x, k)` as torchax lowers it: lax.top_k, its values sorted again and the ids taken in that
+    order."""
+    values, ids = jax.lax.top_k(x, k)
+    values = jnp.sort(values, descending=True)
+    return values, jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
+
+
+def _scatter_rows(target: jax.Array, ids: jax.Array, values: jax.Array) -> jax.Array:
+    """`target.scatter(1, ids, values)` as torchax indexes it."""
+    rows = jnp.broadcast_to(jnp.arange(ids.shape[0]).reshape(ids.shape[0], 1), ids.shape)
+    return target.at[(rows, ids)].set(values)
+
+
+def _hf_min_p_removal(c: _Ctx, y: jax.Array) -> jax.Array:
+    probs = jax.nn.softmax(y, axis=-1)
+    remove = probs < c.spec.min_p * jnp.max(probs, axis=-1, keepdims=True)
+    if c.spec.min_p_keep == "topk":
+        return _scatter_rows(remove, _torch_topk(probs, 1)[1], jnp.zeros((y.shape[0], 1), jnp.bool_))
+    order = jnp.argsort(y, axis=-1, stable=False)[..., ::-1]
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    in_order = remove[(rows, order)].at[..., :1].set(jnp.zeros((y.shape[0], 1), jnp.bool_))
+    return _scatter_rows(in_order, order, in_order[0:y.shape[0], 0:y.shape[1]])
+
+
+def _hf_typical_removal(c: _Ctx, y: jax.Array) -> jax.Array:
+    batch, vocab = y.shape
+    normalized = jax.nn.log_softmax(y, axis=-1)
+    product = normalized * jnp.exp(normalized)
+    entropy = -1.0 * jnp.sum(jnp.where(jnp.isnan(product), 0, product), axis=-1, keepdims=True)  # nansum
+    scores = jnp.abs(-1.0 * normalized - entropy * 1.0)
+    ordered, order = jnp.sort(scores, axis=-1, stable=False), jnp.argsort(scores, axis=-1, stable=False)
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    cumulative = jnp.cumsum(jax.nn.softmax(y[(rows, order)], axis=-1), axis=1)
+    last = jnp.clip(jnp.sum(cumulative < c.spec.p, axis=1), max=vocab - 1).reshape(-1, 1)
+    remove = ordered > ordered[(jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), last.shape), last)]
+    remove = remove.astype(jnp.int32).at[..., :1].set(jnp.zeros((batch, 1), jnp.int32)) != 0
+    return _scatter_rows(remove, order, remove[0:batch, 0:vocab])
+
+
+def _hf_warper_chain(c: _Ctx, x: jax.Array) -> jax.Array:
+    """Hugging Face's TemperatureLogitsWarper, [TopKLogitsWarper,] then the spec's warper, the removed at -inf."""
+    y = c.scale(x)
+    if c.spec.warper_top_k:
+        y = jnp.where(y < _torch_topk(y, c.spec.k)[0][..., -1][..., None], NEG_INF, y)
+    if c.spec.form == "min_p_removal":
+        remove = _hf_min_p_removal(c, y)
+    elif c.spec.form == "epsilon_removal":
+        top = _torch_topk(y, 1)[0][..., -1][..., None]
+        remove = (jax.nn.softmax(y, axis=-1) < c.spec.epsilon) & (y < top)
+    else:
+        remove = _hf_typical_removal(c, y)
+    return c.draw(jnp.where(remove, NEG_INF, y))
+
+
 def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     form, spec = c.spec.form, c.spec
     if spec.temperature_style == "before":
@@ -407,6 +498,8 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
         return jnp.argmax(probs, axis=-1)
     if form == "categorical":
         return c.draw(x)
+    if form in HF_WARPERS:
+        return _hf_warper_chain(c, x)
     if form == "temperature":
         scaled = c.scale(x)
         if spec.escape:

@@ -35,9 +35,11 @@ from sampling_programs import (
     FILLS,
     FORMS,
     HF_TOP_PS,
+    HF_WARPERS,
     KEY_KINDS,
     KEY_OPS,
     MASK_TOP_KS,
+    MIN_P_KEEPS,
     NOISES,
     READS_T,
     SCALED_BEFORE,
@@ -97,6 +99,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         noise=draw(st.sampled_from(NOISES)) if stochastic else "categorical",
         extras=tuple(e for e in EXTRAS if draw(st.integers(0, 3)) == 0),
     )
+    if form in HF_WARPERS:  # (B, V) logits, as Hugging Face writes them
+        spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), warper_top_k=draw(st.booleans()),
+                                   min_p_keep=draw(st.sampled_from(MIN_P_KEEPS)),
+                                   epsilon=draw(st.sampled_from([0.01, 0.03])))
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), fill="-inf")
@@ -169,6 +175,7 @@ FAMILIES = {
     "greedy_temperature": (("greedy", "greedy_softmax", "categorical", "temperature"), 0.3),
     "top_k": (("top_k", "temperature_top_k", "top_k_mask"), 0.35),
     "top_p_min_p": (("top_p_mask", "top_k_top_p_mask", "min_p"), 0.35),
+    "hf_warpers": (HF_WARPERS, 0.3),
 }
 
 
@@ -285,6 +292,13 @@ DRAW_CASES = {
     "row_keys_top_k_rank_space_typed": SamplerSpec(form="top_k", draw="row_keys", key_kind="typed"),
     "row_keys_top_p_mask_fold_in": SamplerSpec(form="top_p_mask", draw="row_keys", key_op="fold_in"),
     "row_keys_min_p_bf16": SamplerSpec(form="min_p", draw="row_keys", dtype="bfloat16"),
+    # Hugging Face's generate() steps: its warpers, then softmax and torch.multinomial (choice), 4.x with top-k first
+    "choice_hf4_top_k_min_p_by_argsort": SamplerSpec(form="min_p_removal", draw="choice", warper_top_k=True,
+                                                     min_p_keep="argsort"),
+    "choice_hf_typical_decode_slice": SamplerSpec(form="typical_mask", draw="choice", batch="bt", p=0.5),
+    "choice_hf4_top_k_epsilon_traced_t": SamplerSpec(form="epsilon_removal", draw="choice", warper_top_k=True,
+                                                     temperature_style="traced"),
+    "row_keys_hf_epsilon_bf16": SamplerSpec(form="epsilon_removal", draw="row_keys", dtype="bfloat16"),
 }
 
 
