@@ -320,6 +320,18 @@ def test_flax_and_easydel_warpers_give_the_reference_ids_with_no_sort(form: str,
     _assert_no_sort(lowering, dtype)
 
 
+@pytest.mark.parametrize("p", [0.9, 0.5, 1e-7], ids=["p_0.9", "p_0.5", "p_past_the_end"])
+def test_gemma_3_1_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
+    """gemma 3.1.0's top-p: the kernel's ascending sort of all V logits (jnp.sort's values, -0 and +0 alike), the
+    program's softmax, cumsum, count and cutoff on them. A p so small that every cumsum reaches it counts V: the cutoff
+    reads past the end (NaN) and nothing is removed."""
+    form = "top_p_ascending_count_mask"
+    params = form_params(form, temperature=0.7, p=p)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), key_base=31)
+    _assert_no_sort(lowering)
+
+
 @pytest.mark.parametrize(("form", "dtype"), [("top_p_of_logits_exclusive", jnp.float32),
                                              ("top_k_top_p_of_logits_exclusive", jnp.float32),
                                              ("top_k_top_p_of_logits_exclusive", jnp.bfloat16)])

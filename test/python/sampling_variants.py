@@ -371,6 +371,26 @@ def gemma_top_p(x, key):
     return jax.random.categorical(key, jnp.where(y < cutoff, jnp.finfo(y.dtype).min, y), axis=-1)
 
 
+def _ascending_cutoff_sampler(x, key, count_fn):
+    y = x / 0.6
+    ordered = jnp.sort(y, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff = jnp.take_along_axis(ordered, count_fn(cumulative < 0.8), axis=-1)
+    return jax.random.categorical(key, jnp.where(y < cutoff, jnp.finfo(y.dtype).min, y), axis=-1)
+
+
+def gemma_3_1_top_p(x, key):
+    """gemma 3.1.0's TopPSampling: the ascending sort, its cutoff index counted as `sum(mask < p)` of the boolean
+    `cumsum < p` (the positions at or past p): top_p_ascending_count_mask."""
+    return _ascending_cutoff_sampler(x, key, lambda below: jnp.sum(below < 0.8, axis=-1, keepdims=True))
+
+
+def near_miss_ascending_count_below(x, key):
+    """The ascending sort with the cutoff index `sum(cumsum < p)` (the positions below p): not gemma 3.1.0's count,
+    so only the draw fuses."""
+    return _ascending_cutoff_sampler(x, key, lambda below: jnp.sum(below, axis=-1, keepdims=True))
+
+
 def scaled_then_top_k_mask_multinomial(x, key):
     """Hugging Face's TemperatureLogitsWarper then TopKLogitsWarper, drawn as torch.multinomial through torchax:
     top_k_mask_choice at T = 1 of x / T."""
@@ -738,6 +758,10 @@ VARIANTS: list[Variant] = [
     Variant("near_miss_epsilon_at_or_below", near_miss_epsilon_at_or_below, "categorical_choice",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-k filter "
                    "(chlo.top_k"),
+    Variant("gemma_3_1_top_p", gemma_3_1_top_p, "top_p_ascending_count_mask",
+            expect={"mode": "top_p", "p": 0.8, "temperature": 0.6}),
+    Variant("near_miss_ascending_count_below", near_miss_ascending_count_below, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("torchax_typical_warper_multinomial", torchax_typical_warper_multinomial, "typical_mask_choice",
             expect={"temperature": 0.8, "p": 0.9}),
     Variant("near_miss_typical_at_or_below", near_miss_typical_at_or_below, "categorical_choice",

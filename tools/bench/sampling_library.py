@@ -10,8 +10,8 @@ keras-hub's random, top-k, top-p and top-k + top-p, Hugging Face's temperature +
 torch.multinomial as torchax lowers them, JetStream's top-p and top-k + top-p, the flax / gemma / tunix
 rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill and its composite,
 tunix's sample_top_p, Hugging Face's epsilon warper, EasyDeL's per-row top-p plain and vmapped, a draw with a key
-per row, tpu-inference's and EasyDeL eSurge's searched top-k and top-p with per-row parameters, and Hugging Face's
-typical warper).
+per row, tpu-inference's and EasyDeL eSurge's searched top-k and top-p with per-row parameters, Hugging Face's
+typical warper, and gemma 3.1.0's top-p).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn) in milliseconds, fused / original,
 and fused / argmax. Token ids are checked equal first. On 2 shared cores the ratios are the numbers to read.
@@ -44,7 +44,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "torchax_min_p_warper_multinomial", "torchax_top_k_min_p_argsort_multinomial",
             "flax_top_p_warper", "flax_top_k_top_p_warpers", "tunix_top_p", "tunix_top_k_top_p",
             "torchax_epsilon_warper_multinomial", "easydel_per_row_top_p", "easydel_vmapped_per_row_top_p",
-            "split_key_per_row", "tpu_inference_searched", "esurge_searched", "torchax_typical_warper_multinomial")
+            "split_key_per_row", "tpu_inference_searched", "esurge_searched", "torchax_typical_warper_multinomial",
+            "gemma_3_1_top_p")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

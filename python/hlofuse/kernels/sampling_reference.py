@@ -566,6 +566,23 @@ def top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: floa
     return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, logits), temperature), axis=-1)
 
 
+def top_p_ascending_count_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                               sort_fn: Callable[[jax.Array], jax.Array] = jnp.sort,
+                               categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """gemma 3.1.0's TopPSampling (rewritten in 3.2): y = x / T sorted ascending (jnp.sort, values only), the
+    cumsum of their softmax, the cutoff index `sum((cumsum < p) < p)`: comparing the booleans with p counts the
+    positions whose cumsum is not below p, so the cutoff is the sorted logit at that count (past the end,
+    take_along_axis' NaN: nothing removed), and y below it is set to finfo.min, then a categorical. It removes
+    that many of the smallest logits (with p = 0.9 usually one or two): the form is the program's function, not
+    a nucleus. Only the sorted values are read, which any ascending sort gives alike (`sort_fn`: values only)."""
+    y = _scale(logits, temperature)
+    ordered = sort_fn(y)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff_index = jnp.sum((cumulative < p) < p, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
+    return categorical_fn(key, jnp.where(y < cutoff, jnp.finfo(y.dtype).min, y), axis=-1)
+
+
 def top_k_top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                                top_k_fn: TopK = top_k_resorted,
                                kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
@@ -920,6 +937,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     # The program writes the threshold 1 - p: its writings read `one_minus_p` (fuse_sampling turns it into p).
     Form("top_p_ascending_mask", "top_p", top_p_ascending_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
+    Form("top_p_ascending_count_mask", "top_p", top_p_ascending_count_mask, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort", "stablehlo.convert"), composes_draws=False),
     Form("top_k_top_p_ascending_mask", "top_k+top_p", top_k_top_p_ascending_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort", "stablehlo.scatter"),
          # the top-k mask as JAX code writes it: lax.top_k's last column, or a stable descending argsort

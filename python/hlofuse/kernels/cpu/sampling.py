@@ -227,9 +227,13 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
 # Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
 # other ops (a softmax, a log) are the program's, so the same bits.
-# (tunix's nucleus of all V sorted logits takes the kernel's full descending sort, lax.top_k's order to the bit.)
+# (tunix's nucleus of all V sorted logits takes the kernel's full descending sort, lax.top_k's order to the bit;
+# gemma 3.1.0's top-p the kernel's ascending sort, whose values are jnp.sort's: ties are equal values.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
-                  "top_k_top_p_of_logits_exclusive")
+                  "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask")
+# The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
+# which the kernel's sorted row does not reproduce.
+WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask")
 
 
 def _whole_row_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -239,13 +243,19 @@ def _whole_row_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return values.reshape(x.shape), ids.reshape(x.shape)
 
 
+def _sorted_values_by_kernel(x: jax.Array) -> jax.Array:
+    """jnp.sort(x) of x (..., V) by the kernel's ascending sort (the same values in the same places)."""
+    return _sort_by_kernel(x.reshape(-1, x.shape[-1]))[0].reshape(x.shape)
+
+
 def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn, **params)
+        tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn,
+                    sort_fn=_sorted_values_by_kernel, **params)
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), tokens)
         return tokens
@@ -819,9 +829,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if attrs.form in FUNCTION_FORMS and call.operand_types[0][1] in ("f32", "bf16"):
         if attrs.k > call.operand_types[0][0][-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
-        if attrs.form == "top_p_of_logits_exclusive" and call.operand_types[0][1] == "bf16":
-            raise Unsupported("tunix's nucleus of all V bf16 logits: the bf16 softmax and cumsum of the whole sorted "
-                              "row round as XLA fuses them, which the kernel's sorted row does not reproduce")
+        if attrs.form in WHOLE_ROW_FUNCTION_FORMS and call.operand_types[0][1] == "bf16":
+            raise Unsupported(f"'{attrs.form}' of bf16 logits: the bf16 softmax and cumsum of the whole sorted row "
+                              "round as XLA fuses them, which the kernel's sorted row does not reproduce")
         return function_form_lowering(attrs.form, attrs.params())
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
