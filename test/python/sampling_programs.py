@@ -5,8 +5,8 @@ ways libraries vary how they write it: logits dtype and an f32 upcast, the batch
 slice of the last position), how the temperature is applied, top-k by `lax.top_k` or a sort, top-p as
 JetStream/MaxText, gemma or keras-hub write it, Hugging Face's min-p, epsilon and typical warpers as torchax
 lowers them (after its temperature warper, with or without its top-k warper), typed or raw keys (split or
-folded in the program), `jax.random.categorical` or an explicit Gumbel argmax, other consumers of the logits and of the
-constants the sampler shares after CSE, and interior values returned by the program.
+folded in the program), `jax.random.categorical` or an explicit Gumbel argmax, other consumers of the logits
+and of the constants the sampler shares after CSE, and interior values returned by the program.
 
 `build(spec)` writes the program, `inputs(spec, logits, seed)` its arguments, and `expected(spec)` the
 fusion the spec must get: the form and attributes of its `hlofuse.sample` composite, or None where it must
@@ -224,7 +224,8 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
         form, values = _fallback(spec, attrs, dtype)
         return form + suffix, values
     if spec.form in HF_WARPERS:
-        return _hf_warper(spec, attrs, dtype) + suffix, attrs
+        form, values = _hf_warper(spec, attrs, dtype)
+        return form + suffix, values
     form = spec.form
     if spec.form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:
         form = HF_TOP_PS[spec.top_p_style][spec.form == "top_k_top_p_mask"]
@@ -242,9 +243,10 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     return form + suffix, attrs
 
 
-def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> str:
-    """A Hugging Face warper's form, its attributes set in `attrs`: the temperature is the form's where the program
-    divides by a constant and no top-k warper lies between (else 1: the scaling stays outside)."""
+def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """A Hugging Face warper's form and attributes: the temperature is the form's where the program divides by a
+    constant and no top-k warper lies between (else 1: the scaling stays outside)."""
+    attrs = dict(attrs)
     if spec.temperature_style == "const" and not spec.warper_top_k:
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if spec.form == "min_p_removal":
@@ -254,11 +256,11 @@ def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> str:
     else:
         attrs["p"] = _rounded(spec.p, dtype)
     if not spec.warper_top_k:
-        return spec.form
+        return spec.form, attrs
     attrs["k"] = spec.k
     if attrs["mode"] != "min_p":
         attrs["mode"] = f"top_k+{attrs['mode']}"
-    return f"top_k_{spec.form}"
+    return f"top_k_{spec.form}", attrs
 
 
 def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:
@@ -367,13 +369,24 @@ class _Ctx:
         return jnp.take_along_axis(x, ids, axis=-1), ids
 
 
+def _rows(shape: tuple[int, ...]) -> jax.Array:
+    """Each element's row (B, ...) of `shape`, as torchax indexes a gather or scatter along dim 1."""
+    return jnp.broadcast_to(jnp.arange(shape[0]).reshape(shape[0], 1), shape)
+
+
 def _take(ids: jax.Array, position: jax.Array) -> jax.Array:
     return jnp.take_along_axis(ids, position[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
+def _torch_kth(x: jax.Array, k: int) -> jax.Array:
+    """`torch.topk(x, k)[0][..., -1, None]` as torchax lowers it: lax.top_k's values sorted again, the last kept
+    as a column."""
+    return jnp.sort(jax.lax.top_k(x, k)[0], axis=-1, descending=True)[..., -1][..., None]
+
+
 def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     if c.spec.top_k_style == "torchax":
-        kth = jnp.sort(jax.lax.top_k(x, c.spec.k)[0], axis=-1, descending=True)[..., -1][..., None]
+        kth = _torch_kth(x, c.spec.k)
     else:
         kth = c.top_k(x, c.spec.k)[0][..., -1:]
     return jnp.where(x < kth, NEG_INF, x)
@@ -382,7 +395,7 @@ def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
 def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     """hf / flax styles: Hugging Face's top-p warpers, torch's through torchax or Flax's; the dropped at -inf."""
     batch, vocab = x.shape
-    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    rows = _rows((batch, vocab))
     if c.spec.top_p_style == "hf":
         ordered, ids = jnp.sort(x, axis=-1, stable=False), jnp.argsort(x, axis=-1, stable=False)
         cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
@@ -430,28 +443,26 @@ def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:
     return c.draw_rank(jnp.log(kept), ids)
 
 
-def _torch_topk(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-    """`torch.topk(x, k)` as torchax lowers it: lax.top_k, its values sorted again and the ids taken in that
-    order."""
+def _torch_topk_ids(x: jax.Array, k: int) -> jax.Array:
+    """`torch.topk(x, k).indices` as torchax lowers it: lax.top_k's ids taken in the order of its values sorted
+    again."""
     values, ids = jax.lax.top_k(x, k)
     values = jnp.sort(values, descending=True)
-    return values, jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
+    return jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
 
 
 def _scatter_rows(target: jax.Array, ids: jax.Array, values: jax.Array) -> jax.Array:
     """`target.scatter(1, ids, values)` as torchax indexes it."""
-    rows = jnp.broadcast_to(jnp.arange(ids.shape[0]).reshape(ids.shape[0], 1), ids.shape)
-    return target.at[(rows, ids)].set(values)
+    return target.at[(_rows(ids.shape), ids)].set(values)
 
 
 def _hf_min_p_removal(c: _Ctx, y: jax.Array) -> jax.Array:
     probs = jax.nn.softmax(y, axis=-1)
     remove = probs < c.spec.min_p * jnp.max(probs, axis=-1, keepdims=True)
     if c.spec.min_p_keep == "topk":
-        return _scatter_rows(remove, _torch_topk(probs, 1)[1], jnp.zeros((y.shape[0], 1), jnp.bool_))
+        return _scatter_rows(remove, _torch_topk_ids(probs, 1), jnp.zeros((y.shape[0], 1), jnp.bool_))
     order = jnp.argsort(y, axis=-1, stable=False)[..., ::-1]
-    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
-    in_order = remove[(rows, order)].at[..., :1].set(jnp.zeros((y.shape[0], 1), jnp.bool_))
+    in_order = remove[(_rows(y.shape), order)].at[..., :1].set(jnp.zeros((y.shape[0], 1), jnp.bool_))
     return _scatter_rows(in_order, order, in_order[0:y.shape[0], 0:y.shape[1]])
 
 
@@ -462,10 +473,9 @@ def _hf_typical_removal(c: _Ctx, y: jax.Array) -> jax.Array:
     entropy = -1.0 * jnp.sum(jnp.where(jnp.isnan(product), 0, product), axis=-1, keepdims=True)  # nansum
     scores = jnp.abs(-1.0 * normalized - entropy * 1.0)
     ordered, order = jnp.sort(scores, axis=-1, stable=False), jnp.argsort(scores, axis=-1, stable=False)
-    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
-    cumulative = jnp.cumsum(jax.nn.softmax(y[(rows, order)], axis=-1), axis=1)
+    cumulative = jnp.cumsum(jax.nn.softmax(y[(_rows((batch, vocab)), order)], axis=-1), axis=1)
     last = jnp.clip(jnp.sum(cumulative < c.spec.p, axis=1), max=vocab - 1).reshape(-1, 1)
-    remove = ordered > ordered[(jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), last.shape), last)]
+    remove = ordered > ordered[(_rows(last.shape), last)]
     remove = remove.astype(jnp.int32).at[..., :1].set(jnp.zeros((batch, 1), jnp.int32)) != 0
     return _scatter_rows(remove, order, remove[0:batch, 0:vocab])
 
@@ -474,12 +484,11 @@ def _hf_warper_chain(c: _Ctx, x: jax.Array) -> jax.Array:
     """Hugging Face's TemperatureLogitsWarper, [TopKLogitsWarper,] then the spec's warper, the removed at -inf."""
     y = c.scale(x)
     if c.spec.warper_top_k:
-        y = jnp.where(y < _torch_topk(y, c.spec.k)[0][..., -1][..., None], NEG_INF, y)
+        y = jnp.where(y < _torch_kth(y, c.spec.k), NEG_INF, y)
     if c.spec.form == "min_p_removal":
         remove = _hf_min_p_removal(c, y)
     elif c.spec.form == "epsilon_removal":
-        top = _torch_topk(y, 1)[0][..., -1][..., None]
-        remove = (jax.nn.softmax(y, axis=-1) < c.spec.epsilon) & (y < top)
+        remove = (jax.nn.softmax(y, axis=-1) < c.spec.epsilon) & (y < _torch_kth(y, 1))
     else:
         remove = _hf_typical_removal(c, y)
     return c.draw(jnp.where(remove, NEG_INF, y))
