@@ -26,8 +26,9 @@ PAIRS = {pair.name: pair for pair in report_compare.pairs(small=True)}
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_compare_predicts_the_measured_change(name, tmp_path):
     """The sign must hold on every measurement; the size on one of up to ATTEMPTS: a 2-core shared host puts
-    one program's median off by 2x now and then (measured: decode KV 8 -> 2 gave B/A 0.23, 0.59 and 0.24 in
-    three runs of 25 calls each), while a wrong prediction misses on every attempt."""
+    one program's median off by 2x now and then (measured: decode KV 8 -> 2 gave B/A 0.23, 0.59, 0.24 and 0.66 in
+    four runs of `python tools/bench/report_compare.py --small --only gqa-decode --runs 25 --no-calibrate`), while a
+    wrong prediction misses on every attempt."""
     pair = PAIRS[name]
     details = []
     for attempt in range(ATTEMPTS):
