@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import ml_dtypes
+import nucleus_rounding
 import numpy as np
 import pytest
 from softmax_ties import check_certified, tie_rows
@@ -147,6 +148,17 @@ class TestNkiSampling:
         raw = kernel_tokens(x, None, form="greedy_softmax", runner=self.runner, block_sizes=SMALL)
         check_certified(raw, UNCERTIFIED, x, sample(x, None, form="greedy_softmax", runner=self.runner,
                                                        block_sizes=SMALL))
+
+    def test_nucleus_draw_that_rounding_decides_is_left_to_the_program(self) -> None:
+        """nucleus_rounding's row as row ROW of a batch: the token its draw lands on is kept only by the program's
+        f32 rounding of its cumsum (a cut by the kernel's own f32 mass drew 2637), so the kernel leaves the row
+        UNCERTIFIED and `sample` gives the program's token."""
+        x, p = nucleus_rounding.rounded_cut()
+        key = jnp.asarray(nucleus_rounding.KEY, jnp.uint32)
+        options = dict(form="top_p_mask", temperature=nucleus_rounding.TEMPERATURE, p=p, runner=self.runner,
+                       row_offset=jnp.int32(nucleus_rounding.ROW))
+        assert int(kernel_tokens(x, key, **options)[0]) == UNCERTIFIED
+        assert int(sample(x, key, **options)[0]) == nucleus_rounding.program_token(x, p)
 
     def test_search_spans_the_float_range(self) -> None:
         """Finite fills at -3e38 beside logits 1 ulp apart: the log-scale bisection still converges."""

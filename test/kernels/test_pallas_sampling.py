@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import nucleus_rounding
 import numpy as np
 import pytest
 from jax.experimental.pallas import tpu as pltpu
@@ -139,6 +140,21 @@ def test_greedy_softmax_is_certified_away_from_ties(backend: str, dtype: Any) ->
     options = dict(form="greedy_softmax", backend=backend, block_sizes=BLOCKS[backend], interpret=True)
     raw = sampling._run(x, None, "greedy_softmax", {}, backend, BLOCKS[backend], True, 0)[0]
     check_certified(raw, UNCERTIFIED, x, jax.jit(functools.partial(sample, **options))(x, None))
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_nucleus_draw_that_rounding_decides_is_left_to_the_program(backend: str) -> None:
+    """nucleus_rounding's row as row ROW of a batch: the token its draw lands on is kept only by the program's f32
+    rounding of its cumsum, which the kernel cannot know, so the kernel leaves the row UNCERTIFIED and `sample` gives
+    the program's token."""
+    x, p = nucleus_rounding.rounded_cut()
+    key = jnp.asarray(nucleus_rounding.KEY, jnp.uint32)
+    params = dict(temperature=nucleus_rounding.TEMPERATURE, p=p, k=0, min_p=0.0)
+    raw = sampling._run(x, key, "top_p_mask", params, backend, BLOCKS[backend], True, nucleus_rounding.ROW)[0]
+    assert int(raw[0]) == UNCERTIFIED
+    got = sample(x, key, form="top_p_mask", temperature=params["temperature"], p=p, backend=backend,
+                 block_sizes=BLOCKS[backend], interpret=True, row_offset=nucleus_rounding.ROW)
+    assert int(got[0]) == nucleus_rounding.program_token(x, p)
 
 
 # ----------------------------------------------------------------------------- vocabulary splits

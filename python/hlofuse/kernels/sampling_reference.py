@@ -596,13 +596,19 @@ def top_k_top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature
     return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, masked), temperature), axis=-1)
 
 
-def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None) -> jax.Array:
+def descending(logits: jax.Array) -> jax.Array:
+    """The row's values in descending order, as `jnp.sort(x)[..., ::-1]` (ties are equal values: any order)."""
+    return jnp.sort(logits, axis=-1)[..., ::-1]
+
+
+def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None,
+                descending_fn: Callable[[jax.Array], jax.Array] = descending) -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
     # (NaN first, then +inf, ..., +0 before -0, ..., -inf): the same cutoff.
     if sort_by_top_k:
         ordered = jax.lax.top_k(logits, logits.shape[-1])[0]
     else:
-        ordered = jnp.sort(logits, axis=-1)[..., ::-1]
+        ordered = descending_fn(logits)
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
     cutoff_index = jnp.sum(cumulative < p, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
@@ -611,17 +617,19 @@ def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fil
 
 def top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
-               **_: Any) -> jax.Array:
+               descending_fn: Callable[[jax.Array], jax.Array] = descending, **_: Any) -> jax.Array:
     """JetStream / MaxText nucleus: keep logits >= the first sorted logit whose cumulative mass reaches p. (A
     `fill` is a writing's: the dropped logits become that large negative number, not -inf; see FILL_NOTE.)"""
-    return categorical_fn(key, _scale(_mask_top_p(logits, p, fill=fill), temperature), axis=-1)
+    masked = _mask_top_p(logits, p, fill=fill, descending_fn=descending_fn)
+    return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
 def top_k_top_p_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                     fill: float | None = None, **_: Any) -> jax.Array:
+                     fill: float | None = None, descending_fn: Callable[[jax.Array], jax.Array] = descending,
+                     **_: Any) -> jax.Array:
     """Top-k mask, then the nucleus mask over what is left (its fill a writing's, FILL_NOTE), then / T."""
-    masked = _mask_top_p(mask_top_k(logits, k, top_k_fn), p, fill=fill)
+    masked = _mask_top_p(mask_top_k(logits, k, top_k_fn), p, fill=fill, descending_fn=descending_fn)
     return categorical_fn(key, _scale(masked, temperature), axis=-1)
 
 
@@ -1254,6 +1262,17 @@ UNCERTIFIED = -1
 SOFTMAX_TIE_MARGIN = {"float32": 2.0**-17, "bfloat16": 2.0**-5, "float16": 2.0**-8}
 
 
+def nucleus_cut_slack(terms: int, prefix: int, side: float, own_terms: int = 0) -> float:
+    """A bound on |the program's f32 cumulative mass - the exact mass| at a sorted nucleus's cut, plus a kernel's own
+    error in computing that mass: the program's softmax normaliser over `terms` and its cumsum's `prefix`, each summed
+    in any order, (n - 1) u of the `side` of the mass they reach at the cut (p from the top, 1 - p from the bottom);
+    `own_terms` more for a kernel that sums the mass in f32 itself; 300 u for the divisions and exp's rounding; and
+    p's rounding to f32. A kernel draws among the values above c(p + slack) and vouches for a winner above c(p -
+    slack) (docs/kernels-cpu-sampling.md, "Certified nucleus cut"; sampling.cc's CutSlack is the CPU's copy)."""
+    reached = min(1.0, side * 1.05 + 1e-3)
+    return reached * (terms + prefix + own_terms + 300) * 2.0**-24 * 1.01 + 1e-7
+
+
 def reference_where_uncertified(tokens: jax.Array, reference: Callable[[], jax.Array]) -> jax.Array:
     """`tokens`, or `reference()` when some row is UNCERTIFIED: a lax.cond, so the reference runs only then."""
     return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), reference, lambda: tokens)
@@ -1281,5 +1300,6 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
 
 __all__ = ["DRAWS", "FORMS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
            "RankNucleus", "Writing", "form_params", "keras_categorical_draw", "log_floored", "merge_vocab_splits",
-           "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores", "reference_where_uncertified",
-           "sample_reference", "sort_unstable", "take_by_batch_index", "top_k_by_argsort", "top_p_removal"]
+           "nucleus_cut_slack", "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores",
+           "reference_where_uncertified", "sample_reference", "sort_unstable", "take_by_batch_index",
+           "top_k_by_argsort", "top_p_removal"]

@@ -54,9 +54,13 @@ enum class Form : int64_t {
   kTopKPackedBf16 = 9,
   // argmax(softmax(x)): argmax(x) where the softmax cannot tie another token with the max, else kUncertified.
   kGreedySoftmax = 10,
+  // top_p_mask's draw for a nucleus whose program sums its cumsum from the smallest and cuts by sorted place
+  // (Hugging Face's `cumsum <= 1 - p`, with p the mass kept): its band's slack from the 1 - p the cumsum reaches.
+  kTopPMaskFromBelow = 11,
 };
 
-// A row's token the kernel cannot vouch for (greedy_softmax near a tie): the binding recomputes such rows.
+// A row's token the kernel cannot vouch for (greedy_softmax near a tie, a nucleus draw in its band): the binding
+// recomputes such rows.
 constexpr int64_t kUncertified = -1;
 
 bool IsPacked(int64_t form) {
@@ -532,9 +536,9 @@ std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, 
   return out;
 }
 
-// Over (value, mass) candidates: the largest value v with float((above + mass(value >= v)) / z) >= p,
-// by three-way quickselect around pivots (no sort); -inf if even all of them stay below p.
-float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, double z, float p) {
+// Over (value, mass) candidates: the largest value v with (above + mass(value >= v)) / z >= target, by
+// three-way quickselect around pivots (no sort); -inf if even all of them stay below the target.
+float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, double z, double target) {
   size_t begin = 0, end = cand.size();
   while (begin < end) {
     const float pivot = cand[begin + (end - begin) / 2].first;
@@ -543,9 +547,9 @@ float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, do
     double upper = 0, equal = 0;
     for (auto it = cand.begin() + begin; it != gt; ++it) upper += it->second;
     for (auto it = gt; it != eq; ++it) equal += it->second;
-    if (static_cast<float>((above + upper) / z) >= p) {
+    if ((above + upper) / z >= target) {
       end = gt - cand.begin();
-    } else if (static_cast<float>((above + upper + equal) / z) >= p) {
+    } else if ((above + upper + equal) / z >= target) {
       return pivot;
     } else {
       above += upper + equal;
@@ -555,55 +559,153 @@ float SelectCutoff(std::vector<std::pair<float, double>>& cand, double above, do
   return kNegInf;
 }
 
-// Nucleus cutoff of the whole row: the largest value v with mass(x >= v) >= p, or -inf when the whole
-// mass stays below p (then nothing is cut). One vector pass for the max, one for exp(x - max) and each
-// token's bin (by distance from the max, 1/64 wide), one scalar pass adding the mass into the bins;
-// only the bin where the cumulative mass reaches p is searched token by token.
-float NucleusCutoff(const SimdOps& ops, const Row& r, float p) {
-  constexpr int kBinsPerUnit = 64, kBins = 64 * kBinsPerUnit;
+//===--- Certified nucleus cut --------------------------------------------------------------===//
+// A sorted nucleus (JetStream's and MaxText's `sorted[sum(cumsum < p)]`, Hugging Face's `cumsum <= 1 - p` from
+// the bottom, Flax's exclusive cumsum) keeps a token by the program's f32 cumulative mass at its place in the
+// sorted row, which differs from the exact mass by the rounding of the softmax's sum and of the cumsum, in an
+// order only XLA knows. So the kernel does not decide the cut: it finds the band of values the rounding can move
+// the cut across, draws among every token at or above the band, and vouches for the draw only where the winner
+// lies above the band (then whether the band's tokens are kept cannot change it: they scored lower). A winner in
+// the band gives kUncertified, and the binding runs the program's own cut (docs/kernels-cpu-sampling.md).
+
+constexpr double kUnitRoundoff = 0x1p-24;
+
+// A bound on |program's cumulative mass - exact mass| at the cut, where the program's cumsum has reached `side` of
+// the mass (p summed from the top, 1 - p from the bottom) over `prefix` terms of a softmax of `terms`: the softmax's
+// sum and the cumsum's prefix, each summed in any order, (terms - 1) u and (prefix - 1) u of what they reach; the
+// division, XLA's exp (a few ulp of exp of the same rounded x - max) and this kernel's exp (within a few ulp), under
+// 300 u in all; and p's own rounding to f32.
+double CutSlack(int64_t terms, int64_t prefix, double side) {
+  const double reached = std::min(1.0, side * 1.05 + 1e-3);
+  return reached * (static_cast<double>(terms) + static_cast<double>(prefix) + 300.0) * kUnitRoundoff * 1.01 + 1e-7;
+}
+
+// Draw among x >= lo; the draw is the program's wherever the winner's x > hi. NaN: no draw is (the row has a
+// NaN or an infinity, whose softmax is NaN: the program's own cut decides).
+struct Band {
+  float lo, hi;
+};
+constexpr Band kNoBand{std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()};
+
+// The band of a nucleus that keeps a token when the mass above it is below p. With c(P) the largest value v with
+// mass(x >= v) >= P: values below c(p + slack) have at least p + slack above every copy, so are surely dropped;
+// values above c(p - slack) have less than p - slack at and above them, so are surely kept; and so is c(p - slack)
+// itself (less than p - slack strictly above it) where the program keeps every copy of a value alike (a cut by
+// value, `x >= sorted[count]`), or where it has no other copy (a cut by sorted place, whose later copies count the
+// earlier ones' mass as above them).
+template <typename CutoffAt>
+Band BandOf(double p, double slack, bool top_kept, CutoffAt cutoff_at) {
+  const float hi = p - slack > 0 ? cutoff_at(p - slack) : kPosInf;  // (no p - slack: no token is surely kept)
+  return {cutoff_at(p + slack), top_kept ? std::nextafter(hi, kNegInf) : hi};
+}
+
+// A row's mass by distance from its max: one vector pass for the max, one for exp(x - max) and each token's bin
+// (1/64 wide), one scalar pass adding the mass into the bins.
+struct RowMass {
+  static constexpr int kBinsPerUnit = 64, kBins = 64 * kBinsPerUnit;
+  float max = kNegInf;
+  bool finite = false;  // no NaN, no infinity at the max: a softmax that is not NaN
+  double z = 0;
+  std::vector<double> mass;
+  std::vector<int64_t> count;  // tokens per bin
+  // How many tokens lie in the bins at or above `value`'s (at least those with x >= value).
+  int64_t AtOrAbove(float value) const {
+    const double d = (static_cast<double>(max) - value) * kBinsPerUnit;
+    const int last = d >= kBins - 1 ? kBins - 1 : static_cast<int>(d);
+    int64_t n = 0;
+    for (int b = 0; b <= last; ++b) n += count[b];
+    return n;
+  }
+};
+
+RowMass MassByBin(const SimdOps& ops, const Row& r) {
+  RowMass rm;
   bool nan = false;
-  const float m = MaxRow(ops, r, r.x, &nan);
-  if (m == kNegInf || m == kPosInf) return m;
+  rm.max = MaxRow(ops, r, r.x, &nan);
+  rm.finite = !nan && std::isfinite(rm.max);
+  if (!rm.finite) return rm;
   std::vector<double> part_z(r.chunks());
   std::vector<std::vector<double>> part_mass(r.chunks());
+  std::vector<std::vector<int64_t>> part_count(r.chunks());
   r.ForChunks([&](int64_t c) {
     const int64_t b = r.begin(c), e = r.end(c);
-    part_z[c] = ops.exp_shifted(r.x + b, m, r.w + b, e - b, r.bins + b, kBinsPerUnit, kBins - 1);
-    part_mass[c].assign(kBins, 0.0);
+    part_z[c] = ops.exp_shifted(r.x + b, rm.max, r.w + b, e - b, r.bins + b, RowMass::kBinsPerUnit, RowMass::kBins - 1);
+    part_mass[c].assign(RowMass::kBins, 0.0);
+    part_count[c].assign(RowMass::kBins, 0);
     double* mass = part_mass[c].data();
-    for (int64_t i = b; i < e; ++i) mass[static_cast<int>(r.bins[i])] += r.w[i];
+    int64_t* count = part_count[c].data();
+    for (int64_t i = b; i < e; ++i) {
+      const int bin = static_cast<int>(r.bins[i]);
+      mass[bin] += r.w[i];
+      ++count[bin];
+    }
   });
-  double z = 0;
-  std::vector<double> mass(kBins, 0.0);
+  rm.mass.assign(RowMass::kBins, 0.0);
+  rm.count.assign(RowMass::kBins, 0);
   for (int64_t c = 0; c < r.chunks(); ++c) {
-    z += part_z[c];
-    for (int b = 0; b < kBins; ++b) mass[b] += part_mass[c][b];
+    rm.z += part_z[c];
+    for (int b = 0; b < RowMass::kBins; ++b) rm.mass[b] += part_mass[c][b], rm.count[b] += part_count[c][b];
   }
+  return rm;
+}
+
+// The largest value v of the row with mass(x >= v) / z >= target, or -inf when none reaches it: only the bin
+// where the cumulative mass reaches the target is searched token by token.
+float CutoffOf(const SimdOps& ops, const Row& r, const RowMass& rm, double target) {
   double above = 0;
   std::vector<std::pair<float, double>> cand;
-  for (int b = 0; b < kBins; ++b) {
-    if (mass[b] == 0) continue;
-    if (static_cast<float>((above + mass[b]) / z) >= p) {
+  for (int b = 0; b < RowMass::kBins; ++b) {
+    if (rm.mass[b] == 0) continue;
+    if ((above + rm.mass[b]) / rm.z >= target) {
       cand.clear();
       const int64_t found = ops.collect_range(r.bins, b, b + 1, 0, r.n, r.ids);
       for (int64_t j = 0; j < found; ++j)
         if (r.w[r.ids[j]] > 0) cand.emplace_back(r.x[r.ids[j]], r.w[r.ids[j]]);
-      const float cutoff = SelectCutoff(cand, above, z, p);
+      const float cutoff = SelectCutoff(cand, above, rm.z, target);
       if (cutoff != kNegInf) return cutoff;
     }
-    above += mass[b];  // summed in a different order, the bin total can round past p: search on
+    above += rm.mass[b];  // summed in a different order, the bin total can round past the target: search on
   }
   return kNegInf;
 }
 
-// Nucleus cutoff over a few candidates (x >= kth after a top-k mask): mass from f64 exp.
-float NucleusCutoffOf(std::vector<std::pair<float, double>>& cand, float p) {
+// The band of the whole row's nucleus. `from_below`: the program's cumsum runs from the smallest (Hugging Face's),
+// over nearly every token; from the top its prefix holds only the tokens at or above the band, counted by bin
+// with the slack of a prefix of the whole row first. `by_place`: the program cuts by sorted place, not by value.
+Band NucleusBand(const SimdOps& ops, const Row& r, double p, bool from_below, bool by_place) {
+  const RowMass rm = MassByBin(ops, r);
+  if (!rm.finite) return kNoBand;
+  auto cutoff_at = [&](double target) { return CutoffOf(ops, r, rm, target); };
+  const double side = from_below ? 1.0 - p : p;
+  int64_t prefix = r.n;
+  if (!from_below) {
+    const float lo = cutoff_at(p + CutSlack(r.n, r.n, side));
+    prefix = lo == kNegInf ? r.n : rm.AtOrAbove(lo);
+  }
+  Band band = BandOf(p, CutSlack(r.n, prefix, side), !by_place, cutoff_at);
+  if (by_place && band.hi != kPosInf &&
+      ops.collect_range(r.x, band.hi, std::nextafter(band.hi, kPosInf), 0, r.n, r.ids) == 1)
+    band.hi = std::nextafter(band.hi, kNegInf);  // one copy: it is surely kept too
+  return band;
+}
+
+// The band of the nucleus of a few candidates (x >= kth after a top-k mask): mass from f64 exp.
+Band NucleusBandOf(std::vector<std::pair<float, double>>& cand, double p) {
   float m = kNegInf;
-  for (const auto& c : cand) m = std::max(m, c.first);
-  if (m == kNegInf || m == kPosInf) return m;
+  for (const auto& c : cand) {
+    if (std::isnan(c.first)) return kNoBand;
+    m = std::max(m, c.first);
+  }
+  if (!std::isfinite(m)) return kNoBand;
   double z = 0;
   for (auto& c : cand) z += c.second = std::exp(static_cast<double>(c.first) - m);
-  return SelectCutoff(cand, 0.0, z, p);
+  const auto n = static_cast<int64_t>(cand.size());
+  return BandOf(p, CutSlack(n, n, p), true, [&](double target) { return SelectCutoff(cand, 0.0, z, target); });
+}
+
+// The winner of a draw among the band's lower side and above, or kUncertified where the band could hold it.
+Best Vouched(const Best& best, const Row& r, const Band& band) {
+  return best.index >= 0 && r.x[best.index] > band.hi ? best : Best{kUncertified, best.score};
 }
 
 // categorical over the tokens `keep` accepts, scored by r.y (x / T, computed by the caller, whose max over
@@ -713,11 +815,15 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
     }
-    case Form::kTopPMask: {
-      const float cutoff = NucleusCutoff(ops, r, prm.p);
+    case Form::kTopPMask:
+    case Form::kTopPMaskFromBelow: {
+      const bool from_below = prm.form == Form::kTopPMaskFromBelow;  // (and by place: Hugging Face's)
+      const Band band = NucleusBand(ops, r, prm.p, from_below, from_below);
+      if (std::isnan(band.lo)) return Best{kUncertified, kNegInf};
       const float ymax = ScaleMaxRow(ops, r, t);
-      return SampleKept(ops, r, ymax, k0, k1, vocab_base, ScaledFloor(r, cutoff, t),
-                        [&](int64_t i) { return r.x[i] >= cutoff; });
+      const Best best = SampleKept(ops, r, ymax, k0, k1, vocab_base, ScaledFloor(r, band.lo, t),
+                                   [&](int64_t i) { return r.x[i] >= band.lo; });
+      return Vouched(best, r, band);
     }
     case Form::kTopKTopPMask: {
       // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored.
@@ -725,11 +831,13 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const int64_t found = ops.collect_range(r.x, kth, kPosInf, 0, r.n, r.ids);
       std::vector<std::pair<float, double>> cand;
       for (int64_t j = 0; j < found; ++j) cand.emplace_back(r.x[r.ids[j]], 0.0);
-      const float cutoff = std::max(kth, NucleusCutoffOf(cand, prm.p));
+      const Band band = NucleusBandOf(cand, prm.p);
+      if (std::isnan(band.lo)) return Best{kUncertified, kNegInf};
+      const float lo = std::max(kth, band.lo);
       GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16);
       for (int64_t j = 0; j < found; ++j)
-        if (r.x[r.ids[j]] >= cutoff) sampler.Offer(r.ids[j], r.Round(r.x[r.ids[j]] / t));
-      return Winner(sampler.best());
+        if (r.x[r.ids[j]] >= lo) sampler.Offer(r.ids[j], r.Round(r.x[r.ids[j]] / t));
+      return Vouched(Winner(sampler.best()), r, band);
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
@@ -792,6 +900,32 @@ float* ThreadScratch(int64_t floats) {
   return buf.data();
 }
 
+// Row r of (rows, vocab) logits at `base` (bf16 widened into this thread's scratch), with this thread's scratch.
+Row RowOf(const char* base, int64_t r, int64_t vocab, bool bf16, bool round_bf16, const ForEach* each) {
+  const int64_t stride = vocab + NumChunks(vocab) + kMaxLanes;
+  float* scratch = ThreadScratch(5 * stride);
+  const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
+  if (bf16) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
+    float* wide = scratch + 4 * stride;
+    for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
+    x = wide;
+  }
+  return Row{x,
+             vocab,
+             round_bf16,
+             scratch,
+             scratch + stride,
+             scratch + 2 * stride,
+             reinterpret_cast<int32_t*>(scratch + 3 * stride),
+             each};
+}
+
+// Runs fn(0..n-1) in order on the calling thread.
+void InOrder(int64_t n, const std::function<void(int64_t)>& fn) {
+  for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
 // The optional operand and result of a vocabulary split (docs/kernels-cpu-sampling.md, "FFI contract"):
 // offsets (*L,) s32, each row's first token in the global vocabulary of `vocab_total` tokens, and
 // scores (*L,) f32, each row's winning score, by which the splits of a row merge.
@@ -849,7 +983,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
   if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
-  if (form < 0 || form > 10) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
+  if (form < 0 || form > 11) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = (form >= 2 && form <= 6 && form != 5) || IsPacked(form);
   // Packed candidates: V = 2C words, k of the C candidates.
   const int64_t choices = IsPacked(form) ? vocab / 2 : vocab;
@@ -876,28 +1010,10 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   // Fewer rows than threads: rows one after another, each row's chunks on the pool.
   const int64_t threads = pool.num_threads() + 1;
   const bool split = rows < threads && NumChunks(vocab) > 1 && std::getenv("HLOFUSE_SAMPLE_NO_SPLIT") == nullptr;
-  const ForEach in_order = [](int64_t n, const std::function<void(int64_t)>& fn) {
-    for (int64_t i = 0; i < n; ++i) fn(i);
-  };
+  const ForEach in_order = InOrder;
   const ForEach on_pool = [&pool](int64_t n, const std::function<void(int64_t)>& fn) { ParallelFor(pool, n, fn); };
   auto sample_row = [&](int64_t r) {
-    const int64_t stride = vocab + NumChunks(vocab) + kMaxLanes;
-    float* scratch = ThreadScratch(5 * stride);
-    const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
-    if (bf16) {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(base + r * vocab * 2);
-      float* wide = scratch + 4 * stride;
-      for (int64_t i = 0; i < vocab; ++i) wide[i] = Bf16ToF32(h[i]);
-      x = wide;
-    }
-    const Row row{x,
-                  vocab,
-                  round_bf16,
-                  scratch,
-                  scratch + stride,
-                  scratch + 2 * stride,
-                  reinterpret_cast<int32_t*>(scratch + 3 * stride),
-                  split ? &on_pool : &in_order};
+    const Row row = RowOf(base, r, vocab, bf16, round_bf16, split ? &on_pool : &in_order);
     const int64_t offset = split_io.offsets ? split_io.offsets[r] : 0;
     const uint64_t vocab_base = static_cast<uint64_t>(ids[r]) * vocab_global + offset;
     const Best best = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r], vocab_base);
@@ -908,6 +1024,37 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     for (int64_t r = 0; r < rows; ++r) sample_row(r);
   } else {
     ParallelFor(pool, rows, sample_row);
+  }
+  return ffi::Error::Success();
+}
+
+// Each row's nucleus band (docs/kernels-cpu-sampling.md, "Certified nucleus cut"): lo and hi per row, NaN where the
+// row has a NaN or an infinity. A binding draws among x >= lo and vouches for a winner with x > hi.
+ffi::Error SampleNucleusBand(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Result<ffi::Buffer<ffi::F32>> lo,
+                             ffi::Result<ffi::Buffer<ffi::F32>> hi, double p, bool from_below, bool by_place) {
+  const auto dims = logits.dimensions();
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample_nucleus_band: logits must be (*L, V)");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
+  if (vocab < 1 || vocab > std::numeric_limits<int32_t>::max())
+    return ffi::Error::InvalidArgument("hlofuse_sample_nucleus_band: need 1 <= V < 2^31");
+  if (!(p > 0 && p <= 1)) return ffi::Error::InvalidArgument("hlofuse_sample_nucleus_band: need 0 < p <= 1");
+  const SimdOps& ops = SelectOps();
+  const char* base = reinterpret_cast<const char*>(logits.typed_data());
+  const bool split = rows < pool.num_threads() + 1 && NumChunks(vocab) > 1;
+  const ForEach in_order = InOrder;
+  const ForEach on_pool = [&pool](int64_t n, const std::function<void(int64_t)>& fn) { ParallelFor(pool, n, fn); };
+  auto band_of_row = [&](int64_t r) {
+    const Band band =
+        NucleusBand(ops, RowOf(base, r, vocab, false, false, split ? &on_pool : &in_order), p, from_below, by_place);
+    lo->typed_data()[r] = band.lo;
+    hi->typed_data()[r] = band.hi;
+  };
+  if (split) {
+    for (int64_t r = 0; r < rows; ++r) band_of_row(r);
+  } else {
+    ParallelFor(pool, rows, band_of_row);
   }
   return ffi::Error::Success();
 }
@@ -1080,6 +1227,44 @@ ffi::Error SortRows(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Res
   return ffi::Error::Success();
 }
 
+// Each row's tokens at or above its `floor`, in lax.top_k's order (DescendingKey: XLA's total order reversed, ties by
+// the lower id), the first `k` of them, then -inf with id -1; and how many there are (more than k: not all given).
+// With a floor from the row's nucleus band, these are the first ranks of the row's descending sort, and a draw
+// over ranks needs no other (`_rank_nucleus_by_band`). One vector pass and a sort of the few it collects.
+ffi::Error SampleAtOrAbove(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits, ffi::Buffer<ffi::F32> floors,
+                           ffi::Result<ffi::Buffer<ffi::F32>> values, ffi::Result<ffi::Buffer<ffi::S32>> ids,
+                           ffi::Result<ffi::Buffer<ffi::S32>> counts) {
+  const auto dims = logits.dimensions();
+  if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample_at_or_above: logits must be (*L, V)");
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < dims.size(); ++i) rows *= dims[i];
+  const int64_t vocab = dims[dims.size() - 1];
+  const int64_t k = values->element_count() / std::max<int64_t>(rows, 1);
+  if (floors.element_count() != rows || values->element_count() != rows * k || ids->element_count() != rows * k ||
+      counts->element_count() != rows || vocab > std::numeric_limits<int32_t>::max())
+    return ffi::Error::InvalidArgument(
+        "hlofuse_sample_at_or_above: floors (*L,), values and ids (*L, k), counts (*L,)");
+  const SimdOps& ops = SelectOps();
+  ParallelFor(pool, rows, [&](int64_t r) {
+    const float* x = logits.typed_data() + r * vocab;
+    int32_t* found = reinterpret_cast<int32_t*>(ThreadScratch(vocab + kMaxLanes));
+    // (finite tokens only: a row with an infinity or a NaN has no band, and no draw of it is vouched for)
+    const int64_t n = ops.collect_range(x, floors.typed_data()[r], kPosInf, 0, vocab, found);
+    counts->typed_data()[r] = static_cast<int32_t>(n);
+    float* out_values = values->typed_data() + r * k;
+    int32_t* out_ids = ids->typed_data() + r * k;
+    std::fill(out_values, out_values + k, kNegInf);
+    std::fill(out_ids, out_ids + k, -1);
+    if (n > k) return;
+    std::vector<std::pair<uint32_t, int32_t>> order;
+    order.reserve(n);
+    for (int64_t j = 0; j < n; ++j) order.emplace_back(DescendingKey(x[found[j]]), found[j]);
+    std::sort(order.begin(), order.end());
+    for (int64_t j = 0; j < n; ++j) out_values[j] = x[order[j].second], out_ids[j] = order[j].second;
+  });
+  return ffi::Error::Success();
+}
+
 // Ascending as jnp.sort (hlofuse_sample_sort); descending as lax.top_k of the whole row (ties by the lower id).
 ffi::Error SampleSortAscending(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
                                ffi::Result<ffi::Buffer<ffi::F32>> values, ffi::Result<ffi::Buffer<ffi::S32>> ids) {
@@ -1163,3 +1348,28 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_sort_descending, hlofuse::cpu::Samp
                                   .Arg<ffi::Buffer<ffi::F32>>()    // logits (*L, V): L folds into rows
                                   .Ret<ffi::Buffer<ffi::F32>>()    // values (*L, V) as lax.top_k orders them
                                   .Ret<ffi::Buffer<ffi::S32>>());  // ids (*L, V): where each came from
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_nucleus_band(
+    XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_nucleus_band, hlofuse::cpu::SampleNucleusBand,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // logits (*L, V): L folds into rows
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // lo (*L,): draw among x >= lo
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // hi (*L,): a winner with x > hi is certain
+                                  .Attr<double>("p")             // the mass kept (1 - the removal threshold)
+                                  .Attr<bool>("from_below")      // the program's cumsum runs from the smallest
+                                  .Attr<bool>("by_place"));      // it cuts by sorted place, not by value
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_at_or_above(
+    XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_at_or_above, hlofuse::cpu::SampleAtOrAbove,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // floors (*L,)
+                                  .Ret<ffi::Buffer<ffi::F32>>()    // values (*L, k) in lax.top_k's order, then -inf
+                                  .Ret<ffi::Buffer<ffi::S32>>()    // ids (*L, k), then -1
+                                  .Ret<ffi::Buffer<ffi::S32>>());  // counts (*L,): how many are at or above

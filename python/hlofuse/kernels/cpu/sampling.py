@@ -56,6 +56,8 @@ TOP_K_TARGET = "hlofuse_sample_top_k"
 TOP_MASS_TARGET = "hlofuse_sample_top_mass"
 SORT_TARGET = "hlofuse_sample_sort"
 SORT_DESCENDING_TARGET = "hlofuse_sample_sort_descending"
+NUCLEUS_BAND_TARGET = "hlofuse_sample_nucleus_band"
+AT_OR_ABOVE_TARGET = "hlofuse_sample_at_or_above"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
@@ -64,6 +66,14 @@ FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
 # The kernel's own forms, no composite's: rank-space top-k over packed (value, id-bits) f32 candidates, the
 # values rounding as f32 or as bf16 (`_sample_rank_top_k_splits`).
 PACKED_FORM_CODES = {"top_k_packed": 8, "top_k_packed_bf16": 9}
+# top_p_mask's draw for a nucleus whose program sums its cumsum from the smallest logit (Hugging Face's `cumsum <= 1 -
+# p`): the band's slack is that of the 1 - p the cumsum reaches there (sampling.cc, "Certified nucleus cut").
+FROM_BELOW_FORM_CODES = {"top_p_mask_from_below": 11}
+KERNEL_FORM_CODES = {**PACKED_FORM_CODES, **FROM_BELOW_FORM_CODES}
+# The nucleus forms whose cut the kernel does not decide alone: it draws among the tokens at or above the band of
+# values the program's f32 rounding of its softmax and cumsum could move the cut across, and a winner in that band
+# is UNCERTIFIED, for the program's own cut (`_nucleus_of_sorted_row`) to decide.
+CERTIFIED_NUCLEI = ("top_p_mask", "top_k_top_p_mask")
 
 # Forms whose filter compares probabilities: the program rounds them (and their cumulative sum) to bf16.
 BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
@@ -115,7 +125,19 @@ def sample(
     tokens = tokens.reshape(batch)
     if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
         return reference_where_uncertified(tokens, lambda: sample_reference(logits, key, form=form, **params))
+    if form in CERTIFIED_NUCLEI:  # the program's cut, run only when some row drew in its band
+        return reference_where_uncertified(tokens, lambda: _nucleus_of_sorted_row(logits, key, form, params))
     return tokens
+
+
+def _nucleus_of_sorted_row(logits: jax.Array, key: jax.Array | None, form: str, params: dict[str, Any]) -> jax.Array:
+    """A form of CERTIFIED_NUCLEI as the program computes it, its row sorted by the kernel (the same values in the
+    same places: ties are equal values), its top-k and draw by the kernel: no sort in XLA."""
+    def descending(x: jax.Array) -> jax.Array:
+        return _sorted_by(SORT_TARGET, x)[0][..., ::-1]
+
+    return FORMS[form].fn(logits, key, **params, descending_fn=descending, top_k_fn=_top_k_by_kernel,
+                          categorical_fn=_kernel_categorical(False)).astype(jnp.int32)
 
 
 def _keys(key: jax.Array | None, lead: tuple[int, ...]) -> jax.Array:
@@ -139,7 +161,7 @@ def _sample_call(
     p: float,
     min_p: float,
 ) -> list[jax.Array]:  # tokens (*L,) int32 [, scores (*L,) f32]
-    code = FORM_CODES.get(form, PACKED_FORM_CODES.get(form))
+    code = FORM_CODES.get(form, KERNEL_FORM_CODES.get(form))
     if code is None:
         raise ValueError(f"the CPU sampler has no form '{form}'")
     if logits.dtype not in (jnp.float32, jnp.bfloat16):
@@ -249,18 +271,52 @@ def _sorted_values_by_kernel(x: jax.Array) -> jax.Array:
 
 
 def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw."""
+    """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
+    of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), the sorted row only for the
+    batches that draw in the band."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        tokens = fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn,
-                    sort_fn=_sorted_values_by_kernel, **params)
+        def own() -> jax.Array:
+            return fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn,
+                      sort_fn=_sorted_values_by_kernel, **params)
+
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
-            return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), tokens)
-        return tokens
+            return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
+        if form == "top_p_of_logits_exclusive" and logits.dtype == jnp.float32 and logits.ndim == 2:
+            return reference_where_uncertified(_rank_nucleus_by_band(logits, key, params), own)
+        return own()
 
     return kernel
+
+
+def _rank_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """tunix's `sample_top_p` of all V (`top_p_of_logits_exclusive`: y = x / T sorted as lax.top_k sorts it, ranks
+    whose preceding mass exceeds p at -inf, a categorical over the V ranks) with no sort: the nucleus's band
+    (`nucleus_band`, a cut by sorted place from the top), the tokens at or above its floor in the program's order
+    (the first ranks, `at_or_above`), the kernel's draw over those ranks at the program's counters (row * V + rank).
+    UNCERTIFIED where more than NUCLEUS_CANDIDATES tokens lie at or above the floor, or the band holds the winner."""
+    y = logits / params["temperature"]
+    vocab = y.shape[-1]
+    lo, hi = nucleus_band(y, params["p"], from_below=False, by_place=True)
+    values, ids, count = at_or_above(y, lo, min(vocab, NUCLEUS_CANDIDATES))
+    rank = _rank_categorical(vocab)(key, values)
+    winner = jnp.take_along_axis(values, rank[:, None], axis=-1)[:, 0]
+    token = jnp.take_along_axis(ids, rank[:, None], axis=-1)[:, 0]
+    return jnp.where((count <= values.shape[-1]) & (winner > hi), token, UNCERTIFIED)
+
+
+def at_or_above(x: jax.Array, floor: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """x (B, V) f32, floor (B,) -> each row's finite tokens at or above its floor in lax.top_k's order (value
+    descending by XLA's total order, ties by the lower id): values (B, k) then -inf, ids (B, k) then -1, and how many
+    there are (B,) (more than k: none given)."""
+    cpu.register()
+    rows = x.shape[0]
+    out_types = [jax.ShapeDtypeStruct((rows, k), jnp.float32), jax.ShapeDtypeStruct((rows, k), jnp.int32),
+                 jax.ShapeDtypeStruct((rows,), jnp.int32)]
+    return tuple(jax.ffi.ffi_call(AT_OR_ABOVE_TARGET, out_types, vmap_method="sequential")(
+        x.astype(jnp.float32), floor.astype(jnp.float32)))
 
 
 #===--- Rank-space nuclei ---------------------------------------------------------------------===#
@@ -401,26 +457,95 @@ def _top_k_top_p_removal(logits: jax.Array, k: int, one_minus_p: float) -> tuple
 def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form whose filter is top_p_ascending_mask or top_k_top_p_ascending_mask (any draw): the top-k by the
     kernel's top-k, the row's order by the kernel (`_top_k_top_p_removal`, or its sort), the removal by the
-    program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal."""
+    program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal. Top-p
+    alone with a draw of BAND_DRAWS is drawn first with no sort at all (`nucleus_draw_by_band`), and the sorted row
+    decides only the rows drawn in the nucleus's band."""
     categorical_fn = _draw_by_kernel(form)
     top_k_first = "k" in FORMS[FORMS[form].filters].params
+    by_band = not top_k_first and FORMS[form].drawn_by in BAND_DRAWS
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
             return sample_reference(logits, key, form=form, **params)
 
+        def sorted_row() -> jax.Array:
+            if top_k_first and params["k"] < logits.shape[-1]:
+                masked, removed, straddles = _top_k_top_p_removal(logits, params["k"], 1 - params["p"])
+            else:
+                masked = mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits
+                removed, ordered, remove = top_p_removal(masked, 1 - params["p"], _sort_by_kernel)
+                straddles = _straddles(ordered, remove)
+            tokens = categorical_fn(key, jnp.where(removed, NEG_INF, masked) / params["temperature"], axis=-1)
+            return reference_where_uncertified(jnp.where(straddles, UNCERTIFIED, tokens), own)
+
         if logits.dtype != jnp.float32:
             return own()
-        if top_k_first and params["k"] < logits.shape[-1]:
-            masked, removed, straddles = _top_k_top_p_removal(logits, params["k"], 1 - params["p"])
-        else:
-            masked = mask_top_k(logits, params["k"], _top_k_by_kernel) if top_k_first else logits
-            removed, ordered, remove = top_p_removal(masked, 1 - params["p"], _sort_by_kernel)
-            straddles = _straddles(ordered, remove)
-        tokens = categorical_fn(key, jnp.where(removed, NEG_INF, masked) / params["temperature"], axis=-1)
-        return reference_where_uncertified(jnp.where(straddles, UNCERTIFIED, tokens), own)
+        if by_band:
+            tokens = nucleus_draw_by_band(FORMS[form].drawn_by, logits, key, params["p"], params["temperature"],
+                                          from_below=True, by_place=True)
+            return reference_where_uncertified(tokens, sorted_row)
+        return sorted_row()
 
     return kernel
+
+
+#===--- A nucleus drawn by its band ---------------------------------------------------------------===#
+# A sorted nucleus keeps a token by the program's f32 cumulative mass at its sorted place, whose rounding only XLA
+# knows. The kernel's band (`hlofuse_sample_nucleus_band`, sampling.cc "Certified nucleus cut") bounds it: every
+# token below `lo` is dropped by the program, every token above `hi` kept. So the draw runs among the tokens at or
+# above `lo`, and its winner is the program's when it lies above `hi`: a token of the band that the program drops
+# scored lower. A draw from the log-probabilities (BAND_DRAWS but "") also renormalises over the kept tokens, which
+# shifts every score alike up to rounding: its winner must also lead the runner-up by more than that rounding
+# (`_LEAD`). Any other row is UNCERTIFIED, for the program's own cut.
+BAND_DRAWS = ("", "choice", "log_softmax", "log_of_softmax")
+
+
+def nucleus_band(x: jax.Array, p: float, from_below: bool, by_place: bool) -> tuple[jax.Array, jax.Array]:
+    """x (B, V) f32 -> (lo, hi), (B,) each: the band of the nucleus keeping mass p (NaN for a row with a NaN or an
+    infinity: none of its draws is certain). `from_below`: the program's cumsum runs from the smallest logit;
+    `by_place`: it cuts by sorted place (a copy of a value has the mass of the copies before it above it), not by
+    value (`x >= sorted[count]` keeps every copy alike)."""
+    cpu.register()
+    out_types = [jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32)] * 2
+    lo, hi = jax.ffi.ffi_call(NUCLEUS_BAND_TARGET, out_types, vmap_method="sequential")(
+        x.astype(jnp.float32), p=np.float64(p), from_below=from_below, by_place=by_place)
+    return lo, hi
+
+
+def _lead(score: jax.Array) -> jax.Array:
+    """How far a winner of a log-probability draw must lead the runner-up: twice the most by which rounding can move
+    their scores apart when the normalising sum changes (the log's and the softmax's rounding, a few u of the
+    scores and log-probabilities, whose size is the score's plus the noise's 17 at most)."""
+    return jnp.float32(2.0**-24) * (256.0 + 32.0 * jnp.abs(score))
+
+
+def _draw_with_score(key: jax.Array, z: jax.Array, shared: bool) -> tuple[jax.Array, jax.Array]:
+    """categorical(key, z) by the kernel (one key's noise for every row where `shared`) and the winner's score."""
+    rows = z.shape[0]
+    row_ids = jnp.zeros((rows,), jnp.int32) if shared else jax.lax.iota(jnp.int32, rows)
+    tokens, scores = _sample_call(z, _keys(key, (rows,)), row_ids, with_scores=True, form="categorical",
+                                  **form_params("categorical"))
+    return tokens, scores
+
+
+def nucleus_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, p: float, temperature: float, *,
+                         from_below: bool, by_place: bool) -> jax.Array:
+    """The draw `draw` (of BAND_DRAWS) of a sorted nucleus's kept logits / T, by the kernel with no sort, or
+    UNCERTIFIED where the band could hold the winner (or, for a log-probability draw, where the runner-up is too
+    close). (B, V) f32 logits."""
+    lo, hi = nucleus_band(logits, p, from_below, by_place)
+    y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
+    if draw == "":
+        tokens = _kernel_categorical(False)(key, y)
+        lead = jnp.ones(tokens.shape, jnp.bool_)
+    else:
+        z = jax.nn.log_softmax(y, axis=-1) if draw == "log_softmax" else jnp.log(jax.nn.softmax(y, axis=-1))
+        tokens, best = _draw_with_score(key, z, shared=draw == "choice")
+        winner = jnp.arange(z.shape[-1])[None, :] == tokens[:, None]
+        _, runner_up = _draw_with_score(key, jnp.where(winner, NEG_INF, z), shared=draw == "choice")
+        lead = best - runner_up > _lead(best)
+    kept = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] > hi
+    return jnp.where(kept & lead, tokens, UNCERTIFIED)
 
 
 #===--- Hugging Face's Flax top-p ---------------------------------------------------------------===#
@@ -487,11 +612,19 @@ def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
 def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw) or min_p_sorted_removal (EasyDeL's min-p)
     on the CPU: the top-k and the row's order by the kernel, the keep by the program's ops, the draw by the
-    kernel."""
+    kernel. Flax's top-p alone (f32) is drawn by its nucleus's band first (`nucleus_draw_by_band`: no sort), the
+    sorted row only for the rows drawn in the band."""
     filters = FORMS[form].filters
     categorical_fn = _draw_by_kernel(form)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        if filters == "top_p_flax_mask" and logits.dtype == jnp.float32:  # its nucleus by its band first
+            tokens = nucleus_draw_by_band("", logits, key, params["p"], params["temperature"], from_below=False,
+                                          by_place=True)
+            return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
+        return sorted_row(logits, key)
+
+    def sorted_row(logits: jax.Array, key: jax.Array | None) -> jax.Array:
         if filters == "top_k_keep_mask":
             scores = _keep_top_k_by_kernel(logits, params["k"])
         elif filters == "min_p_sorted_removal":

@@ -17,10 +17,13 @@ Per row tile:
      the top-p search from below: tokens of zero mass cannot be the nucleus cutoff).
   2. threshold search (top-k, top-p): the largest logit v with measure(x >= v) >= target, where measure is
      the count (target k: the k-th largest, ties included) or the softmax mass (target p: the nucleus
-     cutoff `sorted[sum(cumsum < p)]` of the sorted program). Bisection in t = sign(x) log1p(|x|), so a
-     search spans the whole float range in a few dozen steps; each step is one pass that also snaps the
-     bounds to data values (the smallest logit >= t, the largest < t), so [lo, hi] always holds v and
-     lo == hi means v is found. `steps` passes at most; a row not converged by then is UNCERTIFIED.
+     cutoff `sorted[sum(cumsum < p)]` of the sorted program, but for its cumsum's f32 rounding, whose order
+     only XLA knows: so the search runs at p + slack, whose cutoff the draw keeps, and at p - slack, at or
+     above whose cutoff a winner is vouched for; a winner between is UNCERTIFIED, `nucleus_cut_slack`).
+     Bisection in t = sign(x) log1p(|x|), so a search spans the whole float range in a few dozen steps; each
+     step is one pass that also snaps the bounds to data values (the smallest logit >= t, the largest < t),
+     so [lo, hi] always holds v and lo == hi means v is found. `steps` passes at most; a row not converged by
+     then is UNCERTIFIED.
   3. sampling pass: score = where(keep, x / T, -inf) + noise, each op rounded to the logits' dtype as
      XLA rounds it; the first index of the row maximum (ties to the lower id, as jnp.argmax).
 
@@ -30,8 +33,9 @@ exactly on chip. The JAX wrapper therefore draws the noise with the same call `j
 makes, `jax.random.gumbel(key, logits.shape, logits.dtype)`, and passes it in: exact, but the noise
 generation is not fused into the kernel.
 
-Rows marked UNCERTIFIED (a NaN logit, +inf under a probability filter, or a search that did not converge
-in `steps` passes, e.g. logits within a few ulp of each other near 1e-30) are recomputed by the wrapper
+Rows marked UNCERTIFIED (a NaN logit, +inf under a probability filter, a search that did not converge
+in `steps` passes, e.g. logits within a few ulp of each other near 1e-30, or a nucleus draw in its cut's
+band) are recomputed by the wrapper
 with `sample_reference` under a `lax.cond`, which runs only when some row needs it; the result is the
 reference's in every case.
 
@@ -60,6 +64,7 @@ from hlofuse.kernels.sampling_reference import (
     SOFTMAX_TIE_MARGIN,
     UNCERTIFIED,
     form_params,
+    nucleus_cut_slack,
     reference_where_uncertified,
     sample_reference,
 )
@@ -328,9 +333,16 @@ def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  
 
                 stats = _row_stats(source, chunks, rows, z=True)
                 certified = nl.minimum(certified, nl.where(nl.greater(stats["bad"], 0.0), 0.0, 1.0))
-            cutoff, ok = _search(source, chunks, rows, stats, float(cfg.p), mass=True, steps=cfg.steps)
+            # the program's cut, rounded in XLA's order, lies in [lo, hi]: draw among x >= lo, vouch for x >= hi
+            slack = nucleus_cut_slack(vocab, vocab, cfg.p, own_terms=2 * (cfg.block_v + len(chunks)))
+            cutoff, ok = _search(source, chunks, rows, stats, float(cfg.p + slack), mass=True, steps=cfg.steps)
             thresholds.append(cutoff)
             certified = nl.minimum(certified, ok)
+            if cfg.p - slack > 0:
+                vouched, ok = _search(source, chunks, rows, stats, float(cfg.p - slack), mass=True, steps=cfg.steps)
+                certified = nl.minimum(certified, ok)
+            else:
+                vouched = nl.full((rows, 1), POS_INF, dtype=nl.float32, buffer=nl.sbuf)
         min_p_floor = None
         if cfg.form == "min_p":  # keep exp(y - max) / Z >= min_p * (1 / Z), each rounded to f32
             inv_z = nl.divide(1.0, stats["z"])
@@ -338,6 +350,7 @@ def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  
 
         best = nl.full((rows, 1), NEG_INF, dtype=nl.float32, buffer=nl.sbuf)
         best_id = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+        best_x = nl.full((rows, 1), NEG_INF, dtype=nl.float32, buffer=nl.sbuf)  # the winner's logit
         for c0, size in chunks:
             x = filtered(c0, size)
             keep = None
@@ -359,10 +372,14 @@ def _sample_kernel(logits_ref: Any, noise_ref: Any, cfg: KernelConfig) -> Any:  
             ids = nisa.iota(nl.arange(rows)[:, None] * 0 + nl.arange(size)[None, :] + c0, dtype=nl.float32)
             chunk_id = nl.min(nl.where(nl.equal(score, chunk_max), ids, float(vocab)), axis=1, keepdims=True)
             better = nl.greater(chunk_max, best)  # strictly: a later chunk never wins a tie
+            chunk_x = nl.max(nl.where(nl.equal(ids, chunk_id), x, NEG_INF), axis=1, keepdims=True)
+            best_x[...] = nl.where(better, chunk_x, best_x)
             best_id[...] = nl.where(better, chunk_id, best_id)
             best[...] = nl.maximum(best, chunk_max)
             nan = nl.max(nl.where(nl.not_equal(score, score), 1.0, 0.0), axis=1, keepdims=True)
             certified = nl.minimum(certified, nl.subtract(1.0, nan))
+        if cfg.form in ("top_p_mask", "top_k_top_p_mask"):
+            certified = nl.minimum(certified, nl.where(nl.greater_equal(best_x, vouched), 1.0, 0.0))
         if cfg.form == "greedy_softmax":  # argmax(softmax(x)) is argmax(x) away from the ties its rounding makes
             certified = nl.minimum(certified, _clear_of_softmax_ties(filtered, chunks, best, cfg.dtype))
         token = nl.where(nl.greater(certified, 0.0), best_id, float(UNCERTIFIED))

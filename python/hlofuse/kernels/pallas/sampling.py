@@ -7,8 +7,11 @@ for the forms in FORMS. No kernel sorts the vocabulary:
 - greedy and the Gumbel-max draws are one arg-max pass (first index of the largest score, NaN largest);
 - the top-k value threshold (the k-th largest) is a bisection over the order-preserving int32 image of
   the float values: the largest t with count(x >= t) >= k, 32 counting passes;
-- the nucleus cutoff is the same bisection on mass: the largest t with mass(x >= t) >= p, which is the
-  program's `sorted[sum(cumsum(softmax(sorted)) < p)]` (ties at the cutoff all stay, as in the program);
+- the nucleus cut is the same bisection on mass: the largest t with mass(x >= t) >= P, which is the
+  program's `sorted[sum(cumsum(softmax(sorted)) < p)]` at P = p but for the f32 rounding of the program's cumsum,
+  whose order only XLA knows: so the kernel finds it at P = p + slack and p - slack, draws among the tokens at or
+  above the first, and leaves a row UNCERTIFIED (for the program's own function) when the winner lies below the
+  second (`nucleus_band`; ties at the cut all stay, as in the program);
 - rank-space top-k (`top_k`, `temperature_top_k`) walks the top-k in rank order, one arg-max pass per
   rank (value descending, lower id first on ties), drawing the noise at counter row * k + rank;
 - the Gumbel noise is threefry2x32 computed in the kernel from int32 vector ops at JAX's counter (the
@@ -41,7 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from hlofuse.kernels.noise import MAX_COUNTER, gumbel, threefry_bits
+from hlofuse.kernels.noise import MAX_COUNTER, categorical_at_rows, gumbel, threefry_bits
 from hlofuse.kernels.pallas.common import next_pow2, round_up
 from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
 from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
@@ -49,6 +52,7 @@ from hlofuse.kernels.sampling_reference import (
     SOFTMAX_TIE_MARGIN,
     UNCERTIFIED,
     min_p_masked,
+    nucleus_cut_slack,
     reference_where_uncertified,
     sample_reference,
 )
@@ -62,6 +66,9 @@ BACKENDS = ("tpu", "gpu")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
          "top_p_mask", "top_k_top_p_mask", "min_p")
 DTYPES = ("f32", "bf16")
+# Forms whose rows the kernel may leave UNCERTIFIED for the program's own function: greedy_softmax near a tie, a
+# nucleus whose draw falls in the band its cut's rounding spans (`nucleus_band`).
+UNCERTIFIED_FORMS = ("greedy_softmax", "top_p_mask", "top_k_top_p_mask")
 # Forms that threshold probabilities: with bf16 logits the program rounds each probability and each
 # step of its cumulative sum to bf16, in an order only a sort reproduces.
 BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
@@ -274,10 +281,14 @@ def _softmax_sum(rows: _Rows, values: Callable[[jax.Array], jax.Array], m: jax.A
     return rows.fold(step, rows.column(0.0, jnp.float32))
 
 
-def nucleus_cutoff(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> jax.Array:
-    """(rows, 1) f32: the program's `sorted[sum(cumsum(softmax(sorted)) < p)]`, i.e. the largest t with
-    mass(values >= t) >= p, probabilities exp(x - max) / sum as jax.nn.softmax computes them; -inf (cut
-    nothing) when the whole mass stays below p or the row is all -inf."""
+def nucleus_band(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
+    """(lo, hi), (rows, 1) f32 each: the band of the program's nucleus cut `sorted[sum(cumsum(softmax(sorted)) <
+    p)]`, whose f32 rounding only XLA's order decides. With c(P) the largest t with mass(values >= t) >= P
+    (probabilities exp(x - max) / sum as jax.nn.softmax computes them), every value below lo = c(p + slack) is cut
+    and every value at or above hi = c(p - slack) kept, whatever that order (`nucleus_cut_slack`, with this
+    kernel's own f32 sums: within each tile, and over the tiles). lo is -inf (cut nothing) when the whole mass stays
+    below p + slack or the row is all -inf; hi is +inf (vouch for nothing) for a row with a NaN or an infinity."""
+    plan = rows.plan
     m = _row_max(rows, values)
     z = _softmax_sum(rows, values, m)
 
@@ -289,11 +300,28 @@ def nucleus_cutoff(rows: _Rows, values: Callable[[jax.Array], jax.Array]) -> jax
 
         return rows.fold(step, rows.column(0.0, jnp.float32))
 
-    p = jnp.float32(rows.plan.p)
-    lo = rows.column(_NEG_INF_KEY)
-    t = _bisect(rows, lo, order_key(m), lambda t: mass(t) >= p)
-    cut = (m > -jnp.inf) & (mass(lo) >= p)
-    return jnp.where(cut, from_order_key(t), -jnp.inf)
+    slack = nucleus_cut_slack(plan.vocab, plan.vocab, plan.p, own_terms=2 * (plan.block_v + plan.num_tiles))
+    bottom = rows.column(_NEG_INF_KEY)
+
+    def cutoff(target: float) -> tuple[jax.Array, jax.Array]:
+        found = mass(bottom) >= jnp.float32(target)
+        t = _bisect(rows, bottom, order_key(m), lambda t: mass(t) >= jnp.float32(target))
+        return from_order_key(t), found
+
+    lo, lo_found = cutoff(plan.p + slack)
+    lo = jnp.where((m > -jnp.inf) & lo_found, lo, -jnp.inf)
+    if plan.p - slack <= 0:
+        return lo, rows.column(jnp.inf, jnp.float32)
+    hi, _ = cutoff(plan.p - slack)
+    return lo, jnp.where((m > -jnp.inf) & (m < jnp.inf), hi, jnp.inf)  # (a NaN max compares False: +inf)
+
+
+def _value_at(rows: _Rows, values: Callable[[jax.Array], jax.Array], local: jax.Array) -> jax.Array:
+    """(rows, 1) f32: values at each row's local id `local`."""
+    def step(j: jax.Array, x: jax.Array, ids: jax.Array, acc: jax.Array) -> jax.Array:
+        return jnp.maximum(acc, jnp.max(jnp.where(ids == local, values(x), -jnp.inf), axis=1, keepdims=True))
+
+    return rows.fold(step, rows.column(-jnp.inf, jnp.float32))
 
 
 def _noise(rows: _Rows, ids: jax.Array, per_row: int) -> jax.Array:
@@ -395,10 +423,12 @@ def sample_block(rows: _Rows) -> tuple[jax.Array, jax.Array]:
     if form in ("top_k_mask", "top_k_top_p_mask"):
         kth = kth_largest(rows, masked)
         masked = lambda x: jnp.where(x < kth, neg_inf, x)  # noqa: E731
-    if form in ("top_p_mask", "top_k_top_p_mask"):
-        cutoff = nucleus_cutoff(rows, masked)
+    if form in ("top_p_mask", "top_k_top_p_mask"):  # drawn among x >= lo, vouched for where x >= hi
+        lo, hi = nucleus_band(rows, masked)
         inner = masked
-        masked = lambda x: jnp.where(inner(x) < cutoff, neg_inf, inner(x))  # noqa: E731
+        score, best = _categorical(rows, lambda x: _scaled(plan, jnp.where(inner(x) < lo, neg_inf, inner(x))))
+        certified = _value_at(rows, inner, best) >= hi
+        return score, jnp.where(certified, best, np.int32(UNCERTIFIED))
     return _categorical(rows, lambda x: _scaled(plan, masked(x)))
 
 
@@ -556,8 +586,10 @@ def sample(
     (ids,) = _run(logits.reshape(rows, logits.shape[-1]), key, form, plan_params, backend, block_sizes, interpret,
                   row_offset)
     ids = ids.reshape(batch)
-    if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
-        return reference_where_uncertified(ids, lambda: sample_reference(logits, key, form=form))
+    if form in UNCERTIFIED_FORMS:  # the program's softmax or cut, run only when some row needs it
+        categorical_fn = categorical_at_rows(row_offset)
+        return reference_where_uncertified(ids, lambda: sample_reference(logits, key, form=form, **plan_params,
+                                                                         categorical_fn=categorical_fn))
     return ids
 
 

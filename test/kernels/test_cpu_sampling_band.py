@@ -1,0 +1,210 @@
+"""The certified nucleus cut on the CPU (sampling.cc "Certified nucleus cut", sampling.py "A nucleus drawn by its
+band"): a sorted nucleus keeps a token by the program's f32 cumulative mass at its sorted place, which XLA rounds in
+an order the kernel does not know. The kernel draws among the tokens at or above the band of values that rounding
+can move the cut across and vouches only for a winner above the band; any other row takes the program's own cut.
+
+The logits here are built so that the cut falls where the program's f32 cumsum and the exact mass disagree (p set to
+the exact cumulative mass at a sorted place), with ties at the cut (logits on a coarse grid), and at random p."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import nucleus_rounding
+import numpy as np
+import pytest
+
+from hlofuse.kernels.cpu import sampling
+from hlofuse.kernels.sampling_reference import UNCERTIFIED, form_params, sample_reference
+
+pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
+
+ROWS, VOCAB = 64, 3000
+KINDS = ("exact_cumsum", "coarse_ties", "fine_ties", "random_p")
+
+
+def _row_and_p(kind: str, seed: int, from_below: bool) -> tuple[np.ndarray, float]:
+    """One row of logits and the mass p its nucleus keeps. exact_cumsum and the ties: p is the exact cumulative mass
+    at a sorted place (from the top; from the bottom, 1 - the mass below), where f32 rounding decides the cut."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(VOCAB) * rng.choice([1.0, 2.0, 4.0])
+    if kind == "coarse_ties":
+        x = np.round(x * 4) / 4
+    elif kind == "fine_ties":
+        x = np.round(x * 64) / 64
+    x = x.astype(np.float32)
+    if kind == "random_p":
+        return x, float(rng.uniform(0.3, 0.99))
+    ordered = np.sort(x).astype(np.float64)
+    mass = np.exp(ordered - ordered.max())
+    cumulative = np.cumsum(mass / mass.sum())
+    if from_below:  # the removal threshold 1 - p is an f32 constant in the program
+        return x, 1.0 - float(np.float32(cumulative[VOCAB - 1 - rng.integers(1, 40)]))
+    return x, float(np.float32(1.0 - cumulative[VOCAB - 1 - rng.integers(1, 40)]))
+
+
+def _assert_certified_draws_are_the_programs(form: str, draw_by_band: Callable[..., jax.Array],
+                                             lowering: Callable[..., jax.Array], from_below: bool) -> int:
+    """For each kind, rows that are one row rolled along the vocabulary (the same cut; each token meets other noise):
+    every token the band certifies is the program's, and so is every token of the lowering. Returns how many rows
+    were left to the program's cut. (The choice draw unrolls a jax.random.choice per row: fewer rows.)"""
+    uncertified = 0
+    rows = ROWS // 4 if form.endswith("_choice") else ROWS
+    for i, kind in enumerate(KINDS):
+        row, p = _row_and_p(kind, 100 * i + len(form), from_below)
+        x = jnp.asarray(np.stack([np.roll(row, 37 * r) for r in range(rows)]))
+        temperature = (0.5, 1.0, 3.0)[i % 3]
+        params = form_params(form, temperature=temperature, p=p, k=30)
+        key = jnp.array([i, 7], jnp.uint32)
+        ref = np.asarray(jax.jit(lambda x, key, params=params: sample_reference(x, key, form=form, **params))(x, key))
+        certified = np.asarray(jax.jit(lambda x, key, params=params: draw_by_band(x, key, params))(x, key))
+        drawn = certified != UNCERTIFIED
+        np.testing.assert_array_equal(certified[drawn], ref[drawn], err_msg=f"{form}: a certified draw, {kind}")
+        np.testing.assert_array_equal(jax.jit(lowering(params))(x, key), ref, err_msg=f"{form}: lowered, {kind}")
+        uncertified += int(np.sum(~drawn))
+    return uncertified
+
+
+def _kernel_form(code_form: str) -> Callable[..., jax.Array]:
+    """The kernel's own draw for `code_form`, UNCERTIFIED rows as they are (no fallback)."""
+
+    def draw(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        rows = x.shape[0]
+        (tokens,) = sampling._sample_call(x, jnp.broadcast_to(key, (rows, 2)), jax.lax.iota(jnp.int32, rows),
+                                          form=code_form, **{n: params.get(n, 0.0) for n in ("temperature", "p")},
+                                          k=params.get("k", 0), min_p=0.0)
+        return tokens
+
+    return draw
+
+
+@pytest.mark.parametrize("form", ["top_p_mask", "top_k_top_p_mask"])
+def test_value_cut_draws_are_the_programs(form: str) -> None:
+    """JetStream's and MaxText's `x >= sorted[sum(cumsum < p)]` (after a top-k mask): the kernel's form certifies its
+    draws, and `sample` gives the program's ids."""
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return lambda x, key: sampling.sample(x, key, form=form, **params)
+
+    _assert_certified_draws_are_the_programs(form, _kernel_form(form), lowering, from_below=False)
+
+
+@pytest.mark.parametrize("form", ["top_p_ascending_mask", "top_p_ascending_mask_choice",
+                                  "top_p_ascending_mask_log_softmax", "top_p_ascending_mask_log_of_softmax"])
+def test_hugging_face_top_p_draws_are_the_programs(form: str) -> None:
+    """TopPLogitsWarper's `cumsum <= 1 - p` from the bottom, by sorted place, under each draw of BAND_DRAWS (a
+    log-probability draw certified also by its lead over the runner-up)."""
+    draw = form.removeprefix("top_p_ascending_mask").removeprefix("_")
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.nucleus_draw_by_band(draw, x, key, params["p"], params["temperature"], from_below=True,
+                                             by_place=True)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.top_p_ascending_lowering(form, params)
+
+    _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=True)
+    if draw == "":  # the kernel's own form for it
+        _assert_certified_draws_are_the_programs(form, _kernel_form("top_p_mask_from_below"), lowering, True)
+
+
+def test_flax_top_p_draws_are_the_programs() -> None:
+    """FlaxTopPLogitsWarper's exclusive cumsum from the top, by sorted place (lax.top_k's order of ties)."""
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.nucleus_draw_by_band("", x, key, params["p"], params["temperature"], from_below=False,
+                                             by_place=True)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.flax_top_p_lowering("top_p_flax_mask", params)
+
+    _assert_certified_draws_are_the_programs("top_p_flax_mask", by_band, lowering, from_below=False)
+
+
+def test_tunix_top_p_draws_are_the_programs() -> None:
+    """tunix's nucleus of all V sorted logits, drawn over ranks: the band, the kernel's top candidates as the first
+    ranks, the draw at the program's rank counters."""
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling._rank_nucleus_by_band(x, key, params)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.function_form_lowering("top_p_of_logits_exclusive", params)
+
+    _assert_certified_draws_are_the_programs("top_p_of_logits_exclusive", by_band, lowering, from_below=False)
+
+
+def test_a_band_by_value_would_vouch_for_wrong_ties_of_a_cut_by_place() -> None:
+    """Why `by_place` exists: Flax keeps the first copies of a value tied at its cut and drops the later ones, so a
+    band that keeps every copy of its upper end alike (right for a cut by value) certifies tokens the program drops."""
+    def by_value(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.nucleus_draw_by_band("", x, key, params["p"], params["temperature"], from_below=False,
+                                             by_place=False)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.flax_top_p_lowering("top_p_flax_mask", params)
+
+    with pytest.raises(AssertionError, match="a certified draw, coarse_ties"):
+        _assert_certified_draws_are_the_programs("top_p_flax_mask", by_value, lowering, from_below=False)
+
+
+def test_top_p_mask_gives_the_programs_token_where_rounding_moves_the_cut() -> None:
+    """nucleus_rounding's row, in a batch of 512 copies: row ROW draws the token only the program's rounding keeps
+    (a kernel deciding the cut by its f64 mass draws 2637 there)."""
+    x, p = nucleus_rounding.rounded_cut()
+    rows = jnp.broadcast_to(x, (512, x.shape[-1]))
+    key = jnp.asarray(nucleus_rounding.KEY, jnp.uint32)
+    params = dict(temperature=nucleus_rounding.TEMPERATURE, p=p)
+    ref = jax.jit(lambda x, key: sample_reference(x, key, form="top_p_mask", **params))(rows, key)
+    assert int(ref[nucleus_rounding.ROW]) == nucleus_rounding.program_token(x, p)
+    np.testing.assert_array_equal(jax.jit(lambda x, key: sampling.sample(x, key, form="top_p_mask", **params))(
+        rows, key), ref)
+
+
+@pytest.mark.parametrize("scale", [3.0, 6.0], ids=["hundreds_kept", "a_few_kept"])
+def test_few_rows_are_left_to_the_programs_cut(scale: float) -> None:
+    """On rows of a real vocabulary's width the band is narrow: at most 5% of draws fall in it, for each family."""
+    x = jnp.asarray(np.random.default_rng(1).standard_normal((64, 32000)).astype(np.float32) * scale)
+    key = jnp.array([0, 3], jnp.uint32)
+    params = dict(temperature=0.7, p=0.9, k=50)
+    for name, tokens in (
+        ("top_p_mask", _kernel_form("top_p_mask")(x, key, params)),
+        ("top_k_top_p_mask", _kernel_form("top_k_top_p_mask")(x, key, params)),
+        ("hugging_face", _kernel_form("top_p_mask_from_below")(x, key, params)),
+        ("hugging_face_choice", sampling.nucleus_draw_by_band("choice", x, key, 0.9, 0.7, from_below=True,
+                                                              by_place=True)),
+        ("flax", sampling.nucleus_draw_by_band("", x, key, 0.9, 0.7, from_below=False, by_place=True)),
+        ("tunix", sampling._rank_nucleus_by_band(x, key, params)),
+    ):
+        assert float(jnp.mean(tokens == UNCERTIFIED)) <= 0.05, name
+
+
+def test_hugging_face_top_p_sorts_only_in_a_branch() -> None:
+    """The compiled program draws by the band with no sort; the kernel's sort (and XLA's, for ties straddling the
+    removal) runs only in a conditional's branch."""
+    params = form_params("top_p_ascending_mask_choice", temperature=0.8, p=0.9)
+    lowering = jax.jit(sampling.top_p_ascending_lowering("top_p_ascending_mask_choice", params))
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
+    assert sampling.NUCLEUS_BAND_TARGET in entry and "conditional(" in entry
+    assert sampling.SORT_TARGET not in entry and " sort(" not in entry and "TopK" not in entry
+    assert sampling.SORT_TARGET in hlo
+
+
+def test_tokens_at_or_above_a_floor_come_in_lax_top_ks_order() -> None:
+    """`at_or_above`: the first ranks of lax.top_k's order (+0 before -0, ties by the lower id), -inf and -1 after
+    them, and their count; a row with more than k gives none."""
+    rng = np.random.default_rng(5)
+    x = np.round(rng.standard_normal((3, 500)) * 2).astype(np.float32)  # many ties
+    x[0, ::7] = 0.0
+    x[0, 3::7] = -0.0
+    floor = jnp.asarray([-0.0, 1.0, -9.0], jnp.float32)
+    values, ids, count = jax.jit(lambda x, f: sampling.at_or_above(x, f, 400))(jnp.asarray(x), floor)
+    top_values, top_ids = jax.lax.top_k(jnp.asarray(x), 500)
+    for row in range(2):
+        n = int(np.sum(x[row] >= float(floor[row])))
+        assert int(count[row]) == n <= 400
+        np.testing.assert_array_equal(ids[row, :n], top_ids[row, :n])
+        np.testing.assert_array_equal(np.signbit(values[row, :n]), np.signbit(top_values[row, :n]))
+        assert bool(jnp.all(ids[row, n:] == -1)) and bool(jnp.all(values[row, n:] == -jnp.inf))
+    assert int(count[2]) == 500 and bool(jnp.all(ids[2] == -1))  # more than k: none given

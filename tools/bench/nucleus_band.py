@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""How often a certified nucleus draw falls in its band on the CPU, so that the program's own cut decides the batch.
+
+The kernel draws a sorted nucleus among the tokens at or above the band of values that the program's f32 rounding
+could move the cut across, and vouches only for a winner above it (docs/kernels-cpu-sampling.md, "Certified nucleus
+cut"). This prints, per family (a cut by value from the top as JetStream writes it; Hugging Face's cut from the
+bottom, with a categorical draw and with torch.multinomial's; Flax's exclusive cut), the share of draws left
+UNCERTIFIED over `--keys` keys of `--rows` rows of `scale * N(0, 1)` logits, for each p:
+
+    python tools/bench/nucleus_band.py                         # 64 x 128256, scales 3 and 6, p 0.5 0.9 0.95
+    python tools/bench/nucleus_band.py --vocab 262144 --scale 6 --p 0.9
+
+A share of s costs s times the program's cut (the kernel's radix sort and XLA's softmax and cumsum) per row, but
+the cut runs for the whole batch when any row needs it: 1 - (1 - s)^B of the calls at batch B.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from hlofuse.kernels.cpu import sampling  # noqa: E402
+from hlofuse.kernels.sampling_reference import UNCERTIFIED  # noqa: E402
+
+
+def _families(temperature: float) -> dict[str, object]:
+    """name -> (x, key, p) -> tokens, UNCERTIFIED rows as they are."""
+
+    def kernel_form(form: str) -> object:
+        def draw(x: jax.Array, key: jax.Array, p: float) -> jax.Array:
+            rows = x.shape[0]
+            return sampling._sample_call(x, jnp.broadcast_to(key, (rows, 2)), jax.lax.iota(jnp.int32, rows), form=form,
+                                         temperature=temperature, k=0, p=p, min_p=0.0)[0]
+
+        return draw
+
+    def by_band(draw: str, from_below: bool) -> object:
+        return lambda x, key, p: sampling.nucleus_draw_by_band(draw, x, key, p, temperature, from_below=from_below,
+                                                               by_place=True)
+
+    return {"value cut from the top (top_p_mask)": kernel_form("top_p_mask"),
+            "Hugging Face, categorical": kernel_form("top_p_mask_from_below"),
+            "Hugging Face, torch.multinomial": by_band("choice", True),
+            "Flax (exclusive, from the top)": by_band("", False)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=128256)
+    parser.add_argument("--scale", type=float, nargs="+", default=[3.0, 6.0],
+                        help="the logits' spread (3: hundreds kept at p = 0.9; 6: a few, as a model's rows)")
+    parser.add_argument("--p", type=float, nargs="+", default=[0.5, 0.9, 0.95])
+    parser.add_argument("--keys", type=int, default=8)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    args = parser.parse_args()
+    if not sampling.is_available():
+        raise SystemExit("nucleus_band: the native CPU sampler is not built (pip install . builds it)")
+    print(f"| family | scale | p | draws in the band (of {args.keys} x {args.rows} at V = {args.vocab}) |")
+    print("|---|---:|---:|---:|")
+    for scale in args.scale:
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((args.rows, args.vocab)).astype(np.float32) * scale)
+        for name, draw in _families(args.temperature).items():
+            for p in args.p:
+                fn = jax.jit(lambda x, key, draw=draw, p=p: draw(x, key, p))
+                left = sum(int(jnp.sum(fn(x, jnp.array([0, seed], jnp.uint32)) == UNCERTIFIED))
+                           for seed in range(args.keys))
+                print(f"| {name} | {scale:g} | {p:g} | {left / (args.keys * args.rows):.2%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
