@@ -133,6 +133,16 @@ def test_tunix_top_p_draws_are_the_programs() -> None:
     _assert_certified_draws_are_the_programs("top_p_of_logits_exclusive", by_band, lowering, from_below=False)
 
 
+def test_pax_top_p_draws_are_the_programs() -> None:
+    """Pax's top_p_mask_logits of the whole row (`cumsum <= 1 - p` from the bottom, cut by value), drawn by argmax(x +
+    gumbel * T)."""
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.noise_scaled_lowering("top_p_noise_scaled", params)
+
+    _assert_certified_draws_are_the_programs("top_p_noise_scaled", sampling.pax_nucleus_by_band, lowering,
+                                             from_below=True)
+
+
 def test_a_band_by_value_would_vouch_for_wrong_ties_of_a_cut_by_place() -> None:
     """Why `by_place` exists: Flax keeps the first copies of a value tied at its cut and drops the later ones, so a
     band that keeps every copy of its upper end alike (right for a cut by value) certifies tokens the program drops."""
@@ -174,6 +184,7 @@ def test_few_rows_are_left_to_the_programs_cut(scale: float) -> None:
                                                               by_place=True)),
         ("flax", sampling.nucleus_draw_by_band("", x, key, 0.9, 0.7, from_below=False, by_place=True)),
         ("tunix", sampling._rank_nucleus_by_band(x, key, params)),
+        ("pax", sampling.pax_nucleus_by_band(x, key, params)),
     ):
         assert float(jnp.mean(tokens == UNCERTIFIED)) <= 0.05, name
 

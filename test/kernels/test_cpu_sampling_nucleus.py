@@ -172,6 +172,22 @@ def test_kernel_top_k_orders_nan_first_as_lax_top_k() -> None:
     np.testing.assert_array_equal(values, want_values)
 
 
+def test_kernel_top_k_orders_positive_zero_above_negative_zero_as_lax_top_k() -> None:
+    """lax.top_k ranks by XLA's total order, +0 above -0, and only then by the lower id: the kernel's top-k (the ranks
+    of every rank-space draw) must too, in its heap and in its filter of what may enter it (a heap whose worst is -0
+    takes a later +0)."""
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_normal((3, 4000)) * 0.6).astype(np.float32)
+    x[x == 0] = np.where(rng.random(int((x == 0).sum())) < 0.5, -0.0, 0.0)
+    x[0] = -np.abs(x[0])  # zeros at the top of the row
+    x[1, :5] = [-0.0, 0.0, -1.0, 0.0, -0.0]
+    for k in (1, 4, 64, 700):
+        values, ids = sampling._top_k_by_kernel(jnp.asarray(x), k)
+        want_values, want_ids = jax.lax.top_k(jnp.asarray(x), k)
+        np.testing.assert_array_equal(ids, want_ids, err_msg=f"k = {k}")
+        np.testing.assert_array_equal(np.signbit(values), np.signbit(want_values), err_msg=f"k = {k}")
+
+
 # ----- Hugging Face's top-p: the row sorted by the kernel ------------------------------------------------
 
 

@@ -160,6 +160,20 @@ class TestNkiSampling:
         assert int(kernel_tokens(x, key, **options)[0]) == UNCERTIFIED
         assert int(sample(x, key, **options)[0]) == nucleus_rounding.program_token(x, p)
 
+    def test_rank_space_rows_with_zeros_in_the_top_k_are_left_to_the_reference(self) -> None:
+        """lax.top_k ranks +0 above -0, which the kernel's groups of equal values cannot tell apart: a row whose top k
+        take a group of zeros is UNCERTIFIED, and `sample` gives the reference's token."""
+        x = np.full((2, 300), -5.0, np.float32)
+        x[0, :40:2], x[0, 1:40:2] = -0.0, 0.0
+        x[1, :40] = np.arange(40, dtype=np.float32)  # no zero in its top k
+        x = jnp.asarray(x)
+        key = jnp.array([3, 4], jnp.uint32)
+        options = dict(form="top_k", temperature=0.7, k=20, runner=self.runner, block_sizes=SMALL)
+        raw = np.asarray(kernel_tokens(x, key, **options))
+        assert raw[0] == UNCERTIFIED and raw[1] != UNCERTIFIED, raw
+        np.testing.assert_array_equal(sample(x, key, **options), sample_reference(x, key, form="top_k",
+                                                                                  temperature=0.7, k=20))
+
     def test_search_spans_the_float_range(self) -> None:
         """Finite fills at -3e38 beside logits 1 ulp apart: the log-scale bisection still converges."""
         x = np.full((2, 500), -3e38, np.float32)

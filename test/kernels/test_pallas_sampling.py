@@ -157,6 +157,20 @@ def test_nucleus_draw_that_rounding_decides_is_left_to_the_program(backend: str)
     assert int(got[0]) == nucleus_rounding.program_token(x, p)
 
 
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_rank_space_top_k_ranks_positive_zero_above_negative_zero(backend: str) -> None:
+    """lax.top_k ranks +0 above -0 (XLA's total order), then by the lower id: the rank-space draw's noise follows the
+    rank, so the kernel must rank the same (rows of -0 and +0 at the top of the row)."""
+    x = np.full((2, V), -5.0, np.float32)
+    x[:, :40:2], x[:, 1:40:2] = -0.0, 0.0
+    x[1, 3:40:4] = -0.0
+    x = jnp.asarray(x)
+    for seed in SEEDS:
+        got = sample(x, _key(seed), form="top_k", temperature=0.7, k=20, backend=backend,
+                     block_sizes=BLOCKS[backend], interpret=True)
+        np.testing.assert_array_equal(got, sample_reference(x, _key(seed), form="top_k", temperature=0.7, k=20))
+
+
 # ----------------------------------------------------------------------------- vocabulary splits
 
 

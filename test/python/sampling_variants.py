@@ -707,6 +707,55 @@ def no_match_rank_space_nucleus_cumsum_lt(x, key):
     return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
 
 
+# --- Pax (praxis token_samplers): argmax(x + gumbel * T), the noise scaled -------------------------------------------
+
+
+def _pax_draw(x, key, temperature):
+    noise = jax.random.gumbel(key, x.shape).astype(x.dtype)
+    return jnp.argmax(x + noise * temperature, axis=-1)
+
+
+def _pax_gather(items, position):
+    rows = jax.lax.broadcasted_iota(jnp.int32, position.shape, 0)
+    return items[rows, position]
+
+
+def _pax_nucleus(x, threshold, descending):
+    ordered = x if descending else jnp.sort(x, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered.astype(jnp.float32), axis=-1), axis=-1)
+    count = jnp.sum((cumulative <= threshold).astype(jnp.int32), axis=-1)
+    cutoff = ordered[jnp.arange(x.shape[0]), count]
+    return jnp.where(x < cutoff[:, None], jnp.asarray(-0.7 * jnp.finfo(x.dtype).max, x.dtype), x)
+
+
+def pax_temperature(x, key):
+    return _pax_draw(x, key, 0.7)
+
+
+def pax_top_k(x, key):
+    values, ids = jax.lax.top_k(x, 16)
+    return _pax_gather(ids, _pax_draw(values, key, 0.8))
+
+
+def pax_top_k_top_p(x, key):
+    values, ids = jax.lax.top_k(x, 24)
+    return _pax_gather(ids, _pax_draw(_pax_nucleus(values, 0.9, descending=True), key, 0.6))
+
+
+def pax_top_p(x, key):
+    return _pax_draw(_pax_nucleus(x, 1.0 - 0.9, descending=False), key, 0.7)
+
+
+def pax_epsilon(x, key):
+    probs = jax.nn.softmax(x.astype(jnp.float32), axis=-1)
+    return _pax_draw(jnp.where(probs < 3e-3, jnp.asarray(-0.7 * jnp.finfo(x.dtype).max, x.dtype), x), key, 0.9)
+
+
+def near_miss_pax_temperature_per_row(x, key):
+    """Pax's draw with a temperature per row (a request's): no form reads a (B, 1) temperature."""
+    return _pax_draw(x, key, jnp.linspace(0.5, 1.0, x.shape[0], dtype=x.dtype)[:, None])
+
+
 ARGSORT_REMARK = "stablehlo.sort: top-k by argsort not fused into the sampler (fused as `temperature` after it)"
 
 VARIANTS: list[Variant] = [
@@ -832,6 +881,16 @@ VARIANTS: list[Variant] = [
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),
     Variant("unknown_filter_is_categorical", unknown_filter_is_categorical, "categorical"),
     Variant("no_match_uniform_noise", no_match_uniform_noise, None),
+    Variant("pax_temperature", pax_temperature, "temperature_noise_scaled",
+            expect={"mode": "temperature", "temperature": 0.7}),
+    Variant("pax_top_k", pax_top_k, "top_k_noise_scaled", expect={"mode": "top_k", "k": 16, "temperature": 0.8}),
+    Variant("pax_top_k_top_p", pax_top_k_top_p, "top_k_top_p_noise_scaled",
+            expect={"mode": "top_k+top_p", "k": 24, "p": 0.9, "temperature": 0.6}),
+    Variant("pax_top_p", pax_top_p, "top_p_noise_scaled",
+            expect={"mode": "top_p", "p": 1 - float(np.float32(1.0 - 0.9)), "temperature": 0.7}),
+    Variant("pax_epsilon", pax_epsilon, "epsilon_noise_scaled",
+            expect={"mode": "epsilon", "epsilon": 3e-3, "temperature": 0.9}),
+    Variant("near_miss_pax_temperature_per_row", near_miss_pax_temperature_per_row, None),
 ]
 
 LIT = Path(__file__).resolve().parents[1] / "passes" / "fuse_sampling.mlir"

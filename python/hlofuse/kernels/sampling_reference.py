@@ -1206,6 +1206,103 @@ FORMS["top_k_top_p_of_logits_exclusive"] = Form(
 FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 
+# ----- Pax (praxis `token_samplers`, as saxml serves it): the noise scaled by T, not the logits ----------------------
+# DefaultCategoricalLogitsSampler draws argmax(x + gumbel * T): for T > 0 that samples softmax(x / T), as a categorical
+# of x / T does, but it rounds otherwise, so these forms draw their own way (the CPU kernel's scaled noise) and no other
+# draw composes with them. The filters come first, as DefaultNextTokenSampler applies them: the epsilon mask, then the
+# top k (the draw among them, their ids gathered back by an iota per dim) with the nucleus of the sorted top k, or,
+# without a top k, the nucleus of the whole row sorted ascending. Dropped logits become -0.7 * finfo.max (`fill`).
+NoiseScaledDraw = Callable[[jax.Array, jax.Array, float], jax.Array]
+
+
+def noise_scaled_draw(key: jax.Array, logits: jax.Array, temperature: float) -> jax.Array:
+    """argmax(x + gumbel * T) over the last axis, the noise jax.random.gumbel's f32 cast to the logits' dtype."""
+    noise = jax.random.gumbel(key, logits.shape).astype(logits.dtype)
+    return jnp.argmax(logits + noise * temperature, axis=-1)
+
+
+def take_by_iotas(items: jax.Array, position: jax.Array) -> jax.Array:
+    """items (..., k) at `position` (...,): a gather indexed by an iota per leading dim and the position, as Pax maps
+    the drawn rank back to its id."""
+    selectors = [jax.lax.broadcasted_iota(jnp.int32, position.shape, d) for d in range(position.ndim)]
+    return items[(*selectors, position)]
+
+
+def pax_nucleus(logits: jax.Array, threshold: float, *, descending: bool, fill: float | None,
+                sort_fn: Callable[[jax.Array], jax.Array] = jnp.sort) -> jax.Array:
+    """Pax's top_p_mask_logits of (B, n) logits: sorted ascending (or given descending), the cumsum of their f32
+    softmax, the count of places whose cumsum is at most `threshold` (p from the top, 1 - p from the bottom), the
+    sorted logit at that count, and the logits below it at `fill` (-inf for the form's own meaning)."""
+    ordered = logits if descending else sort_fn(logits)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered.astype(jnp.float32), axis=-1), axis=-1)
+    count = jnp.sum((cumulative <= threshold).astype(jnp.int32), axis=-1)
+    cutoff = ordered[jnp.arange(logits.shape[0]), count]
+    return jnp.where(logits < jnp.expand_dims(cutoff, -1), NEG_INF if fill is None else fill, logits)
+
+
+def temperature_noise_scaled(logits: jax.Array, key: jax.Array, *, temperature: float,
+                             draw_fn: NoiseScaledDraw = noise_scaled_draw, **_: Any) -> jax.Array:
+    """Pax's sampler with neither top-k nor top-p: argmax(x + gumbel * T)."""
+    return draw_fn(key, logits, temperature)
+
+
+def top_k_noise_scaled(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
+                       top_k_fn: TopK = jax.lax.top_k, draw_fn: NoiseScaledDraw = noise_scaled_draw,
+                       **_: Any) -> jax.Array:
+    """Pax's top-k sampler: lax.top_k, argmax(values + gumbel * T) over the k ranks, the id gathered back."""
+    values, ids = top_k_fn(logits, k)
+    return take_by_iotas(ids, draw_fn(key, values, temperature))
+
+
+def top_k_top_p_noise_scaled(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                             fill: float | None = None, top_k_fn: TopK = jax.lax.top_k,
+                             draw_fn: NoiseScaledDraw = noise_scaled_draw, **_: Any) -> jax.Array:
+    """Pax's top-k then top-p: the nucleus of the sorted top k (`pax_nucleus` from the top, cumsum <= p), drawn over
+    the k ranks by argmax(masked + gumbel * T), the id gathered back. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"Pax's top-p takes (B, V) logits, not {logits.shape}")
+    values, ids = top_k_fn(logits, k)
+    masked = pax_nucleus(values, p, descending=True, fill=fill)
+    return take_by_iotas(ids, draw_fn(key, masked, temperature))
+
+
+def top_p_noise_scaled(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                       fill: float | None = None, one_minus_p: float | None = None,
+                       sort_fn: Callable[[jax.Array], jax.Array] = jnp.sort,
+                       draw_fn: NoiseScaledDraw = noise_scaled_draw, **_: Any) -> jax.Array:
+    """Pax's top-p of the whole row (no top-k): `pax_nucleus` from the bottom (cumsum <= 1 - p: the program's constant
+    1 - p, what the fusion reads), then argmax(masked + gumbel * T). (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"Pax's top-p takes (B, V) logits, not {logits.shape}")
+    threshold = 1 - p if one_minus_p is None else one_minus_p
+    masked = pax_nucleus(logits, threshold, descending=False, fill=fill, sort_fn=sort_fn)
+    return draw_fn(key, masked, temperature)
+
+
+def epsilon_noise_scaled(logits: jax.Array, key: jax.Array, *, temperature: float, epsilon: float,
+                         fill: float | None = None, draw_fn: NoiseScaledDraw = noise_scaled_draw,
+                         **_: Any) -> jax.Array:
+    """Pax's epsilon sampling: the logits whose f32 softmax is below epsilon at `fill`, then argmax(x + gumbel * T)."""
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    masked = jnp.where(probs < epsilon, NEG_INF if fill is None else fill, logits)
+    return draw_fn(key, masked, temperature)
+
+
+NOISE_SCALED = ("temperature_noise_scaled", "top_k_noise_scaled", "top_k_top_p_noise_scaled", "top_p_noise_scaled",
+                "epsilon_noise_scaled")
+FORMS.update({f.name: f for f in (
+    Form("temperature_noise_scaled", "temperature", temperature_noise_scaled, ("temperature",), _NOISE,
+         composes_draws=False),
+    Form("top_k_noise_scaled", "top_k", top_k_noise_scaled, ("temperature", "k"), _TOP_K, composes_draws=False),
+    Form("top_k_top_p_noise_scaled", "top_k+top_p", top_k_top_p_noise_scaled, ("temperature", "k", "p"),
+         _TOP_K + ("stablehlo.exponential",), composes_draws=False, reads=("fill",)),
+    Form("top_p_noise_scaled", "top_p", top_p_noise_scaled, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort", "stablehlo.exponential"), composes_draws=False, reads=("fill", "one_minus_p")),
+    Form("epsilon_noise_scaled", "epsilon", epsilon_noise_scaled, ("temperature", "epsilon"),
+         _NOISE + ("stablehlo.exponential",), composes_draws=False, reads=("fill",)),
+)})
+
+
 # Parameters only the forms that read them are given (so that the kernels of the other forms never see them).
 OPTIONAL_PARAMS = ("eps", "epsilon")
 # Each parameter's value when a form does not read it: what the form's function computes with.

@@ -57,6 +57,8 @@ enum class Form : int64_t {
   // top_p_mask's draw for a nucleus whose program sums its cumsum from the smallest and cuts by sorted place
   // (Hugging Face's `cumsum <= 1 - p`, with p the mass kept): its band's slack from the 1 - p the cumsum reaches.
   kTopPMaskFromBelow = 11,
+  // categorical with the noise scaled instead of the logits: argmax(x + gumbel * T) (Pax's draw), f32 only.
+  kCategoricalNoiseScaled = 12,
 };
 
 // A row's token the kernel cannot vouch for (greedy_softmax near a tie, a nucleus draw in its band): the binding
@@ -102,6 +104,23 @@ float FromOrderKey(int32_t k) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// The key that orders floats as jnp.sort's comparator does: -0 and +0 equal, NaN (any) after +inf.
+uint32_t AscendingKey(float x) {
+  if (std::isnan(x)) return 0xFFFFFFFFu;
+  if (x == 0.0f) x = 0.0f;
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// The key that orders floats as lax.top_k does, first to last: XLA's total order reversed, so +NaN (the larger
+// payload first), +inf, ..., +0, -0, ..., -inf, -NaN.
+uint32_t DescendingKey(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return ~((bits & 0x80000000u) ? ~bits : (bits | 0x80000000u));
 }
 
 //===--- ISA selection and the vector loops --------------------------------------------------===//
@@ -298,15 +317,18 @@ class GumbelArgmax {
  public:
   static constexpr int kChunk = 256;  // a multiple of every ISA's lanes
 
-  // `start`: a best already found elsewhere (the argmax is then over its candidate too).
-  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, Best start = {})
+  // `start`: a best already found elsewhere (the argmax is then over its candidate too). `noise_scale`: the score is
+  // round(y + round(gumbel * noise_scale)) (f32 only), as Pax draws argmax(x + gumbel * T).
+  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, Best start = {},
+               float noise_scale = 1.0f)
       : ops_(ops),
         tables_(Tables()),
         k0_(k0),
         k1_(k1),
         base_(base),
         bf16_(bf16),
-        gmax_(bf16 ? tables_.bf16_max : tables_.f32_max),
+        noise_scale_(noise_scale),
+        gmax_(bf16 ? tables_.bf16_max : Scaled(tables_.f32_max)),
         best_(start) {
     if (best_.index >= 0) Raise(best_.score);
   }
@@ -341,9 +363,9 @@ class GumbelArgmax {
       if (bf16_) {
         score = RoundBf16(tables_.bf16[(bits_[j] & 0xffu) >> 1] + y);
       } else {
-        if (tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)] + y < bound_) continue;
+        if (Scaled(tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)]) + y < bound_) continue;
         ++logs;
-        score = GumbelF32(bits_[j] >> 9) + y;
+        score = Scaled(GumbelF32(bits_[j] >> 9)) + y;
       }
       best_.Offer(idx_[j], score);
       bound_ = best_.score > bound_ ? best_.score : bound_;
@@ -372,11 +394,15 @@ class GumbelArgmax {
     threshold_ = FromOrderKey(lo);
   }
 
+  // f32 noise times the scale (times 1: the noise itself); monotone in the noise for a scale > 0.
+  float Scaled(float g) const { return noise_scale_ == 1.0f ? g : g * noise_scale_; }
+
   const SimdOps& ops_;
   const NoiseTables& tables_;
   uint32_t k0_, k1_;
   uint64_t base_;
   bool bf16_;
+  float noise_scale_;
   float gmax_;
   Best best_;
   float bound_ = kNegInf;
@@ -494,6 +520,11 @@ Best Winner(const Best& best) {
 // a value enters the full heap only if it is strictly above the heap's worst; the scan collects those
 // in vector blocks.
 std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k, int32_t* ids) {
+  // lax.top_k's order: XLA's total order (+0 above -0) descending, the lower index first among equal values.
+  auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    const uint32_t ka = DescendingKey(a.first), kb = DescendingKey(b.first);
+    return ka < kb || (ka == kb && a.second < b.second);
+  };
   // NaN ranks first, lower index first, as lax.top_k orders them; the heap below never sees one.
   std::vector<std::pair<float, int64_t>> nans;
   for (int64_t i = 0; i < n && static_cast<int64_t>(nans.size()) < k; ++i)
@@ -503,29 +534,23 @@ std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, 
     std::vector<std::pair<float, int64_t>> others;
     for (int64_t i = 0; i < n && rest > 0; ++i)
       if (!std::isnan(v[i])) others.emplace_back(v[i], i);
-    auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
-      return a.first > b.first || (a.first == b.first && a.second < b.second);
-    };
     const int64_t keep = std::min<int64_t>(rest, static_cast<int64_t>(others.size()));
     std::partial_sort(others.begin(), others.begin() + keep, others.end(), before);
     nans.insert(nans.end(), others.begin(), others.begin() + keep);
     return nans;
   }
-  auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
   std::priority_queue<std::pair<float, int64_t>, std::vector<std::pair<float, int64_t>>, decltype(before)> heap(before);
   int64_t i = 0;
   for (; i < n && static_cast<int64_t>(heap.size()) < k; ++i) heap.emplace(v[i], i);
   constexpr int64_t kBlock = 1024;
   for (; i < n; i += kBlock) {
     const float worst = heap.top().first;
-    // above worst: the open interval (worst, inf] as [nextafter(worst), inf]
-    const float lo = std::nextafter(worst, kPosInf);
+    // above worst: the open interval (worst, inf] as [nextafter(worst), inf], and +0 above a worst of -0
+    const float lo = worst == 0.0f && std::signbit(worst) ? 0.0f : std::nextafter(worst, kPosInf);
     const int64_t found = ops.collect_range(v, lo, kPosInf, i, std::min(n, i + kBlock), ids);
     for (int64_t j = 0; j < found; ++j) {
       const int64_t at = ids[j];
-      if (!(v[at] > heap.top().first)) continue;
+      if (!before({v[at], at}, heap.top())) continue;
       heap.pop();
       heap.emplace(v[at], at);
     }
@@ -715,11 +740,11 @@ Best Vouched(const Best& best, const Row& r, const Band& band) {
 // bests are combined in order.
 template <typename Keep>
 Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base, float ylo,
-                Keep keep) {
+                Keep keep, float noise_scale = 1.0f) {
   const float seed = std::max(ylo, ymax - 1.0f);
   std::vector<Best> part(r.chunks());
   r.ForChunks([&](int64_t c) {
-    GumbelArgmax sampler(ops, k0, k1, base, r.bf16);
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, {}, noise_scale);
     int32_t* ids = r.ids_of(c);
     const int64_t found = ops.collect_range(r.y, seed, kPosInf, r.begin(c), r.end(c), ids);
     for (int64_t j = 0; j < found; ++j)
@@ -732,7 +757,7 @@ Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint3
   // The best score any chunk has reached so far, shared so that every chunk prunes with it.
   std::atomic<float> shared(seeds.index >= 0 ? seeds.score : kNegInf);
   r.ForChunks([&](int64_t c) {
-    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, seeds);
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, seeds, noise_scale);
     int32_t* ids = r.ids_of(c);
     auto share = [&] {
       float seen = shared.load(std::memory_order_relaxed);
@@ -775,6 +800,10 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
     case Form::kTemperature: {
       const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
+    }
+    case Form::kCategoricalNoiseScaled: {  // argmax(x + gumbel * T): the logits as they are, the noise scaled
+      const float ymax = ScaleMaxRow(ops, r, 1.0f);
+      return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything, t);
     }
     case Form::kTopK:
     case Form::kTemperatureTopK: {
@@ -983,12 +1012,14 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
   if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
-  if (form < 0 || form > 11) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
+  if (form < 0 || form > 12) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = (form >= 2 && form <= 6 && form != 5) || IsPacked(form);
   // Packed candidates: V = 2C words, k of the C candidates.
   const int64_t choices = IsPacked(form) ? vocab / 2 : vocab;
   if (IsPacked(form) && (bf16 || vocab % 2 || vocab_total != 0))
     return ffi::Error::InvalidArgument("hlofuse_sample: packed candidates are (rows, 2C) f32 and do not split");
+  if (form == static_cast<int64_t>(Form::kCategoricalNoiseScaled) && (bf16 || !(temperature > 0)))
+    return ffi::Error::InvalidArgument("hlofuse_sample: a scaled noise takes f32 logits and a scale > 0");
   if (vocab < 1 || (needs_k && (k < 1 || k > choices)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
   if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))
@@ -1159,23 +1190,6 @@ ffi::Error SampleTopMass(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> probs, ffi:
     }
   });
   return ffi::Error::Success();
-}
-
-// The key that orders floats as jnp.sort's comparator does: -0 and +0 equal, NaN (any) after +inf.
-uint32_t AscendingKey(float x) {
-  if (std::isnan(x)) return 0xFFFFFFFFu;
-  if (x == 0.0f) x = 0.0f;
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
-
-// The key that orders floats as lax.top_k does, first to last: XLA's total order reversed, so +NaN (the larger
-// payload first), +inf, ..., +0, -0, ..., -inf, -NaN.
-uint32_t DescendingKey(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  return ~((bits & 0x80000000u) ? ~bits : (bits | 0x80000000u));
 }
 
 // Each row sorted by Key, stably (equal keys keep their order): values (*L, V) and their ids. Four passes of

@@ -24,6 +24,7 @@ from hlofuse.kernels.sampling_reference import (
     ESURGE_FILL,
     FORMS,
     NEG_INF,
+    NOISE_SCALED,
     RANK_NUCLEI,
     ROW_KEY_DRAWS,
     SHARED_NOISE_DRAWS,
@@ -69,7 +70,9 @@ PACKED_FORM_CODES = {"top_k_packed": 8, "top_k_packed_bf16": 9}
 # top_p_mask's draw for a nucleus whose program sums its cumsum from the smallest logit (Hugging Face's `cumsum <= 1 -
 # p`): the band's slack is that of the 1 - p the cumsum reaches there (sampling.cc, "Certified nucleus cut").
 FROM_BELOW_FORM_CODES = {"top_p_mask_from_below": 11}
-KERNEL_FORM_CODES = {**PACKED_FORM_CODES, **FROM_BELOW_FORM_CODES}
+# A categorical whose noise is scaled instead of the logits, argmax(x + gumbel * T) (Pax's draw), f32 only.
+NOISE_SCALED_FORM_CODES = {"categorical_noise_scaled": 12}
+KERNEL_FORM_CODES = {**PACKED_FORM_CODES, **FROM_BELOW_FORM_CODES, **NOISE_SCALED_FORM_CODES}
 # The nucleus forms whose cut the kernel does not decide alone: it draws among the tokens at or above the band of
 # values the program's f32 rounding of its softmax and cumsum could move the cut across, and a winner in that band
 # is UNCERTIFIED, for the program's own cut (`_nucleus_of_sorted_row`) to decide.
@@ -487,6 +490,48 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
         return sorted_row()
 
     return kernel
+
+
+#===--- Pax's samplers: the noise scaled by T ---------------------------------------------------------===#
+# sampling_reference.NOISE_SCALED: the form's own function with the kernel's top-k, its sort's values and its draw with
+# the noise scaled (kernel form 12), so every filter is the program's own ops on (B, k) or elementwise; Pax's top-p of
+# the whole row is drawn by its band first (from the bottom, by value), the sorted row only for the batches that draw
+# in the band.
+
+
+def _noise_scaled_by_kernel(key: jax.Array, z: jax.Array, temperature: float) -> jax.Array:
+    """sampling_reference.noise_scaled_draw by the kernel: argmax(z + gumbel * T), the noise at JAX's counters."""
+    batch, width = z.shape[:-1], z.shape[-1]
+    rows = int(np.prod(batch, dtype=np.int64))
+    (tokens,) = _sample_call(z.reshape(rows, width), _keys(key, (rows,)), jax.lax.iota(jnp.int32, rows),
+                             form="categorical_noise_scaled", temperature=temperature, k=0, p=1.0, min_p=0.0)
+    nan = jnp.isnan(z)  # a NaN scores NaN whatever its noise: argmax takes the first
+    return jnp.where(jnp.any(nan, axis=-1), jnp.argmax(nan, axis=-1).astype(jnp.int32), tokens.reshape(batch))
+
+
+def noise_scaled_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form of NOISE_SCALED on the CPU (f32 logits, T > 0): its function with the kernel's top-k, sort and draw."""
+    fn = FORMS[form].fn
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        def own() -> jax.Array:
+            return fn(logits, key, **params, top_k_fn=_top_k_by_kernel, sort_fn=_sorted_values_by_kernel,
+                      draw_fn=_noise_scaled_by_kernel).astype(jnp.int32)
+
+        if form != "top_p_noise_scaled":
+            return own()
+        return reference_where_uncertified(pax_nucleus_by_band(logits, key, params), own)
+
+    return kernel
+
+
+def pax_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """Pax's top-p of the whole row (`top_p_noise_scaled`: `x >= sorted[count(cumsum <= 1 - p)]` from the bottom, by
+    value) with no sort: the draw among the tokens at or above the band, UNCERTIFIED where the band holds the winner."""
+    lo, hi = nucleus_band(logits, params["p"], from_below=True, by_place=False)
+    tokens = _noise_scaled_by_kernel(key, jnp.where(logits >= lo[:, None], logits, NEG_INF), params["temperature"])
+    winner = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+    return jnp.where(winner > hi, tokens, UNCERTIFIED)
 
 
 #===--- A nucleus drawn by its band ---------------------------------------------------------------===#
@@ -931,6 +976,12 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if FORMS[attrs.form].filters in ESURGE_FORMS:
             return esurge_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
+    if attrs.form in NOISE_SCALED:
+        shape, dtype = call.operand_types[0]
+        if dtype != "f32" or len(shape) != 2 or not attrs.temperature > 0 or attrs.k > shape[-1]:
+            raise Unsupported(f"'{attrs.form}' (argmax(x + gumbel * T)) takes (B, V) f32 logits and T > 0 (and k <= "
+                              "V): its noise is f32 cast to the logits' dtype, which the kernel draws in f32 only")
+        return noise_scaled_lowering(attrs.form, attrs.params())
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):

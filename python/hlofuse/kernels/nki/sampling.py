@@ -230,6 +230,8 @@ def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows
     best_rank = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
     best_w = nl.copy(top)
     best_base = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    # lax.top_k ranks +0 above -0, which compare equal here: a row whose top k take a group of zeros is not vouched for
+    zero_group = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
     for _ in nl.sequential_range(k):
         count = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
         below = nl.full((rows, 1), NEG_INF, dtype=nl.float32, buffer=nl.sbuf)  # the next group's value
@@ -238,6 +240,8 @@ def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows
             count[...] = nl.add(count, nl.sum(nl.where(nl.equal(x, w), 1.0, 0.0), axis=1, keepdims=True))
             below[...] = nl.maximum(below, nl.max(nl.where(nl.less(x, w), x, NEG_INF), axis=1, keepdims=True))
         take = nl.minimum(nl.multiply(count, valid), nl.subtract(float(k), base))
+        zero_group[...] = nl.maximum(zero_group, nl.where(nl.logical_and(nl.equal(w, 0.0), nl.greater(take, 0.0)),
+                                                          1.0, 0.0))
         in_group = nl.logical_and(nl.greater_equal(ranks, base), nl.less(ranks, nl.add(base, take)))
         v = nl.divide(w, divisor)
         score = nl.add(nl.copy(v, dtype=dtype), g)  # values / T + noise, each rounded as the program does
@@ -271,7 +275,8 @@ def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows
         reached = nl.greater_equal(count, target)
         hi[...] = nl.where(reached, floor, hi)
         lo[...] = nl.where(reached, lo, floor)
-    return hi, nl.where(nl.equal(nl.subtract(hi, lo), 1.0), 1.0, 0.0)
+    found = nl.where(nl.equal(nl.subtract(hi, lo), 1.0), 1.0, 0.0)
+    return hi, nl.minimum(found, nl.subtract(1.0, zero_group))
 
 
 def _clear_of_softmax_ties(load: Callable[[int, int], Any], chunks: list[tuple[int, int]], best: Any,  # noqa: ANN401

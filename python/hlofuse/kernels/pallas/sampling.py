@@ -172,6 +172,13 @@ def order_key(x: jax.Array) -> jax.Array:
     return jnp.where(x == 0, np.int32(0), key)
 
 
+def total_order_key(x: jax.Array) -> jax.Array:
+    """int32 image of f32 values in XLA's total order (-0 below +0), as lax.top_k ranks them (from_order_key
+    inverts it)."""
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    return bits ^ (lax.shift_right_arithmetic(bits, np.int32(31)) & _INT_MAX)
+
+
 def from_order_key(key: jax.Array) -> jax.Array:
     """The f32 value of an order key (the map is its own inverse on the sign-magnitude bits)."""
     return lax.bitcast_convert_type(key ^ (lax.shift_right_arithmetic(key, np.int32(31)) & _INT_MAX), jnp.float32)
@@ -352,7 +359,7 @@ def _rank_top_k(rows: _Rows, temperature_first: bool) -> tuple[jax.Array, jax.Ar
     def next_rank(prev_key: jax.Array, prev_id: jax.Array) -> tuple[jax.Array, jax.Array]:
         def step(j: jax.Array, x: jax.Array, ids: jax.Array, carry: Any) -> Any:  # noqa: ANN401
             best_key, best_id = carry
-            key = order_key(select(x))
+            key = total_order_key(select(x))  # lax.top_k's ranks: +0 above -0, then the lower id
             left = (key < prev_key) | ((key == prev_key) & (ids > prev_id))
             t_key = jnp.max(jnp.where(left, key, _INT_MIN), axis=1, keepdims=True)
             t_id = jnp.min(jnp.where(left & (key == t_key), ids, _INT_MAX), axis=1, keepdims=True)
