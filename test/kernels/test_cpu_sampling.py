@@ -176,12 +176,15 @@ def test_partitioned_lowering_matches_reference(form: str, shape: tuple[int, ...
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_top_k_candidates_are_the_splits_top_k(dtype: str) -> None:
-    """Each split's top min(k, W) with global ids: value descending, lower id first on ties (a stable sort;
-    XLA's CPU lax.top_k itself breaks ties out of order once k nears the row, seen at k >= 1000 of 1037)."""
+    """Each split's top min(k, W) with global ids: value descending in XLA's total order (+0 above -0, as
+    lax.top_k ranks them; the flat rows hold both), lower id first on ties (a stable sort; XLA's CPU lax.top_k
+    itself breaks ties out of order once k nears the row, seen at k >= 1000 of 1037)."""
     np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
     for kind in ("normal", "ties", "neg_inf", "flat"):
         x = np.asarray(_logits(kind, (3, 4 * 1037), 0).astype(np_dtype)).reshape(3, 4, 1037)
-        order = np.argsort(-x.astype(np.float32), axis=-1, kind="stable")
+        bits = x.astype(np.float32).view(np.int32).astype(np.int64)
+        total = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # XLA's total order of the floats, ascending
+        order = np.argsort(-total, axis=-1, kind="stable")
         for k in (1, 50, 2000):
             values, ids = sampling.top_k_candidates(jnp.asarray(x), k)
             want_ids = order[..., :min(k, 1037)]

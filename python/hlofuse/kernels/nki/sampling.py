@@ -230,7 +230,19 @@ def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows
     best_rank = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
     best_w = nl.copy(top)
     best_base = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
-    # lax.top_k ranks +0 above -0, which compare equal here: a row whose top k take a group of zeros is not vouched for
+    # lax.top_k ranks +0 above -0, which compare equal here: a row holding both, whose top k take its group of zeros,
+    # is not vouched for (the sign of a zero is the sign of its reciprocal's infinity)
+    negative_zero = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    positive_zero = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for c0, size in chunks:
+        x = values(c0, size)
+        zero = nl.equal(x, 0.0)
+        inverse = nl.divide(1.0, x)
+        negative_zero[...] = nl.maximum(negative_zero, nl.max(nl.where(nl.logical_and(zero, nl.less(inverse, 0.0)),
+                                                                       1.0, 0.0), axis=1, keepdims=True))
+        positive_zero[...] = nl.maximum(positive_zero, nl.max(nl.where(nl.logical_and(zero, nl.greater(inverse, 0.0)),
+                                                                       1.0, 0.0), axis=1, keepdims=True))
+    mixed = nl.multiply(negative_zero, positive_zero)
     zero_group = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
     for _ in nl.sequential_range(k):
         count = nl.zeros((rows, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -241,7 +253,7 @@ def _rank_space(values: Callable[[int, int], Any], noise_ref: Any, r0: int, rows
             below[...] = nl.maximum(below, nl.max(nl.where(nl.less(x, w), x, NEG_INF), axis=1, keepdims=True))
         take = nl.minimum(nl.multiply(count, valid), nl.subtract(float(k), base))
         zero_group[...] = nl.maximum(zero_group, nl.where(nl.logical_and(nl.equal(w, 0.0), nl.greater(take, 0.0)),
-                                                          1.0, 0.0))
+                                                          mixed, 0.0))
         in_group = nl.logical_and(nl.greater_equal(ranks, base), nl.less(ranks, nl.add(base, take)))
         v = nl.divide(w, divisor)
         score = nl.add(nl.copy(v, dtype=dtype), g)  # values / T + noise, each rounded as the program does
