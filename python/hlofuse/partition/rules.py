@@ -37,7 +37,11 @@ from jaxlib.mlir import ir
 
 # Custom-call targets that get a rule here, and the function that writes it.
 ATTENTION_TARGETS = ("hlofuse_attention",)
-SAMPLE_TARGETS = ("hlofuse_sample", "hlofuse_sample_top_k")
+# (every sampling target leads each operand and result with the rows: the sorts, the band, the tokens at or above a
+# floor and the whole rows' copy too)
+SAMPLE_TARGETS = ("hlofuse_sample", "hlofuse_sample_top_k", "hlofuse_sample_sort", "hlofuse_sample_sort_descending",
+                  "hlofuse_sample_top_mass", "hlofuse_sample_nucleus_band", "hlofuse_sample_at_or_above",
+                  "hlofuse_sample_whole_rows")
 # The calls other targets' kernels emit (Pallas Mosaic TPU, Pallas Triton / Mosaic GPU, NKI). These names
 # are shared with every other kernel of those backends, so only calls inside a function hlofuse-lower-kernels
 # inlined (`hlofuse.<op>.<target>`) get a rule.

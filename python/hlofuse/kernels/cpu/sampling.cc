@@ -1090,6 +1090,16 @@ ffi::Error SampleNucleusBand(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
   return ffi::Error::Success();
 }
 
+// The rows as they are (a copy). In a module for several devices its sharding rule keeps the rows local and the
+// vocabulary whole, so a vocabulary sharded over devices is gathered once, here, for every call that then reads the
+// rows (a certified nucleus's draw and its fallback's sort): `sampling.partitioned_lowering`.
+ffi::Error SampleWholeRows(ffi::Buffer<ffi::F32> logits, ffi::Result<ffi::Buffer<ffi::F32>> rows) {
+  if (rows->element_count() != logits.element_count())
+    return ffi::Error::InvalidArgument("hlofuse_sample_whole_rows: the result is the logits' shape");
+  std::memcpy(rows->typed_data(), logits.typed_data(), logits.element_count() * sizeof(float));
+  return ffi::Error::Success();
+}
+
 // Each row's top k: candidates (*L, k) as values (f32; bf16 widened exactly) and global ids (offset +
 // index), value descending, lower id first on ties (lax.top_k's order). The top k of a whole row is the
 // top k of its splits' candidates, concatenated in split order, so the splits of a sharded vocabulary
@@ -1387,3 +1397,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_at_or_above, hlofuse::cpu::SampleAt
                                   .Ret<ffi::Buffer<ffi::F32>>()    // values (*L, k) in lax.top_k's order, then -inf
                                   .Ret<ffi::Buffer<ffi::S32>>()    // ids (*L, k), then -1
                                   .Ret<ffi::Buffer<ffi::S32>>());  // counts (*L,): how many are at or above
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_whole_rows(
+    XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_whole_rows, hlofuse::cpu::SampleWholeRows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()    // logits (*L, V)
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // the same (*L, V)

@@ -59,6 +59,7 @@ SORT_TARGET = "hlofuse_sample_sort"
 SORT_DESCENDING_TARGET = "hlofuse_sample_sort_descending"
 NUCLEUS_BAND_TARGET = "hlofuse_sample_nucleus_band"
 AT_OR_ABOVE_TARGET = "hlofuse_sample_at_or_above"
+WHOLE_ROWS_TARGET = "hlofuse_sample_whole_rows"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
@@ -1129,6 +1130,9 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
         raise Unsupported(f"'{attrs.form}' draws each row with its own key, which the kernel takes on one device only")
     vocab = call.operand_types[0][0][-1]
     splits = vocab_splits_for(attrs.form, vocab, devices)
+    if splits == 1 and attrs.form in CERTIFIED_NUCLEI and call.operand_types[0][1] == "f32":
+        # the draw and its fallback's sort read the same rows: gathered once (`_whole_rows`), not once per call
+        return lambda logits, key=None: whole_row(_whole_rows(logits), key)
     if splits == 1:
         return whole_row
 
@@ -1148,6 +1152,12 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
         return merge_vocab_splits(ids, scores).reshape(batch)
 
     return kernel
+
+
+def _whole_rows(x: jax.Array) -> jax.Array:
+    """x itself, through `hlofuse_sample_whole_rows`, whose sharding rule gathers a sharded vocabulary here, once."""
+    cpu.register()
+    return jax.ffi.ffi_call(WHOLE_ROWS_TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype), vmap_method="sequential")(x)
 
 
 def whole_row_remark(call: CompositeCall, devices: int) -> str | None:

@@ -67,8 +67,9 @@ FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "tem
          "top_p_mask", "top_k_top_p_mask", "min_p")
 DTYPES = ("f32", "bf16")
 # Forms whose rows the kernel may leave UNCERTIFIED for the program's own function: greedy_softmax near a tie, a
-# nucleus whose draw falls in the band its cut's rounding spans (`nucleus_band`).
-UNCERTIFIED_FORMS = ("greedy_softmax", "top_p_mask", "top_k_top_p_mask")
+# nucleus whose draw falls in the band its cut's rounding spans (`nucleus_band`), a rank-space top-k whose ranks reach
+# a row's zeros of both signs (`_rank_top_k`).
+UNCERTIFIED_FORMS = ("greedy_softmax", "top_p_mask", "top_k_top_p_mask", "top_k", "temperature_top_k")
 # Forms that threshold probabilities: with bf16 logits the program rounds each probability and each
 # step of its cumulative sum to bf16, in an order only a sort reproduces.
 BF16_UNSUPPORTED = ("top_p_mask", "top_k_top_p_mask", "min_p")
@@ -170,13 +171,6 @@ def order_key(x: jax.Array) -> jax.Array:
     bits = lax.bitcast_convert_type(x, jnp.int32)
     key = bits ^ (lax.shift_right_arithmetic(bits, np.int32(31)) & _INT_MAX)
     return jnp.where(x == 0, np.int32(0), key)
-
-
-def total_order_key(x: jax.Array) -> jax.Array:
-    """int32 image of f32 values in XLA's total order (-0 below +0), as lax.top_k ranks them (from_order_key
-    inverts it)."""
-    bits = lax.bitcast_convert_type(x, jnp.int32)
-    return bits ^ (lax.shift_right_arithmetic(bits, np.int32(31)) & _INT_MAX)
 
 
 def from_order_key(key: jax.Array) -> jax.Array:
@@ -351,15 +345,27 @@ def _categorical(rows: _Rows, logits: Callable[[jax.Array], jax.Array]) -> tuple
 def _rank_top_k(rows: _Rows, temperature_first: bool) -> tuple[jax.Array, jax.Array]:
     """`top_k` / `temperature_top_k`: categorical over the top-k (rank order) mapped back to their ids.
 
-    Rank r is found by one pass: the largest value below rank r-1's (equal values: the next larger id).
+    Rank r is found by one pass: the largest value below rank r-1's (equal values: the next larger id). lax.top_k
+    ranks +0 above -0, which share an order key here: a row holding both whose top k reach the zeros is UNCERTIFIED
+    (one more pass, outside the rank walk, whose registers it leaves alone).
     """
     plan = rows.plan
     select = (lambda x: _scaled(plan, x)) if temperature_first else (lambda x: x)
 
+    def signed_zeros(j: jax.Array, x: jax.Array, ids: jax.Array, carry: Any) -> Any:  # noqa: ANN401
+        negative, positive = carry  # (int32 flags: Mosaic carries no boolean vectors through a loop)
+        y = select(x)
+        sign = lax.bitcast_convert_type(y, jnp.int32) < 0
+        negative = jnp.maximum(negative, jnp.max(jnp.where((y == 0) & sign, 1, 0), axis=1, keepdims=True))
+        positive = jnp.maximum(positive, jnp.max(jnp.where((y == 0) & ~sign, 1, 0), axis=1, keepdims=True))
+        return negative, positive
+
+    negative, positive = rows.fold(signed_zeros, (rows.column(0), rows.column(0)))
+
     def next_rank(prev_key: jax.Array, prev_id: jax.Array) -> tuple[jax.Array, jax.Array]:
         def step(j: jax.Array, x: jax.Array, ids: jax.Array, carry: Any) -> Any:  # noqa: ANN401
             best_key, best_id = carry
-            key = total_order_key(select(x))  # lax.top_k's ranks: +0 above -0, then the lower id
+            key = order_key(select(x))
             left = (key < prev_key) | ((key == prev_key) & (ids > prev_id))
             t_key = jnp.max(jnp.where(left, key, _INT_MIN), axis=1, keepdims=True)
             t_id = jnp.min(jnp.where(left & (key == t_key), ids, _INT_MAX), axis=1, keepdims=True)
@@ -378,8 +384,9 @@ def _rank_top_k(rows: _Rows, temperature_first: bool) -> tuple[jax.Array, jax.Ar
         return key, token, jnp.where(take, s, best), jnp.where(take, token, best_id)
 
     init = (rows.column(_INT_MAX), rows.column(-1), rows.column(-jnp.inf, jnp.float32), rows.column(-1))
-    _, _, best, best_id = lax.fori_loop(0, plan.k, body, init)
-    return best, best_id
+    last_key, _, best, best_id = lax.fori_loop(0, plan.k, body, init)
+    zeros_ranked = (negative + positive == 2) & (last_key <= 0)  # the k-th value at or below the zeros: ranked
+    return best, jnp.where(zeros_ranked, np.int32(UNCERTIFIED), best_id)
 
 
 def _min_p_keep(rows: _Rows) -> Callable[[jax.Array], jax.Array]:
