@@ -348,6 +348,33 @@ def test_gemma_3_1_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
     _assert_no_sort(lowering)
 
 
+def test_gemma_3_1_top_p_is_drawn_with_no_sorted_row_and_vouches_only_for_kept_winners() -> None:
+    """gemma 3.1.0's top-p by its mass bound (`_ascending_count_by_mass`): at p = 0.9 on LLM-like rows every draw is
+    vouched for with no sorted row, and each is the program's; on flat rows at a high temperature the program removes
+    dozens of the smallest logits, so a draw over the whole row often lands on a removed token: every such draw is
+    UNCERTIFIED (a bound on the count that misses one fails here), and the others are the program's."""
+    form = "top_p_ascending_count_mask"
+    rng = np.random.default_rng(41)
+    for scale, temperature, want_vouched in ((3.0, 0.7, 1.0), (0.05, 50.0, 0.0)):
+        params = form_params(form, temperature=temperature, p=0.9)
+        by_mass = jax.jit(lambda x, key, params=params: sampling._ascending_count_by_mass(x, key, params))
+        reference = jax.jit(lambda x, key, params=params: sample_reference(x, key, form=form, **params))
+        whole_row = jax.jit(lambda x, key, params=params: jax.random.categorical(key, x / params["temperature"]))
+        logits = jnp.asarray(rng.standard_normal((8, 256)).astype(np.float32) * scale)
+        vouched, removed_winners = 0, 0
+        for seed in range(40):
+            key = jnp.array([seed, 5], jnp.uint32)
+            tokens, want, drawn = (np.asarray(f(logits, key)) for f in (by_mass, reference, whole_row))
+            sure = tokens != sampling.UNCERTIFIED
+            np.testing.assert_array_equal(tokens[sure], want[sure], err_msg=f"scale {scale} seed {seed}")
+            assert not np.any(sure & (drawn != want))  # a winner the program removed is never vouched for
+            vouched += int(sure.sum())
+            removed_winners += int((drawn != want).sum())
+        assert vouched >= want_vouched * 8 * 40
+        if not want_vouched:
+            assert removed_winners > 10  # the check above had winners to refuse
+
+
 @pytest.mark.parametrize(("form", "dtype"), [("top_p_of_logits_exclusive", jnp.float32),
                                              ("top_k_top_p_of_logits_exclusive", jnp.float32),
                                              ("top_k_top_p_of_logits_exclusive", jnp.bfloat16)])

@@ -38,6 +38,7 @@ from hlofuse.kernels.sampling_reference import (
     mask_top_k,
     merge_vocab_splits,
     min_p_masked,
+    nucleus_cut_slack,
     nucleus_probs,
     rank_nucleus_scores,
     reference_where_uncertified,
@@ -254,7 +255,8 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 # Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
 # other ops (a softmax, a log) are the program's, so the same bits.
 # (tunix's nucleus of all V sorted logits takes the kernel's full descending sort, lax.top_k's order to the bit;
-# gemma 3.1.0's top-p the kernel's ascending sort, whose values are jnp.sort's: ties are equal values.)
+# gemma 3.1.0's top-p, where its count bound cannot vouch for the draw, the kernel's ascending sort, whose values are
+# jnp.sort's: ties are equal values.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
                   "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
@@ -276,8 +278,8 @@ def _sorted_values_by_kernel(x: jax.Array) -> jax.Array:
 
 def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
-    of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), the sorted row only for the
-    batches that draw in the band."""
+    of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), and gemma 3.1.0's top-p by its
+    count bound (`_ascending_count_by_mass`): the sorted row only for the batches those cannot vouch for."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
 
@@ -290,9 +292,34 @@ def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
         if form == "top_p_of_logits_exclusive" and logits.dtype == jnp.float32 and logits.ndim == 2:
             return reference_where_uncertified(_rank_nucleus_by_band(logits, key, params), own)
+        if (form == "top_p_ascending_count_mask" and logits.dtype == jnp.float32 and logits.ndim == 2
+                and 0.0 < params["p"] < 1.0):
+            return reference_where_uncertified(_ascending_count_by_mass(logits, key, params), own)
         return own()
 
     return kernel
+
+
+def _ascending_count_by_mass(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """gemma 3.1.0's top-p (`top_p_ascending_count_mask`) with no sort, for 0 < p < 1. The program removes the
+    `count` smallest of y = x / T (those below the count-th of its ascending sort), where count is how many ascending
+    places have a cumsum of at least p: a place whose cumsum reaches p (less the program's rounding, `slack`) has at
+    most 1 - p + slack of mass above it, so count is at most the number m of largest probabilities it takes to pass
+    that mass (the kernel's top-mass candidates, with its own rounding added). A token at or above at least m + 1 of
+    the row's values (itself included) is kept, so the kernel's draw over every token is the program's when its
+    winner is one: UNCERTIFIED otherwise (also a row with a NaN or an infinity, whose mass passes nothing)."""
+    y = logits / params["temperature"]
+    vocab = y.shape[-1]
+    slack = nucleus_cut_slack(vocab, vocab, 1.0, own_terms=2 * vocab)  # the program's cumsum and ours, from 1
+    mass = 1.0 - params["p"] + slack + NUCLEUS_MARGIN
+    values, _ = _top_mass_by_kernel(jax.nn.softmax(y, axis=-1), min(vocab, NUCLEUS_CANDIDATES), mass)
+    cumulative = jnp.cumsum(values, axis=-1)
+    held = cumulative[:, -1] > mass
+    at_most = jnp.sum(cumulative <= mass, axis=-1) + 1  # a bound on the program's count where `held`
+    tokens = _kernel_categorical(False)(key, y)
+    winner = jnp.take_along_axis(y, tokens[:, None], axis=-1)
+    at_or_below = jnp.sum(y <= winner, axis=-1)
+    return jnp.where(held & (at_or_below > at_most), tokens, UNCERTIFIED)
 
 
 def _rank_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
