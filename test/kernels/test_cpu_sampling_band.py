@@ -25,9 +25,10 @@ ROWS, VOCAB = 64, 3000
 KINDS = ("exact_cumsum", "coarse_ties", "fine_ties", "random_p")
 
 
-def _row_and_p(kind: str, seed: int, from_below: bool) -> tuple[np.ndarray, float]:
+def _row_and_p(kind: str, seed: int, from_below: bool, k: int = 0) -> tuple[np.ndarray, float]:
     """One row of logits and the mass p its nucleus keeps. exact_cumsum and the ties: p is the exact cumulative mass
-    at a sorted place (from the top; from the bottom, 1 - the mass below), where f32 rounding decides the cut."""
+    at a sorted place (from the top; from the bottom, 1 - the mass below), where f32 rounding decides the cut; with
+    `k`, the mass among the row's k largest (a nucleus after a top-k)."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(VOCAB) * rng.choice([1.0, 2.0, 4.0])
     if kind == "coarse_ties":
@@ -37,26 +38,28 @@ def _row_and_p(kind: str, seed: int, from_below: bool) -> tuple[np.ndarray, floa
     x = x.astype(np.float32)
     if kind == "random_p":
         return x, float(rng.uniform(0.3, 0.99))
-    ordered = np.sort(x).astype(np.float64)
+    width = k or VOCAB
+    ordered = np.sort(x)[VOCAB - width:].astype(np.float64)
     mass = np.exp(ordered - ordered.max())
     cumulative = np.cumsum(mass / mass.sum())
     if from_below:  # the removal threshold 1 - p is an f32 constant in the program
-        return x, 1.0 - float(np.float32(cumulative[VOCAB - 1 - rng.integers(1, 40)]))
-    return x, float(np.float32(1.0 - cumulative[VOCAB - 1 - rng.integers(1, 40)]))
+        return x, 1.0 - float(np.float32(cumulative[width - 1 - rng.integers(1, min(40, width - 1))]))
+    return x, float(np.float32(1.0 - cumulative[width - 1 - rng.integers(1, min(40, width - 1))]))
 
 
 def _assert_certified_draws_are_the_programs(form: str, draw_by_band: Callable[..., jax.Array],
-                                             lowering: Callable[..., jax.Array], from_below: bool) -> int:
+                                             lowering: Callable[..., jax.Array], from_below: bool,
+                                             top_k: int = 0) -> int:
     """For each kind, rows that are one row rolled along the vocabulary (the same cut; each token meets other noise):
     every token the band certifies is the program's, and so is every token of the lowering. Returns how many rows
     were left to the program's cut. (The choice draw unrolls a jax.random.choice per row: fewer rows.)"""
     uncertified = 0
     rows = ROWS // 4 if form.endswith("_choice") else ROWS
     for i, kind in enumerate(KINDS):
-        row, p = _row_and_p(kind, 100 * i + len(form), from_below)
+        row, p = _row_and_p(kind, 100 * i + len(form), from_below, top_k)
         x = jnp.asarray(np.stack([np.roll(row, 37 * r) for r in range(rows)]))
         temperature = (0.5, 1.0, 3.0)[i % 3]
-        params = form_params(form, temperature=temperature, p=p, k=30)
+        params = form_params(form, temperature=temperature, p=p, k=top_k or 30)
         key = jnp.array([i, 7], jnp.uint32)
         ref = np.asarray(jax.jit(lambda x, key, params=params: sample_reference(x, key, form=form, **params))(x, key))
         certified = np.asarray(jax.jit(lambda x, key, params=params: draw_by_band(x, key, params))(x, key))
@@ -121,6 +124,24 @@ def test_flax_top_p_draws_are_the_programs() -> None:
     _assert_certified_draws_are_the_programs("top_p_flax_mask", by_band, lowering, from_below=False)
 
 
+@pytest.mark.parametrize("form", ["top_k_top_p_ascending_mask", "top_k_top_p_ascending_mask_choice",
+                                  "top_k_top_p_ascending_mask_log_softmax", "top_k_exact_top_p_flax_mask"])
+def test_top_k_then_top_p_draws_are_the_programs(form: str) -> None:
+    """Hugging Face's TopK then TopP warpers (the mask keeps ties of the k-th: the coarse ties make rows with more than
+    k, which are UNCERTIFIED) under each draw of BAND_DRAWS, and Flax's exact top-k then top-p: the band among the top k
+    (`top_k_nucleus_draw`), with p the exact mass of some of the top 40 (rounding decides the cut)."""
+    flax = form == "top_k_exact_top_p_flax_mask"
+    draw = "" if flax else form.removeprefix("top_k_top_p_ascending_mask").removeprefix("_")
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.top_k_nucleus_draw(draw, x, key, params, from_below=not flax, exact_k=flax)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return (sampling.flax_top_p_lowering if flax else sampling.top_p_ascending_lowering)(form, params)
+
+    _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=not flax, top_k=40)
+
+
 def test_tunix_top_p_draws_are_the_programs() -> None:
     """tunix's nucleus of all V sorted logits, drawn over ranks: the band, the kernel's top candidates as the first
     ranks, the draw at the program's rank counters."""
@@ -183,22 +204,28 @@ def test_few_rows_are_left_to_the_programs_cut(scale: float) -> None:
         ("hugging_face_choice", sampling.nucleus_draw_by_band("choice", x, key, 0.9, 0.7, from_below=True,
                                                               by_place=True)),
         ("flax", sampling.nucleus_draw_by_band("", x, key, 0.9, 0.7, from_below=False, by_place=True)),
+        ("hugging_face_top_k_choice", sampling.top_k_nucleus_draw("choice", x, key, params, from_below=True,
+                                                                  exact_k=False)),
+        ("flax_top_k", sampling.top_k_nucleus_draw("", x, key, params, from_below=False, exact_k=True)),
         ("tunix", sampling._rank_nucleus_by_band(x, key, params)),
         ("pax", sampling.pax_nucleus_by_band(x, key, params)),
     ):
         assert float(jnp.mean(tokens == UNCERTIFIED)) <= 0.05, name
 
 
-def test_hugging_face_top_p_sorts_only_in_a_branch() -> None:
-    """The compiled program draws by the band with no sort; the kernel's sort (and XLA's, for ties straddling the
-    removal) runs only in a conditional's branch."""
-    params = form_params("top_p_ascending_mask_choice", temperature=0.8, p=0.9)
-    lowering = jax.jit(sampling.top_p_ascending_lowering("top_p_ascending_mask_choice", params))
+@pytest.mark.parametrize(("form", "band_target"), [("top_p_ascending_mask_choice", sampling.NUCLEUS_BAND_TARGET),
+                                                   ("top_k_top_p_ascending_mask_choice", sampling.TOP_K_TARGET)])
+def test_hugging_face_top_p_sorts_only_in_a_branch(form: str, band_target: str) -> None:
+    """The compiled program draws by the band (of the row, or of its top k) with no sort and no cumsum of the row; the
+    kernel's sort (and XLA's, for ties straddling the removal) runs only in a conditional's branch."""
+    params = form_params(form, temperature=0.8, p=0.9, k=50)
+    lowering = jax.jit(sampling.top_p_ascending_lowering(form, params))
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
-    assert sampling.NUCLEUS_BAND_TARGET in entry and "conditional(" in entry
+    assert band_target in entry and "conditional(" in entry
     assert sampling.SORT_TARGET not in entry and " sort(" not in entry and "TopK" not in entry
+    assert "f32[2,12288]{1,0} reduce-window(" not in entry  # no cumsum of the whole row outside the branch
     assert sampling.SORT_TARGET in hlo
 
 

@@ -489,11 +489,12 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
     """A form whose filter is top_p_ascending_mask or top_k_top_p_ascending_mask (any draw): the top-k by the
     kernel's top-k, the row's order by the kernel (`_top_k_top_p_removal`, or its sort), the removal by the
     program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal. Top-p
-    alone with a draw of BAND_DRAWS is drawn first with no sort at all (`nucleus_draw_by_band`), and the sorted row
-    decides only the rows drawn in the nucleus's band."""
+    alone with a draw of BAND_DRAWS is drawn first with no sort at all (`nucleus_draw_by_band`), and so is top-k then
+    top-p (`top_k_nucleus_draw`: the band among the top k); the sorted row decides only the rows drawn in the
+    nucleus's band."""
     categorical_fn = _draw_by_kernel(form)
     top_k_first = "k" in FORMS[FORMS[form].filters].params
-    by_band = not top_k_first and FORMS[form].drawn_by in BAND_DRAWS
+    by_band = FORMS[form].drawn_by in BAND_DRAWS
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
@@ -511,13 +512,38 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
 
         if logits.dtype != jnp.float32:
             return own()
-        if by_band:
+        if by_band and top_k_first and params["k"] < logits.shape[-1]:
+            tokens = top_k_nucleus_draw(FORMS[form].drawn_by, logits, key, params, from_below=True, exact_k=False)
+            return reference_where_uncertified(tokens, sorted_row)
+        if by_band and not top_k_first:
             tokens = nucleus_draw_by_band(FORMS[form].drawn_by, logits, key, params["p"], params["temperature"],
                                           from_below=True, by_place=True)
             return reference_where_uncertified(tokens, sorted_row)
         return sorted_row()
 
     return kernel
+
+
+def top_k_nucleus_draw(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any], *, from_below: bool,
+                       exact_k: bool) -> jax.Array:
+    """Top-k then a nucleus cut by sorted place (Hugging Face's TopK then TopP warpers, `from_below`; Flax's, from the
+    top), drawn with no sort: the kernel's top k, their band (`candidates_band`), the draw (of BAND_DRAWS) among the
+    top k at or above its floor (`draw_in_band`). `exact_k`: the program keeps exactly lax.top_k's k (Flax's
+    scatter); else every logit not below the k-th (Hugging Face's mask), so a row where that is not k tokens (ties of
+    the k-th, a NaN) is UNCERTIFIED, as is a row whose top k are not all finite. (B, V) f32 logits."""
+    values, ids = _top_k_by_kernel(logits, params["k"])
+    finite = jnp.all(jnp.isfinite(values), axis=-1)
+    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), params["p"], from_below)
+    if exact_k:
+        rows = jnp.broadcast_to(jnp.arange(logits.shape[0])[:, None], ids.shape)
+        logits = jnp.full(logits.shape, NEG_INF, logits.dtype).at[rows, ids].set(values)
+        whole = finite
+    else:
+        kth = values[:, -1]
+        whole = finite & (jnp.sum(~(logits < kth[:, None]), axis=-1) == params["k"])  # the program's keep, NaN kept
+        lo = jnp.maximum(lo, kth)
+    tokens = draw_in_band(draw, logits, key, lo, hi, params["temperature"])
+    return jnp.where(whole, tokens, UNCERTIFIED)
 
 
 #===--- Pax's samplers: the noise scaled by T ---------------------------------------------------------===#
@@ -607,6 +633,14 @@ def nucleus_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, p: float,
     UNCERTIFIED where the band could hold the winner (or, for a log-probability draw, where the runner-up is too
     close). (B, V) f32 logits."""
     lo, hi = nucleus_band(logits, p, from_below, by_place)
+    return draw_in_band(draw, logits, key, lo, hi, temperature)
+
+
+def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi: jax.Array,
+                 temperature: float) -> jax.Array:
+    """The draw `draw` (of BAND_DRAWS) among the logits at or above `lo` (B,), / T, by the kernel: the winner where
+    its logit is above `hi` (B,) (and, for a log-probability draw, it leads the runner-up by more than the rounding of
+    another normaliser), else UNCERTIFIED. (B, V) f32 logits."""
     y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
     if draw == "":
         tokens = _kernel_categorical(False)(key, y)
@@ -619,6 +653,28 @@ def nucleus_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, p: float,
         lead = best - runner_up > _lead(best)
     kept = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] > hi
     return jnp.where(kept & lead, tokens, UNCERTIFIED)
+
+
+def candidates_band(values: jax.Array, p: float, from_below: bool) -> tuple[jax.Array, jax.Array]:
+    """The band (lo, hi), (B,) each, of a nucleus cut by sorted place among a top-k's candidates `values` (B, k), value
+    descending and finite, the rest of the row -inf (zero mass): c(P), the largest candidate with a mass of at least
+    P at or above it, at P = p + slack (lo: every value below is surely dropped; -inf where the candidates never reach
+    it) and at p - slack (hi: every value above is surely kept, and c itself where it has no copy; +inf where
+    p - slack <= 0). The program sums at most k
+    non-zero terms in any order (zeros add exactly), and these masses are f32 sums of k more (`nucleus_cut_slack`)."""
+    k = values.shape[-1]
+    slack = nucleus_cut_slack(k, k, 1.0 - p if from_below else p, own_terms=2 * k)
+    inclusive = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1)
+
+    def cutoff(target: float) -> jax.Array:
+        place = jnp.sum(inclusive < jnp.float32(target), axis=-1, keepdims=True)
+        found = jnp.take_along_axis(values, jnp.minimum(place, k - 1), axis=-1)[:, 0]
+        return jnp.where(place[:, 0] < k, found, NEG_INF)
+
+    hi = cutoff(p - slack) if p - slack > 0 else jnp.full(values.shape[:-1], jnp.inf, values.dtype)
+    # c(p - slack) itself has less than p - slack strictly above it: with no other copy, it is surely kept too
+    one_copy = jnp.sum(values == hi[:, None], axis=-1) == 1
+    return cutoff(p + slack), jnp.where(one_copy, jnp.nextafter(hi, jnp.float32(-jnp.inf)), hi)
 
 
 #===--- Hugging Face's Flax top-p ---------------------------------------------------------------===#
@@ -685,8 +741,9 @@ def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
 def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw) or min_p_sorted_removal (EasyDeL's min-p)
     on the CPU: the top-k and the row's order by the kernel, the keep by the program's ops, the draw by the
-    kernel. Flax's top-p alone (f32) is drawn by its nucleus's band first (`nucleus_draw_by_band`: no sort), the
-    sorted row only for the rows drawn in the band."""
+    kernel. Flax's top-p alone (f32) is drawn by its nucleus's band first (`nucleus_draw_by_band`: no sort), and after
+    Flax's exact top-k by the band among the top k (`top_k_nucleus_draw`), the sorted row only for the rows drawn in
+    the band."""
     filters = FORMS[form].filters
     categorical_fn = _draw_by_kernel(form)
 
@@ -694,6 +751,9 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
         if filters == "top_p_flax_mask" and logits.dtype == jnp.float32:  # its nucleus by its band first
             tokens = nucleus_draw_by_band("", logits, key, params["p"], params["temperature"], from_below=False,
                                           by_place=True)
+            return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
+        if filters == "top_k_exact_top_p_flax_mask" and logits.dtype == jnp.float32 and params["k"] < logits.shape[-1]:
+            tokens = top_k_nucleus_draw("", logits, key, params, from_below=False, exact_k=True)
             return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
         return sorted_row(logits, key)
 
