@@ -210,11 +210,12 @@ def sample_splits(
     return tokens, scores
 
 
-def _kernel_categorical(shared_noise: bool, row_keys: bool = False) -> Callable[..., jax.Array]:
+def _kernel_categorical(shared_noise: bool, row_keys: bool = False, nan_rows: bool = True) -> Callable[..., jax.Array]:
     """jax.random.categorical(key, z, axis=-1) by the kernel (form categorical: the same ids for f32 and bf16 z).
     With `shared_noise` every row draws row 0's noise, as jax.random.choice does row by row with one key; with
     `row_keys` the key is (B, 2), one per row of (B, n) z, each row drawing counters 0..n-1 under its own
-    (sampling_reference.row_keys_draw)."""
+    (sampling_reference.row_keys_draw). `nan_rows` False: the caller discards the draws of rows with a NaN, so the
+    two passes that give them argmax's first NaN are skipped."""
 
     def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
         if axis not in (-1, z.ndim - 1):
@@ -225,6 +226,8 @@ def _kernel_categorical(shared_noise: bool, row_keys: bool = False) -> Callable[
         keys = key.astype(jnp.uint32).reshape(rows, 2) if row_keys else _keys(key, (rows,))
         params = form_params("categorical")
         (tokens,) = _sample_call(z.reshape(rows, vocab), keys, row_ids, form="categorical", **params)
+        if not nan_rows:
+            return tokens.reshape(batch)
         # A NaN scores NaN whatever its noise, and argmax takes the first NaN: the kernel does not rank NaN so.
         nan = jnp.isnan(z)
         return jnp.where(jnp.any(nan, axis=-1), jnp.argmax(nan, axis=-1).astype(jnp.int32), tokens.reshape(batch))
@@ -642,8 +645,8 @@ def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi
     its logit is above `hi` (B,) (and, for a log-probability draw, it leads the runner-up by more than the rounding of
     another normaliser), else UNCERTIFIED. (B, V) f32 logits."""
     y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
-    if draw == "":
-        tokens = _kernel_categorical(False)(key, y)
+    if draw == "":  # y holds no NaN (NaN >= lo is false): the kernel's draw needs no NaN fix-up
+        tokens = _kernel_categorical(False, nan_rows=False)(key, y)
         lead = jnp.ones(tokens.shape, jnp.bool_)
     else:
         z = jax.nn.log_softmax(y, axis=-1) if draw == "log_softmax" else jnp.log(jax.nn.softmax(y, axis=-1))
