@@ -88,6 +88,9 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=3.0,
                         help="the logits' spread: scale x N(0, 1) (3: a nucleus of hundreds at p = 0.9 and T = 0.7 "
                              "over 128256; 6 and above: the few tokens of a peaked, model-like row)")
+    parser.add_argument("--memory", action="store_true",
+                        help="print, after each row, the compiled programs' temporaries (MiB): past 32 MiB glibc maps "
+                             "them afresh on every call (docs/kernels-cpu-sampling.md)")
     args = parser.parse_args()
     print("| sampler | fusion | B | V | original ms | fused ms | argmax ms | fused/original | fused/argmax |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -106,6 +109,10 @@ def main() -> None:
                 print(f"| {name} | {_fusion(fn, *spec)} | {batch} | {vocab} | {ms['original']:.3f} | "
                       f"{ms['fused']:.3f} | {ms['argmax']:.3f} | {ms['fused'] / ms['original']:.3f}x | "
                       f"{ms['fused'] / ms['argmax']:.2f}x |", flush=True)
+                if args.memory:
+                    temp = {n: f.lower(*spec).compile().memory_analysis().temp_size_in_bytes / 2**20
+                            for n, f in fns.items()}
+                    print("  temporaries MiB: " + ", ".join(f"{n} {t:.1f}" for n, t in temp.items()), flush=True)
 
 
 if __name__ == "__main__":
