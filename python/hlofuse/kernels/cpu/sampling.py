@@ -663,8 +663,8 @@ def candidates_band(values: jax.Array, p: float, from_below: bool) -> tuple[jax.
     descending and finite, the rest of the row -inf (zero mass): c(P), the largest candidate with a mass of at least
     P at or above it, at P = p + slack (lo: every value below is surely dropped; -inf where the candidates never reach
     it) and at p - slack (hi: every value above is surely kept, and c itself where it has no copy; +inf where
-    p - slack <= 0). The program sums at most k
-    non-zero terms in any order (zeros add exactly), and these masses are f32 sums of k more (`nucleus_cut_slack`)."""
+    p - slack <= 0). The program sums at most k non-zero terms in any order (zeros add exactly), and these masses are
+    f32 sums of k more (`nucleus_cut_slack`)."""
     k = values.shape[-1]
     slack = nucleus_cut_slack(k, k, 1.0 - p if from_below else p, own_terms=2 * k)
     inclusive = jnp.cumsum(jax.nn.softmax(values, axis=-1), axis=-1)
