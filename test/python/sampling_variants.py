@@ -756,6 +756,18 @@ def near_miss_pax_temperature_per_row(x, key):
     return _pax_draw(x, key, jnp.linspace(0.5, 1.0, x.shape[0], dtype=x.dtype)[:, None])
 
 
+def unsorted_top_p(x, key):
+    """A hand-written nucleus: argsort descending, the sorted logits' cumsum, the first token past p dropped from the
+    second on (a shifted mask), back to vocabulary order by the inverse permutation (a second argsort), categorical.
+    No form writes its inverse permutation: fused at its draw, with the sorts named as left in XLA."""
+    order = jnp.argsort(x, axis=-1)[..., ::-1]
+    ordered = jnp.take_along_axis(x, order, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    dropped = jnp.concatenate([jnp.zeros_like(cumulative[..., :1], bool), cumulative[..., :-1] > 0.9], axis=-1)
+    kept = jnp.where(dropped, -jnp.inf, ordered)
+    return jax.random.categorical(key, jnp.take_along_axis(kept, jnp.argsort(order, axis=-1), axis=-1) / 0.8)
+
+
 ARGSORT_REMARK = "stablehlo.sort: top-k by argsort not fused into the sampler (fused as `temperature` after it)"
 
 VARIANTS: list[Variant] = [
@@ -891,6 +903,8 @@ VARIANTS: list[Variant] = [
     Variant("pax_epsilon", pax_epsilon, "epsilon_noise_scaled",
             expect={"mode": "epsilon", "epsilon": 3e-3, "temperature": 0.9}),
     Variant("near_miss_pax_temperature_per_row", near_miss_pax_temperature_per_row, None),
+    Variant("unsorted_top_p", unsorted_top_p, "temperature", expect={"temperature": 0.8},
+            remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
 ]
 
 LIT = Path(__file__).resolve().parents[1] / "passes" / "fuse_sampling.mlir"
