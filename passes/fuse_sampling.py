@@ -382,7 +382,8 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
                "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits", "top_p_of_logits_exclusive",
                "top_k_top_p_of_logits_exclusive", "top_p_of_top_k_rows", "top_p_of_top_k_rows_same_key_rows",
-               "top_k_noise_scaled", "top_k_top_p_noise_scaled")
+               "top_k_noise_scaled", "top_k_top_p_noise_scaled", "top_k_noise_scaled_rows",
+               "top_k_top_p_noise_scaled_rows")
 
 
 def _noise_of_one_row(draw: Draw) -> bool:

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import NOISE_SCALED, form_params, noise_scaled_draw, sample_reference
+from hlofuse.kernels.sampling_reference import (
+    NOISE_SCALED,
+    NOISE_SCALED_ROWS,
+    form_params,
+    noise_scaled_draw,
+    sample_reference,
+)
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -46,6 +52,41 @@ def test_kernel_draw_with_the_noise_scaled_is_the_programs(temperature: float) -
                                           noise_scaled_draw(key, x, temperature), err_msg=f"{case} seed {seed}")
 
 
+# A temperature per row (Pax served by saxml: (B, 1)), 0 among them (that row's greedy token); and rows whose T no
+# bound holds for (negative, NaN, infinite), which the lowering leaves to the form's own draw.
+ROW_TEMPERATURES = {"fit": [0.7, 0.0, 1.3, 2.5, 0.3, 1e-3], "negative": [0.7, -1.0, 1.3, 2.5, 0.3, 1.0],
+                    "nan_inf": [0.7, np.nan, 1.0, np.inf, 0.0, 0.0]}
+
+
+def test_kernel_draw_with_a_scale_per_row_is_the_programs() -> None:
+    """Kernel form 13: each row's noise times its own scale, 0 included, is noise_scaled_draw's with T (B, 1)."""
+    t = jnp.asarray(np.array(ROW_TEMPERATURES["fit"], np.float32)[:, None])
+    for case in CASES:
+        x = _logits(case)
+        for seed in range(3):
+            key = jnp.array([seed, 5], jnp.uint32)
+            np.testing.assert_array_equal(sampling._noise_scaled_by_kernel(key, x, t), noise_scaled_draw(key, x, t),
+                                          err_msg=f"{case} seed {seed}")
+
+
+@pytest.mark.parametrize("form", NOISE_SCALED_ROWS)
+@pytest.mark.parametrize("temperatures", list(ROW_TEMPERATURES))
+def test_noise_scaled_form_with_a_temperature_per_row_gives_the_reference_ids(form: str, temperatures: str) -> None:
+    params = {name: value for name, value in form_params(form, k=40, p=0.9, epsilon=3e-4).items()
+              if name != "temperature"}
+    lowering = jax.jit(sampling.noise_scaled_lowering(form, params))
+    reference = jax.jit(lambda x, key, t: sample_reference(x, key, form=form, **params, rows=(t,)))
+    t = jnp.asarray(np.array(ROW_TEMPERATURES[temperatures], np.float32)[:, None])
+    for case in CASES:
+        x = _logits(case)
+        for seed in range(3):
+            key = jnp.array([seed, 9], jnp.uint32)
+            np.testing.assert_array_equal(lowering(x, key, t), reference(x, key, t), err_msg=f"{case} seed {seed}")
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 3000), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32),
+                         jax.ShapeDtypeStruct((2, 1), jnp.float32)).compile().as_text()
+    assert " sort(" not in hlo and "TopK" not in hlo
+
+
 @pytest.mark.parametrize("form", NOISE_SCALED)
 def test_noise_scaled_form_gives_the_reference_ids_with_no_sort(form: str) -> None:
     params = form_params(form, temperature=0.7, k=40, p=0.9, epsilon=3e-4)
@@ -69,3 +110,14 @@ def test_kernel_refuses_a_scaled_noise_on_bf16_or_without_a_positive_scale() -> 
             jax.block_until_ready(sampling._sample_call(x, key, jnp.arange(2, dtype=jnp.int32),
                                                         form="categorical_noise_scaled", temperature=temperature,
                                                         k=0, p=1.0, min_p=0.0))
+
+
+@pytest.mark.parametrize("scale", [-1.0, np.nan, np.inf])
+def test_kernel_refuses_a_row_scale_that_bounds_no_noise(scale: float) -> None:
+    """A negative, NaN or infinite scale breaks the pruning bound: the binding recomputes such rows, not the kernel."""
+    key = jnp.broadcast_to(jnp.array([0, 1], jnp.uint32), (2, 2))
+    with pytest.raises(Exception, match="each row's scale must be finite and >= 0"):
+        jax.block_until_ready(sampling._sample_call(
+            jnp.zeros((2, 64), jnp.float32), key, jnp.arange(2, dtype=jnp.int32),
+            scales=jnp.array([0.5, scale], jnp.float32), form="categorical_noise_scaled_rows", temperature=1.0, k=0,
+            p=1.0, min_p=0.0))

@@ -429,9 +429,11 @@ def _nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
 
 
 def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:
-    """gemma / keras styles: probabilities sorted (full top_k), the tail dropped, drawn in rank space."""
+    """gemma / keras styles: probabilities sorted (a full-width top-k in the spec's style: lax.top_k, a stable
+    descending argsort, or argsort(-probs), each a writing of the sort for probabilities), the tail dropped, drawn in
+    rank space."""
     probs = jax.nn.softmax(c.scale(x), axis=-1)
-    ordered, ids = jax.lax.top_k(probs, probs.shape[-1])
+    ordered, ids = c.top_k(probs, probs.shape[-1])
     cumulative = jnp.cumsum(ordered, axis=-1)
     if c.spec.top_p_style == "gemma":
         kept = jnp.where(cumulative - ordered > c.spec.p, 0.0, ordered)

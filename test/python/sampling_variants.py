@@ -553,6 +553,28 @@ def gemma_top_p_rank_space(x, key):
     return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
 
 
+def hand_written_top_p_by_argsort(x, key):
+    """The nucleus as small projects write it (the JAX port of the llama reference's `sample_top_p`): the probabilities
+    sorted by `argsort(-probs)` and gathered, `cumsum - probs > p` at 0, renormalised, a categorical of their log over
+    the ranks, the id gathered back: the top_p_of_probs_normalized form, its sort a hand-written argsort."""
+    probs = jax.nn.softmax(x / 0.6, axis=-1)
+    order = jnp.argsort(-probs, axis=-1)
+    ordered = jnp.take_along_axis(probs, order, axis=-1)
+    kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered > 0.9, 0.0, ordered)
+    pick = jax.random.categorical(key, jnp.log(kept / kept.sum(axis=-1, keepdims=True)))
+    return jnp.take_along_axis(order, pick[..., None], axis=-1)[..., 0]
+
+
+def hand_written_top_k_top_p_by_argsort(x, key):
+    """As hand_written_top_p_by_argsort, sorted by a descending argsort sliced to the top 32."""
+    probs = jax.nn.softmax(x / 0.9, axis=-1)
+    order = jnp.argsort(probs, axis=-1, descending=True)[..., :32]
+    ordered = jnp.take_along_axis(probs, order, axis=-1)
+    kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered > 0.8, 0.0, ordered)
+    pick = jax.random.categorical(key, jnp.log(kept / kept.sum(axis=-1, keepdims=True)))
+    return jnp.take_along_axis(order, pick[..., None], axis=-1)[..., 0]
+
+
 def maxtext_top_p_fill(x, key):
     """MaxText's nucleus: the dropped logits at -1e7, not -inf (any fill <= -1e6 gives -inf's ids: FILL_NOTE), then
     / T: the top_p_mask form."""
@@ -751,9 +773,20 @@ def pax_epsilon(x, key):
     return _pax_draw(jnp.where(probs < 3e-3, jnp.asarray(-0.7 * jnp.finfo(x.dtype).max, x.dtype), x), key, 0.9)
 
 
-def near_miss_pax_temperature_per_row(x, key):
-    """Pax's draw with a temperature per row (a request's): no form reads a (B, 1) temperature."""
-    return _pax_draw(x, key, jnp.linspace(0.5, 1.0, x.shape[0], dtype=x.dtype)[:, None])
+def pax_temperature_per_row(x, key):
+    """Pax's draw with a temperature per row (a request's, (B, 1), as saxml serves it), one of them 0 (greedy)."""
+    return _pax_draw(x, key, jnp.linspace(0.0, 1.0, x.shape[0], dtype=x.dtype)[:, None])
+
+
+def pax_top_k_top_p_per_row(x, key):
+    values, ids = jax.lax.top_k(x, 24)
+    t = jnp.linspace(0.5, 1.5, x.shape[0], dtype=x.dtype)[:, None]
+    return _pax_gather(ids, _pax_draw(_pax_nucleus(values, 0.9, descending=True), key, t))
+
+
+def near_miss_pax_temperature_per_token(x, key):
+    """Pax's draw with a temperature per token ((1, V)): no form scales the noise along the vocabulary."""
+    return _pax_draw(x, key, jnp.linspace(0.5, 1.0, x.shape[-1], dtype=x.dtype)[None, :])
 
 
 def unsorted_top_p(x, key):
@@ -810,6 +843,10 @@ VARIANTS: list[Variant] = [
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.7, "eps": 0.0}),
     Variant("floored_top_k_top_p_rank_space", floored_top_k_top_p_rank_space, "top_k_top_p_of_probs_normalized",
             expect={"mode": "top_k+top_p", "k": 32, "p": 0.95, "temperature": 0.8, "eps": 1e-10}),
+    Variant("hand_written_top_p_by_argsort", hand_written_top_p_by_argsort, "top_p_of_probs_normalized",
+            expect={"mode": "top_p", "p": 0.9, "temperature": 0.6, "eps": 0.0}),
+    Variant("hand_written_top_k_top_p_by_argsort", hand_written_top_k_top_p_by_argsort,
+            "top_k_top_p_of_probs_normalized", expect={"mode": "top_k+top_p", "k": 32, "p": 0.8, "temperature": 0.9}),
     Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",
@@ -902,7 +939,11 @@ VARIANTS: list[Variant] = [
             expect={"mode": "top_p", "p": 1 - float(np.float32(1.0 - 0.9)), "temperature": 0.7}),
     Variant("pax_epsilon", pax_epsilon, "epsilon_noise_scaled",
             expect={"mode": "epsilon", "epsilon": 3e-3, "temperature": 0.9}),
-    Variant("near_miss_pax_temperature_per_row", near_miss_pax_temperature_per_row, None),
+    Variant("pax_temperature_per_row", pax_temperature_per_row, "temperature_noise_scaled_rows",
+            expect={"mode": "temperature"}),
+    Variant("pax_top_k_top_p_per_row", pax_top_k_top_p_per_row, "top_k_top_p_noise_scaled_rows",
+            expect={"mode": "top_k+top_p", "k": 24, "p": 0.9}),
+    Variant("near_miss_pax_temperature_per_token", near_miss_pax_temperature_per_token, None),
     Variant("unsorted_top_p", unsorted_top_p, "temperature", expect={"temperature": 0.8},
             remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
 ]

@@ -58,7 +58,7 @@ from sampling_programs import (
 )
 from test_fuse_sampling_e2e import compile_module
 
-from hlofuse.kernels.sampling_reference import top_k_by_argsort
+from hlofuse.kernels.sampling_reference import top_k_by_argsort, top_k_of_probs_by_negated_argsort
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import clone_module, count_composites, sample_attrs
 
@@ -250,6 +250,13 @@ FIXED_GAPS = {
     "min_p_traced_temperature": SamplerSpec(form="min_p", temperature_style="traced"),
     "temperature_top_k_reciprocal": SamplerSpec(form="temperature_top_k", temperature_style="reciprocal"),
     "temperature_top_k_by_batch_index": SamplerSpec(form="temperature_top_k", take="batch_index", batch="bt"),
+    # The rank-space nucleus with its probabilities sorted by a hand-written argsort (the JAX ports of the llama
+    # reference's `sample_top_p`): fused at its draw as `categorical`, the sort left in XLA; now writings of the
+    # rank-space forms (a softmax's probabilities are never -0, nor NaN beside numbers).
+    "rank_space_top_p_by_negated_argsort": SamplerSpec(form="top_p_mask", top_p_style="gemma",
+                                                       top_k_style="negated_sort"),
+    "rank_space_top_p_by_argsort_keras": SamplerSpec(form="top_p_mask", top_p_style="keras", top_k_style="sort",
+                                                     noise="keras"),
 }
 
 
@@ -274,6 +281,21 @@ def test_argsort_writing_is_lax_top_k_but_for_signed_zeros() -> None:
     zeros = jax.numpy.asarray([[-0.0, 0.0, 1.0]])
     assert top_k_by_argsort(zeros, 3)[1].tolist() == [[2, 0, 1]]  # a tie in value, by index
     assert jax.lax.top_k(zeros, 3)[1].tolist() == [[2, 1, 0]]  # +0 first
+
+
+def test_negated_argsort_is_lax_top_k_of_a_softmax() -> None:
+    """Why argsort(-probs) is a top-k writing for a softmax's probabilities (the rank-space nuclei) though not for
+    logits: a softmax row is all NaN or none, and never -0. Rows with ties, -inf, +inf (a NaN row) and NaN."""
+    rng = np.random.default_rng(1)
+    specials = np.array([np.nan, np.inf, -np.inf, 1.0, 1.0, 0.5, -30.0], np.float32)
+    rows = rng.choice(np.concatenate([specials, rng.standard_normal(12).astype(np.float32)]), size=(256, 24))
+    probs = jax.nn.softmax(jax.numpy.asarray(rows), axis=-1)
+    assert np.isnan(probs).all(axis=-1).any() and not np.isnan(probs).all()  # both kinds of row
+    for k in (1, 7, 24):
+        want_values, want_ids = jax.lax.top_k(probs, k)
+        values, ids = top_k_of_probs_by_negated_argsort(probs, k)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(values, want_values)
 
 
 # The draws from the log-probabilities, by jax.random.choice and by a key per row, each with a filter (and the

@@ -102,6 +102,15 @@ def top_k_by_argsort(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(x, ids, axis=-1), ids
 
 
+def top_k_of_probs_by_negated_argsort(probs: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """lax.top_k of a softmax's probabilities written as `argsort(-probs)` sliced to k, then the values gathered (a
+    hand-written nucleus's sort): a stable ascending order of -probs is value descending, ties by the lower id, as
+    lax.top_k orders them. The two part only on a -0 (no softmax gives one: exp(y - max) / sum >= +0) and on a row
+    holding both NaN and numbers (argsort(-x) puts NaN last; a softmax row is all NaN or none)."""
+    ids = jnp.argsort(-probs, axis=-1)[..., :k]
+    return jnp.take_along_axis(probs, ids, axis=-1), ids
+
+
 def top_k(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
           categorical_fn: Categorical = jax.random.categorical, take_fn: Take = _take, **_: Any) -> jax.Array:
     """JetStream / gemma style: categorical over the top-k logits / T, mapped back through their ids."""
@@ -1139,6 +1148,10 @@ def _rank_nucleus_form(name: str, nucleus: RankNucleus, with_k: bool) -> Form:
     mode = "top_k+top_p" if with_k else "top_p"
     own = Writing(fn, _OF_PROBS)
     writings = (own, _unfloored(own)) if nucleus.normalized else (own,)
+    # the probabilities sorted by a hand-written argsort, descending or of their negation, then gathered
+    by_sort = ("stablehlo.sort",) + _OF_PROBS[len(_TOP_K):]
+    writings += tuple(Writing(functools.partial(w.fn, top_k_fn=sort), by_sort) for w in writings
+                      for sort in (top_k_by_argsort, top_k_of_probs_by_negated_argsort))
     writings += tuple(_unscaled(w) for w in writings)
     return Form(name, mode, fn, params, _OF_PROBS, writings[1:], composes_draws=False)
 
@@ -1301,6 +1314,16 @@ FORMS.update({f.name: f for f in (
     Form("epsilon_noise_scaled", "epsilon", epsilon_noise_scaled, ("temperature", "epsilon"),
          _NOISE + ("stablehlo.exponential",), composes_draws=False, reads=("fill",)),
 )})
+
+
+# Pax with a temperature per request (saxml's: sample_decode passes `temperature.flatten()[:, jnp.newaxis]`, (B, 1)):
+# the same forms with T an operand after the key, not an attribute. Each function computes noise * T as the program
+# does, T broadcast along the row; a row at T = 0 draws argmax(x + gumbel * 0), its greedy token.
+NOISE_SCALED_ROWS = tuple(f"{name}_rows" for name in NOISE_SCALED)
+FORMS.update({f"{name}_rows": dataclasses.replace(FORMS[name], name=f"{name}_rows",
+                                                   params=tuple(p for p in FORMS[name].params if p != "temperature"),
+                                                   row_params=("temperature",), row_columns=("temperature",))
+              for name in NOISE_SCALED})
 
 
 # Parameters only the forms that read them are given (so that the kernels of the other forms never see them).

@@ -59,6 +59,9 @@ enum class Form : int64_t {
   kTopPMaskFromBelow = 11,
   // categorical with the noise scaled instead of the logits: argmax(x + gumbel * T) (Pax's draw), f32 only.
   kCategoricalNoiseScaled = 12,
+  // kCategoricalNoiseScaled with a scale per row (Pax's per-request temperature, (B, 1)): the optional operand is
+  // the rows' scales, (*L,) f32, each >= 0 (0: argmax(x + 0), the row's greedy token), f32 only, no splits.
+  kCategoricalNoiseScaledRows = 13,
 };
 
 // A row's token the kernel cannot vouch for (greedy_softmax near a tie, a nucleus draw in its band): the binding
@@ -801,7 +804,8 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const float ymax = ScaleMaxRow(ops, r, t);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
     }
-    case Form::kCategoricalNoiseScaled: {  // argmax(x + gumbel * T): the logits as they are, the noise scaled
+    case Form::kCategoricalNoiseScaled:
+    case Form::kCategoricalNoiseScaledRows: {  // argmax(x + gumbel * T): the logits as they are, the noise scaled
       const float ymax = ScaleMaxRow(ops, r, 1.0f);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything, t);
     }
@@ -969,9 +973,11 @@ ffi::ErrorOr<Split> SplitOf(ffi::RemainingArgs optional, ffi::RemainingRets extr
   if (optional.size() > 1 || extra.size() > 1)
     return ffi::Unexpected(
         ffi::Error::InvalidArgument("hlofuse_sample: at most an offsets operand and a score result"));
-  if ((vocab_total != 0) != (optional.size() == 1))
+  // The per-row scales' form takes its optional operand as the scales (RowScalesOf), never offsets.
+  const bool offsets_given = optional.size() == 1 && form != static_cast<int64_t>(Form::kCategoricalNoiseScaledRows);
+  if ((vocab_total != 0) != offsets_given)
     return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: offsets go with vocab_total > 0"));
-  if (optional.size() == 1) {
+  if (offsets_given) {
     // Only the vocabulary-space forms whose keep-set is the whole row split: a threshold (top-k, top-p,
     // min-p) or a rank (top_k's noise counter) needs the whole row.
     if (form != static_cast<int64_t>(Form::kGreedy) && form != static_cast<int64_t>(Form::kTemperature))
@@ -995,6 +1001,22 @@ ffi::ErrorOr<Split> SplitOf(ffi::RemainingArgs optional, ffi::RemainingRets extr
   return split;
 }
 
+// The rows' noise scales of kCategoricalNoiseScaledRows: its optional operand, (rows,) f32 (nullptr for another form).
+ffi::ErrorOr<const float*> RowScalesOf(ffi::RemainingArgs optional, int64_t rows, int64_t form) {
+  if (form != static_cast<int64_t>(Form::kCategoricalNoiseScaledRows)) return static_cast<const float*>(nullptr);
+  if (optional.size() != 1)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: a scale per row takes a scales operand"));
+  auto scales = optional.get<ffi::Buffer<ffi::F32>>(0);
+  if (!scales.has_value()) return ffi::Unexpected(scales.error());
+  if (scales->element_count() != rows)
+    return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: scales must be (rows,) f32"));
+  const float* data = scales->typed_data();
+  for (int64_t r = 0; r < rows; ++r)  // a negative, infinite or NaN scale breaks the noise's bound: the binding's
+    if (!(data[r] >= 0 && data[r] < kPosInf))  // rows to recompute, never the kernel's
+      return ffi::Unexpected(ffi::Error::InvalidArgument("hlofuse_sample: each row's scale must be finite and >= 0"));
+  return data;
+}
+
 ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> keys,
                   ffi::Buffer<ffi::S32> row_ids, ffi::RemainingArgs optional, ffi::Result<ffi::Buffer<ffi::S32>> out,
                   ffi::RemainingRets extra, int64_t form, float temperature, int64_t k, float p, float min_p,
@@ -1012,7 +1034,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
   if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
-  if (form < 0 || form > 12) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
+  if (form < 0 || form > 13) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = (form >= 2 && form <= 6 && form != 5) || IsPacked(form);
   // Packed candidates: V = 2C words, k of the C candidates.
   const int64_t choices = IsPacked(form) ? vocab / 2 : vocab;
@@ -1020,6 +1042,8 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: packed candidates are (rows, 2C) f32 and do not split");
   if (form == static_cast<int64_t>(Form::kCategoricalNoiseScaled) && (bf16 || !(temperature > 0)))
     return ffi::Error::InvalidArgument("hlofuse_sample: a scaled noise takes f32 logits and a scale > 0");
+  if (form == static_cast<int64_t>(Form::kCategoricalNoiseScaledRows) && (bf16 || vocab_total != 0))
+    return ffi::Error::InvalidArgument("hlofuse_sample: a scale per row takes f32 logits and no splits");
   if (vocab < 1 || (needs_k && (k < 1 || k > choices)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
   if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))
@@ -1030,6 +1054,9 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   auto split_of = SplitOf(optional, extra, rows, vocab, vocab_total, form);
   if (!split_of.has_value()) return split_of.error();
   const Split split_io = *split_of;
+  auto scales_of = RowScalesOf(optional, rows, form);
+  if (!scales_of.has_value()) return scales_of.error();
+  const float* row_scales = *scales_of;
   // Values round as bf16 for bf16 logits, and for packed candidates widened from bf16.
   const bool round_bf16 = bf16 || form == static_cast<int64_t>(Form::kTopKPackedBf16);
   const Params prm{static_cast<Form>(form), round_bf16 ? RoundBf16(temperature) : temperature, k, p, min_p};
@@ -1047,7 +1074,9 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     const Row row = RowOf(base, r, vocab, bf16, round_bf16, split ? &on_pool : &in_order);
     const int64_t offset = split_io.offsets ? split_io.offsets[r] : 0;
     const uint64_t vocab_base = static_cast<uint64_t>(ids[r]) * vocab_global + offset;
-    const Best best = SampleRow(ops, row, prm, key[2 * r], key[2 * r + 1], ids[r], vocab_base);
+    Params row_prm = prm;
+    if (row_scales) row_prm.temperature = row_scales[r];
+    const Best best = SampleRow(ops, row, row_prm, key[2 * r], key[2 * r + 1], ids[r], vocab_base);
     tokens[r] = static_cast<int32_t>(best.index + offset);
     if (split_io.scores) split_io.scores[r] = best.score;
   };
@@ -1336,21 +1365,22 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_top_k, hlofuse::cpu::SampleTopK,
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample(XLA_FFI_CallFrame* call_frame);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::AnyBuffer>()         // logits (*L, V): L folds into rows
-                                  .Arg<ffi::Buffer<ffi::U32>>()  // keys (*L, 2): the key, per row
-                                  .Arg<ffi::Buffer<ffi::S32>>()  // row ids (*L,): global row index
-                                  .RemainingArgs()               // offsets? (*L,) s32, with vocab_total > 0
-                                  .Ret<ffi::Buffer<ffi::S32>>()  // tokens (*L,): global vocabulary ids
-                                  .RemainingRets()               // scores? (*L,) f32: each winner's score
-                                  .Attr<int64_t>("form")
-                                  .Attr<float>("temperature")
-                                  .Attr<int64_t>("k")
-                                  .Attr<float>("p")
-                                  .Attr<float>("min_p")
-                                  .Attr<int64_t>("vocab_total"));  // 0: V; else the global V of a split
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    hlofuse_sample, hlofuse::cpu::Sample,
+    ffi::Ffi::Bind()
+        .Ctx<ffi::ThreadPool>()
+        .Arg<ffi::AnyBuffer>()         // logits (*L, V): L folds into rows
+        .Arg<ffi::Buffer<ffi::U32>>()  // keys (*L, 2): the key, per row
+        .Arg<ffi::Buffer<ffi::S32>>()  // row ids (*L,): global row index
+        .RemainingArgs()               // offsets? (*L,) s32 with vocab_total > 0; form 13: scales (*L,) f32
+        .Ret<ffi::Buffer<ffi::S32>>()  // tokens (*L,): global vocabulary ids
+        .RemainingRets()               // scores? (*L,) f32: each winner's score
+        .Attr<int64_t>("form")
+        .Attr<float>("temperature")
+        .Attr<int64_t>("k")
+        .Attr<float>("p")
+        .Attr<float>("min_p")
+        .Attr<int64_t>("vocab_total"));  // 0: V; else the global V of a split
 
 // The vector ISA the sampler picks here ($HLOFUSE_CPU_ISA lowers it).
 extern "C" __attribute__((visibility("default"))) const char* hlofuse_sample_isa() {

@@ -25,6 +25,7 @@ from hlofuse.kernels.sampling_reference import (
     FORMS,
     NEG_INF,
     NOISE_SCALED,
+    NOISE_SCALED_ROWS,
     RANK_NUCLEI,
     ROW_KEY_DRAWS,
     SHARED_NOISE_DRAWS,
@@ -73,7 +74,8 @@ PACKED_FORM_CODES = {"top_k_packed": 8, "top_k_packed_bf16": 9}
 # p`): the band's slack is that of the 1 - p the cumsum reaches there (sampling.cc, "Certified nucleus cut").
 FROM_BELOW_FORM_CODES = {"top_p_mask_from_below": 11}
 # A categorical whose noise is scaled instead of the logits, argmax(x + gumbel * T) (Pax's draw), f32 only.
-NOISE_SCALED_FORM_CODES = {"categorical_noise_scaled": 12}
+# With a scale per row, the optional operand (*L,) f32 (Pax's per-request temperature).
+NOISE_SCALED_FORM_CODES = {"categorical_noise_scaled": 12, "categorical_noise_scaled_rows": 13}
 KERNEL_FORM_CODES = {**PACKED_FORM_CODES, **FROM_BELOW_FORM_CODES, **NOISE_SCALED_FORM_CODES}
 # The nucleus forms whose cut the kernel does not decide alone: it draws among the tokens at or above the band of
 # values the program's f32 rounding of its softmax and cumsum could move the cut across, and a winner in that band
@@ -157,6 +159,7 @@ def _sample_call(
     keys: jax.Array,  # (*L, 2) uint32
     row_ids: jax.Array,  # (*L,) int32: each row's global index, from which its noise is counted
     offsets: jax.Array | None = None,  # (*L,) int32: each row's first token in a vocabulary of vocab_total
+    scales: jax.Array | None = None,  # (*L,) f32: each row's noise scale (form categorical_noise_scaled_rows only)
     *,
     vocab_total: int = 0,
     with_scores: bool = False,
@@ -177,6 +180,8 @@ def _sample_call(
     if with_scores:
         out_types.append(jax.ShapeDtypeStruct(lead, jnp.float32))
     operands = [logits, keys, row_ids] if offsets is None else [logits, keys, row_ids, offsets.astype(jnp.int32)]
+    if scales is not None:
+        operands.append(scales.astype(jnp.float32))
     call = jax.ffi.ffi_call(TARGET, out_types, vmap_method="sequential")
     return list(call(*operands, form=np.int64(code), temperature=np.float32(temperature),
                      k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p), vocab_total=np.int64(vocab_total)))
@@ -556,28 +561,52 @@ def top_k_nucleus_draw(draw: str, logits: jax.Array, key: jax.Array, params: dic
 # in the band.
 
 
-def _noise_scaled_by_kernel(key: jax.Array, z: jax.Array, temperature: float) -> jax.Array:
-    """sampling_reference.noise_scaled_draw by the kernel: argmax(z + gumbel * T), the noise at JAX's counters."""
+def _noise_scaled_by_kernel(key: jax.Array, z: jax.Array, temperature: float | jax.Array) -> jax.Array:
+    """sampling_reference.noise_scaled_draw by the kernel: argmax(z + gumbel * T), the noise at JAX's counters. T is one
+    scale (> 0), or one per row ((B, 1) or (B,), each finite and >= 0: kernel form 13)."""
     batch, width = z.shape[:-1], z.shape[-1]
     rows = int(np.prod(batch, dtype=np.int64))
+    per_row = isinstance(temperature, (jax.Array, np.ndarray))
     (tokens,) = _sample_call(z.reshape(rows, width), _keys(key, (rows,)), jax.lax.iota(jnp.int32, rows),
-                             form="categorical_noise_scaled", temperature=temperature, k=0, p=1.0, min_p=0.0)
+                             scales=jnp.reshape(temperature, (rows,)) if per_row else None,
+                             form="categorical_noise_scaled_rows" if per_row else "categorical_noise_scaled",
+                             temperature=1.0 if per_row else temperature, k=0, p=1.0, min_p=0.0)
     nan = jnp.isnan(z)  # a NaN scores NaN whatever its noise: argmax takes the first
     return jnp.where(jnp.any(nan, axis=-1), jnp.argmax(nan, axis=-1).astype(jnp.int32), tokens.reshape(batch))
 
 
 def noise_scaled_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of NOISE_SCALED on the CPU (f32 logits, T > 0): its function with the kernel's top-k, sort and draw."""
+    """A form of NOISE_SCALED on the CPU (f32 logits, T > 0), or of NOISE_SCALED_ROWS (f32 logits, a T per row, the
+    operand after the key): its function with the kernel's top-k, sort and draw. A row whose T is negative, infinite
+    or NaN has no bound on its noise: the batch then runs the form's own draw (the program's noise, the kernel's top-k
+    and sort, which are lax.top_k's and jnp.sort's)."""
     fn = FORMS[form].fn
+    scalars = _scalar_params(form, params)
 
-    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+    def kernel(logits: jax.Array, key: jax.Array | None = None, *rows: jax.Array) -> jax.Array:
+        given = row_values(form, rows)
+        fit = jnp.ones(logits.shape[:1], bool)
+        drawn = dict(given)
+        if "temperature" in given:  # the kernel draws the fit rows; the others' tokens are UNCERTIFIED below
+            t = given["temperature"]
+            fit = jnp.reshape((t >= 0) & (t < jnp.inf), logits.shape[:1])
+            drawn["temperature"] = jnp.where((t >= 0) & (t < jnp.inf), t, 1.0)
+
         def own() -> jax.Array:
-            return fn(logits, key, **params, top_k_fn=_top_k_by_kernel, sort_fn=_sorted_values_by_kernel,
+            return fn(logits, key, **scalars, **drawn, top_k_fn=_top_k_by_kernel, sort_fn=_sorted_values_by_kernel,
                       draw_fn=_noise_scaled_by_kernel).astype(jnp.int32)
 
-        if form != "top_p_noise_scaled":
-            return own()
-        return reference_where_uncertified(pax_nucleus_by_band(logits, key, params), own)
+        if form.removesuffix("_rows") == "top_p_noise_scaled":
+            tokens = reference_where_uncertified(pax_nucleus_by_band(logits, key, scalars | drawn), own)
+        else:
+            tokens = own()
+        if not given:
+            return tokens
+        def program_draw() -> jax.Array:  # the program's own noise and draw, the kernel's exact top-k and sort
+            return fn(logits, key, **scalars, **given, top_k_fn=_top_k_by_kernel,
+                      sort_fn=_sorted_values_by_kernel).astype(jnp.int32)
+
+        return reference_where_uncertified(jnp.where(fit, tokens, UNCERTIFIED), program_draw)
 
     return kernel
 
@@ -1064,6 +1093,11 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported(f"'{attrs.form}' takes (B, V) f32 or bf16 logits (and 0 < k <= V)")
         if attrs.form == "threshold_search_rows":
             return threshold_search_lowering(attrs.form, attrs.params())
+        if attrs.form in NOISE_SCALED_ROWS:
+            if dtype != "f32":
+                raise Unsupported(f"'{attrs.form}' (argmax(x + gumbel * T), a T per row) takes f32 logits: its noise "
+                                  "is f32 cast to the logits' dtype, which the kernel draws in f32 only")
+            return noise_scaled_lowering(attrs.form, attrs.params())
         if FORMS[attrs.form].filters in ESURGE_FORMS:
             return esurge_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
