@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import RANK_NUCLEI, form_params, sample_reference
+from hlofuse.kernels.sampling_reference import RANK_NUCLEI, UNCERTIFIED, form_params, sample_reference
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -386,3 +386,43 @@ def test_tunix_nucleus_of_logits_gives_the_reference_ids_with_no_sort(form: str,
     lowering = jax.jit(sampling.function_form_lowering(form, params))
     _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), dtype, key_base=29)
     _assert_no_sort(lowering, dtype)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.95])
+def test_llama_reference_top_p_gives_the_reference_ids(p: float) -> None:
+    """`top_p_of_probs_torch` (the llama reference's sample_top_p through torchax): the kernel's candidates and
+    draw where the winner's probability is unique in its row, the program's unstable sorts otherwise."""
+    params = form_params("top_p_of_probs_torch", temperature=0.7, p=p)
+    lowering = jax.jit(sampling.torch_nucleus_lowering("top_p_of_probs_torch", params))
+    _assert_gives_the_reference_ids(lowering, "top_p_of_probs_torch", params, CASES + ("many_nan",))
+
+
+def test_llama_reference_top_p_vouches_for_every_untied_winner() -> None:
+    """With no tied probabilities every draw is the kernel's (no UNCERTIFIED row, the reference's ids); where the
+    logits tie, only draws whose winner shares its probability are left to the program's sorts."""
+    params = form_params("top_p_of_probs_torch", temperature=0.7, p=0.9)
+    draw = jax.jit(lambda x, key: sampling.torch_nucleus_by_candidates(x, key, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form="top_p_of_probs_torch", **params))
+    for case in ("peaked", "normal"):
+        logits = jnp.asarray(_logits(8, WIDE, case))
+        for seed in range(4):
+            key = jnp.array([seed, 3], jnp.uint32)
+            np.testing.assert_array_equal(draw(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+    logits = jnp.asarray(_logits(8, WIDE, "ties"))
+    probs = jax.nn.softmax(logits / 0.7, axis=-1)
+    for seed in range(4):
+        key = jnp.array([seed, 3], jnp.uint32)
+        tokens, want = draw(logits, key), reference(logits, key)
+        vouched = tokens != UNCERTIFIED
+        np.testing.assert_array_equal(tokens[vouched], want[vouched])
+        tied = jnp.sum(probs == jnp.take_along_axis(probs, want[:, None], axis=-1), axis=-1) > 1
+        np.testing.assert_array_equal(vouched, ~tied)  # every untied winner vouched for, no tied one
+
+
+def test_llama_reference_top_p_sorts_only_in_a_branch() -> None:
+    params = form_params("top_p_of_probs_torch", temperature=0.7, p=0.9)
+    lowering = jax.jit(sampling.torch_nucleus_lowering("top_p_of_probs_torch", params))
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
+    assert "conditional(" in entry and " sort(" not in entry and "TopK" not in entry and " topk(" not in entry

@@ -575,6 +575,21 @@ def hand_written_top_k_top_p_by_argsort(x, key):
     return jnp.take_along_axis(order, pick[..., None], axis=-1)[..., 0]
 
 
+def llama_reference_top_p_through_torchax(x, key):
+    """The llama reference's `sample_top_p(torch.softmax(x / T), p)` as torchax lowers it: torch.sort descending (an
+    unstable jnp.sort and jnp.argsort), `cumsum - v * 1 > p` at 0 (torch's sub, alpha 1), renormalised,
+    torch.multinomial (a choice per row with the one key), torch.gather by row indices, reshaped to (B,)."""
+    probs = jax.nn.softmax(x / 0.6, axis=-1)
+    ordered = jnp.sort(probs, axis=-1, stable=False, descending=True)
+    order = jnp.argsort(probs, axis=-1, stable=False, descending=True)
+    kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered * 1 > 0.9, jnp.broadcast_to(0.0, ordered.shape), ordered)
+    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    picks = jnp.array([jax.random.choice(key, kept.shape[-1], (1,), replace=False, p=kept[i, :])
+                       for i in range(kept.shape[0])])
+    rows = jnp.broadcast_to(jnp.arange(picks.shape[0]).reshape(picks.shape[0], 1), picks.shape)
+    return order[(rows, picks)].reshape(-1)
+
+
 def maxtext_top_p_fill(x, key):
     """MaxText's nucleus: the dropped logits at -1e7, not -inf (any fill <= -1e6 gives -inf's ids: FILL_NOTE), then
     / T: the top_p_mask form."""
@@ -847,6 +862,8 @@ VARIANTS: list[Variant] = [
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.6, "eps": 0.0}),
     Variant("hand_written_top_k_top_p_by_argsort", hand_written_top_k_top_p_by_argsort,
             "top_k_top_p_of_probs_normalized", expect={"mode": "top_k+top_p", "k": 32, "p": 0.8, "temperature": 0.9}),
+    Variant("llama_reference_top_p_through_torchax", llama_reference_top_p_through_torchax, "top_p_of_probs_torch",
+            expect={"mode": "top_p", "p": 0.9, "temperature": 0.6}),
     Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",

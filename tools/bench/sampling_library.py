@@ -11,7 +11,8 @@ torch.multinomial as torchax lowers them, JetStream's top-p and top-k + top-p, t
 rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with its -1e7 fill and its composite,
 tunix's sample_top_p, Hugging Face's epsilon warper, EasyDeL's per-row top-p plain and vmapped, a draw with a key
 per row, tpu-inference's and EasyDeL eSurge's searched top-k and top-p with per-row parameters, Hugging Face's
-typical warper, and gemma 3.1.0's top-p).
+typical warper, gemma 3.1.0's top-p, the nucleus sorted by a hand-written argsort (the llama reference's
+`sample_top_p` ported to JAX) and as torchax lowers the torch original, and Pax's draw with a temperature per row).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -46,7 +47,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "flax_top_p_warper", "flax_top_k_top_p_warpers", "tunix_top_p", "tunix_top_k_top_p",
             "torchax_epsilon_warper_multinomial", "easydel_per_row_top_p", "easydel_vmapped_per_row_top_p",
             "split_key_per_row", "tpu_inference_searched", "esurge_searched", "torchax_typical_warper_multinomial",
-            "gemma_3_1_top_p")
+            "gemma_3_1_top_p", "hand_written_top_p_by_argsort", "llama_reference_top_p_through_torchax",
+            "pax_temperature_per_row", "pax_top_k_top_p_per_row")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

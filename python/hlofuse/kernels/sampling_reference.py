@@ -1219,6 +1219,55 @@ FORMS["top_k_top_p_of_logits_exclusive"] = Form(
 FORMS.update({name: _with_keras_draw(f) for name, f in FORMS.items() if f.stochastic and f.draw == "argmax"})
 
 
+# ----- the llama reference's `sample_top_p`, as torch code writes it and torchax lowers it ---------------------------
+# `probs_sort, probs_idx = torch.sort(probs, descending=True)`, the cumsum, `probs_sort[cumsum - probs_sort > p] = 0`,
+# renormalised, `torch.multinomial(probs_sort, 1)`, `torch.gather(probs_idx, -1, ...)`: the normalized rank-space
+# nucleus, its sort torch's (unstable: which of equal probabilities takes which rank is the backend's) and its draw
+# torch.multinomial's (jax.random.choice per row, every row with the same key: the noise of counters 0..V-1).
+
+
+def torch_sort_descending(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`torch.sort(x, descending=True)` as torchax lowers it: jnp.sort and jnp.argsort, both unstable, descending."""
+    return (jnp.sort(x, axis=-1, stable=False, descending=True),
+            jnp.argsort(x, axis=-1, stable=False, descending=True))
+
+
+def torch_multinomial(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """`torch.multinomial(probs, 1)` of (B, n) probabilities as torchax lowers it: per row jax.random.choice without
+    replacement (top_k(gumbel + log p, 1)), every row with the same key; (B, 1) positions."""
+    if probs.ndim != 2:
+        raise ValueError(f"torch.multinomial's rows are (B, n), not {probs.shape}")
+    return jnp.array([jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs[i, :])
+                      for i in range(probs.shape[0])])
+
+
+def torch_gather(values: jax.Array, index: jax.Array) -> jax.Array:
+    """`torch.gather(values, -1, index)` of (B, n) values at (B, m) positions, as torchax indexes it."""
+    rows = jnp.broadcast_to(jnp.arange(index.shape[0]).reshape(index.shape[0], 1), index.shape)
+    return values[(rows, index)]
+
+
+def top_p_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                         sort_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]] = torch_sort_descending,
+                         draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
+                         **_: Any) -> jax.Array:
+    """The llama reference's `sample_top_p(torch.softmax(x / T), p)` through torchax, its (B, 1) ids reshaped to (B,):
+    top_p_of_probs_normalized's nucleus (`cumsum - v * 1 > p` is `cumsum - v > p`: torch's sub scales by alpha = 1)
+    in torch's sort order, drawn by torch.multinomial."""
+    values, ids = sort_fn(nucleus_probs(logits, temperature))
+    dropped = jnp.cumsum(values, axis=-1) - values * 1 > p
+    kept = jnp.where(dropped, jnp.broadcast_to(jnp.asarray(0.0, values.dtype), values.shape), values)
+    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    return torch_gather(ids, draw_fn(key, kept)).reshape(-1)
+
+
+_TORCH_NUCLEUS = Writing(top_p_of_probs_torch, ("stablehlo.sort", "chlo.top_k", "stablehlo.exponential",
+                                                "stablehlo.log"))
+FORMS["top_p_of_probs_torch"] = Form("top_p_of_probs_torch", "top_p", top_p_of_probs_torch, ("temperature", "p"),
+                                     _TORCH_NUCLEUS.marker_ops, (_unscaled(_TORCH_NUCLEUS),), draw="top_k",
+                                     composes_draws=False)
+
+
 # ----- Pax (praxis `token_samplers`, as saxml serves it): the noise scaled by T, not the logits ----------------------
 # DefaultCategoricalLogitsSampler draws argmax(x + gumbel * T): for T > 0 that samples softmax(x / T), as a categorical
 # of x / T does, but it rounds otherwise, so these forms draw their own way (the CPU kernel's scaled noise) and no other

@@ -372,15 +372,17 @@ NUCLEUS_CANDIDATES = 4096
 NUCLEUS_MARGIN = 2.0**-12
 
 
-def _rank_categorical(width: int) -> Callable[..., jax.Array]:
+def _rank_categorical(width: int, shared_noise: bool = False) -> Callable[..., jax.Array]:
     """jax.random.categorical over the first L ranks of a (..., width) rank space, by the kernel: the noise at
-    counter row * width + rank, as the program draws it over all width ranks."""
+    counter row * width + rank, as the program draws it over all width ranks (`shared_noise`: at counter rank in every
+    row, as jax.random.choice draws each row with the one key)."""
 
     def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
         del axis
         batch, ranks = z.shape[:-1], z.shape[-1]
         rows = int(np.prod(batch, dtype=np.int64))
-        (tokens,) = _sample_call(z.reshape(rows, ranks), _keys(key, (rows,)), jax.lax.iota(jnp.int32, rows),
+        row_ids = jnp.zeros((rows,), jnp.int32) if shared_noise else jax.lax.iota(jnp.int32, rows)
+        (tokens,) = _sample_call(z.reshape(rows, ranks), _keys(key, (rows,)), row_ids,
                                  jnp.zeros((rows,), jnp.int32), vocab_total=width, form="categorical",
                                  **form_params("categorical"))
         return tokens.reshape(batch)
@@ -397,6 +399,37 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
     call = jax.ffi.ffi_call(TOP_MASS_TARGET, out_types, vmap_method="sequential")
     values, ids = call(probs, k=np.int64(candidates), mass=np.float32(mass))
     return values, ids
+
+
+def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """The llama reference's `sample_top_p` through torchax (`top_p_of_probs_torch`) on the CPU (f32): drawn by
+    `torch_nucleus_by_candidates`, with no sort; a batch it cannot vouch for runs the form's own function (XLA's
+    unstable sorts, whose order of ties only XLA knows, in a conditional's branch)."""
+    fn = FORMS[form].fn
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return reference_where_uncertified(torch_nucleus_by_candidates(logits, key, params),
+                                           lambda: fn(logits, key, **params).astype(jnp.int32))
+
+    return kernel
+
+
+def torch_nucleus_by_candidates(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """`top_p_of_probs_torch` of (B, V) f32 logits with no sort: the normalized rank-space nucleus of the kernel's top
+    candidates by mass (their ranks' values are the program's, whatever its sort does with ties), drawn at the ranks'
+    counters with every row on the one key's noise (torch.multinomial's choice per row). torch.sort is unstable: which
+    of equal probabilities takes the drawn rank is XLA's alone, so a winner is vouched for only when no other token of
+    its row has its probability. UNCERTIFIED for a tied winner, a NaN row, or a batch whose candidates do not hold
+    its nucleus."""
+    width = logits.shape[-1]
+    probs = nucleus_probs(logits, params["temperature"])
+    values, ids = _top_mass_by_kernel(probs, min(width, NUCLEUS_CANDIDATES), params["p"] + 2 * NUCLEUS_MARGIN)
+    scores = rank_nucleus_scores(values, params["p"], None, RANK_NUCLEI["top_p_of_probs_normalized"], width)
+    rank = _rank_categorical(width, shared_noise=True)(key, scores)[:, None]
+    winner = jnp.take_along_axis(values, rank, axis=-1)
+    unique = jnp.sum(probs == winner, axis=-1) == 1  # one pass over the row; a NaN row counts none
+    tokens = jnp.where(unique, jnp.take_along_axis(ids, rank, axis=-1)[:, 0], UNCERTIFIED)
+    return jnp.where(_holds_nucleus(values, params["p"]), tokens, UNCERTIFIED)
 
 
 def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, width: int, form: str,
@@ -1133,6 +1166,11 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
             raise Unsupported("the choice draw takes (B, V) logits")
         return drawn_form_lowering(attrs.form, attrs.params())
+    if attrs.form == "top_p_of_probs_torch":
+        if len(call.operand_types[0][0]) != 2 or call.operand_types[0][1] != "f32":
+            raise Unsupported("the llama reference's top-p through torchax is drawn by the kernel for (B, V) f32 "
+                              "logits only: the kernel's candidates by mass take f32 probabilities")
+        return torch_nucleus_lowering(attrs.form, attrs.params())
     if attrs.form in RANK_NUCLEI and call.operand_types[0][1] in ("f32", "bf16"):
         return rank_nucleus_lowering(attrs.form, attrs.params())
     if attrs.form in FUNCTION_FORMS and call.operand_types[0][1] in ("f32", "bf16"):
