@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import pytest
 
+from hlofuse.kernels.cpu.sampling import XLA_SORT_IN_A_BRANCH
 from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing.modules import compile_for_cpu, count_composites, main_func, parse_module_text, sample_attrs
@@ -83,19 +84,13 @@ WHOLE_FILTERING = sorted(n for n, e in MANIFEST.items() if e["expected"]["whole"
                                   and not FORMS[e["expected"]["form"]].row_params))
 
 
-# Forms whose program sorts unstably and draws in rank space: which of equal probabilities takes which rank is XLA's
-# sort's alone, so a batch whose winner is tied runs the program's own sorts, in a conditional's branch (never in the
-# entry computation).
-XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch",)
-
-
 @pytest.mark.parametrize("name", WHOLE_FILTERING)
 def test_library_filter_runs_in_the_kernel(name: str) -> None:
     module = parse_module_text((FIXTURES / f"{name}.mlir").read_text())
     run_pipeline(module, FUSE[:-1] + ",hlofuse-lower-kernels{target=cpu})")
     hlo = "\n".join(m.to_string() for m in compile_for_cpu(module).hlo_modules())
     assert 'custom_call_target="hlofuse_sample"' in hlo
-    if MANIFEST[name]["expected"]["form"] in XLA_SORT_IN_A_BRANCH:
+    if MANIFEST[name]["expected"]["form"] in XLA_SORT_IN_A_BRANCH:  # its entry computation, then
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
         assert "conditional(" in hlo and 'custom_call_target="hlofuse_sample"' in hlo
     top_k_calls = [t for t in re.findall(r'custom_call_target="([^"]+)"', hlo) if "topk" in t.lower()]

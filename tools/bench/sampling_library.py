@@ -48,7 +48,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "torchax_epsilon_warper_multinomial", "easydel_per_row_top_p", "easydel_vmapped_per_row_top_p",
             "split_key_per_row", "tpu_inference_searched", "esurge_searched", "torchax_typical_warper_multinomial",
             "gemma_3_1_top_p", "hand_written_top_p_by_argsort", "llama_reference_top_p_through_torchax",
-            "pax_temperature_per_row", "pax_top_k_top_p_per_row")
+            "pax_temperature_per_row", "pax_top_k_top_p_per_row", "pax_temperature", "pax_top_k_top_p")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

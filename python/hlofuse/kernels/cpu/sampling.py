@@ -401,6 +401,12 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
     return values, ids
 
 
+# Forms whose program sorts unstably and draws in rank space: which of equal probabilities takes which rank is XLA's
+# sort's alone, so a batch whose winner is tied runs the program's own sorts, in a conditional's branch (never in the
+# compiled entry computation).
+XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch",)
+
+
 def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """The llama reference's `sample_top_p` through torchax (`top_p_of_probs_torch`) on the CPU (f32): drawn by
     `torch_nucleus_by_candidates`, with no sort; a batch it cannot vouch for runs the form's own function (XLA's
