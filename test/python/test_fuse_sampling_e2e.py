@@ -283,3 +283,30 @@ def test_tpu_inference_searched_sampler_with_per_row_arguments() -> None:
             np.float32)
 
     _assert_the_originals_ids(runs, 600, 53, rows)
+
+
+def test_pax_temperature_per_request_given_as_an_argument() -> None:
+    """Pax's top-p with the batch's temperatures as a (B,) argument, as saxml's sample_decode passes them
+    (`temperature.flatten()[:, jnp.newaxis]`): fused whole (top_p_noise_scaled_rows), and on the CPU kernel the ids
+    of the original for other temperatures, greedy rows (T = 0) and a row no noise bound holds for (T < 0) among
+    them."""
+    import jax.numpy as jnp
+
+    def step(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
+        ordered = jnp.sort(logits, axis=-1)
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered.astype(jnp.float32), axis=-1), axis=-1)
+        count = jnp.sum((cumulative <= 1.0 - 0.9).astype(jnp.int32), axis=-1)
+        cutoff = ordered[jnp.arange(logits.shape[0]), count]
+        masked = jnp.where(logits < cutoff[:, None], -0.7 * jnp.finfo(jnp.float32).max, logits)
+        noise = jax.random.gumbel(key, logits.shape).astype(logits.dtype)
+        return jnp.argmax(masked + noise * temperature.flatten()[:, jnp.newaxis], axis=-1)
+
+    fused, runs = _per_row_programs(step, 600, (np.float32,))
+    (attrs,) = sample_attrs(fused)
+    assert attrs.form == "top_p_noise_scaled_rows" and attrs.p == pytest.approx(0.9)
+    rng = np.random.default_rng(7)
+
+    def rows() -> tuple[np.ndarray, ...]:
+        return (rng.choice([0.0, 0.5, 0.7, 1.3, -1.0], 3).astype(np.float32),)
+
+    _assert_the_originals_ids(runs, 600, 43, rows)
