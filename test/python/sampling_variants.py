@@ -412,6 +412,18 @@ def torchax_top_k_warper_multinomial(x, key):
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def nanogpt_top_k_through_torchax(x, key):
+    """nanoGPT's sampling step as torchax lowers it: logits / T, `v, _ = torch.topk(logits, k)` (its values sorted
+    again), `logits[logits < v[:, [-1]]] = -inf` (the k-th read through the index list [-1]), softmax,
+    torch.multinomial, reshape: top_k_mask_choice at T = 1."""
+    y = x / 0.8
+    kth = jnp.sort(jax.lax.top_k(y, 20)[0], axis=-1, descending=True)[:, jnp.array([-1], jnp.int32)]
+    y = jnp.where(y < kth, jnp.broadcast_to(-jnp.inf, y.shape), y)
+    probs = jax.nn.softmax(y, axis=-1)
+    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
+    return jnp.array(rows).reshape(-1)
+
+
 def torchax_top_p_warper_multinomial(x, key):
     """Hugging Face's TemperatureLogitsWarper and TopPLogitsWarper as torchax lowers them (jnp.sort and jnp.argsort,
     unstable; remove where the ascending cumsum of the sorted softmax is <= 1 - p but the largest; scattered back),
@@ -925,6 +937,8 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 1.0, "k": 20}),
     Variant("torchax_top_k_warper_multinomial", torchax_top_k_warper_multinomial, "top_k_mask_choice",
             expect={"temperature": 1.0, "k": 12}),
+    Variant("nanogpt_top_k_through_torchax", nanogpt_top_k_through_torchax, "top_k_mask_choice",
+            expect={"temperature": 1.0, "k": 20}),
     Variant("torchax_top_p_warper_multinomial", torchax_top_p_warper_multinomial, "top_p_ascending_mask_choice",
             expect={"temperature": 1.0, "p": 1 - float(np.float32(1 - 0.9))}),
     Variant("torchax_min_p_warper_multinomial", torchax_min_p_warper_multinomial, "min_p_removal_choice",

@@ -145,6 +145,14 @@ def last_as_torch_indexes(values: jax.Array) -> jax.Array:
     return values[..., -1][..., None]
 
 
+def last_as_torch_list_index(values: jax.Array) -> jax.Array:
+    """values[:, [-1]], as nanoGPT-style torch code reads the k-th largest (`v[:, [-1]]`) and torchax lowers it: a
+    gather at the index array [-1], normalised to k - 1. (B, k) values only."""
+    if values.ndim != 2:
+        raise ValueError(f"`v[:, [-1]]` reads (B, k) values, not {values.shape}")
+    return values[:, jnp.array([-1], jnp.int32)]
+
+
 def mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k,
                 kth_fn: Callable[[jax.Array], jax.Array] = last_column) -> jax.Array:
     kth = kth_fn(top_k_fn(logits, k)[0])
@@ -890,11 +898,11 @@ FILL_BOUND = -1.0e6
 FILL_NOTE = "a fill F <= -1e6 for the dropped logits: the ids of -inf but for logits / T within 21.2 of F / T"
 
 
-def _by_resorted_top_k(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
-    """`fn` with its k-th value read from top_k_resorted as torch indexes it (Hugging Face's TopKLogitsWarper
-    through torchax)."""
-    return Writing(functools.partial(fn, top_k_fn=top_k_resorted, kth_fn=last_as_torch_indexes),
-                   markers + ("stablehlo.sort",))
+def _by_resorted_top_k(fn: Callable[..., jax.Array], markers: tuple[str, ...],
+                       kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes) -> Writing:
+    """`fn` with its k-th value read from top_k_resorted as torch code indexes it (`kth_fn`: Hugging Face's
+    TopKLogitsWarper, or nanoGPT's `v[:, [-1]]`), through torchax."""
+    return Writing(functools.partial(fn, top_k_fn=top_k_resorted, kth_fn=kth_fn), markers + ("stablehlo.sort",))
 
 
 def _by_batch_index(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> Writing:
@@ -927,7 +935,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K),
           _by_batch_index_of(_by_argsort(temperature_top_k, _TOP_K)))),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
-         (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K))),
+         (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K),
+          _by_resorted_top_k(top_k_mask, _TOP_K, last_as_torch_list_index))),
     _with_fills(Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
                      (Writing(top_p_mask_by_top_k, _TOP_K),))),
     _with_fills(Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
