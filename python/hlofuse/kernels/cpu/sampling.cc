@@ -1365,22 +1365,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_top_k, hlofuse::cpu::SampleTopK,
 
 extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample(XLA_FFI_CallFrame* call_frame);
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    hlofuse_sample, hlofuse::cpu::Sample,
-    ffi::Ffi::Bind()
-        .Ctx<ffi::ThreadPool>()
-        .Arg<ffi::AnyBuffer>()         // logits (*L, V): L folds into rows
-        .Arg<ffi::Buffer<ffi::U32>>()  // keys (*L, 2): the key, per row
-        .Arg<ffi::Buffer<ffi::S32>>()  // row ids (*L,): global row index
-        .RemainingArgs()               // offsets? (*L,) s32 with vocab_total > 0; form 13: scales (*L,) f32
-        .Ret<ffi::Buffer<ffi::S32>>()  // tokens (*L,): global vocabulary ids
-        .RemainingRets()               // scores? (*L,) f32: each winner's score
-        .Attr<int64_t>("form")
-        .Attr<float>("temperature")
-        .Attr<int64_t>("k")
-        .Attr<float>("p")
-        .Attr<float>("min_p")
-        .Attr<int64_t>("vocab_total"));  // 0: V; else the global V of a split
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::AnyBuffer>()         // logits (*L, V): L folds into rows
+                                  .Arg<ffi::Buffer<ffi::U32>>()  // keys (*L, 2): the key, per row
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // row ids (*L,): global row index
+                                  .RemainingArgs()               // offsets? (*L,) s32; form 13: scales f32
+                                  .Ret<ffi::Buffer<ffi::S32>>()  // tokens (*L,): global vocabulary ids
+                                  .RemainingRets()               // scores? (*L,) f32: each winner's score
+                                  .Attr<int64_t>("form")
+                                  .Attr<float>("temperature")
+                                  .Attr<int64_t>("k")
+                                  .Attr<float>("p")
+                                  .Attr<float>("min_p")
+                                  .Attr<int64_t>("vocab_total"));  // 0: V; else the global V of a split
 
 // The vector ISA the sampler picks here ($HLOFUSE_CPU_ISA lowers it).
 extern "C" __attribute__((visibility("default"))) const char* hlofuse_sample_isa() {

@@ -430,30 +430,28 @@ def torch_nucleus_by_candidates(logits: jax.Array, key: jax.Array, params: dict[
     width = logits.shape[-1]
     probs = nucleus_probs(logits, params["temperature"])
     values, ids = _top_mass_by_kernel(probs, min(width, NUCLEUS_CANDIDATES), params["p"] + 2 * NUCLEUS_MARGIN)
-    scores = rank_nucleus_scores(values, params["p"], None, RANK_NUCLEI["top_p_of_probs_normalized"], width)
-    rank = _rank_categorical(width, shared_noise=True)(key, scores)[:, None]
-    winner = jnp.take_along_axis(values, rank, axis=-1)
+    tokens = _nucleus_of_candidates(values, ids, key, width, "top_p_of_probs_normalized", params, shared_noise=True)
+    winner = jnp.take_along_axis(probs, jnp.maximum(tokens, 0)[:, None], axis=-1)
     unique = jnp.sum(probs == winner, axis=-1) == 1  # one pass over the row; a NaN row counts none
-    tokens = jnp.where(unique, jnp.take_along_axis(ids, rank, axis=-1)[:, 0], UNCERTIFIED)
-    return jnp.where(_holds_nucleus(values, params["p"]), tokens, UNCERTIFIED)
+    return jnp.where(unique & _holds_nucleus(values, params["p"]), tokens, UNCERTIFIED)
 
 
 def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, width: int, form: str,
-                           params: dict[str, Any]) -> jax.Array:
+                           params: dict[str, Any], shared_noise: bool = False) -> jax.Array:
     """The form's ids from the first ranks `values` (..., L) of `width` sorted probabilities and their `ids` (-1 for
     a zero past the row's candidates), when they hold the nucleus; a rank that wins without an id (only with a
-    floor eps > 0) gives UNCERTIFIED."""
+    floor eps > 0) gives UNCERTIFIED. `shared_noise`: every row draws the one key's noise (`_rank_categorical`)."""
     candidates = values.shape[-1]
     eps = params.get("eps", 0.0)
     scores = rank_nucleus_scores(values, params["p"], eps, RANK_NUCLEI[form], width)
     if not eps:  # log(0) = -inf: no rank outside the nucleus can win
-        rank = _rank_categorical(width)(key, scores)
+        rank = _rank_categorical(width, shared_noise)(key, scores)
         return jnp.take_along_axis(ids, rank[..., None], axis=-1)[..., 0]
     # Every rank past the candidates scores log(0 + eps), as the program computes it for its zeros.
     lead = values.shape[:-1]
     outside = log_floored(jnp.zeros((*lead, 1), values.dtype), eps)
     everyone = jnp.concatenate([scores, jnp.broadcast_to(outside, (*lead, width - candidates))], axis=-1)
-    rank = _rank_categorical(width)(key, everyone)
+    rank = _rank_categorical(width, shared_noise)(key, everyone)
     inside = jnp.take_along_axis(ids, jnp.minimum(rank, candidates - 1)[..., None], axis=-1)[..., 0]
     return jnp.where((rank < candidates) & (inside >= 0), inside, UNCERTIFIED)
 
@@ -624,12 +622,10 @@ def noise_scaled_lowering(form: str, params: dict[str, Any]) -> Callable[..., ja
 
     def kernel(logits: jax.Array, key: jax.Array | None = None, *rows: jax.Array) -> jax.Array:
         given = row_values(form, rows)
-        fit = jnp.ones(logits.shape[:1], bool)
         drawn = dict(given)
-        if "temperature" in given:  # the kernel draws the fit rows; the others' tokens are UNCERTIFIED below
-            t = given["temperature"]
-            fit = jnp.reshape((t >= 0) & (t < jnp.inf), logits.shape[:1])
-            drawn["temperature"] = jnp.where((t >= 0) & (t < jnp.inf), t, 1.0)
+        if given:  # the kernel draws the rows whose T bounds the noise; the others' tokens are UNCERTIFIED below
+            fit = (given["temperature"] >= 0) & (given["temperature"] < jnp.inf)
+            drawn["temperature"] = jnp.where(fit, given["temperature"], 1.0)
 
         def own() -> jax.Array:
             return fn(logits, key, **scalars, **drawn, top_k_fn=_top_k_by_kernel, sort_fn=_sorted_values_by_kernel,
@@ -645,7 +641,7 @@ def noise_scaled_lowering(form: str, params: dict[str, Any]) -> Callable[..., ja
             return fn(logits, key, **scalars, **given, top_k_fn=_top_k_by_kernel,
                       sort_fn=_sorted_values_by_kernel).astype(jnp.int32)
 
-        return reference_where_uncertified(jnp.where(fit, tokens, UNCERTIFIED), program_draw)
+        return reference_where_uncertified(jnp.where(fit.reshape(tokens.shape), tokens, UNCERTIFIED), program_draw)
 
     return kernel
 
