@@ -134,6 +134,15 @@ def top_k_resorted(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     return jnp.sort(values, axis=-1, descending=True), ids
 
 
+def top_k_as_torch(x: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> tuple[jax.Array, jax.Array]:
+    """`torch.topk(x, k)` as torchax lowers it: lax.top_k, its values sorted again (descending) and the ids taken
+    along their argsort. The same (value, id) pairs as lax.top_k's (its values are sorted already: the argsort only
+    moves equal values, or +0 and -0, among themselves)."""
+    values, ids = top_k_fn(x, k)
+    values = jnp.sort(values, descending=True)
+    return values, jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
+
+
 def last_column(values: jax.Array) -> jax.Array:
     """values[..., -1:]: the k-th largest, kept as a (..., 1) column."""
     return values[..., -1:]
@@ -451,14 +460,17 @@ def _unfloored(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=fn)
 
 
-def _keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
     """The k logits lax.top_k picks (ties by the lower id: exactly k, unlike `mask_top_k`) scattered into a row of
-    -inf, as Hugging Face's FlaxTopKLogitsWarper writes it: flat ids (row * V + id) set into a flat (B * V,) row.
-    (B, V) logits only: other shapes raise ValueError, so no template is made for them."""
-    if logits.ndim != 2:
-        raise ValueError(f"the exact top-k scatter takes (B, V) logits, not {logits.shape}")
-    batch, vocab = logits.shape
+    -inf, as Hugging Face's FlaxTopKLogitsWarper writes it: flat ids (row * V + id) set into a flat (B * V,) row; of
+    one row (V,), the ids set into a row of -inf, as litgpt's `full_like(-inf).scatter_(-1, i, v)` is lowered.
+    (B, V) or (V,) logits only: other shapes raise ValueError, so no template is made for them."""
     values, ids = top_k_fn(logits, k)
+    if logits.ndim == 1:
+        return jnp.full_like(logits, NEG_INF).at[ids].set(values)
+    if logits.ndim != 2:
+        raise ValueError(f"the exact top-k scatter takes (B, V) logits or one row, not {logits.shape}")
+    batch, vocab = logits.shape
     rows = jnp.broadcast_to((jnp.arange(batch) * vocab)[:, None], (batch, k)).flatten()
     kept = jnp.full(batch * vocab, NEG_INF).at[ids.flatten() + rows].set(values.flatten())
     return kept.reshape(batch, vocab)
@@ -469,7 +481,7 @@ def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
                      **_: Any) -> jax.Array:
     """Exactly the top k logits kept (lax.top_k's, ties by the lower id), the rest -inf, then / T, a categorical over
     the vocabulary (noise by id): Hugging Face's Flax generate() with its TopK warper."""
-    return categorical_fn(key, _scale(_keep_exactly_top_k(logits, k, top_k_fn), temperature), axis=-1)
+    return categorical_fn(key, _scale(keep_exactly_top_k(logits, k, top_k_fn), temperature), axis=-1)
 
 
 def flax_top_p_keep(values: jax.Array, p: float) -> jax.Array:
@@ -497,7 +509,7 @@ def top_k_exact_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperatur
                                 top_k_fn: TopK = jax.lax.top_k, **params: Any) -> jax.Array:
     """Flax generate()'s FlaxTopKLogitsWarper then FlaxTopPLogitsWarper (its Llama-3 config, with the default
     top-k 50): the exact top k scattered into -inf (`top_k_exact_mask`), then `top_p_flax_mask` of it."""
-    return top_p_flax_mask(_keep_exactly_top_k(logits, k, top_k_fn), key, temperature=temperature, p=p, **params)
+    return top_p_flax_mask(keep_exactly_top_k(logits, k, top_k_fn), key, temperature=temperature, p=p, **params)
 
 
 def kth_of_descending_sort(logits: jax.Array, k: int) -> jax.Array:
@@ -562,11 +574,14 @@ def top_p_removal(logits: jax.Array, one_minus_p: float, sort_fn: Sort = sort_un
     """Hugging Face's TopPLogitsWarper as torchax lowers it: the logits sorted ascending, the softmax of the sorted
     logits and its cumsum, `remove = cumsum <= 1 - p` but for the largest (`[..., -1:] = 0`, min_tokens_to_keep
     = 1), scattered back to vocabulary order. Returns (removed in vocabulary order, sorted logits, removed in sorted
-    order). (B, V) logits only: other shapes raise ValueError, so no template is made for them."""
-    if logits.ndim != 2:
-        raise ValueError(f"the Hugging Face top-p warper takes (B, V) logits, not {logits.shape}")
+    order). (B, V) logits, or one row (V,) (litgpt's `sample_top_p`, the same removal of `logits[0, -1]`): other
+    shapes raise ValueError, so no template is made for them."""
+    if logits.ndim not in (1, 2):
+        raise ValueError(f"the Hugging Face top-p warper takes (B, V) logits or one row, not {logits.shape}")
     ordered, ids = sort_fn(logits)
     remove = sorted_top_p_removal(ordered, one_minus_p)
+    if logits.ndim == 1:
+        return remove.at[ids].set(remove[0:remove.shape[0]]), ordered, remove
     batch, vocab = remove.shape
     rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
     return remove.at[(rows, ids)].set(remove[0:batch, 0:vocab]), ordered, remove
@@ -611,6 +626,18 @@ def top_k_top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature
     masked = mask_top_k(logits, k, top_k_fn, kth_fn)
     removed = top_p_removal(masked, 1 - p if one_minus_p is None else one_minus_p, sort_fn)[0]
     return categorical_fn(key, _scale(jnp.where(removed, NEG_INF, masked), temperature), axis=-1)
+
+
+def top_k_exact_top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                                     top_k_fn: TopK = top_k_as_torch, sort_fn: Sort = sort_unstable,
+                                     categorical_fn: Categorical = jax.random.categorical,
+                                     one_minus_p: float | None = None, **_: Any) -> jax.Array:
+    """litgpt's `sample` with a top k and a top p, as torchax lowers it: exactly torch.topk's k logits scattered into
+    -inf (`keep_exactly_top_k`), then / T, then Hugging Face's top-p removal of that (`top_p_removal`, litgpt's
+    `sample_top_p` is the same) at -inf. T sits between the two filters, as litgpt applies it."""
+    y = _scale(keep_exactly_top_k(logits, k, top_k_fn), temperature)
+    removed = top_p_removal(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn)[0]
+    return categorical_fn(key, jnp.where(removed, NEG_INF, y), axis=-1)
 
 
 def descending(logits: jax.Array) -> jax.Array:
@@ -681,11 +708,8 @@ def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float
 
 
 def _torch_top_1_ids(probs: jax.Array, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
-    """`torch.topk(probs, 1).indices` as torchax lowers it: lax.top_k, its values sorted again (descending) and the
-    ids taken along their argsort."""
-    values, ids = top_k_fn(probs, 1)
-    values = jnp.sort(values, descending=True)
-    return jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
+    """`torch.topk(probs, 1).indices` as torchax lowers it."""
+    return top_k_as_torch(probs, 1, top_k_fn)[1]
 
 
 def min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
@@ -946,7 +970,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
                       _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K)))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
-         composes_draws=False),
+         (Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch),
+                  _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),)),
     Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
          composes_draws=False),
     Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
@@ -973,6 +998,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
           Writing(functools.partial(top_k_top_p_ascending_mask, top_k_fn=top_k_by_argsort, kth_fn=last_column),
                   ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",))),
          reads=("one_minus_p",)),
+    Form("top_k_exact_top_p_ascending_mask", "top_k+top_p", top_k_exact_top_p_ascending_mask,
+         ("temperature", "k", "p"), _TOP_K + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
     Form("epsilon_removal", "epsilon", epsilon_removal, ("temperature", "epsilon"),
          _NOISE + ("stablehlo.exponential", "chlo.top_k")),
     Form("top_k_epsilon_removal", "top_k+epsilon", top_k_epsilon_removal, ("temperature", "k", "epsilon"),
@@ -1019,10 +1046,13 @@ def log_of_softmax_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Arra
 def choice_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
     """`torch.multinomial(softmax(y), 1).squeeze(1)` as torchax lowers it: per row, jax.random.choice without
     replacement (top_k(gumbel + log p, 1)), every row with the same key, so the same noise (counters 0..n-1).
-    Rows of (B, n) only. (`categorical_fn` is not used: the rows do not index the noise.)"""
+    Rows of (B, n), or one row (n,), whose `torch.multinomial(probs, 1)` is (1,) (litgpt's one-row `sample`).
+    (`categorical_fn` is not used: the rows do not index the noise.)"""
     probs = jax.nn.softmax(y, axis=-1)
+    if y.ndim == 1:
+        return jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs)
     if y.ndim != 2:
-        raise ValueError(f"the choice draw takes (B, n) logits, not {y.shape}")
+        raise ValueError(f"the choice draw takes (B, n) logits or one row (n,), not {y.shape}")
     rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
     return jnp.squeeze(jnp.array(rows), 1)
 

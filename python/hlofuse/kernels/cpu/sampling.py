@@ -10,6 +10,7 @@ tokens. Rows run in parallel, and a row's vocabulary is split across threads whe
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ from hlofuse.kernels.sampling_reference import (
     esurge_min_p_mask,
     flax_top_p_keep,
     form_params,
+    keep_exactly_top_k,
     last_column,
     log_floored,
     mask_top_k,
@@ -243,8 +245,9 @@ def _kernel_categorical(shared_noise: bool, row_keys: bool = False, nan_rows: bo
 def _choice_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
     """sampling_reference.choice_draw: per row top_k(gumbel + log p, 1), the same noise for every row, which is
     the argmax of each row's log p plus row 0's noise (top_k with k = 1 orders as argmax: NaN first, then the
-    lower id)."""
-    return _kernel_categorical(shared_noise=True)(key, jnp.log(jax.nn.softmax(y, axis=-1)))
+    lower id). One row (n,) gives (1,), as torch.multinomial of one row does."""
+    tokens = _kernel_categorical(shared_noise=True)(key, jnp.log(jax.nn.softmax(y, axis=-1)))
+    return tokens.reshape(1) if y.ndim == 1 else tokens
 
 
 def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -565,6 +568,20 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
                                           from_below=True, by_place=True)
             return reference_where_uncertified(tokens, sorted_row)
         return sorted_row()
+
+    return kernel
+
+
+def top_k_exact_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """litgpt's top-k then top-p (`top_k_exact_top_p_ascending_mask`, any draw): the kernel's top k (lax.top_k's, as
+    torch.topk's) scattered into -inf and scaled by the program's ops, then the top-p form of the same draw on that
+    row at T = 1 (`top_p_ascending_lowering`: the nucleus drawn by its band, no sort). x / 1.0 is x bit for bit."""
+    draw = FORMS[form].drawn_by
+    top_p = top_p_ascending_lowering("top_p_ascending_mask" + (f"_{draw}" if draw else ""),
+                                     {**form_params("top_p_ascending_mask", p=params["p"])})
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return top_p(keep_exactly_top_k(logits, params["k"], _top_k_by_kernel) / params["temperature"], key)
 
     return kernel
 
@@ -1115,6 +1132,25 @@ def esurge_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Arra
 ESURGE_FORMS = ("esurge_searched_rows", "esurge_searched_min_p_rows")
 
 
+def _batch_of_one(call: CompositeCall) -> CompositeCall:
+    """`call` with its one row of logits (V,) taken as a batch of one (1, V)."""
+    (shape, dtype), *others = call.operand_types
+    return dataclasses.replace(call, operand_types=(((1, *shape), dtype), *others))
+
+
+def _as_one_row(form: str, kernel: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """The kernel for a batch of one, on one row (V,): its ids as the form's function gives them for one row, (1,)
+    for the choice draw (torch.multinomial of one row), () otherwise. The program's own ops in the kernel (a softmax,
+    a cumsum) run on the (1, V) row as on the (V,) row: XLA drops the unit dim, so they round alike (the library
+    fixtures compare the ids)."""
+    shape = (1,) if FORMS[form].draw == "top_k" else ()
+
+    def one_row(logits: jax.Array, *others: jax.Array) -> jax.Array:
+        return kernel(logits[None], *others).reshape(shape)
+
+    return one_row
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
     if not is_available():
@@ -1149,10 +1185,12 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if attrs.k > shape[-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
         return flax_top_p_lowering(attrs.form, attrs.params())
-    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", *MIN_P_REMOVALS, *EPSILON_REMOVALS,
-                   *TYPICAL_MASKS):
+    if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask",
+                   *MIN_P_REMOVALS, *EPSILON_REMOVALS, *TYPICAL_MASKS):
+        if len(call.operand_types[0][0]) == 1:  # one row (litgpt's `sample`): drawn as a batch of one
+            return _as_one_row(attrs.form, sampling_lowering(_batch_of_one(call)))
         if len(call.operand_types[0][0]) != 2:
-            raise Unsupported("Hugging Face's warpers take (B, V) logits")
+            raise Unsupported("Hugging Face's warpers take (B, V) logits or one row (V,)")
         if call.operand_types[0][1] not in ("f32", "bf16"):
             raise Unsupported(f"the CPU sampler takes f32 or bf16 logits, not {call.operand_types[0][1]}")
         if attrs.k > call.operand_types[0][0][-1]:
@@ -1163,10 +1201,12 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             return epsilon_removal_lowering(attrs.form, attrs.params())
         if filters in TYPICAL_MASKS:
             return typical_lowering(attrs.form, attrs.params())
+        if filters == "top_k_exact_top_p_ascending_mask":
+            return top_k_exact_top_p_lowering(attrs.form, attrs.params())
         return top_p_ascending_lowering(attrs.form, attrs.params())
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
-        if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) != 2:
-            raise Unsupported("the choice draw takes (B, V) logits")
+        if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) not in (1, 2):
+            raise Unsupported("the choice draw takes (B, V) logits or one row (V,)")
         return drawn_form_lowering(attrs.form, attrs.params())
     if attrs.form == "top_p_of_probs_torch":
         if len(call.operand_types[0][0]) != 2 or call.operand_types[0][1] != "f32":
