@@ -478,6 +478,35 @@ def torchax_top_k_top_p_warpers_multinomial(x, key):
                                           -jnp.inf, y), key)
 
 
+def _torch_top_k_scattered(row, k):
+    """litgpt's `torch.full_like(row, -inf).scatter_(-1, i, v)` of `v, i = torch.topk(row, k)` as torchax lowers it."""
+    values, ids = jax.lax.top_k(row, k)
+    values = jnp.sort(values, descending=True)
+    ids = jnp.take_along_axis(ids, jnp.argsort(values, descending=True), axis=-1)
+    return jnp.full_like(row, -jnp.inf).at[ids].set(values)
+
+
+def _multinomial_of_row(probs, key):
+    """torch.multinomial(probs, 1) of one row (V,) as torchax lowers it: (1,) ids."""
+    return jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs)
+
+
+def litgpt_top_k_multinomial(x, key):
+    """litgpt's `sample` with its generate's defaults (T = 0.8, top_k = 50) of `logits[0, -1]` (one row), as torchax
+    lowers it: top_k_exact_mask_choice of the row."""
+    return _multinomial_of_row(jax.nn.softmax(_torch_top_k_scattered(x[0], 50) / 0.8), key)
+
+
+def litgpt_top_k_top_p_multinomial(x, key):
+    """litgpt's `sample` with top_k = 50 and top_p = 0.9 of one row: the top k scattered, / T, then `sample_top_p`
+    (Hugging Face's removal, scattered back by a one-row index): top_k_exact_top_p_ascending_mask_choice."""
+    y = _torch_top_k_scattered(x[0], 50) / 0.8
+    ordered, ids = jnp.sort(y, stable=False), jnp.argsort(y, stable=False)
+    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) <= (1 - 0.9)
+    remove = remove.astype(jnp.int32).at[-1:].set(jnp.zeros((1,), jnp.int32)) != 0
+    return _multinomial_of_row(jax.nn.softmax(jnp.where(remove.at[ids].set(remove[0:y.shape[0]]), -jnp.inf, y)), key)
+
+
 def torchax_top_k_min_p_argsort_multinomial(x, key):
     """transformers 4.x's min-p config (Temperature, TopK(50), MinP: the top token kept through a descending
     argsort, gathered, cleared and scattered back) as torchax lowers it, then torch.multinomial."""
@@ -945,6 +974,10 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 0.7, "min_p": 0.05}),
     Variant("torchax_top_k_top_p_warpers_multinomial", torchax_top_k_top_p_warpers_multinomial,
             "top_k_top_p_ascending_mask_choice", expect={"temperature": 1.0, "k": 50, "p": 1 - float(np.float32(0.1))}),
+    Variant("litgpt_top_k_multinomial", litgpt_top_k_multinomial, "top_k_exact_mask_choice",
+            expect={"temperature": 0.8, "k": 50}),
+    Variant("litgpt_top_k_top_p_multinomial", litgpt_top_k_top_p_multinomial, "top_k_exact_top_p_ascending_mask_choice",
+            expect={"temperature": 0.8, "k": 50, "p": 1 - float(np.float32(0.1))}),
     Variant("torchax_top_k_min_p_argsort_multinomial", torchax_top_k_min_p_argsort_multinomial,
             "top_k_min_p_removal_choice", expect={"temperature": 1.0, "k": 50, "min_p": float(np.float32(0.1))}),
     Variant("flax_top_p_warper", flax_top_p_warper, "top_p_flax_mask",
