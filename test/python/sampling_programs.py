@@ -29,7 +29,8 @@ import numpy as np
 
 # Hugging Face's warpers as torchax lowers `generate()`'s logits processors: MinPLogitsWarper, EpsilonLogitsWarper and
 # TypicalLogitsWarper over (B, V) logits, each after the TemperatureLogitsWarper and, with `warper_top_k`, the
-# TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`.
+# TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`. The min-p warper may follow the
+# TopPLogitsWarper (`warper_top_p`, 5.x's chain): the form is then `[top_k_]top_p_min_p_removal`.
 HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
          "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS)
@@ -62,8 +63,8 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
 # shifted `cumsum <= p` mask, draw from log(kept) in rank space; hf: Hugging Face's TopPLogitsWarper as torchax
 # lowers it (ascending unstable sort, remove `cumsum <= 1 - p` but the largest, scattered back); flax: its
-# FlaxTopPLogitsWarper (a full-width lax.top_k, the rolled `cumsum < p`, sort_key_val back). hf and flax take
-# (B, V) logits and fill with -inf.
+# FlaxTopPLogitsWarper (a full-width lax.top_k, the rolled `cumsum < p`, sort_key_val back). hf takes (B, V) logits
+# or one row (litgpt's), flax (B, V) logits; both fill with -inf.
 TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
@@ -84,7 +85,8 @@ NOISES = ("categorical", "gumbel", "gumbel_first", "keras")
 # ((B, k) candidates only)
 TAKES = ("along_axis", "batch_index")
 # What the draw samples from its scaled, filtered logits y: y itself, log_softmax(y), log(softmax(y)) (keras-hub),
-# or softmax(y) by jax.random.choice per row (torch.multinomial through torchax; (B, V) rows only). The form
+# or softmax(y) by jax.random.choice per row (torch.multinomial through torchax; (B, V) rows, or one row (V,) whose
+# (1,) ids litgpt's `sample` returns, for the forms that draw in vocabulary order). The form
 # is then `<form>_<draw>` (sampling_reference.DRAWS).
 # or each row by a key of its own (row_keys: the key split into one per row, then a vmapped categorical).
 DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice", "row_keys")
@@ -117,6 +119,7 @@ class SamplerSpec:
     min_p: float = 0.1
     epsilon: float = 0.02
     warper_top_k: bool = False  # the TopKLogitsWarper (k) before a Hugging Face warper
+    warper_top_p: bool = False  # the TopPLogitsWarper (p) before the MinPLogitsWarper (5.x's keep only)
     min_p_keep: str = "topk"
     key_kind: str = "raw"
     key_op: str = "none"
@@ -246,6 +249,8 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
 def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
     """A Hugging Face warper's form and attributes: the temperature is the form's where the program divides by a
     constant and no top-k warper lies between (else 1: the scaling stays outside)."""
+    if spec.warper_top_p:
+        return _hf_top_p_min_p(spec, attrs, dtype)
     attrs = dict(attrs)
     if spec.temperature_style == "const" and not spec.warper_top_k:
         attrs["temperature"] = _rounded(spec.temperature, dtype)
@@ -261,6 +266,17 @@ def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[st
     if attrs["mode"] != "min_p":
         attrs["mode"] = f"top_k+{attrs['mode']}"
     return f"top_k_{spec.form}", attrs
+
+
+def _hf_top_p_min_p(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """generate()'s Temperature, [TopK,] TopP, MinP chain: its form divides by T first, so a constant T is read
+    whether or not a top-k lies between (else 1: the scaling stays outside)."""
+    attrs = {**attrs, "p": 1 - _rounded(1 - spec.p, dtype), "min_p": _rounded(spec.min_p, dtype)}
+    if spec.temperature_style == "const":
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    if not spec.warper_top_k:
+        return "top_p_min_p_removal", attrs
+    return "top_k_top_p_min_p_removal", {**attrs, "k": spec.k}
 
 
 def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:
@@ -343,6 +359,8 @@ class _Ctx:
         key = self.key()
         if self.spec.draw == "choice":
             probs = jax.nn.softmax(x, axis=-1)
+            if x.ndim == 1:  # torch.multinomial of one row (litgpt's `sample`): (1,) ids
+                return jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs)
             rows = [jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(x.shape[0])]
             return jnp.squeeze(jnp.array(rows), 1)
         if self.spec.draw == "row_keys":
@@ -394,15 +412,18 @@ def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
 
 def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     """hf / flax styles: Hugging Face's top-p warpers, torch's through torchax or Flax's; the dropped at -inf."""
-    batch, vocab = x.shape
-    rows = _rows((batch, vocab))
     if c.spec.top_p_style == "hf":
         ordered, ids = jnp.sort(x, axis=-1, stable=False), jnp.argsort(x, axis=-1, stable=False)
         cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
-        remove = (cumulative <= 1 - c.spec.p).astype(jnp.int32).at[..., -1:].set(jnp.zeros((batch, 1), jnp.int32))
-        remove = remove != 0
-        kept = jnp.where(remove.at[(rows, ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
+        remove = (cumulative <= 1 - c.spec.p).astype(jnp.int32)
+        remove = remove.at[..., -1:].set(jnp.zeros((*x.shape[:-1], 1), jnp.int32)) != 0
+        if x.ndim == 1:  # litgpt's `sample_top_p` of one row: scattered back along dim 0
+            kept = jnp.where(remove.at[ids].set(remove[0:x.shape[0]]), NEG_INF, x)
+        else:
+            batch, vocab = x.shape
+            kept = jnp.where(remove.at[(_rows((batch, vocab)), ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
     else:
+        batch, vocab = x.shape
         ordered, ids = jax.lax.top_k(x, vocab)
         cumulative = jax.nn.softmax(ordered, axis=-1).cumsum(axis=-1)
         keep = jnp.roll(cumulative < c.spec.p, 1)
@@ -487,6 +508,8 @@ def _hf_warper_chain(c: _Ctx, x: jax.Array) -> jax.Array:
     y = c.scale(x)
     if c.spec.warper_top_k:
         y = jnp.where(y < _torch_kth(y, c.spec.k), NEG_INF, y)
+    if c.spec.warper_top_p:
+        y = _hf_nucleus_mask(c, y)
     if c.spec.form == "min_p_removal":
         remove = _hf_min_p_removal(c, y)
     elif c.spec.form == "epsilon_removal":
@@ -556,7 +579,8 @@ def build(spec: SamplerSpec) -> tuple[Callable[..., Any], list[jax.ShapeDtypeStr
         if "logits" in spec.extras:
             outs.append(logits)
         if "logprobs" in spec.extras:
-            outs.append(jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), token[..., None], axis=-1))
+            outs.append(jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), token.reshape((*x.shape[:-1], 1)),
+                                            axis=-1))
         if "take" in spec.extras:
             index = args["index"].reshape((*x.shape[:-1], 1))
             outs.append(jnp.take_along_axis(x, index, axis=-1))

@@ -90,7 +90,7 @@ def test_library_filter_runs_in_the_kernel(name: str) -> None:
     run_pipeline(module, FUSE[:-1] + ",hlofuse-lower-kernels{target=cpu})")
     hlo = "\n".join(m.to_string() for m in compile_for_cpu(module).hlo_modules())
     assert 'custom_call_target="hlofuse_sample"' in hlo
-    if MANIFEST[name]["expected"]["form"] in XLA_SORT_IN_A_BRANCH:  # its entry computation, then
+    if FORMS[MANIFEST[name]["expected"]["form"]].filters in XLA_SORT_IN_A_BRANCH:  # its entry computation, then
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
         assert "conditional(" in hlo and 'custom_call_target="hlofuse_sample"' in hlo
     top_k_calls = [t for t in re.findall(r'custom_call_target="([^"]+)"', hlo) if "topk" in t.lower()]

@@ -103,13 +103,17 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), warper_top_k=draw(st.booleans()),
                                    min_p_keep=draw(st.sampled_from(MIN_P_KEEPS)),
                                    epsilon=draw(st.sampled_from([0.01, 0.03])))
+        if form == "min_p_removal" and spec.min_p_keep == "topk":
+            spec = dataclasses.replace(spec, warper_top_p=draw(st.booleans()), top_p_style="hf")
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
-        spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), fill="-inf")
+        one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
+        spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
     flax_p = form in USES_TOP_P and spec.top_p_style == "flax"  # Flax draws by categorical only
     if stochastic and not rank_space_p and not flax_p:
         drawn = draw(st.sampled_from(DRAWS))
-        if drawn == "choice" and spec.batch in ("b", "bt"):
+        one_row_choice = spec.batch == "v" and form not in ("top_k", "temperature_top_k")  # (1,) ids, no rank space
+        if drawn == "choice" and (spec.batch in ("b", "bt") or one_row_choice):
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn == "row_keys" and spec.batch == "b":  # (B, V) rows, one key each
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
@@ -257,6 +261,14 @@ FIXED_GAPS = {
                                                        top_k_style="negated_sort"),
     "rank_space_top_p_by_argsort_keras": SamplerSpec(form="top_p_mask", top_p_style="keras", top_k_style="sort",
                                                      noise="keras"),
+    # torch.multinomial of one row (litgpt's `sample` of `logits[0, -1]`), whose ids are (1,): the choice draw took
+    # (B, V) rows only, so none fused; Hugging Face's top-p of one row (litgpt's `sample_top_p`) likewise.
+    "choice_one_row_vector": SamplerSpec(form="temperature", draw="choice", batch="v"),
+    "choice_one_row_top_k_mask_torchax": SamplerSpec(form="top_k_mask", draw="choice", batch="v",
+                                                     top_k_style="torchax"),
+    "choice_one_row_hf_top_p": SamplerSpec(form="top_p_mask", top_p_style="hf", draw="choice", batch="v"),
+    "one_row_hf_top_k_top_p_bf16": SamplerSpec(form="top_k_top_p_mask", top_p_style="hf", top_k_style="torchax",
+                                               batch="v", dtype="bfloat16"),
 }
 
 
@@ -321,6 +333,13 @@ DRAW_CASES = {
     "choice_hf4_top_k_epsilon_traced_t": SamplerSpec(form="epsilon_removal", draw="choice", warper_top_k=True,
                                                      temperature_style="traced"),
     "row_keys_hf_epsilon_bf16": SamplerSpec(form="epsilon_removal", draw="row_keys", dtype="bfloat16"),
+    # generate()'s TopP then MinP (5.x), with and without a top-k and a temperature first: fused as min_p_removal,
+    # the top-p's sorts left in XLA, until the chain's forms (top_p_min_p_removal)
+    "choice_hf_top_p_min_p": SamplerSpec(form="min_p_removal", draw="choice", warper_top_p=True, top_p_style="hf"),
+    "choice_hf_top_k_top_p_min_p_ties": SamplerSpec(form="min_p_removal", draw="choice", warper_top_k=True,
+                                                    warper_top_p=True, top_p_style="hf", vocab=16, p=0.5),
+    "hf_top_p_min_p_traced_t_bf16": SamplerSpec(form="min_p_removal", warper_top_p=True, top_p_style="hf",
+                                                temperature_style="traced", dtype="bfloat16"),
 }
 
 

@@ -61,7 +61,7 @@ def _sorts(hlo: str) -> list[str]:
 def test_fused_filter_runs_in_the_kernel(variant: Variant) -> None:
     hlo = _optimized_hlo(variant)
     assert 'custom_call_target="hlofuse_sample"' in hlo
-    if variant.form in XLA_SORT_IN_A_BRANCH:  # a tied winner's batch sorts in a branch: the entry computation, then
+    if FORMS[variant.form].filters in XLA_SORT_IN_A_BRANCH:  # a tie's batch sorts in a branch: the entry, then
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
         assert "conditional(" in hlo and 'custom_call_target="hlofuse_sample"' in hlo
     assert not _sorts(hlo), f"{variant.name}: XLA still sorts beside the kernel: {_sorts(hlo)}"

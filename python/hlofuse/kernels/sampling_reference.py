@@ -827,6 +827,31 @@ def top_k_min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float
     return min_p_fn(masked, key, temperature=temperature, min_p=min_p, top_k_fn=min_p_top_k_fn, **params)
 
 
+def top_p_min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, min_p: float, k: int = 0,
+                        top_k_fn: TopK = top_k_resorted,
+                        kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                        sort_fn: Sort = sort_unstable, min_p_top_k_fn: TopK = jax.lax.top_k,
+                        categorical_fn: Categorical = jax.random.categorical, one_minus_p: float | None = None,
+                        **_: Any) -> jax.Array:
+    """Hugging Face's generate() chain of TemperatureLogitsWarper, [TopKLogitsWarper,] TopPLogitsWarper and
+    MinPLogitsWarper (its order) as torchax lowers it: y = x / T, [the top-k mask of y (k > 0)], `top_p_removal` of
+    that at -inf, then `min_p_removal` of what is left (at T = 1: the probabilities of the nucleus, renormalised by
+    their softmax). (B, V) logits only."""
+    y = _scale(logits, temperature)
+    if k:
+        y = mask_top_k(y, k, top_k_fn, kth_fn)
+    removed = top_p_removal(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn)[0]
+    return min_p_removal(jnp.where(removed, NEG_INF, y), key, temperature=None, min_p=min_p, top_k_fn=min_p_top_k_fn,
+                         categorical_fn=categorical_fn)
+
+
+def top_k_top_p_min_p_removal(logits: jax.Array, key: jax.Array, *, k: int, **params: Any) -> jax.Array:
+    """top_p_min_p_removal after generate()'s TopKLogitsWarper (0 < k < V; ValueError otherwise)."""
+    if not 0 < k < logits.shape[-1]:
+        raise ValueError(f"a top-k before the top-p and min-p takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
+    return top_p_min_p_removal(logits, key, k=k, **params)
+
+
 @dataclass(frozen=True)
 class Writing:
     """Another program for a form's function that computes its token ids bit for bit: the fusion pass
@@ -1000,6 +1025,11 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          reads=("one_minus_p",)),
     Form("top_k_exact_top_p_ascending_mask", "top_k+top_p", top_k_exact_top_p_ascending_mask,
          ("temperature", "k", "p"), _TOP_K + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
+    # generate()'s chains with a min-p after the top-p (a top-k first, or none)
+    Form("top_p_min_p_removal", "min_p", top_p_min_p_removal, ("temperature", "p", "min_p"),
+         _NOISE + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
+    Form("top_k_top_p_min_p_removal", "min_p", top_k_top_p_min_p_removal, ("temperature", "k", "p", "min_p"),
+         _TOP_K + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
     Form("epsilon_removal", "epsilon", epsilon_removal, ("temperature", "epsilon"),
          _NOISE + ("stablehlo.exponential", "chlo.top_k")),
     Form("top_k_epsilon_removal", "top_k+epsilon", top_k_epsilon_removal, ("temperature", "k", "epsilon"),
@@ -1022,7 +1052,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
-                  "top_k_typical_mask")
+                  "top_k_typical_mask", "top_p_min_p_removal", "top_k_top_p_min_p_removal")
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 
