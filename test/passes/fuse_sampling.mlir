@@ -18895,6 +18895,446 @@ module @sample_torchax_top_k_top_p_warpers_multinomial attributes {mhlo.num_part
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_torchax_top_p_min_p_warpers_multinomial(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_min_p_removal_choice"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_torchax_top_p_min_p_warpers_multinomial attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_torchax_top_p_min_p_warpers_multinomial(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %2 = call @sort(%1) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %3 = call @argsort(%1) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %4 = stablehlo.reduce(%2 init: %cst_0) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %6 = stablehlo.maximum %5, %4 : tensor<4xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %9 = stablehlo.subtract %2, %8 : tensor<4x256xf32>
+    %10 = stablehlo.exponential %9 : tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %11 = stablehlo.reduce(%10 init: %cst_2) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %14 = stablehlo.divide %10, %13 : tensor<4x256xf32>
+    %15 = call @cumsum(%14) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<1.000000e-01> : tensor<f32>
+    %16 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %17 = stablehlo.compare LE, %15, %16, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %18 = stablehlo.convert %17 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %19 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %c_4 = stablehlo.constant dense<255> : tensor<i32>
+    %20 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %21 = "stablehlo.scatter"(%18, %20, %19) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0, 1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>):
+      stablehlo.return %arg3 : tensor<i32>
+    }) : (tensor<4x256xi32>, tensor<1xi32>, tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %23 = stablehlo.compare NE, %21, %22, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %24 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %25 = stablehlo.reshape %24 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %27 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %28 = stablehlo.compare LT, %26, %27, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_7 = stablehlo.constant dense<4> : tensor<i32>
+    %29 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %30 = stablehlo.add %26, %29 : tensor<4x256xi32>
+    %31 = stablehlo.select %28, %30, %26 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %32 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %33 = stablehlo.compare LT, %3, %32, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_9 = stablehlo.constant dense<256> : tensor<i32>
+    %34 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %35 = stablehlo.add %3, %34 : tensor<4x256xi32>
+    %36 = stablehlo.select %33, %35, %3 : tensor<4x256xi1>, tensor<4x256xi32>
+    %37 = stablehlo.broadcast_in_dim %31, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %38 = stablehlo.broadcast_in_dim %36, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %39 = stablehlo.concatenate %37, %38, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %40 = "stablehlo.scatter"(%23, %39, %23) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x2xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_10 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %41 = call @_where(%40, %cst_10, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_11 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %42 = stablehlo.reduce(%41 init: %cst_11) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_12 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %43 = stablehlo.broadcast_in_dim %cst_12, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %44 = stablehlo.maximum %43, %42 : tensor<4xf32>
+    %45 = stablehlo.broadcast_in_dim %44, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %46 = stablehlo.broadcast_in_dim %45, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %47 = stablehlo.subtract %41, %46 : tensor<4x256xf32>
+    %48 = stablehlo.exponential %47 : tensor<4x256xf32>
+    %cst_13 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %49 = stablehlo.reduce(%48 init: %cst_13) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %50 = stablehlo.broadcast_in_dim %49, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %51 = stablehlo.broadcast_in_dim %50, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %52 = stablehlo.divide %48, %51 : tensor<4x256xf32>
+    %cst_14 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %53 = stablehlo.reduce(%52 init: %cst_14) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %54 = stablehlo.broadcast_in_dim %53, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %cst_15 = stablehlo.constant dense<5.000000e-02> : tensor<f32>
+    %55 = stablehlo.broadcast_in_dim %cst_15, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %56 = stablehlo.multiply %55, %54 : tensor<4x1xf32>
+    %57 = stablehlo.broadcast_in_dim %56, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %58 = stablehlo.compare LT, %52, %57, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %values, %indices = chlo.top_k(%52, k = 1) : tensor<4x256xf32> -> (tensor<4x1xf32>, tensor<4x1xi32>)
+    %59 = call @sort_1(%values) : (tensor<4x1xf32>) -> tensor<4x1xf32>
+    %60 = call @argsort_2(%59) : (tensor<4x1xf32>) -> tensor<4x1xi32>
+    %61 = call @take_along_axis(%indices, %60) : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi32>
+    %62 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %63 = stablehlo.reshape %62 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %c_16 = stablehlo.constant dense<0> : tensor<i32>
+    %64 = stablehlo.broadcast_in_dim %c_16, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %65 = stablehlo.compare LT, %63, %64, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_17 = stablehlo.constant dense<4> : tensor<i32>
+    %66 = stablehlo.broadcast_in_dim %c_17, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %67 = stablehlo.add %63, %66 : tensor<4x1xi32>
+    %68 = stablehlo.select %65, %67, %63 : tensor<4x1xi1>, tensor<4x1xi32>
+    %c_18 = stablehlo.constant dense<0> : tensor<i32>
+    %69 = stablehlo.broadcast_in_dim %c_18, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %70 = stablehlo.compare LT, %61, %69, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_19 = stablehlo.constant dense<256> : tensor<i32>
+    %71 = stablehlo.broadcast_in_dim %c_19, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %72 = stablehlo.add %61, %71 : tensor<4x1xi32>
+    %73 = stablehlo.select %70, %72, %61 : tensor<4x1xi1>, tensor<4x1xi32>
+    %74 = stablehlo.broadcast_in_dim %68, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %75 = stablehlo.broadcast_in_dim %73, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %76 = stablehlo.concatenate %74, %75, dim = 2 : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x2xi32>
+    %c_20 = stablehlo.constant dense<false> : tensor<i1>
+    %77 = stablehlo.broadcast_in_dim %c_20, dims = [] : (tensor<i1>) -> tensor<4x1xi1>
+    %78 = "stablehlo.scatter"(%58, %76, %77) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x1x2xi32>, tensor<4x1xi1>) -> tensor<4x256xi1>
+    %cst_21 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %79 = call @_where(%78, %cst_21, %41) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_22 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %80 = stablehlo.reduce(%79 init: %cst_22) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_23 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %81 = stablehlo.broadcast_in_dim %cst_23, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %82 = stablehlo.maximum %81, %80 : tensor<4xf32>
+    %83 = stablehlo.broadcast_in_dim %82, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %84 = stablehlo.broadcast_in_dim %83, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %85 = stablehlo.subtract %79, %84 : tensor<4x256xf32>
+    %86 = stablehlo.exponential %85 : tensor<4x256xf32>
+    %cst_24 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %87 = stablehlo.reduce(%86 init: %cst_24) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %88 = stablehlo.broadcast_in_dim %87, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %89 = stablehlo.broadcast_in_dim %88, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %90 = stablehlo.divide %86, %89 : tensor<4x256xf32>
+    %91 = stablehlo.slice %90 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %92 = stablehlo.reshape %91 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %93 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %94 = stablehlo.log %92 : tensor<256xf32>
+    %95 = stablehlo.add %93, %94 : tensor<256xf32>
+    %values_25, %indices_26 = chlo.top_k(%95, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %96 = stablehlo.slice %90 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %97 = stablehlo.reshape %96 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %98 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %99 = stablehlo.log %97 : tensor<256xf32>
+    %100 = stablehlo.add %98, %99 : tensor<256xf32>
+    %values_27, %indices_28 = chlo.top_k(%100, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %101 = stablehlo.slice %90 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %102 = stablehlo.reshape %101 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %103 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %104 = stablehlo.log %102 : tensor<256xf32>
+    %105 = stablehlo.add %103, %104 : tensor<256xf32>
+    %values_29, %indices_30 = chlo.top_k(%105, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %106 = stablehlo.slice %90 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %107 = stablehlo.reshape %106 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %108 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %109 = stablehlo.log %107 : tensor<256xf32>
+    %110 = stablehlo.add %108, %109 : tensor<256xf32>
+    %values_31, %indices_32 = chlo.top_k(%110, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %111 = stablehlo.broadcast_in_dim %indices_26, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %112 = stablehlo.broadcast_in_dim %indices_28, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %113 = stablehlo.broadcast_in_dim %indices_30, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %114 = stablehlo.broadcast_in_dim %indices_32, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %115 = stablehlo.concatenate %111, %112, %113, %114, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %116 = stablehlo.reshape %115 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %116 : tensor<4xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    return %1#1 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @sort_1(%arg0: tensor<4x1xf32>) -> tensor<4x1xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x1xf32>) -> tensor<4x1xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x1xf32>
+    return %1 : tensor<4x1xf32>
+  }
+  func.func private @argsort_2(%arg0: tensor<4x1xf32>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x1xi32>
+    %1 = stablehlo.reverse %arg0, dims = [1] : tensor<4x1xf32>
+    %2 = stablehlo.reverse %0, dims = [1] : tensor<4x1xi32>
+    %3:2 = "stablehlo.sort"(%1, %2) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %9 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+      %13 = stablehlo.compare LT, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %13 : tensor<i1>
+    }) : (tensor<4x1xf32>, tensor<4x1xi32>) -> (tensor<4x1xf32>, tensor<4x1xi32>)
+    %4 = stablehlo.reverse %3#1, dims = [1] : tensor<4x1xi32>
+    return %4 : tensor<4x1xi32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<4x1xi32>, %arg1: tensor<4x1xi32>) -> tensor<4x1xi32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1xi1>, tensor<4x1xi32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %c_1 = stablehlo.constant dense<0> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x1x1xi32>
+    %10 = stablehlo.compare LE, %5, %9, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %11 = stablehlo.and %7, %10 : tensor<4x1x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %12 = stablehlo.reduce(%11 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x1x1xi1>, tensor<i1>) -> tensor<4x1xi1>
+    %13 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1xi32>
+    %c_4 = stablehlo.constant dense<-2147483648> : tensor<i32>
+    %14 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %15 = stablehlo.select %12, %13, %14 : tensor<4x1xi1>, tensor<4x1xi32>
+    return %15 : tensor<4x1xi32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_litgpt_top_k_multinomial(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_exact_mask_choice"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

@@ -478,6 +478,23 @@ def torchax_top_k_top_p_warpers_multinomial(x, key):
                                           -jnp.inf, y), key)
 
 
+def torchax_top_p_min_p_warpers_multinomial(x, key):
+    """generate()'s Temperature, TopP then MinP (transformers 5.x's order) as torchax lowers them, then
+    torch.multinomial: top_p_min_p_removal_choice with T inside the site."""
+    y = x / 0.7
+    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - 0.9)
+    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    y = jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    remove = probs < 0.05 * jnp.max(probs, axis=-1, keepdims=True)
+    values, ids = jax.lax.top_k(probs, 1)
+    ids = jnp.take_along_axis(ids, jnp.argsort(jnp.sort(values, descending=True), axis=-1, descending=True), axis=-1)
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), ids.shape)
+    return _torchax_multinomial(jnp.where(remove.at[(rows, ids)].set(False), -jnp.inf, y), key)
+
+
 def _torch_top_k_scattered(row, k):
     """litgpt's `torch.full_like(row, -inf).scatter_(-1, i, v)` of `v, i = torch.topk(row, k)` as torchax lowers it."""
     values, ids = jax.lax.top_k(row, k)
@@ -974,6 +991,9 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 0.7, "min_p": 0.05}),
     Variant("torchax_top_k_top_p_warpers_multinomial", torchax_top_k_top_p_warpers_multinomial,
             "top_k_top_p_ascending_mask_choice", expect={"temperature": 1.0, "k": 50, "p": 1 - float(np.float32(0.1))}),
+    Variant("torchax_top_p_min_p_warpers_multinomial", torchax_top_p_min_p_warpers_multinomial,
+            "top_p_min_p_removal_choice",
+            expect={"temperature": 0.7, "p": 1 - float(np.float32(0.1)), "min_p": float(np.float32(0.05))}),
     Variant("litgpt_top_k_multinomial", litgpt_top_k_multinomial, "top_k_exact_mask_choice",
             expect={"temperature": 0.8, "k": 50}),
     Variant("litgpt_top_k_top_p_multinomial", litgpt_top_k_top_p_multinomial, "top_k_exact_top_p_ascending_mask_choice",
