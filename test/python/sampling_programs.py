@@ -29,8 +29,8 @@ import numpy as np
 
 # Hugging Face's warpers as torchax lowers `generate()`'s logits processors: MinPLogitsWarper, EpsilonLogitsWarper and
 # TypicalLogitsWarper over (B, V) logits, each after the TemperatureLogitsWarper and, with `warper_top_k`, the
-# TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`. The min-p warper may follow the
-# TopPLogitsWarper (`warper_top_p`, 5.x's chain): the form is then `[top_k_]top_p_min_p_removal`.
+# TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`. The min-p and epsilon warpers may
+# follow the TopPLogitsWarper (`warper_top_p`, 5.x's chains): the form is then `[top_k_]top_p_<form>`.
 HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
          "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS)
@@ -119,7 +119,7 @@ class SamplerSpec:
     min_p: float = 0.1
     epsilon: float = 0.02
     warper_top_k: bool = False  # the TopKLogitsWarper (k) before a Hugging Face warper
-    warper_top_p: bool = False  # the TopPLogitsWarper (p) before the MinPLogitsWarper (5.x's keep only)
+    warper_top_p: bool = False  # the TopPLogitsWarper (p) before the min-p (5.x's keep only) or epsilon warper
     min_p_keep: str = "topk"
     key_kind: str = "raw"
     key_op: str = "none"
@@ -250,7 +250,7 @@ def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[st
     """A Hugging Face warper's form and attributes: the temperature is the form's where the program divides by a
     constant and no top-k warper lies between (else 1: the scaling stays outside)."""
     if spec.warper_top_p:
-        return _hf_top_p_min_p(spec, attrs, dtype)
+        return _hf_top_p_chain(spec, attrs, dtype)
     attrs = dict(attrs)
     if spec.temperature_style == "const" and not spec.warper_top_k:
         attrs["temperature"] = _rounded(spec.temperature, dtype)
@@ -268,15 +268,19 @@ def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[st
     return f"top_k_{spec.form}", attrs
 
 
-def _hf_top_p_min_p(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
-    """generate()'s Temperature, [TopK,] TopP, MinP chain: its form divides by T first, so a constant T is read
-    whether or not a top-k lies between (else 1: the scaling stays outside)."""
-    attrs = {**attrs, "p": 1 - _rounded(1 - spec.p, dtype), "min_p": _rounded(spec.min_p, dtype)}
+def _hf_top_p_chain(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """generate()'s Temperature, [TopK,] TopP, then MinP or Epsilon chain: its form divides by T first, so a constant
+    T is read whether or not a top-k lies between (else 1: the scaling stays outside)."""
+    attrs = {**attrs, "p": 1 - _rounded(1 - spec.p, dtype)}
+    if spec.form == "min_p_removal":
+        attrs["min_p"] = _rounded(spec.min_p, dtype)
+    else:
+        attrs["epsilon"] = _rounded(spec.epsilon, dtype)
     if spec.temperature_style == "const":
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if not spec.warper_top_k:
-        return "top_p_min_p_removal", attrs
-    return "top_k_top_p_min_p_removal", {**attrs, "k": spec.k}
+        return f"top_p_{spec.form}", attrs
+    return f"top_k_top_p_{spec.form}", {**attrs, "k": spec.k}
 
 
 def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:

@@ -103,7 +103,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), warper_top_k=draw(st.booleans()),
                                    min_p_keep=draw(st.sampled_from(MIN_P_KEEPS)),
                                    epsilon=draw(st.sampled_from([0.01, 0.03])))
-        if form == "min_p_removal" and spec.min_p_keep == "topk":
+        if (form == "min_p_removal" and spec.min_p_keep == "topk") or form == "epsilon_removal":
             spec = dataclasses.replace(spec, warper_top_p=draw(st.booleans()), top_p_style="hf")
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
@@ -340,6 +340,8 @@ DRAW_CASES = {
                                                     warper_top_p=True, top_p_style="hf", vocab=16, p=0.5),
     "hf_top_p_min_p_traced_t_bf16": SamplerSpec(form="min_p_removal", warper_top_p=True, top_p_style="hf",
                                                 temperature_style="traced", dtype="bfloat16"),
+    "choice_hf_top_k_top_p_epsilon": SamplerSpec(form="epsilon_removal", draw="choice", warper_top_k=True,
+                                                 warper_top_p=True, top_p_style="hf"),
 }
 
 

@@ -827,29 +827,39 @@ def top_k_min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float
     return min_p_fn(masked, key, temperature=temperature, min_p=min_p, top_k_fn=min_p_top_k_fn, **params)
 
 
-def top_p_min_p_removal(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, min_p: float, k: int = 0,
-                        top_k_fn: TopK = top_k_resorted,
-                        kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
-                        sort_fn: Sort = sort_unstable, min_p_top_k_fn: TopK = jax.lax.top_k,
-                        categorical_fn: Categorical = jax.random.categorical, one_minus_p: float | None = None,
-                        **_: Any) -> jax.Array:
-    """Hugging Face's generate() chain of TemperatureLogitsWarper, [TopKLogitsWarper,] TopPLogitsWarper and
-    MinPLogitsWarper (its order) as torchax lowers it: y = x / T, [the top-k mask of y (k > 0)], `top_p_removal` of
-    that at -inf, then `min_p_removal` of what is left (at T = 1: the probabilities of the nucleus, renormalised by
-    their softmax). (B, V) logits only."""
+def top_p_removed(logits: jax.Array, *, temperature: float | None, p: float, k: int = 0,
+                  top_k_fn: TopK = top_k_resorted, kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                  sort_fn: Sort = sort_unstable, one_minus_p: float | None = None) -> tuple[jax.Array, ...]:
+    """The head of generate()'s chains with a warper after the top-p: y = x / T, [the top-k mask of y (k > 0)], then
+    `top_p_removal` of that. Returns (y with the removed at -inf, the sorted logits, removed in sorted order)."""
     y = _scale(logits, temperature)
     if k:
         y = mask_top_k(y, k, top_k_fn, kth_fn)
-    removed = top_p_removal(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn)[0]
-    return min_p_removal(jnp.where(removed, NEG_INF, y), key, temperature=None, min_p=min_p, top_k_fn=min_p_top_k_fn,
-                         categorical_fn=categorical_fn)
+    removed, ordered, remove = top_p_removal(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn)
+    return jnp.where(removed, NEG_INF, y), ordered, remove
 
 
-def top_k_top_p_min_p_removal(logits: jax.Array, key: jax.Array, *, k: int, **params: Any) -> jax.Array:
-    """top_p_min_p_removal after generate()'s TopKLogitsWarper (0 < k < V; ValueError otherwise)."""
-    if not 0 < k < logits.shape[-1]:
-        raise ValueError(f"a top-k before the top-p and min-p takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
-    return top_p_min_p_removal(logits, key, k=k, **params)
+def top_p_then_removal(logits: jax.Array, key: jax.Array, *, temperature: float, p: float, k: int = 0,
+                       then: str, top_k_fn: TopK = top_k_resorted,
+                       kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes, sort_fn: Sort = sort_unstable,
+                       one_minus_p: float | None = None, **params: Any) -> jax.Array:
+    """Hugging Face's generate() chain of TemperatureLogitsWarper, [TopKLogitsWarper,] TopPLogitsWarper and then the
+    warper `then` (its order: MinPLogitsWarper or EpsilonLogitsWarper) as torchax lowers it: `top_p_removed`, then
+    the form `then` of what is left, at T = 1 (its softmax that of the nucleus). (B, V) logits only."""
+    kept = top_p_removed(logits, temperature=temperature, p=p, k=k, top_k_fn=top_k_fn, kth_fn=kth_fn,
+                         sort_fn=sort_fn, one_minus_p=one_minus_p)[0]
+    return FORMS[then].fn(kept, key, temperature=None, **params)
+
+
+def _top_k_first(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`fn` (a chain of generate()'s warpers) after its TopKLogitsWarper: 0 < k < V (ValueError otherwise)."""
+
+    def with_top_k(logits: jax.Array, key: jax.Array, *, k: int, **params: Any) -> jax.Array:
+        if not 0 < k < logits.shape[-1]:
+            raise ValueError(f"a top-k before the top-p takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
+        return fn(logits, key, k=k, **params)
+
+    return with_top_k
 
 
 @dataclass(frozen=True)
@@ -1025,11 +1035,6 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          reads=("one_minus_p",)),
     Form("top_k_exact_top_p_ascending_mask", "top_k+top_p", top_k_exact_top_p_ascending_mask,
          ("temperature", "k", "p"), _TOP_K + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
-    # generate()'s chains with a min-p after the top-p (a top-k first, or none)
-    Form("top_p_min_p_removal", "min_p", top_p_min_p_removal, ("temperature", "p", "min_p"),
-         _NOISE + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
-    Form("top_k_top_p_min_p_removal", "min_p", top_k_top_p_min_p_removal, ("temperature", "k", "p", "min_p"),
-         _TOP_K + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
     Form("epsilon_removal", "epsilon", epsilon_removal, ("temperature", "epsilon"),
          _NOISE + ("stablehlo.exponential", "chlo.top_k")),
     Form("top_k_epsilon_removal", "top_k+epsilon", top_k_epsilon_removal, ("temperature", "k", "epsilon"),
@@ -1048,11 +1053,26 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 # Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
 # (the rank nuclei: below)
+# generate()'s chains with a warper after the top-p (a top-k first, or none): TOP_P_CHAINS[form] is that warper's form.
+TOP_P_CHAINS = {"top_p_min_p_removal": "min_p_removal", "top_k_top_p_min_p_removal": "min_p_removal",
+                "top_p_epsilon_removal": "epsilon_removal", "top_k_top_p_epsilon_removal": "epsilon_removal"}
+
+
+def _top_p_chain_form(name: str, then: str) -> Form:
+    with_k = name.startswith("top_k_")
+    fn = functools.partial(top_p_then_removal, then=then)
+    markers = (_TOP_K if with_k else _NOISE) + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter")
+    own = tuple(q for q in FORMS[then].params if q != "temperature")
+    return Form(name, FORMS[then].mode, _top_k_first(fn) if with_k else fn,
+                ("temperature",) + ("k",) * with_k + ("p",) + own, markers, reads=("one_minus_p",))
+
+
+FORMS.update({name: _top_p_chain_form(name, then) for name, then in TOP_P_CHAINS.items()})
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
-                  "top_k_typical_mask", "top_p_min_p_removal", "top_k_top_p_min_p_removal")
+                  "top_k_typical_mask", *TOP_P_CHAINS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -30,6 +30,7 @@ from hlofuse.kernels.sampling_reference import (
     RANK_NUCLEI,
     ROW_KEY_DRAWS,
     SHARED_NOISE_DRAWS,
+    TOP_P_CHAINS,
     UNCERTIFIED,
     Categorical,
     esurge_min_p_mask,
@@ -41,7 +42,6 @@ from hlofuse.kernels.sampling_reference import (
     mask_top_k,
     merge_vocab_splits,
     min_p_masked,
-    min_p_removal,
     nucleus_cut_slack,
     nucleus_probs,
     rank_nucleus_scores,
@@ -51,6 +51,7 @@ from hlofuse.kernels.sampling_reference import (
     scale_rows,
     sorted_top_p_removal,
     top_p_removal,
+    top_p_removed,
     typical_removal,
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
@@ -408,8 +409,8 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 # The filters (Form.filters) of forms whose program sorts unstably where the order of equal values can decide the ids:
 # which of equal probabilities takes which rank, or which of equal logits a removal takes, is XLA's sort's alone, so a
 # batch that meets such a tie runs the program's own sorts, in a conditional's branch (never in the compiled entry
-# computation): the llama reference's rank-space draw, and Hugging Face's top-p then min-p.
-XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "top_p_min_p_removal", "top_k_top_p_min_p_removal")
+# computation): the llama reference's rank-space draw, and Hugging Face's top-p then min-p or epsilon.
+XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", *TOP_P_CHAINS)
 
 
 def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -876,25 +877,26 @@ def min_p_removal_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
     return kernel
 
 
-# generate()'s Temperature, [TopK,] TopP then MinP (sampling_reference.top_p_min_p_removal): the top-k by the kernel's
-# top-k, the top-p's order by the kernel's sort (stable) and its removal by the program's ops, then the min-p removal
-# of the nucleus by the program's ops (its top-1 the kernel's), the draw by the kernel. Where equal logits straddle
+# generate()'s Temperature, [TopK,] TopP then MinP or Epsilon (sampling_reference.TOP_P_CHAINS): the top-k by the
+# kernel's top-k, the top-p's order by the kernel's sort (stable) and its removal by the program's ops, then the
+# warper after it by its own lowering (of the same draw, at T = 1) on the nucleus's row. Where equal logits straddle
 # the top-p removal, which of them the program's unstable sort removes is XLA's: such a batch runs the form's own
 # function.
-TOP_P_MIN_P_REMOVALS = ("top_p_min_p_removal", "top_k_top_p_min_p_removal")
 
 
-def top_p_min_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form whose filters are of TOP_P_MIN_P_REMOVALS (any draw), with no sort in XLA."""
-    categorical_fn = _draw_by_kernel(form)
+def top_p_chain_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """A form whose filters are of TOP_P_CHAINS (any draw), with no sort in XLA."""
+    then = TOP_P_CHAINS[FORMS[form].filters]
+    draw = FORMS[form].drawn_by
+    then_params = form_params(then, min_p=params.get("min_p", 0.0), epsilon=params.get("epsilon", 0.0))
+    then_kernel = (min_p_removal_lowering if then in MIN_P_REMOVALS else epsilon_removal_lowering)(
+        then + (f"_{draw}" if draw else ""), then_params)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        y = logits / params["temperature"]
-        if params["k"]:
-            y = mask_top_k(y, params["k"], _top_k_by_kernel)
-        removed, ordered, remove = top_p_removal(y, 1 - params["p"], _sort_by_kernel)
-        tokens = min_p_removal(jnp.where(removed, NEG_INF, y), key, temperature=None, min_p=params["min_p"],
-                               top_k_fn=_top_k_by_kernel, categorical_fn=categorical_fn)
+        kept, ordered, remove = top_p_removed(logits, temperature=params["temperature"], p=params["p"],
+                                              k=params.get("k", 0), top_k_fn=_top_k_by_kernel, kth_fn=last_column,
+                                              sort_fn=_sort_by_kernel)
+        tokens = then_kernel(kept, key)
         return reference_where_uncertified(jnp.where(_straddles(ordered, remove), UNCERTIFIED, tokens),
                                            lambda: sample_reference(logits, key, form=form, **params))
 
@@ -1213,7 +1215,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
         return flax_top_p_lowering(attrs.form, attrs.params())
     if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask",
-                   *MIN_P_REMOVALS, *TOP_P_MIN_P_REMOVALS, *EPSILON_REMOVALS, *TYPICAL_MASKS):
+                   *MIN_P_REMOVALS, *TOP_P_CHAINS, *EPSILON_REMOVALS, *TYPICAL_MASKS):
         if len(call.operand_types[0][0]) == 1:  # one row (litgpt's `sample`): drawn as a batch of one
             return _as_one_row(attrs.form, sampling_lowering(_batch_of_one(call)))
         if len(call.operand_types[0][0]) != 2:
@@ -1228,8 +1230,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             return epsilon_removal_lowering(attrs.form, attrs.params())
         if filters in TYPICAL_MASKS:
             return typical_lowering(attrs.form, attrs.params())
-        if filters in TOP_P_MIN_P_REMOVALS:
-            return top_p_min_p_lowering(attrs.form, attrs.params())
+        if filters in TOP_P_CHAINS:
+            return top_p_chain_lowering(attrs.form, attrs.params())
         if filters == "top_k_exact_top_p_ascending_mask":
             return top_k_exact_top_p_lowering(attrs.form, attrs.params())
         return top_p_ascending_lowering(attrs.form, attrs.params())
