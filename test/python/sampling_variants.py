@@ -428,31 +428,35 @@ def torchax_top_p_warper_multinomial(x, key):
     """Hugging Face's TemperatureLogitsWarper and TopPLogitsWarper as torchax lowers them (jnp.sort and jnp.argsort,
     unstable; remove where the ascending cumsum of the sorted softmax is <= 1 - p but the largest; scattered back),
     then torch.multinomial: top_p_ascending_mask_choice at T = 1, p = 1 - f32(0.1)."""
-    y = x / 0.6
-    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - 0.9)
-    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
-    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
-    y = jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
-    probs = jax.nn.softmax(y, axis=-1)
-    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
-    return jnp.squeeze(jnp.array(rows), 1)
+    return _torchax_multinomial(_torchax_top_p_warper(x / 0.6, 0.9), key)
 
 
 def torchax_min_p_warper_multinomial(x, key):
     """Hugging Face's TemperatureLogitsWarper and MinPLogitsWarper as torchax lowers them (remove where the
     softmax is below min_p times its max; the top token kept by a scatter of False at torch.topk's id), then
     torch.multinomial: min_p_removal_choice (its scaling inside the site)."""
-    y = x / 0.7
+    return _torchax_multinomial(_torchax_min_p_warper(x / 0.7, 0.05), key)
+
+
+def _torchax_top_p_warper(y, p):
+    """Hugging Face's TopPLogitsWarper as torchax lowers it: jnp.sort and jnp.argsort (unstable), remove where the
+    ascending cumsum of the sorted softmax is <= 1 - p but the largest, scattered back, removed at -inf."""
+    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - p)
+    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    return jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
+
+
+def _torchax_min_p_warper(y, min_p):
+    """Hugging Face's MinPLogitsWarper as torchax lowers it: remove where the softmax is below min_p times its max,
+    the top token kept by a scatter of False at torch.topk's id, removed at -inf."""
     probs = jax.nn.softmax(y, axis=-1)
-    remove = probs < 0.05 * jnp.max(probs, axis=-1, keepdims=True)
+    remove = probs < min_p * jnp.max(probs, axis=-1, keepdims=True)
     values, ids = jax.lax.top_k(probs, 1)
     ids = jnp.take_along_axis(ids, jnp.argsort(jnp.sort(values, descending=True), axis=-1, descending=True), axis=-1)
     rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), ids.shape)
-    y = jnp.where(remove.at[(rows, ids)].set(False), -jnp.inf, y)
-    probs = jax.nn.softmax(y, axis=-1)
-    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
-    return jnp.squeeze(jnp.array(rows), 1)
+    return jnp.where(remove.at[(rows, ids)].set(False), -jnp.inf, y)
 
 
 def _torchax_top_k_warper(y, k):
@@ -461,38 +465,20 @@ def _torchax_top_k_warper(y, k):
 
 
 def _torchax_multinomial(y, key):
-    probs = jax.nn.softmax(y, axis=-1)
-    rows = [jax.random.choice(key, y.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(y.shape[0])]
-    return jnp.squeeze(jnp.array(rows), 1)
+    """softmax, then torch.multinomial (`_multinomial`)."""
+    return _multinomial(jax.nn.softmax(y, axis=-1), key)
 
 
 def torchax_top_k_top_p_warpers_multinomial(x, key):
     """transformers 4.x's Llama-3 config (Temperature, its default TopK(50), TopP) as torchax lowers it, then
     torch.multinomial: top_k_top_p_ascending_mask_choice at T = 1 of x / T."""
-    y = _torchax_top_k_warper(x / 0.6, 50)
-    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - 0.9)
-    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
-    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
-    return _torchax_multinomial(jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]),
-                                          -jnp.inf, y), key)
+    return _torchax_multinomial(_torchax_top_p_warper(_torchax_top_k_warper(x / 0.6, 50), 0.9), key)
 
 
 def torchax_top_p_min_p_warpers_multinomial(x, key):
     """generate()'s Temperature, TopP then MinP (transformers 5.x's order) as torchax lowers them, then
     torch.multinomial: top_p_min_p_removal_choice with T inside the site."""
-    y = x / 0.7
-    ordered, ids = jnp.sort(y, axis=-1, stable=False), jnp.argsort(y, axis=-1, stable=False)
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) <= (1 - 0.9)
-    remove = remove.astype(jnp.int32).at[..., -1:].set(jnp.zeros((y.shape[0], 1), jnp.int32)) != 0
-    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
-    y = jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
-    probs = jax.nn.softmax(y, axis=-1)
-    remove = probs < 0.05 * jnp.max(probs, axis=-1, keepdims=True)
-    values, ids = jax.lax.top_k(probs, 1)
-    ids = jnp.take_along_axis(ids, jnp.argsort(jnp.sort(values, descending=True), axis=-1, descending=True), axis=-1)
-    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), ids.shape)
-    return _torchax_multinomial(jnp.where(remove.at[(rows, ids)].set(False), -jnp.inf, y), key)
+    return _torchax_multinomial(_torchax_min_p_warper(_torchax_top_p_warper(x / 0.7, 0.9), 0.05), key)
 
 
 def _torch_top_k_scattered(row, k):

@@ -851,15 +851,13 @@ def top_p_then_removal(logits: jax.Array, key: jax.Array, *, temperature: float,
     return FORMS[then].fn(kept, key, temperature=None, **params)
 
 
-def _top_k_first(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
-    """`fn` (a chain of generate()'s warpers) after its TopKLogitsWarper: 0 < k < V (ValueError otherwise)."""
-
-    def with_top_k(logits: jax.Array, key: jax.Array, *, k: int, **params: Any) -> jax.Array:
-        if not 0 < k < logits.shape[-1]:
-            raise ValueError(f"a top-k before the top-p takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
-        return fn(logits, key, k=k, **params)
-
-    return with_top_k
+def _of_fewer_than_all(fn: Callable[..., jax.Array], logits: jax.Array, key: jax.Array, *, k: int,
+                       **params: Any) -> jax.Array:
+    """`fn` with a top k of fewer than all V (ValueError otherwise, so that no template is made: the top k of
+    every token is the whole-row form)."""
+    if not 0 < k < logits.shape[-1]:
+        raise ValueError(f"a top-k + top-p nucleus takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
+    return fn(logits, key, k=k, **params)
 
 
 @dataclass(frozen=True)
@@ -1050,9 +1048,6 @@ FORMS: dict[str, Form] = {f.name: f for f in (
 )}
 
 
-# Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
-# (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
-# (the rank nuclei: below)
 # generate()'s chains with a warper after the top-p (a top-k first, or none): TOP_P_CHAINS[form] is that warper's form.
 TOP_P_CHAINS = {"top_p_min_p_removal": "min_p_removal", "top_k_top_p_min_p_removal": "min_p_removal",
                 "top_p_epsilon_removal": "epsilon_removal", "top_k_top_p_epsilon_removal": "epsilon_removal"}
@@ -1063,11 +1058,15 @@ def _top_p_chain_form(name: str, then: str) -> Form:
     fn = functools.partial(top_p_then_removal, then=then)
     markers = (_TOP_K if with_k else _NOISE) + ("stablehlo.exponential", "stablehlo.sort", "stablehlo.scatter")
     own = tuple(q for q in FORMS[then].params if q != "temperature")
-    return Form(name, FORMS[then].mode, _top_k_first(fn) if with_k else fn,
+    return Form(name, FORMS[then].mode, functools.partial(_of_fewer_than_all, fn) if with_k else fn,
                 ("temperature",) + ("k",) * with_k + ("p",) + own, markers, reads=("one_minus_p",))
 
 
 FORMS.update({name: _top_p_chain_form(name, then) for name, then in TOP_P_CHAINS.items()})
+
+# Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
+# (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
+# (the rank nuclei: below)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
@@ -1216,15 +1215,6 @@ def _with_keras_draw(form: Form) -> Form:
 _OF_PROBS = _TOP_K + ("stablehlo.exponential", "stablehlo.log")
 FORMS["top_k_of_probs"] = Form("top_k_of_probs", "top_k", top_k_of_probs, ("temperature", "k"), _OF_PROBS,
                                composes_draws=False)
-
-
-def _of_fewer_than_all(fn: Callable[..., jax.Array], logits: jax.Array, key: jax.Array, *, k: int,
-                       **params: Any) -> jax.Array:
-    """`fn` with a top k of fewer than all V (ValueError otherwise, so that no template is made: the top k of
-    every token is the whole-row form)."""
-    if not 0 < k < logits.shape[-1]:
-        raise ValueError(f"a top-k + top-p nucleus takes 0 < k < V, not k = {k} of {logits.shape[-1]}")
-    return fn(logits, key, k=k, **params)
 
 
 def _rank_nucleus_form(name: str, nucleus: RankNucleus, with_k: bool) -> Form:

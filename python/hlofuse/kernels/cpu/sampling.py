@@ -581,7 +581,7 @@ def top_k_exact_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..
     row at T = 1 (`top_p_ascending_lowering`: the nucleus drawn by its band, no sort). x / 1.0 is x bit for bit."""
     draw = FORMS[form].drawn_by
     top_p = top_p_ascending_lowering("top_p_ascending_mask" + (f"_{draw}" if draw else ""),
-                                     {**form_params("top_p_ascending_mask", p=params["p"])})
+                                     form_params("top_p_ascending_mask", p=params["p"]))
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         return top_p(keep_exactly_top_k(logits, params["k"], _top_k_by_kernel) / params["temperature"], key)
