@@ -45,8 +45,9 @@ from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
+# (k: an integer, for a form that reads the k a program compares a count with, `Form.reads`; a top-k's k is its size)
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9, "epsilon": 2.71828e-4,
-             "fill": -8.7654321e30, "one_minus_p": 0.0918273}
+             "fill": -8.7654321e30, "one_minus_p": 0.0918273, "k": 1234567}
 # What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
 # (min_p: Hugging Face's writings keep their top token by torch.topk or by an argsort; for min_p <= 1 it is never
 # removed anyway, so their ids agree; above 1 every other token is, and which of tied maxima stays is the writing's.)
@@ -173,7 +174,8 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     # a floor or a fill only where the form or the writing reads one
     read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p")
             if name in form.params + form.writings[writing].reads}
-    scalars = {"temperature": SENTINELS["temperature"], "k": k, "p": SENTINELS["p"], "min_p": SENTINELS["min_p"]}
+    scalars = {"temperature": SENTINELS["temperature"], "k": SENTINELS["k"] if _reads_k(form) else k,
+               "p": SENTINELS["p"], "min_p": SENTINELS["min_p"]}
     for name in form.row_params:  # template arguments after the key, like the composite's operands
         del scalars[name]
 
@@ -185,6 +187,11 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     rows = [jax.ShapeDtypeStruct(form.row_shape(name, shape[0]), form.row_dtype(name)) for name in form.row_params]
     return jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]), jax.ShapeDtypeStruct(key, jnp.uint32),
                              *rows)
+
+
+def _reads_k(form: Form) -> bool:
+    """Whether the form's k is a constant its program reads (a searched top-k's count), not a top-k's size."""
+    return "k" in form.reads
 
 
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
@@ -269,7 +276,7 @@ class Site:
     def attrs(self) -> SampleAttrs:
         params = self.match.params
         return SampleAttrs(mode=self.form.mode, form=self.form.name,
-                           temperature=params.get("temperature", 1.0), k=self.k,
+                           temperature=params.get("temperature", 1.0), k=int(params.get("k", self.k)),
                            p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0),
                            epsilon=params.get("epsilon", 0.0))
 
@@ -426,7 +433,7 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     for form, writing, w in sorted(writings, key=specific):
         if form.stochastic != noisy or not set(w.marker_ops) <= ops_present:
             continue
-        if "k" not in form.params:
+        if "k" not in form.params or _reads_k(form):
             yield form, writing, shape, dtype, 0
             continue
         for top_k in dict.fromkeys(top_ks):

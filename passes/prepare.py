@@ -6,7 +6,8 @@ Matches: `func.call`s of private, single-block functions (JAX outlines helpers s
 Emits: the callee's body inlined at each call site, the taken branch inlined in place of its case, unreferenced
 private functions erased, identity converts (`convert` to its own type, as JAX writes a weak-typed Python
 scalar: `where(m, x, 0.0)`) dropped, integer scalar arithmetic on constants folded (an index normalised at a
-constant, `select(i < 0, i + n, i)`), then `canonicalize` and `cse`.
+constant, `select(i < 0, i + n, i)`), a float scalar maximum or minimum of constants folded to the one it picks
+(a temperature bounded below, `x / jnp.maximum(T, 1e-4)`), then `canonicalize` and `cse`.
 
     %m = call @tril(%c) : (tensor<16x16xi1>) -> tensor<16x16xi1>
   becomes
@@ -232,6 +233,40 @@ def fold_integer_scalars(module: ir.Operation) -> int:
     return folded
 
 
+def _float_scalar_constant(value: ir.Value) -> float | None:
+    """The number a 0-d float constant holds, or None."""
+    op = defining_op(value)
+    if op is None or op.name != "stablehlo.constant" or (t := _rank_0(value)) is None:
+        return None
+    if not isinstance(t.element_type, ir.FloatType):
+        return None
+    return float(ir.FloatAttr(ir.DenseElementsAttr(op.attributes["value"]).get_splat_value()).value)
+
+
+def fold_float_scalar_extrema(module: ir.Operation) -> int:
+    """Replaces each 0-d float maximum or minimum of two constants by the operand it picks (exact: no rounding), as
+    a library bounds a Python temperature (axlearn's `logits / jnp.maximum(T, 1e-4)`), which canonicalize does not
+    fold; returns how many. Not a NaN, nor two zeros (which of -0 and +0 the op picks is the backend's)."""
+    candidates: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in ("stablehlo.maximum", "stablehlo.minimum") and _rank_0(op.results[0]) is not None:
+            candidates.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    folded = 0
+    for op in candidates:
+        a, b = (_float_scalar_constant(v) for v in op.operands)
+        if a is None or b is None or a != a or b != b or a == b == 0.0:
+            continue
+        picks_a = (a >= b) == (op.name == "stablehlo.maximum")
+        op.results[0].replace_all_uses_with(op.operands[0] if picks_a else op.operands[1])
+        op.erase()
+        folded += 1
+    return folded
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -244,5 +279,6 @@ class PreparePass(ModulePass):
         state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
         state.count("erase_identity_convert", erase_identity_converts(module))
         state.count("fold_integer_scalar", fold_integer_scalars(module))
+        state.count("fold_float_scalar_extremum", fold_float_scalar_extrema(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

@@ -5,7 +5,8 @@ both graphs from their roots, every template op must meet a user op with the sam
 result types and result index, whose operands match in turn; region bodies are compared through their
 terminators, block arguments by position. The template's function arguments are the leaves: each binds
 the user value found in its place. Template constants equal to a sentinel bind a parameter instead of
-requiring equality, so one lowering matches every temperature, p or min-p.
+requiring equality, so one lowering matches every temperature, p or min-p: a float sentinel binds a float
+constant, an integer one (a k the program compares a count with) an integer constant.
 
 Since a match is the template's computation, op for op, a composite defined by the template is exactly
 the user's subgraph (what the sampler fusion needs: the same PRNG bits, the same rounding).
@@ -46,15 +47,28 @@ class TemplateMatch:
 
 
 def _splat(op: ir.Operation) -> tuple[float, ir.Type] | None:
+    """The value of a splat float or integer constant, and its element type."""
     attr = op.attributes["value"]
     if not isinstance(attr, ir.DenseElementsAttr) or not attr.is_splat:
         return None
-    if not isinstance(ir.ShapedType(attr.type).element_type, ir.FloatType):
-        return None
+    element = ir.ShapedType(attr.type).element_type
     try:
-        return float(ir.FloatAttr(attr.get_splat_value()).value), ir.ShapedType(attr.type).element_type
+        if isinstance(element, ir.FloatType):
+            return float(ir.FloatAttr(attr.get_splat_value()).value), element
+        if isinstance(element, ir.IntegerType) and element.width > 1:
+            return ir.IntegerAttr(attr.get_splat_value()).value, element
     except (TypeError, ValueError):
         return None
+    return None
+
+
+def _binds(sentinel: float, splat: tuple[float, ir.Type]) -> bool:
+    """Whether a template constant `splat` is `sentinel`: a float sentinel rounded to a float constant's type, an
+    integer sentinel as an integer constant."""
+    value, element = splat
+    if isinstance(element, ir.IntegerType):
+        return isinstance(sentinel, int) and sentinel == value
+    return not isinstance(sentinel, int) and float(np.asarray(sentinel, _np_dtype(element))) == value
 
 
 def _np_dtype(element_type: ir.Type) -> np.dtype:
@@ -165,7 +179,7 @@ class _Matcher:
             splat = _splat(t)
             if splat is not None:
                 for name, sentinel in self.sentinels.items():
-                    if float(np.asarray(sentinel, _np_dtype(splat[1]))) == splat[0]:
+                    if _binds(sentinel, splat):
                         return self._bind(name, u)
         return all(str(t_attrs[name]) == str(u_attrs[name]) for name in t_attrs)
 

@@ -331,10 +331,13 @@ def _total_order_bits(bits: jax.Array) -> jax.Array:
     return bits ^ jnp.where(bits < 0, jnp.int32((1 << 31) - 1), jnp.int32(0))
 
 
-def largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.Array], jax.Array]) -> jax.Array:
+def largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.Array], jax.Array],
+                              sign_dtype: Any = jnp.uint32) -> jax.Array:  # noqa: ANN401
     """Per element of `lead`, the largest finite float32 t with predicate(t) False (predicate monotone: False up to
     a threshold, True above it), found over int32 bit patterns in the float order: the sign bit first, then bits 30
-    down to 0 in a fori_loop. Non-finite patterns answer False below and True above every finite one."""
+    down to 0 in a fori_loop. Non-finite patterns answer False below and True above every finite one. The sign bit
+    is a `sign_dtype` constant: uint32 as tpu-inference writes it, or int32 as T5X and axlearn write
+    `jnp.int32(1 << 31)` (NumPy 1 wraps it to int32's minimum, the same bits)."""
 
     exponent = jnp.int32(_EXPONENT_BITS)  # one array the loop body closes over (a loop operand, as libraries write it)
 
@@ -344,7 +347,8 @@ def largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.Ar
         return jnp.where(finite, predicate(jax.lax.bitcast_convert_type(pattern, jnp.float32)), pattern >= 0)
 
     found = jnp.zeros(lead, dtype=jnp.int32)
-    found = found | jnp.where(on_bits(found), jnp.uint32(1 << 31), jnp.uint32(0))
+    sign = jnp.uint32(1 << 31) if sign_dtype == jnp.uint32 else jnp.int32(-(1 << 31))
+    found = found | jnp.where(on_bits(found), sign, sign_dtype(0))
 
     def next_bit(i: jax.Array, found: jax.Array) -> jax.Array:
         bit = jnp.int32(1 << (30 - i))
@@ -359,19 +363,22 @@ def _over_rows(x: jax.Array) -> tuple[jax.Array, int]:
     return (jnp.swapaxes(x, -1, -2), x.ndim - 2) if x.ndim > 1 else (x, x.ndim - 1)
 
 
-def search_top_k_mask(x: jax.Array, k: jax.Array, fill: float) -> jax.Array:
+def search_top_k_mask(x: jax.Array, k: jax.Array, fill: float, sign_dtype: Any = jnp.uint32,  # noqa: ANN401
+                      negate: Callable[[jax.Array], jax.Array] = jnp.negative) -> jax.Array:
     """x where x >= its k-th largest value (all tied values kept), else `fill`: the cutoff found by
-    largest_float_not_meeting over -t, with the count of values above -t reaching k."""
+    largest_float_not_meeting over -t, with the count of values above -t reaching k, and then negated (`negate`:
+    tpu-inference's `-t`, or axlearn's `-1 * t`, the same bits)."""
     rows, axis = _over_rows(x)
 
     def reaches_k(t: jax.Array) -> jax.Array:
         return jnp.sum(rows > jax.lax.expand_dims(-t, (axis,)), axis=axis) >= k
 
-    cutoff = -largest_float_not_meeting(x.shape[:-1], reaches_k)
+    cutoff = negate(largest_float_not_meeting(x.shape[:-1], reaches_k, sign_dtype))
     return jnp.where(x >= jax.lax.expand_dims(cutoff, (cutoff.ndim,)), x, jnp.full_like(x, fill))
 
 
-def search_top_p_mask(logits: jax.Array, p: jax.Array, fill: float) -> jax.Array:
+def search_top_p_mask(logits: jax.Array, p: jax.Array, fill: float,
+                      sign_dtype: Any = jnp.uint32) -> jax.Array:  # noqa: ANN401
     """logits where softmax(logits) >= t, else `fill`, for the largest t whose mass of probabilities at or above
     it is not below p (found by largest_float_not_meeting)."""
     probs = jax.nn.softmax(logits, axis=-1)
@@ -381,7 +388,7 @@ def search_top_p_mask(logits: jax.Array, p: jax.Array, fill: float) -> jax.Array
         t = jax.lax.expand_dims(t, (axis,))
         return jnp.sum(jnp.where(rows >= t, rows, 0.0), axis=axis) < p
 
-    threshold = largest_float_not_meeting(probs.shape[:-1], below_p)
+    threshold = largest_float_not_meeting(probs.shape[:-1], below_p, sign_dtype)
     return jnp.where(probs >= jax.lax.expand_dims(threshold, (threshold.ndim,)), logits, jnp.full_like(logits, fill))
 
 
@@ -403,6 +410,38 @@ def threshold_search_rows(logits: jax.Array, key: jax.Array, *, temperature: jax
     x = jnp.where(jnp.expand_dims(k > 0, axis=-1), search_top_k_mask(x, k, fill), x)
     x = jnp.where(jnp.expand_dims(p < 1.0, axis=-1), search_top_p_mask(x, p, fill), x)
     return categorical_fn(key, x)
+
+
+def searched_masks(logits: jax.Array, key: jax.Array, *, temperature: float | None, k: int | None = None,
+                   p: float | None = None, fill: float | None = None, sign_dtype: Any = jnp.int32,  # noqa: ANN401
+                   negate: Callable[[jax.Array], jax.Array] = lambda t: -1 * t,
+                   categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """The searched filters with constant parameters, as axlearn's logit modifiers chain them (T5X's binary search):
+    x / T (`scale_by`), the searched top-k mask of x (`top_k_logits`: every value >= the k-th largest, ties kept),
+    the searched top-p mask of what is left (`top_p_logits`: the probabilities >= the largest t whose mass at or above
+    it reaches p), the dropped logits at -inf (or a writing's fill, FILL_NOTE), then a categorical. A filter whose
+    parameter is None is not in the chain. Logits of any rank: the vocabulary last. The searches' sign bit is T5X's
+    int32 (`largest_float_not_meeting`) and the top-k cutoff axlearn's `-1 * t`; a writing has tpu-inference's
+    uint32 and `-t`."""
+    fill = NEG_INF if fill is None else fill
+    x = _scale(logits, temperature)
+    if k is not None:
+        x = search_top_k_mask(x, k, fill, sign_dtype, negate)
+    if p is not None:
+        x = search_top_p_mask(x, p, fill, sign_dtype)
+    return categorical_fn(key, x, axis=-1)
+
+
+def searched_top_k(logits: jax.Array, key: jax.Array, *, k: int, p: float | None = None, **params: Any) -> jax.Array:
+    """searched_masks with the top-k alone: `chain(scale_by(T), top_k_logits(k))`."""
+    del p
+    return searched_masks(logits, key, k=k, **params)
+
+
+def searched_top_p(logits: jax.Array, key: jax.Array, *, p: float, k: int | None = None, **params: Any) -> jax.Array:
+    """searched_masks with the top-p alone: `chain(scale_by(T), top_p_logits(p))`."""
+    del k
+    return searched_masks(logits, key, p=p, **params)
 
 
 ESURGE_FILL = -1.0e10  # eSurge's fill for every dropped logit: its forms read it as a constant of their own
@@ -1064,6 +1103,26 @@ def _top_p_chain_form(name: str, then: str) -> Form:
 
 FORMS.update({name: _top_p_chain_form(name, then) for name, then in TOP_P_CHAINS.items()})
 
+# axlearn's logit modifiers (T5X's searches) with constant parameters: k is the integer the program compares its
+# counts with (read by a sentinel, `reads`), not a top-k's size; the fill is axlearn's -1e7 (FILL_NOTE).
+_CONSTANT_SEARCH_MARKERS = _NOISE + ("stablehlo.bitcast_convert", "stablehlo.while", "stablehlo.and")
+SEARCHED_FORMS = {"searched_top_k": (searched_top_k, ("temperature", "k"), ("k",)),
+                  "searched_top_p": (searched_top_p, ("temperature", "p"), ()),
+                  "searched_top_k_top_p": (searched_masks, ("temperature", "k", "p"), ("k",))}
+
+
+def _searched_form(name: str, mode: str) -> Form:
+    """A SEARCHED_FORMS form: its function, and the same as tpu-inference writes its searches; each also with a
+    fill."""
+    fn, params, reads = SEARCHED_FORMS[name]
+    by_uint32 = Writing(functools.partial(fn, sign_dtype=jnp.uint32, negate=jnp.negative), _CONSTANT_SEARCH_MARKERS,
+                        reads=reads)
+    return _with_fills(Form(name, mode, fn, params, _CONSTANT_SEARCH_MARKERS, (by_uint32,), reads=reads))
+
+
+FORMS.update({name: _searched_form(name, mode)
+              for name, mode in zip(SEARCHED_FORMS, ("top_k", "top_p", "top_k+top_p"), strict=True)})
+
 # Forms whose temperature a program may have applied before the sampler: each also matches unscaled (at T = 1).
 # (temperature unscaled is categorical, and temperature_top_k unscaled is top_k unscaled.)
 # (the rank nuclei: below)
@@ -1071,7 +1130,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
-                  "top_k_typical_mask", *TOP_P_CHAINS)
+                  "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
               for name, f in FORMS.items() if name in _SCALED_BEFORE})
 

@@ -29,6 +29,7 @@ from hlofuse.kernels.sampling_reference import (
     NOISE_SCALED_ROWS,
     RANK_NUCLEI,
     ROW_KEY_DRAWS,
+    SEARCHED_FORMS,
     SHARED_NOISE_DRAWS,
     TOP_P_CHAINS,
     UNCERTIFIED,
@@ -1131,6 +1132,30 @@ def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[...
     return kernel
 
 
+def constant_search_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """axlearn's searched filters with constant parameters (sampling_reference.searched_masks) on the CPU: x / T, the
+    searches' thresholds by `_searched_masks` (the constants as every row's), the kernel's categorical; a batch with a
+    row where either threshold is not certain runs the form's own function, searches and all."""
+    fn = FORMS[form].fn
+    categorical = _draw_by_kernel(form)
+    reads = FORMS[form].params
+
+    def kernel(logits: jax.Array, key: jax.Array) -> jax.Array:
+        rows = logits.reshape(-1, logits.shape[-1])
+        k = jnp.full(rows.shape[:1], params["k"] if "k" in reads else 0, jnp.int32)
+        p = jnp.full(rows.shape[:1], params["p"] if "p" in reads else 1.0, jnp.float32)
+
+        def searched() -> jax.Array:
+            return fn(logits, key, categorical_fn=categorical, **params)
+
+        x, certain = _searched_masks(rows / params["temperature"], k, p, NEG_INF,
+                                     functools.partial(jax.nn.softmax, axis=-1))
+        drawn = categorical(key, x.reshape(logits.shape))
+        return reference_where_uncertified(jnp.where(certain, drawn, UNCERTIFIED), searched)
+
+    return kernel
+
+
 def _softmax_of_each_row(x: jax.Array) -> jax.Array:
     """The softmax of each row as one (1, V) array, as eSurge's vmapped top-p computes it."""
     return jax.vmap(lambda row: jax.nn.softmax(row[None, :], axis=-1)[0])(x)
@@ -1201,6 +1226,15 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if FORMS[attrs.form].filters in ESURGE_FORMS:
             return esurge_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
+    if attrs.form in SEARCHED_FORMS:
+        shape, dtype = call.operand_types[0]
+        if dtype != "f32" or not shape:
+            raise Unsupported(f"'{attrs.form}' (a searched filter) takes f32 logits: the search compares f32 queries")
+        if ("k" in FORMS[attrs.form].params and not 0 < attrs.k <= shape[-1]) or (
+                "p" in FORMS[attrs.form].params and not 0.0 < attrs.p < 1.0):
+            raise Unsupported(f"'{attrs.form}' is drawn by the kernel for 0 < k <= V and 0 < p < 1 only (with p = 1 "
+                              "the program's search still drops what its f32 sum of all probabilities leaves out)")
+        return constant_search_lowering(attrs.form, attrs.params())
     if attrs.form in NOISE_SCALED:
         shape, dtype = call.operand_types[0]
         if dtype != "f32" or len(shape) != 2 or not attrs.temperature > 0 or attrs.k > shape[-1]:
