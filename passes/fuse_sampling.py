@@ -25,11 +25,13 @@ that is not a top-k writing when the draw after it fuses as the temperature fall
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from math import prod
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +42,15 @@ from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
 from hlofuse.ir.match import constant_scalar, defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
-from hlofuse.kernels.sampling_reference import FILL_BOUND, FILL_NOTE, FORMS, SHARED_NOISE_DRAWS, Form, Writing
+from hlofuse.kernels.sampling_reference import (
+    FILL_BOUND,
+    FILL_NOTE,
+    FORMS,
+    PRELUDES,
+    SHARED_NOISE_DRAWS,
+    Form,
+    Writing,
+)
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
 
@@ -167,9 +177,22 @@ _last_platform = ["cpu"]  # the platform of the last site fused (a hint for the 
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
 
+def _drawn_as(lead: tuple[int, ...]) -> Callable[..., jax.Array]:
+    """jax.random.categorical of the rows reshaped to `lead` rows before the draw (axlearn's (B * n, V) logits drawn as
+    (B, n, V)): the noise of the same counters as the rows' own, so the ids are the rows' ids, shaped `lead`."""
+
+    def categorical(key: jax.Array, y: jax.Array, axis: int = -1, **options: Any) -> jax.Array:  # noqa: ANN401
+        del axis  # the vocabulary, last
+        return jax.random.categorical(key, y.reshape(*lead, y.shape[-1]), axis=-1, **options)
+
+    return categorical
+
+
 @functools.lru_cache(maxsize=256)
-def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int) -> jax.stages.Traced:
-    """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform)."""
+def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
+            draw_lead: tuple[int, ...] = ()) -> jax.stages.Traced:
+    """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform); with
+    `draw_lead`, its rows reshaped to those before the draw (`_drawn_as`)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
     read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p")
@@ -179,9 +202,11 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     for name in form.row_params:  # template arguments after the key, like the composite's operands
         del scalars[name]
 
+    drawn = {"categorical_fn": _drawn_as(draw_lead)} if draw_lead else {}
+
     def fn(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
         per_row = dict(zip(form.row_params, rows, strict=True))
-        return form.writings[writing].fn(logits, key, **scalars, **read, **per_row)
+        return form.writings[writing].fn(logits, key, **scalars, **read, **per_row, **drawn)
 
     key = (shape[0], 2) if form.row_keys else (2,)  # a key per row: (B, V) logits only (the draw raises otherwise)
     rows = [jax.ShapeDtypeStruct(form.row_shape(name, shape[0]), form.row_dtype(name)) for name in form.row_params]
@@ -196,14 +221,26 @@ def _reads_k(form: Form) -> bool:
 
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
 def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                   platform: str) -> tuple[str, frozenset[str]]:
+                   platform: str, draw_lead: tuple[int, ...] = ()) -> tuple[str, frozenset[str]]:
     """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops."""
-    lowered = _traced(form_name, writing, shape, dtype, k).lower(lowering_platforms=(platform,))
+    lowered = _traced(form_name, writing, shape, dtype, k, draw_lead).lower(lowering_platforms=(platform,))
     module = lowered.compiler_ir("stablehlo")
     module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)
     run_pipeline(module, "builtin.module(hlofuse-prepare)")
     text = module.operation.get_asm(enable_debug_info=True)  # locations name each op's part of the form
     return text, frozenset(_OP_NAME.findall(text))
+
+
+@functools.lru_cache(maxsize=64)
+def _prelude_text(prelude: str, shape: tuple[int, ...], dtype: str, platform: str = "cpu") -> str:
+    """The normalization PRELUDES[prelude] of (shape) logits lowered for `platform` after hlofuse-prepare (one
+    lowering for every platform: test_sampling_templates checks that they agree)."""
+    lowered = jax.jit(PRELUDES[prelude]).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype])).lower(
+        lowering_platforms=(platform,))
+    module = lowered.compiler_ir("stablehlo")
+    module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)
+    run_pipeline(module, "builtin.module(hlofuse-prepare)")
+    return module.operation.get_asm(enable_debug_info=True)
 
 
 @dataclass(frozen=True)
@@ -224,14 +261,14 @@ class Templates:
         self.missing: dict[str, frozenset[str]] = {}  # form -> the fewest template ops the program lacks
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                 ops_present: set[str]) -> Iterator[Template]:
+                 ops_present: set[str], draw_lead: tuple[int, ...] = ()) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program."""
         order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
         seen: set[str] = set()
         for platform in order:
             try:
-                text, names = _template_text(form.name, writing, shape, dtype, k, platform)
+                text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead)
             except ValueError:  # the form does not take this shape (the choice draw: (B, V) logits only)
                 return
             if text in seen:
@@ -244,6 +281,11 @@ class Templates:
             seen.add(text)
             root, args = self._parse(text)
             yield Template(root, args if form.stochastic else args[:1], platform)
+
+    def prelude(self, prelude: str, shape: tuple[int, ...], dtype: str) -> Template:
+        """The normalization PRELUDES[prelude] of (shape) logits, parsed."""
+        root, args = self._parse(_prelude_text(prelude, shape, dtype))
+        return Template(root, args, "cpu")
 
     def _parse(self, text: str) -> tuple[ir.Value, list[ir.Value]]:
         if text not in self.parsed:
@@ -266,12 +308,21 @@ class Site:
     match: TemplateMatch
     k: int
     unit_dims: int = 0  # size-1 dims the program's ids (the root) have after the form's: keras' (..., 1)
+    drawn_as: bool = False  # the rows were reshaped before the draw (`_drawn_as`): the ids are shaped otherwise
 
     @property
     def ids_type(self) -> ir.RankedTensorType:
-        """The composite's result: the root's type without its trailing size-1 dims (the form's token ids)."""
+        """The composite's result, the form's token ids: the root's type without its trailing size-1 dims, or one id
+        per row of the logits for rows reshaped before the draw."""
         root = ir.RankedTensorType(self.root.type)
+        if self.drawn_as:
+            return ir.RankedTensorType.get(list(_shape(self.match.leaves[0]))[:-1], root.element_type)
         return ir.RankedTensorType.get(list(root.shape)[:root.rank - self.unit_dims], root.element_type)
+
+    @property
+    def reshaped(self) -> bool:
+        """Whether the program's ids are the composite's reshaped."""
+        return str(self.ids_type) != str(self.root.type)
 
     def attrs(self) -> SampleAttrs:
         params = self.match.params
@@ -410,8 +461,32 @@ def _noise_of_one_row(draw: Draw) -> bool:
     return False
 
 
+# The draws that may see their rows reshaped before the categorical: a form's own, and those that take a function of
+# the rows first (the per-row and same-key draws vmap over the rows; the choice draw is no categorical).
+_DRAWS_OF_ROWS = ("", "log_softmax", "log_of_softmax")
+
+
+def _reshaped_rows(draw: Draw) -> tuple[int, ...] | None:
+    """The shape of the rows the program reshaped into the draw's operand, if it did: a reshape into the drawn
+    (*lead, V) of (R, V), R = prod(lead) != the lead (axlearn's (B * n, V) log-probabilities drawn as (B, n, V))."""
+    x = draw.op.operands[0]
+    drawn = _shape(x)
+    if not draw.last or len(drawn) < 2:
+        return None
+    frontier = [x]
+    for _ in range(3):  # the draw adds the noise to the reshaped rows: a few ops up, breadth first
+        ops = [op for op in map(defining_op, frontier) if op is not None]
+        for op in ops:
+            if op.name == "stablehlo.reshape" and _shape(op.results[0]) == drawn:
+                rows = _shape(op.operands[0])
+                if len(rows) == 2 and rows[-1] == drawn[-1] and rows[0] == prod(drawn[:-1]) and rows[:-1] != drawn[:-1]:
+                    return rows
+        frontier = [v for op in ops for v in op.operands]
+    return None
+
+
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[str],
-                key_rows: frozenset[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int]]:
+                key_rows: frozenset[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]]:
     """(form, writing, logits shape, dtype, k) worth lowering for this draw (a form with a key per row only where
     the program holds (B, 2) keys for its B rows: `key_rows`; one whose rows share one row's noise only where the
     program's is: `_noise_of_one_row`)."""
@@ -420,7 +495,8 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     if draw.kind == "top_k" and len(shape) == 1:
         shape = _rows(draw) + shape
     shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
-    writings = [(form, i, w) for form in FORMS.values() for i, w in enumerate(form.writings)
+    rows = _reshaped_rows(draw) if noisy and draw.kind == "argmax" else None
+    writings = [(form, i, w) for form in FORMS.values() if not form.prelude_of for i, w in enumerate(form.writings)
                 if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[0] in key_rows)
                 and (form.drawn_by not in SHARED_NOISE_DRAWS or shared)]
     # The most specific first: the most marker ops (the fallbacks, categorical and temperature, have none), then
@@ -433,14 +509,19 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     for form, writing, w in sorted(writings, key=specific):
         if form.stochastic != noisy or not set(w.marker_ops) <= ops_present:
             continue
-        if "k" not in form.params or _reads_k(form):
-            yield form, writing, shape, dtype, 0
-            continue
-        for top_k in dict.fromkeys(top_ks):
-            if form.filters in _RANK_SPACE and shape[-1] == top_k.k:
-                yield form, writing, top_k.shape, top_k.dtype, top_k.k
-            elif top_k.shape == shape and top_k.dtype == dtype and top_k.k < shape[-1]:
-                yield form, writing, shape, dtype, top_k.k
+        # the rows as the program filtered them, reshaped before the draw (vocabulary-space draws of the rows only),
+        # first: a form that fuses either way then takes the rows, and what computed them can be taken in too
+        by_rows = rows and not form.row_params and not form.row_keys and form.filters not in _RANK_SPACE
+        shapes = ([(rows, shape[:-1])] if by_rows and form.drawn_by in _DRAWS_OF_ROWS else []) + [(shape, ())]
+        for logits_shape, lead in shapes:
+            if "k" not in form.params or _reads_k(form):
+                yield form, writing, logits_shape, dtype, 0, lead
+                continue
+            for top_k in dict.fromkeys(top_ks):
+                if form.filters in _RANK_SPACE and shape[-1] == top_k.k:
+                    yield form, writing, top_k.shape, top_k.dtype, top_k.k, lead
+                elif top_k.shape == logits_shape and top_k.dtype == dtype and top_k.k < logits_shape[-1]:
+                    yield form, writing, logits_shape, dtype, top_k.k, lead
 
 
 def _beyond_limits(params: dict[str, float]) -> str:
@@ -458,12 +539,12 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
-    for form, writing, shape, dtype, k in _candidates(draw, noisy, top_ks, ops_present, key_rows):
+    for form, writing, shape, dtype, k, lead in _candidates(draw, noisy, top_ks, ops_present, key_rows):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
         if form.name not in tried:
             tried.append(form.name)
-        for template in templates.for_site(form, writing, shape, dtype, k, ops_present):
+        for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead):
             root_name = defining_op(template.root).name
             for root in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
                 op = defining_op(root)
@@ -476,7 +557,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     continue
                 if found is not None:
                     _last_platform[0] = template.platform
-                    return Site(form, root, found, k, draw.unit_dims or 0)
+                    return Site(form, root, found, k, draw.unit_dims or 0, bool(lead))
                 if closest is None or report.matched > closest[0]:
                     closest = (report.matched, form.name, report)
     what = "noisy logits (threefry)" if noisy else "logits"
@@ -488,6 +569,25 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
         form, lacks = min(templates.missing.items(), key=lambda item: (len(item[1]), order.index(item[0])))
         reason += f"; closest: `{form}`, whose {', '.join(sorted(lacks))} the program has none of"
     raise NoMatch(reason + (_differs(*closest[1:]) if closest else ""))
+
+
+def with_prelude(site: Site, templates: Templates) -> Site:
+    """`site` with the normalization in front of its logits taken in (axlearn's log_softmax, PRELUDES), as form
+    `<form>_<prelude>`, where the program computes the site's logits operand by it; else `site` itself."""
+    logits = site.match.leaves[0]
+    if not isinstance(logits.type, ir.RankedTensorType) or _element(logits) not in _DTYPES:
+        return site
+    for prelude in PRELUDES:
+        name = f"{site.form.name}_{prelude}"
+        if name not in FORMS:
+            continue
+        template = templates.prelude(prelude, _shape(logits), _element(logits))
+        found = match_template(logits, template.root, template.args, {})
+        if found is not None and found.leaves[0] != logits:
+            match = TemplateMatch({**site.match.leaves, 0: found.leaves[0]}, site.match.params,
+                                  {**site.match.ops, **found.ops})
+            return dataclasses.replace(site, form=FORMS[name], match=match)
+    return site
 
 
 # What each part of a form's template is, by the reference function (or JAX's own) that its location names.
@@ -588,7 +688,7 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             for old, new in zip(op.results, clone.results, strict=True):
                 mapping[old] = new
         ids = mapping[site.root]
-        return [stablehlo.reshape(site.ids_type, ids) if site.unit_dims else ids]
+        return [stablehlo.reshape(site.ids_type, ids) if site.reshaped else ids]
 
     location = root_op.location
     name = build.unique_symbol(module, f"{SAMPLE}.impl")
@@ -597,7 +697,7 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
         attributes = site.attrs().ir_attributes()
         op = build.composite(SAMPLE, leaves, [site.ids_type], attributes, name, SAMPLE_VERSION)
         # The program's ids keep their (..., 1) shape: the composite's are reshaped back to it.
-        ids = stablehlo.reshape(site.root.type, op.results[0]) if site.unit_dims else op.results[0]
+        ids = stablehlo.reshape(site.root.type, op.results[0]) if site.reshaped else op.results[0]
     # The composite must come after its operands: right before the root, which follows them all.
     site.root.replace_all_uses_with(ids)
     leaf_ops = [o for o in ordered if o.name in build.LEAF_OPS]
@@ -680,7 +780,7 @@ class FuseSamplingPass(ModulePass):
                 if draw.unit_dims is None:
                     raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim (or one followed "
                                   "only by size-1 dims, as keras' categorical does)")
-                site = analyze(draw, top_ks, names, templates, key_rows)
+                site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 left = _parts_left_out(site, near_misses)
                 # (popped before the rewrite erases them: an erased op's handle no longer hashes as it did)
@@ -769,9 +869,13 @@ def _fed_by(draw: Draw) -> str | None:
 
 
 def _carries(value: ir.Value, logits: ir.Value) -> bool:
-    """Whether `value` may be the logits themselves, in any dim order: floats of the same dims."""
+    """Whether `value` may be the logits themselves, in any dim order and shape: floats of the same dims, size-1 dims
+    aside (axlearn's (B, V) rows drawn as (B, 1, V))."""
+    def dims(v: ir.Value) -> list[int]:
+        return sorted(size for size in _shape(v) if size != 1)
+
     return (isinstance(value.type, ir.RankedTensorType) and _element(value) == _element(logits)
-            and len(_shape(logits)) > 0 and sorted(_shape(value)) == sorted(_shape(logits)))
+            and len(_shape(logits)) > 0 and dims(value) == dims(logits))
 
 
 def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:

@@ -167,3 +167,42 @@ func.func public @no_match_integer_scalars_of_an_argument(%arg0: tensor<2x64xf32
   %1 = stablehlo.dynamic_slice %arg0, %c0, %0, sizes = [2, 1] : (tensor<2x64xf32>, tensor<i32>, tensor<i32>) -> tensor<2x1xf32>
   return %1 : tensor<2x1xf32>
 }
+
+// -----
+
+// A temperature bounded below by a Python constant (axlearn's `logits / jnp.maximum(T, 1e-4)`) folds to the one the
+// maximum picks (exact: no rounding), so the division reads a constant; a minimum likewise.
+// CHECK-LABEL: func.func public @folds_float_scalar_extrema_of_constants
+// CHECK-NOT: stablehlo.maximum
+// CHECK-NOT: stablehlo.minimum
+// CHECK-DAG: %[[T:.*]] = stablehlo.constant dense<0.699999988> : tensor<f32>
+// CHECK-DAG: %[[P:.*]] = stablehlo.constant dense<0.899999976> : tensor<f32>
+// CHECK: stablehlo.broadcast_in_dim %[[T]]
+// CHECK: stablehlo.broadcast_in_dim %[[P]]
+func.func public @folds_float_scalar_extrema_of_constants(%arg0: tensor<2x8xf32>) -> (tensor<2x8xf32>, tensor<2x8xf32>) {
+  %t = stablehlo.constant dense<0.699999988> : tensor<f32>
+  %floor = stablehlo.constant dense<9.99999974E-5> : tensor<f32>
+  %p = stablehlo.constant dense<0.899999976> : tensor<f32>
+  %one = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+  %0 = stablehlo.maximum %t, %floor : tensor<f32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %2 = stablehlo.divide %arg0, %1 : tensor<2x8xf32>
+  %3 = stablehlo.minimum %one, %p : tensor<f32>
+  %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %5 = stablehlo.multiply %arg0, %4 : tensor<2x8xf32>
+  return %2, %5 : tensor<2x8xf32>, tensor<2x8xf32>
+}
+
+// -----
+
+// Near miss: a maximum of two zeros (which of -0 and +0 it gives is the backend's) and one of an argument stay.
+// CHECK-LABEL: func.func public @no_match_float_extrema_of_zeros_or_an_argument
+// CHECK: stablehlo.maximum
+// CHECK: stablehlo.maximum
+func.func public @no_match_float_extrema_of_zeros_or_an_argument(%arg0: tensor<f32>) -> (tensor<f32>, tensor<f32>) {
+  %zero = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %minus_zero = stablehlo.constant dense<-0.000000e+00> : tensor<f32>
+  %0 = stablehlo.maximum %zero, %minus_zero : tensor<f32>
+  %1 = stablehlo.maximum %arg0, %zero : tensor<f32>
+  return %0, %1 : tensor<f32>, tensor<f32>
+}

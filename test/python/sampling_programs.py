@@ -18,6 +18,7 @@ the libraries' documented behaviour, not copied.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +91,13 @@ TAKES = ("along_axis", "batch_index")
 # is then `<form>_<draw>` (sampling_reference.DRAWS).
 # or each row by a key of its own (row_keys: the key split into one per row, then a vmapped categorical).
 DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice", "row_keys")
+# The mask forms' filters written as threshold searches over float32 bits (axlearn's logit modifiers, T5X's binary
+# search; tpu-inference's with constants): the logits scaled first, then the searched top-k (keep x >= the k-th
+# largest) and the searched top-p (keep softmax >= the largest t whose mass at or above it reaches p). t5x: the sign
+# bit `jnp.int32(1 << 31)` (int32's minimum, as NumPy 1 wraps it) and the cutoff as `-1 * t`; tpu: a uint32 sign bit
+# and `-t`. The form is then SEARCHED[form].
+SEARCH_SIGNS = ("t5x", "tpu")
+SEARCHED = {"top_k_mask": "searched_top_k", "top_p_mask": "searched_top_p", "top_k_top_p_mask": "searched_top_k_top_p"}
 # Outputs next to the token: the logits, their log-softmax at the token (logprobs), another
 # take_along_axis of the logits, an iota-indexed select: consumers the sampler must not be blocked by.
 EXTRAS = ("logits", "logprobs", "take", "iota")
@@ -128,6 +136,9 @@ class SamplerSpec:
     take: str = "along_axis"
     extras: tuple[str, ...] = ()
     escape: bool = False
+    search_sign: str = ""  # the mask forms' filters as threshold searches (SEARCH_SIGNS), "" for not
+    prelude: bool = False  # log_softmax of the logits before the sampler (axlearn's decoder): `<form>_of_log_probs`
+    draw_rows: int = 0  # n > 0: the (R, V) rows drawn as (R / n, n, V) (axlearn's decodes per prompt), ids back to (R,)
 
     @property
     def stochastic(self) -> bool:
@@ -221,6 +232,10 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
     suffix = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
+    if spec.prelude:  # written exactly (sampler_specs): the site's logits are the log-probabilities, taken in
+        suffix += "_of_log_probs"
+    if spec.search_sign:
+        return _searched(spec, attrs, dtype, suffix)
     if spec.form in USES_TOP_P and spec.top_p_style in RANK_SPACE_TOP_PS:
         return _rank_space_nucleus(spec, attrs, dtype)
     if not writes_form_exactly(spec):
@@ -244,6 +259,19 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
     if spec.form == "min_p":
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
+
+
+def _searched(spec: SamplerSpec, attrs: dict[str, Any], dtype: str, suffix: str) -> tuple[str, dict[str, Any]]:
+    """A searched mask form: the temperature is the form's where the program divides by a constant (else 1: the
+    scaling stays outside, the form's unscaled writing), k and p its constants."""
+    attrs = dict(attrs)
+    if spec.temperature_style == "const":
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    if spec.form in USES_TOP_K:
+        attrs["k"] = spec.k
+    if spec.form in USES_TOP_P:
+        attrs["p"] = _rounded(spec.p, dtype)
+    return SEARCHED[spec.form] + suffix, attrs
 
 
 def _hf_warper(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
@@ -359,7 +387,15 @@ class _Ctx:
         return _take(ids, self.draw(values))
 
     def _pick(self, x: jax.Array) -> jax.Array:
-        """The draw's ids: (...,), or (..., 1) for keras' categorical."""
+        """The draw's ids: (...,), or (..., 1) for keras' categorical; rows drawn as (R / n, n, V) give (R,)."""
+        if self.spec.draw_rows:  # the draw's function of the rows, then the categorical of them reshaped
+            rows, n = x.shape[0], self.spec.draw_rows
+            if self.spec.draw == "log_softmax":
+                x = jax.nn.log_softmax(x, axis=-1)
+            elif self.spec.draw == "log_of_softmax":
+                x = jnp.log(jax.nn.softmax(x, axis=-1))
+            drawn = dataclasses.replace(self.spec, draw_rows=0, draw="categorical")
+            return _Ctx(drawn, self.args)._pick(x.reshape(rows // n, n, x.shape[-1])).reshape(rows)
         key = self.key()
         if self.spec.draw == "choice":
             probs = jax.nn.softmax(x, axis=-1)
@@ -523,10 +559,61 @@ def _hf_warper_chain(c: _Ctx, x: jax.Array) -> jax.Array:
     return c.draw(jnp.where(remove, NEG_INF, y))
 
 
+def _largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.Array], jax.Array],
+                               sign: str) -> jax.Array:
+    """T5X's bisection: per element of `lead`, the largest finite float32 with `predicate` False, over int32 bit
+    patterns in float order (the non-sign bits of a negative flipped), the sign bit first, then 31 bits in a
+    fori_loop; non-finite patterns answer False below every finite one and True above."""
+    exponent = jnp.int32((1 << 31) - (1 << 23))  # closed over by the loop body (a loop operand), as T5X writes it
+
+    def in_float_order(bits: jax.Array) -> jax.Array:
+        return bits ^ jnp.where(bits < 0, jnp.int32((1 << 31) - 1), jnp.int32(0))
+
+    def on_bits(bits: jax.Array) -> jax.Array:
+        pattern = in_float_order(bits)
+        finite = (pattern & exponent) != exponent
+        return jnp.where(finite, predicate(jax.lax.bitcast_convert_type(pattern, jnp.float32)), pattern >= 0)
+
+    found = jnp.zeros(lead, jnp.int32)
+    if sign == "t5x":
+        found = found | jnp.where(on_bits(found), jnp.int32(-(1 << 31)), jnp.int32(0))
+    else:
+        found = found | jnp.where(on_bits(found), jnp.uint32(1 << 31), jnp.uint32(0))
+    found = jax.lax.fori_loop(0, 31, lambda i, f: f | jnp.where(on_bits(f | jnp.int32(1 << 30 - i)), jnp.int32(0),
+                                                                  jnp.int32(1 << 30 - i)), found)
+    return jax.lax.bitcast_convert_type(in_float_order(found), jnp.float32)
+
+
+def _searched_filters(c: _Ctx, x: jax.Array) -> jax.Array:
+    """The searched top-k and top-p (axlearn's chain: scale, top-k, top-p), reductions over the vocabulary moved next
+    to last as the libraries do, the dropped at the spec's fill."""
+    spec = c.spec
+    fill = {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(jnp.float32).min), "-1e7": -1e7}[spec.fill]
+    y = c.scale(x)
+    if spec.form in USES_TOP_K:
+        rows = jnp.swapaxes(y, -1, -2)
+        found = _largest_float_not_meeting(
+            y.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, -2), axis=-2) >= spec.k, spec.search_sign)
+        cutoff = -1 * found if spec.search_sign == "t5x" else -found
+        y = jnp.where(y >= jnp.expand_dims(cutoff, -1), y, fill)
+    if spec.form in USES_TOP_P:
+        probs = jax.nn.softmax(y, axis=-1)
+        rows = jnp.swapaxes(probs, -1, -2)
+        threshold = _largest_float_not_meeting(
+            y.shape[:-1], lambda t: jnp.sum(jnp.where(rows >= jnp.expand_dims(t, -2), rows, 0.0), axis=-2) < spec.p,
+            spec.search_sign)
+        y = jnp.where(probs >= jnp.expand_dims(threshold, -1), y, fill)
+    return y
+
+
 def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     form, spec = c.spec.form, c.spec
+    if spec.prelude:
+        x = jax.nn.log_softmax(x, axis=-1)
     if spec.temperature_style == "before":
         x = x / spec.temperature
+    if spec.search_sign:
+        return c.draw(_searched_filters(c, x))
     if form == "greedy":
         return jnp.argmax(x, axis=-1)
     if form == "greedy_softmax":

@@ -229,6 +229,56 @@ def near_miss_searched_top_p_strict(x, key):
     return jax.random.categorical(key, jnp.where(probs > threshold[:, None], x, -1e12))
 
 
+def _t5x_search(lead, predicate):
+    """T5X's (and axlearn's) bisection over float32 bits, its sign bit written `jnp.int32(1 << 31)` as NumPy 1 wraps it:
+    sampling_reference.largest_float_not_meeting with an int32 sign bit."""
+    from hlofuse.kernels.sampling_reference import largest_float_not_meeting
+
+    return largest_float_not_meeting(lead, predicate, jnp.int32)
+
+
+def _axlearn_top_k(k):
+    def modifier(x):
+        rows = jnp.swapaxes(x, -1, -2)
+        threshold = -1 * _t5x_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= k)
+        return jnp.where(x >= jnp.expand_dims(threshold, -1), x, np.array(-1.0e7))
+
+    return modifier
+
+
+def _axlearn_top_p(p):
+    def modifier(x):
+        probs = jax.nn.softmax(x, axis=-1)
+        rows = jnp.swapaxes(probs, -1, -2)
+        threshold = _t5x_search(x.shape[:-1], lambda t: jnp.sum(
+            jnp.where(rows >= jnp.expand_dims(t, 0), rows, 0.0), axis=0) < p)
+        return jnp.where(probs >= jnp.expand_dims(threshold, -1), x, np.array(-1.0e7))
+
+    return modifier
+
+
+def axlearn_searched_chain(x, key):
+    """axlearn's sample decode step: log_softmax of the logits, its logit modifiers (scale_by(0.8) as
+    `x / jnp.maximum(0.8, 1e-4)`, T5X's searched top_k_logits(16) and top_p_logits(0.9), -1e7 fills), the rows
+    reshaped to (B, 1, V), a categorical over axis 2: searched_top_k_top_p_of_log_probs."""
+    y = jax.nn.log_softmax(x, axis=-1)
+    y = _axlearn_top_p(0.9)(_axlearn_top_k(16)(y / jnp.maximum(0.8, 1e-4)))
+    return jax.random.categorical(key, y.reshape(x.shape[0], 1, x.shape[-1]), axis=2)
+
+
+def axlearn_searched_top_k(x, key):
+    """axlearn's searched top_k_logits(16) alone, on the logits: searched_top_k, T = 1."""
+    return jax.random.categorical(key, _axlearn_top_k(16)(x))
+
+
+def near_miss_searched_top_k_strict(x, key):
+    """The searched top-k keeping values strictly above its cutoff (it keeps x >= t): no form has it, so only the draw
+    fuses, with the search named as left in XLA."""
+    rows = jnp.swapaxes(x, -1, -2)
+    threshold = -1 * _t5x_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= 16)
+    return jax.random.categorical(key, jnp.where(x > jnp.expand_dims(threshold, -1), x, -1.0e7))
+
+
 def easydel_per_row_top_p(x, key):
     """EasyDeL's sample_top_p_efficient with each request's own temperature and p (one below its 1e-6 guard): the
     top_p_of_top_k_rows form, whose composite takes them as (B,) operands."""
@@ -939,6 +989,11 @@ VARIANTS: list[Variant] = [
     Variant("esurge_searched", esurge_searched, "esurge_searched_min_p_rows_row_keys"),
     Variant("near_miss_searched_top_p_strict", near_miss_searched_top_p_strict, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a softmax"),
+    Variant("axlearn_searched_chain", axlearn_searched_chain, "searched_top_k_top_p_of_log_probs",
+            expect={"k": 16, "p": 0.9, "temperature": 0.8}),
+    Variant("axlearn_searched_top_k", axlearn_searched_top_k, "searched_top_k", expect={"k": 16, "temperature": 1.0}),
+    Variant("near_miss_searched_top_k_strict", near_miss_searched_top_k_strict, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a threshold search"),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
             expect={"k": 16, "temperature": 0.8}),

@@ -43,6 +43,8 @@ from sampling_programs import (
     NOISES,
     READS_T,
     SCALED_BEFORE,
+    SEARCH_SIGNS,
+    SEARCHED,
     STOCHASTIC,
     TAKES,
     TEMPERATURES,
@@ -55,6 +57,7 @@ from sampling_programs import (
     expected,
     inputs,
     logits_cases,
+    writes_form_exactly,
 )
 from test_fuse_sampling_e2e import compile_module
 
@@ -121,11 +124,24 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn)
     if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
+    if form in SEARCHED and spec.batch in ("b", "bt", "b1") and draw(st.integers(0, 2)) == 0:
+        spec = dataclasses.replace(spec, search_sign=draw(st.sampled_from(SEARCH_SIGNS)),
+                                   fill=draw(st.sampled_from(FILLS[:3])), take="along_axis")
     escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k", "hf", "flax"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
-    escape = escapable and draw(st.integers(0, 4)) == 0
-    return dataclasses.replace(spec, escape=escape)
+    escape = escapable and not spec.search_sign and draw(st.integers(0, 4)) == 0
+    spec = dataclasses.replace(spec, escape=escape)
+    # log-probabilities first (axlearn's decoder), where the site would read the logits themselves
+    if stochastic and not escape and spec.temperature_style == "const" and writes_form_exactly(spec) \
+            and draw(st.integers(0, 3)) == 0:
+        spec = dataclasses.replace(spec, prelude=True)
+    # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
+    vocabulary_space = form not in ("top_k", "temperature_top_k") and not rank_space_p
+    if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
+            and spec.noise != "keras" and draw(st.integers(0, 3)) == 0:
+        spec = dataclasses.replace(spec, draw_rows=draw(st.sampled_from([1, spec.rows])))
+    return spec
 
 
 # ----- the checks --------------------------------------------------------------------------------------
@@ -269,6 +285,20 @@ FIXED_GAPS = {
     "choice_one_row_hf_top_p": SamplerSpec(form="top_p_mask", top_p_style="hf", draw="choice", batch="v"),
     "one_row_hf_top_k_top_p_bf16": SamplerSpec(form="top_k_top_p_mask", top_p_style="hf", top_k_style="torchax",
                                                batch="v", dtype="bfloat16"),
+    # axlearn's logit modifiers (T5X's searches with constant k and p) fused as `categorical` at most, the searches'
+    # while loops left in XLA, until the searched forms; its log-probabilities first, and its rows drawn as
+    # (B, n, V), fused in part or not at all until the prelude and the reshaped draw.
+    "searched_top_k_t5x": SamplerSpec(form="top_k_mask", search_sign="t5x", fill="-1e7", k=3),
+    "searched_top_p_tpu_decode_slice": SamplerSpec(form="top_p_mask", search_sign="tpu", batch="bt"),
+    "searched_top_k_top_p_reciprocal_t": SamplerSpec(form="top_k_top_p_mask", search_sign="t5x",
+                                                     temperature_style="reciprocal", fill="finfo_min"),
+    "searched_top_k_top_p_of_log_probs_drawn_by_rows": SamplerSpec(
+        form="top_k_top_p_mask", search_sign="t5x", fill="-1e7", prelude=True, draw_rows=1, rows=3),
+    "temperature_of_log_probs": SamplerSpec(form="temperature", prelude=True),
+    "top_k_rank_space_of_log_probs_log_softmax": SamplerSpec(form="top_k", prelude=True, draw="log_softmax"),
+    "top_p_mask_drawn_by_rows": SamplerSpec(form="top_p_mask", draw_rows=2, rows=2),
+    "min_p_log_softmax_drawn_by_rows_gumbel": SamplerSpec(form="min_p", draw_rows=1, draw="log_softmax",
+                                                          noise="gumbel"),
 }
 
 

@@ -8,14 +8,16 @@ the platform that differs its own class.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
-from hlofuse.passes.fuse_sampling import LOWERS_LIKE, PLATFORMS, _template_text
+from hlofuse.passes.fuse_sampling import LOWERS_LIKE, PLATFORMS, _prelude_text, _template_text
 
-from hlofuse.kernels.sampling_reference import FORMS
+from hlofuse.kernels.sampling_reference import FORMS, PRELUDES
 
-WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form.writings) if not w.unit_dims]
+WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form.writings)
+            if not w.unit_dims and not form.prelude_of]  # (a prelude form has no template: `_prelude_text`'s)
 
 
 def _text(name: str, writing: int, platform: str) -> str:
@@ -40,3 +42,11 @@ def test_the_classes_differ_where_threefry_does() -> None:
     """The classes are not one: the CPU's threefry loop is not the unrolled rounds (else drop a class)."""
     assert _text("temperature", 0, "cpu") != _text("temperature", 0, "tpu")
     assert set(LOWERS_LIKE) == set(PLATFORMS)
+
+
+@pytest.mark.parametrize("prelude", sorted(PRELUDES))
+def test_a_prelude_lowers_alike_on_every_platform(prelude: str) -> None:
+    """The normalizations in front of a sampler are lowered once, for the CPU, and matched for every platform."""
+    strip = functools.partial(re.sub, r"^#loc.*$| loc\([^\n]*?\)(?=\s*$)", "", flags=re.MULTILINE)
+    texts = {platform: strip(_prelude_text(prelude, (2, 16), "f32", platform)) for platform in PLATFORMS}
+    assert len(set(texts.values())) == 1, texts

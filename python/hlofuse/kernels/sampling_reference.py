@@ -935,6 +935,9 @@ class Form:
     # temperature, k, p, min-p; `row_dtype`), not as attributes: the composite's operands are (logits, key, *rows).
     row_params: tuple[str, ...] = ()
     row_columns: tuple[str, ...] = ()  # the per-row parameters the program holds as (B, 1) columns, not (B,)
+    # The form this one is with a normalization of the logits in front (PRELUDES), "" for none. Such a form has no
+    # template of its own: the fusion finds the normalization in front of a site of `prelude_of`.
+    prelude_of: str = ""
 
     def row_dtype(self, name: str) -> Any:  # noqa: ANN401
         """The dtype of a per-row operand: int32 for k, float32 for the others."""
@@ -947,11 +950,15 @@ class Form:
     @property
     def drawn_by(self) -> str:
         """The draw of DRAWS this form is its base's with ("" for a form's own draw)."""
+        if self.prelude_of:
+            return FORMS[self.prelude_of].drawn_by
         return self.name[len(self.base) + 1:] if self.base else ""
 
     @property
     def filters(self) -> str:
         """The form whose filters (and their order) this form has: its base, or itself."""
+        if self.prelude_of:
+            return FORMS[self.prelude_of].filters
         return self.base or self.name
 
     @property
@@ -1511,6 +1518,44 @@ FORMS.update({f"{name}_rows": dataclasses.replace(FORMS[name], name=f"{name}_row
                                                    params=tuple(p for p in FORMS[name].params if p != "temperature"),
                                                    row_params=("temperature",), row_columns=("temperature",))
               for name in NOISE_SCALED})
+
+
+# ----- log-probabilities in front of the sampler -------------------------------------------------------------------
+# axlearn's decoder samples from log-probabilities: log_softmax of the logits, then its logit modifiers, then the draw.
+# Every stochastic form composes with that normalization in front (`<form>_of_log_probs`): the form's function of
+# log_softmax(logits). These forms have no templates of their own: the fusion finds the normalization, by its own
+# template, computing the logits operand of a fused site (fuse_sampling's `_with_prelude`), and takes it in.
+
+
+def log_probs(logits: jax.Array) -> jax.Array:
+    """jax.nn.log_softmax over the vocabulary: the log-probabilities a sampler of them draws from."""
+    return jax.nn.log_softmax(logits, axis=-1)
+
+
+PRELUDES: dict[str, Callable[[jax.Array], jax.Array]] = {"of_log_probs": log_probs}
+
+
+def _after(prelude: Callable[[jax.Array], jax.Array], fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """`fn` of `prelude(logits)`."""
+
+    def normalized(logits: jax.Array, key: jax.Array, **params: Any) -> jax.Array:
+        return fn(prelude(logits), key, **params)
+
+    return normalized
+
+
+def prelude_of(form: str) -> tuple[str, Callable[[jax.Array], jax.Array]] | None:
+    """For a form with a normalization in front (`<inner>_<prelude>`): the inner form and the normalization, which
+    a kernel runs by the program's own ops before the inner form's kernel; None for any other form."""
+    if form not in FORMS or not FORMS[form].prelude_of:
+        return None
+    inner = FORMS[form].prelude_of
+    return inner, PRELUDES[form[len(inner) + 1:]]
+
+
+FORMS.update({f"{name}_{prelude}": dataclasses.replace(form, name=f"{name}_{prelude}", fn=_after(fn, form.fn),
+                                                        others=(), prelude_of=name)
+              for prelude, fn in PRELUDES.items() for name, form in list(FORMS.items()) if form.stochastic})
 
 
 # Parameters only the forms that read them are given (so that the kernels of the other forms never see them).

@@ -45,6 +45,7 @@ from hlofuse.kernels.sampling_reference import (
     min_p_masked,
     nucleus_cut_slack,
     nucleus_probs,
+    prelude_of,
     rank_nucleus_scores,
     reference_where_uncertified,
     row_values,
@@ -1205,11 +1206,25 @@ def _as_one_row(form: str, kernel: Callable[..., jax.Array]) -> Callable[..., ja
     return one_row
 
 
+def prelude_lowering(call: CompositeCall, inner: str,
+                     normalize: Callable[[jax.Array], jax.Array]) -> Callable[..., Any]:
+    """A form with a normalization in front (`<inner>_<prelude>`, sampling_reference.prelude_of): the normalization by
+    the program's own ops (the same bits), then the kernel of form `inner` on what it gives."""
+    kernel = sampling_lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}))
+
+    def normalized(logits: jax.Array, *others: jax.Array) -> jax.Array:
+        return kernel(normalize(logits), *others)
+
+    return normalized
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
+    if (normalized := prelude_of(attrs.form)) is not None:
+        return prelude_lowering(call, *normalized)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         (shape, dtype), *_ = call.operand_types

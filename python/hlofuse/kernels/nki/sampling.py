@@ -65,6 +65,7 @@ from hlofuse.kernels.sampling_reference import (
     UNCERTIFIED,
     form_params,
     nucleus_cut_slack,
+    prelude_of,
     reference_where_uncertified,
     sample_reference,
 )
@@ -557,6 +558,10 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
     names = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
     shape, dtype = call.operand_types[0]
     attrs = SampleAttrs.from_dict(call.attributes)
+    if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
+        inner, normalize = normalized
+        lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), runner)
+        return lowered.with_fn(lambda logits, *others, **options: lowered.fn(normalize(logits), *others, **options))
     try:
         if not shape:
             raise ValueError("logits are a scalar")

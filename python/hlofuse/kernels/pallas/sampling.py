@@ -53,6 +53,7 @@ from hlofuse.kernels.sampling_reference import (
     UNCERTIFIED,
     min_p_masked,
     nucleus_cut_slack,
+    prelude_of,
     reference_where_uncertified,
     sample_reference,
 )
@@ -679,6 +680,11 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     """An `hlofuse.sample` composite as this kernel, or Unsupported saying why not."""
     target = f"{backend}-interpret" if interpret else backend
     attrs = SampleAttrs.from_dict(call.attributes)
+    if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
+        inner, normalize = normalized
+        lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), backend,
+                            interpret, platform)
+        return lowered.with_fn(lambda logits, *others, **options: lowered.fn(normalize(logits), *others, **options))
     (shape, dtype), *_ = call.operand_types
     why = check(attrs.form, dtype, shape, attrs.k)
     if why is not None:
