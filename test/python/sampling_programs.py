@@ -91,12 +91,12 @@ TAKES = ("along_axis", "batch_index")
 # is then `<form>_<draw>` (sampling_reference.DRAWS).
 # or each row by a key of its own (row_keys: the key split into one per row, then a vmapped categorical).
 DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice", "row_keys")
-# The mask forms' filters written as threshold searches over float32 bits (axlearn's logit modifiers, T5X's binary
-# search; tpu-inference's with constants): the logits scaled first, then the searched top-k (keep x >= the k-th
-# largest) and the searched top-p (keep softmax >= the largest t whose mass at or above it reaches p). t5x: the sign
-# bit `jnp.int32(1 << 31)` (int32's minimum, as NumPy 1 wraps it) and the cutoff as `-1 * t`; tpu: a uint32 sign bit
-# and `-t`. The form is then SEARCHED[form].
-SEARCH_SIGNS = ("t5x", "tpu")
+# The mask forms' filters written as threshold searches over float32 bits (axlearn's logit modifiers; T5X's
+# topk_mask and topp_mask): the logits scaled first, then the searched top-k (keep x >= the k-th
+# largest) and the searched top-p (keep softmax >= the largest t whose mass at or above it reaches p). axlearn: the
+# sign bit `jnp.int32(1 << 31)` (int32's minimum, as NumPy 1 wraps it) and the cutoff as `-1 * t`; t5x: a uint32 sign
+# bit and `-t` (tpu-inference's too). The form is then SEARCHED[form].
+SEARCH_SIGNS = ("axlearn", "t5x")
 SEARCHED = {"top_k_mask": "searched_top_k", "top_p_mask": "searched_top_p", "top_k_top_p_mask": "searched_top_k_top_p"}
 # Outputs next to the token: the logits, their log-softmax at the token (logprobs), another
 # take_along_axis of the logits, an iota-indexed select: consumers the sampler must not be blocked by.
@@ -575,7 +575,7 @@ def _largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.A
         return jnp.where(finite, predicate(jax.lax.bitcast_convert_type(pattern, jnp.float32)), pattern >= 0)
 
     found = jnp.zeros(lead, jnp.int32)
-    if sign == "t5x":
+    if sign == "axlearn":
         found = found | jnp.where(on_bits(found), jnp.int32(-(1 << 31)), jnp.int32(0))
     else:
         found = found | jnp.where(on_bits(found), jnp.uint32(1 << 31), jnp.uint32(0))
@@ -594,7 +594,7 @@ def _searched_filters(c: _Ctx, x: jax.Array) -> jax.Array:
         rows = jnp.swapaxes(y, -1, -2)
         found = _largest_float_not_meeting(
             y.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, -2), axis=-2) >= spec.k, spec.search_sign)
-        cutoff = -1 * found if spec.search_sign == "t5x" else -found
+        cutoff = -1 * found if spec.search_sign == "axlearn" else -found
         y = jnp.where(y >= jnp.expand_dims(cutoff, -1), y, fill)
     if spec.form in USES_TOP_P:
         probs = jax.nn.softmax(y, axis=-1)

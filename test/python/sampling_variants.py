@@ -229,9 +229,9 @@ def near_miss_searched_top_p_strict(x, key):
     return jax.random.categorical(key, jnp.where(probs > threshold[:, None], x, -1e12))
 
 
-def _t5x_search(lead, predicate):
-    """T5X's (and axlearn's) bisection over float32 bits, its sign bit written `jnp.int32(1 << 31)` as NumPy 1 wraps it:
-    sampling_reference.largest_float_not_meeting with an int32 sign bit."""
+def _axlearn_search(lead, predicate):
+    """axlearn's bisection (after T5X's) over float32 bits, its sign bit written `jnp.int32(1 << 31)` as NumPy 1
+    wraps it: sampling_reference.largest_float_not_meeting with an int32 sign bit."""
     from hlofuse.kernels.sampling_reference import largest_float_not_meeting
 
     return largest_float_not_meeting(lead, predicate, jnp.int32)
@@ -240,7 +240,7 @@ def _t5x_search(lead, predicate):
 def _axlearn_top_k(k):
     def modifier(x):
         rows = jnp.swapaxes(x, -1, -2)
-        threshold = -1 * _t5x_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= k)
+        threshold = -1 * _axlearn_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= k)
         return jnp.where(x >= jnp.expand_dims(threshold, -1), x, np.array(-1.0e7))
 
     return modifier
@@ -250,7 +250,7 @@ def _axlearn_top_p(p):
     def modifier(x):
         probs = jax.nn.softmax(x, axis=-1)
         rows = jnp.swapaxes(probs, -1, -2)
-        threshold = _t5x_search(x.shape[:-1], lambda t: jnp.sum(
+        threshold = _axlearn_search(x.shape[:-1], lambda t: jnp.sum(
             jnp.where(rows >= jnp.expand_dims(t, 0), rows, 0.0), axis=0) < p)
         return jnp.where(probs >= jnp.expand_dims(threshold, -1), x, np.array(-1.0e7))
 
@@ -259,7 +259,7 @@ def _axlearn_top_p(p):
 
 def axlearn_searched_chain(x, key):
     """axlearn's sample decode step: log_softmax of the logits, its logit modifiers (scale_by(0.8) as
-    `x / jnp.maximum(0.8, 1e-4)`, T5X's searched top_k_logits(16) and top_p_logits(0.9), -1e7 fills), the rows
+    `x / jnp.maximum(0.8, 1e-4)`, its searched top_k_logits(16) and top_p_logits(0.9), -1e7 fills), the rows
     reshaped to (B, 1, V), a categorical over axis 2: searched_top_k_top_p_of_log_probs."""
     y = jax.nn.log_softmax(x, axis=-1)
     y = _axlearn_top_p(0.9)(_axlearn_top_k(16)(y / jnp.maximum(0.8, 1e-4)))
@@ -275,7 +275,7 @@ def near_miss_searched_top_k_strict(x, key):
     """The searched top-k keeping values strictly above its cutoff (it keeps x >= t): no form has it, so only the draw
     fuses, with the search named as left in XLA."""
     rows = jnp.swapaxes(x, -1, -2)
-    threshold = -1 * _t5x_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= 16)
+    threshold = -1 * _axlearn_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= 16)
     return jax.random.categorical(key, jnp.where(x > jnp.expand_dims(threshold, -1), x, -1.0e7))
 
 

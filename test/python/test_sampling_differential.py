@@ -285,15 +285,15 @@ FIXED_GAPS = {
     "choice_one_row_hf_top_p": SamplerSpec(form="top_p_mask", top_p_style="hf", draw="choice", batch="v"),
     "one_row_hf_top_k_top_p_bf16": SamplerSpec(form="top_k_top_p_mask", top_p_style="hf", top_k_style="torchax",
                                                batch="v", dtype="bfloat16"),
-    # axlearn's logit modifiers (T5X's searches with constant k and p) fused as `categorical` at most, the searches'
-    # while loops left in XLA, until the searched forms; its log-probabilities first, and its rows drawn as
+    # axlearn's logit modifiers and T5X's masks (searches with constant k and p) fused as `categorical` at most, the
+    # searches' while loops left in XLA, until the searched forms; its log-probabilities first, and its rows drawn as
     # (B, n, V), fused in part or not at all until the prelude and the reshaped draw.
-    "searched_top_k_t5x": SamplerSpec(form="top_k_mask", search_sign="t5x", fill="-1e7", k=3),
-    "searched_top_p_tpu_decode_slice": SamplerSpec(form="top_p_mask", search_sign="tpu", batch="bt"),
+    "searched_top_k_axlearn": SamplerSpec(form="top_k_mask", search_sign="axlearn", fill="-1e7", k=3),
+    "searched_top_p_t5x_decode_slice": SamplerSpec(form="top_p_mask", search_sign="t5x", batch="bt"),
     "searched_top_k_top_p_reciprocal_t": SamplerSpec(form="top_k_top_p_mask", search_sign="t5x",
                                                      temperature_style="reciprocal", fill="finfo_min"),
     "searched_top_k_top_p_of_log_probs_drawn_by_rows": SamplerSpec(
-        form="top_k_top_p_mask", search_sign="t5x", fill="-1e7", prelude=True, draw_rows=1, rows=3),
+        form="top_k_top_p_mask", search_sign="axlearn", fill="-1e7", prelude=True, draw_rows=1, rows=3),
     "temperature_of_log_probs": SamplerSpec(form="temperature", prelude=True),
     "top_k_rank_space_of_log_probs_log_softmax": SamplerSpec(form="top_k", prelude=True, draw="log_softmax"),
     "top_p_mask_drawn_by_rows": SamplerSpec(form="top_p_mask", draw_rows=2, rows=2),

@@ -336,7 +336,7 @@ def largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.Ar
     """Per element of `lead`, the largest finite float32 t with predicate(t) False (predicate monotone: False up to
     a threshold, True above it), found over int32 bit patterns in the float order: the sign bit first, then bits 30
     down to 0 in a fori_loop. Non-finite patterns answer False below and True above every finite one. The sign bit
-    is a `sign_dtype` constant: uint32 as tpu-inference writes it, or int32 as T5X and axlearn write
+    is a `sign_dtype` constant: uint32 as T5X's binary_search and tpu-inference write it, or int32 as axlearn writes
     `jnp.int32(1 << 31)` (NumPy 1 wraps it to int32's minimum, the same bits)."""
 
     exponent = jnp.int32(_EXPONENT_BITS)  # one array the loop body closes over (a loop operand, as libraries write it)
@@ -416,13 +416,13 @@ def searched_masks(logits: jax.Array, key: jax.Array, *, temperature: float | No
                    p: float | None = None, fill: float | None = None, sign_dtype: Any = jnp.int32,  # noqa: ANN401
                    negate: Callable[[jax.Array], jax.Array] = lambda t: -1 * t,
                    categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
-    """The searched filters with constant parameters, as axlearn's logit modifiers chain them (T5X's binary search):
+    """The searched filters with constant parameters, as axlearn's logit modifiers chain them (after T5X's search):
     x / T (`scale_by`), the searched top-k mask of x (`top_k_logits`: every value >= the k-th largest, ties kept),
     the searched top-p mask of what is left (`top_p_logits`: the probabilities >= the largest t whose mass at or above
     it reaches p), the dropped logits at -inf (or a writing's fill, FILL_NOTE), then a categorical. A filter whose
-    parameter is None is not in the chain. Logits of any rank: the vocabulary last. The searches' sign bit is T5X's
+    parameter is None is not in the chain. Logits of any rank: the vocabulary last. The searches' sign bit is axlearn's
     int32 (`largest_float_not_meeting`) and the top-k cutoff axlearn's `-1 * t`; a writing has tpu-inference's
-    uint32 and `-t`."""
+    uint32 and `-t` (T5X's `binary_search.topk_mask` and `topp_mask`)."""
     fill = NEG_INF if fill is None else fill
     x = _scale(logits, temperature)
     if k is not None:
@@ -1110,8 +1110,9 @@ def _top_p_chain_form(name: str, then: str) -> Form:
 
 FORMS.update({name: _top_p_chain_form(name, then) for name, then in TOP_P_CHAINS.items()})
 
-# axlearn's logit modifiers (T5X's searches) with constant parameters: k is the integer the program compares its
-# counts with (read by a sentinel, `reads`), not a top-k's size; the fill is axlearn's -1e7 (FILL_NOTE).
+# axlearn's logit modifiers and T5X's topk_mask / topp_mask (searches) with constant parameters: k is the integer the
+# program compares its counts with (read by a sentinel, `reads`), not a top-k's size; the fill is axlearn's -1e7
+# (FILL_NOTE).
 _CONSTANT_SEARCH_MARKERS = _NOISE + ("stablehlo.bitcast_convert", "stablehlo.while", "stablehlo.and")
 SEARCHED_FORMS = {"searched_top_k": (searched_top_k, ("temperature", "k"), ("k",)),
                   "searched_top_p": (searched_top_p, ("temperature", "p"), ()),
