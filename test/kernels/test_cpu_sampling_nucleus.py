@@ -397,6 +397,26 @@ def test_llama_reference_top_p_gives_the_reference_ids(p: float) -> None:
     _assert_gives_the_reference_ids(lowering, "top_p_of_probs_torch", params, CASES + ("many_nan",))
 
 
+@pytest.mark.parametrize("p", [0.999, 1.0])
+def test_llama_reference_top_p_wider_than_the_candidates_is_sorted_by_the_kernel(p: float) -> None:
+    """A nucleus wider than the kernel's candidates (p at or near 1: a temperature-only config of the llama reference)
+    is drawn on the row sorted by the kernel, the program's ids for every untied winner (no fallback to XLA's sorts)."""
+    params = form_params("top_p_of_probs_torch", temperature=0.7, p=p)
+    draw = jax.jit(lambda x, key: sampling.torch_nucleus_by_sort(x, key, params))
+    candidates = jax.jit(lambda x, key: sampling.torch_nucleus_by_candidates(x, key, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form="top_p_of_probs_torch", **params))
+    for case in ("peaked", "normal", "flat"):
+        logits = jnp.asarray(_logits(4, WIDE, case))
+        for seed in range(3):
+            key = jnp.array([seed, 5], jnp.uint32)
+            want = reference(logits, key)
+            np.testing.assert_array_equal(draw(logits, key), want, err_msg=f"{case} seed {seed}")
+            if p == 1.0:  # the candidates cannot hold all V: that batch would run the program's sorts
+                assert bool(jnp.any(candidates(logits, key) == UNCERTIFIED)), f"{case} seed {seed}"
+    lowering = jax.jit(sampling.torch_nucleus_lowering("top_p_of_probs_torch", params))
+    _assert_gives_the_reference_ids(lowering, "top_p_of_probs_torch", params, CASES + ("many_nan",))
+
+
 def test_llama_reference_top_p_vouches_for_every_untied_winner() -> None:
     """With no tied probabilities every draw is the kernel's (no UNCERTIFIED row, the reference's ids); where the
     logits tie, only draws whose winner shares its probability are left to the program's sorts."""

@@ -669,19 +669,25 @@ def hand_written_top_k_top_p_by_argsort(x, key):
     return jnp.take_along_axis(order, pick[..., None], axis=-1)[..., 0]
 
 
-def llama_reference_top_p_through_torchax(x, key):
+def llama_reference_top_p_through_torchax(x, key, p=0.9):
     """The llama reference's `sample_top_p(torch.softmax(x / T), p)` as torchax lowers it: torch.sort descending (an
     unstable jnp.sort and jnp.argsort), `cumsum - v * 1 > p` at 0 (torch's sub, alpha 1), renormalised,
     torch.multinomial (a choice per row with the one key), torch.gather by row indices, reshaped to (B,)."""
     probs = jax.nn.softmax(x / 0.6, axis=-1)
     ordered = jnp.sort(probs, axis=-1, stable=False, descending=True)
     order = jnp.argsort(probs, axis=-1, stable=False, descending=True)
-    kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered * 1 > 0.9, jnp.broadcast_to(0.0, ordered.shape), ordered)
+    kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered * 1 > p, jnp.broadcast_to(0.0, ordered.shape), ordered)
     kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
     picks = jnp.array([jax.random.choice(key, kept.shape[-1], (1,), replace=False, p=kept[i, :])
                        for i in range(kept.shape[0])])
     rows = jnp.broadcast_to(jnp.arange(picks.shape[0]).reshape(picks.shape[0], 1), picks.shape)
     return order[(rows, picks)].reshape(-1)
+
+
+def llama_reference_temperature_only_through_torchax(x, key):
+    """The same step with top_p = 1.0 (the reference's temperature-only config, as mistral_inference runs it too): its
+    nucleus is the whole row, wider than the kernel's candidates, so the row is sorted by the kernel."""
+    return llama_reference_top_p_through_torchax(x, key, p=1.0)
 
 
 def maxtext_top_p_fill(x, key):
@@ -958,6 +964,8 @@ VARIANTS: list[Variant] = [
             "top_k_top_p_of_probs_normalized", expect={"mode": "top_k+top_p", "k": 32, "p": 0.8, "temperature": 0.9}),
     Variant("llama_reference_top_p_through_torchax", llama_reference_top_p_through_torchax, "top_p_of_probs_torch",
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.6}),
+    Variant("llama_reference_temperature_only_through_torchax", llama_reference_temperature_only_through_torchax,
+            "top_p_of_probs_torch", expect={"mode": "top_p", "p": 1.0, "temperature": 0.6}),
     Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),
     Variant("flax_top_k_warper", flax_top_k_warper, "top_k_exact_mask", expect={"k": 20, "temperature": 1.0}),
     Variant("maxtext_composite", maxtext_composite, "top_k_top_p_of_logits",

@@ -12,10 +12,10 @@ rank-space `_sample_top_p` with and without its floor, MaxText's nucleus with it
 tunix's sample_top_p, Hugging Face's epsilon warper, EasyDeL's per-row top-p plain and vmapped, a draw with a key
 per row, tpu-inference's and EasyDeL eSurge's searched top-k and top-p with per-row parameters, Hugging Face's
 typical warper, gemma 3.1.0's top-p, the nucleus sorted by a hand-written argsort (the llama reference's
-`sample_top_p` ported to JAX) and as torchax lowers the torch original, Pax's draw with a temperature per row, and
-litgpt's one-row `sample` with its top-k, and with its top-k and top-p, as torchax lowers them, Hugging Face's
-Temperature, TopP then MinP chain, and axlearn's log-probabilities through its searched top-k and top-p, and its
-searched top-k alone).
+`sample_top_p` ported to JAX) and as torchax lowers the torch original, also with top_p = 1, Pax's draw with a
+temperature per row, and litgpt's one-row `sample` with its top-k, and with its top-k and top-p, as torchax lowers
+them, Hugging Face's Temperature, TopP then MinP chain, and axlearn's log-probabilities through its searched top-k and
+top-p, and its searched top-k alone).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -53,7 +53,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "gemma_3_1_top_p", "hand_written_top_p_by_argsort", "llama_reference_top_p_through_torchax",
             "pax_temperature_per_row", "pax_top_k_top_p_per_row", "pax_temperature", "pax_top_k_top_p",
             "litgpt_top_k_multinomial", "litgpt_top_k_top_p_multinomial", "torchax_top_p_min_p_warpers_multinomial",
-            "axlearn_searched_chain", "axlearn_searched_top_k")
+            "axlearn_searched_chain", "axlearn_searched_top_k", "llama_reference_temperature_only_through_torchax")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -417,15 +417,34 @@ XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", *TOP_P_CHAINS)
 
 def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """The llama reference's `sample_top_p` through torchax (`top_p_of_probs_torch`) on the CPU (f32): drawn by
-    `torch_nucleus_by_candidates`, with no sort; a batch it cannot vouch for runs the form's own function (XLA's
-    unstable sorts, whose order of ties only XLA knows, in a conditional's branch)."""
+    `torch_nucleus_by_candidates`, with no sort; a batch whose nucleus is wider than the candidates (p near or at 1:
+    a temperature-only config) by `torch_nucleus_by_sort`, the row sorted by the kernel; a batch neither can vouch
+    for runs the form's own function (XLA's unstable sorts, whose order of ties only XLA knows, in a conditional's
+    branch)."""
     fn = FORMS[form].fn
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return reference_where_uncertified(torch_nucleus_by_candidates(logits, key, params),
-                                           lambda: fn(logits, key, **params).astype(jnp.int32))
+        def by_sort() -> jax.Array:
+            return reference_where_uncertified(torch_nucleus_by_sort(logits, key, params),
+                                               lambda: fn(logits, key, **params).astype(jnp.int32))
+
+        return reference_where_uncertified(torch_nucleus_by_candidates(logits, key, params), by_sort)
 
     return kernel
+
+
+def torch_nucleus_by_sort(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """`top_p_of_probs_torch` of (B, V) f32 logits with the whole row sorted by the kernel's radix sort: the sorted
+    values are the program's whatever its unstable sort does with ties (equal values are equal bits: probabilities are
+    never -0), so the nucleus, its normalization and the draw over all V ranks are the program's; the drawn rank's id
+    is vouched for only when no other token of its row has its probability. UNCERTIFIED for a tied winner or a NaN
+    row."""
+    width = logits.shape[-1]
+    probs = nucleus_probs(logits, params["temperature"])
+    values, ids = _descending_by_kernel_sort(probs)
+    tokens = _nucleus_of_candidates(values, ids, key, width, "top_p_of_probs_normalized", params, shared_noise=True)
+    winner = jnp.take_along_axis(probs, jnp.maximum(tokens, 0)[:, None], axis=-1)
+    return jnp.where(jnp.sum(probs == winner, axis=-1) == 1, tokens, UNCERTIFIED)
 
 
 def torch_nucleus_by_candidates(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
