@@ -269,7 +269,9 @@ class Templates:
         for platform in order:
             try:
                 text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead)
-            except ValueError:  # the form does not take this shape (the choice draw: (B, V) logits only)
+            # the form does not take this shape (the choice draw: (B, V) logits only; Pax's gather by iotas of one
+            # row): JAX's tracing says so with a ValueError, an IndexError or a TypeError
+            except (ValueError, IndexError, TypeError):
                 return
             if text in seen:
                 continue

@@ -262,10 +262,11 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
 
 
 def _searched(spec: SamplerSpec, attrs: dict[str, Any], dtype: str, suffix: str) -> tuple[str, dict[str, Any]]:
-    """A searched mask form: the temperature is the form's where the program divides by a constant (else 1: the
-    scaling stays outside, the form's unscaled writing), k and p its constants."""
+    """A searched mask form: the temperature is the form's where the program divides by a constant right before the
+    searches, as the form's chain does, "before" the sampler too (else 1: the scaling stays outside, the form's
+    unscaled writing), k and p its constants."""
     attrs = dict(attrs)
-    if spec.temperature_style == "const":
+    if spec.temperature_style in ("const", "before"):
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if spec.form in USES_TOP_K:
         attrs["k"] = spec.k
@@ -586,7 +587,7 @@ def _largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.A
 
 def _searched_filters(c: _Ctx, x: jax.Array) -> jax.Array:
     """The searched top-k and top-p (axlearn's chain: scale, top-k, top-p), reductions over the vocabulary moved next
-    to last as the libraries do, the dropped at the spec's fill."""
+    to last as the libraries do, the dropped at the spec's fill as T5X writes it (`jnp.full_like(x, replace_val)`)."""
     spec = c.spec
     fill = {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(jnp.float32).min), "-1e7": -1e7}[spec.fill]
     y = c.scale(x)
@@ -595,14 +596,14 @@ def _searched_filters(c: _Ctx, x: jax.Array) -> jax.Array:
         found = _largest_float_not_meeting(
             y.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, -2), axis=-2) >= spec.k, spec.search_sign)
         cutoff = -1 * found if spec.search_sign == "axlearn" else -found
-        y = jnp.where(y >= jnp.expand_dims(cutoff, -1), y, fill)
+        y = jnp.where(y >= jnp.expand_dims(cutoff, -1), y, jnp.full_like(y, fill))
     if spec.form in USES_TOP_P:
         probs = jax.nn.softmax(y, axis=-1)
         rows = jnp.swapaxes(probs, -1, -2)
         threshold = _largest_float_not_meeting(
             y.shape[:-1], lambda t: jnp.sum(jnp.where(rows >= jnp.expand_dims(t, -2), rows, 0.0), axis=-2) < spec.p,
             spec.search_sign)
-        y = jnp.where(probs >= jnp.expand_dims(threshold, -1), y, fill)
+        y = jnp.where(probs >= jnp.expand_dims(threshold, -1), y, jnp.full_like(y, fill))
     return y
 
 
