@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import FORMS, form_params, sample_reference
+from hlofuse.kernels.sampling_reference import FORMS, form_params, prelude_of, sample_reference
+from hlofuse.kernels.target import CompositeCall
 
-DRAWN = [name for name, form in FORMS.items() if form.base and not form.row_params]  # (per-row forms: their own test)
+# (per-row forms: their own test; a form with log-probabilities in front, `<form>_of_log_probs`, is its inner form's
+# kernel on the program's log_softmax: test_a_prelude_form_is_its_inner_kernel_on_the_programs_normalization)
+DRAWN = [name for name, form in FORMS.items() if form.base and not form.row_params and not form.prelude_of]
 PARAMS = {"temperature": 0.7, "k": 5, "p": 0.8, "min_p": 0.1}
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
@@ -48,6 +51,39 @@ def test_drawn_form_gives_the_reference_ids(form: str, dtype: jnp.dtype) -> None
 
 def test_every_draw_composes_with_every_stochastic_form() -> None:
     bases = [name for name, form in FORMS.items()
-             if form.stochastic and not form.base and form.draw == "argmax" and form.composes_draws]
+             if form.stochastic and not form.base and form.draw == "argmax" and form.composes_draws
+             and not form.prelude_of]
     draws = ("log_softmax", "log_of_softmax", "choice", "row_keys", "same_key_rows")
     assert {f"{base}_{draw}" for base in bases for draw in draws} == set(DRAWN)
+
+
+# One form of each kind of lowering behind a prelude: the categorical kernel, a filter the kernel runs, a draw by
+# the program's function with the kernel's top-k, the searched filters, and a per-row temperature.
+PRELUDE_FORMS = ["categorical_of_log_probs", "top_k_top_p_mask_of_log_probs", "top_k_log_softmax_of_log_probs",
+                 "searched_top_k_top_p_of_log_probs", "threshold_search_rows_of_log_probs"]
+
+
+ROW_VALUES = {"temperature": jnp.asarray([0.7, 1.0, 0.3], jnp.float32), "k": jnp.asarray([5, 1, 40], jnp.int32),
+              "p": jnp.asarray([0.8, 1.0, 0.5], jnp.float32)}
+
+
+@pytest.mark.parametrize("form", PRELUDE_FORMS)
+def test_a_prelude_form_is_its_inner_kernel_on_the_programs_normalization(form: str) -> None:
+    """sampling_lowering of `<inner>_of_log_probs` gives the reference's ids, a NaN row included (its log_softmax is
+    NaN throughout, unlike the logits the inner form's own tests draw from)."""
+    assert prelude_of(form) is not None
+    params = form_params(form, **PARAMS)
+    rows, vocab = 3, 700
+    operands = [((rows, vocab), "f32"), ((2,), "ui32")]
+    row_values = [ROW_VALUES[name] for name in FORMS[form].row_params]
+    operands += [((rows,), "i32" if value.dtype == jnp.int32 else "f32") for value in row_values]
+    call = CompositeCall("hlofuse.sample", 1, {"mode": FORMS[form].mode, "form": form, **params}, tuple(operands))
+    kernel = jax.jit(sampling.sampling_lowering(call))
+    reference = jax.jit(lambda x, key, *rows: sample_reference(
+        x, key, form=form, **params, rows=rows))
+    for case in ("normal", "ties", "neg_inf", "nan"):
+        logits = _logits(rows, vocab, case, jnp.float32)
+        for seed in range(3):
+            key = jnp.array([seed, 99 + seed], jnp.uint32)
+            np.testing.assert_array_equal(kernel(logits, key, *row_values), reference(logits, key, *row_values),
+                                          err_msg=f"{case} seed {seed}")
