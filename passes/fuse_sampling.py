@@ -173,6 +173,10 @@ PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
 # for each form and writing): only the CPU lowers threefry as a loop. Each site lowers a form once per class.
 LOWERS_LIKE = {"cpu": "cpu", "tpu": "tpu", "cuda": "tpu", "rocm": "tpu"}
 _LOWERING_CLASSES = tuple(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
+# The only ops that one class's lowering of a writing has and another's lacks: the CPU's threefry loop and its
+# compares (test_sampling_templates checks it for every form and writing). A template that lacks any other op of
+# the program lacks it on every platform, so a site lowers no other class of that writing.
+PLATFORM_VARIANT_OPS = frozenset({"stablehlo.while", "stablehlo.compare"})
 _last_platform = ["cpu"]  # the platform of the last site fused (a hint for the order only; races are harmless)
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
@@ -277,8 +281,11 @@ class Templates:
                 continue
             if not names <= ops_present:
                 lacks = names - ops_present
-                if len(lacks) < len(self.missing.get(form.name, names)):
-                    self.missing[form.name] = lacks
+                shared = lacks - PLATFORM_VARIANT_OPS  # what every class's lowering of this writing lacks
+                if len(shared or lacks) < len(self.missing.get(form.name, names)):
+                    self.missing[form.name] = shared or lacks
+                if shared:  # no other class can match: lowering them too would only cost time
+                    return
                 continue
             seen.add(text)
             root, args = self._parse(text)

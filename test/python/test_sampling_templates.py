@@ -12,8 +12,16 @@ import functools
 import re
 
 import pytest
-from hlofuse.passes.fuse_sampling import LOWERS_LIKE, PLATFORMS, _prelude_text, _template_text
+from hlofuse.passes import fuse_sampling
+from hlofuse.passes.fuse_sampling import (
+    LOWERS_LIKE,
+    PLATFORM_VARIANT_OPS,
+    PLATFORMS,
+    _prelude_text,
+    _template_text,
+)
 
+from hlofuse.ir.context import make_context
 from hlofuse.kernels.sampling_reference import FORMS, PRELUDES
 
 WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form.writings)
@@ -31,11 +39,23 @@ def _text(name: str, writing: int, platform: str) -> str:
     return re.sub(r"^#loc.*$| loc\([^\n]*?\)(?=\s*$)", "", text, flags=re.MULTILINE)
 
 
+def _names(name: str, writing: int, platform: str) -> frozenset[str]:
+    """The names of the template's ops (none where the writing takes no (2, 16) logits)."""
+    try:
+        return _template_text(name, writing, (2, 16), "f32", 3 if "k" in FORMS[name].params else 0, platform)[1]
+    except ValueError:
+        return frozenset()
+
+
 @pytest.mark.parametrize(("name", "writing"), WRITINGS, ids=[f"{n}-{i}" for n, i in WRITINGS])
 def test_platforms_of_a_class_lower_alike(name: str, writing: int) -> None:
     for platform in PLATFORMS:
         if LOWERS_LIKE[platform] != platform:
             assert _text(name, writing, platform) == _text(name, writing, LOWERS_LIKE[platform]), platform
+    # Templates.for_site lowers no other class of a writing that lacks an op outside PLATFORM_VARIANT_OPS
+    classes = sorted(set(LOWERS_LIKE.values()))
+    ops = [_names(name, writing, platform) for platform in classes]
+    assert all(a ^ b <= PLATFORM_VARIANT_OPS for a in ops for b in ops), classes
 
 
 def test_the_classes_differ_where_threefry_does() -> None:
@@ -50,3 +70,27 @@ def test_a_prelude_lowers_alike_on_every_platform(prelude: str) -> None:
     strip = functools.partial(re.sub, r"^#loc.*$| loc\([^\n]*?\)(?=\s*$)", "", flags=re.MULTILINE)
     texts = {platform: strip(_prelude_text(prelude, (2, 16), "f32", platform)) for platform in PLATFORMS}
     assert len(set(texts.values())) == 1, texts
+
+
+def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    lowered: list[str] = []
+
+    def counted(*args: object) -> tuple[str, frozenset[str]]:
+        lowered.append(str(args[5]))
+        return _template_text(*args)
+
+    monkeypatch.setattr(fuse_sampling, "_template_text", counted)
+    templates = fuse_sampling.Templates(make_context(), [])
+    cpu_ops, tpu_ops = _names("temperature", 0, "cpu"), _names("temperature", 0, "tpu")
+    assert "stablehlo.while" in cpu_ops - tpu_ops
+    # a program lowered for the TPU (no threefry loop): the CPU's template lacks only its loop, the TPU's matches
+    assert [t.platform for t in templates.for_site(FORMS["temperature"], 0, (2, 16), "f32", 0, set(tpu_ops))] == ["tpu"]
+    assert lowered == ["cpu", "tpu"]
+    # a program without the log every class's template has (the Gumbel noise's): one class is lowered, none matches
+    lowered.clear()
+    templates.missing.clear()
+    assert "stablehlo.log" in cpu_ops & tpu_ops
+    lacking = cpu_ops - {"stablehlo.log"}
+    assert list(templates.for_site(FORMS["temperature"], 0, (2, 16), "f32", 0, lacking)) == []
+    assert lowered == ["cpu"]
+    assert templates.missing["temperature"] == {"stablehlo.log"}
