@@ -53,6 +53,7 @@ from hlofuse.kernels.sampling_reference import (
 )
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
+from hlofuse.template_cache import cached_text
 
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
 # (k: an integer, for a form that reads the k a program compares a count with, `Form.reads`; a top-k's k is its size)
@@ -226,25 +227,33 @@ def _reads_k(form: Form) -> bool:
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
 def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                    platform: str, draw_lead: tuple[int, ...] = ()) -> tuple[str, frozenset[str]]:
-    """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops."""
-    lowered = _traced(form_name, writing, shape, dtype, k, draw_lead).lower(lowering_platforms=(platform,))
-    module = lowered.compiler_ir("stablehlo")
+    """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops (the text from
+    hlofuse.template_cache where a process of this install lowered it before)."""
+    def lower() -> str:
+        lowered = _traced(form_name, writing, shape, dtype, k, draw_lead).lower(lowering_platforms=(platform,))
+        return _prepared_text(lowered.compiler_ir("stablehlo"))
+
+    text = cached_text("sample", (form_name, writing, shape, dtype, k, platform, draw_lead), lower)
+    return text, frozenset(_OP_NAME.findall(text))
+
+
+def _prepared_text(module: ir.Module) -> str:
+    """A lowered module after hlofuse-prepare, with its locations (they name each op's part of the form)."""
     module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)
     run_pipeline(module, "builtin.module(hlofuse-prepare)")
-    text = module.operation.get_asm(enable_debug_info=True)  # locations name each op's part of the form
-    return text, frozenset(_OP_NAME.findall(text))
+    return module.operation.get_asm(enable_debug_info=True)
 
 
 @functools.lru_cache(maxsize=64)
 def _prelude_text(prelude: str, shape: tuple[int, ...], dtype: str, platform: str = "cpu") -> str:
     """The normalization PRELUDES[prelude] of (shape) logits lowered for `platform` after hlofuse-prepare (one
     lowering for every platform: test_sampling_templates checks that they agree)."""
-    lowered = jax.jit(PRELUDES[prelude]).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype])).lower(
-        lowering_platforms=(platform,))
-    module = lowered.compiler_ir("stablehlo")
-    module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)
-    run_pipeline(module, "builtin.module(hlofuse-prepare)")
-    return module.operation.get_asm(enable_debug_info=True)
+    def lower() -> str:
+        lowered = jax.jit(PRELUDES[prelude]).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype])).lower(
+            lowering_platforms=(platform,))
+        return _prepared_text(lowered.compiler_ir("stablehlo"))
+
+    return cached_text("prelude", (prelude, shape, dtype, platform), lower)
 
 
 @dataclass(frozen=True)

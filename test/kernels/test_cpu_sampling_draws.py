@@ -3,6 +3,8 @@ the form's function with the kernel as its categorical must give `sample_referen
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,20 @@ from hlofuse.kernels.target import CompositeCall
 # (per-row forms: their own test; a form with log-probabilities in front, `<form>_of_log_probs`, is its inner form's
 # kernel on the program's log_softmax: test_a_prelude_form_is_its_inner_kernel_on_the_programs_normalization)
 DRAWN = [name for name, form in FORMS.items() if form.base and not form.row_params and not form.prelude_of]
+DRAWS = ("log_softmax", "log_of_softmax", "choice", "row_keys", "same_key_rows")
+BASES = [name for name, form in FORMS.items()
+         if form.stochastic and not form.base and form.draw == "argmax" and form.composes_draws and not form.prelude_of]
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 PARAMS = {"temperature": 0.7, "k": 5, "p": 0.8, "min_p": 0.1}
+# Every base form with two draws, one per dtype, and every draw with two fifths of the bases: a Latin-square slice of
+# the product (each draw is one kernel categorical under the base's own function, whatever the base).
+# HYPOTHESIS_PROFILE=thorough runs the whole product.
+if os.environ.get("HYPOTHESIS_PROFILE") == "thorough":
+    SLICE = [(base, draw, dtype) for base in BASES for draw in DRAWS for dtype in DTYPES]
+else:
+    SLICE = [(base, DRAWS[(i + 2 * j) % len(DRAWS)], dtype)
+             for i, base in enumerate(BASES) for j, dtype in enumerate(DTYPES)]
+CASES = [(f"{base}_{draw}", dtype) for base, draw, dtype in SLICE]
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -34,9 +49,9 @@ def _logits(rows: int, vocab: int, case: str, dtype: jnp.dtype) -> jax.Array:
     return jnp.asarray(x, dtype)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("form", DRAWN)
-def test_drawn_form_gives_the_reference_ids(form: str, dtype: jnp.dtype) -> None:
+@pytest.mark.parametrize(("form", "dtype_name"), CASES, ids=[f"{form}-{dtype}" for form, dtype in CASES])
+def test_drawn_form_gives_the_reference_ids(form: str, dtype_name: str) -> None:
+    dtype = DTYPES[dtype_name]
     params = form_params(form, **PARAMS)
     kernel = jax.jit(sampling.drawn_form_lowering(form, params))
     reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
@@ -50,11 +65,10 @@ def test_drawn_form_gives_the_reference_ids(form: str, dtype: jnp.dtype) -> None
 
 
 def test_every_draw_composes_with_every_stochastic_form() -> None:
-    bases = [name for name, form in FORMS.items()
-             if form.stochastic and not form.base and form.draw == "argmax" and form.composes_draws
-             and not form.prelude_of]
-    draws = ("log_softmax", "log_of_softmax", "choice", "row_keys", "same_key_rows")
-    assert {f"{base}_{draw}" for base in bases for draw in draws} == set(DRAWN)
+    assert {f"{base}_{draw}" for base in BASES for draw in DRAWS} == set(DRAWN)
+    # the slice tests every base and every draw, each draw in both dtypes
+    assert {base for base, _, _ in SLICE} == set(BASES) and {form for form, _ in CASES} <= set(DRAWN)
+    assert {(draw, dtype) for _, draw, dtype in SLICE} == {(draw, dtype) for draw in DRAWS for dtype in DTYPES}
 
 
 # One form of each kind of lowering behind a prelude: the categorical kernel, a filter the kernel runs, a draw by
