@@ -47,7 +47,7 @@ config.substitutions.append((tool("filecheck"), f"{filecheck_cmd} --enable-var-s
 config.environment["PYTHONPATH"] = os.pathsep.join(
     [os.path.join(REPO, "python"), os.environ.get("PYTHONPATH", "")]
 ).rstrip(os.pathsep)
-for name in ("HOME", "TMPDIR", "XLA_FLAGS", "JAX_PLATFORMS"):
+for name in ("HOME", "TMPDIR", "XLA_FLAGS", "JAX_PLATFORMS", "HLOFUSE_CACHE_DIR"):  # (the templates on disk)
     if name in os.environ:
         config.environment[name] = os.environ[name]
 config.environment.setdefault("JAX_PLATFORMS", "cpu")
