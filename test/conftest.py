@@ -69,7 +69,7 @@ SLOW: dict[str, str] = {
     "test/kernels/test_sampling_properties.py": "310 s, 3 properties",
     "test/kernels/test_attention_properties.py": "186 s, 3 properties",
     # Kernel grids: the fast tier keeps a few cases of each (FAST_SAMPLES).
-    "test/kernels/test_cpu_sampling_draws.py::test_drawn_form_gives_the_reference_ids": "52 cases (a Latin-square slice)",
+    "test/kernels/test_cpu_sampling_draws.py::test_drawn_form_gives_the_reference_ids": "52 cases (Latin square)",
     "test/kernels/test_cpu_sampling.py::test_top_k_splits_match_reference": "79 s, 18 cases",
     "test/kernels/test_cpu_sampling.py::test_rows_split_across_threads_match_reference": "28 s, 20 cases",
     "test/kernels/test_cpu_attention_layouts.py::test_partitioned_lowering_matches_reference": "70 s, 56 cases",

@@ -2,9 +2,10 @@
 
 Every fusing attention variant (attention_variants.py), every sampler form (sampling_variants.py) and the
 long-context shapes (prefill to T = 32k, decode against a 128k cache, head dims 64/128/256, bf16 and f32)
-are lowered by the default pipeline for tpu on v5e and v6e (a sampler variant on one of the two, in turn), and for
-gpu (Triton) and gpu-mosaic on the H100 target config. Each kernel call is compiled alone (hlofuse.compile_targets) and must compile within the
-chip's memory, with no ptxas spills on the GPU; or the lowering must have refused it with a remark
+are lowered by the default pipeline for tpu on v5e and v6e (a sampler variant on one of the two, in turn), and
+for gpu (Triton) and gpu-mosaic on the H100 target config. Each kernel call is compiled alone
+(hlofuse.compile_targets) and must compile within the chip's memory, with no ptxas spills on the GPU; or the
+lowering must have refused it with a remark
 (`kept as a composite: ...`), as it does for tiles that do not fit (hlofuse.kernels.pallas.resources).
 
 No TPU kernel may spill vector registers to VMEM either. The attention tiles are chosen among those libtpu
