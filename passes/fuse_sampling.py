@@ -525,7 +525,9 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
         return -len(w.marker_ops), -(len(form.params) - w.scaled_before), w.scaled_before
 
     for form, writing, w in sorted(writings, key=specific):
-        if form.stochastic != noisy or not set(w.marker_ops) <= ops_present:
+        # (an op that only some platforms' lowerings have, the CPU's threefry loop, marks no writing: the same forms
+        # are tried, and named in a remark, for a program lowered for any platform)
+        if form.stochastic != noisy or not set(w.marker_ops) - PLATFORM_VARIANT_OPS <= ops_present:
             continue
         # the rows as the program filtered them, reshaped before the draw (vocabulary-space draws of the rows only),
         # first: a form that fuses either way then takes the rows, and what computed them can be taken in too
