@@ -7,7 +7,8 @@
 Runs `hlofuse-opt --hlofuse-prepare --hlofuse-fuse-sampling` on each module in a new process, three ways,
 interleaved: with the cache off (HLOFUSE_CACHE_DIR=off: every template lowered), with an empty cache (lowered and
 written), and with the cache the previous run wrote (read back). Prints the median wall seconds of each (the
-process's start and JAX's import included) and the ratio read / off.
+process's start and JAX's import included), the ratio read / off, and how many templates the pass lowered (the
+texts the empty cache holds after one run).
 """
 
 from __future__ import annotations
@@ -37,20 +38,22 @@ def main() -> None:
     parser.add_argument("modules", nargs="+", type=Path, help="StableHLO modules with a sampler (.mlir)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"{'module':<40} {'off':>8} {'empty':>8} {'read':>8} {'read/off':>9}")
+    print(f"{'module':<40} {'off':>8} {'empty':>8} {'read':>8} {'read/off':>9} {'lowered':>8}")
     for module in args.modules:
         times: dict[str, list[float]] = {"off": [], "empty": [], "read": []}
+        lowered = 0
         for _ in range(args.repeats):
             directory = tempfile.mkdtemp(prefix="hlofuse-template-cache-")
             try:
                 times["off"].append(_run(module, "off"))
                 times["empty"].append(_run(module, directory))
+                lowered = len(list(Path(directory).glob("*/*.mlir")))
                 times["read"].append(_run(module, directory))
             finally:
                 shutil.rmtree(directory, ignore_errors=True)
         medians = {name: statistics.median(values) for name, values in times.items()}
         print(f"{module.name:<40} {medians['off']:8.2f} {medians['empty']:8.2f} {medians['read']:8.2f} "
-              f"{medians['read'] / medians['off']:9.2f}x")
+              f"{medians['read'] / medians['off']:9.2f}x {lowered:8d}")
 
 
 if __name__ == "__main__":
