@@ -72,11 +72,9 @@ def test_every_draw_composes_with_every_stochastic_form() -> None:
 
 
 # One form of each kind of lowering behind a prelude: the categorical kernel, a filter the kernel runs, a draw by
-# the program's function with the kernel's top-k, the searched filters, and a per-row temperature.
+# the program's function with the kernel's top-k, the searched filters, and a search with per-row T, k and p.
 PRELUDE_FORMS = ["categorical_of_log_probs", "top_k_top_p_mask_of_log_probs", "top_k_log_softmax_of_log_probs",
                  "searched_top_k_top_p_of_log_probs", "threshold_search_rows_of_log_probs"]
-
-
 ROW_VALUES = {"temperature": jnp.asarray([0.7, 1.0, 0.3], jnp.float32), "k": jnp.asarray([5, 1, 40], jnp.int32),
               "p": jnp.asarray([0.8, 1.0, 0.5], jnp.float32)}
 
@@ -93,8 +91,7 @@ def test_a_prelude_form_is_its_inner_kernel_on_the_programs_normalization(form: 
     operands += [((rows,), "i32" if value.dtype == jnp.int32 else "f32") for value in row_values]
     call = CompositeCall("hlofuse.sample", 1, {"mode": FORMS[form].mode, "form": form, **params}, tuple(operands))
     kernel = jax.jit(sampling.sampling_lowering(call))
-    reference = jax.jit(lambda x, key, *rows: sample_reference(
-        x, key, form=form, **params, rows=rows))
+    reference = jax.jit(lambda x, key, *rows: sample_reference(x, key, form=form, **params, rows=rows))
     for case in ("normal", "ties", "neg_inf", "nan"):
         logits = _logits(rows, vocab, case, jnp.float32)
         for seed in range(3):

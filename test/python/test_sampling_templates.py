@@ -13,6 +13,7 @@ import re
 import pytest
 from hlofuse.passes import fuse_sampling
 from hlofuse.passes.fuse_sampling import (
+    _LOWERING_CLASSES,
     LOWERS_LIKE,
     PLATFORM_VARIANT_OPS,
     PLATFORMS,
@@ -27,12 +28,16 @@ WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form
             if not w.unit_dims and not form.prelude_of]  # (a prelude form has no template: `_prelude_text`'s)
 
 
+def _template(name: str, writing: int, platform: str) -> tuple[str, frozenset[str]]:
+    """The writing's template for (2, 16) f32 logits (k = 3 where the form has a k), and its ops' names."""
+    return _template_text(name, writing, (2, 16), "f32", 3 if "k" in FORMS[name].params else 0, platform)
+
+
 def _text(name: str, writing: int, platform: str) -> str:
     """The template's ops, without locations (the matcher reads ops and attributes; locations name the parts of
     a form in remarks, and come from the same reference functions)."""
-    k = 3 if "k" in FORMS[name].params else 0
     try:
-        text = _template_text(name, writing, (2, 16), "f32", k, platform)[0]
+        text = _template(name, writing, platform)[0]
     except ValueError as error:  # the writing does not take these shapes (a one-row writing of a (B, V) form): no
         return f"no template: {error}"  # template on any platform, as the pass finds (Templates.for_site)
     return _without_locations(text)
@@ -48,7 +53,7 @@ def _without_locations(text: str) -> str:
 def _names(name: str, writing: int, platform: str) -> frozenset[str]:
     """The names of the template's ops (none where the writing takes no (2, 16) logits)."""
     try:
-        return _template_text(name, writing, (2, 16), "f32", 3 if "k" in FORMS[name].params else 0, platform)[1]
+        return _template(name, writing, platform)[1]
     except ValueError:
         return frozenset()
 
@@ -59,9 +64,8 @@ def test_platforms_of_a_class_lower_alike(name: str, writing: int) -> None:
         if LOWERS_LIKE[platform] != platform:
             assert _text(name, writing, platform) == _text(name, writing, LOWERS_LIKE[platform]), platform
     # Templates.for_site lowers no other class of a writing that lacks an op outside PLATFORM_VARIANT_OPS
-    classes = sorted(set(LOWERS_LIKE.values()))
-    ops = [_names(name, writing, platform) for platform in classes]
-    assert all(a ^ b <= PLATFORM_VARIANT_OPS for a in ops for b in ops), classes
+    ops = [_names(name, writing, platform) for platform in _LOWERING_CLASSES]
+    assert all(a ^ b <= PLATFORM_VARIANT_OPS for a in ops for b in ops), _LOWERING_CLASSES
 
 
 def test_the_classes_differ_where_threefry_does() -> None:
