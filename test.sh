@@ -68,16 +68,17 @@ summary() {
 }
 trap summary EXIT
 
-# The full tier also installs the TPU and GPU compilers (the `accelerators` extra: libtpu, and CUDA 12 with
-# ptxas), so that test/python/test_compile_grid.py and lit's --compile-for tests compile every kernel for
+# The full tier also installs the TPU and GPU compilers (the `accelerators` extra: libtpu, and jax's CUDA
+# plugin with ptxas but none of the GPU runtime libraries), so that test/python/test_compile_grid.py and lit's --compile-for tests compile every kernel for
 # real; HLOFUSE_REQUIRE_COMPILERS=1 makes those tests fail, not skip, when a compiler is missing.
 if [ "$tier" = full ]; then extras="test,accelerators"; else extras="test"; fi
 stage "install (.venv, editable, .[$extras])"
 if ! HLOFUSE_EXTRAS="$extras" source tools/venv.sh; then
   echo "test.sh: installing .[$extras] into ${VENV:-.venv} failed (see pip's message above)." >&2
   if [ "$tier" = full ]; then
-    echo "test.sh: the full tier needs the TPU and GPU compilers: libtpu (~1.3 GB) and CUDA 12 with ptxas" \
-      "(~4.9 GB), so network access to PyPI and ~7 GB of disk; ./test.sh --fast runs without them." >&2
+    echo "test.sh: the full tier needs the TPU and GPU compilers: libtpu and jax's CUDA plugin with ptxas," \
+      "so network access to PyPI and ~2 GB of disk for the venv ($(df -h --output=avail . | tail -1 | tr -d ' ')" \
+      "free here); ./test.sh --fast runs without them." >&2
   fi
   exit 1
 fi

@@ -2,9 +2,10 @@
 
 A chip name (`tpu-v5e`, `tpu-v6e`, `tpu-v5p`, `h100`, `h200`) selects a compile-only device: a TPU topology
 from libtpu (`pip install -e ".[tpu]"`) or a CUDA topology built from a GpuTargetConfigProto shipped in
-hlofuse/gpu_targets/ (`pip install -e ".[cuda12]"`). `check_module(module, chip)` compiles every kernel call
-in a module (tpu_custom_call, Triton, Mosaic GPU) alone, then the whole module, with the real compilers
-(Mosaic, Triton and ptxas), and reads what each kernel uses from the compilers' own dumps:
+hlofuse/gpu_targets/ (`pip install -e ".[gpu-compiler]"`, or `.[cuda12]` to run on a GPU too).
+`check_module(module, chip)` compiles every kernel call in a module (tpu_custom_call, Triton, Mosaic GPU)
+alone, then the whole module, with the real compilers (Mosaic, Triton and ptxas), and reads what each
+kernel uses from the compilers' own dumps:
 
 - TPU: `LIBTPU_INIT_ARGS=--xla_jf_dump_to=DIR` (set here before libtpu loads): the kernel's scoped VMEM and
   spills from `*-vmem_report.html`, its bundle count from `*-schedule-analysis_final_bundles.txt`;
@@ -158,7 +159,7 @@ def topology(name: str) -> Any:  # noqa: ANN401 - jax.experimental.topologies.To
         )
     except NotImplementedError as error:  # no CUDA plugin registered
         raise CompilerUnavailable(
-            f'{name} needs the CUDA plugin: pip install "hlofuse[cuda12]" (or jax[cuda12]==0.10.2), and '
+            f'{name} needs the CUDA plugin: pip install "hlofuse[gpu-compiler]" (or jax[cuda12]==0.10.2), and '
             f"JAX_PLATFORMS=cpu on a host without a GPU ({error})"
         ) from None
 
@@ -524,7 +525,7 @@ def _ptx_with_entry(dump_dir: str, kernel: str) -> str | None:
 
 
 def find_ptxas() -> str | None:
-    """ptxas from the pip CUDA toolkit (nvidia-cuda-nvcc-cu12, which jax[cuda12] installs), else PATH."""
+    """ptxas from the pip CUDA toolkit (nvidia-cuda-nvcc-cu12: the gpu-compiler extra, or jax[cuda12]), else PATH."""
     import importlib.util
 
     spec = importlib.util.find_spec("nvidia")

@@ -567,7 +567,7 @@ def test_first_compile_deviceless_gpu_needs_no_import():
     except ModuleNotFoundError:  # no jax_plugins package at all
         cuda_plugin = None
     if cuda_plugin is None:
-        pytest.skip('the CUDA plugin is not installed (pip install -e ".[cuda12]")')
+        pytest.skip('the CUDA plugin is not installed (pip install -e ".[gpu-compiler]")')
     if not installed_with_entry_point():
         pytest.skip("hlofuse is not installed (pip install -e .)")
     config = PYTHON_DIR / "hlofuse" / "gpu_targets" / "h100.txtpb"
