@@ -327,6 +327,9 @@ class Site:
     k: int
     unit_dims: int = 0  # size-1 dims the program's ids (the root) have after the form's: keras' (..., 1)
     drawn_as: bool = False  # the rows were reshaped before the draw (`_drawn_as`): the ids are shaped otherwise
+    # Larger forms that matched but whose values the program also reads elsewhere (`_check_escapes`), each (form,
+    # why): the site fell back to a form that leaves their filters in XLA.
+    passed_over: tuple[tuple[str, str], ...] = ()
 
     @property
     def ids_type(self) -> ir.RankedTensorType:
@@ -559,6 +562,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
+    escaped: list[tuple[str, str]] = []  # forms that matched, each with a value the program also reads elsewhere
     for form, writing, shape, dtype, k, lead in _candidates(draw, noisy, top_ks, ops_present, key_rows):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
@@ -576,19 +580,37 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     limits_missed.append(f"`{form.name}` ({beyond})")
                     continue
                 if found is not None:
+                    site = Site(form, root, found, k, draw.unit_dims or 0, bool(lead), tuple(escaped))
+                    try:
+                        _check_escapes(site, _interior(site))
+                    except NoMatch as escape:  # a smaller form may leave that value to XLA: try the next
+                        escaped.append((form.name, str(escape)))
+                        continue
                     _last_platform[0] = template.platform
-                    return Site(form, root, found, k, draw.unit_dims or 0, bool(lead))
+                    return site
                 if closest is None or report.matched > closest[0]:
                     closest = (report.matched, form.name, report)
     what = "noisy logits (threefry)" if noisy else "logits"
     reason = f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
     if limits_missed:
         reason += "; written as " + ", ".join(limits_missed)
+    if escaped:  # what stopped the forms that did match says more than how the others differ
+        raise NoMatch(f"{reason}; matched as {_passed_over(escaped)}")
     if closest is None and templates.missing:
         order = list(FORMS)  # among forms that lack as much, the one declared first (the plainer)
         form, lacks = min(templates.missing.items(), key=lambda item: (len(item[1]), order.index(item[0])))
         reason += f"; closest: `{form}`, whose {', '.join(sorted(lacks))} the program has none of"
     raise NoMatch(reason + (_differs(*closest[1:]) if closest else ""))
+
+
+def _passed_over(forms: Iterable[tuple[str, str]]) -> str:
+    """Forms with why each was not taken, the forms of one reason together: "`a` or `b`: why; `c`: why"."""
+    by_reason: dict[str, list[str]] = {}
+    for form, why in forms:
+        names = by_reason.setdefault(why, [])
+        if f"`{form}`" not in names:  # (a form's other writings may match too)
+            names.append(f"`{form}`")
+    return "; ".join(f"{' or '.join(names)}: {why}" for why, names in by_reason.items())
 
 
 def with_prelude(site: Site, templates: Templates) -> Site:
@@ -663,9 +685,8 @@ def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
     leaves = site.match.leaves
     tainted: set[ir.Value] = set(leaves.values())
     keyed: set[ir.Value] = {leaves[i] for i in leaves if i > 0}  # leaf 0 is the logits, 1 the key
-    block = defining_op(site.root).parent.regions[0].blocks[0]
-    for op in (o.operation for o in block.operations):
-        if op not in interior or not any(v in tainted for v in op.operands):
+    for op in _in_dominance_order(defining_op(site.root), interior):
+        if not any(v in tainted for v in op.operands):
             continue
         from_key = any(v in keyed for v in op.operands)
         for result in op.results:
@@ -678,7 +699,25 @@ def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
                 user = use.owner.operation
                 if _inside(user, interior) or (op.name in _ROW_STATISTICS and not from_key):
                     continue
-                raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name})")
+                raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name} at "
+                              f"{format_location(user.location)} reads the {op.name} at "
+                              f"{format_location(op.location)}; a fused sampler gives back only its ids)")
+
+
+def _in_dominance_order(root_op: ir.Operation, interior: set[ir.Operation]) -> list[ir.Operation]:
+    """The interior ops the root sees, in an order where each comes after its operands: those of every block that
+    encloses the root's, outermost first (a sampler inside a lax.cond branch or a loop body whose constants
+    hlofuse-prepare's CSE hoisted to the function's block), then those of the root's own block, each in block
+    order. (Ops nested in an interior op's regions go with it.)"""
+    blocks = []
+    op = root_op
+    while True:
+        blocks.append(op.block)
+        parent = op.parent
+        if parent is None or parent.name == "func.func":
+            break
+        op = parent.operation
+    return [o.operation for block in reversed(blocks) for o in block.operations if o.operation in interior]
 
 
 def _inside(op: ir.Operation, interior: set[ir.Operation]) -> bool:
@@ -697,8 +736,7 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     _check_escapes(site, interior)
     leaves = [site.match.leaves[i] for i in sorted(site.match.leaves)]
     root_op = defining_op(site.root)
-    block = root_op.parent.regions[0].blocks[0]
-    ordered = [op.operation for op in block.operations if op.operation in interior]
+    ordered = _in_dominance_order(root_op, interior)
 
     def body(args: list[ir.Value]) -> list[ir.Value]:
         mapping = dict(zip(leaves, args, strict=True))
@@ -823,8 +861,9 @@ class FuseSamplingPass(ModulePass):
                              "last; a reversed ascending argsort puts a tie's higher id first)")
                 state.count("argsort_top_k_not_fused")
             if left:
+                why = f"; not fused as {_passed_over(site.passed_over)}" if site.passed_over else ""
                 state.remark(composite, f"sampler fused only in part: fused as `{site.form.name}`; "
-                             f"{'; '.join(left)} stay{'s' if len(left) == 1 else ''} in XLA")
+                             f"{'; '.join(left)} stay{'s' if len(left) == 1 else ''} in XLA{why}")
                 state.count("sampling_fused_in_part")
             return True
         return False

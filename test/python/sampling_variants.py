@@ -78,6 +78,15 @@ def split_key(x, key):
     return jax.random.categorical(sub, x / 0.8)
 
 
+def in_a_cond_branch(x, key):
+    """t5x's decode step draws in a lax.cond on a traced flag (T > 0: the sampler, else argmax): the sampler in the
+    conditional's second branch (stablehlo.case region 1), whose -inf hlofuse-prepare's CSE shares with the
+    parent's own (a value from the enclosing block)."""
+    finite = jnp.where(jnp.isnan(x), -jnp.inf, x)
+    return jax.lax.cond(jnp.any(finite > 0), lambda y: jax.random.categorical(key, y / 0.7),
+                        lambda y: jnp.zeros(y.shape[:-1], jnp.int32), finite)
+
+
 # --- top-k ----------------------------------------------------------------------------------------
 
 
@@ -930,6 +939,7 @@ VARIANTS: list[Variant] = [
     Variant("temperature_upcast_bf16", temperature_upcast, "temperature", dtype=jnp.bfloat16),
     Variant("temperature_rank3", temperature_07, "temperature", shape=(2, 3, V)),
     Variant("split_key", split_key, "temperature", expect={"temperature": 0.8}),
+    Variant("in_a_cond_branch", in_a_cond_branch, "temperature", expect={"temperature": 0.7}),
     Variant("jetstream_top_k", jetstream_top_k, "top_k", expect={"mode": "top_k", "k": 40, "temperature": 0.6}),
     Variant("jetstream_top_k_bf16", jetstream_top_k, "top_k", dtype=jnp.bfloat16, expect={"k": 40}),
     Variant("keras_top_k", keras_top_k, "temperature_top_k", expect={"k": 8, "temperature": 0.9}),

@@ -8,11 +8,12 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import clone_module, count_composites
+from hlofuse.testing.modules import clone_module, count_composites, run_module
 
 B, V = 2, 256
 
@@ -79,19 +80,30 @@ def scaled_logits_escape(x, key):
     return jax.random.categorical(key, scaled), scaled
 
 
+def filtered_logits_escape(x, key):
+    """t5x's decode step: the token's log-probability under the filtered distribution, a log_softmax of the masked
+    logits beside the draw. The top-k mask form matches but would take the masked logits from their other user:
+    the draw fuses as a categorical of them."""
+    kth = jax.lax.top_k(x, 16)[0][..., -1:]
+    masked = jnp.where(x < kth, -jnp.inf, x) / 0.8
+    token = jax.random.categorical(key, masked)
+    return token, jnp.take_along_axis(jax.nn.log_softmax(masked), token[:, None], axis=-1)
+
+
 NOT_FUSED = {
     hand_written_gumbel: "closest: `temperature`",
     uniform_noise: "closest: `categorical`, whose stablehlo.log",
     batch_axis_draw: "argmax over dim 0 (not the last): every sampler form draws over the last dim",
     greedy_top_1_of_probs: "top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a "
                            "softmax: stablehlo.exponential at",
-    scaled_logits_escape: "stablehlo.divide inside the sampler has a user outside it",
 }
 FUSED_IN_PART = {
     argmax_of_log_softmax: "fused as `greedy`; a softmax (stablehlo.exponential at",
     nucleus_with_small_fill: "fused as `temperature`; the top-p filter (stablehlo.sort at",
     unshifted_rank_space_nucleus: "fused as `categorical`; the top-p filter (chlo.top_k at",
     bisected_top_k: "fused as `categorical`; a threshold search over the vocabulary (stablehlo.while at",
+    filtered_logits_escape: "stays in XLA; not fused as `top_k_mask` or `temperature`: stablehlo.divide inside the "
+                            "sampler has a user outside it (stablehlo.",
 }
 
 
@@ -127,6 +139,22 @@ def test_sampler_fused_whole_gives_no_remark() -> None:
 
     module, remarks, counters = _run(top_p)
     assert counters["top_p_mask_to_sample"] == 1 and not remarks, remarks
+
+
+@pytest.mark.parametrize("fn", [scaled_logits_escape, filtered_logits_escape], ids=lambda f: f.__name__)
+def test_a_form_whose_values_are_read_elsewhere_gives_way_to_a_smaller_one(fn: Callable) -> None:
+    """The temperature form would take the scaled logits that the program also returns, the top-k mask form the
+    masked logits a log_softmax also reads: each draw fuses as a categorical of those values, which stay the
+    program's, and the ids and the other outputs are the original's."""
+    module, remarks, counters = _run(fn)
+    assert counters["categorical_to_sample"] == 1 and not counters["sampling_not_fused"], (remarks, counters)
+    args = (jax.ShapeDtypeStruct((B, V), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    original = jax.jit(fn).lower(*args).as_text()
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        inputs = [rng.standard_normal((B, V)).astype(np.float32), rng.integers(0, 2**32, 2, dtype=np.uint32)]
+        for want, got in zip(run_module(original, inputs), run_module(module, inputs), strict=True):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_several_samples_fuse_as_categorical_of_the_broadcast() -> None:
