@@ -2,8 +2,11 @@
 
 Matches: `func.call`s of private, single-block functions (JAX outlines helpers such as `@_where` and
 `@tril`, which the upstream `inline` pass leaves in place), and `stablehlo.case`s whose index is a constant
-(`lax.cond` on a Python-level flag, as libraries guard each logits warper: canonicalize does not fold them).
-Emits: the callee's body inlined at each call site, the taken branch inlined in place of its case, unreferenced
+(`lax.cond` on a Python-level flag, as libraries guard each logits warper: canonicalize does not fold them), and
+`stablehlo.while` operands that start as a constant and that the body gives back unchanged (a decode loop's
+closed-over `jnp.array(temperature)`).
+Emits: the callee's body inlined at each call site, such a loop operand's uses reading the constant itself, the
+taken branch inlined in place of its case, unreferenced
 private functions erased, identity converts (`convert` to its own type, as JAX writes a weak-typed Python
 scalar: `where(m, x, 0.0)`) dropped, integer scalar arithmetic on constants folded (an index normalised at a
 constant, `select(i < 0, i + n, i)`), a float scalar maximum or minimum of constants folded to the one it picks
@@ -174,6 +177,47 @@ def fold_constant_cases(module: ir.Operation) -> int:
             folded += 1
 
 
+def _has_uses(value: ir.Value) -> bool:
+    return next(iter(value.uses), None) is not None
+
+
+def fold_invariant_constant_carries(module: ir.Operation) -> int:
+    """In each `stablehlo.while`, a carried value that starts as a constant and that the body gives back unchanged
+    is that constant in every iteration: JAX carries the arrays a loop body closes over as loop operands (a decode
+    loop's `jnp.array(temperature)`, t5x's and Flax's samplers), where the matchers see a block argument, not the
+    temperature. Its uses in the condition and the body take a clone of the constant, and the loop's result the
+    constant itself; repeated until none is left, so that a loop nested in another follows. Returns how many."""
+    folded = 0
+    while True:
+        loops: list[ir.Operation] = []
+
+        def visit(op: ir.Operation, loops: list[ir.Operation] = loops) -> ir.WalkResult:
+            if op.name == "stablehlo.while":
+                loops.append(op)
+            return ir.WalkResult.ADVANCE
+
+        module.walk(visit)
+        before = folded
+        for loop in loops:
+            cond, body = (region.blocks[0] for region in loop.regions)
+            returned = list(body.operations)[-1].operands
+            for i, initial in enumerate(loop.operands):
+                constant = defining_op(initial)
+                if constant is None or constant.name != "stablehlo.constant" or returned[i] != body.arguments[i]:
+                    continue
+                uses = [v for v in (cond.arguments[i], body.arguments[i], loop.results[i]) if _has_uses(v)]
+                if uses == [body.arguments[i]] and len(list(body.arguments[i].uses)) == 1:
+                    continue  # only given back: nothing reads it
+                for block in (cond, body):
+                    if _has_uses(block.arguments[i]):
+                        with ir.InsertionPoint.at_block_begin(block):
+                            block.arguments[i].replace_all_uses_with(constant.clone().results[0])
+                loop.results[i].replace_all_uses_with(initial)
+                folded += 1
+        if folded == before:
+            return folded
+
+
 def erase_identity_converts(module: ir.Operation) -> int:
     """Replaces every `stablehlo.convert` whose result has its operand's type by its operand; returns how many."""
     converts: list[ir.Operation] = []
@@ -276,8 +320,10 @@ class PreparePass(ModulePass):
 
     def run(self, module: ir.Operation, state: PassState) -> None:
         state.count("inline_private_call", inline_private_calls(module))
-        state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
+        state.count("fold_invariant_constant_carry", fold_invariant_constant_carries(module))
+        # (before the cases: a carried Python float reaches a case's index through an identity convert)
         state.count("erase_identity_convert", erase_identity_converts(module))
+        state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
         state.count("fold_integer_scalar", fold_integer_scalars(module))
         state.count("fold_float_scalar_extremum", fold_float_scalar_extrema(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)

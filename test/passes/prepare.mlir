@@ -206,3 +206,79 @@ func.func public @no_match_float_extrema_of_zeros_or_an_argument(%arg0: tensor<f
   %1 = stablehlo.maximum %arg0, %zero : tensor<f32>
   return %0, %1 : tensor<f32>, tensor<f32>
 }
+
+// -----
+
+// A decode loop carries the temperature it closes over (JAX passes a body's constant arrays as loop operands): the
+// body gives it back unchanged and it starts as a constant, so the body divides by the constant itself.
+// (CSE then shares the body's clone of the constant with the function's.)
+// CHECK-LABEL: func.func public @folds_a_loop_invariant_constant_carry
+// CHECK: %[[T:.*]] = stablehlo.constant dense<0.699999988> : tensor<f32>
+// CHECK: stablehlo.while
+// CHECK: do {
+// CHECK: stablehlo.broadcast_in_dim %[[T]]
+func.func public @folds_a_loop_invariant_constant_carry(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %t = stablehlo.constant dense<0.699999988> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:3 = stablehlo.while(%i = %c0, %x = %arg0, %temp = %t) : tensor<i32>, tensor<2x8xf32>, tensor<f32>
+  cond {
+    %c2 = stablehlo.constant dense<2> : tensor<i32>
+    %1 = stablehlo.compare LT, %i, %c2, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %1 : tensor<i1>
+  } do {
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %1 = stablehlo.add %i, %c1 : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %temp, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+    %3 = stablehlo.divide %x, %2 : tensor<2x8xf32>
+    stablehlo.return %1, %3, %temp : tensor<i32>, tensor<2x8xf32>, tensor<f32>
+  }
+  return %0#1 : tensor<2x8xf32>
+}
+
+// -----
+
+// Not invariant: the body gives back a new value, so the loop's operand is only its first iteration's.
+// CHECK-LABEL: func.func public @no_match_a_carry_the_body_changes
+// CHECK: do {
+// CHECK-NEXT: stablehlo.broadcast_in_dim %iterArg{{(_[0-9]+)?}}, dims
+func.func public @no_match_a_carry_the_body_changes(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %t = stablehlo.constant dense<0.699999988> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:3 = stablehlo.while(%i = %c0, %temp = %t, %x = %arg0) : tensor<i32>, tensor<f32>, tensor<2x8xf32>
+  cond {
+    %c2 = stablehlo.constant dense<2> : tensor<i32>
+    %1 = stablehlo.compare LT, %i, %c2, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %1 : tensor<i1>
+  } do {
+    %2 = stablehlo.broadcast_in_dim %temp, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+    %3 = stablehlo.divide %x, %2 : tensor<2x8xf32>
+    %4 = stablehlo.multiply %temp, %temp : tensor<f32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %1 = stablehlo.add %i, %c1 : tensor<i32>
+    stablehlo.return %1, %4, %3 : tensor<i32>, tensor<f32>, tensor<2x8xf32>
+  }
+  return %0#2 : tensor<2x8xf32>
+}
+
+// -----
+
+// Near miss: invariant, but it starts as an argument (a temperature given at run time), not a constant.
+// CHECK-LABEL: func.func public @no_match_an_invariant_carry_of_an_argument
+// CHECK: do {
+// CHECK-NEXT: stablehlo.broadcast_in_dim %iterArg{{(_[0-9]+)?}}, dims
+func.func public @no_match_an_invariant_carry_of_an_argument(%arg0: tensor<2x8xf32>, %arg1: tensor<f32>) -> tensor<2x8xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:3 = stablehlo.while(%i = %c0, %temp = %arg1, %x = %arg0) : tensor<i32>, tensor<f32>, tensor<2x8xf32>
+  cond {
+    %c2 = stablehlo.constant dense<2> : tensor<i32>
+    %1 = stablehlo.compare LT, %i, %c2, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %1 : tensor<i1>
+  } do {
+    %2 = stablehlo.broadcast_in_dim %temp, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+    %3 = stablehlo.divide %x, %2 : tensor<2x8xf32>
+    %c1 = stablehlo.constant dense<1> : tensor<i32>
+    %1 = stablehlo.add %i, %c1 : tensor<i32>
+    stablehlo.return %1, %temp, %3 : tensor<i32>, tensor<f32>, tensor<2x8xf32>
+  }
+  return %0#2 : tensor<2x8xf32>
+}
