@@ -25,16 +25,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-CACHE_ENV = "HLOFUSE_CACHE_DIR"
+from hlofuse.cache import CACHE_ENV, cache_root
+
+__all__ = ["CACHE_ENV", "KEEP_FINGERPRINTS", "cache_root", "cached_text", "fingerprint"]
+
 KEEP_FINGERPRINTS = 3  # installs (hlofuse + JAX versions) whose texts stay on disk
-
-
-def cache_root() -> Path | None:
-    """Where texts are kept, or None where HLOFUSE_CACHE_DIR turns the cache off."""
-    configured = os.environ.get(CACHE_ENV)
-    if configured is not None:
-        return None if configured.strip().lower() in ("", "off", "0", "none") else Path(configured)
-    return Path.home() / ".cache" / "hlofuse"
 
 
 @functools.cache

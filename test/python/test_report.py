@@ -287,3 +287,20 @@ def test_sharded_module_uses_per_device_shapes_and_all_reduces_partial_sums():
     assert len(collective) == 1  # the second dot contracts the sharded dim: its partial sums are all-reduced
     local_out = 32 * 1024 * 4
     assert collective[0].collective_s == pytest.approx(local_out * 2 * 0.75 / 400e9)
+
+
+@pytest.mark.parametrize("setting", ["off", "folder"])
+def test_host_calibration_keeps_to_the_cache_setting(tmp_path, monkeypatch, setting):
+    """HLOFUSE_CACHE_DIR=off keeps no calibration (and no folder named `off`); a folder keeps it there."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("HLOFUSE_CACHE_DIR", "off" if setting == "off" else str(folder))
+    calls = []
+    monkeypatch.setattr(hardware, "calibrate", lambda verbose=False: calls.append(1) or {"version": 0})
+    assert hardware.host_calibration(allow=False) is None
+    assert hardware.host_calibration()["version"] == 0
+    hardware.host_calibration()
+    if setting == "off":
+        assert len(calls) == 2 and sorted(p.name for p in tmp_path.iterdir()) == []
+    else:
+        assert len(calls) == 1 and len(list(folder.glob("report-host-*.json"))) == 1

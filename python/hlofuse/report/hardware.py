@@ -14,8 +14,8 @@ median of a few runs), which other jobs sharing the cores do not inflate as they
     the elements it reads in turn (64 B to 16 KiB);
   - hlofuse's CPU attention kernel: its FLOP rate on a causal prefill and its K/V rate at decode (the
     kernel's own ceilings).
-The result is cached in ~/.cache/hlofuse/report-host-<key>.json (HLOFUSE_CACHE_DIR overrides the folder),
-keyed by the CPU model, core count, jax version and calibration version.
+The result is cached in ~/.cache/hlofuse/report-host-<key>.json (HLOFUSE_CACHE_DIR overrides the folder; "off"
+keeps none), keyed by the CPU model, core count, jax version and calibration version.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from hlofuse.cache import cache_root
 
 TABLE = Path(__file__).with_name("chips.toml")
 CALIBRATION_VERSION = 13
@@ -242,10 +244,6 @@ def resolve_targets(names: str | list[str] | tuple[str, ...] | None) -> list[str
 
 
 # ---- host calibration -----------------------------------------------------------------------------------
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("HLOFUSE_CACHE_DIR", Path.home() / ".cache" / "hlofuse"))
 
 
 def _cpu_model() -> str:
@@ -535,9 +533,11 @@ def _stale(path: Path) -> bool:
 
 
 def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool = False) -> dict[str, Any] | None:
-    """The cached calibration of this machine, measuring it first if there is none (or `refresh`)."""
-    path = cache_dir() / f"report-host-{_cache_key()}.json"
-    if path.is_file() and not refresh:
+    """The cached calibration of this machine, measuring it first if there is none (or `refresh`). With
+    HLOFUSE_CACHE_DIR=off nothing is read or kept: each call measures (or, without `allow`, gives None)."""
+    root = cache_root()
+    path = root / f"report-host-{_cache_key()}.json" if root is not None else None
+    if path is not None and path.is_file() and not refresh:
         try:
             return json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
@@ -545,6 +545,8 @@ def host_calibration(*, refresh: bool = False, allow: bool = True, verbose: bool
     if not allow:
         return None
     data = calibrate(verbose=verbose)
+    if path is None:
+        return data
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
