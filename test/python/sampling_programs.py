@@ -225,13 +225,15 @@ def writes_form_exactly(spec: SamplerSpec) -> bool:
 _T_LAST = ("temperature", "top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask")
 
 
-def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]] | None:
-    """(form, attributes) of the composite the spec must fuse to, or None: unfused with a remark."""
-    if spec.escape and writes_form_exactly(spec):
-        return None  # otherwise the escaping value is not inside the fallback's site
+def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
+    """(form, attributes) of the composite the spec must fuse to: every generated sampler fuses, whole or at its
+    draw (with a remark naming what stays in XLA)."""
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
     suffix = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
+    if spec.escape and writes_form_exactly(spec):  # (otherwise the escaping value is not inside the fallback's site)
+        form, values = _escape_fallback(spec, attrs, dtype)
+        return form + suffix, values
     if spec.prelude:  # written exactly (sampler_specs): the site's logits are the log-probabilities, taken in
         suffix += "_of_log_probs"
     if spec.search_sign:
@@ -341,6 +343,18 @@ def _fallback(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str
     if spec.form in _T_LAST and spec.temperature_style == "const" and not rank_space_p:
         return "temperature", {**attrs, "mode": "temperature", "temperature": _rounded(spec.temperature, dtype)}
     return "categorical", {**attrs, "mode": "temperature"}
+
+
+def _escape_fallback(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """The form a sampler written as its form fuses as when it also returns the value ESCAPES names: its own form
+    would take that value inside the composite, so the pass tries the next forms (fuse_sampling.analyze), down to
+    the draw of that value (greedy of the probabilities, a categorical of the scaled logits) or of what the filters
+    computed past it (as `_fallback`)."""
+    if spec.form == "greedy_softmax":
+        return "greedy", {**attrs, "mode": "greedy"}
+    if spec.form == "temperature":
+        return "categorical", {**attrs, "mode": "temperature"}
+    return _fallback(spec, attrs, dtype)
 
 
 # ----- the program -------------------------------------------------------------------------------------

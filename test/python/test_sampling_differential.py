@@ -4,11 +4,11 @@ same tokens as the original.
 Every generated program (sampling_programs.SamplerSpec, drawn by `sampler_specs`) is lowered with jax.jit
 and run through the default pipeline twice: without a target (the composite stays; XLA inlines its
 decomposition) and with target=cpu (the native kernel takes the composites it supports). The untargeted
-module must hold exactly the composite `sampling_programs.expected` names, with its attributes, or none
-and a remark where an interior value escapes. Then the original, the fused module, the fused module
-lowered to the reference form rebuilt from the attributes alone (`hlofuse-lower-kernels{target=reference}`)
-and the cpu-targeted module run on several logit distributions (normal, peaked, ties, -inf entries) and
-keys: token ids, and every other output, must be EQUAL.
+module must hold exactly the composite `sampling_programs.expected` names, with its attributes (where an interior
+value escapes, the smaller form the pass falls back to, with a remark saying why). Then the original, the fused
+module, the fused module lowered to the reference form rebuilt from the attributes alone
+(`hlofuse-lower-kernels{target=reference}`) and the cpu-targeted module run on several logit distributions
+(normal, peaked, ties, -inf entries) and keys: token ids, and every other output, must be EQUAL.
 
 Profiles: HYPOTHESIS_PROFILE=ci (default, a few dozen programs, under a minute on two cores) or
 =thorough (hundreds). Examples are derandomized, so CI always runs the same programs.
@@ -149,15 +149,14 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
 
 
 def _check_fusion(spec: SamplerSpec, fused: ir.Module, remarks: list[str]) -> None:
-    want = expected(spec)
+    form, values = expected(spec)
     sites = count_composites(fused, "hlofuse.sample")
-    if want is None:
-        assert sites == 0, f"an escaping interior value must block fusion\n{spec}"
-        assert any("sampler not fused" in r for r in remarks), f"no remark says why\n{spec}\n{remarks}"
-        return
     assert sites == 1, f"{spec}\nremarks: {remarks}"
     (attrs,) = sample_attrs(fused)
-    form, values = want
+    # Fused past the value it also returns, its filter (or softmax) left in XLA: the remark says which form it
+    # passed over, and why (a temperature's divide is no filter: no remark).
+    if spec.escape and spec.form in ESCAPES and spec.form != "temperature":
+        assert any("not fused as" in r and "has a user outside it" in r for r in remarks), f"{spec}\n{remarks}"
     assert attrs.form == form, f"{spec}\nfused as {attrs.form}, not {form}"
     for name, value in values.items():
         got = getattr(attrs, name)
