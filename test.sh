@@ -69,8 +69,9 @@ summary() {
 trap summary EXIT
 
 # The full tier also installs the TPU and GPU compilers (the `accelerators` extra: libtpu, and jax's CUDA
-# plugin with ptxas but none of the GPU runtime libraries), so that test/python/test_compile_grid.py and lit's --compile-for tests compile every kernel for
-# real; HLOFUSE_REQUIRE_COMPILERS=1 makes those tests fail, not skip, when a compiler is missing.
+# plugin with ptxas and the CUDA runtime, without cuDNN, cuBLAS or NCCL), so that test/python/test_compile_grid.py
+# and lit's --compile-for tests compile every kernel for real; HLOFUSE_REQUIRE_COMPILERS=1 makes those tests fail,
+# not skip, when a compiler is missing.
 if [ "$tier" = full ]; then extras="test,accelerators"; else extras="test"; fi
 stage "install (.venv, editable, .[$extras])"
 if ! HLOFUSE_EXTRAS="$extras" source tools/venv.sh; then

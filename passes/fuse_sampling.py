@@ -709,25 +709,22 @@ def _in_dominance_order(root_op: ir.Operation, interior: set[ir.Operation]) -> l
     encloses the root's, outermost first (a sampler inside a lax.cond branch or a loop body whose constants
     hlofuse-prepare's CSE hoisted to the function's block), then those of the root's own block, each in block
     order. (Ops nested in an interior op's regions go with it.)"""
-    blocks = []
-    op = root_op
-    while True:
-        blocks.append(op.block)
-        parent = op.parent
-        if parent is None or parent.name == "func.func":
-            break
-        op = parent.operation
+    blocks = [op.block for op in _enclosing(root_op)]
     return [o.operation for block in reversed(blocks) for o in block.operations if o.operation in interior]
 
 
-def _inside(op: ir.Operation, interior: set[ir.Operation]) -> bool:
+def _enclosing(op: ir.Operation) -> Iterator[ir.Operation]:
+    """`op`, then each op whose region holds the one before, up to the function's body."""
     while True:
-        if op in interior:
-            return True
+        yield op
         parent = op.parent
         if parent is None or parent.name == "func.func":
-            return False
+            return
         op = parent.operation
+
+
+def _inside(op: ir.Operation, interior: set[ir.Operation]) -> bool:
+    return any(o in interior for o in _enclosing(op))
 
 
 def rewrite(site: Site, module: ir.Operation) -> ir.Operation:

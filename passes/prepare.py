@@ -205,9 +205,9 @@ def fold_invariant_constant_carries(module: ir.Operation) -> int:
                 constant = defining_op(initial)
                 if constant is None or constant.name != "stablehlo.constant" or returned[i] != body.arguments[i]:
                     continue
-                uses = [v for v in (cond.arguments[i], body.arguments[i], loop.results[i]) if _has_uses(v)]
-                if uses == [body.arguments[i]] and len(list(body.arguments[i].uses)) == 1:
-                    continue  # only given back: nothing reads it
+                read_in_body = len(list(body.arguments[i].uses)) > 1  # (one use is the return giving it back)
+                if not (read_in_body or _has_uses(cond.arguments[i]) or _has_uses(loop.results[i])):
+                    continue
                 for block in (cond, body):
                     if _has_uses(block.arguments[i]):
                         with ir.InsertionPoint.at_block_begin(block):
