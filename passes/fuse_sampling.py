@@ -47,6 +47,7 @@ from hlofuse.kernels.sampling_reference import (
     FILL_NOTE,
     FORMS,
     PRELUDES,
+    SCORES_FORMS,
     SHARED_NOISE_DRAWS,
     Form,
     Writing,
@@ -330,6 +331,9 @@ class Site:
     # Larger forms that matched but whose values the program also reads elsewhere (`_check_escapes`), each (form,
     # why): the site fell back to a form that leaves their filters in XLA.
     passed_over: tuple[tuple[str, str], ...] = ()
+    # The scores the draw perturbs, where the program also reads them (T5X's log-probability of the drawn token) and
+    # the form gives them back (SCORES_FORMS): the composite's second result.
+    scores: ir.Value | None = None
 
     @property
     def ids_type(self) -> ir.RankedTensorType:
@@ -350,7 +354,8 @@ class Site:
         return SampleAttrs(mode=self.form.mode, form=self.form.name,
                            temperature=params.get("temperature", 1.0), k=int(params.get("k", self.k)),
                            p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0),
-                           epsilon=params.get("epsilon", 0.0))
+                           epsilon=params.get("epsilon", 0.0), scores=self.scores is not None,
+                           fill=params.get("fill", float("-inf")))
 
 
 def _p(params: dict[str, float]) -> float:
@@ -581,6 +586,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     continue
                 if found is not None:
                     site = Site(form, root, found, k, draw.unit_dims or 0, bool(lead), tuple(escaped))
+                    site = _with_scores(site, draw)
                     try:
                         _check_escapes(site, _interior(site))
                     except NoMatch as escape:  # a smaller form may leave that value to XLA: try the next
@@ -679,9 +685,20 @@ _ROW_STATISTICS = ("stablehlo.reduce", "stablehlo.subtract", "stablehlo.exponent
 
 def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
     """Values the sampler computes from its operands (logits, key) may not be used outside it, except the
-    row statistics of the logits alone (above). Values built from constants and iotas alone (JAX lowers one
-    broadcast of -inf or one iota for several users) may be shared: the decomposition gets its own clones,
-    and the originals stay for their other users."""
+    row statistics of the logits alone (above) and the scores the composite gives back (`Site.scores`). Values
+    built from constants and iotas alone (JAX lowers one broadcast of -inf or one iota for several users) may be
+    shared: the decomposition gets its own clones, and the originals stay for their other users."""
+    for op, result, user in _escapes(site, interior):
+        if site.scores is None or result != site.scores:
+            raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name} at "
+                          f"{format_location(user.location)} reads the {op.name} at "
+                          f"{format_location(op.location)}; a fused sampler gives back only its ids"
+                          f"{' and the scores it draws from' if site.form.name in SCORES_FORMS else ''})")
+
+
+def _escapes(site: Site, interior: set[ir.Operation]) -> Iterator[tuple[ir.Operation, ir.Value, ir.Operation]]:
+    """(interior op, its result, a user outside the sampler) for each use of a value the sampler computes from its
+    operands, but the row statistics of the logits alone."""
     leaves = site.match.leaves
     tainted: set[ir.Value] = set(leaves.values())
     keyed: set[ir.Value] = {leaves[i] for i in leaves if i > 0}  # leaf 0 is the logits, 1 the key
@@ -699,9 +716,29 @@ def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
                 user = use.owner.operation
                 if _inside(user, interior) or (op.name in _ROW_STATISTICS and not from_key):
                     continue
-                raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name} at "
-                              f"{format_location(user.location)} reads the {op.name} at "
-                              f"{format_location(op.location)}; a fused sampler gives back only its ids)")
+                yield op, result, user
+
+
+def _with_scores(site: Site, draw: Draw) -> Site:
+    """`site` giving back the scores its draw perturbs, where those alone are what the program reads outside it and
+    its form gives them back (SCORES_FORMS); else `site` itself."""
+    if site.form.name not in SCORES_FORMS:
+        return site
+    scores = _drawn_from(draw)
+    escaping = {result for _, result, _ in _escapes(site, _interior(site))}
+    if scores is None or escaping != {scores}:
+        return site
+    return dataclasses.replace(site, scores=scores)
+
+
+def _drawn_from(draw: Draw) -> ir.Value | None:
+    """The scores an argmax draw perturbs: the operand of `noise + scores` (jax.random.categorical) that no noise
+    feeds."""
+    add = defining_op(draw.op.operands[0])
+    if draw.kind != "argmax" or add is None or add.name != "stablehlo.add":
+        return None
+    quiet = [v for v in add.operands if not _has_noise(v)]
+    return quiet[0] if len(quiet) == 1 else None
 
 
 def _in_dominance_order(root_op: ir.Operation, interior: set[ir.Operation]) -> list[ir.Operation]:
@@ -743,22 +780,55 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
             for old, new in zip(op.results, clone.results, strict=True):
                 mapping[old] = new
         ids = mapping[site.root]
-        return [stablehlo.reshape(site.ids_type, ids) if site.reshaped else ids]
+        scores = [mapping[site.scores]] if site.scores is not None else []
+        return [stablehlo.reshape(site.ids_type, ids) if site.reshaped else ids, *scores]
 
+    anchor = _composite_place(site, root_op, leaves, interior)
     location = root_op.location
+    result_types = [site.ids_type, *([site.scores.type] if site.scores is not None else [])]
     name = build.unique_symbol(module, f"{SAMPLE}.impl")
     name = build.build_private_func(module, name, [v.type for v in leaves], body, location)
-    with location, ir.InsertionPoint(root_op):
+    with location, ir.InsertionPoint(anchor):
         attributes = site.attrs().ir_attributes()
-        op = build.composite(SAMPLE, leaves, [site.ids_type], attributes, name, SAMPLE_VERSION)
+        op = build.composite(SAMPLE, leaves, result_types, attributes, name, SAMPLE_VERSION)
         # The program's ids keep their (..., 1) shape: the composite's are reshaped back to it.
         ids = stablehlo.reshape(site.root.type, op.results[0]) if site.reshaped else op.results[0]
-    # The composite must come after its operands: right before the root, which follows them all.
     site.root.replace_all_uses_with(ids)
+    if site.scores is not None:
+        for use in list(site.scores.uses):  # the program's other readers of the scores read the composite's
+            if not _inside(use.owner.operation, interior):
+                use.owner.operands[use.operand_number] = op.results[1]
     leaf_ops = [o for o in ordered if o.name in build.LEAF_OPS]
     build.erase_dead([o for o in ordered if o.name not in build.LEAF_OPS])
     build.erase_dead(leaf_ops)
     return op
+
+
+def _composite_place(site: Site, root_op: ir.Operation, leaves: list[ir.Value],
+                     interior: set[ir.Operation]) -> ir.Operation:
+    """The op the composite goes right before: the root, which follows every operand of the sampler, or, for a
+    composite that gives back its scores, the first op of the root's block that reads them outside the sampler (or
+    holds one that does) if that comes earlier; raises NoMatch if an operand is computed after that op."""
+    if site.scores is None:
+        return root_op
+    block = list(root_op.block.operations)
+    place = {o.operation: i for i, o in enumerate(block)}
+    readers = []
+    for use in site.scores.uses:
+        user = use.owner.operation
+        if not _inside(user, interior):
+            holder = next((o for o in _enclosing(user) if o in place), None)
+            if holder is None:
+                raise NoMatch(f"the scores the sampler draws from are read outside its block ({user.name} at "
+                              f"{format_location(user.location)})")
+            readers.append(holder)
+    anchor = min([root_op, *readers], key=lambda o: place[o])
+    for leaf in leaves:
+        owner = defining_op(leaf)
+        if owner is not None and owner in place and place[owner] >= place[anchor]:
+            raise NoMatch(f"the scores the sampler draws from are read ({anchor.name} at "
+                          f"{format_location(anchor.location)}) before its operand {owner.name} is computed")
+    return anchor
 
 
 def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:

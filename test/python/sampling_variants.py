@@ -280,6 +280,36 @@ def axlearn_searched_top_k(x, key):
     return jax.random.categorical(key, _axlearn_top_k(16)(x))
 
 
+def _log_prob_of(scores, ids):
+    """log_softmax(scores) at the drawn ids, as T5X's decode step takes the token's log-probability."""
+    return jnp.take_along_axis(jax.nn.log_softmax(scores), ids[:, None], axis=-1)[:, 0]
+
+
+def searched_top_k_with_log_prob(x, key):
+    """T5X's decode step with topk: x / T, the searched top-k (-1e7 fill), a categorical, and the drawn token's
+    log-probability under the masked logits: searched_top_k, giving back its scores (the masked logits)."""
+    masked = _axlearn_top_k(16)(x / 0.7)
+    ids = jax.random.categorical(key, masked)
+    return ids, _log_prob_of(masked, ids)
+
+
+def searched_top_k_log_prob_of_the_scaled_logits(x, key):
+    """As searched_top_k_with_log_prob, the log-probability taken from the scaled logits before the mask: the division
+    stays outside the composite (searched_top_k at T = 1), which gives back no scores."""
+    scaled = x / 0.7
+    ids = jax.random.categorical(key, _axlearn_top_k(16)(scaled))
+    return ids, _log_prob_of(scaled, ids)
+
+
+def near_miss_search_cutoff_read_beside_the_draw(x, key):
+    """As searched_top_k_with_log_prob, the program also returning the search's cutoff: a value inside the sampler that
+    is not the scores its draw perturbs, so the searched form is passed over and only the draw fuses."""
+    rows = jnp.swapaxes(x, -1, -2)
+    cutoff = -1 * _axlearn_search(x.shape[:-1], lambda t: jnp.sum(rows > jnp.expand_dims(-t, 0), axis=0) >= 16)
+    ids = jax.random.categorical(key, jnp.where(x >= jnp.expand_dims(cutoff, -1), x, np.array(-1.0e7)))
+    return ids, cutoff
+
+
 def near_miss_searched_top_k_strict(x, key):
     """The searched top-k keeping values strictly above its cutoff (it keeps x >= t): no form has it, so only the draw
     fuses, with the search named as left in XLA."""
@@ -1010,6 +1040,13 @@ VARIANTS: list[Variant] = [
     Variant("axlearn_searched_chain", axlearn_searched_chain, "searched_top_k_top_p_of_log_probs",
             expect={"k": 16, "p": 0.9, "temperature": 0.8}),
     Variant("axlearn_searched_top_k", axlearn_searched_top_k, "searched_top_k", expect={"k": 16, "temperature": 1.0}),
+    Variant("searched_top_k_with_log_prob", searched_top_k_with_log_prob, "searched_top_k",
+            expect={"k": 16, "temperature": 0.7, "scores": True, "fill": -1.0e7}),
+    Variant("searched_top_k_log_prob_of_the_scaled_logits", searched_top_k_log_prob_of_the_scaled_logits,
+            "searched_top_k", expect={"k": 16, "temperature": 1.0, "scores": False}),
+    Variant("near_miss_search_cutoff_read_beside_the_draw", near_miss_search_cutoff_read_beside_the_draw,
+            "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a "
+            "threshold search"),
     Variant("near_miss_searched_top_k_strict", near_miss_searched_top_k_strict, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a threshold search"),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
@@ -1113,6 +1150,7 @@ def _lit_case(variant: Variant) -> str:
                   (f"{{{{.*}}}}{variant.remark}" if variant.remark else "")]
     else:
         lines += [f'// CHECK: stablehlo.composite "hlofuse.sample"{{{{.*}}}}form = "{variant.form}"',
+                  *(["// CHECK-SAME: scores = true"] if variant.expect.get("scores") else []),
                   '// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
                   "// CHECK: func.func private @hlofuse.sample.impl"]
         if variant.remark:

@@ -102,9 +102,10 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
     for case, logits in logits_cases(variant.shape, dtype).items():
         for seed in range(KEYS if variant.stochastic else 1):
             args = [logits] + ([np.array([seed, 1000 + seed], np.uint32)] if variant.stochastic else [])
-            want = runs["original"](*args)[0]
-            for name, run in runs.items():
-                np.testing.assert_array_equal(run(*args)[0], want, err_msg=f"{name} {case} seed {seed}")
+            want = runs["original"](*args)
+            for name, run in runs.items():  # the ids, and what else the program returns (a log-probability)
+                for got, wanted in zip(run(*args), want, strict=True):
+                    np.testing.assert_array_equal(got, wanted, err_msg=f"{name} {case} seed {seed}")
 
 
 def _fusion(module: ir.Module) -> tuple[list[dict], list[str]]:
@@ -135,7 +136,8 @@ def test_variant_lowered_for_another_platform_fuses_as_for_the_cpu(variant: Vari
         logits = logits_cases(variant.shape, dtype)[case]
         for seed in range(2 if variant.stochastic else 1):
             args = [logits] + ([np.array([seed, 77], np.uint32)] if variant.stochastic else [])
-            np.testing.assert_array_equal(runs[1](*args)[0], runs[0](*args)[0], err_msg=f"{case} seed {seed}")
+            for got, want in zip(runs[1](*args), runs[0](*args), strict=True):
+                np.testing.assert_array_equal(got, want, err_msg=f"{case} seed {seed}")
 
 
 def test_constants_shared_with_the_rest_of_the_program_do_not_block_fusion() -> None:

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from sampling_variants import near_miss_search_cutoff_read_beside_the_draw
 
 from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
@@ -104,6 +105,9 @@ FUSED_IN_PART = {
     bisected_top_k: "fused as `categorical`; a threshold search over the vocabulary (stablehlo.while at",
     filtered_logits_escape: "stays in XLA; not fused as `top_k_mask` or `temperature`: stablehlo.divide inside the "
                             "sampler has a user outside it (stablehlo.",
+    # (a form that gives back the scores it draws from says so: what the program reads is something else)
+    near_miss_search_cutoff_read_beside_the_draw: "not fused as `searched_top_k`: stablehlo.multiply inside the "
+                                                  "sampler has a user outside it (func.return at",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.kernels.sampling_reference import sample_reference, sample_reference_with_scores
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Partitioning, lowered
 from hlofuse.ops.attention import ATTENTION, AttentionAttrs
 from hlofuse.ops.sample import SAMPLE, SampleAttrs
@@ -167,7 +167,10 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=reference for `hlofuse.sample`: the composite's form, rebuilt from its attributes alone."""
     attrs = SampleAttrs.from_dict(call.attributes)
 
-    def reference(logits: jax.Array, key: jax.Array | None = None, *rows: jax.Array) -> jax.Array:
+    def reference(logits: jax.Array, key: jax.Array | None = None, *rows: jax.Array) -> Any:  # noqa: ANN401
+        if attrs.scores:  # (ids, the scores its draw perturbs)
+            return sample_reference_with_scores(logits, key, form=attrs.form, fill=attrs.fill, **attrs.params(),
+                                                rows=rows)
         return sample_reference(logits, key, form=attrs.form, **attrs.params(), rows=rows)
 
     return reference

@@ -25,7 +25,7 @@ class SampleAttrs:
     """Attributes of `hlofuse.sample` v1. Operands: logits (..., V) float, key (2,) uint32 (threefry2x32), or (B, 2)
     for a form that draws each row with its own key (`Form.row_keys`), then the (B,) per-row parameters of a form
     that has them (`Form.row_params`, in its order). The result is the token id per row, int32, of shape
-    logits.shape[:-1].
+    logits.shape[:-1]; with `scores`, then the scores its draw perturbs, shaped and typed as the logits.
 
     `form` names the sampler as written (hlofuse.kernels.sampling_reference.FORMS): it fixes the order of
     temperature and filters, where the Gumbel noise is indexed (vocabulary id or rank) and the tie rules.
@@ -39,6 +39,10 @@ class SampleAttrs:
     min_p: float = 0.0  # 0 = no min-p
     eps: float = 0.0  # the floor added to probabilities before their log (forms that read it); 0 = none
     epsilon: float = 0.0  # the absolute probability below which a token is removed (epsilon sampling); 0 = none
+    # A second result: the scores the form's draw perturbs (its filtered logits, the dropped ones at `fill`), which
+    # the program also reads (T5X's log-probability of the drawn token); forms of SCORES_FORMS only.
+    scores: bool = False
+    fill: float = float("-inf")  # with `scores`: the value of the dropped logits in them
 
     @staticmethod
     def from_ir(attributes: ir.Attribute) -> SampleAttrs:
@@ -64,6 +68,9 @@ class SampleAttrs:
             attributes["eps"] = ir.FloatAttr.get(f64, self.eps)
         if self.epsilon:  # likewise, only epsilon sampling's forms
             attributes["epsilon"] = ir.FloatAttr.get(f64, self.epsilon)
+        if self.scores:  # likewise, only composites that give back their scores
+            attributes["scores"] = ir.BoolAttr.get(True)
+            attributes["fill"] = ir.FloatAttr.get(f64, self.fill)
         return attributes
 
     def params(self) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from hlofuse.kernels.sampling_reference import (
     reference_where_uncertified,
     row_values,
     sample_reference,
+    sample_reference_with_scores,
     scale_rows,
     sorted_top_p_removal,
     top_p_removal,
@@ -1152,15 +1153,16 @@ def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[...
     return kernel
 
 
-def constant_search_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """axlearn's searched filters with constant parameters (sampling_reference.searched_masks) on the CPU: x / T, the
-    searches' thresholds by `_searched_masks` (the constants as every row's), the kernel's categorical; a batch with a
-    row where either threshold is not certain runs the form's own function, searches and all."""
+def constant_search_lowering(form: str, params: dict[str, Any], scores_fill: float | None = None) -> Callable[..., Any]:
+    """axlearn's and T5X's searched filters with constant parameters (sampling_reference.searched_masks) on the CPU:
+    x / T, the searches' thresholds by `_searched_masks` (the constants as every row's), the kernel's categorical; a
+    batch with a row where either threshold is not certain runs the form's own function, searches and all. With
+    `scores_fill`, (ids, the masked x / T it drew from, the dropped logits at that fill): a composite with `scores`."""
     fn = FORMS[form].fn
     categorical = _draw_by_kernel(form)
     reads = FORMS[form].params
 
-    def kernel(logits: jax.Array, key: jax.Array) -> jax.Array:
+    def kernel(logits: jax.Array, key: jax.Array) -> Any:  # noqa: ANN401
         rows = logits.reshape(-1, logits.shape[-1])
         k = jnp.full(rows.shape[:1], params["k"] if "k" in reads else 0, jnp.int32)
         p = jnp.full(rows.shape[:1], params["p"] if "p" in reads else 1.0, jnp.float32)
@@ -1168,10 +1170,18 @@ def constant_search_lowering(form: str, params: dict[str, Any]) -> Callable[...,
         def searched() -> jax.Array:
             return fn(logits, key, categorical_fn=categorical, **params)
 
-        x, certain = _searched_masks(rows / params["temperature"], k, p, NEG_INF,
+        def searched_with_scores() -> tuple[jax.Array, jax.Array]:
+            return sample_reference_with_scores(logits, key, form=form, fill=scores_fill, categorical_fn=categorical,
+                                                **params)
+
+        fill = NEG_INF if scores_fill is None else scores_fill
+        x, certain = _searched_masks(rows / params["temperature"], k, p, fill,
                                      functools.partial(jax.nn.softmax, axis=-1))
-        drawn = categorical(key, x.reshape(logits.shape))
-        return reference_where_uncertified(jnp.where(certain, drawn, UNCERTIFIED), searched)
+        x = x.reshape(logits.shape)
+        tokens = jnp.where(certain, categorical(key, x), UNCERTIFIED)
+        if scores_fill is None:
+            return reference_where_uncertified(tokens, searched)
+        return jax.lax.cond(certain, lambda: (tokens, x), searched_with_scores)
 
     return kernel
 
@@ -1242,6 +1252,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.scores and attrs.form not in SEARCHED_FORMS:
+        raise Unsupported(f"the CPU sampler gives back the scores it draws from for the searched forms only, not "
+                          f"'{attrs.form}'")
     if (normalized := prelude_of(attrs.form)) is not None:
         return prelude_lowering(call, *normalized)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
@@ -1268,7 +1281,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
                 "p" in FORMS[attrs.form].params and not 0.0 < attrs.p < 1.0):
             raise Unsupported(f"'{attrs.form}' is drawn by the kernel for 0 < k <= V and 0 < p < 1 only (with p = 1 "
                               "the program's search still drops what its f32 sum of all probabilities leaves out)")
-        return constant_search_lowering(attrs.form, attrs.params())
+        return constant_search_lowering(attrs.form, attrs.params(), attrs.fill if attrs.scores else None)
     if attrs.form in NOISE_SCALED:
         shape, dtype = call.operand_types[0]
         if dtype != "f32" or len(shape) != 2 or not attrs.temperature > 0 or attrs.k > shape[-1]:
@@ -1426,6 +1439,8 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     call, with a remark."""
     whole_row = sampling_lowering(call)  # raises Unsupported for what the kernel does not take at all
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.scores:
+        raise Unsupported("a sampler that gives back its scores is drawn by the kernel on one device only")
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         raise Unsupported(f"'{attrs.form}' takes per-row parameters, which the kernel takes on one device only")
     if attrs.form in FORMS and FORMS[attrs.form].row_keys:

@@ -558,6 +558,8 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
     names = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
     shape, dtype = call.operand_types[0]
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.scores:
+        raise Unsupported(f"the {target} sampler gives back token ids only, not the scores it draws from")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), runner)

@@ -680,6 +680,8 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     """An `hlofuse.sample` composite as this kernel, or Unsupported saying why not."""
     target = f"{backend}-interpret" if interpret else backend
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.scores:
+        raise Unsupported(f"the {target} sampler gives back token ids only, not the scores it draws from")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), backend,
