@@ -733,12 +733,18 @@ def _with_scores(site: Site, draw: Draw) -> Site:
 
 def _drawn_from(draw: Draw) -> ir.Value | None:
     """The scores an argmax draw perturbs: the operand of `noise + scores` (jax.random.categorical) that no noise
-    feeds."""
+    feeds, before any reshape that only adds or drops size-1 dims (keras' (..., V, 1), axlearn's (B, 1, V))."""
     add = defining_op(draw.op.operands[0])
     if draw.kind != "argmax" or add is None or add.name != "stablehlo.add":
         return None
     quiet = [v for v in add.operands if not _has_noise(v)]
-    return quiet[0] if len(quiet) == 1 else None
+    if len(quiet) != 1:
+        return None
+    scores = quiet[0]
+    while (op := defining_op(scores)) is not None and op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim") \
+            and prod(_shape(op.operands[0])) == prod(_shape(scores)):
+        scores = op.operands[0]
+    return scores
 
 
 def _in_dominance_order(root_op: ir.Operation, interior: set[ir.Operation]) -> list[ir.Operation]:

@@ -137,6 +137,9 @@ class SamplerSpec:
     extras: tuple[str, ...] = ()
     escape: bool = False
     search_sign: str = ""  # the mask forms' filters as threshold searches (SEARCH_SIGNS), "" for not
+    # A searched sampler also returning the drawn token's log-probability under the scores it drew from (T5X's decode
+    # step): the composite gives those back (`scores`), and fuses whole.
+    log_prob: bool = False
     prelude: bool = False  # log_softmax of the logits before the sampler (axlearn's decoder): `<form>_of_log_probs`
     draw_rows: int = 0  # n > 0: the (R, V) rows drawn as (R / n, n, V) (axlearn's decodes per prompt), ids back to (R,)
 
@@ -274,6 +277,8 @@ def _searched(spec: SamplerSpec, attrs: dict[str, Any], dtype: str, suffix: str)
         attrs["k"] = spec.k
     if spec.form in USES_TOP_P:
         attrs["p"] = _rounded(spec.p, dtype)
+    if spec.log_prob:  # the scores, the dropped logits at the program's fill
+        attrs |= {"scores": True, "fill": _rounded(SEARCH_FILLS[spec.fill], dtype)}
     return SEARCHED[spec.form] + suffix, attrs
 
 
@@ -599,11 +604,14 @@ def _largest_float_not_meeting(lead: tuple[int, ...], predicate: Callable[[jax.A
     return jax.lax.bitcast_convert_type(in_float_order(found), jnp.float32)
 
 
+SEARCH_FILLS = {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(jnp.float32).min), "-1e7": -1e7}
+
+
 def _searched_filters(c: _Ctx, x: jax.Array) -> jax.Array:
     """The searched top-k and top-p (axlearn's chain: scale, top-k, top-p), reductions over the vocabulary moved next
     to last as the libraries do, the dropped at the spec's fill as T5X writes it (`jnp.full_like(x, replace_val)`)."""
     spec = c.spec
-    fill = {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(jnp.float32).min), "-1e7": -1e7}[spec.fill]
+    fill = SEARCH_FILLS[spec.fill]
     y = c.scale(x)
     if spec.form in USES_TOP_K:
         rows = jnp.swapaxes(y, -1, -2)
@@ -628,7 +636,11 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     if spec.temperature_style == "before":
         x = x / spec.temperature
     if spec.search_sign:
-        return c.draw(_searched_filters(c, x))
+        scores = _searched_filters(c, x)
+        ids = c.draw(scores)
+        if spec.log_prob:
+            c.escaped.append(jnp.take_along_axis(jax.nn.log_softmax(scores, axis=-1), ids[..., None], axis=-1))
+        return ids
     if form == "greedy":
         return jnp.argmax(x, axis=-1)
     if form == "greedy_softmax":

@@ -127,14 +127,16 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form in SEARCHED and spec.batch in ("b", "bt", "b1") and draw(st.integers(0, 2)) == 0:
         spec = dataclasses.replace(spec, search_sign=draw(st.sampled_from(SEARCH_SIGNS)),
                                    fill=draw(st.sampled_from(FILLS[:3])), take="along_axis")
+        if spec.draw == "categorical" and not spec.prelude:  # its drawn token's log-probability (T5X's) too
+            spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
     escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k", "hf", "flax"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
     escape = escapable and not spec.search_sign and draw(st.integers(0, 4)) == 0
     spec = dataclasses.replace(spec, escape=escape)
     # log-probabilities first (axlearn's decoder), where the site would read the logits themselves
-    if stochastic and not escape and spec.temperature_style == "const" and writes_form_exactly(spec) \
-            and draw(st.integers(0, 3)) == 0:
+    if stochastic and not escape and not spec.log_prob and spec.temperature_style == "const" \
+            and writes_form_exactly(spec) and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, prelude=True)
     # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
     vocabulary_space = form not in ("top_k", "temperature_top_k") and not rank_space_p
@@ -293,6 +295,13 @@ FIXED_GAPS = {
                                                      temperature_style="reciprocal", fill="finfo_min"),
     "searched_top_k_top_p_of_log_probs_drawn_by_rows": SamplerSpec(
         form="top_k_top_p_mask", search_sign="axlearn", fill="-1e7", prelude=True, draw_rows=1, rows=3),
+    # T5X's decode step: the drawn token's log-probability under the filtered logits, which the composite gives back
+    # (fused as `categorical` of them, the searches in XLA, until the scores result).
+    "searched_top_k_t5x_log_prob": SamplerSpec(form="top_k_mask", search_sign="t5x", fill="-1e7", log_prob=True),
+    "searched_top_k_top_p_keras_noise_log_prob": SamplerSpec(form="top_k_top_p_mask", search_sign="axlearn",
+                                                             noise="keras", batch="b1", log_prob=True),
+    "searched_top_p_drawn_by_rows_log_prob": SamplerSpec(form="top_p_mask", search_sign="t5x", draw_rows=2, rows=4,
+                                                         fill="finfo_min", log_prob=True),
     "temperature_of_log_probs": SamplerSpec(form="temperature", prelude=True),
     "top_k_rank_space_of_log_probs_log_softmax": SamplerSpec(form="top_k", prelude=True, draw="log_softmax"),
     "top_p_mask_drawn_by_rows": SamplerSpec(form="top_p_mask", draw_rows=2, rows=2),
