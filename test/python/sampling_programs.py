@@ -140,6 +140,9 @@ class SamplerSpec:
     # A searched sampler also returning the drawn token's log-probability under the scores it drew from (T5X's decode
     # step): the composite gives those back (`scores`), and fuses whole.
     log_prob: bool = False
+    # Where the sampler runs: "" in the function's body, "cond" in a lax.cond's second branch (T5X's draw under
+    # `T > 0`), "loop" in a decode loop's body, the temperature carried as `jnp.array(T)` (Flax's lm1b, T5X).
+    enclosure: str = ""
     prelude: bool = False  # log_softmax of the logits before the sampler (axlearn's decoder): `<form>_of_log_probs`
     draw_rows: int = 0  # n > 0: the (R, V) rows drawn as (R / n, n, V) (axlearn's decodes per prompt), ids back to (R,)
 
@@ -372,6 +375,7 @@ class _Ctx:
         self.spec = spec
         self.args = args
         self.escaped: list[jax.Array] = []
+        self.carried_temperature: jax.Array | None = None  # a decode loop's carried T (enclosure "loop")
 
     def key(self) -> jax.Array:
         spec, key = self.spec, self.args["key"]
@@ -391,7 +395,7 @@ class _Ctx:
             return x * (1.0 / t)
         if style == "traced":
             return x / self.args["temperature"].astype(x.dtype)
-        return x / t
+        return x / (t if self.carried_temperature is None else self.carried_temperature)
 
     def draw(self, x: jax.Array) -> jax.Array:
         """Index of the Gumbel-max of `x` (or of its log-probabilities, per spec.draw) along its last axis."""
@@ -682,6 +686,30 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     return c.draw(jnp.where(keep, scaled, NEG_INF))
 
 
+def _enclosed(c: _Ctx, x: jax.Array) -> jax.Array:
+    """The sampler's token ids, drawn where spec.enclosure says: in the body, in a lax.cond's second branch (the first
+    gives zeros, taken only for a NaN first logit), or in a two-step decode loop carrying the temperature."""
+    def sample() -> jax.Array:
+        return _sampler(c, x).astype(jnp.int32)
+
+    enclosure = c.spec.enclosure
+    if not enclosure:
+        return sample()
+    ids = jax.eval_shape(sample)
+    zeros = jnp.zeros(ids.shape, ids.dtype)
+    if enclosure == "cond":
+        return jax.lax.cond(jnp.isnan(x.reshape(-1)[0]), lambda: zeros, sample)
+    assert enclosure == "loop", enclosure
+
+    def step(_: jax.Array, carry: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        _, temperature = carry
+        c.carried_temperature = temperature
+        return sample(), temperature
+
+    temperature = jnp.array(c.spec.temperature, x.dtype)
+    return jax.lax.fori_loop(0, 2, step, (zeros, temperature))[0]
+
+
 def build(spec: SamplerSpec) -> tuple[Callable[..., Any], list[jax.ShapeDtypeStruct]]:
     """The program of `spec`: (logits, [key], [temperature], [step], [index]) -> (token ids, *extras)."""
 
@@ -692,7 +720,7 @@ def build(spec: SamplerSpec) -> tuple[Callable[..., Any], list[jax.ShapeDtypeStr
         if spec.upcast:
             x = x.astype(jnp.float32)
         c = _Ctx(spec, args)
-        token = _sampler(c, x).astype(jnp.int32)
+        token = _enclosed(c, x)
         outs: list[jax.Array] = [token, *c.escaped]
         if "logits" in spec.extras:
             outs.append(logits)

@@ -138,6 +138,9 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if stochastic and not escape and not spec.log_prob and spec.temperature_style == "const" \
             and writes_form_exactly(spec) and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, prelude=True)
+    # in a lax.cond branch or a decode loop's body (values it returns beside the ids stay in the body's function)
+    if not spec.escape and not spec.log_prob and draw(st.integers(0, 3)) == 0:
+        spec = dataclasses.replace(spec, enclosure=draw(st.sampled_from(["cond", "loop"])))
     # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
     vocabulary_space = form not in ("top_k", "temperature_top_k") and not rank_space_p
     if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
@@ -302,6 +305,13 @@ FIXED_GAPS = {
                                                              noise="keras", batch="b1", log_prob=True),
     "searched_top_p_drawn_by_rows_log_prob": SamplerSpec(form="top_p_mask", search_sign="t5x", draw_rows=2, rows=4,
                                                          fill="finfo_min", log_prob=True),
+    # Samplers in a lax.cond branch and in a decode loop carrying jnp.array(T) (T5X, Flax's lm1b), before the cond's
+    # rewrite, the dominance-ordered decomposition and the carried constants' fold.
+    "top_p_mask_in_a_decode_loop": SamplerSpec(form="top_p_mask", enclosure="loop"),
+    "top_k_rank_space_in_a_cond_branch": SamplerSpec(form="top_k", enclosure="cond", key_op="split"),
+    "searched_top_k_top_p_in_a_decode_loop": SamplerSpec(form="top_k_top_p_mask", search_sign="t5x", fill="-1e7",
+                                                         enclosure="loop"),
+    "hf_min_p_in_a_decode_loop_bf16": SamplerSpec(form="min_p_removal", enclosure="loop", dtype="bfloat16"),
     "temperature_of_log_probs": SamplerSpec(form="temperature", prelude=True),
     "top_k_rank_space_of_log_probs_log_softmax": SamplerSpec(form="top_k", prelude=True, draw="log_softmax"),
     "top_p_mask_drawn_by_rows": SamplerSpec(form="top_p_mask", draw_rows=2, rows=2),
