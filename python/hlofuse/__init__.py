@@ -6,7 +6,12 @@ installed), through `hlofuse-opt` on dumped modules, or explicitly with `hlofuse
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# jax sets this default before it loads jaxlib's C++ library; hlofuse's modules import jaxlib.mlir, which loads that
+# library, and may come first (hlofuse-opt does): without it every PJRT plugin's INFO lines reach stderr.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 

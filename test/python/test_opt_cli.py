@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -290,3 +293,16 @@ def test_a_flag_never_eats_the_input(tmp_path, capsys):
     source = write(tmp_path)
     assert opt.main(["--cse", str(source)]) == 0
     assert capsys.readouterr().out.count("stablehlo.add") == 1
+
+
+def test_starting_the_tool_puts_no_plugin_log_lines_on_stderr():
+    """hlofuse's modules load jaxlib's C++ library (through jaxlib.mlir) before jax can set its quiet default, so
+    hlofuse sets it: else each installed PJRT plugin (the CUDA compiler of the accelerators extra) logs INFO lines
+    ("GetPjrtApi was found for cuda") on every run, with the first backend."""
+    if importlib.util.find_spec("jax_plugins") is None:
+        pytest.skip("no PJRT plugin is installed: none would log")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"} | {"JAX_PLATFORMS": "cpu"}
+    program = "import hlofuse.tools.opt\nimport jax\njax.devices()\n"
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120, env=env,
+                         check=True)
+    assert not re.findall(r"(?m)^I\d{4} \d\d:\d\d:\d\d", run.stderr), run.stderr
