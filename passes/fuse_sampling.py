@@ -47,10 +47,10 @@ from hlofuse.kernels.sampling_reference import (
     FILL_NOTE,
     FORMS,
     PRELUDES,
-    SCORES_FORMS,
     SHARED_NOISE_DRAWS,
     Form,
     Writing,
+    gives_scores,
 )
 from hlofuse.pipeline import ModulePass, PassState, run_pipeline
 from hlofuse.remarks import format_location
@@ -332,8 +332,10 @@ class Site:
     # why): the site fell back to a form that leaves their filters in XLA.
     passed_over: tuple[tuple[str, str], ...] = ()
     # The scores the draw perturbs, where the program also reads them (T5X's log-probability of the drawn token) and
-    # the form gives them back (SCORES_FORMS): the composite's second result.
+    # the form gives them back (`gives_scores`): the composite's second result, shaped as the logits. The program
+    # reads them as `scores_read`: themselves, or a reshape of them on the way to the draw (axlearn's (B, n, V)).
     scores: ir.Value | None = None
+    scores_read: ir.Value | None = None
 
     @property
     def ids_type(self) -> ir.RankedTensorType:
@@ -689,11 +691,11 @@ def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:
     built from constants and iotas alone (JAX lowers one broadcast of -inf or one iota for several users) may be
     shared: the decomposition gets its own clones, and the originals stay for their other users."""
     for op, result, user in _escapes(site, interior):
-        if site.scores is None or result != site.scores:
+        if site.scores_read is None or result != site.scores_read:
             raise NoMatch(f"{op.name} inside the sampler has a user outside it ({user.name} at "
                           f"{format_location(user.location)} reads the {op.name} at "
                           f"{format_location(op.location)}; a fused sampler gives back only its ids"
-                          f"{' and the scores it draws from' if site.form.name in SCORES_FORMS else ''})")
+                          f"{' and the scores it draws from' if gives_scores(site.form.name) else ''})")
 
 
 def _escapes(site: Site, interior: set[ir.Operation]) -> Iterator[tuple[ir.Operation, ir.Value, ir.Operation]]:
@@ -720,31 +722,44 @@ def _escapes(site: Site, interior: set[ir.Operation]) -> Iterator[tuple[ir.Opera
 
 
 def _with_scores(site: Site, draw: Draw) -> Site:
-    """`site` giving back the scores its draw perturbs, where those alone are what the program reads outside it and
-    its form gives them back (SCORES_FORMS); else `site` itself."""
-    if site.form.name not in SCORES_FORMS:
+    """`site` giving back the scores its draw perturbs, where those (or a reshape of them on the way to the draw) are
+    all the program reads outside it and its form gives them back (`gives_scores`); else `site` itself."""
+    if not gives_scores(site.form.name):
         return site
-    scores = _drawn_from(draw)
+    chain = _drawn_from(draw)
     escaping = {result for _, result, _ in _escapes(site, _interior(site))}
-    if scores is None or escaping != {scores}:
+    read = next((v for v in chain if escaping == {v}), None)
+    logits = site.match.leaves[0]
+    if read is None or _shape(chain[-1]) != _shape(logits) or _element(chain[-1]) != _element(logits):
         return site
-    return dataclasses.replace(site, scores=scores)
+    return dataclasses.replace(site, scores=chain[-1], scores_read=read)
 
 
-def _drawn_from(draw: Draw) -> ir.Value | None:
+def _drawn_from(draw: Draw) -> list[ir.Value]:
     """The scores an argmax draw perturbs: the operand of `noise + scores` (jax.random.categorical) that no noise
-    feeds, before any reshape that only adds or drops size-1 dims (keras' (..., V, 1), axlearn's (B, 1, V))."""
+    feeds, then what each reshape that only adds or drops size-1 dims reshaped (keras' (..., V, 1), axlearn's
+    (B * n, V) as (B, n, V)); [] for another draw."""
     add = defining_op(draw.op.operands[0])
     if draw.kind != "argmax" or add is None or add.name != "stablehlo.add":
-        return None
+        return []
     quiet = [v for v in add.operands if not _has_noise(v)]
     if len(quiet) != 1:
-        return None
-    scores = quiet[0]
-    while (op := defining_op(scores)) is not None and op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim") \
-            and prod(_shape(op.operands[0])) == prod(_shape(scores)):
-        scores = op.operands[0]
-    return scores
+        return []
+    chain = quiet
+    while (op := defining_op(chain[-1])) is not None and _only_reshapes(op):
+        chain.append(op.operands[0])
+    return chain
+
+
+def _only_reshapes(op: ir.Operation) -> bool:
+    """Whether `op` gives its operand's elements in row-major order, shaped otherwise: a reshape, or a broadcast_in_dim
+    of as many elements that keeps the dims in order."""
+    if op.name == "stablehlo.reshape":
+        return True
+    if op.name != "stablehlo.broadcast_in_dim" or prod(_shape(op.operands[0])) != prod(_shape(op.results[0])):
+        return False
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+    return dims == sorted(dims)
 
 
 def _in_dominance_order(root_op: ir.Operation, interior: set[ir.Operation]) -> list[ir.Operation]:
@@ -799,11 +814,14 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
         op = build.composite(SAMPLE, leaves, result_types, attributes, name, SAMPLE_VERSION)
         # The program's ids keep their (..., 1) shape: the composite's are reshaped back to it.
         ids = stablehlo.reshape(site.root.type, op.results[0]) if site.reshaped else op.results[0]
+        scores = op.results[1] if site.scores is not None else None
+        if site.scores_read is not None and str(site.scores_read.type) != str(site.scores.type):
+            scores = stablehlo.reshape(site.scores_read.type, scores)
     site.root.replace_all_uses_with(ids)
-    if site.scores is not None:
-        for use in list(site.scores.uses):  # the program's other readers of the scores read the composite's
+    if site.scores_read is not None:
+        for use in list(site.scores_read.uses):  # the program's other readers of the scores read the composite's
             if not _inside(use.owner.operation, interior):
-                use.owner.operands[use.operand_number] = op.results[1]
+                use.owner.operands[use.operand_number] = scores
     leaf_ops = [o for o in ordered if o.name in build.LEAF_OPS]
     build.erase_dead([o for o in ordered if o.name not in build.LEAF_OPS])
     build.erase_dead(leaf_ops)
@@ -815,12 +833,12 @@ def _composite_place(site: Site, root_op: ir.Operation, leaves: list[ir.Value],
     """The op the composite goes right before: the root, which follows every operand of the sampler, or, for a
     composite that gives back its scores, the first op of the root's block that reads them outside the sampler (or
     holds one that does) if that comes earlier; raises NoMatch if an operand is computed after that op."""
-    if site.scores is None:
+    if site.scores_read is None:
         return root_op
     block = list(root_op.block.operations)
     place = {o.operation: i for i, o in enumerate(block)}
     readers = []
-    for use in site.scores.uses:
+    for use in site.scores_read.uses:
         user = use.owner.operation
         if not _inside(user, interior):
             holder = next((o for o in _enclosing(user) if o in place), None)

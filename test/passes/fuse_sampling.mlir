@@ -13804,6 +13804,465 @@ module @sample_axlearn_searched_top_k attributes {mhlo.num_partitions = 1 : i32,
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_axlearn_searched_chain_with_token_log_prob(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "searched_top_k_top_p_of_log_probs"
+// CHECK-SAME: scores = true
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_axlearn_searched_chain_with_token_log_prob attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_axlearn_searched_chain_with_token_log_prob(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4x1xi32> {jax.result_info = "result[0]"}, tensor<4x1xf32> {jax.result_info = "result[1]"}) {
+    %0 = call @log_softmax(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<9.99999974E-5> : tensor<f32>
+    %1 = stablehlo.maximum %cst, %cst_0 : tensor<f32>
+    %2 = stablehlo.convert %1 : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %4 = stablehlo.divide %0, %3 : tensor<4x256xf32>
+    %5 = stablehlo.transpose %4, dims = [1, 0] : (tensor<4x256xf32>) -> tensor<256x4xf32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %7 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %8 = stablehlo.compare LT, %6, %7, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_2 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %9 = call @_where(%8, %c_2, %c_3) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %10 = stablehlo.xor %6, %9 : tensor<4xi32>
+    %c_4 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %11 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %12 = stablehlo.and %10, %11 : tensor<4xi32>
+    %c_5 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %13 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %14 = stablehlo.compare NE, %12, %13, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %15 = stablehlo.bitcast_convert %10 : (tensor<4xi32>) -> tensor<4xf32>
+    %16 = stablehlo.negate %15 : tensor<4xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %19 = stablehlo.compare GT, %5, %18, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %20 = stablehlo.convert %19 : (tensor<256x4xi1>) -> tensor<256x4xi32>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %21 = stablehlo.reduce(%20 init: %c_6) applies stablehlo.add across dimensions = [0] : (tensor<256x4xi32>, tensor<i32>) -> tensor<4xi32>
+    %c_7 = stablehlo.constant dense<16> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %23 = stablehlo.compare GE, %21, %22, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %24 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %25 = stablehlo.compare GE, %10, %24, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %26 = call @_where_0(%14, %23, %25) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_9 = stablehlo.constant dense<-2147483648> : tensor<i32>
+    %c_10 = stablehlo.constant dense<0> : tensor<i32>
+    %27 = call @_where(%26, %c_9, %c_10) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %28 = stablehlo.or %6, %27 : tensor<4xi32>
+    %c_11 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %c_12 = stablehlo.constant dense<0> : tensor<i32>
+    %c_13 = stablehlo.constant dense<0> : tensor<i32>
+    %29:5 = stablehlo.while(%iterArg = %c_11, %iterArg_42 = %5, %iterArg_43 = %c_13, %iterArg_44 = %c_12, %iterArg_45 = %28) : tensor<i32>, tensor<256x4xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    cond {
+      %c_46 = stablehlo.constant dense<31> : tensor<i32>
+      %92 = stablehlo.compare LT, %iterArg_43, %c_46, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %92 : tensor<i1>
+    } do {
+      %92:2 = func.call @closed_call(%iterArg, %iterArg_42, %iterArg_44, %iterArg_45) : (tensor<i32>, tensor<256x4xf32>, tensor<i32>, tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>)
+      %c_46 = stablehlo.constant dense<1> : tensor<i32>
+      %93 = stablehlo.add %iterArg_43, %c_46 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_42, %93, %92#0, %92#1 : tensor<i32>, tensor<256x4xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    }
+    %c_14 = stablehlo.constant dense<0> : tensor<i32>
+    %30 = stablehlo.broadcast_in_dim %c_14, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %31 = stablehlo.compare LT, %29#4, %30, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_15 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_16 = stablehlo.constant dense<0> : tensor<i32>
+    %32 = call @_where(%31, %c_15, %c_16) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %33 = stablehlo.xor %29#4, %32 : tensor<4xi32>
+    %34 = stablehlo.bitcast_convert %33 : (tensor<4xi32>) -> tensor<4xf32>
+    %cst_17 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %35 = stablehlo.broadcast_in_dim %cst_17, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %36 = stablehlo.multiply %35, %34 : tensor<4xf32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %38 = stablehlo.broadcast_in_dim %37, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %39 = stablehlo.compare GE, %4, %38, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_18 = stablehlo.constant dense<-1.000000e+07> : tensor<f32>
+    %40 = call @_where_1(%39, %4, %cst_18) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_19 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %41 = stablehlo.reduce(%40 init: %cst_19) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_20 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %42 = stablehlo.broadcast_in_dim %cst_20, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %43 = stablehlo.maximum %42, %41 : tensor<4xf32>
+    %44 = stablehlo.broadcast_in_dim %43, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %45 = stablehlo.broadcast_in_dim %44, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %46 = stablehlo.subtract %40, %45 : tensor<4x256xf32>
+    %47 = stablehlo.exponential %46 : tensor<4x256xf32>
+    %cst_21 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %48 = stablehlo.reduce(%47 init: %cst_21) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %49 = stablehlo.broadcast_in_dim %48, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %50 = stablehlo.broadcast_in_dim %49, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %51 = stablehlo.divide %47, %50 : tensor<4x256xf32>
+    %52 = stablehlo.transpose %51, dims = [1, 0] : (tensor<4x256xf32>) -> tensor<256x4xf32>
+    %c_22 = stablehlo.constant dense<0> : tensor<i32>
+    %53 = stablehlo.broadcast_in_dim %c_22, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %c_23 = stablehlo.constant dense<0> : tensor<i32>
+    %54 = stablehlo.broadcast_in_dim %c_23, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %55 = stablehlo.compare LT, %53, %54, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_24 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_25 = stablehlo.constant dense<0> : tensor<i32>
+    %56 = call @_where(%55, %c_24, %c_25) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %57 = stablehlo.xor %53, %56 : tensor<4xi32>
+    %c_26 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %58 = stablehlo.broadcast_in_dim %c_26, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %59 = stablehlo.and %57, %58 : tensor<4xi32>
+    %c_27 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %60 = stablehlo.broadcast_in_dim %c_27, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %61 = stablehlo.compare NE, %59, %60, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %62 = stablehlo.bitcast_convert %57 : (tensor<4xi32>) -> tensor<4xf32>
+    %63 = stablehlo.broadcast_in_dim %62, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %64 = stablehlo.broadcast_in_dim %63, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %65 = stablehlo.compare GE, %52, %64, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %cst_28 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %66 = call @_where_2(%65, %52, %cst_28) : (tensor<256x4xi1>, tensor<256x4xf32>, tensor<f32>) -> tensor<256x4xf32>
+    %cst_29 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %67 = stablehlo.reduce(%66 init: %cst_29) applies stablehlo.add across dimensions = [0] : (tensor<256x4xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_30 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %68 = stablehlo.broadcast_in_dim %cst_30, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %69 = stablehlo.compare LT, %67, %68, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %c_31 = stablehlo.constant dense<0> : tensor<i32>
+    %70 = stablehlo.broadcast_in_dim %c_31, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %71 = stablehlo.compare GE, %57, %70, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %72 = call @_where_0(%61, %69, %71) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_32 = stablehlo.constant dense<-2147483648> : tensor<i32>
+    %c_33 = stablehlo.constant dense<0> : tensor<i32>
+    %73 = call @_where(%72, %c_32, %c_33) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %74 = stablehlo.or %53, %73 : tensor<4xi32>
+    %c_34 = stablehlo.constant dense<2139095040> : tensor<i32>
+    %c_35 = stablehlo.constant dense<0> : tensor<i32>
+    %c_36 = stablehlo.constant dense<0> : tensor<i32>
+    %75:5 = stablehlo.while(%iterArg = %c_34, %iterArg_42 = %52, %iterArg_43 = %c_36, %iterArg_44 = %c_35, %iterArg_45 = %74) : tensor<i32>, tensor<256x4xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    cond {
+      %c_46 = stablehlo.constant dense<31> : tensor<i32>
+      %92 = stablehlo.compare LT, %iterArg_43, %c_46, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %92 : tensor<i1>
+    } do {
+      %92:2 = func.call @closed_call_3(%iterArg, %iterArg_42, %iterArg_44, %iterArg_45) : (tensor<i32>, tensor<256x4xf32>, tensor<i32>, tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>)
+      %c_46 = stablehlo.constant dense<1> : tensor<i32>
+      %93 = stablehlo.add %iterArg_43, %c_46 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_42, %93, %92#0, %92#1 : tensor<i32>, tensor<256x4xf32>, tensor<i32>, tensor<i32>, tensor<4xi32>
+    }
+    %c_37 = stablehlo.constant dense<0> : tensor<i32>
+    %76 = stablehlo.broadcast_in_dim %c_37, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %77 = stablehlo.compare LT, %75#4, %76, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_38 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_39 = stablehlo.constant dense<0> : tensor<i32>
+    %78 = call @_where(%77, %c_38, %c_39) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %79 = stablehlo.xor %75#4, %78 : tensor<4xi32>
+    %80 = stablehlo.bitcast_convert %79 : (tensor<4xi32>) -> tensor<4xf32>
+    %81 = stablehlo.broadcast_in_dim %80, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %82 = stablehlo.broadcast_in_dim %81, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %83 = stablehlo.compare GE, %51, %82, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_40 = stablehlo.constant dense<-1.000000e+07> : tensor<f32>
+    %84 = call @_where_1(%83, %40, %cst_40) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %85 = stablehlo.reshape %84 : (tensor<4x256xf32>) -> tensor<4x1x256xf32>
+    %86 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<4x1x256xf32>
+    %87 = stablehlo.add %86, %85 : tensor<4x1x256xf32>
+    %88 = call @argmax(%87) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+    %89 = call @_one_hot(%88) : (tensor<4x1xi32>) -> tensor<4x1x256xf32>
+    %90 = stablehlo.multiply %85, %89 : tensor<4x1x256xf32>
+    %cst_41 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %91 = stablehlo.reduce(%90 init: %cst_41) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    return %88, %91 : tensor<4x1xi32>, tensor<4x1xf32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x256xf32>
+    return %11 : tensor<4x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<4xi1>, %arg1: tensor<i32>, %arg2: tensor<i32>) -> tensor<4xi32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<4xi1>, tensor<4xi32>
+    return %2 : tensor<4xi32>
+  }
+  func.func private @_where_0(%arg0: tensor<4xi1>, %arg1: tensor<4xi1>, %arg2: tensor<4xi1>) -> tensor<4xi1> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<4xi1>, tensor<4xi1>
+    return %0 : tensor<4xi1>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256x4xf32>, %arg2: tensor<i32>, %arg3: tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg2, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg2 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %5 = stablehlo.or %arg3, %4 : tensor<4xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where(%7, %c_3, %c_4) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<4xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %11 = stablehlo.and %9, %10 : tensor<4xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<4xi32>) -> tensor<4xf32>
+    %15 = stablehlo.negate %14 : tensor<4xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %18 = stablehlo.compare GT, %arg1, %17, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %19 = stablehlo.convert %18 : (tensor<256x4xi1>) -> tensor<256x4xi32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %20 = stablehlo.reduce(%19 init: %c_5) applies stablehlo.add across dimensions = [0] : (tensor<256x4xi32>, tensor<i32>) -> tensor<4xi32>
+    %c_6 = stablehlo.constant dense<16> : tensor<i32>
+    %21 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %22 = stablehlo.compare GE, %20, %21, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %23 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %24 = stablehlo.compare GE, %9, %23, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %25 = call @_where_0(%13, %22, %24) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %26 = call @_where(%25, %c_8, %3) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %27 = stablehlo.or %arg3, %26 : tensor<4xi32>
+    return %0, %27 : tensor<i32>, tensor<4xi32>
+  }
+  func.func private @_where_1(%arg0: tensor<4x256xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.select %arg0, %arg1, %0 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_where_2(%arg0: tensor<256x4xi1>, %arg1: tensor<256x4xf32>, %arg2: tensor<f32>) -> tensor<256x4xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256x4xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<256x4xi1>, tensor<256x4xf32>
+    return %2 : tensor<256x4xf32>
+  }
+  func.func private @closed_call_3(%arg0: tensor<i32>, %arg1: tensor<256x4xf32>, %arg2: tensor<i32>, %arg3: tensor<4xi32>) -> (tensor<i32>, tensor<4xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg2, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg2 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %5 = stablehlo.or %arg3, %4 : tensor<4xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where(%7, %c_3, %c_4) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<4xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %11 = stablehlo.and %9, %10 : tensor<4xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<4xi32>) -> tensor<4xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [1] : (tensor<4xf32>) -> tensor<1x4xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1] : (tensor<1x4xf32>) -> tensor<256x4xf32>
+    %17 = stablehlo.compare GE, %arg1, %16, FLOAT : (tensor<256x4xf32>, tensor<256x4xf32>) -> tensor<256x4xi1>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = call @_where_2(%17, %arg1, %cst) : (tensor<256x4xi1>, tensor<256x4xf32>, tensor<f32>) -> tensor<256x4xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %19 = stablehlo.reduce(%18 init: %cst_5) applies stablehlo.add across dimensions = [0] : (tensor<256x4xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_6 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %20 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %21 = stablehlo.compare LT, %19, %20, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4xi32>
+    %23 = stablehlo.compare GE, %9, %22, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+    %24 = call @_where_0(%13, %21, %23) : (tensor<4xi1>, tensor<4xi1>, tensor<4xi1>) -> tensor<4xi1>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %25 = call @_where(%24, %c_8, %3) : (tensor<4xi1>, tensor<i32>, tensor<i32>) -> tensor<4xi32>
+    %26 = stablehlo.or %arg3, %25 : tensor<4xi32>
+    return %0, %26 : tensor<i32>, tensor<4xi32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x1x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x1x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x1x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x1x256xf32>
+    return %4 : tensor<4x1x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<4x1x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<4x1x256xui64>
+    %9 = stablehlo.iota dim = 2 : tensor<4x1x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %11 = stablehlo.multiply %10, %7 : tensor<4x1x256xui64>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %13 = stablehlo.multiply %12, %8 : tensor<4x1x256xui64>
+    %c_1 = stablehlo.constant dense<1> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %15 = stablehlo.multiply %14, %9 : tensor<4x1x256xui64>
+    %16 = stablehlo.add %11, %13 : tensor<4x1x256xui64>
+    %17 = stablehlo.add %16, %15 : tensor<4x1x256xui64>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui64>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %19 = stablehlo.shift_right_logical %17, %18 : tensor<4x1x256xui64>
+    %20 = stablehlo.convert %17 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %21 = stablehlo.convert %19 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %22:2 = call @threefry2x32(%4, %6, %21, %20) : (tensor<ui32>, tensor<ui32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>)
+    %23 = stablehlo.xor %22#0, %22#1 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<9> : tensor<ui32>
+    %24 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_right_logical %23, %24 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %26 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %27 = stablehlo.or %25, %26 : tensor<4x1x256xui32>
+    %28 = stablehlo.bitcast_convert %27 : (tensor<4x1x256xui32>) -> tensor<4x1x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %29 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %30 = stablehlo.subtract %28, %29 : tensor<4x1x256xf32>
+    %31 = stablehlo.subtract %2, %1 : tensor<1x1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %33 = stablehlo.multiply %30, %32 : tensor<4x1x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %35 = stablehlo.add %33, %34 : tensor<4x1x256xf32>
+    %36 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %37 = stablehlo.maximum %36, %35 : tensor<4x1x256xf32>
+    return %37 : tensor<4x1x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call_4(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x1x256xui32>, tensor<4x1x256xui32>
+  }
+  func.func private @closed_call_4(%arg0: tensor<i32>, %arg1: tensor<4x1x256xui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x1x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x1x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x1x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x1x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x1x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x1x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x1x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x1x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x1x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x1x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x1x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x1x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x1x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x1x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x1x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x1x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x1x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x1x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x1x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [2] : (tensor<4x1x256xf32>, tensor<4x1x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4x1xf32>, tensor<4x1xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4x1xi32>
+  }
+  func.func private @_one_hot(%arg0: tensor<4x1xi32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %1 = stablehlo.iota dim = 2 : tensor<1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2] : (tensor<4x1x1xi32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x256xi32>) -> tensor<4x1x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %5 = stablehlo.convert %4 : (tensor<4x1x256xi1>) -> tensor<4x1x256xf32>
+    return %5 : tensor<4x1x256xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_searched_top_k_with_log_prob(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "searched_top_k"
 // CHECK-SAME: scores = true

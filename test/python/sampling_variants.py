@@ -275,6 +275,17 @@ def axlearn_searched_chain(x, key):
     return jax.random.categorical(key, y.reshape(x.shape[0], 1, x.shape[-1]), axis=2)
 
 
+def axlearn_searched_chain_with_token_log_prob(x, key):
+    """axlearn's sample_decode step as its loop body writes it: axlearn_searched_chain, and the drawn token's
+    log-probability as `sum(candidates * one_hot(token))` of the (B, 1, V) candidates it drew from, which the composite
+    gives back as its scores (reshaped from the (B, V) it computes)."""
+    y = jax.nn.log_softmax(x, axis=-1)
+    y = _axlearn_top_p(0.9)(_axlearn_top_k(16)(y / jnp.maximum(0.8, 1e-4)))
+    candidates = y.reshape(x.shape[0], 1, x.shape[-1])
+    ids = jax.random.categorical(key, candidates, axis=2)
+    return ids, jnp.sum(candidates * jax.nn.one_hot(ids, x.shape[-1]), axis=-1)
+
+
 def axlearn_searched_top_k(x, key):
     """axlearn's searched top_k_logits(16) alone, on the logits: searched_top_k, T = 1."""
     return jax.random.categorical(key, _axlearn_top_k(16)(x))
@@ -1040,6 +1051,9 @@ VARIANTS: list[Variant] = [
     Variant("axlearn_searched_chain", axlearn_searched_chain, "searched_top_k_top_p_of_log_probs",
             expect={"k": 16, "p": 0.9, "temperature": 0.8}),
     Variant("axlearn_searched_top_k", axlearn_searched_top_k, "searched_top_k", expect={"k": 16, "temperature": 1.0}),
+    Variant("axlearn_searched_chain_with_token_log_prob", axlearn_searched_chain_with_token_log_prob,
+            "searched_top_k_top_p_of_log_probs", expect={"k": 16, "p": 0.9, "temperature": 0.8, "scores": True,
+                                                         "fill": -1.0e7}),
     Variant("searched_top_k_with_log_prob", searched_top_k_with_log_prob, "searched_top_k",
             expect={"k": 16, "temperature": 0.7, "scores": True, "fill": -1.0e7}),
     Variant("searched_top_k_log_prob_of_the_scaled_logits", searched_top_k_log_prob_of_the_scaled_logits,

@@ -1589,7 +1589,7 @@ def sample_reference(
     epsilon: float = 0.0,
     categorical_fn: Categorical = jax.random.categorical,
     rows: tuple[jax.Array, ...] = (),  # (B,) per-row values of the form's `row_params`, in order (the operands)
-    fill: float | None = None,  # the dropped logits' value, for a form that reads one (SCORES_FORMS); None: -inf
+    fill: float | None = None,  # the dropped logits' value, for a form that reads one (`gives_scores`); None: -inf
 ) -> jax.Array:  # (...,) int32 token ids
     """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
     (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise.)"""
@@ -1599,10 +1599,12 @@ def sample_reference(
                           categorical_fn=categorical_fn).astype(jnp.int32)
 
 
-# Forms whose composite may also give back the scores its draw perturbs (`scores = true`): the filtered logits that
-# T5X reads again for the drawn token's log-probability. Their function draws once, by `categorical_fn`, from scores
-# in vocabulary order, and each kernel that takes `scores` computes them as one masked copy of the logits.
-SCORES_FORMS = tuple(SEARCHED_FORMS)
+def gives_scores(form: str) -> bool:
+    """Whether `form`'s composite may also give back the scores its draw perturbs (`scores = true`): the filtered logits
+    that T5X and axlearn read again for the drawn token's log-probability. The searched forms (and those with a
+    normalization in front), drawn by their own categorical: their function draws once, by `categorical_fn`, from
+    scores shaped as the logits, and the CPU kernel computes them as one masked copy of the logits."""
+    return form in FORMS and FORMS[form].filters in SEARCHED_FORMS and not FORMS[form].drawn_by
 
 
 def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str, fill: float = NEG_INF,
@@ -1610,8 +1612,8 @@ def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str
                                  **params: Any) -> tuple[jax.Array, jax.Array]:
     """(`sample_reference`'s token ids, the scores its draw perturbs): the meaning of a composite with `scores = true`.
     The scores are what the form's function hands its categorical, the dropped logits at `fill`."""
-    if form not in SCORES_FORMS:
-        raise ValueError(f"'{form}' gives back no scores (forms that do: {', '.join(SCORES_FORMS)})")
+    if not gives_scores(form):
+        raise ValueError(f"'{form}' gives back no scores (only the searched forms do)")
     drawn_from: list[jax.Array] = []
 
     def recording(draw_key: jax.Array, y: jax.Array, axis: int = -1, **options: Any) -> jax.Array:  # noqa: ANN401
@@ -1619,7 +1621,7 @@ def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str
         return categorical_fn(draw_key, y, axis=axis, **options)
 
     ids = sample_reference(logits, key, form=form, fill=fill, categorical_fn=recording, **params)
-    (scores,) = drawn_from  # one draw (a form of SCORES_FORMS draws once)
+    (scores,) = drawn_from  # one draw (a form that gives scores draws once)
     return ids, scores
 
 
@@ -1677,8 +1679,8 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
     return best
 
 
-__all__ = ["DRAWS", "FORMS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SCORES_FORMS", "SOFTMAX_TIE_MARGIN",
-           "UNCERTIFIED", "Form", "RankNucleus", "Writing", "form_params", "keras_categorical_draw", "log_floored",
+__all__ = ["DRAWS", "FORMS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
+           "RankNucleus", "Writing", "form_params", "gives_scores", "keras_categorical_draw", "log_floored",
            "merge_vocab_splits", "nucleus_cut_slack", "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores",
            "reference_where_uncertified", "sample_reference", "sample_reference_with_scores", "sort_unstable",
            "take_by_batch_index", "top_k_by_argsort", "top_p_removal"]

@@ -40,7 +40,7 @@ class SampleAttrs:
     eps: float = 0.0  # the floor added to probabilities before their log (forms that read it); 0 = none
     epsilon: float = 0.0  # the absolute probability below which a token is removed (epsilon sampling); 0 = none
     # A second result: the scores the form's draw perturbs (its filtered logits, the dropped ones at `fill`), which
-    # the program also reads (T5X's log-probability of the drawn token); forms of SCORES_FORMS only.
+    # the program also reads (T5X's log-probability of the drawn token); forms that `gives_scores` only.
     scores: bool = False
     fill: float = float("-inf")  # with `scores`: the value of the dropped logits in them
 

@@ -1252,11 +1252,11 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
+    if (normalized := prelude_of(attrs.form)) is not None:
+        return prelude_lowering(call, *normalized)
     if attrs.scores and attrs.form not in SEARCHED_FORMS:
         raise Unsupported(f"the CPU sampler gives back the scores it draws from for the searched forms only, not "
                           f"'{attrs.form}'")
-    if (normalized := prelude_of(attrs.form)) is not None:
-        return prelude_lowering(call, *normalized)
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         (shape, dtype), *_ = call.operand_types
