@@ -732,7 +732,17 @@ def _with_scores(site: Site, draw: Draw) -> Site:
     logits = site.match.leaves[0]
     if read is None or _shape(chain[-1]) != _shape(logits) or _element(chain[-1]) != _element(logits):
         return site
-    return dataclasses.replace(site, scores=chain[-1], scores_read=read)
+    scored = dataclasses.replace(site, scores=chain[-1], scores_read=read)
+    try:  # (a reader before an operand is computed: the scores stay the program's, and a smaller form is tried)
+        _composite_place(scored, defining_op(site.root), _leaves(site), _interior(site))
+    except NoMatch:
+        return site
+    return scored
+
+
+def _leaves(site: Site) -> list[ir.Value]:
+    """The composite's operands: the site's leaves in order (logits, key, per-row parameters)."""
+    return [site.match.leaves[i] for i in sorted(site.match.leaves)]
 
 
 def _drawn_from(draw: Draw) -> list[ir.Value]:
@@ -789,7 +799,7 @@ def rewrite(site: Site, module: ir.Operation) -> ir.Operation:
     """Outlines the matched ops into @hlofuse.sample.impl and calls it through the composite."""
     interior = _interior(site)
     _check_escapes(site, interior)
-    leaves = [site.match.leaves[i] for i in sorted(site.match.leaves)]
+    leaves = _leaves(site)
     root_op = defining_op(site.root)
     ordered = _in_dominance_order(root_op, interior)
 

@@ -321,6 +321,16 @@ def near_miss_search_cutoff_read_beside_the_draw(x, key):
     return ids, cutoff
 
 
+def near_miss_scores_read_before_the_key_is_split(x, key):
+    """As searched_top_k_with_log_prob, the log_softmax taken before the draw's key is split off: the composite would
+    have to come before that reader and after the key, so the scores stay the program's and only the draw fuses."""
+    masked = _axlearn_top_k(16)(x / 0.7)
+    log_probs = jax.nn.log_softmax(masked)
+    _, draw_key = jax.random.split(key)
+    ids = jax.random.categorical(draw_key, masked)
+    return ids, jnp.take_along_axis(log_probs, ids[:, None], axis=-1)[:, 0]
+
+
 def near_miss_searched_top_k_strict(x, key):
     """The searched top-k keeping values strictly above its cutoff (it keeps x >= t): no form has it, so only the draw
     fuses, with the search named as left in XLA."""
@@ -1059,6 +1069,9 @@ VARIANTS: list[Variant] = [
     Variant("searched_top_k_log_prob_of_the_scaled_logits", searched_top_k_log_prob_of_the_scaled_logits,
             "searched_top_k", expect={"k": 16, "temperature": 1.0, "scores": False}),
     Variant("near_miss_search_cutoff_read_beside_the_draw", near_miss_search_cutoff_read_beside_the_draw,
+            "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a "
+            "threshold search"),
+    Variant("near_miss_scores_read_before_the_key_is_split", near_miss_scores_read_before_the_key_is_split,
             "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a "
             "threshold search"),
     Variant("near_miss_searched_top_k_strict", near_miss_searched_top_k_strict, "categorical",
