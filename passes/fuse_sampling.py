@@ -19,8 +19,8 @@ as in JAX, and the composite's attributes plus its form reproduce the program's 
 
 Sites whose interior values have users outside them are left alone (a smaller form is tried), except a searched
 form whose draw's scores (its filtered logits) are what the program reads: the composite gives them back as a second
-result (`scores = true`, T5X's and axlearn's log-probability of the drawn token). Every draw fed by noise or by a softmax
-that is not fused gets a remark (a near-miss) naming the closest form and where the program parts from it;
+result (`scores = true`, T5X's and axlearn's log-probability of the drawn token). Every draw fed by noise or by a
+softmax that is not fused gets a remark (a near-miss) naming the closest form and where the program parts from it;
 a sampler fused only at its draw gets one naming the filters left in XLA, and so does an argsort sliced to k
 that is not a top-k writing when the draw after it fuses as the temperature fallback.
 """
