@@ -559,7 +559,8 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
     shape, dtype = call.operand_types[0]
     attrs = SampleAttrs.from_dict(call.attributes)
     if attrs.scores:
-        raise Unsupported(f"the {target} sampler gives back token ids only, not the scores it draws from")
+        raise Unsupported(f"the {target} sampler does not take this composite: it gives back token ids only, not the "
+                          "scores it draws from")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), runner)
