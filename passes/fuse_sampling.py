@@ -728,15 +728,18 @@ def _with_scores(site: Site, draw: Draw) -> Site:
     all the program reads outside it and its form gives them back (`gives_scores`); else `site` itself."""
     if not gives_scores(site.form.name):
         return site
+    interior = _interior(site)
+    escaping = {result for _, result, _ in _escapes(site, interior)}
+    if len(escaping) != 1:  # (most sites: nothing escapes, and the draw's noise need not be traced back)
+        return site
     chain = _drawn_from(draw)
-    escaping = {result for _, result, _ in _escapes(site, _interior(site))}
     read = next((v for v in chain if escaping == {v}), None)
     logits = site.match.leaves[0]
     if read is None or _shape(chain[-1]) != _shape(logits) or _element(chain[-1]) != _element(logits):
         return site
     scored = dataclasses.replace(site, scores=chain[-1], scores_read=read)
     try:  # (a reader before an operand is computed: the scores stay the program's, and a smaller form is tried)
-        _composite_place(scored, defining_op(site.root), _leaves(site), _interior(site))
+        _composite_place(scored, defining_op(site.root), _leaves(site), interior)
     except NoMatch:
         return site
     return scored
