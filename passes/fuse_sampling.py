@@ -22,7 +22,9 @@ form whose draw's scores (its filtered logits) are what the program reads: the c
 result (`scores = true`, T5X's and axlearn's log-probability of the drawn token). Every draw fed by noise or by a
 softmax that is not fused gets a remark (a near-miss) naming the closest form and where the program parts from it;
 a sampler fused only at its draw gets one naming the filters left in XLA, and so does an argsort sliced to k
-that is not a top-k writing when the draw after it fuses as the temperature fallback.
+that is not a top-k writing when the draw after it fuses as the temperature fallback. An inverse-CDF draw (a uniform
+searched in a cumulative sum: `jax.random.choice(replace=True)`, torch.multinomial with replacement under torchax,
+hlofuse.ir.inverse_cdf) has no form and gets a remark where the uniform meets the sum.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
+from hlofuse.ir.inverse_cdf import InverseCdfDraw, inverse_cdf_draws
 from hlofuse.ir.match import constant_scalar, defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.sampling_reference import (
@@ -934,6 +937,10 @@ class FuseSamplingPass(ModulePass):
             if remark is not None:
                 state.remark(op, remark)
                 state.count("sampling_not_fused")
+        for fn in build.functions(module, skip_decompositions=True):
+            for draw in inverse_cdf_draws(fn):
+                state.remark(draw.op, _inverse_cdf_remark(draw))
+                state.count("sampling_not_fused")
 
     def _fuse_one(self, module: ir.Operation, state: PassState, failed: dict[ir.Operation, str | None],
                   templates: Templates) -> bool:
@@ -976,6 +983,16 @@ class FuseSamplingPass(ModulePass):
 
 
 _FALLBACK_FORMS = ("temperature", "categorical")  # what a filter written another way fuses as (any draw)
+
+
+def _inverse_cdf_remark(draw: InverseCdfDraw) -> str:
+    """Why an inverse-CDF draw is not fused: no form draws that way (every form's draw is an argmax or a top_k)."""
+    plural = "s" * (draw.others > 1)
+    rows = f" (and {draw.others} more draw{plural} of the same uniform, a row each)" if draw.others else ""
+    cumulative = f"{draw.cumulative.name} at {format_location(draw.cumulative.location)}"
+    return (f"sampler not fused: an inverse-CDF draw (a uniform from the key searched in a cumulative sum, "
+            f"{cumulative}: jax.random.choice(replace=True), torch.multinomial(replacement=True) under torchax)"
+            f"{rows}; no sampler form draws this way")
 
 
 def _argsorts_not_fused(site: Site, top_ks: list[TopK]) -> list[ir.Operation]:

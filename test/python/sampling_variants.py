@@ -431,6 +431,21 @@ def no_match_uniform_noise(x, key):
     return jnp.argmax(x + jax.random.uniform(key, x.shape), axis=-1)
 
 
+def no_match_multinomial_with_replacement(x, key):
+    """torch.multinomial(softmax(x / T), 1, replacement=True) as torchax lowers it (gemma_pytorch's sampler draws so):
+    per row jax.random.choice with replace=True, an inverse-CDF draw, which no form has."""
+    probs = jax.nn.softmax(x / 0.9, axis=-1)
+    rows = [jax.random.choice(key, probs.shape[-1], (1,), replace=True, p=probs[i, :]) for i in range(probs.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
+def no_match_searchsorted_of_uniform(x, key):
+    """A hand-written inverse-CDF draw: each row's uniform searched in its cumulative probabilities."""
+    cumulative = jnp.cumsum(jax.nn.softmax(x, axis=-1), axis=-1)
+    u = jax.random.uniform(key, (x.shape[0],))
+    return jax.vmap(jnp.searchsorted)(cumulative, u)
+
+
 def reversed_argsort_top_k(x, key):
     """An ascending argsort reversed: ties go to the higher index, unlike lax.top_k, so it is not the top_k
     form; exact as the temperature form over the values it gathers."""
@@ -1137,6 +1152,11 @@ VARIANTS: list[Variant] = [
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),
     Variant("unknown_filter_is_categorical", unknown_filter_is_categorical, "categorical"),
     Variant("no_match_uniform_noise", no_match_uniform_noise, None),
+    Variant("no_match_multinomial_with_replacement", no_match_multinomial_with_replacement, None,
+            remark="torch.multinomial(replacement=True) under torchax) (and 3 more draws of the same uniform, a row "
+                   "each); no sampler form draws this way"),
+    Variant("no_match_searchsorted_of_uniform", no_match_searchsorted_of_uniform, None,
+            remark="an inverse-CDF draw"),
     Variant("pax_temperature", pax_temperature, "temperature_noise_scaled",
             expect={"mode": "temperature", "temperature": 0.7}),
     Variant("pax_top_k", pax_top_k, "top_k_noise_scaled", expect={"mode": "top_k", "k": 16, "temperature": 0.8}),
