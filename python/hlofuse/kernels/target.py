@@ -41,6 +41,11 @@ class CompositeCall:
     attributes: dict[str, Any]
     operand_types: tuple[tuple[tuple[int, ...], str], ...]  # (shape, element type such as "f32")
 
+    def with_attributes(self, **changed: Any) -> CompositeCall:  # noqa: ANN401
+        """The same call with some attributes changed (a form with a normalization in front lowers as its inner
+        form)."""
+        return dataclasses.replace(self, attributes={**self.attributes, **changed})
+
 
 @dataclass(frozen=True)
 class Lowered:
@@ -58,6 +63,12 @@ class Lowered:
     def with_fn(self, fn: Callable[..., Any]) -> Lowered:
         """The same kernel with `fn` (a wrapper of this one's) as its function."""
         return dataclasses.replace(self, fn=fn)
+
+    def after(self, normalize: Callable[[Any], Any]) -> Lowered:
+        """The same kernel run on `normalize(logits)` (its first operand): a sampler form with a normalization in
+        front (sampling_reference.prelude_of), the normalization by the program's own ops."""
+        inner = self.fn
+        return self.with_fn(lambda logits, *others, **options: inner(normalize(logits), *others, **options))
 
 
 class Partitioning(enum.Enum):

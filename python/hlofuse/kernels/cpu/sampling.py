@@ -1239,7 +1239,7 @@ def prelude_lowering(call: CompositeCall, inner: str,
                      normalize: Callable[[jax.Array], jax.Array]) -> Callable[..., Any]:
     """A form with a normalization in front (`<inner>_<prelude>`, sampling_reference.prelude_of): the normalization by
     the program's own ops (the same bits), then the kernel of form `inner` on what it gives."""
-    kernel = sampling_lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}))
+    kernel = sampling_lowering(call.with_attributes(form=inner))
 
     def normalized(logits: jax.Array, *others: jax.Array) -> jax.Array:
         return kernel(normalize(logits), *others)

@@ -563,8 +563,7 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
                           "scores it draws from")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
-        lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), runner)
-        return lowered.with_fn(lambda logits, *others, **options: lowered.fn(normalize(logits), *others, **options))
+        return _lowering(call.with_attributes(form=inner), runner).after(normalize)
     try:
         if not shape:
             raise ValueError("logits are a scalar")

@@ -684,9 +684,7 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
         raise Unsupported(f"the {target} sampler gives back token ids only, not the scores it draws from")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
-        lowered = _lowering(dataclasses.replace(call, attributes={**call.attributes, "form": inner}), backend,
-                            interpret, platform)
-        return lowered.with_fn(lambda logits, *others, **options: lowered.fn(normalize(logits), *others, **options))
+        return _lowering(call.with_attributes(form=inner), backend, interpret, platform).after(normalize)
     (shape, dtype), *_ = call.operand_types
     why = check(attrs.form, dtype, shape, attrs.k)
     if why is not None:
