@@ -469,6 +469,18 @@ def _rows(draw: Draw) -> tuple[int, ...]:
     return _shape(stacked[0])[:1] if stacked and _shape(stacked[0])[0] == 1 else ()
 
 
+def _unflattened_rows(draw: Draw, rows: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims the (R, 1) ids of a draw made row by row are reshaped back to, if they are: (*lead, 1) with
+    prod(lead) = R (audiocraft's torch.multinomial of its (B, K, V) codebook rows flattened to (B * K, V))."""
+    for value in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
+        op = defining_op(value)
+        shape = _shape(value)
+        if (op is not None and op.name == "stablehlo.reshape" and _shape(op.operands[0]) == (*rows, 1)
+                and len(shape) > 2 and shape[-1] == 1 and prod(shape[:-1]) == prod(rows)):
+            return shape[:-1]
+    return None
+
+
 # Forms that draw among a top-k's k candidates (the draw's dim is k wide, the logits' is the top-k's source).
 _RANK_SPACE = ("top_k", "temperature_top_k", "top_k_of_probs", "top_k_top_p_of_probs",
                "top_k_top_p_of_probs_normalized", "top_k_top_p_of_logits", "top_p_of_logits_exclusive",
@@ -525,8 +537,10 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     program's is: `_noise_of_one_row`)."""
     x = draw.op.operands[0]
     shape, dtype = _shape(x)[:draw.dim + 1], _element(x)  # the trailing size-1 dims belong to the draw
+    unflattened = None
     if draw.kind == "top_k" and len(shape) == 1:
         shape = _rows(draw) + shape
+        unflattened = _unflattened_rows(draw, shape[:-1]) if len(shape) == 2 else None
     shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
     rows = _reshaped_rows(draw) if noisy and draw.kind == "argmax" else None
     writings = [(form, i, w) for form in FORMS.values() if not form.prelude_of for i, w in enumerate(form.writings)
@@ -548,6 +562,8 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
         # first: a form that fuses either way then takes the rows, and what computed them can be taken in too
         by_rows = rows and not form.row_params and not form.row_keys and form.filters not in _RANK_SPACE
         shapes = ([(rows, shape[:-1])] if by_rows and form.drawn_by in _DRAWS_OF_ROWS else []) + [(shape, ())]
+        if unflattened is not None:  # the rows' own (*lead, V), which the program flattened to draw
+            shapes.append(((*unflattened, shape[-1]), ()))
         for logits_shape, lead in shapes:
             if "k" not in form.params or _reads_k(form):
                 yield form, writing, logits_shape, dtype, 0, lead

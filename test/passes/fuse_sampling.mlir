@@ -7101,6 +7101,566 @@ module @sample_llama_reference_top_p_through_torchax attributes {mhlo.num_partit
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_audiocraft_top_p_of_codebooks(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_of_probs_torch"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_audiocraft_top_p_of_codebooks attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_audiocraft_top_p_of_codebooks(%arg0: tensor<4x3x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4x3xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x3x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x3x256xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst_0) applies stablehlo.maximum across dimensions = [2] : (tensor<4x3x256xf32>, tensor<f32>) -> tensor<4x3xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4x3xf32>
+    %4 = stablehlo.maximum %3, %2 : tensor<4x3xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<4x3xf32>) -> tensor<4x3x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1, 2] : (tensor<4x3x1xf32>) -> tensor<4x3x256xf32>
+    %7 = stablehlo.subtract %1, %6 : tensor<4x3x256xf32>
+    %8 = stablehlo.exponential %7 : tensor<4x3x256xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.reduce(%8 init: %cst_2) applies stablehlo.add across dimensions = [2] : (tensor<4x3x256xf32>, tensor<f32>) -> tensor<4x3xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<4x3xf32>) -> tensor<4x3x1xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1, 2] : (tensor<4x3x1xf32>) -> tensor<4x3x256xf32>
+    %12 = stablehlo.divide %8, %11 : tensor<4x3x256xf32>
+    %13 = call @sort(%12) : (tensor<4x3x256xf32>) -> tensor<4x3x256xf32>
+    %14 = call @argsort(%12) : (tensor<4x3x256xf32>) -> tensor<4x3x256xi32>
+    %15 = call @cumsum(%13) : (tensor<4x3x256xf32>) -> tensor<4x3x256xf32>
+    %cst_3 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %16 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4x3x256xf32>
+    %17 = stablehlo.multiply %13, %16 : tensor<4x3x256xf32>
+    %18 = stablehlo.subtract %15, %17 : tensor<4x3x256xf32>
+    %cst_4 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %19 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4x3x256xf32>
+    %20 = stablehlo.compare GT, %18, %19, FLOAT : (tensor<4x3x256xf32>, tensor<4x3x256xf32>) -> tensor<4x3x256xi1>
+    %21 = stablehlo.not %20 : tensor<4x3x256xi1>
+    %22 = stablehlo.convert %21 : (tensor<4x3x256xi1>) -> tensor<4x3x256xf32>
+    %23 = stablehlo.multiply %13, %22 : tensor<4x3x256xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %24 = stablehlo.reduce(%23 init: %cst_5) applies stablehlo.add across dimensions = [2] : (tensor<4x3x256xf32>, tensor<f32>) -> tensor<4x3xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1] : (tensor<4x3xf32>) -> tensor<4x3x1xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2] : (tensor<4x3x1xf32>) -> tensor<4x3x256xf32>
+    %27 = stablehlo.divide %23, %26 : tensor<4x3x256xf32>
+    %28 = stablehlo.reshape %27 : (tensor<4x3x256xf32>) -> tensor<12x256xf32>
+    %29 = stablehlo.slice %28 [0:1, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %30 = stablehlo.reshape %29 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %31 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %32 = stablehlo.log %30 : tensor<256xf32>
+    %33 = stablehlo.add %31, %32 : tensor<256xf32>
+    %values, %indices = chlo.top_k(%33, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %34 = stablehlo.slice %28 [1:2, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %35 = stablehlo.reshape %34 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %36 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %37 = stablehlo.log %35 : tensor<256xf32>
+    %38 = stablehlo.add %36, %37 : tensor<256xf32>
+    %values_6, %indices_7 = chlo.top_k(%38, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %39 = stablehlo.slice %28 [2:3, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %40 = stablehlo.reshape %39 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %41 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %42 = stablehlo.log %40 : tensor<256xf32>
+    %43 = stablehlo.add %41, %42 : tensor<256xf32>
+    %values_8, %indices_9 = chlo.top_k(%43, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %44 = stablehlo.slice %28 [3:4, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %45 = stablehlo.reshape %44 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %46 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %47 = stablehlo.log %45 : tensor<256xf32>
+    %48 = stablehlo.add %46, %47 : tensor<256xf32>
+    %values_10, %indices_11 = chlo.top_k(%48, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %49 = stablehlo.slice %28 [4:5, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %50 = stablehlo.reshape %49 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %51 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %52 = stablehlo.log %50 : tensor<256xf32>
+    %53 = stablehlo.add %51, %52 : tensor<256xf32>
+    %values_12, %indices_13 = chlo.top_k(%53, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %54 = stablehlo.slice %28 [5:6, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %55 = stablehlo.reshape %54 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %56 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %57 = stablehlo.log %55 : tensor<256xf32>
+    %58 = stablehlo.add %56, %57 : tensor<256xf32>
+    %values_14, %indices_15 = chlo.top_k(%58, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %59 = stablehlo.slice %28 [6:7, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %60 = stablehlo.reshape %59 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %61 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %62 = stablehlo.log %60 : tensor<256xf32>
+    %63 = stablehlo.add %61, %62 : tensor<256xf32>
+    %values_16, %indices_17 = chlo.top_k(%63, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %64 = stablehlo.slice %28 [7:8, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %65 = stablehlo.reshape %64 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %66 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %67 = stablehlo.log %65 : tensor<256xf32>
+    %68 = stablehlo.add %66, %67 : tensor<256xf32>
+    %values_18, %indices_19 = chlo.top_k(%68, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %69 = stablehlo.slice %28 [8:9, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %70 = stablehlo.reshape %69 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %71 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %72 = stablehlo.log %70 : tensor<256xf32>
+    %73 = stablehlo.add %71, %72 : tensor<256xf32>
+    %values_20, %indices_21 = chlo.top_k(%73, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %74 = stablehlo.slice %28 [9:10, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %75 = stablehlo.reshape %74 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %76 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %77 = stablehlo.log %75 : tensor<256xf32>
+    %78 = stablehlo.add %76, %77 : tensor<256xf32>
+    %values_22, %indices_23 = chlo.top_k(%78, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %79 = stablehlo.slice %28 [10:11, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %80 = stablehlo.reshape %79 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %81 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %82 = stablehlo.log %80 : tensor<256xf32>
+    %83 = stablehlo.add %81, %82 : tensor<256xf32>
+    %values_24, %indices_25 = chlo.top_k(%83, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %84 = stablehlo.slice %28 [11:12, 0:256] : (tensor<12x256xf32>) -> tensor<1x256xf32>
+    %85 = stablehlo.reshape %84 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %86 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %87 = stablehlo.log %85 : tensor<256xf32>
+    %88 = stablehlo.add %86, %87 : tensor<256xf32>
+    %values_26, %indices_27 = chlo.top_k(%88, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %89 = stablehlo.broadcast_in_dim %indices, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %90 = stablehlo.broadcast_in_dim %indices_7, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %91 = stablehlo.broadcast_in_dim %indices_9, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %92 = stablehlo.broadcast_in_dim %indices_11, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %93 = stablehlo.broadcast_in_dim %indices_13, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %94 = stablehlo.broadcast_in_dim %indices_15, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %95 = stablehlo.broadcast_in_dim %indices_17, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %96 = stablehlo.broadcast_in_dim %indices_19, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %97 = stablehlo.broadcast_in_dim %indices_21, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %98 = stablehlo.broadcast_in_dim %indices_23, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %99 = stablehlo.broadcast_in_dim %indices_25, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %100 = stablehlo.broadcast_in_dim %indices_27, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %101 = stablehlo.concatenate %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<12x1xi32>
+    %102 = stablehlo.reshape %101 : (tensor<12x1xi32>) -> tensor<4x3x1xi32>
+    %103 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %104 = stablehlo.reshape %103 : (tensor<4xi32>) -> tensor<4x1x1xi32>
+    %105 = stablehlo.broadcast_in_dim %104, dims = [0, 1, 2] : (tensor<4x1x1xi32>) -> tensor<4x3x1xi32>
+    %106 = stablehlo.iota dim = 0 : tensor<3xi32>
+    %107 = stablehlo.reshape %106 : (tensor<3xi32>) -> tensor<1x3x1xi32>
+    %108 = stablehlo.broadcast_in_dim %107, dims = [0, 1, 2] : (tensor<1x3x1xi32>) -> tensor<4x3x1xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %109 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x3x1xi32>
+    %110 = stablehlo.compare LT, %105, %109, SIGNED : (tensor<4x3x1xi32>, tensor<4x3x1xi32>) -> tensor<4x3x1xi1>
+    %c_28 = stablehlo.constant dense<4> : tensor<i32>
+    %111 = stablehlo.broadcast_in_dim %c_28, dims = [] : (tensor<i32>) -> tensor<4x3x1xi32>
+    %112 = stablehlo.add %105, %111 : tensor<4x3x1xi32>
+    %113 = stablehlo.select %110, %112, %105 : tensor<4x3x1xi1>, tensor<4x3x1xi32>
+    %c_29 = stablehlo.constant dense<0> : tensor<i32>
+    %114 = stablehlo.broadcast_in_dim %c_29, dims = [] : (tensor<i32>) -> tensor<4x3x1xi32>
+    %115 = stablehlo.compare LT, %108, %114, SIGNED : (tensor<4x3x1xi32>, tensor<4x3x1xi32>) -> tensor<4x3x1xi1>
+    %c_30 = stablehlo.constant dense<3> : tensor<i32>
+    %116 = stablehlo.broadcast_in_dim %c_30, dims = [] : (tensor<i32>) -> tensor<4x3x1xi32>
+    %117 = stablehlo.add %108, %116 : tensor<4x3x1xi32>
+    %118 = stablehlo.select %115, %117, %108 : tensor<4x3x1xi1>, tensor<4x3x1xi32>
+    %c_31 = stablehlo.constant dense<0> : tensor<i32>
+    %119 = stablehlo.broadcast_in_dim %c_31, dims = [] : (tensor<i32>) -> tensor<4x3x1xi32>
+    %120 = stablehlo.compare LT, %102, %119, SIGNED : (tensor<4x3x1xi32>, tensor<4x3x1xi32>) -> tensor<4x3x1xi1>
+    %c_32 = stablehlo.constant dense<256> : tensor<i32>
+    %121 = stablehlo.broadcast_in_dim %c_32, dims = [] : (tensor<i32>) -> tensor<4x3x1xi32>
+    %122 = stablehlo.add %102, %121 : tensor<4x3x1xi32>
+    %123 = stablehlo.select %120, %122, %102 : tensor<4x3x1xi1>, tensor<4x3x1xi32>
+    %124 = stablehlo.broadcast_in_dim %113, dims = [0, 1, 2] : (tensor<4x3x1xi32>) -> tensor<4x3x1x1xi32>
+    %125 = stablehlo.broadcast_in_dim %118, dims = [0, 1, 2] : (tensor<4x3x1xi32>) -> tensor<4x3x1x1xi32>
+    %126 = stablehlo.broadcast_in_dim %123, dims = [0, 1, 2] : (tensor<4x3x1xi32>) -> tensor<4x3x1x1xi32>
+    %127 = stablehlo.concatenate %124, %125, %126, dim = 3 : (tensor<4x3x1x1xi32>, tensor<4x3x1x1xi32>, tensor<4x3x1x1xi32>) -> tensor<4x3x1x3xi32>
+    %128 = "stablehlo.gather"(%14, %127) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1, 2], start_index_map = [0, 1, 2], index_vector_dim = 3>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<4x3x256xi32>, tensor<4x3x1x3xi32>) -> tensor<4x3x1xi32>
+    %129 = stablehlo.reshape %128 : (tensor<4x3x1xi32>) -> tensor<4x3xi32>
+    return %129 : tensor<4x3xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x3x256xf32>) -> tensor<4x3x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 2 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x3x256xf32>) -> tensor<4x3x256xf32>
+    %1 = stablehlo.reverse %0, dims = [2] : tensor<4x3x256xf32>
+    return %1 : tensor<4x3x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x3x256xf32>) -> tensor<4x3x256xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x3x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 2 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %5 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_1, %4 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_4, %8 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare LT, %6, %10, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %11 : tensor<i1>
+    }) : (tensor<4x3x256xf32>, tensor<4x3x256xi32>) -> (tensor<4x3x256xf32>, tensor<4x3x256xi32>)
+    %2 = stablehlo.reverse %1#1, dims = [2] : tensor<4x3x256xi32>
+    return %2 : tensor<4x3x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x3x256xf32>) -> tensor<4x3x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x3x256xf32>) -> tensor<4x3x256xf32>
+    return %0 : tensor<4x3x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x3x256xf32>) -> tensor<4x3x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [255, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 256>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x3x256xf32>, tensor<f32>) -> tensor<4x3x256xf32>
+    return %1 : tensor<4x3x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_audiocraft_top_k(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_of_probs_torch"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_audiocraft_top_k attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_audiocraft_top_k(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst_0) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %4 = stablehlo.maximum %3, %2 : tensor<4xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %7 = stablehlo.subtract %1, %6 : tensor<4x256xf32>
+    %8 = stablehlo.exponential %7 : tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.reduce(%8 init: %cst_2) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %12 = stablehlo.divide %8, %11 : tensor<4x256xf32>
+    %values, %indices = chlo.top_k(%12, k = 12) : tensor<4x256xf32> -> (tensor<4x12xf32>, tensor<4x12xi32>)
+    %13 = stablehlo.slice %values [0:4, 11:12] : (tensor<4x12xf32>) -> tensor<4x1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %15 = stablehlo.compare GE, %12, %14, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %16 = stablehlo.convert %15 : (tensor<4x256xi1>) -> tensor<4x256xf32>
+    %17 = stablehlo.multiply %12, %16 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = stablehlo.reduce(%17 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %21 = stablehlo.divide %17, %20 : tensor<4x256xf32>
+    %22 = stablehlo.slice %21 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %23 = stablehlo.reshape %22 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %24 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %25 = stablehlo.log %23 : tensor<256xf32>
+    %26 = stablehlo.add %24, %25 : tensor<256xf32>
+    %values_4, %indices_5 = chlo.top_k(%26, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %27 = stablehlo.slice %21 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %28 = stablehlo.reshape %27 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %29 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %30 = stablehlo.log %28 : tensor<256xf32>
+    %31 = stablehlo.add %29, %30 : tensor<256xf32>
+    %values_6, %indices_7 = chlo.top_k(%31, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %32 = stablehlo.slice %21 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %33 = stablehlo.reshape %32 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %34 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %35 = stablehlo.log %33 : tensor<256xf32>
+    %36 = stablehlo.add %34, %35 : tensor<256xf32>
+    %values_8, %indices_9 = chlo.top_k(%36, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %37 = stablehlo.slice %21 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %38 = stablehlo.reshape %37 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %39 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %40 = stablehlo.log %38 : tensor<256xf32>
+    %41 = stablehlo.add %39, %40 : tensor<256xf32>
+    %values_10, %indices_11 = chlo.top_k(%41, k = 1) : tensor<256xf32> -> (tensor<1xf32>, tensor<1xi32>)
+    %42 = stablehlo.broadcast_in_dim %indices_5, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %43 = stablehlo.broadcast_in_dim %indices_7, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %44 = stablehlo.broadcast_in_dim %indices_9, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %45 = stablehlo.broadcast_in_dim %indices_11, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %46 = stablehlo.concatenate %42, %43, %44, %45, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %47 = stablehlo.reshape %46 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %47 : tensor<4xi32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_llama_reference_temperature_only_through_torchax(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_of_probs_torch"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

@@ -759,6 +759,32 @@ def llama_reference_top_p_through_torchax(x, key, p=0.9):
     return order[(rows, picks)].reshape(-1)
 
 
+def audiocraft_top_p_of_codebooks(x, key, p=0.9):
+    """audiocraft's (MusicGen's) `sample_top_p(torch.softmax(x / T), p)` of (B, K, V) codebook logits as torchax lowers
+    it: the llama reference's nucleus with the dropped probabilities zeroed by a product (`probs_sort *=
+    (~mask).float()`), drawn by its `multinomial` (the rows flattened to (B * K, V), a choice per row with the one
+    key, reshaped back), torch.gather by an iota of each leading dim, `[..., 0]`."""
+    probs = jax.nn.softmax(x / 0.8, axis=-1)
+    ordered = jnp.sort(probs, axis=-1, stable=False, descending=True)
+    order = jnp.argsort(probs, axis=-1, stable=False, descending=True)
+    kept = ordered * jnp.logical_not(jnp.cumsum(ordered, axis=-1) - ordered * 1 > p).astype(jnp.float32)
+    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    rows = kept.reshape(-1, kept.shape[-1])
+    picks = jnp.array([jax.random.choice(key, rows.shape[-1], (1,), replace=False, p=rows[i, :])
+                       for i in range(rows.shape[0])]).reshape(*kept.shape[:-1], 1)
+    b, c = (jnp.broadcast_to(jnp.arange(n).reshape(shape), picks.shape)
+            for n, shape in ((picks.shape[0], (-1, 1, 1)), (picks.shape[1], (1, -1, 1))))
+    return order[(b, c, picks)][..., 0]
+
+
+def audiocraft_top_k(x, key):
+    """audiocraft's `sample_top_k(torch.softmax(x), 12)` of (B, V) logits, written with lax.top_k: the k-th largest
+    probability, `probs *= (probs >= kth).float()`, renormalised, torch.multinomial in vocabulary order."""
+    probs = jax.nn.softmax(x / 1.0, axis=-1)
+    kept = probs * (probs >= jax.lax.top_k(probs, 12)[0][..., -1:]).astype(jnp.float32)
+    return _multinomial(kept / jnp.sum(kept, axis=-1, keepdims=True), key)
+
+
 def llama_reference_temperature_only_through_torchax(x, key):
     """The same step with top_p = 1.0 (the reference's temperature-only config, as mistral_inference runs it too): its
     nucleus is the whole row, wider than the kernel's candidates, so the row is sorted by the kernel."""
@@ -1040,6 +1066,9 @@ VARIANTS: list[Variant] = [
             "top_k_top_p_of_probs_normalized", expect={"mode": "top_k+top_p", "k": 32, "p": 0.8, "temperature": 0.9}),
     Variant("llama_reference_top_p_through_torchax", llama_reference_top_p_through_torchax, "top_p_of_probs_torch",
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.6}),
+    Variant("audiocraft_top_p_of_codebooks", audiocraft_top_p_of_codebooks, "top_p_of_probs_torch", shape=(B, 3, V),
+            expect={"mode": "top_p", "p": 0.9, "temperature": 0.8}),
+    Variant("audiocraft_top_k", audiocraft_top_k, "top_k_of_probs_torch", expect={"mode": "top_k", "k": 12}),
     Variant("llama_reference_temperature_only_through_torchax", llama_reference_temperature_only_through_torchax,
             "top_p_of_probs_torch", expect={"mode": "top_p", "p": 1.0, "temperature": 0.6}),
     Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),

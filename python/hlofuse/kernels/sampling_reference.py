@@ -1387,31 +1387,100 @@ def torch_multinomial(key: jax.Array, probs: jax.Array) -> jax.Array:
                       for i in range(probs.shape[0])])
 
 
+def torch_multinomial_of_rows(key: jax.Array, probs: jax.Array,
+                              draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial) -> jax.Array:
+    """torch.multinomial of (..., n) probabilities as audiocraft's `multinomial` draws them: the rows reshaped to
+    (-1, n), drawn, and the (..., 1) positions reshaped back. Of (B, n) rows both reshapes are none: the llama
+    reference's torch.multinomial."""
+    drawn = draw_fn(key, probs.reshape(-1, probs.shape[-1]))
+    return drawn.reshape(*probs.shape[:-1], -1)
+
+
 def torch_gather(values: jax.Array, index: jax.Array) -> jax.Array:
-    """`torch.gather(values, -1, index)` of (B, n) values at (B, m) positions, as torchax indexes it."""
-    rows = jnp.broadcast_to(jnp.arange(index.shape[0]).reshape(index.shape[0], 1), index.shape)
-    return values[(rows, index)]
+    """`torch.gather(values, -1, index)` of (..., n) values at (..., m) positions, as torchax indexes it: an iota of
+    each leading dim beside the index."""
+    leading = [jnp.broadcast_to(jnp.arange(size).reshape([size if d == i else 1 for d in range(index.ndim)]),
+                                index.shape) for i, size in enumerate(index.shape[:-1])]
+    return values[(*leading, index)]
+
+
+def zeroed_where(dropped: jax.Array, values: jax.Array) -> jax.Array:
+    """`values[dropped] = 0`: the dropped values set to 0 (the llama reference's `probs_sort[mask] = 0.0`)."""
+    return jnp.where(dropped, jnp.broadcast_to(jnp.asarray(0.0, values.dtype), values.shape), values)
+
+
+def zeroed_by_product(dropped: jax.Array, values: jax.Array) -> jax.Array:
+    """`values *= (~dropped).float()` (audiocraft's `probs_sort *= (~mask).float()`): for probabilities the same
+    values as `zeroed_where`, bit for bit. A finite p times 1 is p and times 0 is +0; a NaN stays NaN where it is
+    kept, and a softmax row holds a NaN in every place or in none, the renormalisation's 0 / 0 making either row all
+    NaN."""
+    return values * jnp.logical_not(dropped).astype(values.dtype)
 
 
 def top_p_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                          sort_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]] = torch_sort_descending,
                          draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
+                         zero_fn: Callable[[jax.Array, jax.Array], jax.Array] = zeroed_where,
                          **_: Any) -> jax.Array:
-    """The llama reference's `sample_top_p(torch.softmax(x / T), p)` through torchax, its (B, 1) ids reshaped to (B,):
-    top_p_of_probs_normalized's nucleus (`cumsum - v * 1 > p` is `cumsum - v > p`: torch's sub scales by alpha = 1)
-    in torch's sort order, drawn by torch.multinomial."""
+    """The llama reference's `sample_top_p(torch.softmax(x / T), p)` through torchax, its (B, 1) ids reshaped to (B,)
+    (audiocraft's of (B, K, V) codebook logits, its (B, K, 1) ids read as `[..., 0]`): top_p_of_probs_normalized's
+    nucleus (`cumsum - v * 1 > p` is `cumsum - v > p`: torch's sub scales by alpha = 1) in torch's sort order, drawn
+    by torch.multinomial."""
     values, ids = sort_fn(nucleus_probs(logits, temperature))
     dropped = jnp.cumsum(values, axis=-1) - values * 1 > p
-    kept = jnp.where(dropped, jnp.broadcast_to(jnp.asarray(0.0, values.dtype), values.shape), values)
+    kept = zero_fn(dropped, values)
     kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
-    return torch_gather(ids, draw_fn(key, kept)).reshape(-1)
+    drawn = torch_gather(ids, torch_multinomial_of_rows(key, kept, draw_fn))
+    return drawn.reshape(-1) if drawn.ndim == 2 else drawn[..., 0]
 
 
 _TORCH_NUCLEUS = Writing(top_p_of_probs_torch, ("stablehlo.sort", "chlo.top_k", "stablehlo.exponential",
                                                 "stablehlo.log"))
+# audiocraft's `sample_top_p` (MusicGen's): the same nucleus, its dropped probabilities zeroed by a product
+_TORCH_NUCLEUS_BY_PRODUCT = dataclasses.replace(
+    _TORCH_NUCLEUS, fn=functools.partial(top_p_of_probs_torch, zero_fn=zeroed_by_product))
 FORMS["top_p_of_probs_torch"] = Form("top_p_of_probs_torch", "top_p", top_p_of_probs_torch, ("temperature", "p"),
-                                     _TORCH_NUCLEUS.marker_ops, (_unscaled(_TORCH_NUCLEUS),), draw="top_k",
-                                     composes_draws=False)
+                                     _TORCH_NUCLEUS.marker_ops,
+                                     (_unscaled(_TORCH_NUCLEUS), _TORCH_NUCLEUS_BY_PRODUCT,
+                                      _unscaled(_TORCH_NUCLEUS_BY_PRODUCT)),
+                                     draw="top_k", composes_draws=False)
+
+
+def kth_largest(x: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+    """The k-th largest of each row, as a (..., 1) column."""
+    return last_column(top_k_fn(x, k)[0])
+
+
+def kth_largest_as_torch(x: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+    """`torch.topk(x, k)[0][..., [-1]]` as torchax lowers it (audiocraft): the values sorted again and read by a
+    gather at the index array [-1]. The same value as `kth_largest`: the top k are sorted already."""
+    return top_k_as_torch(x, k, top_k_fn)[0][..., jnp.array([-1], jnp.int32)]
+
+
+def top_k_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
+                         top_k_fn: TopK = jax.lax.top_k,
+                         draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
+                         kth_fn: Callable[[jax.Array, int, TopK], jax.Array] = kth_largest,
+                         **_: Any) -> jax.Array:
+    """audiocraft's `sample_top_k(torch.softmax(x / T), k)` through torchax (MusicGen's sampler), its (..., 1) ids read
+    as `[..., 0]`: the k-th largest probability, `probs *= (probs >= kth).float()` (every probability tied with the
+    k-th stays), renormalised, torch.multinomial of the rows in vocabulary order. (..., V) logits: MusicGen's are
+    (B, K, V), a row per codebook. Its writing as audiocraft's torch code is lowered reads the k-th by torch.topk
+    (`kth_largest_as_torch`)."""
+    probs = nucleus_probs(logits, temperature)
+    kept = probs * (probs >= kth_fn(probs, k, top_k_fn)).astype(probs.dtype)
+    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    return torch_multinomial_of_rows(key, kept, draw_fn)[..., 0]
+
+
+_TORCH_TOP_K_PROBS = Writing(top_k_of_probs_torch, ("chlo.top_k", "stablehlo.exponential", "stablehlo.log"))
+_TORCH_TOP_K_PROBS_AS_TORCH = dataclasses.replace(
+    _TORCH_TOP_K_PROBS, fn=functools.partial(top_k_of_probs_torch, kth_fn=kth_largest_as_torch))
+FORMS["top_k_of_probs_torch"] = Form("top_k_of_probs_torch", "top_k", top_k_of_probs_torch, ("temperature", "k"),
+                                     _TORCH_TOP_K_PROBS.marker_ops,
+                                     (_unscaled(_TORCH_TOP_K_PROBS), _TORCH_TOP_K_PROBS_AS_TORCH,
+                                      _unscaled(_TORCH_TOP_K_PROBS_AS_TORCH)),
+                                     draw="top_k", composes_draws=False)
 
 
 # ----- Pax (praxis `token_samplers`, as saxml serves it): the noise scaled by T, not the logits ----------------------

@@ -255,6 +255,12 @@ def _choice_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array
     return tokens.reshape(1) if y.ndim == 1 else tokens
 
 
+def _multinomial_by_kernel(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """sampling_reference.torch_multinomial of (B, n) probabilities: per row top_k(gumbel + log p, 1) with one key's
+    noise for every row, as `_choice_by_kernel` draws it; (B, 1) positions."""
+    return _kernel_categorical(shared_noise=True)(key, jnp.log(probs))[:, None]
+
+
 def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form `<base>_<draw>` (a draw of sampling_reference.DRAWS): the form's own function, whose filters and
     log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
@@ -274,7 +280,7 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 # gemma 3.1.0's top-p, where its count bound cannot vouch for the draw, the kernel's ascending sort, whose values are
 # jnp.sort's: ties are equal values.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
-                  "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask")
+                  "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
 WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask")
@@ -298,11 +304,13 @@ def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
     count bound (`_ascending_count_by_mass`): the sorted row only for the batches those cannot vouch for."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
+    # (audiocraft's top-k draws by torch.multinomial of its probabilities: the kernel's draw of their logs)
+    draws = {"draw_fn": _multinomial_by_kernel} if FORMS[form].draw == "top_k" else {}
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
             return fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn,
-                      sort_fn=_sorted_values_by_kernel, **params)
+                      sort_fn=_sorted_values_by_kernel, **draws, **params)
 
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
@@ -417,7 +425,8 @@ XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", *TOP_P_CHAINS)
 
 
 def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """The llama reference's `sample_top_p` through torchax (`top_p_of_probs_torch`) on the CPU (f32): drawn by
+    """The llama reference's `sample_top_p` through torchax (`top_p_of_probs_torch`, and audiocraft's of (B, K, V) rows
+    flattened, as its `multinomial` draws them) on the CPU (f32): drawn by
     `torch_nucleus_by_candidates`, with no sort; a batch whose nucleus is wider than the candidates (p near or at 1:
     a temperature-only config) by `torch_nucleus_by_sort`, the row sorted by the kernel; a batch neither can vouch
     for runs the form's own function (XLA's unstable sorts, whose order of ties only XLA knows, in a conditional's
@@ -425,11 +434,16 @@ def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
     fn = FORMS[form].fn
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        def by_sort() -> jax.Array:
-            return reference_where_uncertified(torch_nucleus_by_sort(logits, key, params),
-                                               lambda: fn(logits, key, **params).astype(jnp.int32))
+        # (B, K, V) rows (audiocraft's codebooks) are drawn as the (B * K, V) rows its torch.multinomial draws: every
+        # row with the one key's noise, so the same ids
+        rows = logits.reshape(-1, logits.shape[-1])
 
-        return reference_where_uncertified(torch_nucleus_by_candidates(logits, key, params), by_sort)
+        def by_sort() -> jax.Array:
+            return reference_where_uncertified(torch_nucleus_by_sort(rows, key, params),
+                                               lambda: fn(rows, key, **params).astype(jnp.int32))
+
+        tokens = reference_where_uncertified(torch_nucleus_by_candidates(rows, key, params), by_sort)
+        return tokens.reshape(logits.shape[:-1])
 
     return kernel
 
@@ -1321,9 +1335,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported("the choice draw takes (B, V) logits or one row (V,)")
         return drawn_form_lowering(attrs.form, attrs.params())
     if attrs.form == "top_p_of_probs_torch":
-        if len(call.operand_types[0][0]) != 2 or call.operand_types[0][1] != "f32":
-            raise Unsupported("the llama reference's top-p through torchax is drawn by the kernel for (B, V) f32 "
-                              "logits only: the kernel's candidates by mass take f32 probabilities")
+        if len(call.operand_types[0][0]) < 2 or call.operand_types[0][1] != "f32":
+            raise Unsupported("the llama reference's top-p through torchax is drawn by the kernel for (..., V) f32 "
+                              "rows only: the kernel's candidates by mass take f32 probabilities")
         return torch_nucleus_lowering(attrs.form, attrs.params())
     if attrs.form in RANK_NUCLEI and call.operand_types[0][1] in ("f32", "bf16"):
         return rank_nucleus_lowering(attrs.form, attrs.params())
