@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
@@ -144,13 +145,51 @@ def _backward_ops(value: ir.Value, limit: int = 4000) -> Iterator[ir.Operation]:
 
 def _has_noise(value: ir.Value) -> bool:
     """Whether threefry (hence random noise) feeds `value`."""
+    return any(map(_is_threefry_parity, _backward_ops(value)))
+
+
+def _is_threefry_parity(op: ir.Operation) -> bool:
+    """Whether `op` is threefry2x32's key-schedule constant (a ui32 splat of THREEFRY_KS_PARITY)."""
+    if op.name != "stablehlo.constant":
+        return False
+    attr = op.attributes["value"]
+    return (isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and "ui32" in str(attr.type)
+            and ir.IntegerAttr(attr.get_splat_value()).value == THREEFRY_KS_PARITY)
+
+
+# threefry2x32's rotation amounts, the first four: JAX's CPU lowering carries them into its loop as a constant
+THREEFRY_ROTATIONS = (13, 15, 26, 6)
+
+
+def _noise_class(value: ir.Value) -> str | None:
+    """The platform class (LOWERS_LIKE) the noise that feeds `value` was lowered for: "cpu" where JAX's CPU threefry
+    loop computes it (a `while` that carries threefry's rotation amounts), "tpu" where threefry feeds it without such
+    a loop (its rounds unrolled, as for TPU and GPU), None where no noise does."""
+    noisy = False
     for op in _backward_ops(value):
-        if op.name == "stablehlo.constant":
-            attr = op.attributes["value"]
-            if isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and "ui32" in str(attr.type):
-                if ir.IntegerAttr(attr.get_splat_value()).value == THREEFRY_KS_PARITY:
-                    return True
-    return False
+        if op.name == "stablehlo.while" and _threefry_loop(op):
+            return "cpu"
+        noisy = noisy or _is_threefry_parity(op)
+    return "tpu" if noisy else None
+
+
+def _threefry_loop(loop: ir.Operation) -> bool:
+    """Whether the `while` op is JAX's CPU threefry loop: threefry's rotation amounts (a ui32 constant) among its
+    operands or in its body."""
+    def rotations(op: ir.Operation | None) -> bool:
+        return (op is not None and op.name == "stablehlo.constant" and "ui32" in str(op.results[0].type)
+                and tuple(np.asarray(ir.DenseElementsAttr(op.attributes["value"])).flat) == THREEFRY_ROTATIONS)
+
+    found = any(rotations(defining_op(operand)) for operand in loop.operands)
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal found
+        found = found or rotations(op)
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+
+    if not found:
+        loop.walk(visit)
+    return found
 
 
 def _forward_values(value: ir.Value, depth: int) -> list[ir.Value]:
@@ -280,10 +319,14 @@ class Templates:
         self.missing: dict[str, frozenset[str]] = {}  # form -> the fewest template ops the program lacks
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                 ops_present: set[str], draw_lead: tuple[int, ...] = ()) -> Iterator[Template]:
+                 ops_present: set[str], draw_lead: tuple[int, ...] = (), noise_class: str | None = None
+                 ) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
-        in the program."""
+        in the program; of a stochastic form only the platform class its noise was lowered for, where known
+        (`noise_class`: the other class's threefry cannot match it)."""
         order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
+        if form.stochastic and noise_class is not None:
+            order = [noise_class]
         seen: set[str] = set()
         for platform in order:
             try:
@@ -585,7 +628,8 @@ def _beyond_limits(params: dict[str, float]) -> str:
 
 def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Templates,
             key_rows: frozenset[int] = frozenset()) -> Site:
-    noisy = _has_noise(draw.op.operands[0])
+    noise_class = _noise_class(draw.op.operands[0])
+    noisy = noise_class is not None
     templates.missing.clear()
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
@@ -596,7 +640,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
             continue
         if form.name not in tried:
             tried.append(form.name)
-        for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead):
+        for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class):
             root_name = defining_op(template.root).name
             for root in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
                 op = defining_op(root)

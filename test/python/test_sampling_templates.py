@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+import jax
+import jax.numpy as jnp
 import pytest
 from hlofuse.passes import fuse_sampling
 from hlofuse.passes.fuse_sampling import (
@@ -20,9 +22,13 @@ from hlofuse.passes.fuse_sampling import (
     _prelude_text,
     _template_text,
 )
+from jaxlib.mlir import ir
 
 from hlofuse.ir.context import make_context
 from hlofuse.kernels.sampling_reference import FORMS, PRELUDES
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing import clone_module
+from hlofuse.testing.modules import main_func
 
 WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form.writings)
             if not w.unit_dims and not form.prelude_of]  # (a prelude form has no template: `_prelude_text`'s)
@@ -103,3 +109,53 @@ def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkey
     assert list(templates.for_site(FORMS["temperature"], 0, (2, 16), "f32", 0, lacking)) == []
     assert lowered == ["cpu"]
     assert templates.missing["temperature"] == {"stablehlo.log"}
+
+
+def _draw_operand(fn, platform: str) -> tuple[ir.Module, ir.Value]:  # noqa: ANN001
+    """The operand of the first draw (argmax) of `fn` lowered for `platform` and prepared, with its module (which
+    must outlive the value)."""
+    args = (jax.ShapeDtypeStruct((2, 16), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32))
+    module = clone_module(jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).compiler_ir("stablehlo"))
+    run_pipeline(module, "builtin.module(hlofuse-prepare)")
+    draws: list[fuse_sampling.Draw] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if (draw := fuse_sampling._draw(op)) is not None:
+            draws.append(draw)
+        return ir.WalkResult.ADVANCE
+
+    main_func(module).walk(visit)
+    return module, draws[0].op.operands[0]
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_a_draw_knows_the_class_its_noise_was_lowered_for(platform: str) -> None:
+    """A site lowers a stochastic form for its noise's class only: the CPU's threefry loop is found in the program
+    (its rotation amounts), and noise without it is the unrolled rounds of the other class."""
+    _, noisy = _draw_operand(lambda x, key: jax.random.categorical(key, x / 0.7), platform)
+    assert fuse_sampling._noise_class(noisy) == LOWERS_LIKE[platform]
+    # in a decode loop's body, the key carried (as Flax's lm1b and T5X draw)
+    _, looped = _draw_operand(lambda x, key: jax.lax.fori_loop(
+        0, 2, lambda i, c: jax.random.categorical(jax.random.fold_in(key, i), x + c[:, None]), jnp.zeros(2, jnp.int32)),
+        platform)
+    assert fuse_sampling._noise_class(looped) == LOWERS_LIKE[platform]
+    _, greedy = _draw_operand(lambda x, key: jnp.argmax(x, -1), platform)
+    assert fuse_sampling._noise_class(greedy) is None
+
+
+def test_a_site_lowers_a_stochastic_form_for_its_noise_class_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    lowered: list[str] = []
+
+    def counted(*args: object) -> tuple[str, frozenset[str]]:
+        lowered.append(str(args[5]))
+        return _template_text(*args)
+
+    monkeypatch.setattr(fuse_sampling, "_template_text", counted)
+    monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])
+    templates = fuse_sampling.Templates(make_context(), [])
+    both = set(_names("temperature", 0, "cpu") | _names("temperature", 0, "tpu"))
+    lowered.clear()
+    # the site's noise is the unrolled rounds: the CPU's template (tried first, as the last fused) is not lowered
+    found = [t.platform for t in templates.for_site(FORMS["temperature"], 0, (2, 16), "f32", 0, both,
+                                                   noise_class="tpu")]
+    assert found == ["tpu"] and lowered == ["tpu"]
