@@ -122,7 +122,7 @@ def _meetings(uniform: ir.Operation, sums: dict[ir.Value, ir.Operation]) -> Iter
     visited: set[ir.Operation] = set()
     while queue and len(visited) < _FORWARD_LIMIT:
         for use in queue.popleft().uses:
-            user = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            user = use.owner.operation
             if user in visited:
                 continue
             visited.add(user)

@@ -1446,36 +1446,31 @@ FORMS["top_p_of_probs_torch"] = Form("top_p_of_probs_torch", "top_p", top_p_of_p
                                      draw="top_k", composes_draws=False)
 
 
-def kth_largest(x: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
-    """The k-th largest of each row, as a (..., 1) column."""
-    return last_column(top_k_fn(x, k)[0])
-
-
-def kth_largest_as_torch(x: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
-    """`torch.topk(x, k)[0][..., [-1]]` as torchax lowers it (audiocraft): the values sorted again and read by a
-    gather at the index array [-1]. The same value as `kth_largest`: the top k are sorted already."""
-    return top_k_as_torch(x, k, top_k_fn)[0][..., jnp.array([-1], jnp.int32)]
+def last_as_torch_ellipsis_index(values: jax.Array) -> jax.Array:
+    """values[..., [-1]], as audiocraft reads the k-th largest (`top_k_value[..., [-1]]`) and torchax lowers it: a
+    gather at the index array [-1], of values of any rank (MusicGen's (B, K, k))."""
+    return values[..., jnp.array([-1], jnp.int32)]
 
 
 def top_k_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
-                         top_k_fn: TopK = jax.lax.top_k,
+                         top_k_fn: TopK = jax.lax.top_k, kth_fn: Callable[[jax.Array], jax.Array] = last_column,
                          draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
-                         kth_fn: Callable[[jax.Array, int, TopK], jax.Array] = kth_largest,
                          **_: Any) -> jax.Array:
     """audiocraft's `sample_top_k(torch.softmax(x / T), k)` through torchax (MusicGen's sampler), its (..., 1) ids read
     as `[..., 0]`: the k-th largest probability, `probs *= (probs >= kth).float()` (every probability tied with the
     k-th stays), renormalised, torch.multinomial of the rows in vocabulary order. (..., V) logits: MusicGen's are
-    (B, K, V), a row per codebook. Its writing as audiocraft's torch code is lowered reads the k-th by torch.topk
-    (`kth_largest_as_torch`)."""
+    (B, K, V), a row per codebook. Its writing as audiocraft's torch code is lowered reads the k-th of torch.topk's
+    values sorted again (`top_k_resorted`) at `[..., [-1]]`."""
     probs = nucleus_probs(logits, temperature)
-    kept = probs * (probs >= kth_fn(probs, k, top_k_fn)).astype(probs.dtype)
+    kept = probs * (probs >= kth_fn(top_k_fn(probs, k)[0])).astype(probs.dtype)
     kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
     return torch_multinomial_of_rows(key, kept, draw_fn)[..., 0]
 
 
 _TORCH_TOP_K_PROBS = Writing(top_k_of_probs_torch, ("chlo.top_k", "stablehlo.exponential", "stablehlo.log"))
 _TORCH_TOP_K_PROBS_AS_TORCH = dataclasses.replace(
-    _TORCH_TOP_K_PROBS, fn=functools.partial(top_k_of_probs_torch, kth_fn=kth_largest_as_torch))
+    _TORCH_TOP_K_PROBS, fn=functools.partial(top_k_of_probs_torch, top_k_fn=top_k_resorted,
+                                             kth_fn=last_as_torch_ellipsis_index))
 FORMS["top_k_of_probs_torch"] = Form("top_k_of_probs_torch", "top_k", top_k_of_probs_torch, ("temperature", "k"),
                                      _TORCH_TOP_K_PROBS.marker_ops,
                                      (_unscaled(_TORCH_TOP_K_PROBS), _TORCH_TOP_K_PROBS_AS_TORCH,
