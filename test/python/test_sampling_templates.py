@@ -87,7 +87,8 @@ def test_a_prelude_lowers_alike_on_every_platform(prelude: str) -> None:
     assert len(set(texts.values())) == 1, texts
 
 
-def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkeypatch: pytest.MonkeyPatch) -> None:
+def _counting_lowerings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The platform of each template the pass lowers from now on, in order."""
     lowered: list[str] = []
 
     def counted(*args: object) -> tuple[str, frozenset[str]]:
@@ -95,6 +96,11 @@ def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkey
         return _template_text(*args)
 
     monkeypatch.setattr(fuse_sampling, "_template_text", counted)
+    return lowered
+
+
+def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    lowered = _counting_lowerings(monkeypatch)
     templates = fuse_sampling.Templates(make_context(), [])
     cpu_ops, tpu_ops = _names("temperature", 0, "cpu"), _names("temperature", 0, "tpu")
     assert "stablehlo.while" in cpu_ops - tpu_ops
@@ -144,13 +150,7 @@ def test_a_draw_knows_the_class_its_noise_was_lowered_for(platform: str) -> None
 
 
 def test_a_site_lowers_a_stochastic_form_for_its_noise_class_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    lowered: list[str] = []
-
-    def counted(*args: object) -> tuple[str, frozenset[str]]:
-        lowered.append(str(args[5]))
-        return _template_text(*args)
-
-    monkeypatch.setattr(fuse_sampling, "_template_text", counted)
+    lowered = _counting_lowerings(monkeypatch)
     monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])
     templates = fuse_sampling.Templates(make_context(), [])
     both = set(_names("temperature", 0, "cpu") | _names("temperature", 0, "tpu"))
