@@ -45,7 +45,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
-from hlofuse.ir.inverse_cdf import InverseCdfDraw, inverse_cdf_draws
+from hlofuse.ir.inverse_cdf import InverseCdfDraw, cumulative_sum_axis, inverse_cdf_draws
 from hlofuse.ir.match import constant_scalar, defining_op
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.sampling_reference import (
@@ -85,31 +85,63 @@ class NoMatch(Exception):
 
 @dataclass(frozen=True)
 class Draw:
-    """An op that picks one id per row: an argmax (JAX's variadic `reduce` of (values, iota)) over `dim`, or a
-    `chlo.top_k` with k = 1 (as `jax.random.choice` draws without replacement) over the last dim."""
+    """An op that picks one id per row: an argmax (JAX's variadic `reduce` of (values, iota)) over `dim`, a
+    `chlo.top_k` with k = 1 (as `jax.random.choice` draws without replacement) over the last dim, or an inverse-CDF
+    draw (`inverse`: where a uniform meets a cumulative sum over `dim`, as jax.random.choice draws with replacement)."""
 
     op: ir.Operation
-    kind: str  # "argmax" | "top_k"
+    kind: str  # "argmax" | "top_k" | "inverse_cdf"
     dim: int
+    inverse: InverseCdfDraw | None = None
+
+    @property
+    def values(self) -> ir.Value:
+        """What the draw picks among: the argmax's or top_k's operand, the inverse-CDF draw's summed probabilities."""
+        return self.inverse.cumulative.operands[0] if self.inverse is not None else self.op.operands[0]
+
+    @property
+    def ids(self) -> ir.Value:
+        """The value the token ids come from: the argmax's or top_k's indices; the inverse-CDF draw's quantile."""
+        return self.op.results[0] if self.inverse is not None else self.op.results[1]
+
+    @property
+    def noisy(self) -> ir.Value:
+        """A value the draw's noise feeds, if it has any: the perturbed logits, or the inverse-CDF draw's quantile."""
+        return self.op.results[0] if self.inverse is not None else self.op.operands[0]
+
+    @property
+    def by_rows(self) -> bool:
+        """Whether the draw may be one of a row-by-row draw (jax.random.choice per row, stacked)."""
+        return self.kind in ("top_k", "inverse_cdf")
 
     @property
     def size(self) -> int:
-        return _shape(self.op.operands[0])[self.dim]
+        return _shape(self.values)[self.dim]
 
     @property
     def last(self) -> bool:
-        return self.dim == len(_shape(self.op.operands[0])) - 1
+        return self.dim == len(_shape(self.values)) - 1
 
     @property
     def unit_dims(self) -> int | None:
         """The dims after the drawn one when all have size 1 (keras' categorical draws over (..., V, 1)), else None:
         the draw is not over the vocabulary of any form."""
-        after = _shape(self.op.operands[0])[self.dim + 1:]
+        after = _shape(self.values)[self.dim + 1:]
         return len(after) if all(size == 1 for size in after) else None
 
     def describe(self) -> str:
+        if self.inverse is not None:
+            return _inverse_cdf_described(self.inverse)
         what = "argmax" if self.kind == "argmax" else "top_k with k = 1"
         return what if self.last else f"{what} over dim {self.dim} (not the last)"
+
+
+def _inverse_cdf_described(draw: InverseCdfDraw) -> str:
+    plural = "s" * (draw.others > 1)
+    rows = f" (and {draw.others} more draw{plural} of the same uniform, a row each)" if draw.others else ""
+    cumulative = f"{draw.cumulative.name} at {format_location(draw.cumulative.location)}"
+    return (f"an inverse-CDF draw (a uniform from the key searched in a cumulative sum, {cumulative}: "
+            f"jax.random.choice(replace=True), torch.multinomial(replacement=True) under torchax){rows}")
 
 
 def _draw(op: ir.Operation) -> Draw | None:
@@ -129,6 +161,12 @@ def _draw(op: ir.Operation) -> Draw | None:
     if ir.IntegerAttr(iota.attributes["iota_dimension"]).value != dims[0]:
         return None
     return Draw(op, "argmax", dims[0]) if isinstance(x_type.element_type, ir.FloatType) else None
+
+
+def _inverse_cdf_draw(draw: InverseCdfDraw) -> Draw | None:
+    """The inverse-CDF draw as a site's anchor, where its cumulative sum is along a dim (jnp.cumsum's lowering)."""
+    axis = cumulative_sum_axis(draw.cumulative)
+    return None if axis is None else Draw(draw.op, "inverse_cdf", axis, draw)
 
 
 def _backward_ops(value: ir.Value, limit: int = 4000) -> Iterator[ir.Operation]:
@@ -503,7 +541,7 @@ def _column_index(op: ir.Operation, last: int) -> int | None:
 def _rows(draw: Draw) -> tuple[int, ...]:
     """The batch of a draw made row by row (jax.random.choice per row, stacked by a concatenate into (B, 1);
     one row needs no concatenate): (B,)."""
-    stacked = [value for value in _forward_values(draw.op.results[1], _SEARCH_FORWARD)
+    stacked = [value for value in _forward_values(draw.ids, _SEARCH_FORWARD)
                if len(_shape(value)) == 2 and _shape(value)[1] == 1]
     for value in stacked:
         op = defining_op(value)
@@ -515,7 +553,7 @@ def _rows(draw: Draw) -> tuple[int, ...]:
 def _unflattened_rows(draw: Draw, rows: tuple[int, ...]) -> tuple[int, ...] | None:
     """The dims the (R, 1) ids of a draw made row by row are reshaped back to, if they are: (*lead, 1) with
     prod(lead) = R (audiocraft's torch.multinomial of its (B, K, V) codebook rows flattened to (B * K, V))."""
-    for value in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
+    for value in _forward_values(draw.ids, _SEARCH_FORWARD):
         op = defining_op(value)
         shape = _shape(value)
         if (op is not None and op.name == "stablehlo.reshape" and _shape(op.operands[0]) == (*rows, 1)
@@ -578,10 +616,10 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     """(form, writing, logits shape, dtype, k) worth lowering for this draw (a form with a key per row only where
     the program holds (B, 2) keys for its B rows: `key_rows`; one whose rows share one row's noise only where the
     program's is: `_noise_of_one_row`)."""
-    x = draw.op.operands[0]
+    x = draw.values
     shape, dtype = _shape(x)[:draw.dim + 1], _element(x)  # the trailing size-1 dims belong to the draw
     unflattened = None
-    if draw.kind == "top_k" and len(shape) == 1:
+    if draw.by_rows and len(shape) == 1:
         shape = _rows(draw) + shape
         unflattened = _unflattened_rows(draw, shape[:-1]) if len(shape) == 2 else None
     shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
@@ -628,7 +666,7 @@ def _beyond_limits(params: dict[str, float]) -> str:
 
 def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Templates,
             key_rows: frozenset[int] = frozenset()) -> Site:
-    noise_class = _noise_class(draw.op.operands[0])
+    noise_class = _noise_class(draw.noisy)
     noisy = noise_class is not None
     templates.missing.clear()
     tried: list[str] = []
@@ -642,7 +680,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
             tried.append(form.name)
         for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class):
             root_name = defining_op(template.root).name
-            for root in _forward_values(draw.op.results[1], _SEARCH_FORWARD):
+            for root in _forward_values(draw.ids, _SEARCH_FORWARD):
                 op = defining_op(root)
                 if op is None or op.name != root_name or str(root.type) != str(template.root.type):
                     continue
@@ -665,6 +703,11 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     closest = (report.matched, form.name, report)
     what = "noisy logits (threefry)" if noisy else "logits"
     reason = f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
+    if draw.inverse is not None:  # (its own description names what it draws from)
+        reason = f"{draw.describe()}; " + (f"matches no sampler form (tried: {', '.join(tried)})" if tried else
+                                           "no sampler form draws this way from such ops (" + ", ".join(
+                                               f"`{f.name}`" for f in FORMS.values() if f.draw == draw.kind)
+                                           + " only)")
     if limits_missed:
         reason += "; written as " + ", ".join(limits_missed)
     if escaped:  # what stopped the forms that did match says more than how the others differ
@@ -973,6 +1016,7 @@ def _sites(module: ir.Operation) -> Iterator[tuple[Draw, list[TopK], set[str], f
             return ir.WalkResult.ADVANCE
 
         fn.walk(visit)
+        draws += [d for d in map(_inverse_cdf_draw, inverse_cdf_draws(fn)) if d is not None]
         for draw in draws:
             yield draw, top_ks, names, frozenset(key_rows)
 
@@ -996,10 +1040,6 @@ class FuseSamplingPass(ModulePass):
         for op, remark in failed.items():
             if remark is not None:
                 state.remark(op, remark)
-                state.count("sampling_not_fused")
-        for fn in build.functions(module, skip_decompositions=True):
-            for draw in inverse_cdf_draws(fn):
-                state.remark(draw.op, _inverse_cdf_remark(draw))
                 state.count("sampling_not_fused")
 
     def _fuse_one(self, module: ir.Operation, state: PassState, failed: dict[ir.Operation, str | None],
@@ -1043,16 +1083,6 @@ class FuseSamplingPass(ModulePass):
 
 
 _FALLBACK_FORMS = ("temperature", "categorical")  # what a filter written another way fuses as (any draw)
-
-
-def _inverse_cdf_remark(draw: InverseCdfDraw) -> str:
-    """Why an inverse-CDF draw is not fused: no form draws that way (every form's draw is an argmax or a top_k)."""
-    plural = "s" * (draw.others > 1)
-    rows = f" (and {draw.others} more draw{plural} of the same uniform, a row each)" if draw.others else ""
-    cumulative = f"{draw.cumulative.name} at {format_location(draw.cumulative.location)}"
-    return (f"sampler not fused: an inverse-CDF draw (a uniform from the key searched in a cumulative sum, "
-            f"{cumulative}: jax.random.choice(replace=True), torch.multinomial(replacement=True) under torchax)"
-            f"{rows}; no sampler form draws this way")
 
 
 def _argsorts_not_fused(site: Site, top_ks: list[TopK]) -> list[ir.Operation]:
@@ -1102,9 +1132,9 @@ def _over(op: ir.Operation, size: int) -> bool:
 def _fed_by(draw: Draw) -> str | None:
     """What makes `draw` a sampler's draw, for its remark: noise ("": the reason says so already) or a softmax
     over its dim; None if neither."""
-    if _has_noise(draw.op.operands[0]):
+    if _has_noise(draw.noisy):
         return ""
-    for op in _sampler_ops(draw.op.operands[0]):
+    for op in _sampler_ops(draw.values):
         if op.name == "stablehlo.exponential" and _shape(op.results[0])[-1:] == (draw.size,):
             return f" (it draws from a softmax: stablehlo.exponential at {format_location(op.location)})"
     return None

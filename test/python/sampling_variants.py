@@ -176,6 +176,28 @@ def sglang_jax_sorted_probs(x, key):
     return jnp.take_along_axis(ids.astype(jnp.int32), axis=1, indices=drawn).flatten()
 
 
+def gemma_pytorch_sampler(x, key):
+    """gemma_pytorch's Sampler as torchax lowers it: a T, a p and a k per row, softmax(x / T) sorted descending
+    (torch.sort: unstable), ranks whose preceding mass exceeds p and ranks at or past k zeroed, renormalised, put
+    back in vocabulary order by gather(argsort(ids)), then torch.multinomial with replacement (jax.random.choice per
+    row, one key): sorted_probs_inverse_cdf_rows."""
+    rows, vocab = x.shape
+    temperature = jnp.resize(jnp.array([0.8, 1.3], jnp.float32), (rows,))
+    p = jnp.resize(jnp.array([0.95, 0.6], jnp.float32), (rows,))
+    k = jnp.resize(jnp.array([64, 7], jnp.int32), (rows,))
+    probs = jax.nn.softmax(x / jnp.expand_dims(temperature, 1), axis=-1)
+    ordered = jnp.sort(probs, axis=-1, stable=False, descending=True)
+    ids = jnp.argsort(probs, axis=-1, stable=False, descending=True)
+    ordered = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered * 1 > jnp.expand_dims(p, 1), 0.0, ordered)
+    ranks = jnp.broadcast_to(jnp.arange(0, vocab, 1), x.shape)
+    ordered = jnp.where(ranks >= jnp.expand_dims(k, 1), 0.0, ordered)
+    ordered = ordered / jnp.sum(ordered, axis=-1, keepdims=True)
+    lead = jnp.broadcast_to(jnp.arange(rows).reshape(rows, 1), x.shape)  # torch.gather under torchax
+    probs = ordered[lead, jnp.argsort(ids, axis=-1, stable=False)]
+    drawn = [jax.random.choice(key, vocab, (1,), replace=True, p=probs[i, :]) for i in range(rows)]
+    return jnp.squeeze(jnp.array(drawn), 1)
+
+
 def near_miss_sorted_probs_inclusive(x, key):
     """The sglang-jax sampler with the inclusive top-p rule `cumsum > p`: no form has it, so only the draw fuses."""
     probs = jax.nn.softmax(x / 0.8, axis=-1)
@@ -1095,6 +1117,7 @@ VARIANTS: list[Variant] = [
     Variant("easydel_vmapped_per_row_top_p_one_row", easydel_vmapped_per_row_top_p,
             "top_p_of_top_k_rows_same_key_rows", shape=(1, V), expect={"k": 32}),
     Variant("sglang_jax_sorted_probs", sglang_jax_sorted_probs, "sorted_probs_rows"),
+    Variant("gemma_pytorch_sampler", gemma_pytorch_sampler, "sorted_probs_inverse_cdf_rows"),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),

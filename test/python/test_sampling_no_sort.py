@@ -21,7 +21,7 @@ from sampling_variants import VARIANTS, Variant, lower
 from hlofuse.kernels.cpu.sampling import XLA_SORT_IN_A_BRANCH
 from hlofuse.kernels.sampling_reference import FORMS
 from hlofuse.pipeline import run_pipeline
-from hlofuse.testing.modules import clone_module, compile_for_cpu, count_composites
+from hlofuse.testing.modules import calls_sampling_kernel, clone_module, compile_for_cpu, count_composites
 
 FILTERING_MODES = ("top_k", "top_p", "min_p", "top_k+top_p")
 CPU_SUPPORTED_DTYPES = (jax.numpy.float32,)  # the kernel refuses bf16 top-p / min-p (rounded probabilities)
@@ -60,10 +60,10 @@ def _sorts(hlo: str) -> list[str]:
 @pytest.mark.parametrize("variant", FUSED_WHOLE, ids=lambda v: v.name)
 def test_fused_filter_runs_in_the_kernel(variant: Variant) -> None:
     hlo = _optimized_hlo(variant)
-    assert 'custom_call_target="hlofuse_sample"' in hlo
+    assert calls_sampling_kernel(hlo)
     if FORMS[variant.form].filters in XLA_SORT_IN_A_BRANCH:  # a tie's batch sorts in a branch: the entry, then
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
-        assert "conditional(" in hlo and 'custom_call_target="hlofuse_sample"' in hlo
+        assert "conditional(" in hlo and calls_sampling_kernel(hlo)
     assert not _sorts(hlo), f"{variant.name}: XLA still sorts beside the kernel: {_sorts(hlo)}"
 
 

@@ -1378,13 +1378,20 @@ def torch_sort_descending(x: jax.Array) -> tuple[jax.Array, jax.Array]:
             jnp.argsort(x, axis=-1, stable=False, descending=True))
 
 
-def torch_multinomial(key: jax.Array, probs: jax.Array) -> jax.Array:
+def torch_multinomial(key: jax.Array, probs: jax.Array, replacement: bool = False) -> jax.Array:
     """`torch.multinomial(probs, 1)` of (B, n) probabilities as torchax lowers it: per row jax.random.choice without
-    replacement (top_k(gumbel + log p, 1)), every row with the same key; (B, 1) positions."""
+    replacement (top_k(gumbel + log p, 1)), every row with the same key; (B, 1) positions. With `replacement`, per
+    row jax.random.choice with replacement: the inverse-CDF draw `searchsorted(c, c[-1] * (1 - u))` of the row's
+    cumsum c, every row with the same uniform u."""
     if probs.ndim != 2:
         raise ValueError(f"torch.multinomial's rows are (B, n), not {probs.shape}")
-    return jnp.array([jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs[i, :])
+    return jnp.array([jax.random.choice(key, probs.shape[-1], (1,), replace=replacement, p=probs[i, :])
                       for i in range(probs.shape[0])])
+
+
+def torch_multinomial_with_replacement(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """`torch.multinomial(probs, 1, replacement=True)` of (B, n) probabilities under torchax (`torch_multinomial`)."""
+    return torch_multinomial(key, probs, replacement=True)
 
 
 def torch_multinomial_of_rows(key: jax.Array, probs: jax.Array,
@@ -1476,6 +1483,64 @@ FORMS["top_k_of_probs_torch"] = Form("top_k_of_probs_torch", "top_k", top_k_of_p
                                      (_unscaled(_TORCH_TOP_K_PROBS), _TORCH_TOP_K_PROBS_AS_TORCH,
                                       _unscaled(_TORCH_TOP_K_PROBS_AS_TORCH)),
                                      draw="top_k", composes_draws=False)
+
+
+# gemma_pytorch's `Sampler.forward` (google/gemma_pytorch, gemma/model.py) after its logits: a temperature, a top-p and
+# a top-k per row, the masks in rank space, the probabilities put back in vocabulary order and drawn by
+# `torch.multinomial(probs, 1, replacement=True)`: an inverse-CDF draw (`Form.draw` "inverse_cdf").
+
+
+def rank_masks(values: jax.Array, p: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """gemma_pytorch's masks of (B, n) probabilities sorted descending, a p and a k per row: the ranks whose
+    preceding mass `cumsum - v` exceeds p (torch's sub, `v * 1`), and the ranks at or past k."""
+    by_mass = jnp.cumsum(values, axis=-1) - values * 1 > jnp.expand_dims(p, axis=1)
+    ranks = jnp.broadcast_to(jnp.arange(0, values.shape[-1], 1), values.shape)
+    return by_mass, ranks >= jnp.expand_dims(k, axis=1)
+
+
+def by_argsort_of_ids(values: jax.Array, ids: jax.Array) -> jax.Array:
+    """(B, n) values in rank order put back in vocabulary order as gemma_pytorch does it:
+    `torch.gather(values, -1, torch.argsort(ids))` (a second sort, of the ids)."""
+    return torch_gather(values, jnp.argsort(ids, axis=-1, stable=False))
+
+
+def probs_of_rows(logits: jax.Array, temperature: jax.Array) -> jax.Array:
+    """softmax(x / T) of (B, V) logits with a (B,) temperature, as gemma_pytorch's `logits.div_(T.unsqueeze(1))`."""
+    return jax.nn.softmax(logits / jnp.expand_dims(temperature, axis=1), axis=-1)
+
+
+def inverse_cdf_of_sorted(values: jax.Array, ids: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
+                          unsort_fn: Callable[[jax.Array, jax.Array], jax.Array] = by_argsort_of_ids,
+                          draw_fn: Callable[[jax.Array, jax.Array], jax.Array]
+                          = torch_multinomial_with_replacement) -> jax.Array:
+    """gemma_pytorch's sampler after its sort: the (B, V) probabilities sorted descending with their ids, masked
+    (`rank_masks`), renormalised by the row's sum, put back in vocabulary order (`unsort_fn`) and drawn by
+    torch.multinomial with replacement. (B,) ids."""
+    by_mass, by_rank = rank_masks(values, p, k)
+    values = zeroed_where(by_rank, zeroed_where(by_mass, values))
+    values = values / jnp.sum(values, axis=-1, keepdims=True)
+    return draw_fn(key, unsort_fn(values, ids))[:, 0]
+
+
+def sorted_probs_inverse_cdf_rows(logits: jax.Array, key: jax.Array, *, temperature: jax.Array, p: jax.Array,
+                                  k: jax.Array,
+                                  sort_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]] = torch_sort_descending,
+                                  **_: Any) -> jax.Array:
+    """gemma_pytorch's sampler through torchax, (B, V) logits with a (B,) temperature, p and k: softmax(x / T) sorted
+    descending (torch.sort: unstable), ranks whose preceding mass exceeds p zeroed, ranks at or past k zeroed
+    (`rank_masks`), renormalised by the row's sum, put back in vocabulary order (`by_argsort_of_ids`), then
+    torch.multinomial with replacement: per row `searchsorted(c, c[-1] * (1 - u))` of the row's cumsum c in
+    vocabulary order, one uniform u for every row (one key). (B,) ids."""
+    if logits.ndim != 2:
+        raise ValueError(f"gemma_pytorch's sampler takes (B, V) logits, not {logits.shape}")
+    values, ids = sort_fn(probs_of_rows(logits, temperature))
+    return inverse_cdf_of_sorted(values, ids, key, p, k)
+
+
+FORMS["sorted_probs_inverse_cdf_rows"] = Form(
+    "sorted_probs_inverse_cdf_rows", "top_k+top_p", sorted_probs_inverse_cdf_rows, (),
+    ("stablehlo.sort", "stablehlo.reduce_window", "stablehlo.exponential", "stablehlo.gather"), draw="inverse_cdf",
+    composes_draws=False, row_params=("temperature", "p", "k"))
 
 
 # ----- Pax (praxis `token_samplers`, as saxml serves it): the noise scaled by T, not the logits ----------------------

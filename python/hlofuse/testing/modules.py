@@ -11,6 +11,7 @@ regenerate a fixture's arguments without the libraries that produced it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -158,6 +159,12 @@ def make_inputs(
         inputs = spec
     rng = np.random.default_rng(0 if seed is None else seed)
     return [_one_input(rng, tuple(i["shape"]), i["dtype"], i.get("init", {"kind": "normal"})) for i in inputs]
+
+
+def calls_sampling_kernel(hlo: str) -> bool:
+    """Whether optimized HLO text calls the CPU sampling kernel: its sampler (`hlofuse_sample`) or one of its other
+    targets (its top-k, its sort: a form drawn by the program's own ops on the array they rebuild)."""
+    return re.search(r'custom_call_target="hlofuse_sample\w*"', hlo) is not None
 
 
 def count_composites(module: ir.Module | ir.Operation, name: str | None = "hlofuse.attention") -> int:

@@ -37,6 +37,7 @@ from hlofuse.kernels.sampling_reference import (
     esurge_min_p_mask,
     flax_top_p_keep,
     form_params,
+    inverse_cdf_of_sorted,
     keep_exactly_top_k,
     last_column,
     log_floored,
@@ -46,6 +47,8 @@ from hlofuse.kernels.sampling_reference import (
     nucleus_cut_slack,
     nucleus_probs,
     prelude_of,
+    probs_of_rows,
+    rank_masks,
     rank_nucleus_scores,
     reference_where_uncertified,
     row_values,
@@ -421,7 +424,7 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 # which of equal probabilities takes which rank, or which of equal logits a removal takes, is XLA's sort's alone, so a
 # batch that meets such a tie runs the program's own sorts, in a conditional's branch (never in the compiled entry
 # computation): the llama reference's rank-space draw, and Hugging Face's top-p then min-p or epsilon.
-XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", *TOP_P_CHAINS)
+XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "sorted_probs_inverse_cdf_rows", *TOP_P_CHAINS)
 
 
 def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -502,6 +505,84 @@ def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
     """Whether the first ranks `values` of every row hold its nucleus: their cumsum passes p by the margin (False
     for NaN)."""
     return jnp.all(jnp.cumsum(values, axis=-1)[..., -1] > jnp.float32(p + NUCLEUS_MARGIN))
+
+
+#===--- gemma_pytorch's sampler: masks in rank space, an inverse-CDF draw in vocabulary order ---===#
+# sampling_reference.sorted_probs_inverse_cdf_rows sorts the probabilities twice (torch.sort, then argsort of the ids to
+# put them back) before the draw. Its draw reads the masked, renormalised probabilities in vocabulary order: zeros but
+# at the kept ids. The kernel's top candidates (or its radix sort of the whole row) stand in for the sort, padded with
+# zeros to the row's width: the program's cumsum, masks and sum then see the same values in the same places (a prefix
+# sum over the ranks before the padding, zeros adding exactly), and a scatter to the kept ids stands in for the
+# argsort, so the draw's cumsum and search, the program's own ops, see the program's array bit for bit. Which of equal
+# probabilities takes which rank is XLA's unstable sort's alone: a batch where equal probabilities straddle the cut
+# (one kept, one dropped), holds a NaN, or whose kept ranks may reach past the candidates runs the program's sorts.
+INVERSE_CDF_CANDIDATES = 256
+
+
+def _scattered(values: jax.Array, ids: jax.Array) -> jax.Array:
+    """(B, n) values in rank order at their vocabulary ids in a (B, n) row of zeros (ids of n or more: padding, not
+    placed): `by_argsort_of_ids` where the ids beyond the kept ranks are padding and the values there zeros."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, ids.shape, 0)
+    return jnp.zeros_like(values).at[rows, ids].set(values, mode="drop")
+
+
+def _padded_candidates(probs: jax.Array, candidates: int) -> tuple[jax.Array, jax.Array]:
+    """The kernel's top `candidates` of each (B, V) row (value descending), then zeros to the row's width; the
+    padding's ids are V (no id)."""
+    values, ids = _top_k_by_kernel(probs, candidates)
+    padding = ((0, 0), (0, probs.shape[-1] - candidates))
+    return jnp.pad(values, padding), jnp.pad(ids, padding, constant_values=probs.shape[-1])
+
+
+def inverse_cdf_rows_vouched(values: jax.Array, p: jax.Array, k: jax.Array, candidates: int | None) -> jax.Array:
+    """Whether the kept ranks of sorted (B, V) probabilities `values` give every row the program's array in vocabulary
+    order: no NaN, rank 0 kept (a positive sum), no two equal positive values on either side of the cut, and, with
+    the first `candidates` ranks only known (the rest zeros), rank `candidates - 1` dropped, by its rank or by a mass
+    past p by more than any order of summing the row can move it. A () bool for the batch."""
+    by_mass, by_rank = rank_masks(values, p, k)
+    dropped = by_mass | by_rank
+    straddles = (dropped[:, :-1] != dropped[:, 1:]) & (values[:, :-1] == values[:, 1:]) & (values[:, :-1] > 0)
+    vouched = ~jnp.any(jnp.isnan(values)) & ~jnp.any(dropped[:, 0]) & ~jnp.any(straddles)
+    if candidates is None:
+        return vouched
+    slack = max(NUCLEUS_MARGIN, 2.0 * values.shape[-1] * _F32_UNIT)
+    last = candidates - 1
+    past_p = jnp.cumsum(values, axis=-1)[:, last] - values[:, last] > p + slack
+    return vouched & jnp.all(by_rank[:, last] | past_p)
+
+
+def inverse_cdf_rows_drawn(probs: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
+                           candidates: int | None) -> jax.Array:
+    """gemma_pytorch's draw from (B, V) f32 probabilities (`sampling_reference.inverse_cdf_of_sorted`) with the kernel's
+    top `candidates` in place of the sort (None: the kernel's radix sort of the whole row) and a scatter in place of
+    the argsort: the program's ids, or UNCERTIFIED for the batch where `inverse_cdf_rows_vouched` cannot say so."""
+    values, ids = _descending_by_kernel_sort(probs) if candidates is None else _padded_candidates(probs, candidates)
+    tokens = inverse_cdf_of_sorted(values, ids, key, p, k, unsort_fn=_scattered)
+    return jnp.where(inverse_cdf_rows_vouched(values, p, k, candidates), tokens, UNCERTIFIED)
+
+
+def inverse_cdf_rows_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """gemma_pytorch's sampler on the CPU (f32): drawn from the kernel's top candidates where they hold every kept
+    rank, else from the row sorted by the kernel's radix sort, else (ties at the cut, a NaN) by the form's own
+    function, XLA's sorts in a conditional's branch."""
+    del params  # the form's parameters are all per row
+    fn = FORMS[form].fn
+
+    def kernel(logits: jax.Array, key: jax.Array, temperature: jax.Array, p: jax.Array, k: jax.Array) -> jax.Array:
+        probs = probs_of_rows(logits, temperature)
+
+        def own() -> jax.Array:
+            return fn(logits, key, temperature=temperature, p=p, k=k).astype(jnp.int32)
+
+        def by_sort() -> jax.Array:
+            return reference_where_uncertified(inverse_cdf_rows_drawn(probs, key, p, k, None), own)
+
+        if logits.shape[-1] <= INVERSE_CDF_CANDIDATES:
+            return by_sort()
+        by_candidates = inverse_cdf_rows_drawn(probs, key, p, k, INVERSE_CDF_CANDIDATES)
+        return reference_where_uncertified(by_candidates, by_sort)
+
+    return kernel
 
 
 #===--- Hugging Face's top-p --------------------------------------------------------------------===#
@@ -1286,6 +1367,11 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             return noise_scaled_lowering(attrs.form, attrs.params())
         if FORMS[attrs.form].filters in ESURGE_FORMS:
             return esurge_lowering(attrs.form, attrs.params())
+        if attrs.form == "sorted_probs_inverse_cdf_rows":
+            if dtype != "f32":
+                raise Unsupported("gemma_pytorch's sampler is drawn by the kernel for f32 probabilities only (its "
+                                  "softmax is f32, as torch.softmax(dtype=torch.float) computes it)")
+            return inverse_cdf_rows_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
     if attrs.form in SEARCHED_FORMS:
         shape, dtype = call.operand_types[0]
