@@ -55,7 +55,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "pax_temperature_per_row", "pax_top_k_top_p_per_row", "pax_temperature", "pax_top_k_top_p",
             "litgpt_top_k_multinomial", "litgpt_top_k_top_p_multinomial", "torchax_top_p_min_p_warpers_multinomial",
             "axlearn_searched_chain", "axlearn_searched_top_k", "llama_reference_temperature_only_through_torchax",
-            "searched_top_k_with_log_prob", "audiocraft_top_k")
+            "searched_top_k_with_log_prob", "audiocraft_top_k", "gemma_pytorch_sampler")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
