@@ -701,13 +701,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     return site
                 if closest is None or report.matched > closest[0]:
                     closest = (report.matched, form.name, report)
-    what = "noisy logits (threefry)" if noisy else "logits"
-    reason = f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
-    if draw.inverse is not None:  # (its own description names what it draws from)
-        reason = f"{draw.describe()}; " + (f"matches no sampler form (tried: {', '.join(tried)})" if tried else
-                                           "no sampler form draws this way from such ops (" + ", ".join(
-                                               f"`{f.name}`" for f in FORMS.values() if f.draw == draw.kind)
-                                           + " only)")
+    reason = _unmatched(draw, noisy, tried)
     if limits_missed:
         reason += "; written as " + ", ".join(limits_missed)
     if escaped:  # what stopped the forms that did match says more than how the others differ
@@ -717,6 +711,17 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
         form, lacks = min(templates.missing.items(), key=lambda item: (len(item[1]), order.index(item[0])))
         reason += f"; closest: `{form}`, whose {', '.join(sorted(lacks))} the program has none of"
     raise NoMatch(reason + (_differs(*closest[1:]) if closest else ""))
+
+
+def _unmatched(draw: Draw, noisy: bool, tried: list[str]) -> str:
+    """Why no form took `draw`, before what each form missed: the draw, what it draws from, the forms tried."""
+    if draw.inverse is None:
+        what = "noisy logits (threefry)" if noisy else "logits"
+        return f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
+    if tried:  # (an inverse-CDF draw's description names what it draws from)
+        return f"{draw.describe()}; matches no sampler form (tried: {', '.join(tried)})"
+    drawing = ", ".join(f"`{f.name}`" for f in FORMS.values() if f.draw == draw.kind)
+    return f"{draw.describe()}; no sampler form draws this way from such ops ({drawing} only)"
 
 
 def _passed_over(forms: Iterable[tuple[str, str]]) -> str:

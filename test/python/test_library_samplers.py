@@ -114,10 +114,11 @@ def test_library_filter_runs_in_the_kernel(name: str) -> None:
     module = parse_module_text((FIXTURES / f"{name}.mlir").read_text())
     run_pipeline(module, FUSE[:-1] + ",hlofuse-lower-kernels{target=cpu})")
     hlo = "\n".join(m.to_string() for m in compile_for_cpu(module).hlo_modules())
-    assert calls_sampling_kernel(hlo)
-    if FORMS[MANIFEST[name]["expected"]["form"]].filters in XLA_SORT_IN_A_BRANCH:  # its entry computation, then
+    form = MANIFEST[name]["expected"]["form"]
+    assert calls_sampling_kernel(hlo, form)
+    if FORMS[form].filters in XLA_SORT_IN_A_BRANCH:  # its entry computation, then
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
-        assert "conditional(" in hlo and calls_sampling_kernel(hlo)
+        assert "conditional(" in hlo and calls_sampling_kernel(hlo, form)
     top_k_calls = [t for t in re.findall(r'custom_call_target="([^"]+)"', hlo) if "topk" in t.lower()]
     assert not re.findall(r" (sort|topk)\(", hlo) and not top_k_calls, name
 

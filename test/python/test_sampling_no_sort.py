@@ -60,10 +60,10 @@ def _sorts(hlo: str) -> list[str]:
 @pytest.mark.parametrize("variant", FUSED_WHOLE, ids=lambda v: v.name)
 def test_fused_filter_runs_in_the_kernel(variant: Variant) -> None:
     hlo = _optimized_hlo(variant)
-    assert calls_sampling_kernel(hlo)
+    assert calls_sampling_kernel(hlo, variant.form)
     if FORMS[variant.form].filters in XLA_SORT_IN_A_BRANCH:  # a tie's batch sorts in a branch: the entry, then
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
-        assert "conditional(" in hlo and calls_sampling_kernel(hlo)
+        assert "conditional(" in hlo and calls_sampling_kernel(hlo, variant.form)
     assert not _sorts(hlo), f"{variant.name}: XLA still sorts beside the kernel: {_sorts(hlo)}"
 
 

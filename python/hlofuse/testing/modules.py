@@ -161,10 +161,13 @@ def make_inputs(
     return [_one_input(rng, tuple(i["shape"]), i["dtype"], i.get("init", {"kind": "normal"})) for i in inputs]
 
 
-def calls_sampling_kernel(hlo: str) -> bool:
-    """Whether optimized HLO text calls the CPU sampling kernel: its sampler (`hlofuse_sample`) or one of its other
-    targets (its top-k, its sort: a form drawn by the program's own ops on the array they rebuild)."""
-    return re.search(r'custom_call_target="hlofuse_sample\w*"', hlo) is not None
+def calls_sampling_kernel(hlo: str, form: str) -> bool:
+    """Whether optimized HLO text calls the CPU sampling kernel as a fused `form` must: its sampler
+    (`hlofuse_sample`), or for a form the program draws itself (`DRAWN_BY_THE_PROGRAM`) the kernel's top-k or sort."""
+    from hlofuse.kernels.cpu.sampling import DRAWN_BY_THE_PROGRAM
+
+    target = r"hlofuse_sample\w*" if form in DRAWN_BY_THE_PROGRAM else "hlofuse_sample"
+    return re.search(f'custom_call_target="{target}"', hlo) is not None
 
 
 def count_composites(module: ir.Module | ir.Operation, name: str | None = "hlofuse.attention") -> int:

@@ -517,6 +517,9 @@ def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
 # probabilities takes which rank is XLA's unstable sort's alone: a batch where equal probabilities straddle the cut
 # (one kept, one dropped), holds a NaN, or whose kept ranks may reach past the candidates runs the program's sorts.
 INVERSE_CDF_CANDIDATES = 256
+# Forms whose draw is the program's own ops on the arrays the kernel's top-k or sort rebuild: their compiled program
+# calls those targets, not the sampler (`hlofuse_sample`) itself.
+DRAWN_BY_THE_PROGRAM = ("sorted_probs_inverse_cdf_rows",)
 
 
 def _scattered(values: jax.Array, ids: jax.Array) -> jax.Array:
@@ -545,7 +548,7 @@ def inverse_cdf_rows_vouched(values: jax.Array, p: jax.Array, k: jax.Array, cand
     vouched = ~jnp.any(jnp.isnan(values)) & ~jnp.any(dropped[:, 0]) & ~jnp.any(straddles)
     if candidates is None:
         return vouched
-    slack = max(NUCLEUS_MARGIN, 2.0 * values.shape[-1] * _F32_UNIT)
+    slack = max(NUCLEUS_MARGIN, nucleus_cut_slack(values.shape[-1], values.shape[-1], 1.0))  # any two prefixes
     last = candidates - 1
     past_p = jnp.cumsum(values, axis=-1)[:, last] - values[:, last] > p + slack
     return vouched & jnp.all(by_rank[:, last] | past_p)
