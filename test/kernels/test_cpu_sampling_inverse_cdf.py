@@ -1,5 +1,7 @@
-"""gemma_pytorch's sampler on the CPU (sampling.py "gemma_pytorch's sampler"): the kernel's top candidates, or its
-radix sort, in place of the program's two sorts, and the program's own inverse-CDF draw on the array they rebuild.
+"""gemma_pytorch's sampler on the CPU (sampling.py "gemma_pytorch's sampler"): the kernel's top candidates, the
+masks and the inverse-CDF draw decided on them in a band certified against the program's f32 sums; else those
+candidates, or the kernel's radix sort, in place of the program's two sorts, and the program's own inverse-CDF draw on
+the array they rebuild.
 
 The ids must be the program's (`sorted_probs_inverse_cdf_rows`, XLA's sorts) for every key: on ordinary rows, on rows
 of ties (equal probabilities straddling the top-k or top-p cut, where only XLA's unstable sort knows which id is
@@ -93,3 +95,68 @@ def test_ties_across_the_cut_are_left_to_the_program() -> None:
         assert np.all(np.asarray(got) == UNCERTIFIED), candidates
     lowered = sampling.inverse_cdf_rows_lowering(FORM, {})(jnp.asarray(logits), key, *params.values())
     np.testing.assert_array_equal(lowered, FORMS[FORM].fn(jnp.asarray(logits), key, **params))
+    banded = sampling.inverse_cdf_rows_banded(probs, key, params["p"], params["k"], sampling.INVERSE_CDF_CANDIDATES)
+    assert np.all(np.asarray(banded) == UNCERTIFIED)
+
+
+# The band (path 1): decisions taken on the candidates alone, certified against any f32 order of the program's sums.
+
+
+@pytest.mark.parametrize("setting", ["defaults", "nucleus", "mixed"])
+@pytest.mark.parametrize("kind", ["normal", "peaked", "ties", "with_inf"])
+def test_band_gives_the_programs_ids_where_it_vouches(kind: str, setting: str) -> None:
+    params = _params(setting)
+    logits = jnp.asarray(_logits(kind, seed=5))
+    probs = probs_of_rows(logits, params["temperature"])
+    banded = jax.jit(sampling.inverse_cdf_rows_banded, static_argnums=4)
+    program = jax.jit(lambda x, key, **rows: FORMS[FORM].fn(x, key, **rows))
+    vouched = 0
+    for seed in range(3 * KEYS):
+        key = jax.random.key_data(jax.random.key(seed))
+        got = np.asarray(banded(probs, key, params["p"], params["k"], sampling.INVERSE_CDF_CANDIDATES))
+        want = np.asarray(program(logits, key, **params))
+        sure = got != UNCERTIFIED
+        np.testing.assert_array_equal(got[sure], want[sure], err_msg=f"{kind} {setting} key {seed}")
+        vouched += int(sure.sum())
+    if kind in ("normal", "peaked") and setting == "defaults":  # top-k 64: every kept rank among the candidates
+        assert vouched >= 0.9 * 3 * KEYS * ROWS, vouched
+
+
+def test_band_leaves_a_mass_at_p_to_the_exact_paths() -> None:
+    # p set to a row's own f32 mass before rank 5: only the program's order of summing says whether rank 5 is kept
+    logits = jnp.asarray(_logits("peaked", seed=2))
+    temperature = jnp.ones(ROWS, jnp.float32)
+    probs = np.asarray(probs_of_rows(logits, temperature))
+    mass_before = np.cumsum(-np.sort(-probs, axis=-1), axis=-1, dtype=np.float32)[:, 4]
+    params = {"temperature": temperature, "p": jnp.asarray(mass_before), "k": jnp.full(ROWS, VOCAB, jnp.int32)}
+    key = jax.random.key_data(jax.random.key(3))
+    banded = sampling.inverse_cdf_rows_banded(jnp.asarray(probs), key, params["p"], params["k"],
+                                              sampling.INVERSE_CDF_CANDIDATES)
+    assert np.all(np.asarray(banded) == UNCERTIFIED)
+    lowered = sampling.inverse_cdf_rows_lowering(FORM, {})(logits, key, *params.values())
+    np.testing.assert_array_equal(lowered, FORMS[FORM].fn(logits, key, **params))
+
+
+def test_band_vouches_for_a_draw_point_away_from_every_prefix_only() -> None:
+    # two kept ids whose prefix (the first's weight) sits at the draw's point 1 - u, then 0.05 and 0.10 past it
+    key = jax.random.key_data(jax.random.key(7))
+    point = float(1 - jax.random.uniform(key, (1,), dtype=jnp.float32)[0])
+    assert 0.15 < point < 0.9, point  # room for both weights either side
+    ids = jnp.array([[40, 9, 0]] * 3, jnp.int32)
+    kept = jnp.array([[True, True, False]] * 3)
+    first = jnp.array([point, point + 0.05, point - 0.10], jnp.float32)
+    values = jnp.stack([1 - first, first, jnp.zeros(3)], axis=-1)  # id 9 comes first in vocabulary order
+    drawn, certain = sampling._drawn_in_band(values, ids, kept, key)
+    np.testing.assert_array_equal(certain, [False, True, True])
+    np.testing.assert_array_equal(np.asarray(drawn)[1:], [9, 40])
+
+
+def test_exact_paths_take_one_rows_memory() -> None:
+    # XLA allocates every branch's buffers on each call; the exact paths' vocabulary-wide sorts and sums, run for the
+    # whole batch, made 8 x 262144 f32 need 8 logits' worth (fresh pages each call, 5x the band's time)
+    rows, vocab = 8, 262144
+    logits = jax.ShapeDtypeStruct((rows, vocab), jnp.float32)
+    per_row = [jax.ShapeDtypeStruct((rows,), dtype) for dtype in (jnp.float32, jnp.float32, jnp.int32)]
+    compiled = jax.jit(sampling.inverse_cdf_rows_lowering(FORM, {})).lower(
+        logits, jax.ShapeDtypeStruct((2,), jnp.uint32), *per_row).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < 4 * rows * vocab * 4

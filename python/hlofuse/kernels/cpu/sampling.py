@@ -510,16 +510,23 @@ def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
 #===--- gemma_pytorch's sampler: masks in rank space, an inverse-CDF draw in vocabulary order ---===#
 # sampling_reference.sorted_probs_inverse_cdf_rows sorts the probabilities twice (torch.sort, then argsort of the ids to
 # put them back) before the draw. Its draw reads the masked, renormalised probabilities in vocabulary order: zeros but
-# at the kept ids. The kernel's top candidates (or its radix sort of the whole row) stand in for the sort, padded with
-# zeros to the row's width: the program's cumsum, masks and sum then see the same values in the same places (a prefix
-# sum over the ranks before the padding, zeros adding exactly), and a scatter to the kept ids stands in for the
-# argsort, so the draw's cumsum and search, the program's own ops, see the program's array bit for bit. Which of equal
-# probabilities takes which rank is XLA's unstable sort's alone: a batch where equal probabilities straddle the cut
-# (one kept, one dropped), holds a NaN, or whose kept ranks may reach past the candidates runs the program's sorts.
+# at the kept ids. Three paths, the first that can vouch for a batch drawing it:
+#   1. In a band (`inverse_cdf_rows_banded`): the kernel's top candidates alone, the masks, renormalisation and the
+#      draw's search computed on them, each decision certified against the program's f32 sums by a bound on what any
+#      order of summing can move them (a mass within that bound of p, or the draw's point within it of a kept id's
+#      prefix, leaves the row to path 2). No vocabulary-wide op but the softmax and the kernel's top-k.
+#   2. Exactly (`inverse_cdf_rows_drawn`): the candidates padded with zeros to the row's width, so that the program's
+#      cumsum, masks and sum see the same values in the same places (a prefix sum over the ranks before the padding,
+#      zeros adding exactly), and a scatter to the kept ids in place of the argsort, so that the draw's cumsum and
+#      search, the program's own ops, see the program's array bit for bit; or the same on the kernel's radix sort of
+#      the whole row, where the kept ranks may reach past the candidates.
+#   3. The form's own function, XLA's sorts in a conditional's branch: equal probabilities straddling the cut (one
+#      kept, one dropped; which is XLA's unstable sort's alone), or a NaN.
 INVERSE_CDF_CANDIDATES = 256
-# Forms whose draw is the program's own ops on the arrays the kernel's top-k or sort rebuild: their compiled program
-# calls those targets, not the sampler (`hlofuse_sample`) itself.
+# Forms whose draw is the program's own ops on the arrays the kernel's top-k or sort rebuild (in the fallback paths):
+# their compiled program calls those targets, not the sampler (`hlofuse_sample`) itself.
 DRAWN_BY_THE_PROGRAM = ("sorted_probs_inverse_cdf_rows",)
+F32_UNIT_ROUNDOFF = 2.0**-24
 
 
 def _scattered(values: jax.Array, ids: jax.Array) -> jax.Array:
@@ -537,21 +544,20 @@ def _padded_candidates(probs: jax.Array, candidates: int) -> tuple[jax.Array, ja
     return jnp.pad(values, padding), jnp.pad(ids, padding, constant_values=probs.shape[-1])
 
 
-def inverse_cdf_rows_vouched(values: jax.Array, p: jax.Array, k: jax.Array, candidates: int | None) -> jax.Array:
-    """Whether the kept ranks of sorted (B, V) probabilities `values` give every row the program's array in vocabulary
-    order: no NaN, rank 0 kept (a positive sum), no two equal positive values on either side of the cut, and, with
-    the first `candidates` ranks only known (the rest zeros), rank `candidates - 1` dropped, by its rank or by a mass
-    past p by more than any order of summing the row can move it. A () bool for the batch."""
+def inverse_cdf_rows_vouched(values: jax.Array, p: jax.Array, k: jax.Array, vocab: int | None) -> jax.Array:
+    """Whether the kept ranks of sorted (B, n) probabilities `values` give a row the program's kept ids: no NaN, rank
+    0 kept (a positive sum), no two equal positive values on either side of the cut, and, where `values` are the
+    top n of a row of `vocab` (None: the whole row), rank n - 1 dropped, by its rank or by a mass past p by more than
+    any order of summing the row can move it. (B,) bools."""
     by_mass, by_rank = rank_masks(values, p, k)
     dropped = by_mass | by_rank
     straddles = (dropped[:, :-1] != dropped[:, 1:]) & (values[:, :-1] == values[:, 1:]) & (values[:, :-1] > 0)
-    vouched = ~jnp.any(jnp.isnan(values)) & ~jnp.any(dropped[:, 0]) & ~jnp.any(straddles)
-    if candidates is None:
+    vouched = ~jnp.any(jnp.isnan(values), axis=-1) & ~dropped[:, 0] & ~jnp.any(straddles, axis=-1)
+    if vocab is None:
         return vouched
-    slack = max(NUCLEUS_MARGIN, nucleus_cut_slack(values.shape[-1], values.shape[-1], 1.0))  # any two prefixes
-    last = candidates - 1
-    past_p = jnp.cumsum(values, axis=-1)[:, last] - values[:, last] > p + slack
-    return vouched & jnp.all(by_rank[:, last] | past_p)
+    slack = max(NUCLEUS_MARGIN, nucleus_cut_slack(vocab, vocab, 1.0))  # any two prefixes
+    mass_before_last = jnp.cumsum(values, axis=-1)[:, -1] - values[:, -1]
+    return vouched & (by_rank[:, -1] | (mass_before_last > p + slack))
 
 
 def inverse_cdf_rows_drawn(probs: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
@@ -561,29 +567,105 @@ def inverse_cdf_rows_drawn(probs: jax.Array, key: jax.Array, p: jax.Array, k: ja
     the argsort: the program's ids, or UNCERTIFIED for the batch where `inverse_cdf_rows_vouched` cannot say so."""
     values, ids = _descending_by_kernel_sort(probs) if candidates is None else _padded_candidates(probs, candidates)
     tokens = inverse_cdf_of_sorted(values, ids, key, p, k, unsort_fn=_scattered)
-    return jnp.where(inverse_cdf_rows_vouched(values, p, k, candidates), tokens, UNCERTIFIED)
+    vocab = None if candidates is None else probs.shape[-1]
+    vouched = inverse_cdf_rows_vouched(values[:, :candidates], p, k, vocab)
+    return jnp.where(jnp.all(vouched), tokens, UNCERTIFIED)
+
+
+def rank_mass_slack(ranks: int) -> jax.Array:
+    """(ranks,) bounds on |a computed mass before rank i - the exact mass| of sorted probabilities summing to at most
+    1.1 (a softmax's f32 rounding), for the program's cumsum in any order and a kernel's own: (i + 1) u of each
+    prefix, u of each subtraction."""
+    return (2.0 * jnp.arange(ranks, dtype=jnp.float32) + 6.0) * (F32_UNIT_ROUNDOFF * 1.1)
+
+
+def draw_point_slack(kept: jax.Array) -> jax.Array:
+    """(B, 1) bounds on the distance at which the program's and a kernel's f32 inverse-CDF draws over m kept
+    probabilities agree: each renormalises by a sum (m - 1) u off, divides (u), sums a prefix (m - 1) u off and scales
+    the total by 1 - u (u), so each puts a prefix and the point within (2m + 2) u of the exact ones (normalised mass
+    1); the two draws agree when the point is past a prefix by more than all four."""
+    m = jnp.sum(kept, axis=-1, keepdims=True).astype(jnp.float32)
+    return (8.0 * m + 8.0) * (F32_UNIT_ROUNDOFF * 1.05)
+
+
+def _kept_ranks_certain(values: jax.Array, p: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The ranks of sorted (B, n) candidates the program keeps, and whether each row's every mass decision is past p
+    by more than `rank_mass_slack` (a rank dropped by k needs none)."""
+    by_mass, by_rank = rank_masks(values, p, k)
+    mass_before = jnp.cumsum(values, axis=-1) - values
+    decided = by_rank | (jnp.abs(mass_before - p[:, None]) > rank_mass_slack(values.shape[-1]))
+    return ~(by_mass | by_rank), jnp.all(decided, axis=-1)
+
+
+def _drawn_in_band(kept_values: jax.Array, ids: jax.Array, kept: jax.Array,
+                   key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The id that torch.multinomial with replacement draws from the kept (B, n) probabilities at their vocabulary
+    `ids` (any order, the rest of the row zeros), and whether each row's draw is past both its prefixes by more than
+    `draw_point_slack`. The prefix in vocabulary order before each candidate is a masked sum over the candidates of
+    lower id (n^2 compares), not a sort."""
+    weights = kept_values / jnp.sum(kept_values, axis=-1, keepdims=True)
+    point = jnp.sum(weights, axis=-1, keepdims=True) * (1 - jax.random.uniform(key, (1,), dtype=jnp.float32))
+    lower_id = ids[:, None, :] < ids[:, :, None]  # [b, j, i]: candidate i comes before candidate j
+    before = jnp.sum(jnp.where(lower_id, weights[:, None, :], 0.0), axis=-1)
+    slack = draw_point_slack(kept)
+    past = kept & (before < point - slack) & (before + weights > point + slack)
+    drawn = jnp.take_along_axis(ids, jnp.argmax(past, axis=-1)[:, None], axis=-1)[:, 0]
+    return drawn, jnp.any(past, axis=-1)
+
+
+def inverse_cdf_rows_banded(probs: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
+                            candidates: int) -> jax.Array:
+    """gemma_pytorch's draw from (B, V) f32 probabilities on the kernel's top `candidates` (at most V) alone (path
+    1): the program's ids, or UNCERTIFIED for each row whose kept ids or drawn id the f32 sums' rounding could change."""
+    values, ids = _top_k_by_kernel(probs, candidates)
+    kept, masks_certain = _kept_ranks_certain(values, p, k)
+    drawn, draw_certain = _drawn_in_band(jnp.where(kept, values, 0.0), ids, kept, key)
+    vocab = probs.shape[-1] if candidates < probs.shape[-1] else None  # None: the candidates are the whole row
+    certain = inverse_cdf_rows_vouched(values, p, k, vocab) & masks_certain & draw_certain
+    return jnp.where(certain, drawn, UNCERTIFIED)
+
+
+def _redrawn_row_by_row(tokens: jax.Array, redraw: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """`tokens` with each UNCERTIFIED row i replaced by `redraw(i)` (a (1,) id), one row at a time in a loop: the
+    redraw's vocabulary-wide sorts and sums then take one row's memory, not the batch's (XLA allocates every
+    branch's buffers on each call, and a large allocation is fresh pages to fault in: at 8 x 262144 f32 the
+    fallbacks for the whole batch needed 67 MB)."""
+
+    def one(i: jax.Array, drawn: jax.Array) -> jax.Array:
+        return jax.lax.cond(drawn[i] == UNCERTIFIED, lambda: drawn.at[i].set(redraw(i)[0]), lambda: drawn)
+
+    return jax.lax.cond(jnp.any(tokens == UNCERTIFIED),
+                        lambda: jax.lax.fori_loop(0, tokens.shape[0], one, tokens), lambda: tokens)
 
 
 def inverse_cdf_rows_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """gemma_pytorch's sampler on the CPU (f32): drawn from the kernel's top candidates where they hold every kept
-    rank, else from the row sorted by the kernel's radix sort, else (ties at the cut, a NaN) by the form's own
-    function, XLA's sorts in a conditional's branch."""
+    """gemma_pytorch's sampler on the CPU (f32): drawn in a band on the kernel's top candidates where every row's
+    decisions are certain; any other row alone (its rows independent: one key, per-row masks, a per-row draw) exactly
+    from those candidates where they hold every kept rank, else from the row sorted by the kernel's radix sort, else
+    (ties at the cut, a NaN) by the form's own function, XLA's sorts in a conditional's branch."""
     del params  # the form's parameters are all per row
     fn = FORMS[form].fn
 
     def kernel(logits: jax.Array, key: jax.Array, temperature: jax.Array, p: jax.Array, k: jax.Array) -> jax.Array:
         probs = probs_of_rows(logits, temperature)
 
-        def own() -> jax.Array:
-            return fn(logits, key, temperature=temperature, p=p, k=k).astype(jnp.int32)
+        def exactly(i: jax.Array) -> jax.Array:
+            row_logits, row_probs, row_t, row_p, row_k = (jax.lax.dynamic_slice_in_dim(a, i, 1)
+                                                          for a in (logits, probs, temperature, p, k))
 
-        def by_sort() -> jax.Array:
-            return reference_where_uncertified(inverse_cdf_rows_drawn(probs, key, p, k, None), own)
+            def own() -> jax.Array:
+                return fn(row_logits, key, temperature=row_t, p=row_p, k=row_k).astype(jnp.int32)
 
-        if logits.shape[-1] <= INVERSE_CDF_CANDIDATES:
-            return by_sort()
-        by_candidates = inverse_cdf_rows_drawn(probs, key, p, k, INVERSE_CDF_CANDIDATES)
-        return reference_where_uncertified(by_candidates, by_sort)
+            def by_sort() -> jax.Array:
+                return reference_where_uncertified(inverse_cdf_rows_drawn(row_probs, key, row_p, row_k, None), own)
+
+            if logits.shape[-1] <= INVERSE_CDF_CANDIDATES:
+                return by_sort()
+            return reference_where_uncertified(
+                inverse_cdf_rows_drawn(row_probs, key, row_p, row_k, INVERSE_CDF_CANDIDATES), by_sort)
+
+        tokens = inverse_cdf_rows_banded(probs, key, p, k, min(INVERSE_CDF_CANDIDATES, logits.shape[-1]))
+        return _redrawn_row_by_row(tokens, exactly)
 
     return kernel
 
