@@ -616,7 +616,7 @@ def _drawn_in_band(kept_values: jax.Array, ids: jax.Array, kept: jax.Array,
 def inverse_cdf_rows_banded(probs: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
                             candidates: int) -> jax.Array:
     """gemma_pytorch's draw from (B, V) f32 probabilities on the kernel's top `candidates` (at most V) alone (path
-    1): the program's ids, or UNCERTIFIED for each row whose kept ids or drawn id the f32 sums' rounding could change."""
+    1): the program's ids, or UNCERTIFIED for each row whose kept ids or drawn id f32 rounding could change."""
     values, ids = _top_k_by_kernel(probs, candidates)
     kept, masks_certain = _kept_ranks_certain(values, p, k)
     drawn, draw_certain = _drawn_in_band(jnp.where(kept, values, 0.0), ids, kept, key)
