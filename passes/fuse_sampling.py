@@ -258,9 +258,10 @@ PLATFORMS = ("cpu", "tpu", "cuda", "rocm")
 LOWERS_LIKE = {"cpu": "cpu", "tpu": "tpu", "cuda": "tpu", "rocm": "tpu"}
 _LOWERING_CLASSES = tuple(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
 # The only ops that one class's lowering of a writing has and another's lacks: the CPU's threefry loop and its
-# compares (test_sampling_templates checks it for every form and writing). A template that lacks any other op of
-# the program lacks it on every platform, so a site lowers no other class of that writing.
-PLATFORM_VARIANT_OPS = frozenset({"stablehlo.while", "stablehlo.compare"})
+# compares, and reshapes (the unrolled rounds keep some that hlofuse-prepare folds into broadcasts on the CPU)
+# (test_sampling_templates checks it for every form and writing). A template that lacks any other op of the program
+# lacks it on every platform, so a site lowers no other class of that writing.
+PLATFORM_VARIANT_OPS = frozenset({"stablehlo.while", "stablehlo.compare", "stablehlo.reshape"})
 _last_platform = ["cpu"]  # the platform of the last site fused (a hint for the order only; races are harmless)
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 

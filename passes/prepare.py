@@ -10,7 +10,8 @@ taken branch inlined in place of its case, unreferenced
 private functions erased, identity converts (`convert` to its own type, as JAX writes a weak-typed Python
 scalar: `where(m, x, 0.0)`) dropped, integer scalar arithmetic on constants folded (an index normalised at a
 constant, `select(i < 0, i + n, i)`), a float scalar maximum or minimum of constants folded to the one it picks
-(a temperature bounded below, `x / jnp.maximum(T, 1e-4)`), then `canonicalize` and `cse`.
+(a temperature bounded below, `x / jnp.maximum(T, 1e-4)`), a broadcast of a reshape that only drops or adds unit
+dims made a broadcast of the reshape's operand (`v[..., -1]` read as `v[..., -1:]`), then `canonicalize` and `cse`.
 
     %m = call @tril(%c) : (tensor<16x16xi1>) -> tensor<16x16xi1>
   becomes
@@ -311,6 +312,66 @@ def fold_float_scalar_extrema(module: ir.Operation) -> int:
     return folded
 
 
+def _without_units(shape: list[int]) -> list[int]:
+    return [size for size in shape if size != 1]
+
+
+def unit_reshape_broadcast_dims(source: list[int], reshaped: list[int], dims: list[int], rank: int) -> list[int] | None:
+    """The `broadcast_dimensions` that broadcast `source` as `broadcast_in_dim(reshape(source) : reshaped, dims)` to
+    a rank-`rank` result does, where the reshape only drops or adds unit dims (else None): each dim of `source` that
+    is not 1 keeps its dim's place, and each unit dim takes the first place after the one before it (a unit dim is
+    the same values wherever it is broadcast). In increasing order, or None where no such places are left."""
+    if _without_units(source) != _without_units(reshaped):
+        return None
+    placed = iter(dims[i] for i, size in enumerate(reshaped) if size != 1)
+    kept = [next(placed) if size != 1 else None for size in source]
+    result: list[int] = []
+    for i, place in enumerate(kept):
+        if place is None:
+            place = (result[-1] + 1) if result else 0
+            later = next((p for p in kept[i + 1:] if p is not None), rank)
+            if place >= later:
+                return None
+        if result and place <= result[-1]:
+            return None
+        result.append(place)
+    return result
+
+
+def fold_unit_reshapes_into_broadcasts(module: ir.Operation) -> int:
+    """Replaces each `broadcast_in_dim` of a `reshape` that only drops or adds unit dims by a `broadcast_in_dim` of
+    the reshape's operand (`unit_reshape_broadcast_dims`); returns how many. A value broadcast from a (B, 1) column
+    and from its (B,) row, or from a (1,) slice and from its () scalar (`v[..., -1:]` against `v[..., -1]`, a
+    `keepdims` reduction against one reshaped after it), then read as one."""
+    broadcasts: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "stablehlo.broadcast_in_dim" and (d := defining_op(op.operands[0])) is not None and (
+                d.name == "stablehlo.reshape"):
+            broadcasts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    folded = 0
+    for op in broadcasts:
+        reshape = defining_op(op.operands[0])
+        source = reshape.operands[0]
+        if not all(isinstance(v.type, ir.RankedTensorType) and v.type.has_static_shape
+                   for v in (source, reshape.results[0], op.results[0])):
+            continue
+        dims = unit_reshape_broadcast_dims(list(source.type.shape), list(reshape.results[0].type.shape),
+                                           list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"])),
+                                           op.results[0].type.rank)
+        if dims is None:
+            continue
+        with ir.InsertionPoint(op), op.location:
+            broadcast = stablehlo.BroadcastInDimOp(op.results[0].type, source, dims)
+        op.results[0].replace_all_uses_with(broadcast.result)
+        op.erase()
+        folded += 1
+    return folded
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -326,5 +387,6 @@ class PreparePass(ModulePass):
         state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
         state.count("fold_integer_scalar", fold_integer_scalars(module))
         state.count("fold_float_scalar_extremum", fold_float_scalar_extrema(module))
+        state.count("fold_unit_reshape_into_broadcast", fold_unit_reshapes_into_broadcasts(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

@@ -12080,6 +12080,1015 @@ module @sample_gemma_pytorch_sampler attributes {mhlo.num_partitions = 1 : i32, 
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_multinomial_with_replacement_temperature(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_multinomial_with_replacement_temperature attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_multinomial_with_replacement_temperature(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst_0) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %4 = stablehlo.maximum %3, %2 : tensor<4xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %7 = stablehlo.subtract %1, %6 : tensor<4x256xf32>
+    %8 = stablehlo.exponential %7 : tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.reduce(%8 init: %cst_2) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %12 = stablehlo.divide %8, %11 : tensor<4x256xf32>
+    %13 = stablehlo.slice %12 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %14 = stablehlo.reshape %13 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %15 = call @cumsum(%14) : (tensor<256xf32>) -> tensor<256xf32>
+    %16 = stablehlo.slice %15 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %17 = stablehlo.reshape %16 : (tensor<1xf32>) -> tensor<f32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_4 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %18 = call @_uniform(%arg1, %cst_3, %cst_4) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %19 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %20 = stablehlo.subtract %19, %18 : tensor<1xf32>
+    %21 = stablehlo.broadcast_in_dim %17, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %22 = stablehlo.multiply %21, %20 : tensor<1xf32>
+    %23 = call @searchsorted(%15, %22) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %24 = stablehlo.slice %12 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %25 = stablehlo.reshape %24 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %26 = call @cumsum(%25) : (tensor<256xf32>) -> tensor<256xf32>
+    %27 = stablehlo.slice %26 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %28 = stablehlo.reshape %27 : (tensor<1xf32>) -> tensor<f32>
+    %cst_6 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_7 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %29 = call @_uniform(%arg1, %cst_6, %cst_7) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_8 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %30 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %31 = stablehlo.subtract %30, %29 : tensor<1xf32>
+    %32 = stablehlo.broadcast_in_dim %28, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %33 = stablehlo.multiply %32, %31 : tensor<1xf32>
+    %34 = call @searchsorted(%26, %33) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %35 = stablehlo.slice %12 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %36 = stablehlo.reshape %35 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %37 = call @cumsum(%36) : (tensor<256xf32>) -> tensor<256xf32>
+    %38 = stablehlo.slice %37 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %39 = stablehlo.reshape %38 : (tensor<1xf32>) -> tensor<f32>
+    %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_10 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %40 = call @_uniform(%arg1, %cst_9, %cst_10) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_11 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %41 = stablehlo.broadcast_in_dim %cst_11, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %42 = stablehlo.subtract %41, %40 : tensor<1xf32>
+    %43 = stablehlo.broadcast_in_dim %39, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %44 = stablehlo.multiply %43, %42 : tensor<1xf32>
+    %45 = call @searchsorted(%37, %44) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %46 = stablehlo.slice %12 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %47 = stablehlo.reshape %46 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %48 = call @cumsum(%47) : (tensor<256xf32>) -> tensor<256xf32>
+    %49 = stablehlo.slice %48 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %50 = stablehlo.reshape %49 : (tensor<1xf32>) -> tensor<f32>
+    %cst_12 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_13 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %51 = call @_uniform(%arg1, %cst_12, %cst_13) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_14 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %52 = stablehlo.broadcast_in_dim %cst_14, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %53 = stablehlo.subtract %52, %51 : tensor<1xf32>
+    %54 = stablehlo.broadcast_in_dim %50, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %55 = stablehlo.multiply %54, %53 : tensor<1xf32>
+    %56 = call @searchsorted(%48, %55) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %57 = stablehlo.broadcast_in_dim %23, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %58 = stablehlo.broadcast_in_dim %34, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %59 = stablehlo.broadcast_in_dim %45, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %60 = stablehlo.broadcast_in_dim %56, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %61 = stablehlo.concatenate %57, %58, %59, %60, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %62 = stablehlo.reshape %61 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %62 : tensor<4xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<1xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<1xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<1xui64>
+    %10 = stablehlo.multiply %9, %8 : tensor<1xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<1xui64>
+    %12 = stablehlo.shift_right_logical %10, %11 : tensor<1xui64>
+    %13 = stablehlo.convert %10 : (tensor<1xui64>) -> tensor<1xui32>
+    %14 = stablehlo.convert %12 : (tensor<1xui64>) -> tensor<1xui32>
+    %15:2 = call @threefry2x32(%5, %7, %14, %13) : (tensor<ui32>, tensor<ui32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
+    %16 = stablehlo.xor %15#0, %15#1 : tensor<1xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %18 = stablehlo.shift_right_logical %16, %17 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %19 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %20 = stablehlo.or %18, %19 : tensor<1xui32>
+    %21 = stablehlo.bitcast_convert %20 : (tensor<1xui32>) -> tensor<1xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %22 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %23 = stablehlo.subtract %21, %22 : tensor<1xf32>
+    %24 = stablehlo.subtract %3, %2 : tensor<1xf32>
+    %25 = stablehlo.multiply %23, %24 : tensor<1xf32>
+    %26 = stablehlo.add %25, %2 : tensor<1xf32>
+    %27 = stablehlo.maximum %2, %26 : tensor<1xf32>
+    return %27 : tensor<1xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<1xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<1xui32>, tensor<1xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<1xui32>, %arg2: tensor<1xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<1xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<1xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<1xui32>
+    %9 = stablehlo.or %5, %8 : tensor<1xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<1xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<1xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<1xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<1xui32>
+    %19 = stablehlo.or %15, %18 : tensor<1xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<1xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<1xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<1xui32>
+    %29 = stablehlo.or %25, %28 : tensor<1xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<1xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<1xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<1xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<1xui32>
+    %39 = stablehlo.or %35, %38 : tensor<1xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<1xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %42 = stablehlo.add %33, %41 : tensor<1xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %44 = stablehlo.add %40, %43 : tensor<1xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %48 = stablehlo.add %44, %47 : tensor<1xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    return %0 : tensor<1xi32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %0 = call @_searchsorted_scan_impl_1(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    return %0 : tensor<1xi32>
+  }
+  func.func private @_searchsorted_scan_impl_1(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %2:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %0, %iterArg_5 = %1) : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %4 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %4 : tensor<i1>
+    } do {
+      %4:2 = func.call @closed_call_2(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<1xf32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %5 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %5, %4#0, %4#1 : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
+    }
+    %3 = stablehlo.convert %2#4 : (tensor<1xui32>) -> tensor<1xi32>
+    return %3 : tensor<1xi32>
+  }
+  func.func private @closed_call_2(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<1xui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<1xui32>, tensor<i32>) -> tensor<1xui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<1xui32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %4 = "stablehlo.gather"(%arg0, %3) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1>}> : (tensor<256xf32>, tensor<1x1xui32>) -> tensor<1x1xf32>
+    %5 = stablehlo.reshape %4 : (tensor<1x1xf32>) -> tensor<1xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %7 = stablehlo.compare EQ, %arg1, %6, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %9 = stablehlo.select %7, %8, %arg1 : tensor<1xi1>, tensor<1xf32>
+    %10 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %12 = stablehlo.select %10, %11, %9 : tensor<1xi1>, tensor<1xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %14 = stablehlo.compare EQ, %5, %13, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %16 = stablehlo.select %14, %15, %5 : tensor<1xi1>, tensor<1xf32>
+    %17 = stablehlo.compare NE, %5, %5, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %19 = stablehlo.select %17, %18, %16 : tensor<1xi1>, tensor<1xf32>
+    %20 = stablehlo.compare LE, %12, %19, TOTALORDER : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %21 = stablehlo.select %20, %arg2, %2 : tensor<1xi1>, tensor<1xui32>
+    %22 = stablehlo.select %20, %2, %arg3 : tensor<1xi1>, tensor<1xui32>
+    return %21, %22 : tensor<1xui32>, tensor<1xui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<1xui32>, %arg1: tensor<i32>) -> tensor<1xui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<1xui32>
+    return %2 : tensor<1xui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_multinomial_with_replacement_top_k_mask(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_mask_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_multinomial_with_replacement_top_k_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_multinomial_with_replacement_top_k_mask(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %values, %indices = chlo.top_k(%1, k = 16) : tensor<4x256xf32> -> (tensor<4x16xf32>, tensor<4x16xi32>)
+    %2 = stablehlo.slice %values [0:4, 15:16] : (tensor<4x16xf32>) -> tensor<4x1xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %4 = stablehlo.compare LT, %1, %3, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %5 = call @_where(%4, %cst_0, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %6 = stablehlo.reduce(%5 init: %cst_1) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.maximum %7, %6 : tensor<4xf32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x256xf32>
+    %12 = stablehlo.exponential %11 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.reduce(%12 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %16 = stablehlo.divide %12, %15 : tensor<4x256xf32>
+    %17 = stablehlo.slice %16 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %18 = stablehlo.reshape %17 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %19 = call @cumsum(%18) : (tensor<256xf32>) -> tensor<256xf32>
+    %20 = stablehlo.slice %19 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %21 = stablehlo.reshape %20 : (tensor<1xf32>) -> tensor<f32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %22 = call @_uniform(%arg1, %cst_4, %cst_5) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_6 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %24 = stablehlo.subtract %23, %22 : tensor<1xf32>
+    %25 = stablehlo.broadcast_in_dim %21, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %26 = stablehlo.multiply %25, %24 : tensor<1xf32>
+    %27 = call @searchsorted(%19, %26) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %28 = stablehlo.slice %16 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %29 = stablehlo.reshape %28 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %30 = call @cumsum(%29) : (tensor<256xf32>) -> tensor<256xf32>
+    %31 = stablehlo.slice %30 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %32 = stablehlo.reshape %31 : (tensor<1xf32>) -> tensor<f32>
+    %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_8 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %33 = call @_uniform(%arg1, %cst_7, %cst_8) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_9 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %34 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %35 = stablehlo.subtract %34, %33 : tensor<1xf32>
+    %36 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %37 = stablehlo.multiply %36, %35 : tensor<1xf32>
+    %38 = call @searchsorted(%30, %37) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %39 = stablehlo.slice %16 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %40 = stablehlo.reshape %39 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %41 = call @cumsum(%40) : (tensor<256xf32>) -> tensor<256xf32>
+    %42 = stablehlo.slice %41 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %43 = stablehlo.reshape %42 : (tensor<1xf32>) -> tensor<f32>
+    %cst_10 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_11 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %44 = call @_uniform(%arg1, %cst_10, %cst_11) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_12 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %45 = stablehlo.broadcast_in_dim %cst_12, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %46 = stablehlo.subtract %45, %44 : tensor<1xf32>
+    %47 = stablehlo.broadcast_in_dim %43, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %48 = stablehlo.multiply %47, %46 : tensor<1xf32>
+    %49 = call @searchsorted(%41, %48) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %50 = stablehlo.slice %16 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
+    %51 = stablehlo.reshape %50 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %52 = call @cumsum(%51) : (tensor<256xf32>) -> tensor<256xf32>
+    %53 = stablehlo.slice %52 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %54 = stablehlo.reshape %53 : (tensor<1xf32>) -> tensor<f32>
+    %cst_13 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_14 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %55 = call @_uniform(%arg1, %cst_13, %cst_14) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_15 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %56 = stablehlo.broadcast_in_dim %cst_15, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %57 = stablehlo.subtract %56, %55 : tensor<1xf32>
+    %58 = stablehlo.broadcast_in_dim %54, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %59 = stablehlo.multiply %58, %57 : tensor<1xf32>
+    %60 = call @searchsorted(%52, %59) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %61 = stablehlo.broadcast_in_dim %27, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %62 = stablehlo.broadcast_in_dim %38, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %63 = stablehlo.broadcast_in_dim %49, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %64 = stablehlo.broadcast_in_dim %60, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %65 = stablehlo.concatenate %61, %62, %63, %64, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
+    %66 = stablehlo.reshape %65 : (tensor<4x1xi32>) -> tensor<4xi32>
+    return %66 : tensor<4xi32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<1xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<1xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<1xui64>
+    %10 = stablehlo.multiply %9, %8 : tensor<1xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<1xui64>
+    %12 = stablehlo.shift_right_logical %10, %11 : tensor<1xui64>
+    %13 = stablehlo.convert %10 : (tensor<1xui64>) -> tensor<1xui32>
+    %14 = stablehlo.convert %12 : (tensor<1xui64>) -> tensor<1xui32>
+    %15:2 = call @threefry2x32(%5, %7, %14, %13) : (tensor<ui32>, tensor<ui32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
+    %16 = stablehlo.xor %15#0, %15#1 : tensor<1xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %18 = stablehlo.shift_right_logical %16, %17 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %19 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %20 = stablehlo.or %18, %19 : tensor<1xui32>
+    %21 = stablehlo.bitcast_convert %20 : (tensor<1xui32>) -> tensor<1xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %22 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %23 = stablehlo.subtract %21, %22 : tensor<1xf32>
+    %24 = stablehlo.subtract %3, %2 : tensor<1xf32>
+    %25 = stablehlo.multiply %23, %24 : tensor<1xf32>
+    %26 = stablehlo.add %25, %2 : tensor<1xf32>
+    %27 = stablehlo.maximum %2, %26 : tensor<1xf32>
+    return %27 : tensor<1xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<1xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<1xui32>, tensor<1xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<1xui32>, %arg2: tensor<1xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<1xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<1xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<1xui32>
+    %9 = stablehlo.or %5, %8 : tensor<1xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<1xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<1xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<1xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<1xui32>
+    %19 = stablehlo.or %15, %18 : tensor<1xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<1xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<1xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<1xui32>
+    %29 = stablehlo.or %25, %28 : tensor<1xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<1xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<1xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<1xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<1xui32>
+    %39 = stablehlo.or %35, %38 : tensor<1xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<1xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %42 = stablehlo.add %33, %41 : tensor<1xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %44 = stablehlo.add %40, %43 : tensor<1xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %48 = stablehlo.add %44, %47 : tensor<1xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    return %0 : tensor<1xi32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %0 = call @_searchsorted_scan_impl_1(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    return %0 : tensor<1xi32>
+  }
+  func.func private @_searchsorted_scan_impl_1(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %2:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %0, %iterArg_5 = %1) : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %4 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %4 : tensor<i1>
+    } do {
+      %4:2 = func.call @closed_call_2(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<1xf32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %5 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %5, %4#0, %4#1 : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
+    }
+    %3 = stablehlo.convert %2#4 : (tensor<1xui32>) -> tensor<1xi32>
+    return %3 : tensor<1xi32>
+  }
+  func.func private @closed_call_2(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<1xui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<1xui32>, tensor<i32>) -> tensor<1xui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<1xui32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %4 = "stablehlo.gather"(%arg0, %3) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1>}> : (tensor<256xf32>, tensor<1x1xui32>) -> tensor<1x1xf32>
+    %5 = stablehlo.reshape %4 : (tensor<1x1xf32>) -> tensor<1xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %7 = stablehlo.compare EQ, %arg1, %6, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %9 = stablehlo.select %7, %8, %arg1 : tensor<1xi1>, tensor<1xf32>
+    %10 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %12 = stablehlo.select %10, %11, %9 : tensor<1xi1>, tensor<1xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %14 = stablehlo.compare EQ, %5, %13, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %16 = stablehlo.select %14, %15, %5 : tensor<1xi1>, tensor<1xf32>
+    %17 = stablehlo.compare NE, %5, %5, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %19 = stablehlo.select %17, %18, %16 : tensor<1xi1>, tensor<1xf32>
+    %20 = stablehlo.compare LE, %12, %19, TOTALORDER : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %21 = stablehlo.select %20, %arg2, %2 : tensor<1xi1>, tensor<1xui32>
+    %22 = stablehlo.select %20, %2, %arg3 : tensor<1xi1>, tensor<1xui32>
+    return %21, %22 : tensor<1xui32>, tensor<1xui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<1xui32>, %arg1: tensor<i32>) -> tensor<1xui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<1xui32>
+    return %2 : tensor<1xui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_choice_of_one_row_temperature(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_choice_of_one_row_temperature attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_choice_of_one_row_temperature(%arg0: tensor<256xf32>, %arg1: tensor<2xui32>) -> (tensor<i32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<256xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst_0) applies stablehlo.maximum across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = stablehlo.maximum %cst_1, %2 : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %6 = stablehlo.subtract %1, %5 : tensor<256xf32>
+    %7 = stablehlo.exponential %6 : tensor<256xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.reduce(%7 init: %cst_2) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %11 = stablehlo.divide %7, %10 : tensor<256xf32>
+    %12 = call @cumsum(%11) : (tensor<256xf32>) -> tensor<256xf32>
+    %13 = stablehlo.slice %12 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %14 = stablehlo.reshape %13 : (tensor<1xf32>) -> tensor<f32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_4 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %15 = call @_uniform(%arg1, %cst_3, %cst_4) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<f32>
+    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %16 = stablehlo.subtract %cst_5, %15 : tensor<f32>
+    %17 = stablehlo.multiply %14, %16 : tensor<f32>
+    %18 = call @searchsorted(%12, %17) : (tensor<256xf32>, tensor<f32>) -> tensor<i32>
+    %19 = stablehlo.reshape %18 : (tensor<i32>) -> tensor<i32>
+    return %19 : tensor<i32>
+  }
+  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<f32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<0> : tensor<ui32>
+    %6:2 = call @threefry2x32(%3, %5, %c, %c_0) : (tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+    %7 = stablehlo.xor %6#0, %6#1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %8 = stablehlo.shift_right_logical %7, %c_1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %9 = stablehlo.or %8, %c_2 : tensor<ui32>
+    %10 = stablehlo.bitcast_convert %9 : (tensor<ui32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %11 = stablehlo.subtract %10, %cst : tensor<f32>
+    %12 = stablehlo.subtract %1, %0 : tensor<f32>
+    %13 = stablehlo.multiply %11, %12 : tensor<f32>
+    %14 = stablehlo.add %13, %0 : tensor<f32>
+    %15 = stablehlo.reshape %14 : (tensor<f32>) -> tensor<f32>
+    %16 = stablehlo.maximum %0, %15 : tensor<f32>
+    return %16 : tensor<f32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.add %arg2, %arg0 : tensor<ui32>
+    %3 = stablehlo.add %arg3, %arg1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %4:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %2, %iterArg_6 = %3, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %5 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %5 : tensor<i1>
+    } do {
+      %5:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %6 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %6, %5#0, %5#1, %5#2, %5#3, %5#4, %5#5, %5#6, %5#7 : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %4#2, %4#3 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<ui32>
+    %4 = stablehlo.shift_left %arg2, %2 : tensor<ui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %5 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %6 = stablehlo.shift_right_logical %arg2, %5 : tensor<ui32>
+    %7 = stablehlo.or %4, %6 : tensor<ui32>
+    %8 = stablehlo.xor %3, %7 : tensor<ui32>
+    %9 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %10 = stablehlo.reshape %9 : (tensor<1xui32>) -> tensor<ui32>
+    %11 = stablehlo.add %3, %8 : tensor<ui32>
+    %12 = stablehlo.shift_left %8, %10 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %13 = stablehlo.subtract %c_1, %10 : tensor<ui32>
+    %14 = stablehlo.shift_right_logical %8, %13 : tensor<ui32>
+    %15 = stablehlo.or %12, %14 : tensor<ui32>
+    %16 = stablehlo.xor %11, %15 : tensor<ui32>
+    %17 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %18 = stablehlo.reshape %17 : (tensor<1xui32>) -> tensor<ui32>
+    %19 = stablehlo.add %11, %16 : tensor<ui32>
+    %20 = stablehlo.shift_left %16, %18 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %21 = stablehlo.subtract %c_2, %18 : tensor<ui32>
+    %22 = stablehlo.shift_right_logical %16, %21 : tensor<ui32>
+    %23 = stablehlo.or %20, %22 : tensor<ui32>
+    %24 = stablehlo.xor %19, %23 : tensor<ui32>
+    %25 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %26 = stablehlo.reshape %25 : (tensor<1xui32>) -> tensor<ui32>
+    %27 = stablehlo.add %19, %24 : tensor<ui32>
+    %28 = stablehlo.shift_left %24, %26 : tensor<ui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %29 = stablehlo.subtract %c_3, %26 : tensor<ui32>
+    %30 = stablehlo.shift_right_logical %24, %29 : tensor<ui32>
+    %31 = stablehlo.or %28, %30 : tensor<ui32>
+    %32 = stablehlo.xor %27, %31 : tensor<ui32>
+    %33 = stablehlo.add %27, %arg3 : tensor<ui32>
+    %34 = stablehlo.add %32, %arg4 : tensor<ui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %35 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %36 = stablehlo.convert %35 : (tensor<i32>) -> tensor<ui32>
+    %37 = stablehlo.add %34, %36 : tensor<ui32>
+    return %0, %33, %37, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<f32>) -> tensor<i32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<f32>) -> tensor<i32>
+    return %0 : tensor<i32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<f32>) -> tensor<i32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %0:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %c, %iterArg_5 = %c_0) : tensor<256xf32>, tensor<f32>, tensor<i32>, tensor<ui32>, tensor<ui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %2 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %2 : tensor<i1>
+    } do {
+      %2:2 = func.call @closed_call_1(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<f32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %3 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %3, %2#0, %2#1 : tensor<256xf32>, tensor<f32>, tensor<i32>, tensor<ui32>, tensor<ui32>
+    }
+    %1 = stablehlo.convert %0#4 : (tensor<ui32>) -> tensor<i32>
+    return %1 : tensor<i32>
+  }
+  func.func private @closed_call_1(%arg0: tensor<256xf32>, %arg1: tensor<f32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<ui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<ui32>, tensor<i32>) -> tensor<ui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<ui32>
+    %3 = stablehlo.dynamic_slice %arg0, %2, sizes = [1] : (tensor<256xf32>, tensor<ui32>) -> tensor<1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<1xf32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+    %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.compare EQ, %4, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %10 = stablehlo.select %9, %cst_3, %4 : tensor<i1>, tensor<f32>
+    %11 = stablehlo.compare NE, %4, %4, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+    %13 = stablehlo.compare LE, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %14 = stablehlo.select %13, %arg2, %2 : tensor<i1>, tensor<ui32>
+    %15 = stablehlo.select %13, %2, %arg3 : tensor<i1>, tensor<ui32>
+    return %14, %15 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<ui32>, %arg1: tensor<i32>) -> tensor<ui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<ui32>
+    return %1 : tensor<ui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_choice_of_one_row_top_k_mask(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_mask_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_choice_of_one_row_top_k_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_choice_of_one_row_top_k_mask(%arg0: tensor<256xf32>, %arg1: tensor<2xui32>) -> (tensor<i32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<256xf32>
+    %values, %indices = chlo.top_k(%1, k = 40) : tensor<256xf32> -> (tensor<40xf32>, tensor<40xi32>)
+    %2 = stablehlo.slice %values [39:40] : (tensor<40xf32>) -> tensor<1xf32>
+    %3 = stablehlo.reshape %2 : (tensor<1xf32>) -> tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %5 = stablehlo.compare LT, %1, %4, FLOAT : (tensor<256xf32>, tensor<256xf32>) -> tensor<256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %6 = call @_where(%5, %cst_0, %1) : (tensor<256xi1>, tensor<f32>, tensor<256xf32>) -> tensor<256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.maximum across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = stablehlo.maximum %cst_2, %7 : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %11 = stablehlo.subtract %6, %10 : tensor<256xf32>
+    %12 = stablehlo.exponential %11 : tensor<256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.reduce(%12 init: %cst_3) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %16 = stablehlo.divide %12, %15 : tensor<256xf32>
+    %17 = call @cumsum(%16) : (tensor<256xf32>) -> tensor<256xf32>
+    %18 = stablehlo.slice %17 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %19 = stablehlo.reshape %18 : (tensor<1xf32>) -> tensor<f32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %20 = call @_uniform(%arg1, %cst_4, %cst_5) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<f32>
+    %cst_6 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.subtract %cst_6, %20 : tensor<f32>
+    %22 = stablehlo.multiply %19, %21 : tensor<f32>
+    %23 = call @searchsorted(%17, %22) : (tensor<256xf32>, tensor<f32>) -> tensor<i32>
+    %24 = stablehlo.reshape %23 : (tensor<i32>) -> tensor<i32>
+    return %24 : tensor<i32>
+  }
+  func.func private @_where(%arg0: tensor<256xi1>, %arg1: tensor<f32>, %arg2: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<256xi1>, tensor<256xf32>
+    return %2 : tensor<256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<f32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<0> : tensor<ui32>
+    %6:2 = call @threefry2x32(%3, %5, %c, %c_0) : (tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+    %7 = stablehlo.xor %6#0, %6#1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %8 = stablehlo.shift_right_logical %7, %c_1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %9 = stablehlo.or %8, %c_2 : tensor<ui32>
+    %10 = stablehlo.bitcast_convert %9 : (tensor<ui32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %11 = stablehlo.subtract %10, %cst : tensor<f32>
+    %12 = stablehlo.subtract %1, %0 : tensor<f32>
+    %13 = stablehlo.multiply %11, %12 : tensor<f32>
+    %14 = stablehlo.add %13, %0 : tensor<f32>
+    %15 = stablehlo.reshape %14 : (tensor<f32>) -> tensor<f32>
+    %16 = stablehlo.maximum %0, %15 : tensor<f32>
+    return %16 : tensor<f32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.add %arg2, %arg0 : tensor<ui32>
+    %3 = stablehlo.add %arg3, %arg1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %4:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %2, %iterArg_6 = %3, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %5 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %5 : tensor<i1>
+    } do {
+      %5:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %6 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %6, %5#0, %5#1, %5#2, %5#3, %5#4, %5#5, %5#6, %5#7 : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %4#2, %4#3 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<ui32>
+    %4 = stablehlo.shift_left %arg2, %2 : tensor<ui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %5 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %6 = stablehlo.shift_right_logical %arg2, %5 : tensor<ui32>
+    %7 = stablehlo.or %4, %6 : tensor<ui32>
+    %8 = stablehlo.xor %3, %7 : tensor<ui32>
+    %9 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %10 = stablehlo.reshape %9 : (tensor<1xui32>) -> tensor<ui32>
+    %11 = stablehlo.add %3, %8 : tensor<ui32>
+    %12 = stablehlo.shift_left %8, %10 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %13 = stablehlo.subtract %c_1, %10 : tensor<ui32>
+    %14 = stablehlo.shift_right_logical %8, %13 : tensor<ui32>
+    %15 = stablehlo.or %12, %14 : tensor<ui32>
+    %16 = stablehlo.xor %11, %15 : tensor<ui32>
+    %17 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %18 = stablehlo.reshape %17 : (tensor<1xui32>) -> tensor<ui32>
+    %19 = stablehlo.add %11, %16 : tensor<ui32>
+    %20 = stablehlo.shift_left %16, %18 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %21 = stablehlo.subtract %c_2, %18 : tensor<ui32>
+    %22 = stablehlo.shift_right_logical %16, %21 : tensor<ui32>
+    %23 = stablehlo.or %20, %22 : tensor<ui32>
+    %24 = stablehlo.xor %19, %23 : tensor<ui32>
+    %25 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %26 = stablehlo.reshape %25 : (tensor<1xui32>) -> tensor<ui32>
+    %27 = stablehlo.add %19, %24 : tensor<ui32>
+    %28 = stablehlo.shift_left %24, %26 : tensor<ui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %29 = stablehlo.subtract %c_3, %26 : tensor<ui32>
+    %30 = stablehlo.shift_right_logical %24, %29 : tensor<ui32>
+    %31 = stablehlo.or %28, %30 : tensor<ui32>
+    %32 = stablehlo.xor %27, %31 : tensor<ui32>
+    %33 = stablehlo.add %27, %arg3 : tensor<ui32>
+    %34 = stablehlo.add %32, %arg4 : tensor<ui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %35 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %36 = stablehlo.convert %35 : (tensor<i32>) -> tensor<ui32>
+    %37 = stablehlo.add %34, %36 : tensor<ui32>
+    return %0, %33, %37, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<f32>) -> tensor<i32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<f32>) -> tensor<i32>
+    return %0 : tensor<i32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<f32>) -> tensor<i32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %0:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %c, %iterArg_5 = %c_0) : tensor<256xf32>, tensor<f32>, tensor<i32>, tensor<ui32>, tensor<ui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %2 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %2 : tensor<i1>
+    } do {
+      %2:2 = func.call @closed_call_1(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<f32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %3 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %3, %2#0, %2#1 : tensor<256xf32>, tensor<f32>, tensor<i32>, tensor<ui32>, tensor<ui32>
+    }
+    %1 = stablehlo.convert %0#4 : (tensor<ui32>) -> tensor<i32>
+    return %1 : tensor<i32>
+  }
+  func.func private @closed_call_1(%arg0: tensor<256xf32>, %arg1: tensor<f32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<ui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<ui32>, tensor<i32>) -> tensor<ui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<ui32>
+    %3 = stablehlo.dynamic_slice %arg0, %2, sizes = [1] : (tensor<256xf32>, tensor<ui32>) -> tensor<1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<1xf32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+    %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.compare EQ, %4, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %10 = stablehlo.select %9, %cst_3, %4 : tensor<i1>, tensor<f32>
+    %11 = stablehlo.compare NE, %4, %4, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+    %13 = stablehlo.compare LE, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %14 = stablehlo.select %13, %arg2, %2 : tensor<i1>, tensor<ui32>
+    %15 = stablehlo.select %13, %2, %arg3 : tensor<i1>, tensor<ui32>
+    return %14, %15 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<ui32>, %arg1: tensor<i32>) -> tensor<ui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<ui32>
+    return %1 : tensor<ui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_near_miss_sorted_probs_inclusive(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "categorical"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"
@@ -26536,296 +27545,6 @@ module @sample_no_match_uniform_noise attributes {mhlo.num_partitions = 1 : i32,
       stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
     }
     return %1#1 : tensor<4xi32>
-  }
-}
-
-// -----
-
-// CHECK-LABEL: func.func public @sample_no_match_multinomial_with_replacement(
-// CHECK-NOT: stablehlo.composite "hlofuse.sample"
-// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused{{.*}}torch.multinomial(replacement=True) under torchax) (and 3 more draws of the same uniform, a row each); no sampler form draws this way
-module @sample_no_match_multinomial_with_replacement attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
-  func.func public @sample_no_match_multinomial_with_replacement(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
-    %cst = stablehlo.constant dense<0.899999976> : tensor<f32>
-    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
-    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
-    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
-    %2 = stablehlo.reduce(%1 init: %cst_0) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
-    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
-    %3 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
-    %4 = stablehlo.maximum %3, %2 : tensor<4xf32>
-    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
-    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
-    %7 = stablehlo.subtract %1, %6 : tensor<4x256xf32>
-    %8 = stablehlo.exponential %7 : tensor<4x256xf32>
-    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %9 = stablehlo.reduce(%8 init: %cst_2) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
-    %10 = stablehlo.broadcast_in_dim %9, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
-    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
-    %12 = stablehlo.divide %8, %11 : tensor<4x256xf32>
-    %13 = stablehlo.slice %12 [0:1, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
-    %14 = stablehlo.reshape %13 : (tensor<1x256xf32>) -> tensor<256xf32>
-    %15 = call @cumsum(%14) : (tensor<256xf32>) -> tensor<256xf32>
-    %16 = stablehlo.slice %15 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
-    %17 = stablehlo.reshape %16 : (tensor<1xf32>) -> tensor<f32>
-    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %cst_4 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %18 = call @_uniform(%arg1, %cst_3, %cst_4) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
-    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %19 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %20 = stablehlo.subtract %19, %18 : tensor<1xf32>
-    %21 = stablehlo.broadcast_in_dim %17, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %22 = stablehlo.multiply %21, %20 : tensor<1xf32>
-    %23 = call @searchsorted(%15, %22) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
-    %24 = stablehlo.slice %12 [1:2, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
-    %25 = stablehlo.reshape %24 : (tensor<1x256xf32>) -> tensor<256xf32>
-    %26 = call @cumsum(%25) : (tensor<256xf32>) -> tensor<256xf32>
-    %27 = stablehlo.slice %26 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
-    %28 = stablehlo.reshape %27 : (tensor<1xf32>) -> tensor<f32>
-    %cst_6 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %cst_7 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %29 = call @_uniform(%arg1, %cst_6, %cst_7) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
-    %cst_8 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %30 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %31 = stablehlo.subtract %30, %29 : tensor<1xf32>
-    %32 = stablehlo.broadcast_in_dim %28, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %33 = stablehlo.multiply %32, %31 : tensor<1xf32>
-    %34 = call @searchsorted(%26, %33) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
-    %35 = stablehlo.slice %12 [2:3, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
-    %36 = stablehlo.reshape %35 : (tensor<1x256xf32>) -> tensor<256xf32>
-    %37 = call @cumsum(%36) : (tensor<256xf32>) -> tensor<256xf32>
-    %38 = stablehlo.slice %37 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
-    %39 = stablehlo.reshape %38 : (tensor<1xf32>) -> tensor<f32>
-    %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %cst_10 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %40 = call @_uniform(%arg1, %cst_9, %cst_10) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
-    %cst_11 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %41 = stablehlo.broadcast_in_dim %cst_11, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %42 = stablehlo.subtract %41, %40 : tensor<1xf32>
-    %43 = stablehlo.broadcast_in_dim %39, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %44 = stablehlo.multiply %43, %42 : tensor<1xf32>
-    %45 = call @searchsorted(%37, %44) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
-    %46 = stablehlo.slice %12 [3:4, 0:256] : (tensor<4x256xf32>) -> tensor<1x256xf32>
-    %47 = stablehlo.reshape %46 : (tensor<1x256xf32>) -> tensor<256xf32>
-    %48 = call @cumsum(%47) : (tensor<256xf32>) -> tensor<256xf32>
-    %49 = stablehlo.slice %48 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
-    %50 = stablehlo.reshape %49 : (tensor<1xf32>) -> tensor<f32>
-    %cst_12 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %cst_13 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %51 = call @_uniform(%arg1, %cst_12, %cst_13) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
-    %cst_14 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %52 = stablehlo.broadcast_in_dim %cst_14, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %53 = stablehlo.subtract %52, %51 : tensor<1xf32>
-    %54 = stablehlo.broadcast_in_dim %50, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %55 = stablehlo.multiply %54, %53 : tensor<1xf32>
-    %56 = call @searchsorted(%48, %55) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
-    %57 = stablehlo.broadcast_in_dim %23, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
-    %58 = stablehlo.broadcast_in_dim %34, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
-    %59 = stablehlo.broadcast_in_dim %45, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
-    %60 = stablehlo.broadcast_in_dim %56, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
-    %61 = stablehlo.concatenate %57, %58, %59, %60, dim = 0 : (tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<4x1xi32>
-    %62 = stablehlo.reshape %61 : (tensor<4x1xi32>) -> tensor<4xi32>
-    return %62 : tensor<4xi32>
-  }
-  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
-    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
-    return %0 : tensor<256xf32>
-  }
-  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
-    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
-    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
-    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
-      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
-      stablehlo.return %2 : tensor<f32>
-    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
-    return %1 : tensor<256xf32>
-  }
-  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<1xf32> {
-    %0 = stablehlo.convert %arg1 : tensor<f32>
-    %1 = stablehlo.convert %arg2 : tensor<f32>
-    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
-    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
-    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
-    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
-    %8 = stablehlo.iota dim = 0 : tensor<1xui64>
-    %c = stablehlo.constant dense<1> : tensor<ui64>
-    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<1xui64>
-    %10 = stablehlo.multiply %9, %8 : tensor<1xui64>
-    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
-    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<1xui64>
-    %12 = stablehlo.shift_right_logical %10, %11 : tensor<1xui64>
-    %13 = stablehlo.convert %10 : (tensor<1xui64>) -> tensor<1xui32>
-    %14 = stablehlo.convert %12 : (tensor<1xui64>) -> tensor<1xui32>
-    %15:2 = call @threefry2x32(%5, %7, %14, %13) : (tensor<ui32>, tensor<ui32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
-    %16 = stablehlo.xor %15#0, %15#1 : tensor<1xui32>
-    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
-    %17 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %18 = stablehlo.shift_right_logical %16, %17 : tensor<1xui32>
-    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
-    %19 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %20 = stablehlo.or %18, %19 : tensor<1xui32>
-    %21 = stablehlo.bitcast_convert %20 : (tensor<1xui32>) -> tensor<1xf32>
-    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
-    %22 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %23 = stablehlo.subtract %21, %22 : tensor<1xf32>
-    %24 = stablehlo.subtract %3, %2 : tensor<1xf32>
-    %25 = stablehlo.multiply %23, %24 : tensor<1xf32>
-    %26 = stablehlo.add %25, %2 : tensor<1xf32>
-    %27 = stablehlo.maximum %2, %26 : tensor<1xf32>
-    return %27 : tensor<1xf32>
-  }
-  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
-    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
-    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
-    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
-    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
-    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
-    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %3 = stablehlo.add %arg2, %2 : tensor<1xui32>
-    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %5 = stablehlo.add %arg3, %4 : tensor<1xui32>
-    %c_2 = stablehlo.constant dense<0> : tensor<i32>
-    %c_3 = stablehlo.constant dense<0> : tensor<i32>
-    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
-    cond {
-      %c_12 = stablehlo.constant dense<5> : tensor<i32>
-      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
-      stablehlo.return %7 : tensor<i1>
-    } do {
-      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
-      %c_12 = stablehlo.constant dense<1> : tensor<i32>
-      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
-      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
-    }
-    return %6#2, %6#3 : tensor<1xui32>, tensor<1xui32>
-  }
-  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<1xui32>, %arg2: tensor<1xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
-    %c = stablehlo.constant dense<1> : tensor<i32>
-    %0 = stablehlo.add %arg0, %c : tensor<i32>
-    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
-    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
-    %3 = stablehlo.add %arg1, %arg2 : tensor<1xui32>
-    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %5 = stablehlo.shift_left %arg2, %4 : tensor<1xui32>
-    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
-    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
-    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<1xui32>
-    %9 = stablehlo.or %5, %8 : tensor<1xui32>
-    %10 = stablehlo.xor %3, %9 : tensor<1xui32>
-    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
-    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
-    %13 = stablehlo.add %3, %10 : tensor<1xui32>
-    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %15 = stablehlo.shift_left %10, %14 : tensor<1xui32>
-    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
-    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
-    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %18 = stablehlo.shift_right_logical %10, %17 : tensor<1xui32>
-    %19 = stablehlo.or %15, %18 : tensor<1xui32>
-    %20 = stablehlo.xor %13, %19 : tensor<1xui32>
-    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
-    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
-    %23 = stablehlo.add %13, %20 : tensor<1xui32>
-    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %25 = stablehlo.shift_left %20, %24 : tensor<1xui32>
-    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
-    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
-    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %28 = stablehlo.shift_right_logical %20, %27 : tensor<1xui32>
-    %29 = stablehlo.or %25, %28 : tensor<1xui32>
-    %30 = stablehlo.xor %23, %29 : tensor<1xui32>
-    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
-    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
-    %33 = stablehlo.add %23, %30 : tensor<1xui32>
-    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %35 = stablehlo.shift_left %30, %34 : tensor<1xui32>
-    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
-    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
-    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %38 = stablehlo.shift_right_logical %30, %37 : tensor<1xui32>
-    %39 = stablehlo.or %35, %38 : tensor<1xui32>
-    %40 = stablehlo.xor %33, %39 : tensor<1xui32>
-    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %42 = stablehlo.add %33, %41 : tensor<1xui32>
-    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %44 = stablehlo.add %40, %43 : tensor<1xui32>
-    %c_4 = stablehlo.constant dense<1> : tensor<i32>
-    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
-    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
-    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %48 = stablehlo.add %44, %47 : tensor<1xui32>
-    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
-  }
-  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
-    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
-    return %0 : tensor<1xi32>
-  }
-  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
-    %0 = call @_searchsorted_scan_impl_1(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
-    return %0 : tensor<1xi32>
-  }
-  func.func private @_searchsorted_scan_impl_1(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
-    %c = stablehlo.constant dense<0> : tensor<ui32>
-    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
-    %1 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %c_1 = stablehlo.constant dense<0> : tensor<i32>
-    %2:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %0, %iterArg_5 = %1) : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
-    cond {
-      %c_6 = stablehlo.constant dense<9> : tensor<i32>
-      %4 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
-      stablehlo.return %4 : tensor<i1>
-    } do {
-      %4:2 = func.call @closed_call_2(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<1xf32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
-      %c_6 = stablehlo.constant dense<1> : tensor<i32>
-      %5 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
-      stablehlo.return %iterArg, %iterArg_2, %5, %4#0, %4#1 : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
-    }
-    %3 = stablehlo.convert %2#4 : (tensor<1xui32>) -> tensor<1xi32>
-    return %3 : tensor<1xi32>
-  }
-  func.func private @closed_call_2(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
-    %0 = stablehlo.subtract %arg3, %arg2 : tensor<1xui32>
-    %c = stablehlo.constant dense<2> : tensor<i32>
-    %1 = call @floor_divide(%0, %c) : (tensor<1xui32>, tensor<i32>) -> tensor<1xui32>
-    %2 = stablehlo.add %arg2, %1 : tensor<1xui32>
-    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
-    %4 = "stablehlo.gather"(%arg0, %3) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1>}> : (tensor<256xf32>, tensor<1x1xui32>) -> tensor<1x1xf32>
-    %5 = stablehlo.reshape %4 : (tensor<1x1xf32>) -> tensor<1xf32>
-    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %7 = stablehlo.compare EQ, %arg1, %6, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
-    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %9 = stablehlo.select %7, %8, %arg1 : tensor<1xi1>, tensor<1xf32>
-    %10 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
-    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
-    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %12 = stablehlo.select %10, %11, %9 : tensor<1xi1>, tensor<1xf32>
-    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %13 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %14 = stablehlo.compare EQ, %5, %13, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
-    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
-    %15 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %16 = stablehlo.select %14, %15, %5 : tensor<1xi1>, tensor<1xf32>
-    %17 = stablehlo.compare NE, %5, %5, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
-    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
-    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1xf32>
-    %19 = stablehlo.select %17, %18, %16 : tensor<1xi1>, tensor<1xf32>
-    %20 = stablehlo.compare LE, %12, %19, TOTALORDER : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
-    %21 = stablehlo.select %20, %arg2, %2 : tensor<1xi1>, tensor<1xui32>
-    %22 = stablehlo.select %20, %2, %arg3 : tensor<1xi1>, tensor<1xui32>
-    return %21, %22 : tensor<1xui32>, tensor<1xui32>
-  }
-  func.func private @floor_divide(%arg0: tensor<1xui32>, %arg1: tensor<i32>) -> tensor<1xui32> {
-    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
-    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    %2 = stablehlo.divide %arg0, %1 : tensor<1xui32>
-    return %2 : tensor<1xui32>
   }
 }
 

@@ -282,3 +282,42 @@ func.func public @no_match_an_invariant_carry_of_an_argument(%arg0: tensor<2x8xf
   }
   return %0#2 : tensor<2x8xf32>
 }
+
+// -----
+
+// A (B,) row reshaped to a (B, 1) column and broadcast: the row broadcast itself, as `v[..., -1:]` would be.
+// CHECK-LABEL: func.func public @folds_a_unit_reshape_into_its_broadcast
+// CHECK-NOT: stablehlo.reshape
+// CHECK: stablehlo.broadcast_in_dim %arg1, dims = [0] : (tensor<2xf32>) -> tensor<2x8xf32>
+func.func public @folds_a_unit_reshape_into_its_broadcast(%arg0: tensor<2x8xf32>, %arg1: tensor<2xf32>) -> tensor<2x8xi1> {
+  %0 = stablehlo.reshape %arg1 : (tensor<2xf32>) -> tensor<2x1xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<2x1xf32>) -> tensor<2x8xf32>
+  %2 = stablehlo.compare LT, %arg0, %1, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  return %2 : tensor<2x8xi1>
+}
+
+// -----
+
+// One row's k-th value as a () scalar (`v[-1]`): broadcast from its (1,) slice, as `v[-1:]` is.
+// CHECK-LABEL: func.func public @folds_a_scalar_back_to_its_unit_slice
+// CHECK: %[[KTH:.*]] = stablehlo.slice %arg1 [3:4]
+// CHECK-NEXT: stablehlo.broadcast_in_dim %[[KTH]], dims = [0] : (tensor<1xf32>) -> tensor<8xf32>
+func.func public @folds_a_scalar_back_to_its_unit_slice(%arg0: tensor<8xf32>, %arg1: tensor<4xf32>) -> tensor<8xi1> {
+  %0 = stablehlo.slice %arg1 [3:4] : (tensor<4xf32>) -> tensor<1xf32>
+  %1 = stablehlo.reshape %0 : (tensor<1xf32>) -> tensor<f32>
+  %2 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<8xf32>
+  %3 = stablehlo.compare LT, %arg0, %2, FLOAT : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xi1>
+  return %3 : tensor<8xi1>
+}
+
+// -----
+
+// Near miss: the reshape regroups dims that are not 1 ((2, 4) to (8,)): it stays.
+// CHECK-LABEL: func.func public @no_fold_a_reshape_of_more_than_unit_dims
+// CHECK: stablehlo.reshape %arg0 : (tensor<2x4xf32>) -> tensor<8xf32>
+// CHECK: stablehlo.broadcast_in_dim
+func.func public @no_fold_a_reshape_of_more_than_unit_dims(%arg0: tensor<2x4xf32>) -> tensor<3x8xf32> {
+  %0 = stablehlo.reshape %arg0 : (tensor<2x4xf32>) -> tensor<8xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<8xf32>) -> tensor<3x8xf32>
+  return %1 : tensor<3x8xf32>
+}

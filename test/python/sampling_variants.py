@@ -453,14 +453,6 @@ def no_match_uniform_noise(x, key):
     return jnp.argmax(x + jax.random.uniform(key, x.shape), axis=-1)
 
 
-def no_match_multinomial_with_replacement(x, key):
-    """torch.multinomial(softmax(x / T), 1, replacement=True) as torchax lowers it (gemma_pytorch's sampler draws so):
-    per row jax.random.choice with replace=True, an inverse-CDF draw, which no form has."""
-    probs = jax.nn.softmax(x / 0.9, axis=-1)
-    rows = [jax.random.choice(key, probs.shape[-1], (1,), replace=True, p=probs[i, :]) for i in range(probs.shape[0])]
-    return jnp.squeeze(jnp.array(rows), 1)
-
-
 def no_match_searchsorted_of_uniform(x, key):
     """A hand-written inverse-CDF draw: each row's uniform searched in its cumulative probabilities."""
     cumulative = jnp.cumsum(jax.nn.softmax(x, axis=-1), axis=-1)
@@ -634,6 +626,36 @@ def _torch_top_k_scattered(row, k):
     values = jnp.sort(values, descending=True)
     ids = jnp.take_along_axis(ids, jnp.argsort(values, descending=True), axis=-1)
     return jnp.full_like(row, -jnp.inf).at[ids].set(values)
+
+
+def _multinomial_with_replacement(probs, key):
+    """torch.multinomial(probs, 1, replacement=True).squeeze(1) as torchax lowers it: jax.random.choice with
+    replacement per row, one key (an inverse-CDF draw: every row searches its cumsum at the same uniform)."""
+    rows = [jax.random.choice(key, probs.shape[-1], (1,), replace=True, p=probs[i, :]) for i in range(probs.shape[0])]
+    return jnp.squeeze(jnp.array(rows), 1)
+
+
+def multinomial_with_replacement_temperature(x, key):
+    return _multinomial_with_replacement(jax.nn.softmax(x / 0.7, axis=-1), key)
+
+
+def multinomial_with_replacement_top_k_mask(x, key):
+    """A top-k mask (`logits < topk(...)[..., -1]`) then torch.multinomial with replacement: top_k_mask_inverse_cdf."""
+    y = x / 0.8
+    kth = jax.lax.top_k(y, 16)[0][..., -1:]
+    return _multinomial_with_replacement(jax.nn.softmax(jnp.where(y < kth, -jnp.inf, y), axis=-1), key)
+
+
+def choice_of_one_row_temperature(x, key):
+    """`jax.random.choice(key, V, p=softmax(x / T))` of one row (replace=True, its default): an inverse-CDF draw."""
+    return jax.random.choice(key, x.shape[-1], p=jax.nn.softmax(x / 0.9))
+
+
+def choice_of_one_row_top_k_mask(x, key):
+    """A one-row top-k mask, then jax.random.choice with its default replacement: top_k_mask_inverse_cdf."""
+    y = x / 0.8
+    kth = jax.lax.top_k(y, 40)[0][-1]
+    return jax.random.choice(key, y.shape[-1], p=jax.nn.softmax(jnp.where(y < kth, -jnp.inf, y)))
 
 
 def _multinomial_of_row(probs, key):
@@ -1118,6 +1140,14 @@ VARIANTS: list[Variant] = [
             "top_p_of_top_k_rows_same_key_rows", shape=(1, V), expect={"k": 32}),
     Variant("sglang_jax_sorted_probs", sglang_jax_sorted_probs, "sorted_probs_rows"),
     Variant("gemma_pytorch_sampler", gemma_pytorch_sampler, "sorted_probs_inverse_cdf_rows"),
+    Variant("multinomial_with_replacement_temperature", multinomial_with_replacement_temperature,
+            "temperature_inverse_cdf", expect={"temperature": 0.7}),
+    Variant("multinomial_with_replacement_top_k_mask", multinomial_with_replacement_top_k_mask,
+            "top_k_mask_inverse_cdf", expect={"k": 16}),
+    Variant("choice_of_one_row_temperature", choice_of_one_row_temperature, "temperature_inverse_cdf", shape=(V,),
+            expect={"temperature": 0.9}),
+    Variant("choice_of_one_row_top_k_mask", choice_of_one_row_top_k_mask, "top_k_mask_inverse_cdf", shape=(V,),
+            expect={"k": 40}),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
@@ -1204,9 +1234,6 @@ VARIANTS: list[Variant] = [
             remark="top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a softmax"),
     Variant("unknown_filter_is_categorical", unknown_filter_is_categorical, "categorical"),
     Variant("no_match_uniform_noise", no_match_uniform_noise, None),
-    Variant("no_match_multinomial_with_replacement", no_match_multinomial_with_replacement, None,
-            remark="torch.multinomial(replacement=True) under torchax) (and 3 more draws of the same uniform, a row "
-                   "each); no sampler form draws this way"),
     Variant("no_match_searchsorted_of_uniform", no_match_searchsorted_of_uniform, None,
             remark="an inverse-CDF draw"),
     Variant("pax_temperature", pax_temperature, "temperature_noise_scaled",

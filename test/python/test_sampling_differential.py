@@ -116,11 +116,11 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if stochastic and not rank_space_p and not flax_p:
         drawn = draw(st.sampled_from(DRAWS))
         one_row_choice = spec.batch == "v" and form not in ("top_k", "temperature_top_k")  # (1,) ids, no rank space
-        if drawn == "choice" and (spec.batch in ("b", "bt") or one_row_choice):
+        if drawn in ("choice", "inverse_cdf") and (spec.batch in ("b", "bt") or one_row_choice):
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn == "row_keys" and spec.batch == "b":  # (B, V) rows, one key each
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
-        elif drawn not in ("choice", "row_keys"):
+        elif drawn not in ("choice", "row_keys", "inverse_cdf"):
             spec = dataclasses.replace(spec, draw=drawn)
     if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
@@ -390,6 +390,15 @@ DRAW_CASES = {
                                                 temperature_style="traced", dtype="bfloat16"),
     "choice_hf_top_k_top_p_epsilon": SamplerSpec(form="epsilon_removal", draw="choice", warper_top_k=True,
                                                  warper_top_p=True, top_p_style="hf"),
+    # jax.random.choice with replacement (its default) and torch.multinomial(replacement=True) through torchax: an
+    # inverse-CDF draw, composed with any filter (drawn in a band on the kernel's top candidates where few ids are
+    # kept), of one row or per row with one key
+    "inverse_cdf_temperature": SamplerSpec(form="temperature", draw="inverse_cdf", rows=3),
+    "inverse_cdf_one_row_top_k_mask": SamplerSpec(form="top_k_mask", draw="inverse_cdf", batch="v"),
+    "inverse_cdf_top_k_rank_space": SamplerSpec(form="top_k", draw="inverse_cdf"),
+    "inverse_cdf_min_p_decode_slice": SamplerSpec(form="min_p", draw="inverse_cdf", batch="bt"),
+    "inverse_cdf_hf_top_p": SamplerSpec(form="top_p_mask", draw="inverse_cdf", top_p_style="hf"),
+    "inverse_cdf_top_k_top_p_ties": SamplerSpec(form="top_k_top_p_mask", draw="inverse_cdf", vocab=16, p=0.5),
 }
 
 

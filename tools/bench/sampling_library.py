@@ -16,7 +16,8 @@ typical warper, gemma 3.1.0's top-p, the nucleus sorted by a hand-written argsor
 temperature per row, and litgpt's one-row `sample` with its top-k, and with its top-k and top-p, as torchax lowers
 them, Hugging Face's Temperature, TopP then MinP chain, and axlearn's log-probabilities through its searched top-k and
 top-p, and its searched top-k alone, and T5X's searched top-k step with the drawn token's log-probability, and
-audiocraft's (MusicGen's) top-k of the probabilities through torch.multinomial).
+audiocraft's (MusicGen's) top-k of the probabilities through torch.multinomial, gemma_pytorch's sampler, and
+torch.multinomial with replacement after a top-k mask and after a temperature alone).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -55,7 +56,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "pax_temperature_per_row", "pax_top_k_top_p_per_row", "pax_temperature", "pax_top_k_top_p",
             "litgpt_top_k_multinomial", "litgpt_top_k_top_p_multinomial", "torchax_top_p_min_p_warpers_multinomial",
             "axlearn_searched_chain", "axlearn_searched_top_k", "llama_reference_temperature_only_through_torchax",
-            "searched_top_k_with_log_prob", "audiocraft_top_k", "gemma_pytorch_sampler")
+            "searched_top_k_with_log_prob", "audiocraft_top_k", "gemma_pytorch_sampler",
+            "multinomial_with_replacement_top_k_mask", "multinomial_with_replacement_temperature")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

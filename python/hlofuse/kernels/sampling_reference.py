@@ -926,7 +926,8 @@ class Form:
     params: tuple[str, ...] = ()  # of temperature, k, p, min_p, eps
     marker_ops: tuple[str, ...] = ()  # ops a program must contain for the form to be worth lowering
     others: tuple[Writing, ...] = ()  # other writings of fn, as libraries vary it
-    draw: str = "argmax"  # the op that draws: "argmax", or "top_k" (k = 1, as jax.random.choice draws)
+    draw: str = "argmax"  # the op that draws: "argmax", "top_k" (k = 1, as jax.random.choice draws without
+    # replacement) or "inverse_cdf" (a uniform searched in a cumsum, as it draws with replacement)
     base: str = ""  # the form whose filters this one has, with another draw ("" = its own)
     composes_draws: bool = True  # whether DRAWS compose with it (not for a form that draws from a log of its own)
     reads: tuple[str, ...] = ()  # constants its own writing reads that no attribute is (Writing.reads)
@@ -1193,9 +1194,25 @@ def same_key_rows_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array
     return jax.vmap(lambda row: categorical_fn(key, row, axis=-1))(y)
 
 
+def inverse_cdf_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """softmax(y) drawn by its inverse CDF, `searchsorted(c, c[-1] * (1 - u))` of its f32 cumsum c: of one row (n,),
+    `jax.random.choice(key, n, p=softmax(y))` (replace=True, its default), a () id; of (B, n) rows,
+    `torch.multinomial(softmax(y), 1, replacement=True)` as torchax lowers it (`torch_multinomial`: per row, one key,
+    so one u for every row), (B,) ids. (`categorical_fn` is not used: no noise is drawn per id.)"""
+    del categorical_fn, axis  # the rows' last
+    probs = jax.nn.softmax(y, axis=-1)
+    if y.ndim == 1:
+        return jax.random.choice(key, y.shape[-1], p=probs)
+    if y.ndim != 2:
+        raise ValueError(f"the inverse-CDF draw takes (B, n) logits or one row (n,), not {y.shape}")
+    return torch_multinomial(key, probs, replacement=True)[:, 0]
+
+
 DRAWS: dict[str, Callable[..., jax.Array]] = {"log_softmax": log_softmax_draw, "log_of_softmax": log_of_softmax_draw,
                                               "choice": choice_draw, "row_keys": row_keys_draw,
-                                              "same_key_rows": same_key_rows_draw}
+                                              "same_key_rows": same_key_rows_draw, "inverse_cdf": inverse_cdf_draw}
+# The op each draw of DRAWS picks its ids by (Form.draw): an argmax unless named here.
+DRAW_OPS = {"choice": "top_k", "inverse_cdf": "inverse_cdf"}
 # Draws whose rows all take the one key's noise, counted from 0 in each row (the fusion looks for them only where
 # the program's noise is one row's, broadcast over the rows).
 SHARED_NOISE_DRAWS = ("same_key_rows",)
@@ -1234,7 +1251,7 @@ def _row_by_row(fn: Callable[..., jax.Array], row_params: tuple[str, ...],
 
 def _with_draw(form: Form, name: str) -> Form:
     markers = (("stablehlo.exponential",) * (name not in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS)
-               + ("chlo.top_k",) * (name == "choice"))
+               + ("chlo.top_k",) * (name == "choice") + ("stablehlo.reduce_window",) * (name == "inverse_cdf"))
     others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, DRAWS[name]),
                                        marker_ops=tuple(dict.fromkeys(w.marker_ops + markers)))
                    for w in form.others)
@@ -1243,7 +1260,7 @@ def _with_draw(form: Form, name: str) -> Form:
         others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn, form.row_params, keys_per_row))
                         for w in form.writings)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
-                tuple(dict.fromkeys(form.marker_ops + markers)), others, "top_k" if name == "choice" else "argmax",
+                tuple(dict.fromkeys(form.marker_ops + markers)), others, DRAW_OPS.get(name, "argmax"),
                 form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS, row_params=form.row_params,
                 row_columns=form.row_columns)
 

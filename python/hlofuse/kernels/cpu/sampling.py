@@ -37,6 +37,7 @@ from hlofuse.kernels.sampling_reference import (
     esurge_min_p_mask,
     flax_top_p_keep,
     form_params,
+    inverse_cdf_draw,
     inverse_cdf_of_sorted,
     keep_exactly_top_k,
     last_column,
@@ -523,9 +524,12 @@ def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
 #   3. The form's own function, XLA's sorts in a conditional's branch: equal probabilities straddling the cut (one
 #      kept, one dropped; which is XLA's unstable sort's alone), or a NaN.
 INVERSE_CDF_CANDIDATES = 256
-# Forms whose draw is the program's own ops on the arrays the kernel's top-k or sort rebuild (in the fallback paths):
-# their compiled program calls those targets, not the sampler (`hlofuse_sample`) itself.
-DRAWN_BY_THE_PROGRAM = ("sorted_probs_inverse_cdf_rows",)
+# Forms that keep every id: their inverse-CDF draw is the program's own cumsum and search (no band over candidates
+# can hold a whole row's mass, and no sort was there to take out).
+UNFILTERED = ("temperature", "categorical")
+# Forms drawn by an inverse CDF: in a band on the kernel's top candidates, else by the program's own ops on the arrays
+# the kernel's top-k or sort rebuild. Their compiled program calls those targets, not the sampler (`hlofuse_sample`).
+DRAWN_BY_THE_PROGRAM = tuple(name for name, form in FORMS.items() if form.draw == "inverse_cdf")
 F32_UNIT_ROUNDOFF = 2.0**-24
 
 
@@ -625,6 +629,30 @@ def inverse_cdf_rows_banded(probs: jax.Array, key: jax.Array, p: jax.Array, k: j
     return jnp.where(certain, drawn, UNCERTIFIED)
 
 
+def inverse_cdf_in_band(key: jax.Array, y: jax.Array) -> jax.Array:
+    """sampling_reference.inverse_cdf_draw (jax.random.choice of softmax(y) with replacement: one row (n,), or per row
+    of (B, n) with one key) in a band on the kernel's top candidates of softmax(y) (`_drawn_in_band`, as for
+    gemma_pytorch's sampler): the draw's ids where a row's positive probabilities are all among the candidates (its
+    filter kept at most 255 ids) and the f32 sums' rounding cannot move its draw, else UNCERTIFIED."""
+    rows = y.reshape(-1, y.shape[-1])
+    probs = jax.nn.softmax(rows, axis=-1)  # the program's ops: the same bits (a row holds a NaN everywhere or nowhere)
+    candidates = min(INVERSE_CDF_CANDIDATES, rows.shape[-1])
+    values, ids = _top_k_by_kernel(probs, candidates)
+    kept = values > 0
+    drawn, certain = _drawn_in_band(jnp.where(kept, values, 0.0), ids, kept, key)
+    if candidates < rows.shape[-1]:  # the last candidate zero: no positive probability beyond the candidates
+        certain &= values[:, -1] == 0
+    return jnp.where(certain & ~jnp.isnan(values[:, 0]), drawn, UNCERTIFIED).reshape(y.shape[:-1])
+
+
+def _inverse_cdf_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """sampling_reference.inverse_cdf_draw: `inverse_cdf_in_band`, else the draw's own ops (the program's cumsum and
+    search) for the batch."""
+    del axis  # the rows' last
+    own = functools.partial(inverse_cdf_draw, None, key, y)
+    return reference_where_uncertified(inverse_cdf_in_band(key, y), lambda: own().astype(jnp.int32))
+
+
 def _redrawn_row_by_row(tokens: jax.Array, redraw: Callable[[jax.Array], jax.Array]) -> jax.Array:
     """`tokens` with each UNCERTIFIED row i replaced by `redraw(i)` (a (1,) id), one row at a time in a loop: the
     redraw's vocabulary-wide sorts and sums then take one row's memory, not the batch's (XLA allocates every
@@ -699,6 +727,8 @@ def _draw_by_kernel(form: str) -> Categorical:
     draw = FORMS[form].drawn_by
     if draw == "choice":
         return _choice_by_kernel
+    if draw == "inverse_cdf":  # a filter keeps few ids, which a band holds; without one every id is kept
+        return _inverse_cdf_by_kernel if FORMS[form].filters not in UNFILTERED else functools.partial(DRAWS[draw], None)
     if draw in ROW_KEY_DRAWS:
         return _kernel_categorical(False, row_keys=True)
     if draw in SHARED_NOISE_DRAWS:
