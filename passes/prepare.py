@@ -366,6 +366,10 @@ def fold_unit_reshapes_into_broadcasts(module: ir.Operation) -> int:
             continue
         with ir.InsertionPoint(op), op.location:
             broadcast = stablehlo.BroadcastInDimOp(op.results[0].type, source, dims)
+        for i in range(len(op.attributes)):  # what else the broadcast carries (a sharding annotation) stays on it
+            named = op.attributes[i]
+            if named.name != "broadcast_dimensions":
+                broadcast.operation.attributes[named.name] = named.attr
         op.results[0].replace_all_uses_with(broadcast.result)
         op.erase()
         folded += 1

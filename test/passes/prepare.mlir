@@ -321,3 +321,15 @@ func.func public @no_fold_a_reshape_of_more_than_unit_dims(%arg0: tensor<2x4xf32
   %1 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<8xf32>) -> tensor<3x8xf32>
   return %1 : tensor<3x8xf32>
 }
+
+// -----
+
+// What else the broadcast carries (a sharding annotation) stays on the one it becomes.
+// CHECK-LABEL: func.func public @fold_keeps_the_broadcasts_sharding
+// CHECK: stablehlo.broadcast_in_dim %arg1, dims = [0] {mhlo.sharding = "{replicated}"}
+func.func public @fold_keeps_the_broadcasts_sharding(%arg0: tensor<2x8xf32>, %arg1: tensor<2xf32>) -> tensor<2x8xi1> {
+  %0 = stablehlo.reshape %arg1 : (tensor<2xf32>) -> tensor<2x1xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] {mhlo.sharding = "{replicated}"} : (tensor<2x1xf32>) -> tensor<2x8xf32>
+  %2 = stablehlo.compare LT, %arg0, %1, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  return %2 : tensor<2x8xi1>
+}

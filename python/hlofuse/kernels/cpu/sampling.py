@@ -646,10 +646,13 @@ def inverse_cdf_in_band(key: jax.Array, y: jax.Array) -> jax.Array:
 
 
 def _inverse_cdf_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
-    """sampling_reference.inverse_cdf_draw: `inverse_cdf_in_band`, else the draw's own ops (the program's cumsum and
-    search) for the batch."""
+    """sampling_reference.inverse_cdf_draw: `inverse_cdf_in_band` for f32 rows, else the draw's own ops (the program's
+    cumsum and search) for the batch. (Of bf16 rows the draw's cumsum and uniform are bf16, which the band's f32
+    bounds do not cover: their own ops.)"""
     del axis  # the rows' last
     own = functools.partial(inverse_cdf_draw, None, key, y)
+    if y.dtype != jnp.float32:
+        return own().astype(jnp.int32)
     return reference_where_uncertified(inverse_cdf_in_band(key, y), lambda: own().astype(jnp.int32))
 
 
