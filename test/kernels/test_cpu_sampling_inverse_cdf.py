@@ -1,4 +1,6 @@
-"""gemma_pytorch's sampler on the CPU (sampling.py "gemma_pytorch's sampler"): the kernel's top candidates, the
+"""Inverse-CDF draws on the CPU: gemma_pytorch's sampler, and the draw composed with any filter.
+
+gemma_pytorch's sampler (sampling.py "gemma_pytorch's sampler"): the kernel's top candidates, the
 masks and the inverse-CDF draw decided on them in a band certified against the program's f32 sums; else those
 candidates, or the kernel's radix sort, in place of the program's two sorts, and the program's own inverse-CDF draw on
 the array they rebuild.
@@ -16,7 +18,7 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import FORMS, UNCERTIFIED, probs_of_rows
+from hlofuse.kernels.sampling_reference import FORMS, UNCERTIFIED, inverse_cdf_draw, probs_of_rows
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -25,15 +27,15 @@ ROWS, VOCAB = 4, 2048
 KEYS = 6
 
 
-def _logits(kind: str, seed: int) -> np.ndarray:
+def _logits(kind: str, seed: int, shape: tuple[int, ...] = (ROWS, VOCAB)) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((ROWS, VOCAB)).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
     if kind == "peaked":
         x *= 6
     elif kind == "ties":  # a coarse grid: runs of equal probabilities, at the cut too
         x = np.round(x * 2) / 2
     elif kind == "with_inf":
-        x[:, rng.random(VOCAB) < 0.3] = -np.inf
+        x[..., rng.random(shape[-1]) < 0.3] = -np.inf
     return x.astype(np.float32)
 
 
@@ -160,3 +162,52 @@ def test_exact_paths_take_one_rows_memory() -> None:
     compiled = jax.jit(sampling.inverse_cdf_rows_lowering(FORM, {})).lower(
         logits, jax.ShapeDtypeStruct((2,), jnp.uint32), *per_row).compile()
     assert compiled.memory_analysis().temp_size_in_bytes < 4 * rows * vocab * 4
+
+
+# The inverse-CDF draw composed with any filter (`inverse_cdf_in_band`): jax.random.choice of softmax(y) with
+# replacement, of one row or per row with one key, decided in the same band on the kernel's top candidates of the
+# filtered probabilities. After a top-k that keeps few ids (the band), one that keeps more than the candidates and no
+# filter at all (the draw's own ops), the ids must be the draw's own (`sampling_reference.inverse_cdf_draw`).
+
+
+def _filtered(kind: str, kept: int | None, shape: tuple[int, ...], seed: int) -> jax.Array:
+    """`_logits` of `kind` with all but their `kept` largest per row set to -inf (None: every id kept)."""
+    x = _logits(kind, seed, shape)
+    if kept is not None:
+        kth = -np.sort(-x, axis=-1)[..., kept - 1 : kept]
+        x = np.where(x < kth, -np.inf, x)
+    return jnp.asarray(x)
+
+
+@pytest.mark.parametrize("shape", [(ROWS, VOCAB), (VOCAB,)], ids=["rows", "one_row"])
+@pytest.mark.parametrize("kept", [40, 1000, None], ids=["top_40", "top_1000", "all"])
+@pytest.mark.parametrize("kind", ["normal", "peaked", "ties", "with_inf"])
+def test_kernel_draw_gives_the_draws_ids(kind: str, kept: int | None, shape: tuple[int, ...]) -> None:
+    y = _filtered(kind, kept, shape, seed=len(kind) + (kept or 0))
+    lowered = jax.jit(sampling._inverse_cdf_by_kernel)
+    own = jax.jit(lambda key, y: inverse_cdf_draw(None, key, y))
+    for seed in range(2 * KEYS):
+        key = jax.random.key_data(jax.random.key(seed))
+        np.testing.assert_array_equal(lowered(key, y), own(key, y), err_msg=f"{kind} key {seed}")
+
+
+@pytest.mark.parametrize("kind", ["normal", "peaked", "with_inf"])
+def test_band_vouches_for_a_few_kept_ids_only(kind: str) -> None:
+    band = jax.jit(sampling.inverse_cdf_in_band)
+    few, many = _filtered(kind, 40, (ROWS, VOCAB), seed=1), _filtered(kind, 1000, (ROWS, VOCAB), seed=1)
+    vouched = 0
+    for seed in range(2 * KEYS):
+        key = jax.random.key_data(jax.random.key(seed))
+        got = np.asarray(band(key, few))
+        sure = got != UNCERTIFIED
+        np.testing.assert_array_equal(got[sure], np.asarray(inverse_cdf_draw(None, key, few))[sure])
+        vouched += int(sure.sum())
+        assert np.all(np.asarray(band(key, many)) == UNCERTIFIED)  # mass past the candidates: the draw's own ops
+    assert vouched >= 0.9 * 2 * KEYS * ROWS, vouched
+
+
+def test_nan_rows_are_the_draws_own() -> None:
+    y = _filtered("normal", 40, (ROWS, VOCAB), seed=2).at[1, 7].set(jnp.nan)
+    key = jax.random.key_data(jax.random.key(0))
+    assert np.asarray(sampling.inverse_cdf_in_band(key, y))[1] == UNCERTIFIED
+    np.testing.assert_array_equal(sampling._inverse_cdf_by_kernel(key, y), inverse_cdf_draw(None, key, y))

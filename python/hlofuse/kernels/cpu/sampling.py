@@ -601,12 +601,13 @@ def _kept_ranks_certain(values: jax.Array, p: jax.Array, k: jax.Array) -> tuple[
     return ~(by_mass | by_rank), jnp.all(decided, axis=-1)
 
 
-def _drawn_in_band(kept_values: jax.Array, ids: jax.Array, kept: jax.Array,
+def _drawn_in_band(values: jax.Array, ids: jax.Array, kept: jax.Array,
                    key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The id that torch.multinomial with replacement draws from the kept (B, n) probabilities at their vocabulary
-    `ids` (any order, the rest of the row zeros), and whether each row's draw is past both its prefixes by more than
-    `draw_point_slack`. The prefix in vocabulary order before each candidate is a masked sum over the candidates of
-    lower id (n^2 compares), not a sort."""
+    """The id that torch.multinomial with replacement draws from the `kept` of (B, n) probabilities at their
+    vocabulary `ids` (any order, the rest of the row zeros), and whether each row's draw is past both its prefixes by
+    more than `draw_point_slack`. The prefix in vocabulary order before each candidate is a masked sum over the
+    candidates of lower id (n^2 compares), not a sort."""
+    kept_values = jnp.where(kept, values, 0.0)
     weights = kept_values / jnp.sum(kept_values, axis=-1, keepdims=True)
     point = jnp.sum(weights, axis=-1, keepdims=True) * (1 - jax.random.uniform(key, (1,), dtype=jnp.float32))
     lower_id = ids[:, None, :] < ids[:, :, None]  # [b, j, i]: candidate i comes before candidate j
@@ -623,7 +624,7 @@ def inverse_cdf_rows_banded(probs: jax.Array, key: jax.Array, p: jax.Array, k: j
     1): the program's ids, or UNCERTIFIED for each row whose kept ids or drawn id f32 rounding could change."""
     values, ids = _top_k_by_kernel(probs, candidates)
     kept, masks_certain = _kept_ranks_certain(values, p, k)
-    drawn, draw_certain = _drawn_in_band(jnp.where(kept, values, 0.0), ids, kept, key)
+    drawn, draw_certain = _drawn_in_band(values, ids, kept, key)
     vocab = probs.shape[-1] if candidates < probs.shape[-1] else None  # None: the candidates are the whole row
     certain = inverse_cdf_rows_vouched(values, p, k, vocab) & masks_certain & draw_certain
     return jnp.where(certain, drawn, UNCERTIFIED)
@@ -639,7 +640,7 @@ def inverse_cdf_in_band(key: jax.Array, y: jax.Array) -> jax.Array:
     candidates = min(INVERSE_CDF_CANDIDATES, rows.shape[-1])
     values, ids = _top_k_by_kernel(probs, candidates)
     kept = values > 0
-    drawn, certain = _drawn_in_band(jnp.where(kept, values, 0.0), ids, kept, key)
+    drawn, certain = _drawn_in_band(values, ids, kept, key)
     if candidates < rows.shape[-1]:  # the last candidate zero: no positive probability beyond the candidates
         certain &= values[:, -1] == 0
     return jnp.where(certain & ~jnp.isnan(values[:, 0]), drawn, UNCERTIFIED).reshape(y.shape[:-1])
@@ -730,8 +731,8 @@ def _draw_by_kernel(form: str) -> Categorical:
     draw = FORMS[form].drawn_by
     if draw == "choice":
         return _choice_by_kernel
-    if draw == "inverse_cdf":  # a filter keeps few ids, which a band holds; without one every id is kept
-        return _inverse_cdf_by_kernel if FORMS[form].filters not in UNFILTERED else functools.partial(DRAWS[draw], None)
+    if draw == "inverse_cdf" and FORMS[form].filters not in UNFILTERED:  # few ids kept, which a band holds
+        return _inverse_cdf_by_kernel
     if draw in ROW_KEY_DRAWS:
         return _kernel_categorical(False, row_keys=True)
     if draw in SHARED_NOISE_DRAWS:
