@@ -626,7 +626,8 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
     rows = _reshaped_rows(draw) if noisy and draw.kind == "argmax" else None
     writings = [(form, i, w) for form in FORMS.values() if not form.prelude_of for i, w in enumerate(form.writings)
-                if w.unit_dims == draw.unit_dims and (not form.row_keys or shape[0] in key_rows)
+                if w.unit_dims == draw.unit_dims and (not w.dtypes or dtype in w.dtypes)
+                and (not form.row_keys or shape[0] in key_rows)
                 and (form.drawn_by not in SHARED_NOISE_DRAWS or shared)]
     # The most specific first: the most marker ops (the fallbacks, categorical and temperature, have none), then
     # the most parameters read (a writing whose program scaled before it reads no temperature); among equals, one

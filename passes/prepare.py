@@ -340,7 +340,8 @@ def unit_reshape_broadcast_dims(source: list[int], reshaped: list[int], dims: li
 
 def fold_unit_reshapes_into_broadcasts(module: ir.Operation) -> int:
     """Replaces each `broadcast_in_dim` of a `reshape` that only drops or adds unit dims by a `broadcast_in_dim` of
-    the reshape's operand (`unit_reshape_broadcast_dims`); returns how many. A value broadcast from a (B, 1) column
+    the reshape's operand (`unit_reshape_broadcast_dims`), or by that operand itself where the broadcast gives back its
+    shape in place; returns how many. A value broadcast from a (B, 1) column
     and from its (B,) row, or from a (1,) slice and from its () scalar (`v[..., -1:]` against `v[..., -1]`, a
     `keepdims` reduction against one reshaped after it), then read as one."""
     broadcasts: list[ir.Operation] = []
@@ -363,6 +364,12 @@ def fold_unit_reshapes_into_broadcasts(module: ir.Operation) -> int:
                                            list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"])),
                                            op.results[0].type.rank)
         if dims is None:
+            continue
+        if source.type == op.results[0].type and dims == list(range(len(dims))) and len(op.attributes) == 1:
+            # `v[-1][None]`: v[-1:] itself (a broadcast carrying more, a sharding annotation, stays one)
+            op.results[0].replace_all_uses_with(source)
+            op.erase()
+            folded += 1
             continue
         with ir.InsertionPoint(op), op.location:
             broadcast = stablehlo.BroadcastInDimOp(op.results[0].type, source, dims)

@@ -17,7 +17,7 @@ from hlofuse.kernels.target import CompositeCall
 # (per-row forms: their own test; a form with log-probabilities in front, `<form>_of_log_probs`, is its inner form's
 # kernel on the program's log_softmax: test_a_prelude_form_is_its_inner_kernel_on_the_programs_normalization)
 DRAWN = [name for name, form in FORMS.items() if form.base and not form.row_params and not form.prelude_of]
-DRAWS = ("log_softmax", "log_of_softmax", "choice", "row_keys", "same_key_rows", "inverse_cdf")
+DRAWS = ("log_softmax", "log_of_softmax", "choice", "row_keys", "same_key_rows", "inverse_cdf", "exponential_race")
 BASES = [name for name, form in FORMS.items()
          if form.stochastic and not form.base and form.draw == "argmax" and form.composes_draws and not form.prelude_of]
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}

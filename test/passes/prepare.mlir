@@ -312,6 +312,21 @@ func.func public @folds_a_scalar_back_to_its_unit_slice(%arg0: tensor<8xf32>, %a
 
 // -----
 
+// One row's k-th value as a () scalar given its unit dim back (`v[-1][None]`): the (1,) slice itself.
+// CHECK-LABEL: func.func public @folds_a_scalar_given_its_unit_dim_back_to_its_slice
+// CHECK: %[[KTH:.*]] = stablehlo.slice %arg1 [3:4]
+// CHECK-NEXT: stablehlo.broadcast_in_dim %[[KTH]], dims = [0] : (tensor<1xf32>) -> tensor<8xf32>
+func.func public @folds_a_scalar_given_its_unit_dim_back_to_its_slice(%arg0: tensor<8xf32>, %arg1: tensor<4xf32>) -> tensor<8xi1> {
+  %0 = stablehlo.slice %arg1 [3:4] : (tensor<4xf32>) -> tensor<1xf32>
+  %1 = stablehlo.reshape %0 : (tensor<1xf32>) -> tensor<f32>
+  %2 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+  %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xf32>) -> tensor<8xf32>
+  %4 = stablehlo.compare LT, %arg0, %3, FLOAT : (tensor<8xf32>, tensor<8xf32>) -> tensor<8xi1>
+  return %4 : tensor<8xi1>
+}
+
+// -----
+
 // Near miss: the reshape regroups dims that are not 1 ((2, 4) to (8,)): it stays.
 // CHECK-LABEL: func.func public @no_fold_a_reshape_of_more_than_unit_dims
 // CHECK: stablehlo.reshape %arg0 : (tensor<2x4xf32>) -> tensor<8xf32>

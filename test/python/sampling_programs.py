@@ -92,7 +92,8 @@ TAKES = ("along_axis", "batch_index")
 # or each row by a key of its own (row_keys: the key split into one per row, then a vmapped categorical), or softmax(y)
 # by jax.random.choice with replacement (inverse_cdf: its cumsum searched at a uniform; one row (V,) by its default,
 # a () id, or per row with one key, torch.multinomial(replacement=True) through torchax).
-DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice", "row_keys", "inverse_cdf")
+# or the exponential race (argmax(softmax(y) / exponential noise): gpt-fast's, torchtune's and vLLM's draw).
+DRAWS = ("categorical", "log_softmax", "log_of_softmax", "choice", "row_keys", "inverse_cdf", "exponential_race")
 # The mask forms' filters written as threshold searches over float32 bits (axlearn's logit modifiers; T5X's
 # topk_mask and topp_mask): the logits scaled first, then the searched top-k (keep x >= the k-th
 # largest) and the searched top-p (keep softmax >= the largest t whose mass at or above it reaches p). axlearn: the
@@ -435,6 +436,9 @@ class _Ctx:
                 return jax.random.choice(key, x.shape[-1], p=probs)
             rows = [jax.random.choice(key, x.shape[-1], (1,), replace=True, p=probs[i, :]) for i in range(x.shape[0])]
             return jnp.squeeze(jnp.array(rows), 1)  # torch.multinomial(replacement=True) through torchax
+        if self.spec.draw == "exponential_race":  # any rows (..., V), one key's noise over all of them
+            probs = jax.nn.softmax(x, axis=-1)
+            return jnp.argmax(probs / jax.random.exponential(key, probs.shape), axis=-1)
         if self.spec.draw == "row_keys":
             return jax.vmap(lambda row_key, row: jax.random.categorical(row_key, row))(
                 jax.random.split(key, x.shape[0]), x)

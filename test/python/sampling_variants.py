@@ -658,6 +658,60 @@ def choice_of_one_row_top_k_mask(x, key):
     return jax.random.choice(key, y.shape[-1], p=jax.nn.softmax(jnp.where(y < kth, -jnp.inf, y)))
 
 
+def _torchax_exponential_(like):
+    """`torch.empty_like(like).exponential_(1)` as torchax lowers it: its key is PRNGKey(0), made in the program."""
+    return jnp.empty_like(like).at[:].set(jax.random.exponential(jax.random.PRNGKey(0), like.shape) / 1.0)
+
+
+def gpt_fast_top_k_race(x):
+    """gpt-fast's `sample` of one row (`logits[0, -1]`) through torchax: / max(T, 1e-5), the top-k pivot mask
+    (`v.select(-1, -1).unsqueeze(-1)`), softmax, then `multinomial_sample_one_no_sync`, argmax(probs / q) of
+    exponential noise q (`exponential_`, whose key torchax fixes: PRNGKey(0), computed in the program, is the
+    composite's key operand): top_k_mask_exponential_race, T applied in front."""
+    y = x[0] / max(0.8, 1e-5)
+    pivot = jax.lax.top_k(y, 40)[0][-1][None]
+    probs = jax.nn.softmax(jnp.where(y < pivot, -jnp.inf, y), axis=-1)
+    return jnp.argmax(probs / _torchax_exponential_(probs), axis=-1, keepdims=True).astype(jnp.int32)
+
+
+def torchtune_top_k_race(x):
+    """torchtune's `sample` of (B, V) logits through torchax: / T, the top-k pivot mask, softmax, then
+    `multinomial_sample_one(probs, q)` of `q = torch.empty_like(probs).exponential_(1)`: (B, 1) ids."""
+    y = x / 0.6
+    pivot = jax.lax.top_k(y, 16)[0][..., -1][..., None]
+    probs = jax.nn.softmax(jnp.where(y < pivot, -jnp.inf, y), axis=-1)
+    return jnp.argmax(probs / _torchax_exponential_(probs), axis=-1, keepdims=True).astype(jnp.int32)
+
+
+def exponential_race_temperature(x, key):
+    """The exponential race written in JAX with a key of its own: argmax(softmax(x / T) / exponential(key))."""
+    probs = jax.nn.softmax(x / 0.7, axis=-1)
+    return jnp.argmax(probs / jax.random.exponential(key, probs.shape), axis=-1)
+
+
+def exponential_race_top_k(x, key):
+    """torchtune's `sample` written in JAX with a key of its own: / T, the top-k pivot mask, softmax, the race."""
+    y = x / 0.6
+    probs = jax.nn.softmax(jnp.where(y < jax.lax.top_k(y, 50)[0][..., -1:], -jnp.inf, y), axis=-1)
+    return jnp.argmax(probs / jax.random.exponential(key, probs.shape), axis=-1)
+
+
+def exponential_race_top_p(x, key):
+    """A sorted top-p mask (`_mask_top_p`'s descending cumsum), then the exponential race of vLLM's sampler."""
+    y = x / 0.9
+    ordered = jnp.sort(y, axis=-1, descending=True)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    cutoff_index = jnp.sum(cumulative < 0.9, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
+    probs = jax.nn.softmax(jnp.where(y < cutoff, -jnp.inf, y), axis=-1)
+    return jnp.argmax(probs / jax.random.exponential(key, probs.shape), axis=-1)
+
+
+def near_miss_race_of_logits(x, key):
+    """argmax(logits / q): the race divides the logits, not their probabilities (no form: a remark)."""
+    return jnp.argmax(x / jax.random.exponential(key, x.shape), axis=-1)
+
+
 def _multinomial_of_row(probs, key):
     """torch.multinomial(probs, 1) of one row (V,) as torchax lowers it: (1,) ids."""
     return jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs)
@@ -1148,6 +1202,16 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 0.9}),
     Variant("choice_of_one_row_top_k_mask", choice_of_one_row_top_k_mask, "top_k_mask_inverse_cdf", shape=(V,),
             expect={"k": 40}),
+    Variant("gpt_fast_top_k_race", gpt_fast_top_k_race, "top_k_mask_exponential_race", shape=(1, V),
+            expect={"k": 40, "temperature": 1.0}, stochastic=False),
+    Variant("torchtune_top_k_race", torchtune_top_k_race, "top_k_mask_exponential_race",
+            expect={"k": 16, "temperature": 1.0}, stochastic=False),
+    Variant("exponential_race_temperature", exponential_race_temperature, "temperature_exponential_race",
+            expect={"temperature": 0.7}),
+    Variant("exponential_race_top_k", exponential_race_top_k, "top_k_mask_exponential_race", expect={"k": 50}),
+    Variant("exponential_race_top_p", exponential_race_top_p, "top_p_mask_exponential_race",
+            expect={"p": 0.9, "temperature": 1.0}),
+    Variant("near_miss_race_of_logits", near_miss_race_of_logits, None),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),

@@ -120,6 +120,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn == "row_keys" and spec.batch == "b":  # (B, V) rows, one key each
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
+        elif drawn == "exponential_race":  # its own noise: no keras categorical
+            spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn not in ("choice", "row_keys", "inverse_cdf"):
             spec = dataclasses.replace(spec, draw=drawn)
     if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
@@ -399,6 +401,11 @@ DRAW_CASES = {
     "inverse_cdf_min_p_decode_slice": SamplerSpec(form="min_p", draw="inverse_cdf", batch="bt"),
     "inverse_cdf_hf_top_p": SamplerSpec(form="top_p_mask", draw="inverse_cdf", top_p_style="hf"),
     "inverse_cdf_top_k_top_p_ties": SamplerSpec(form="top_k_top_p_mask", draw="inverse_cdf", vocab=16, p=0.5),
+    # the exponential race (gpt-fast, torchtune, vLLM): argmax(softmax(y) / exponential noise), any filter
+    "exponential_race_temperature": SamplerSpec(form="temperature", draw="exponential_race"),
+    "exponential_race_top_k_mask_decode_slice": SamplerSpec(form="top_k_mask", draw="exponential_race", batch="bt"),
+    "exponential_race_min_p": SamplerSpec(form="min_p", draw="exponential_race"),
+    "exponential_race_hf_top_p": SamplerSpec(form="top_p_mask", draw="exponential_race", top_p_style="hf"),
 }
 
 

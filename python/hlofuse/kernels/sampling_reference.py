@@ -914,6 +914,9 @@ class Writing:
     # Constants the writing reads that the composite does not carry (its meaning is the form's without them): a
     # fill for the dropped logits (FILL_NOTE). The fusion checks each (`fuse_sampling.WRITING_LIMITS`).
     reads: tuple[str, ...] = ()
+    # The logits' dtypes ("f32", "bf16", ...) for which it computes the form's ids bit for bit (() for every one): a
+    # writing that rounds otherwise in another dtype (torchax's f32 noise set into bf16 probabilities) is not tried.
+    dtypes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1208,9 +1211,60 @@ def inverse_cdf_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, 
     return torch_multinomial(key, probs, replacement=True)[:, 0]
 
 
+def exponential_race_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """argmax(softmax(y) / q) of exponential noise q = jax.random.exponential(key, y.shape): the exponential race
+    that gpt-fast, torchtune and vLLM draw by (`probs / torch.empty_like(probs).exponential_(1)`, argmax). Each id's
+    noise is that of its flat index under `key`: q = -log1p(-u), u in [0, 1). Ties and edge cases are argmax's: a u of
+    0 makes q = 0, so p / q is inf where p > 0 and NaN where p = 0 (a filtered id), and argmax takes the first NaN,
+    else the first inf. Any shape (..., n). (`categorical_fn` is not used: the noise is not Gumbel.)"""
+    del categorical_fn, axis  # the rows' last
+    probs = jax.nn.softmax(y, axis=-1)
+    return jnp.argmax(probs / jax.random.exponential(key, probs.shape), axis=-1)
+
+
+def exponential_race_scores(probs: jax.Array, bits: jax.Array) -> jax.Array:
+    """probs / q of q = jax.random.exponential's f32 noise from its random bits (`jax.random.bits`, uint32, probs'
+    shape), with its ops: the uniform u is the bits' top 23 as the mantissa of a float in [1, 2), less 1 (JAX's
+    uniform over [0, 1) then scales by 1, adds 0 and floors at 0, each exact on u >= 0), and q = -log1p(-u). The
+    race's ids are their argmax."""
+    u = jax.lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    return probs / -jnp.log1p(-u)
+
+
+def torch_exponential(key: jax.Array, like: jax.Array) -> jax.Array:
+    """`torch.empty_like(like).exponential_(1)` as torchax lowers it: f32 exponential noise of `key` (torchax's own is
+    PRNGKey(0), computed in the program: the fusion takes it as the key operand), divided by the rate 1, set into the
+    array (a scatter of no indices) in `like`'s dtype."""
+    return jnp.empty_like(like).at[:].set(jax.random.exponential(key, like.shape) / 1.0)
+
+
+def torch_exponential_race_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array,
+                                axis: int = -1) -> jax.Array:
+    """exponential_race_draw as gpt-fast's `multinomial_sample_one_no_sync` writes it through torchax:
+    `argmax(probs / torch.empty_like(probs).exponential_(1))` of probs = softmax(y) (`torch_exponential`)."""
+    del categorical_fn, axis  # the rows' last
+    probs = jax.nn.softmax(y, axis=-1)
+    return jnp.argmax(probs / torch_exponential(key, probs), axis=-1)
+
+
 DRAWS: dict[str, Callable[..., jax.Array]] = {"log_softmax": log_softmax_draw, "log_of_softmax": log_of_softmax_draw,
                                               "choice": choice_draw, "row_keys": row_keys_draw,
-                                              "same_key_rows": same_key_rows_draw, "inverse_cdf": inverse_cdf_draw}
+                                              "same_key_rows": same_key_rows_draw, "inverse_cdf": inverse_cdf_draw,
+                                              "exponential_race": exponential_race_draw}
+
+
+@dataclass(frozen=True)
+class DrawWriting:
+    """Another program for a draw of DRAWS, with its ids bit for bit for logits of `dtypes` (() for every one)."""
+
+    fn: Callable[..., jax.Array]
+    dtypes: tuple[str, ...] = ()
+
+
+# Other writings of a draw of DRAWS: each composes with every writing of a form. (torchax's exponential noise is f32
+# set into an array of the probabilities' dtype: in bf16 its race divides bf16 values, the form's f32 ones.)
+DRAW_WRITINGS: dict[str, tuple[DrawWriting, ...]] = {
+    "exponential_race": (DrawWriting(torch_exponential_race_draw, ("f32",)),)}
 # The op each draw of DRAWS picks its ids by (Form.draw): an argmax unless named here.
 DRAW_OPS = {"choice": "top_k", "inverse_cdf": "inverse_cdf"}
 # Draws whose rows all take the one key's noise, counted from 0 in each row (the fusion looks for them only where
@@ -1249,12 +1303,21 @@ def _row_by_row(fn: Callable[..., jax.Array], row_params: tuple[str, ...],
     return vmapped
 
 
+def _both(dtypes: tuple[str, ...], others: tuple[str, ...]) -> tuple[str, ...]:
+    """The dtypes two limits (() for none) leave: the writing of a form's writing and a draw's."""
+    return tuple(d for d in dtypes if d in others) if dtypes and others else dtypes or others
+
+
 def _with_draw(form: Form, name: str) -> Form:
     markers = (("stablehlo.exponential",) * (name not in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS)
-               + ("chlo.top_k",) * (name == "choice") + ("stablehlo.reduce_window",) * (name == "inverse_cdf"))
-    others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, DRAWS[name]),
+               + ("chlo.top_k",) * (name == "choice") + ("stablehlo.reduce_window",) * (name == "inverse_cdf")
+               + ("stablehlo.log_plus_one",) * (name == "exponential_race"))
+    draws = (DrawWriting(DRAWS[name]), *DRAW_WRITINGS.get(name, ()))
+    others = tuple(dataclasses.replace(w, fn=_drawn_by(w.fn, draw.fn), dtypes=_both(w.dtypes, draw.dtypes),
                                        marker_ops=tuple(dict.fromkeys(w.marker_ops + markers)))
-                   for w in form.others)
+                   for w in form.others for draw in draws)
+    others += tuple(Writing(_drawn_by(form.fn, draw.fn), tuple(dict.fromkeys(form.marker_ops + markers)),
+                            reads=form.reads, dtypes=draw.dtypes) for draw in draws[1:])
     if name in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS:  # also a one-row sampler vmapped over the rows (EasyDeL's, a
         keys_per_row = name in ROW_KEY_DRAWS  # serving engine's), its key batched or not
         others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn, form.row_params, keys_per_row))

@@ -41,7 +41,7 @@ ATTENTION_TARGETS = ("hlofuse_attention",)
 # floor and the whole rows' copy too)
 SAMPLE_TARGETS = ("hlofuse_sample", "hlofuse_sample_top_k", "hlofuse_sample_sort", "hlofuse_sample_sort_descending",
                   "hlofuse_sample_top_mass", "hlofuse_sample_nucleus_band", "hlofuse_sample_at_or_above",
-                  "hlofuse_sample_whole_rows")
+                  "hlofuse_sample_whole_rows", "hlofuse_sample_noise_bits")
 # The calls other targets' kernels emit (Pallas Mosaic TPU, Pallas Triton / Mosaic GPU, NKI). These names
 # are shared with every other kernel of those backends, so only calls inside a function hlofuse-lower-kernels
 # inlined (`hlofuse.<op>.<target>`) get a rule.

@@ -1129,6 +1129,39 @@ ffi::Error SampleWholeRows(ffi::Buffer<ffi::F32> logits, ffi::Result<ffi::Buffer
   return ffi::Error::Success();
 }
 
+// JAX's random bits (threefry2x32) of each row under its key, at the counters row_id * V + id (the flat index of
+// (row, id) in (rows, V) noise: `jax.random.bits`, and so the bits of `uniform` and `exponential`), 16 / 8 / 4
+// counters at a time by the ISA's threefry. XLA's CPU threefry of a (1, 128256) row takes milliseconds; the
+// exponential race (sampling.py) reads its noise from these bits with the program's own float ops.
+ffi::Error SampleNoiseBits(ffi::ThreadPool pool, ffi::Buffer<ffi::U32> keys, ffi::Buffer<ffi::S32> row_ids,
+                           ffi::Result<ffi::Buffer<ffi::U32>> bits) {
+  const auto dims = bits->dimensions();
+  if (dims.size() != 2) return ffi::Error::InvalidArgument("hlofuse_sample_noise_bits: bits must be (rows, V)");
+  const int64_t rows = dims[0], vocab = dims[1];
+  if (keys.element_count() != 2 * rows || row_ids.element_count() != rows)
+    return ffi::Error::InvalidArgument("hlofuse_sample_noise_bits: keys must be (rows, 2), row ids (rows,)");
+  const SimdOps& ops = SelectOps();
+  const uint32_t* key = keys.typed_data();
+  const int32_t* row = row_ids.typed_data();
+  uint32_t* out = bits->typed_data();
+  ParallelFor(pool, rows, [&](int64_t r) {
+    constexpr int64_t kChunk = 4096;  // a multiple of every ISA's lanes
+    auto* offsets = reinterpret_cast<int32_t*>(ThreadScratch(2 * kChunk));
+    uint32_t* chunk = reinterpret_cast<uint32_t*>(offsets + kChunk);
+    for (int64_t j = 0; j < kChunk; ++j) offsets[j] = static_cast<int32_t>(j);
+    const uint64_t base = static_cast<uint64_t>(row[r]) * static_cast<uint64_t>(vocab);
+    for (int64_t start = 0; start < vocab; start += kChunk) {
+      const int64_t n = std::min(kChunk, vocab - start);
+      uint32_t* dest = out + r * vocab + start;
+      const bool whole = n % kMaxLanes == 0;  // else the lanes past n go to the scratch, not past the row
+      ops.threefry(key[2 * r], key[2 * r + 1], base + static_cast<uint64_t>(start), offsets, whole ? dest : chunk,
+                   (n + kMaxLanes - 1) / kMaxLanes * kMaxLanes);
+      if (!whole) std::memcpy(dest, chunk, n * sizeof(uint32_t));
+    }
+  });
+  return ffi::Error::Success();
+}
+
 // Each row's top k: candidates (*L, k) as values (f32; bf16 widened exactly) and global ids (offset +
 // index), value descending, lower id first on ties (lax.top_k's order). The top k of a whole row is the
 // top k of its splits' candidates, concatenated in split order, so the splits of a sharded vocabulary
@@ -1434,3 +1467,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_whole_rows, hlofuse::cpu::SampleWho
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()    // logits (*L, V)
                                   .Ret<ffi::Buffer<ffi::F32>>());  // the same (*L, V)
+
+extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* hlofuse_sample_noise_bits(
+    XLA_FFI_CallFrame* call_frame);
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample_noise_bits, hlofuse::cpu::SampleNoiseBits,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()    // keys (rows, 2): each row's key
+                                  .Arg<ffi::Buffer<ffi::S32>>()    // row ids (rows,): counters from row_id * V
+                                  .Ret<ffi::Buffer<ffi::U32>>());  // bits (rows, V)

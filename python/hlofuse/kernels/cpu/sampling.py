@@ -35,6 +35,7 @@ from hlofuse.kernels.sampling_reference import (
     UNCERTIFIED,
     Categorical,
     esurge_min_p_mask,
+    exponential_race_scores,
     flax_top_p_keep,
     form_params,
     inverse_cdf_draw,
@@ -73,6 +74,7 @@ SORT_DESCENDING_TARGET = "hlofuse_sample_sort_descending"
 NUCLEUS_BAND_TARGET = "hlofuse_sample_nucleus_band"
 AT_OR_ABOVE_TARGET = "hlofuse_sample_at_or_above"
 WHOLE_ROWS_TARGET = "hlofuse_sample_whole_rows"
+NOISE_BITS_TARGET = "hlofuse_sample_noise_bits"
 # form -> the kernel's form code (sampling.cc: enum class Form).
 FORM_CODES = {"greedy": 0, "categorical": 1, "temperature": 1, "top_k": 2,
               "temperature_top_k": 3, "top_k_mask": 4, "top_p_mask": 5, "top_k_top_p_mask": 6, "min_p": 7,
@@ -725,6 +727,34 @@ def _sort_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return _sorted_by(SORT_TARGET, x)
 
 
+#===--- the exponential race ---------------------------------------------------------------===#
+# argmax(softmax(y) / q) of exponential noise (sampling_reference.exponential_race_draw: gpt-fast, torchtune, vLLM).
+# Its ids depend on every id's noise: a uniform of 0 (2^-23 per id, about 1.5% of 128256-id rows) makes q = 0, so an
+# inf where the id is kept and a NaN, which argmax takes first, where the filter dropped it. So no pruning: the
+# kernel draws every id's random bits (`hlofuse_sample_noise_bits`, the ISA's threefry, in place of XLA's), the
+# program's own float ops turn them into the noise and divide (`exponential_race_scores`: the same bits), and the
+# kernel's argmax (form greedy: jnp.argmax's ids, the first NaN, else the first max) takes the id. XLA's CPU argmax
+# of such scores is the program's slowest part: 2.2 ms of a 1 x 128256 row, where the kernel's takes 0.05 ms
+# (its variadic reduce of the (value, id) pairs, against the kernel's max then first index of it).
+
+
+def noise_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """jax.random.bits(key, shape) (uint32, threefry2x32 at each element's flat index) by the kernel, its rows the
+    last dim's."""
+    cpu.register()
+    rows = int(np.prod(shape[:-1], dtype=np.int64))
+    call = jax.ffi.ffi_call(NOISE_BITS_TARGET, jax.ShapeDtypeStruct((rows, shape[-1]), jnp.uint32),
+                            vmap_method="sequential")
+    return call(_keys(key, (rows,)), jax.lax.iota(jnp.int32, rows)).reshape(shape)
+
+
+def _exponential_race_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+    """sampling_reference.exponential_race_draw with the noise's bits drawn, and the argmax taken, by the kernel."""
+    del axis  # the rows' last
+    probs = jax.nn.softmax(y, axis=-1)  # the program's ops: the same bits
+    return sample(exponential_race_scores(probs, noise_bits(key, probs.shape)), None, form="greedy")
+
+
 def _draw_by_kernel(form: str) -> Categorical:
     """The kernel's categorical draw for `form`'s draw (its own, or that of DRAWS it is drawn by; a key per row, or
     one key's noise for every row, drawn for every row at once, not under a vmap)."""
@@ -733,6 +763,8 @@ def _draw_by_kernel(form: str) -> Categorical:
         return _choice_by_kernel
     if draw == "inverse_cdf" and FORMS[form].filters not in UNFILTERED:  # few ids kept, which a band holds
         return _inverse_cdf_by_kernel
+    if draw == "exponential_race":
+        return _exponential_race_by_kernel
     if draw in ROW_KEY_DRAWS:
         return _kernel_categorical(False, row_keys=True)
     if draw in SHARED_NOISE_DRAWS:
