@@ -659,7 +659,9 @@ def choice_of_one_row_top_k_mask(x, key):
 
 
 def _torchax_exponential_(like):
-    """`torch.empty_like(like).exponential_(1)` as torchax lowers it: its key is PRNGKey(0), made in the program."""
+    """`torch.empty_like(like).exponential_(1)` as torchax's aten.exponential_ rule writes it: its key PRNGKey(0),
+    made in the program. (torchax 0.0.13 loses the in-place write under jax.jit, where q is zeros: the torchtune
+    fixtures in test/fixtures/samplers; this is the program once it does not.)"""
     return jnp.empty_like(like).at[:].set(jax.random.exponential(jax.random.PRNGKey(0), like.shape) / 1.0)
 
 
