@@ -124,6 +124,28 @@ def test_flax_top_p_draws_are_the_programs() -> None:
     _assert_certified_draws_are_the_programs("top_p_flax_mask", by_band, lowering, from_below=False)
 
 
+def test_mesh_transformer_jax_top_p_draws_are_the_programs() -> None:
+    """mesh-transformer-jax's `cumsum > p` removal shifted by one, from the top, by sorted place (jnp.argsort's order of
+    ties, reversed), its removed logits x - 1e10: the band Flax's `<` cut has holds its `<=` (p at an exact cumulative
+    mass is where they differ), and drops the removed as -inf does for T up to MTJ_BAND_TEMPERATURE; past it, and in
+    bf16, the kernel's sort of the row."""
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.nucleus_draw_by_band("", x, key, params["p"], params["temperature"], from_below=False,
+                                             by_place=True)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.flax_top_p_lowering("top_p_mtj_mask", params)
+
+    assert _assert_certified_draws_are_the_programs("top_p_mtj_mask", by_band, lowering, from_below=False) < ROWS * 2
+    row, p = _row_and_p("coarse_ties", 5, from_below=False)
+    x = jnp.asarray(np.stack([np.roll(row, 37 * r) for r in range(8)]))
+    key = jnp.array([3, 7], jnp.uint32)
+    for temperature, dtype in ((1e9, jnp.float32), (0.7, jnp.bfloat16)):  # the sorted row: the program's ids
+        params = form_params("top_p_mtj_mask", temperature=temperature, p=p)
+        np.testing.assert_array_equal(jax.jit(lowering(params))(x.astype(dtype), key),
+                                      sample_reference(x.astype(dtype), key, form="top_p_mtj_mask", **params))
+
+
 @pytest.mark.parametrize("form", ["top_k_top_p_ascending_mask", "top_k_top_p_ascending_mask_choice",
                                   "top_k_top_p_ascending_mask_log_softmax", "top_k_exact_top_p_flax_mask"])
 def test_top_k_then_top_p_draws_are_the_programs(form: str) -> None:

@@ -64,9 +64,11 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
 # shifted `cumsum <= p` mask, draw from log(kept) in rank space; hf: Hugging Face's TopPLogitsWarper as torchax
 # lowers it (ascending unstable sort, remove `cumsum <= 1 - p` but the largest, scattered back); flax: its
-# FlaxTopPLogitsWarper (a full-width lax.top_k, the rolled `cumsum < p`, sort_key_val back). hf takes (B, V) logits
-# or one row (litgpt's), flax (B, V) logits; both fill with -inf.
-TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax")
+# FlaxTopPLogitsWarper (a full-width lax.top_k, the rolled `cumsum < p`, sort_key_val back); mtj: mesh-transformer-jax's
+# `nucleaus_filter` (jnp.sort and argsort reversed, the shifted `cumsum > p` removal, sort_key_val back, 1e10
+# subtracted from the removed). hf takes (B, V) logits or one row (litgpt's), flax and mtj (B, V) logits; hf and flax
+# fill with -inf.
+TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -75,7 +77,8 @@ FILLS = ("-inf", "finfo_min", "-1e7", "-1000")
 RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_probs"}
 # The forms a nucleus written in the Hugging Face styles fuses to, alone and after a top-k mask (the torch chain has
 # a form; Flax's follows only its own exact top-k, so a top-k mask before it stays in XLA).
-HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None)}
+HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None),
+             "mtj": ("top_p_mtj_mask", None)}
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # gumbel: argmax(x + g); gumbel_first: argmax(g + x); keras: keras' JAX random.categorical(x, 1), a categorical of
@@ -487,7 +490,8 @@ def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
 
 
 def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
-    """hf / flax styles: Hugging Face's top-p warpers, torch's through torchax or Flax's; the dropped at -inf."""
+    """hf / flax / mtj styles: Hugging Face's top-p warpers, torch's through torchax or Flax's, the dropped at -inf;
+    mesh-transformer-jax's, 1e10 below."""
     if c.spec.top_p_style == "hf":
         ordered, ids = jnp.sort(x, axis=-1, stable=False), jnp.argsort(x, axis=-1, stable=False)
         cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
@@ -498,6 +502,12 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         else:
             batch, vocab = x.shape
             kept = jnp.where(remove.at[(_rows((batch, vocab)), ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
+    elif c.spec.top_p_style == "mtj":
+        ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered), axis=-1)
+        remove = cumulative > c.spec.p
+        remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
+        kept = x - 1e10 * jax.lax.sort_key_val(ids, remove)[1]
     else:
         batch, vocab = x.shape
         ordered, ids = jax.lax.top_k(x, vocab)

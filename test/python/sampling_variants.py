@@ -714,6 +714,28 @@ def near_miss_race_of_logits(x, key):
     return jnp.argmax(x / jax.random.exponential(key, x.shape), axis=-1)
 
 
+def mtj_nucleaus_sample(x, key):
+    """mesh-transformer-jax's (GPT-J's) `nucleaus_sample(key, logits, _, top_p=0.9, temp=0.8)`: `nucleaus_filter`'s
+    descending jnp.sort and argsort, cumsum of the sorted softmax, the shifted `> top_p` removal put back by
+    `lax.sort_key_val`, `logits -= 1e10 * removed`, then `jax.random.categorical(key, logits / temp)`."""
+    sorted_logits = jnp.sort(x)[:, ::-1]
+    sorted_indices = jnp.argsort(x)[:, ::-1]
+    cumulative_probs = jnp.cumsum(jax.nn.softmax(sorted_logits), axis=-1)
+    to_remove = cumulative_probs > 0.9
+    to_remove = jnp.concatenate((jnp.zeros_like(to_remove[:, :1]), to_remove), axis=-1)[:, :-1]
+    _, indices_to_remove = jax.lax.sort_key_val(sorted_indices, to_remove)
+    x = x - 1e10 * indices_to_remove
+    return jax.random.categorical(key, x / 0.8, -1).astype(jnp.uint32)
+
+
+def near_miss_mtj_removal_at_or_above(x, key):
+    """mesh-transformer-jax's nucleus with `>= top_p`: another cut (no form; a remark)."""
+    ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
+    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) >= 0.9
+    remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
+    return jax.random.categorical(key, (x - 1e10 * jax.lax.sort_key_val(ids, remove)[1]) / 0.8, -1)
+
+
 def _multinomial_of_row(probs, key):
     """torch.multinomial(probs, 1) of one row (V,) as torchax lowers it: (1,) ids."""
     return jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs)
@@ -1214,6 +1236,9 @@ VARIANTS: list[Variant] = [
     Variant("exponential_race_top_p", exponential_race_top_p, "top_p_mask_exponential_race",
             expect={"p": 0.9, "temperature": 1.0}),
     Variant("near_miss_race_of_logits", near_miss_race_of_logits, None),
+    Variant("mtj_nucleaus_sample", mtj_nucleaus_sample, "top_p_mtj_mask", expect={"p": 0.9, "temperature": 0.8}),
+    Variant("near_miss_mtj_removal_at_or_above", near_miss_mtj_removal_at_or_above, "temperature",
+            remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),

@@ -112,7 +112,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
-    flax_p = form in USES_TOP_P and spec.top_p_style == "flax"  # Flax draws by categorical only
+    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj")  # Flax and MTJ draw by categorical only
     if stochastic and not rank_space_p and not flax_p:
         drawn = draw(st.sampled_from(DRAWS))
         one_row_choice = spec.batch == "v" and form not in ("top_k", "temperature_top_k")  # (1,) ids, no rank space
@@ -239,6 +239,12 @@ FIXED_GAPS = {
     "top_k_top_p_fill_finfo_min_bf16": SamplerSpec(form="top_k_top_p_mask", top_p_style="top_k", fill="finfo_min",
                                                    dtype="bfloat16"),
     "top_p_fill_small_is_the_fallback": SamplerSpec(form="top_p_mask", fill="-1000"),
+    # mesh-transformer-jax's (GPT-J's) nucleus: fused as `temperature` with its sorts in XLA until top_p_mtj_mask;
+    # after a top-k mask, its nucleus of the masked logits (the top-k stays in XLA, as for Flax's)
+    "top_p_mtj": SamplerSpec(form="top_p_mask", top_p_style="mtj"),
+    "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
+                                           temperature_style="traced"),
+    "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),
     # argmax(x + gumbel): JAX's categorical adds gumbel + x; the matcher now tries add/multiply both ways.
     "gumbel_logits_first": dataclasses.replace(_SMALL, noise="gumbel"),
     # argmax(softmax(x)) next to log_softmax(x) (logprobs): CSE shares the max, shift, exp and sum.

@@ -544,6 +544,31 @@ def top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p:
     return categorical_fn(key, _scale(jax.lax.sort_key_val(ids, scores)[-1], temperature), axis=-1)
 
 
+MTJ_MASK = 1.0e10  # what mesh-transformer-jax subtracts from each removed logit
+
+
+def mtj_top_p_removed(logits: jax.Array, p: float) -> jax.Array:
+    """mesh-transformer-jax's (GPT-J's) `nucleaus_filter` removal, in vocabulary order: the row sorted descending by
+    `jnp.sort` and `jnp.argsort` reversed (equal logits by the higher id first), the cumsum of the softmax of the
+    sorted logits, rank j removed where the cumsum through rank j - 1 exceeds p (rank 0 never), back to vocabulary
+    order by `lax.sort_key_val` of the ids. (B, V) bools."""
+    ordered = jnp.sort(logits)[:, ::-1]
+    ids = jnp.argsort(logits)[:, ::-1]
+    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) > p
+    remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
+    return jax.lax.sort_key_val(ids, remove)[1]
+
+
+def top_p_mtj_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                   categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """mesh-transformer-jax's `nucleaus_sample`: `mtj_top_p_removed` of the raw logits, MTJ_MASK subtracted from the
+    removed (`logits -= 1e10 * removed`: not -inf, and in f32 whatever the logits' dtype), then a categorical of / T.
+    A removed token then scores about -1e10 / T, below every kept one for T up to about 4e8. (B, V) logits only."""
+    if logits.ndim != 2:
+        raise ValueError(f"mesh-transformer-jax's nucleus takes (B, V) logits, not {logits.shape}")
+    return categorical_fn(key, _scale(logits - MTJ_MASK * mtj_top_p_removed(logits, p), temperature), axis=-1)
+
+
 def top_k_exact_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                                 top_k_fn: TopK = jax.lax.top_k, **params: Any) -> jax.Array:
     """Flax generate()'s FlaxTopKLogitsWarper then FlaxTopPLogitsWarper (its Llama-3 config, with the default
@@ -1057,6 +1082,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
                   _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),)),
     Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
          composes_draws=False),
+    Form("top_p_mtj_mask", "top_p", top_p_mtj_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
+         composes_draws=False),
     Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
     Form("min_p_sorted_removal", "min_p", min_p_sorted_removal, ("temperature", "min_p"),
          _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"), composes_draws=False),
@@ -1141,6 +1168,7 @@ FORMS.update({name: _searched_form(name, mode)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
+                  "top_p_mtj_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))

@@ -24,6 +24,7 @@ from hlofuse.kernels.sampling_reference import (
     DRAWS,
     ESURGE_FILL,
     FORMS,
+    MTJ_MASK,
     NEG_INF,
     NOISE_SCALED,
     NOISE_SCALED_ROWS,
@@ -1081,6 +1082,26 @@ def _flax_top_p_kept(logits: jax.Array, p: float, exact_k: int) -> jax.Array:
     return jnp.full((batch, vocab), NEG_INF, dtype).at[rows, ids].set(kept)
 
 
+def _mtj_top_p_subtracted(logits: jax.Array, p: float) -> jax.Array:
+    """mesh-transformer-jax's `nucleaus_filter` (sampling_reference.top_p_mtj_mask) with no sort in XLA: the row in its
+    order by the kernel (jnp.sort's and the stable jnp.argsort's ascending order, reversed), the program's removal on
+    it, a scatter back (where sort_key_val of the ids puts it), MTJ_MASK subtracted by the program's op."""
+    batch, vocab = logits.shape
+    ascending, ids = _sort_by_kernel(logits)
+    ordered, ids = ascending[:, ::-1], ids[:, ::-1]
+    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) > p
+    remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
+    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], ids.shape)
+    return logits - MTJ_MASK * jnp.zeros((batch, vocab), jnp.bool_).at[rows, ids].set(remove)
+
+
+# mesh-transformer-jax's removed logits are x - 1e10, not -inf: its nucleus is drawn by the band (which drops them)
+# only where that gives -inf's ids, for T up to 1e8 (a removed token scores below -99 + 16.7 relative to the max's
+# x / T - 4.5) and logits under 1e12 in size (x - 1e10 then moves x by 1e10 up to its f32 rounding).
+MTJ_BAND_TEMPERATURE = 1.0e8
+MTJ_BAND_LOGITS = 1.0e12
+
+
 def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
     """EasyDeL's MinPLogitsWarper of `logits` (B, V): the row in lax.top_k's order by the kernel, the program's
     softmax and removal on it, scattered back; the removed at -inf."""
@@ -1094,9 +1115,11 @@ def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
 
 
 def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw) or min_p_sorted_removal (EasyDeL's min-p)
-    on the CPU: the top-k and the row's order by the kernel, the keep by the program's ops, the draw by the
-    kernel. Flax's top-p alone (f32) is drawn by its nucleus's band first (`nucleus_draw_by_band`: no sort), and after
+    """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw), min_p_sorted_removal (EasyDeL's min-p) or
+    top_p_mtj_mask (mesh-transformer-jax's nucleus) on the CPU: the top-k and the row's order by the kernel, the keep by
+    the program's ops, the draw by the kernel. Flax's and mesh-transformer-jax's top-p (f32; the latter's band
+    cuts by place from the top as Flax's, and holds its `<=` as Flax's `<`: the cut's slack covers either) are drawn by
+    their nucleus's band first (`nucleus_draw_by_band`: no sort), and after
     Flax's exact top-k by the band among the top k (`top_k_nucleus_draw`), the sorted row only for the rows drawn in
     the band."""
     filters = FORMS[form].filters
@@ -1107,6 +1130,12 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
             tokens = nucleus_draw_by_band("", logits, key, params["p"], params["temperature"], from_below=False,
                                           by_place=True)
             return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
+        mtj_band = params["temperature"] <= MTJ_BAND_TEMPERATURE
+        if filters == "top_p_mtj_mask" and logits.dtype == jnp.float32 and mtj_band:
+            tokens = nucleus_draw_by_band("", logits, key, params["p"], params["temperature"], from_below=False,
+                                          by_place=True)
+            small = jnp.max(jnp.abs(logits), axis=-1) < MTJ_BAND_LOGITS
+            return reference_where_uncertified(jnp.where(small, tokens, UNCERTIFIED), lambda: sorted_row(logits, key))
         if filters == "top_k_exact_top_p_flax_mask" and logits.dtype == jnp.float32 and params["k"] < logits.shape[-1]:
             tokens = top_k_nucleus_draw("", logits, key, params, from_below=False, exact_k=True)
             return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
@@ -1117,6 +1146,8 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
             scores = _keep_top_k_by_kernel(logits, params["k"])
         elif filters == "min_p_sorted_removal":
             scores = _min_p_sorted_kept(logits, params["min_p"])
+        elif filters == "top_p_mtj_mask":
+            scores = _mtj_top_p_subtracted(logits, params["p"])
         elif filters == "top_k_keep_top_p_flax_mask":
             scores = _flax_top_p_kept(_keep_top_k_by_kernel(logits, params["k"]), params["p"], 0)
         else:
@@ -1539,7 +1570,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported(f"'{attrs.form}' (argmax(x + gumbel * T)) takes (B, V) f32 logits and T > 0 (and k <= "
                               "V): its noise is f32 cast to the logits' dtype, which the kernel draws in f32 only")
         return noise_scaled_lowering(attrs.form, attrs.params())
-    if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal"):
+    if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
             raise Unsupported("the Flax and EasyDeL warpers take (B, V) f32 or bf16 logits")
