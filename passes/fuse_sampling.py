@@ -1190,6 +1190,11 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
         parts.append("a softmax (" + ", ".join(at["stablehlo.exponential"]) + ")")
     if searches:
         parts.append("a threshold search over the vocabulary (" + ", ".join(searches) + ")")
+    zero_noise = [f"stablehlo.divide at {format_location(o.location)}" for o in ops
+                  if o.name == "stablehlo.divide" and constant_scalar(o.operands[1]) == 0.0]
+    if zero_noise:  # an exponential race whose noise was lost: torchax's exponential_ under jax.jit gives zeros
+        parts.append("a division by the constant 0 (" + ", ".join(zero_noise) + "; a race's noise that is no "
+                     "noise, as torchax lowers `torch.empty_like(p).exponential_()` under jax.jit: every draw alike)")
     if branches:
         parts.append("the filters of a branch on traced values (" + ", ".join(branches) + ")")
     return parts
