@@ -13532,7 +13532,7 @@ module @sample_torchtune_top_k_race attributes {mhlo.num_partitions = 1 : i32, m
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "greedy"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"
 // CHECK: func.func private @hlofuse.sample.impl
-// REMARK: remark: [hlofuse-fuse-sampling] a division by the constant 0 (stablehlo.divide at
+// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.composite: sampler fused only in part: fused as `greedy`; the top-k filter
 module @sample_torchtune_race_under_jit attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @sample_torchtune_race_under_jit(%arg0: tensor<4x256xf32>) -> (tensor<4x1xi32> {jax.result_info = "result"}) {
     %cst = stablehlo.constant dense<6.000000e-01> : tensor<f32>
