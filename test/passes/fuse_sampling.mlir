@@ -11331,6 +11331,532 @@ module @sample_easydel_vmapped_per_row_top_p_one_row attributes {mhlo.num_partit
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_vmapped_choice_top_k_mask(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_mask_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_vmapped_choice_top_k_mask attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_vmapped_choice_top_k_mask(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %values, %indices = chlo.top_k(%1, k = 16) : tensor<4x256xf32> -> (tensor<4x16xf32>, tensor<4x16xi32>)
+    %2 = stablehlo.slice %values [0:4, 15:16] : (tensor<4x16xf32>) -> tensor<4x1xf32>
+    %3 = stablehlo.reshape %2 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %6 = stablehlo.compare LT, %1, %5, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = call @_where(%6, %cst_0, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = stablehlo.reduce(%7 init: %cst_1) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %10 = stablehlo.maximum %9, %8 : tensor<4xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %13 = stablehlo.subtract %7, %12 : tensor<4x256xf32>
+    %14 = stablehlo.exponential %13 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.reduce(%14 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %18 = stablehlo.divide %14, %17 : tensor<4x256xf32>
+    %19 = call @cumsum(%18) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %20 = stablehlo.slice %19 [0:4, 255:256] : (tensor<4x256xf32>) -> tensor<4x1xf32>
+    %21 = stablehlo.reshape %20 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %22 = call @_uniform(%arg1, %cst_4, %cst_5) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<f32>
+    %cst_6 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %23 = stablehlo.subtract %cst_6, %22 : tensor<f32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %25 = stablehlo.multiply %21, %24 : tensor<4xf32>
+    %26 = call @searchsorted(%19, %25) : (tensor<4x256xf32>, tensor<4xf32>) -> tensor<4xi32>
+    return %26 : tensor<4xi32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.select %arg0, %2, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %3 : tensor<4x256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<f32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<0> : tensor<ui32>
+    %6:2 = call @threefry2x32(%3, %5, %c, %c_0) : (tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+    %7 = stablehlo.xor %6#0, %6#1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %8 = stablehlo.shift_right_logical %7, %c_1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %9 = stablehlo.or %8, %c_2 : tensor<ui32>
+    %10 = stablehlo.bitcast_convert %9 : (tensor<ui32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %11 = stablehlo.subtract %10, %cst : tensor<f32>
+    %12 = stablehlo.subtract %1, %0 : tensor<f32>
+    %13 = stablehlo.multiply %11, %12 : tensor<f32>
+    %14 = stablehlo.add %13, %0 : tensor<f32>
+    %15 = stablehlo.reshape %14 : (tensor<f32>) -> tensor<f32>
+    %16 = stablehlo.maximum %0, %15 : tensor<f32>
+    return %16 : tensor<f32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.add %arg2, %arg0 : tensor<ui32>
+    %3 = stablehlo.add %arg3, %arg1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %4:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %2, %iterArg_6 = %3, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %5 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %5 : tensor<i1>
+    } do {
+      %5:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %6 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %6, %5#0, %5#1, %5#2, %5#3, %5#4, %5#5, %5#6, %5#7 : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %4#2, %4#3 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<ui32>
+    %4 = stablehlo.shift_left %arg2, %2 : tensor<ui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %5 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %6 = stablehlo.shift_right_logical %arg2, %5 : tensor<ui32>
+    %7 = stablehlo.or %4, %6 : tensor<ui32>
+    %8 = stablehlo.xor %3, %7 : tensor<ui32>
+    %9 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %10 = stablehlo.reshape %9 : (tensor<1xui32>) -> tensor<ui32>
+    %11 = stablehlo.add %3, %8 : tensor<ui32>
+    %12 = stablehlo.shift_left %8, %10 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %13 = stablehlo.subtract %c_1, %10 : tensor<ui32>
+    %14 = stablehlo.shift_right_logical %8, %13 : tensor<ui32>
+    %15 = stablehlo.or %12, %14 : tensor<ui32>
+    %16 = stablehlo.xor %11, %15 : tensor<ui32>
+    %17 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %18 = stablehlo.reshape %17 : (tensor<1xui32>) -> tensor<ui32>
+    %19 = stablehlo.add %11, %16 : tensor<ui32>
+    %20 = stablehlo.shift_left %16, %18 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %21 = stablehlo.subtract %c_2, %18 : tensor<ui32>
+    %22 = stablehlo.shift_right_logical %16, %21 : tensor<ui32>
+    %23 = stablehlo.or %20, %22 : tensor<ui32>
+    %24 = stablehlo.xor %19, %23 : tensor<ui32>
+    %25 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %26 = stablehlo.reshape %25 : (tensor<1xui32>) -> tensor<ui32>
+    %27 = stablehlo.add %19, %24 : tensor<ui32>
+    %28 = stablehlo.shift_left %24, %26 : tensor<ui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %29 = stablehlo.subtract %c_3, %26 : tensor<ui32>
+    %30 = stablehlo.shift_right_logical %24, %29 : tensor<ui32>
+    %31 = stablehlo.or %28, %30 : tensor<ui32>
+    %32 = stablehlo.xor %27, %31 : tensor<ui32>
+    %33 = stablehlo.add %27, %arg3 : tensor<ui32>
+    %34 = stablehlo.add %32, %arg4 : tensor<ui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %35 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %36 = stablehlo.convert %35 : (tensor<i32>) -> tensor<ui32>
+    %37 = stablehlo.add %34, %36 : tensor<ui32>
+    return %0, %33, %37, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<4x256xf32>, %arg1: tensor<4xf32>) -> tensor<4xi32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<4x256xf32>, tensor<4xf32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<4x256xf32>, %arg1: tensor<4xf32>) -> tensor<4xi32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %2:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %0, %iterArg_5 = %1) : tensor<4x256xf32>, tensor<4xf32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %4 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %4 : tensor<i1>
+    } do {
+      %4:2 = func.call @closed_call_1(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<4x256xf32>, tensor<4xf32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %5 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %5, %4#0, %4#1 : tensor<4x256xf32>, tensor<4xf32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>
+    }
+    %3 = stablehlo.convert %2#4 : (tensor<4xui32>) -> tensor<4xi32>
+    return %3 : tensor<4xi32>
+  }
+  func.func private @closed_call_1(%arg0: tensor<4x256xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xui32>, %arg3: tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<4xui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<4xui32>, tensor<i32>) -> tensor<4xui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<4xui32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %4 = "stablehlo.gather"(%arg0, %3) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 1>, indices_are_sorted = true, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x1xui32>) -> tensor<4x1xf32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %7 = stablehlo.compare EQ, %arg1, %6, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %9 = stablehlo.select %7, %8, %arg1 : tensor<4xi1>, tensor<4xf32>
+    %10 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %12 = stablehlo.select %10, %11, %9 : tensor<4xi1>, tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %14 = stablehlo.compare EQ, %5, %13, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %16 = stablehlo.select %14, %15, %5 : tensor<4xi1>, tensor<4xf32>
+    %17 = stablehlo.compare NE, %5, %5, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %19 = stablehlo.select %17, %18, %16 : tensor<4xi1>, tensor<4xf32>
+    %20 = stablehlo.compare LE, %12, %19, TOTALORDER : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %21 = stablehlo.select %20, %arg2, %2 : tensor<4xi1>, tensor<4xui32>
+    %22 = stablehlo.select %20, %2, %arg3 : tensor<4xi1>, tensor<4xui32>
+    return %21, %22 : tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<4xui32>, %arg1: tensor<i32>) -> tensor<4xui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<4xui32>
+    return %2 : tensor<4xui32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_vmapped_choice_top_p(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_mask_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_vmapped_choice_top_p attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_vmapped_choice_top_p(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %0 = call @sort(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x256xf32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %4 = stablehlo.maximum %3, %2 : tensor<4xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %7 = stablehlo.subtract %1, %6 : tensor<4x256xf32>
+    %8 = stablehlo.exponential %7 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.reduce(%8 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %12 = stablehlo.divide %8, %11 : tensor<4x256xf32>
+    %13 = call @cumsum(%12) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %15 = stablehlo.compare LT, %13, %14, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %16 = stablehlo.convert %15 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %17 = stablehlo.reduce(%16 init: %c) applies stablehlo.add across dimensions = [1] : (tensor<4x256xi32>, tensor<i32>) -> tensor<4xi32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [0] : (tensor<4xi32>) -> tensor<4x1xi32>
+    %19 = call @take_along_axis(%1, %18) : (tensor<4x256xf32>, tensor<4x1xi32>) -> tensor<4x1xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %21 = stablehlo.compare LT, %arg0, %20, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %22 = call @_where(%21, %cst_3, %arg0) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_4 = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %24 = stablehlo.divide %22, %23 : tensor<4x256xf32>
+    %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %25 = stablehlo.reduce(%24 init: %cst_5) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %27 = stablehlo.maximum %26, %25 : tensor<4xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.subtract %24, %29 : tensor<4x256xf32>
+    %31 = stablehlo.exponential %30 : tensor<4x256xf32>
+    %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %32 = stablehlo.reduce(%31 init: %cst_7) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %33 = stablehlo.broadcast_in_dim %32, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %34 = stablehlo.broadcast_in_dim %33, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %35 = stablehlo.divide %31, %34 : tensor<4x256xf32>
+    %36 = call @cumsum_1(%35) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %37 = stablehlo.slice %36 [0:4, 255:256] : (tensor<4x256xf32>) -> tensor<4x1xf32>
+    %38 = stablehlo.reshape %37 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_9 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %39 = call @_uniform(%arg1, %cst_8, %cst_9) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<f32>
+    %cst_10 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %40 = stablehlo.subtract %cst_10, %39 : tensor<f32>
+    %41 = stablehlo.broadcast_in_dim %40, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %42 = stablehlo.multiply %38, %41 : tensor<4xf32>
+    %43 = call @searchsorted(%36, %42) : (tensor<4x256xf32>, tensor<4xf32>) -> tensor<4xi32>
+    return %43 : tensor<4xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<4x256xf32>, %arg1: tensor<4x1xi32>) -> tensor<4x1xf32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1xi32>, tensor<4x1xi32>) -> tensor<4x1xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1xi1>, tensor<4x1xi32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %c_1 = stablehlo.constant dense<255> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x1x1xi32>
+    %10 = stablehlo.compare LE, %5, %9, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %11 = stablehlo.and %7, %10 : tensor<4x1x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %12 = stablehlo.reduce(%11 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x1x1xi1>, tensor<i1>) -> tensor<4x1xi1>
+    %13 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x1x1xi32>) -> tensor<4x1xf32>
+    %cst = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %15 = stablehlo.select %12, %13, %14 : tensor<4x1xi1>, tensor<4x1xf32>
+    return %15 : tensor<4x1xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.select %arg0, %2, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %3 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_1(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<f32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<0> : tensor<ui32>
+    %6:2 = call @threefry2x32(%3, %5, %c, %c_0) : (tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+    %7 = stablehlo.xor %6#0, %6#1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %8 = stablehlo.shift_right_logical %7, %c_1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %9 = stablehlo.or %8, %c_2 : tensor<ui32>
+    %10 = stablehlo.bitcast_convert %9 : (tensor<ui32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %11 = stablehlo.subtract %10, %cst : tensor<f32>
+    %12 = stablehlo.subtract %1, %0 : tensor<f32>
+    %13 = stablehlo.multiply %11, %12 : tensor<f32>
+    %14 = stablehlo.add %13, %0 : tensor<f32>
+    %15 = stablehlo.reshape %14 : (tensor<f32>) -> tensor<f32>
+    %16 = stablehlo.maximum %0, %15 : tensor<f32>
+    return %16 : tensor<f32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.add %arg2, %arg0 : tensor<ui32>
+    %3 = stablehlo.add %arg3, %arg1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %4:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %2, %iterArg_6 = %3, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %5 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %5 : tensor<i1>
+    } do {
+      %5:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %6 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %6, %5#0, %5#1, %5#2, %5#3, %5#4, %5#5, %5#6, %5#7 : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %4#2, %4#3 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<ui32>
+    %4 = stablehlo.shift_left %arg2, %2 : tensor<ui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %5 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %6 = stablehlo.shift_right_logical %arg2, %5 : tensor<ui32>
+    %7 = stablehlo.or %4, %6 : tensor<ui32>
+    %8 = stablehlo.xor %3, %7 : tensor<ui32>
+    %9 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %10 = stablehlo.reshape %9 : (tensor<1xui32>) -> tensor<ui32>
+    %11 = stablehlo.add %3, %8 : tensor<ui32>
+    %12 = stablehlo.shift_left %8, %10 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %13 = stablehlo.subtract %c_1, %10 : tensor<ui32>
+    %14 = stablehlo.shift_right_logical %8, %13 : tensor<ui32>
+    %15 = stablehlo.or %12, %14 : tensor<ui32>
+    %16 = stablehlo.xor %11, %15 : tensor<ui32>
+    %17 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %18 = stablehlo.reshape %17 : (tensor<1xui32>) -> tensor<ui32>
+    %19 = stablehlo.add %11, %16 : tensor<ui32>
+    %20 = stablehlo.shift_left %16, %18 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %21 = stablehlo.subtract %c_2, %18 : tensor<ui32>
+    %22 = stablehlo.shift_right_logical %16, %21 : tensor<ui32>
+    %23 = stablehlo.or %20, %22 : tensor<ui32>
+    %24 = stablehlo.xor %19, %23 : tensor<ui32>
+    %25 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %26 = stablehlo.reshape %25 : (tensor<1xui32>) -> tensor<ui32>
+    %27 = stablehlo.add %19, %24 : tensor<ui32>
+    %28 = stablehlo.shift_left %24, %26 : tensor<ui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %29 = stablehlo.subtract %c_3, %26 : tensor<ui32>
+    %30 = stablehlo.shift_right_logical %24, %29 : tensor<ui32>
+    %31 = stablehlo.or %28, %30 : tensor<ui32>
+    %32 = stablehlo.xor %27, %31 : tensor<ui32>
+    %33 = stablehlo.add %27, %arg3 : tensor<ui32>
+    %34 = stablehlo.add %32, %arg4 : tensor<ui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %35 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %36 = stablehlo.convert %35 : (tensor<i32>) -> tensor<ui32>
+    %37 = stablehlo.add %34, %36 : tensor<ui32>
+    return %0, %33, %37, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<4x256xf32>, %arg1: tensor<4xf32>) -> tensor<4xi32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<4x256xf32>, tensor<4xf32>) -> tensor<4xi32>
+    return %0 : tensor<4xi32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<4x256xf32>, %arg1: tensor<4xf32>) -> tensor<4xi32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %2:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %0, %iterArg_5 = %1) : tensor<4x256xf32>, tensor<4xf32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %4 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %4 : tensor<i1>
+    } do {
+      %4:2 = func.call @closed_call_2(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<4x256xf32>, tensor<4xf32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %5 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %5, %4#0, %4#1 : tensor<4x256xf32>, tensor<4xf32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>
+    }
+    %3 = stablehlo.convert %2#4 : (tensor<4xui32>) -> tensor<4xi32>
+    return %3 : tensor<4xi32>
+  }
+  func.func private @closed_call_2(%arg0: tensor<4x256xf32>, %arg1: tensor<4xf32>, %arg2: tensor<4xui32>, %arg3: tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<4xui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<4xui32>, tensor<i32>) -> tensor<4xui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<4xui32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %4 = "stablehlo.gather"(%arg0, %3) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 1>, indices_are_sorted = true, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x1xui32>) -> tensor<4x1xf32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %7 = stablehlo.compare EQ, %arg1, %6, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %9 = stablehlo.select %7, %8, %arg1 : tensor<4xi1>, tensor<4xf32>
+    %10 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %12 = stablehlo.select %10, %11, %9 : tensor<4xi1>, tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %14 = stablehlo.compare EQ, %5, %13, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %16 = stablehlo.select %14, %15, %5 : tensor<4xi1>, tensor<4xf32>
+    %17 = stablehlo.compare NE, %5, %5, FLOAT : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %19 = stablehlo.select %17, %18, %16 : tensor<4xi1>, tensor<4xf32>
+    %20 = stablehlo.compare LE, %12, %19, TOTALORDER : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xi1>
+    %21 = stablehlo.select %20, %arg2, %2 : tensor<4xi1>, tensor<4xui32>
+    %22 = stablehlo.select %20, %2, %arg3 : tensor<4xi1>, tensor<4xui32>
+    return %21, %22 : tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<4xui32>, %arg1: tensor<i32>) -> tensor<4xui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<4xui32>
+    return %2 : tensor<4xui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_sglang_jax_sorted_probs(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "sorted_probs_rows"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

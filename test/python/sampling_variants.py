@@ -160,6 +160,24 @@ def vmapped_same_key_sampler(x, key):
     return jax.vmap(lambda row: jax.random.categorical(key, _nucleus(row, 0.9) / 0.7))(x)
 
 
+def vmapped_choice_top_k_mask(x, key):
+    """A one-row top-k mask then `jax.random.choice(key, V, p=softmax(y))` (replace=True), vmapped over the rows with
+    its key unbatched: every row searches its cumsum at the same uniform, as torch.multinomial with replacement per
+    row does (top_k_mask_inverse_cdf)."""
+    def one_row(row):
+        y = row / 0.8
+        probs = jax.nn.softmax(jnp.where(y < jax.lax.top_k(y, 16)[0][-1], -jnp.inf, y))
+        return jax.random.choice(key, y.shape[-1], p=probs)
+
+    return jax.vmap(one_row)(x)
+
+
+def vmapped_choice_top_p(x, key):
+    """A one-row nucleus (`_nucleus`), / T, then jax.random.choice with replacement, vmapped with the key unbatched:
+    top_p_mask_inverse_cdf."""
+    return jax.vmap(lambda row: jax.random.choice(key, row.shape[-1], p=jax.nn.softmax(_nucleus(row, 0.9) / 0.7)))(x)
+
+
 # --- parameters per row ----------------------------------------------------------------------------
 
 
@@ -1225,6 +1243,9 @@ VARIANTS: list[Variant] = [
             expect={"k": 32}),
     Variant("easydel_vmapped_per_row_top_p_one_row", easydel_vmapped_per_row_top_p,
             "top_p_of_top_k_rows_same_key_rows", shape=(1, V), expect={"k": 32}),
+    Variant("vmapped_choice_top_k_mask", vmapped_choice_top_k_mask, "top_k_mask_inverse_cdf", expect={"k": 16}),
+    Variant("vmapped_choice_top_p", vmapped_choice_top_p, "top_p_mask_inverse_cdf",
+            expect={"p": 0.9, "temperature": 0.7}),
     Variant("sglang_jax_sorted_probs", sglang_jax_sorted_probs, "sorted_probs_rows"),
     Variant("gemma_pytorch_sampler", gemma_pytorch_sampler, "sorted_probs_inverse_cdf_rows"),
     Variant("multinomial_with_replacement_temperature", multinomial_with_replacement_temperature,

@@ -1300,6 +1300,9 @@ DRAW_OPS = {"choice": "top_k", "inverse_cdf": "inverse_cdf"}
 SHARED_NOISE_DRAWS = ("same_key_rows",)
 # Draws whose key is one per row, (B, 2): their forms' key operand.
 ROW_KEY_DRAWS = ("row_keys",)
+# Draws whose one-row program vmapped over the rows with its key unbatched draws the rows' ids (each row's own draw
+# with the one key: jax.random.choice with replacement searches every row at the same uniform, as the draw does).
+VMAPPED_DRAWS = ("inverse_cdf",)
 
 
 def _drawn_by(fn: Callable[..., jax.Array], draw: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
@@ -1346,9 +1349,10 @@ def _with_draw(form: Form, name: str) -> Form:
                    for w in form.others for draw in draws)
     others += tuple(Writing(_drawn_by(form.fn, draw.fn), tuple(dict.fromkeys(form.marker_ops + markers)),
                             reads=form.reads, dtypes=draw.dtypes) for draw in draws[1:])
-    if name in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS:  # also a one-row sampler vmapped over the rows (EasyDeL's, a
-        keys_per_row = name in ROW_KEY_DRAWS  # serving engine's), its key batched or not
-        others += tuple(dataclasses.replace(w, fn=_row_by_row(w.fn, form.row_params, keys_per_row))
+    if name in ROW_KEY_DRAWS + SHARED_NOISE_DRAWS + VMAPPED_DRAWS:  # also a one-row sampler vmapped over the rows
+        keys_per_row = name in ROW_KEY_DRAWS  # (EasyDeL's, a serving engine's), its key batched or not
+        others += tuple(dataclasses.replace(w, fn=_row_by_row(_drawn_by(w.fn, DRAWS[name]) if name in VMAPPED_DRAWS
+                                                              else w.fn, form.row_params, keys_per_row))
                         for w in form.writings)
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, DRAW_OPS.get(name, "argmax"),
