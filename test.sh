@@ -67,6 +67,11 @@ summary() {
   printf '%s\n' "${times[@]}"
 }
 trap summary EXIT
+# A signal (an outer `timeout`, ^C) must end the run as failed: without these the EXIT trap reads the status of the
+# last command that finished, and a killed run printed "passed".
+trap 'exit 143' TERM
+trap 'exit 130' INT
+trap 'exit 129' HUP
 
 # The full tier also installs the TPU and GPU compilers (the `accelerators` extra: libtpu, and jax's CUDA
 # plugin with ptxas and the CUDA runtime, without cuDNN, cuBLAS or NCCL), so that test/python/test_compile_grid.py
