@@ -104,9 +104,7 @@ def test_library_sampler_fuses_as_expected_and_draws_the_same_tokens(name: str) 
 
 WHOLE_FILTERING = sorted(n for n, e in MANIFEST.items() if e["expected"]["whole"] and e["expected"]["form"]
                          and FORMS[e["expected"]["form"]].mode in ("top_k", "top_p", "min_p", "top_k+top_p", "epsilon",
-                                                                   "top_k+epsilon")
-                         and not (FORMS[e["expected"]["form"]].base and "top_p" in FORMS[e["expected"]["form"]].mode
-                                  and not FORMS[e["expected"]["form"]].row_params))
+                                                                   "top_k+epsilon"))
 
 
 @pytest.mark.parametrize("name", WHOLE_FILTERING)

@@ -5,9 +5,10 @@ CPU kernel and compiled by XLA; the optimized HLO must hold the `hlofuse_sample`
 TopK custom call anywhere. That is what makes the fused sampler sort-free: a sampler fused only at its draw
 (the filter left beside the kernel) compiles to the original's sort plus a kernel, and gains nothing.
 
-The forms drawn from the log-probabilities or by `choice` (`<form>_<draw>`) take their top-k from the kernel,
-but a nucleus (top-p) filter of theirs still sorts in XLA on the CPU (kernels/cpu/sampling.py:
-drawn_form_lowering): a known gap, checked to stay one.
+The forms drawn another way (`<form>_<draw>`) take their top-k and their nucleus's descending sort from the kernel
+(kernels/cpu/sampling.py: drawn_form_lowering). A form of XLA_SORT_IN_A_BRANCH (Hugging Face's ascending nuclei among
+them) falls back, where equal logits straddle its cut, to its own function, whose sorts sit in a conditional's branch:
+for those the entry computation holds no sort.
 """
 
 from __future__ import annotations
@@ -31,15 +32,7 @@ def _filtering(variant: Variant) -> bool:
     return variant.form is not None and FORMS[variant.form].mode in FILTERING_MODES and variant.remark is None
 
 
-def _nucleus_drawn(variant: Variant) -> bool:
-    """A drawn form with a top-p filter: its nucleus sort still runs in XLA on the CPU (the known gap), but for the
-    forms with per-row parameters, whose lowering takes the kernel's top-k whatever their draw."""
-    form = FORMS[variant.form]
-    return bool(form.base) and "top_p" in form.mode and not form.row_params
-
-
-FUSED_WHOLE = [v for v in VARIANTS if _filtering(v) and not _nucleus_drawn(v) and v.dtype in CPU_SUPPORTED_DTYPES]
-DRAWN = [v for v in VARIANTS if _filtering(v) and _nucleus_drawn(v)]
+FUSED_WHOLE = [v for v in VARIANTS if _filtering(v) and v.dtype in CPU_SUPPORTED_DTYPES]
 
 
 def _optimized_hlo(variant: Variant) -> str:
@@ -65,14 +58,6 @@ def test_fused_filter_runs_in_the_kernel(variant: Variant) -> None:
         hlo = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
         assert "conditional(" in hlo and calls_sampling_kernel(hlo, variant.form)
     assert not _sorts(hlo), f"{variant.name}: XLA still sorts beside the kernel: {_sorts(hlo)}"
-
-
-@pytest.mark.parametrize("variant", DRAWN, ids=lambda v: v.name)
-def test_drawn_nucleus_keeps_its_sort_in_xla_on_the_cpu(variant: Variant) -> None:
-    """The known gap: when a drawn form's filter moves into the kernel, this fails; move it to FUSED_WHOLE."""
-    hlo = _optimized_hlo(variant)
-    assert 'custom_call_target="hlofuse_sample"' in hlo
-    assert _sorts(hlo), f"{variant.name}: the filter now runs in the kernel: test it with the others"
 
 
 def test_the_catalogue_has_filtering_samplers() -> None:

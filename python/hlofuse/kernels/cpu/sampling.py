@@ -271,14 +271,23 @@ def _multinomial_by_kernel(key: jax.Array, probs: jax.Array) -> jax.Array:
 def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form `<base>_<draw>` (a draw of sampling_reference.DRAWS): the form's own function, whose filters and
     log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
-    categorical draw. The kernel prunes the noise, the filters run as XLA runs them."""
+    categorical draw, its top-k and its nucleus's descending sort (`_descending_values_by_kernel`). The kernel prunes
+    the noise, the filters run as XLA runs them, and no sort is left to XLA."""
     base = FORMS[FORMS[form].base].fn
     categorical_fn = _draw_by_kernel(form)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return base(logits, key, categorical_fn=categorical_fn, top_k_fn=_top_k_by_kernel, **params)
+        return base(logits, key, categorical_fn=categorical_fn, top_k_fn=_top_k_by_kernel,
+                    descending_fn=_descending_values_by_kernel, **params)
 
     return kernel
+
+
+def _descending_values_by_kernel(x: jax.Array) -> jax.Array:
+    """sampling_reference.descending (`jnp.sort(x)[..., ::-1]`) by the kernel's radix sort: the same values in the same
+    places, but for which of -0 and +0 (equal) comes first, which the nucleus's softmax, cumsum and `x < cutoff`
+    cannot tell apart. XLA's CPU sort of a 128256-logit row takes tens of milliseconds."""
+    return _sorted_values_by_kernel(x)[..., ::-1]
 
 
 # Forms the kernel has no code for that run as their own function, its top-k and categorical by the kernel: the
@@ -427,8 +436,10 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 # The filters (Form.filters) of forms whose program sorts unstably where the order of equal values can decide the ids:
 # which of equal probabilities takes which rank, or which of equal logits a removal takes, is XLA's sort's alone, so a
 # batch that meets such a tie runs the program's own sorts, in a conditional's branch (never in the compiled entry
-# computation): the llama reference's rank-space draw, and Hugging Face's top-p then min-p or epsilon.
-XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "sorted_probs_inverse_cdf_rows", *TOP_P_CHAINS)
+# computation): the llama reference's rank-space draw, Hugging Face's top-p (alone, after its top-k, after litgpt's
+# exact top-k: `top_p_ascending_lowering`'s own function) and its top-p then min-p or epsilon.
+XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "sorted_probs_inverse_cdf_rows", *TOP_P_CHAINS, "top_p_ascending_mask",
+                        "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask")
 
 
 def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
