@@ -1260,15 +1260,16 @@ def exponential_race_scores(probs: jax.Array, bits: jax.Array) -> jax.Array:
 
 
 def torch_exponential(key: jax.Array, like: jax.Array) -> jax.Array:
-    """`torch.empty_like(like).exponential_(1)` as torchax lowers it: f32 exponential noise of `key` (torchax's own is
-    PRNGKey(0), computed in the program: the fusion takes it as the key operand), divided by the rate 1, set into the
-    array (a scatter of no indices) in `like`'s dtype."""
+    """`torch.empty_like(like).exponential_(1)` as torchax's aten.exponential_ rule writes it: f32 exponential noise of
+    `key` (the rule's own is PRNGKey(0), computed in the program: the fusion takes it as the key operand), divided by
+    the rate 1, set into the array (a scatter of no indices) in `like`'s dtype. (Under jax.jit torchax 0.0.13 loses
+    that in-place write and q is zeros: test/fixtures/samplers/torchtune_*.)"""
     return jnp.empty_like(like).at[:].set(jax.random.exponential(key, like.shape) / 1.0)
 
 
 def torch_exponential_race_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array,
                                 axis: int = -1) -> jax.Array:
-    """exponential_race_draw as gpt-fast's `multinomial_sample_one_no_sync` writes it through torchax:
+    """exponential_race_draw as gpt-fast's `multinomial_sample_one_no_sync` writes it through torchax's rule:
     `argmax(probs / torch.empty_like(probs).exponential_(1))` of probs = softmax(y) (`torch_exponential`)."""
     del categorical_fn, axis  # the rows' last
     probs = jax.nn.softmax(y, axis=-1)
