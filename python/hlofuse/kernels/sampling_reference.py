@@ -547,16 +547,19 @@ def top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p:
 MTJ_MASK = 1.0e10  # what mesh-transformer-jax subtracts from each removed logit
 
 
+def mtj_sorted_removal(ordered: jax.Array, p: float) -> jax.Array:
+    """mesh-transformer-jax's removal of the descending-sorted logits `ordered` (B, V): rank j removed where the cumsum
+    of their softmax through rank j - 1 exceeds p (rank 0 never). (B, V) bools in rank order."""
+    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) > p
+    return jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
+
+
 def mtj_top_p_removed(logits: jax.Array, p: float) -> jax.Array:
     """mesh-transformer-jax's (GPT-J's) `nucleaus_filter` removal, in vocabulary order: the row sorted descending by
-    `jnp.sort` and `jnp.argsort` reversed (equal logits by the higher id first), the cumsum of the softmax of the
-    sorted logits, rank j removed where the cumsum through rank j - 1 exceeds p (rank 0 never), back to vocabulary
-    order by `lax.sort_key_val` of the ids. (B, V) bools."""
-    ordered = jnp.sort(logits)[:, ::-1]
+    `jnp.sort` and `jnp.argsort` reversed (equal logits by the higher id first), `mtj_sorted_removal`, back to
+    vocabulary order by `lax.sort_key_val` of the ids. (B, V) bools."""
     ids = jnp.argsort(logits)[:, ::-1]
-    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) > p
-    remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
-    return jax.lax.sort_key_val(ids, remove)[1]
+    return jax.lax.sort_key_val(ids, mtj_sorted_removal(jnp.sort(logits)[:, ::-1], p))[1]
 
 
 def top_p_mtj_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,

@@ -47,6 +47,7 @@ from hlofuse.kernels.sampling_reference import (
     mask_top_k,
     merge_vocab_splits,
     min_p_masked,
+    mtj_sorted_removal,
     nucleus_cut_slack,
     nucleus_probs,
     prelude_of,
@@ -1097,13 +1098,8 @@ def _mtj_top_p_subtracted(logits: jax.Array, p: float) -> jax.Array:
     """mesh-transformer-jax's `nucleaus_filter` (sampling_reference.top_p_mtj_mask) with no sort in XLA: the row in its
     order by the kernel (jnp.sort's and the stable jnp.argsort's ascending order, reversed), the program's removal on
     it, a scatter back (where sort_key_val of the ids puts it), MTJ_MASK subtracted by the program's op."""
-    batch, vocab = logits.shape
     ascending, ids = _sort_by_kernel(logits)
-    ordered, ids = ascending[:, ::-1], ids[:, ::-1]
-    remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) > p
-    remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
-    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], ids.shape)
-    return logits - MTJ_MASK * jnp.zeros((batch, vocab), jnp.bool_).at[rows, ids].set(remove)
+    return logits - MTJ_MASK * _scattered(mtj_sorted_removal(ascending[:, ::-1], p), ids[:, ::-1])
 
 
 # mesh-transformer-jax's removed logits are x - 1e10, not -inf: its nucleus is drawn by the band (which drops them)
