@@ -62,11 +62,17 @@ def _run_cases(*args: str) -> dict[str, Any]:
     return result
 
 
+# The tests that read `report` run on one pytest-xdist worker (test.sh passes --dist loadgroup): its subprocess
+# compiles every case, about a minute and a half, which each worker running one of them repeated.
+ONE_WORKER = pytest.mark.xdist_group("sharding_report")
+
+
 @pytest.fixture(scope="module")
 def report() -> dict[str, Any]:
     return _run_cases()
 
 
+@ONE_WORKER
 @pytest.mark.parametrize("case", [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=XFAIL[c])) if c in XFAIL else c for c in CASES])
 def test_sharded_case(report: dict[str, Any], case: str) -> None:
@@ -174,6 +180,7 @@ def test_single_device_modules_are_untouched() -> None:
         assert is_partitioned(m.operation)
 
 
+@ONE_WORKER
 @pytest.mark.parametrize("case", [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=DEFAULT_XFAIL[c])) if c in DEFAULT_XFAIL else c
     for c in CASES])
