@@ -20,8 +20,7 @@ Both tiers run, in order:
   lit generators' --check               tools/gen_lit_attention.py, test/python/sampling_variants.py:
                                         the generated lit files match their catalogues
   lit test/                             passes and hlofuse-opt through FileCheck
-  pytest -n 2 test/                     (--fast: -m "not slow"); the slowest 15 tests are listed at the end;
-                                        --dist loadgroup keeps tests marked xdist_group on one worker
+  pytest -n 2 test/                     (--fast: -m "not slow"); the slowest 15 tests are listed at the end
 
 Environment: JAX_PLATFORMS (default cpu: installed TPU/CUDA plugins must not start), HYPOTHESIS_PROFILE
 (default ci for the full suite, fast for --fast; thorough runs hundreds of examples), PYTEST_ADDOPTS (more
@@ -105,4 +104,4 @@ stage "lit"
 lit -sv test/
 stage "pytest ($tier: HYPOTHESIS_PROFILE=$HYPOTHESIS_PROFILE${marks:+, -m \"not slow\"})"
 # The editable install makes `import hlofuse` resolve to this checkout.
-python -m pytest -n 2 --dist loadgroup -p no:cacheprovider --durations=15 "${marks[@]}" test/
+python -m pytest -n 2 -p no:cacheprovider --durations=15 "${marks[@]}" test/

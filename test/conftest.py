@@ -52,7 +52,7 @@ SLOW: dict[str, str] = {
     # Multi-device programs (8 host devices, Shardy propagation, per-shard kernels in interpret mode).
     "test/python/test_sharding.py::test_pallas_and_nki_calls_run_per_shard": "323 s, 3 targets",
     "test/python/test_sharding.py::test_sharded_case":
-        "247 s, 26 cases, and 60-100 s of module set-up (one subprocess compiles every case), on one worker",
+        "247 s, 26 cases, and 60-100 s of set-up (one subprocess compiles every case), once per run",
     "test/python/test_sharding.py::test_default_pipeline_adds_no_communication": "the same set-up as test_sharded_case",
     "test/python/test_sharding.py::test_local_mode_lowers_only_what_stays_local": "93 s, 2",
     "test/python/test_shard_local.py::test_prefill_ranges_prepared_run_and_merged_are_the_whole": "33 s, 2",

@@ -11,6 +11,7 @@ local yet are strict xfails saying why. The default pipeline must never add comm
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -62,17 +63,23 @@ def _run_cases(*args: str) -> dict[str, Any]:
     return result
 
 
-# The tests that read `report` run on one pytest-xdist worker (test.sh passes --dist loadgroup): its subprocess
-# compiles every case, about a minute and a half, which each worker running one of them repeated.
-ONE_WORKER = pytest.mark.xdist_group("sharding_report")
-
-
 @pytest.fixture(scope="module")
-def report() -> dict[str, Any]:
-    return _run_cases()
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every case's report, computed once per pytest run: its subprocess compiles every case (about 80 s on the CI
+    machine), and each pytest-xdist worker that runs one of these tests needs it. The first worker writes it where
+    the others read it (their base temporary folders share a parent), under a lock."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _run_cases()
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / "sharding_report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        path = shared / "sharding_report.json"
+        if not path.is_file():
+            path.write_text(json.dumps(_run_cases()))
+        result: dict[str, Any] = json.loads(path.read_text())
+    return result
 
 
-@ONE_WORKER
 @pytest.mark.parametrize("case", [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=XFAIL[c])) if c in XFAIL else c for c in CASES])
 def test_sharded_case(report: dict[str, Any], case: str) -> None:
@@ -180,7 +187,6 @@ def test_single_device_modules_are_untouched() -> None:
         assert is_partitioned(m.operation)
 
 
-@ONE_WORKER
 @pytest.mark.parametrize("case", [
     pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=DEFAULT_XFAIL[c])) if c in DEFAULT_XFAIL else c
     for c in CASES])
