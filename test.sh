@@ -13,7 +13,7 @@ usage: ./test.sh [--fast | --full] [--help]
                      with them (test/python/test_compile_grid.py); a failed install stops it with a message
   --fast             the quick tier: the same lint, generator checks and lit, and pytest without the
                      tests marked slow (test/conftest.py's SLOW table), hypothesis at its `fast` profile;
-                     3.5 min measured on 2 otherwise idle cores (7 min of CPU)
+                     3.5 min on 2 idle cores on 2026-12-01; more than 15 min on 2026-12-04 (the catalogues grew)
 
 Both tiers run, in order:
   ruff, clang-format                    lint
