@@ -34,7 +34,7 @@ from hlofuse.testing.modules import main_func
 # JAX lowers op by op, so its writings lower alike where their parts do. The parts: every writing of each form with
 # its own draw; each draw's writings after every writing of the first base drawn by it; and every other drawn
 # form's own function (its filters before its draw). Lowering each drawn writing too, four platforms each, took
-# 670 s of a CI run for no op the parts do not have.
+# 666 s of test time (1425 cases; 387 now) for no op the parts do not have.
 FIRST_BASE = {form.drawn_by: form.base for form in reversed(FORMS.values()) if form.base and not form.prelude_of}
 WRITINGS = [(name, i) for name, form in FORMS.items() for i, w in enumerate(form.writings)
             if not w.unit_dims and not form.prelude_of  # (a prelude form has no template: `_prelude_text`'s)
