@@ -276,10 +276,22 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     the noise, the filters run as XLA runs them, and no sort is left to XLA."""
     base = FORMS[FORMS[form].base].fn
     categorical_fn = _draw_by_kernel(form)
+    by_band = form in BANDED_DRAWN_NUCLEI and params.get("fill") is None
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return base(logits, key, categorical_fn=categorical_fn, top_k_fn=_top_k_by_kernel,
-                    descending_fn=_descending_values_by_kernel, **params)
+        def own() -> jax.Array:
+            return base(logits, key, categorical_fn=categorical_fn, top_k_fn=_top_k_by_kernel,
+                        descending_fn=_descending_values_by_kernel, **params)
+
+        if not by_band or logits.dtype != jnp.float32 or logits.ndim != 2:
+            return own()
+        draw = FORMS[form].drawn_by
+        if "k" in FORMS[form].params and params["k"] < logits.shape[-1]:
+            tokens = top_k_nucleus_draw(draw, logits, key, params, from_below=False, exact_k=False)
+        else:
+            tokens = nucleus_draw_by_band(draw, logits, key, params["p"], params["temperature"], from_below=False,
+                                          by_place=False)
+        return reference_where_uncertified(tokens, own)
 
     return kernel
 
@@ -963,8 +975,14 @@ def pax_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any
 # above `lo`, and its winner is the program's when it lies above `hi`: a token of the band that the program drops
 # scored lower. A draw from the log-probabilities (BAND_DRAWS but "") also renormalises over the kept tokens, which
 # shifts every score alike up to rounding: its winner must also lead the runner-up by more than that rounding
-# (`_LEAD`). Any other row is UNCERTIFIED, for the program's own cut.
-BAND_DRAWS = ("", "choice", "log_softmax", "log_of_softmax")
+# (`_lead`). The exponential race divides the probabilities, so renormalising scales every score alike: its winner
+# must lead by a ratio (`race_in_band`). Any other row is UNCERTIFIED, for the program's own cut.
+BAND_DRAWS = ("", "choice", "log_softmax", "log_of_softmax", "exponential_race")
+# The drawn forms of JetStream's nucleus (top_p_mask: the cut by value from the top, after a top-k mask or not) whose
+# draw the band decides (BAND_DRAWS): drawn first among the tokens at or above the band, with no sort; only a batch
+# drawn in the band takes the kernel's sort of the row.
+BANDED_DRAWN_NUCLEI = tuple(f"{nucleus}_{draw}" for nucleus in ("top_p_mask", "top_k_top_p_mask")
+                            for draw in BAND_DRAWS if draw)
 
 
 def nucleus_band(x: jax.Array, p: float, from_below: bool, by_place: bool) -> tuple[jax.Array, jax.Array]:
@@ -1009,6 +1027,8 @@ def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi
     """The draw `draw` (of BAND_DRAWS) among the logits at or above `lo` (B,), / T, by the kernel: the winner where
     its logit is above `hi` (B,) (and, for a log-probability draw, it leads the runner-up by more than the rounding of
     another normaliser), else UNCERTIFIED. (B, V) f32 logits."""
+    if draw == "exponential_race":
+        return race_in_band(logits, key, lo, hi, temperature)
     y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
     if draw == "":  # y holds no NaN (NaN >= lo is false): the kernel's draw needs no NaN fix-up
         tokens = _kernel_categorical(False, nan_rows=False)(key, y)
@@ -1021,6 +1041,40 @@ def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi
         lead = best - runner_up > _lead(best)
     kept = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] > hi
     return jnp.where(kept & lead, tokens, UNCERTIFIED)
+
+
+# How far the race's winner must lead the runner-up among the tokens at or above the band, as a ratio of their
+# scores p / q: the program's normaliser (over the tokens it keeps) scales every p alike, and the two roundings of p
+# and of p / q, and exp's few ulps, move a ratio by far less than 2^-16.
+_RACE_LEAD = 1.0 + 2.0**-16
+# A probability below this has no margin against the program's other normaliser rounding it to 0.
+_RACE_TINY = 2.0**-100
+
+
+def race_in_band(logits: jax.Array, key: jax.Array, lo: jax.Array, hi: jax.Array, temperature: float) -> jax.Array:
+    """The exponential race (`exponential_race_draw`: argmax of softmax(y) / q) among the logits at or above `lo`,
+    / T, by the kernel: its noise bits and argmax, the program's float ops. The winner where the program's would be
+    the same, else UNCERTIFIED: the program keeps a set S between {x > hi} and {x >= lo}, and
+    - a finite winner (no noise of 0 in the row) must be above `hi` and lead every other candidate by `_RACE_LEAD`:
+      the program's scores over S are these scaled alike, and every other token scores 0 there;
+    - with a noise of 0 (u = 0, q = 0: p / 0 is inf, or NaN where p = 0, which argmax takes first) the row's NaN and
+      inf ids are the program's where no such id lies in the band and none above it has a probability near 0.
+    (B, V) f32 logits."""
+    y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
+    probs = jax.nn.softmax(y, axis=-1)
+    bits = noise_bits(key, probs.shape)
+    scores = exponential_race_scores(probs, bits)
+    tokens = sample(scores, None, form="greedy")
+    winner = jnp.arange(scores.shape[-1])[None, :] == tokens[:, None]
+    runner_up = sample(jnp.where(winner, NEG_INF, scores), None, form="greedy")
+    best = jnp.take_along_axis(scores, tokens[:, None], axis=-1)[:, 0]
+    second = jnp.take_along_axis(scores, runner_up[:, None], axis=-1)[:, 0]
+    above = logits > hi[:, None]
+    zero_noise = (bits >> 9) == 0  # u = 0 exactly: q = -log1p(-0) = 0
+    doubtful = zero_noise & ((logits >= lo[:, None]) & ~above | above & (probs < _RACE_TINY))
+    sure = ~jnp.isnan(lo) & ~jnp.isnan(hi) & jnp.all(jnp.isfinite(probs), axis=-1) & ~jnp.any(doubtful, axis=-1)
+    leads = jnp.take_along_axis(above, tokens[:, None], axis=-1)[:, 0] & (best > second * _RACE_LEAD)
+    return jnp.where(sure & (leads | ~jnp.isfinite(best)), tokens, UNCERTIFIED)
 
 
 def candidates_band(values: jax.Array, p: float, from_below: bool) -> tuple[jax.Array, jax.Array]:
