@@ -49,17 +49,19 @@ def _row_and_p(kind: str, seed: int, from_below: bool, k: int = 0) -> tuple[np.n
 
 def _assert_certified_draws_are_the_programs(form: str, draw_by_band: Callable[..., jax.Array],
                                              lowering: Callable[..., jax.Array], from_below: bool,
-                                             top_k: int = 0) -> int:
+                                             top_k: int = 0, more_params: Callable[..., dict] | None = None) -> int:
     """For each kind, rows that are one row rolled along the vocabulary (the same cut; each token meets other noise):
     every token the band certifies is the program's, and so is every token of the lowering. Returns how many rows
-    were left to the program's cut. (The choice draw unrolls a jax.random.choice per row: fewer rows.)"""
+    were left to the program's cut. (The choice draw unrolls a jax.random.choice per row: fewer rows.)
+    `more_params(row, temperature)`: the form's other parameters, from the row."""
     uncertified = 0
     rows = ROWS // 4 if form.endswith("_choice") else ROWS
     for i, kind in enumerate(KINDS):
         row, p = _row_and_p(kind, 100 * i + len(form), from_below, top_k)
         x = jnp.asarray(np.stack([np.roll(row, 37 * r) for r in range(rows)]))
         temperature = (0.5, 1.0, 3.0)[i % 3]
-        params = form_params(form, temperature=temperature, p=p, k=top_k or 30)
+        more = more_params(row, temperature) if more_params else {}
+        params = form_params(form, temperature=temperature, p=p, k=top_k or 30, **more)
         key = jnp.array([i, 7], jnp.uint32)
         ref = np.asarray(jax.jit(lambda x, key, params=params: sample_reference(x, key, form=form, **params))(x, key))
         certified = np.asarray(jax.jit(lambda x, key, params=params: draw_by_band(x, key, params))(x, key))
@@ -93,8 +95,69 @@ def test_value_cut_draws_are_the_programs(form: str) -> None:
     _assert_certified_draws_are_the_programs(form, _kernel_form(form), lowering, from_below=False)
 
 
+@pytest.mark.parametrize("form", ["top_p_mask_choice", "top_p_mask_log_softmax", "top_p_mask_exponential_race",
+                                  "top_k_top_p_mask_log_of_softmax", "top_k_top_p_mask_exponential_race"])
+def test_value_cut_drawn_forms_are_the_programs(form: str) -> None:
+    """JetStream's nucleus under the other draws (`drawn_form_lowering`: BANDED_DRAWN_NUCLEI): the band of the row or
+    of its top k, then the draw; the exponential race certified by its winner's lead as a ratio."""
+    top_k = 40 if form.startswith("top_k_") else 0
+    draw = form.removeprefix("top_k_").removeprefix("top_p_mask_")
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        if top_k:
+            return sampling.top_k_nucleus_draw(draw, x, key, params, from_below=False, exact_k=False)
+        return sampling.nucleus_draw_by_band(draw, x, key, params["p"], params["temperature"], from_below=False,
+                                             by_place=False)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.drawn_form_lowering(form, params)
+
+    _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=False, top_k=top_k)
+
+
+def _min_p_at_a_token(row: np.ndarray, temperature: float) -> dict:
+    """A min-p whose threshold falls on the row's 12th largest token (its probability's ratio to the largest, in f32
+    as the program computes y = x / T): rounding decides whether it is removed."""
+    y = (row / np.float32(temperature)).astype(np.float32)
+    ordered = np.sort(y)[::-1]
+    return {"min_p": float(np.exp(np.float64(ordered[11]) - np.float64(ordered[0])))}
+
+
+@pytest.mark.parametrize("form", ["top_p_min_p_removal_choice", "top_k_top_p_min_p_removal_choice",
+                                  "top_p_min_p_removal_exponential_race", "top_p_min_p_removal_log_softmax"])
+def test_hugging_face_top_p_then_min_p_draws_are_the_programs(form: str) -> None:
+    """generate()'s Temperature, [TopK,] TopP then MinP, drawn in the two bands at once (`top_p_min_p_draw_by_band`),
+    with p the exact mass at a sorted place and min-p the ratio of a token's probability: rounding decides both."""
+    top_k = 40 if form.startswith("top_k_") else 0
+    draw = form.split("min_p_removal_")[1]
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.top_p_min_p_draw_by_band(draw, x, key, params)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.top_p_chain_lowering(form, params)
+
+    _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=True, top_k=top_k,
+                                             more_params=_min_p_at_a_token)
+
+
+def test_min_p_band_holds_the_programs_removal() -> None:
+    """`min_p_band`: every token below the band is removed by MinPLogitsWarper's f32 ops, every token above it kept,
+    for min-p at the ratio of a token's probability (so on the edge of rounding) and at random, and the band is
+    narrow (a few tokens of a 32000-token row in it)."""
+    rng = np.random.default_rng(4)
+    y = (rng.standard_normal((32, 32000)) * rng.choice([1.0, 3.0, 6.0], (32, 1))).astype(np.float32)
+    for min_p in [_min_p_at_a_token(row, 1.0)["min_p"] for row in y[:4]] + [0.05, 0.3, 1e-6]:
+        probs = jax.nn.softmax(jnp.asarray(y), axis=-1)
+        removed = np.asarray(probs < min_p * jnp.max(probs, axis=-1, keepdims=True))
+        lo, hi = (np.asarray(b)[:, None] for b in sampling.min_p_band(jnp.asarray(y), min_p))
+        assert np.all(removed[y < lo]) and not np.any(removed[y > hi]), min_p
+        assert np.sum((y >= lo) & (y <= hi)) <= 32 * 4, min_p
+
+
 @pytest.mark.parametrize("form", ["top_p_ascending_mask", "top_p_ascending_mask_choice",
-                                  "top_p_ascending_mask_log_softmax", "top_p_ascending_mask_log_of_softmax"])
+                                  "top_p_ascending_mask_log_softmax", "top_p_ascending_mask_log_of_softmax",
+                                  "top_p_ascending_mask_exponential_race"])
 def test_hugging_face_top_p_draws_are_the_programs(form: str) -> None:
     """TopPLogitsWarper's `cumsum <= 1 - p` from the bottom, by sorted place, under each draw of BAND_DRAWS (a
     log-probability draw certified also by its lead over the runner-up)."""
@@ -231,17 +294,38 @@ def test_few_rows_are_left_to_the_programs_cut(scale: float) -> None:
         ("flax_top_k", sampling.top_k_nucleus_draw("", x, key, params, from_below=False, exact_k=True)),
         ("tunix", sampling._rank_nucleus_by_band(x, key, params)),
         ("pax", sampling.pax_nucleus_by_band(x, key, params)),
+        ("race", sampling.nucleus_draw_by_band("exponential_race", x, key, 0.9, 0.7, from_below=False,
+                                               by_place=False)),
+        ("top_k_race", sampling.top_k_nucleus_draw("exponential_race", x, key, params, from_below=False,
+                                                   exact_k=False)),
+        ("hugging_face_top_k_min_p_choice", sampling.top_p_min_p_draw_by_band("choice", x, key,
+                                                                              params | {"min_p": 0.05})),
+        ("hugging_face_min_p_choice", sampling.top_p_min_p_draw_by_band("choice", x, key,
+                                                                        params | {"min_p": 0.05, "k": 0})),
     ):
         assert float(jnp.mean(tokens == UNCERTIFIED)) <= 0.05, name
 
 
-@pytest.mark.parametrize(("form", "band_target"), [("top_p_ascending_mask_choice", sampling.NUCLEUS_BAND_TARGET),
-                                                   ("top_k_top_p_ascending_mask_choice", sampling.TOP_K_TARGET)])
-def test_hugging_face_top_p_sorts_only_in_a_branch(form: str, band_target: str) -> None:
+SORTS_IN_A_BRANCH = (("top_p_ascending_mask_choice", sampling.NUCLEUS_BAND_TARGET),
+                     ("top_k_top_p_ascending_mask_choice", sampling.TOP_K_TARGET),
+                     ("top_p_mask_exponential_race", sampling.NUCLEUS_BAND_TARGET),
+                     ("top_k_top_p_mask_log_softmax", sampling.TOP_K_TARGET),
+                     ("top_p_min_p_removal_choice", sampling.NUCLEUS_BAND_TARGET),
+                     ("top_k_top_p_min_p_removal_choice", sampling.TOP_K_TARGET))
+
+
+@pytest.mark.parametrize(("form", "band_target"), SORTS_IN_A_BRANCH)
+def test_top_p_sorts_only_in_a_branch(form: str, band_target: str) -> None:
     """The compiled program draws by the band (of the row, or of its top k) with no sort and no cumsum of the row; the
     kernel's sort (and XLA's, for ties straddling the removal) runs only in a conditional's branch."""
-    params = form_params(form, temperature=0.8, p=0.9, k=50)
-    lowering = jax.jit(sampling.top_p_ascending_lowering(form, params))
+    params = form_params(form, temperature=0.8, p=0.9, k=50, min_p=0.05)
+    if "min_p" in form:
+        lower = sampling.top_p_chain_lowering
+    elif "ascending" in form:
+        lower = sampling.top_p_ascending_lowering
+    else:
+        lower = sampling.drawn_form_lowering
+    lowering = jax.jit(lower(form, params))
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))

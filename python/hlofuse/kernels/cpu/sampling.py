@@ -885,23 +885,30 @@ def top_k_exact_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..
 def top_k_nucleus_draw(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any], *, from_below: bool,
                        exact_k: bool) -> jax.Array:
     """Top-k then a nucleus cut by sorted place (Hugging Face's TopK then TopP warpers, `from_below`; Flax's, from the
-    top), drawn with no sort: the kernel's top k, their band (`candidates_band`), the draw (of BAND_DRAWS) among the
-    top k at or above its floor (`draw_in_band`). `exact_k`: the program keeps exactly lax.top_k's k (Flax's
-    scatter); else every logit not below the k-th (Hugging Face's mask), so a row where that is not k tokens (ties of
-    the k-th, a NaN) is UNCERTIFIED, as is a row whose top k are not all finite. (B, V) f32 logits."""
-    values, ids = _top_k_by_kernel(logits, params["k"])
-    finite = jnp.all(jnp.isfinite(values), axis=-1)
-    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), params["p"], from_below)
-    if exact_k:
-        rows = jnp.broadcast_to(jnp.arange(logits.shape[0])[:, None], ids.shape)
-        logits = jnp.full(logits.shape, NEG_INF, logits.dtype).at[rows, ids].set(values)
-        whole = finite
-    else:
-        kth = values[:, -1]
-        whole = finite & (jnp.sum(~(logits < kth[:, None]), axis=-1) == params["k"])  # the program's keep, NaN kept
-        lo = jnp.maximum(lo, kth)
+    top), drawn with no sort: the kernel's top k, their band (`top_k_nucleus_band`), the draw (of BAND_DRAWS) among
+    the top k at or above its floor (`draw_in_band`). (B, V) f32 logits."""
+    logits, lo, hi, whole = top_k_nucleus_band(logits, params["k"], params["p"], from_below=from_below,
+                                               exact_k=exact_k)
     tokens = draw_in_band(draw, logits, key, lo, hi, params["temperature"])
     return jnp.where(whole, tokens, UNCERTIFIED)
+
+
+def top_k_nucleus_band(logits: jax.Array, k: int, p: float, *, from_below: bool,
+                       exact_k: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The band (lo, hi) of a top-k then a nucleus cut by sorted place, from the kernel's top k (`candidates_band`),
+    and the logits to draw from. `exact_k`: the program keeps exactly lax.top_k's k (Flax's scatter: those k, the
+    rest -inf); else every logit not below the k-th (Hugging Face's mask), so a row where that is not k tokens (ties
+    of the k-th, a NaN) is not `whole`, as is a row whose top k are not all finite. Returns (logits, lo, hi, whole),
+    lo, hi and whole (B,) each."""
+    values, ids = _top_k_by_kernel(logits, k)
+    finite = jnp.all(jnp.isfinite(values), axis=-1)
+    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), p, from_below)
+    if exact_k:
+        rows = jnp.broadcast_to(jnp.arange(logits.shape[0])[:, None], ids.shape)
+        return jnp.full(logits.shape, NEG_INF, logits.dtype).at[rows, ids].set(values), lo, hi, finite
+    kth = values[:, -1]
+    whole = finite & (jnp.sum(~(logits < kth[:, None]), axis=-1) == k)  # the program's keep, NaN kept
+    return logits, jnp.maximum(lo, kth), hi, whole
 
 
 #===--- Pax's samplers: the noise scaled by T ---------------------------------------------------------===#
@@ -1245,22 +1252,63 @@ def min_p_removal_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
 
 
 def top_p_chain_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form whose filters are of TOP_P_CHAINS (any draw), with no sort in XLA."""
+    """A form whose filters are of TOP_P_CHAINS (any draw), with no sort in XLA. A min-p after the top-p, with a draw
+    of BAND_DRAWS, is drawn first in the chain's band (`top_p_min_p_draw_by_band`): the sorted row only for the
+    batches that band cannot vouch for."""
     then = TOP_P_CHAINS[FORMS[form].filters]
     draw = FORMS[form].drawn_by
     then_params = form_params(then, min_p=params.get("min_p", 0.0), epsilon=params.get("epsilon", 0.0))
     then_kernel = (min_p_removal_lowering if then in MIN_P_REMOVALS else epsilon_removal_lowering)(
         then + (f"_{draw}" if draw else ""), then_params)
+    by_band = then in MIN_P_REMOVALS and draw in BAND_DRAWS and params.get("min_p", 0.0) >= _LEAST_BANDED_MIN_P
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        kept, ordered, remove = top_p_removed(logits, temperature=params["temperature"], p=params["p"],
-                                              k=params.get("k", 0), top_k_fn=_top_k_by_kernel, kth_fn=last_column,
-                                              sort_fn=_sort_by_kernel)
-        tokens = then_kernel(kept, key)
-        return reference_where_uncertified(jnp.where(_straddles(ordered, remove), UNCERTIFIED, tokens),
-                                           lambda: sample_reference(logits, key, form=form, **params))
+        def sorted_row() -> jax.Array:
+            kept, ordered, remove = top_p_removed(logits, temperature=params["temperature"], p=params["p"],
+                                                  k=params.get("k", 0), top_k_fn=_top_k_by_kernel,
+                                                  kth_fn=last_column, sort_fn=_sort_by_kernel)
+            tokens = then_kernel(kept, key)
+            return reference_where_uncertified(jnp.where(_straddles(ordered, remove), UNCERTIFIED, tokens),
+                                               lambda: sample_reference(logits, key, form=form, **params))
+
+        if not by_band or logits.dtype != jnp.float32 or logits.ndim != 2:
+            return sorted_row()
+        return reference_where_uncertified(top_p_min_p_draw_by_band(draw, logits, key, params), sorted_row)
 
     return kernel
+
+
+# A min-p whose threshold min_p * max(probs) is far from f32's subnormals: its band below is then a few ulps wide.
+_LEAST_BANDED_MIN_P = 2.0**-40
+
+
+def min_p_band(y: jax.Array, min_p: float) -> tuple[jax.Array, jax.Array]:
+    """The band (lo, hi), (B,) each, of MinPLogitsWarper's removal `softmax(y) < min_p * max(softmax(y))` of y (B, V)
+    f32, over any subset of the row that holds its largest: the ratio of a probability to the largest is exp(y -
+    max(y)) whatever the normaliser, so the removal is y < max(y) + log(min_p) but for rounding, all of it within
+    2^-24 * (8 + |max| + 2 |log min_p|) of y: the ulps of exp, of the softmax's division, of 1 / sum, of min_p *
+    max and of f32(min_p), u * |y - max| from y - max, and the ulp of the threshold itself. The band's half-width is
+    64 times that bound, 2^-18 * (8 + |max| + 2 |log min_p|): about 10^-4 of a unit of y for ordinary logits."""
+    top = jnp.max(y, axis=-1)
+    log_min_p = float(np.log(min_p))
+    half = jnp.float32(2.0**-18) * (8.0 + jnp.abs(top) + 2.0 * abs(log_min_p))
+    return top + log_min_p - half, top + log_min_p + half
+
+
+def top_p_min_p_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """generate()'s Temperature, [TopK,] TopP then MinP (`top_p_then_removal` of `min_p_removal`) drawn with no sort:
+    y = x / T (the program's op), the top-p's band (of the whole row, or of the kernel's top k) and the min-p's
+    (`min_p_band`), a token surely kept when above both and surely removed when below either, and the draw (of
+    BAND_DRAWS) among y at or above the higher floor (`draw_in_band`, at T = 1). UNCERTIFIED where the bands cannot
+    vouch for the winner. (B, V) f32 logits."""
+    y = logits / params["temperature"]
+    if params.get("k", 0) and params["k"] < y.shape[-1]:
+        y, lo, hi, whole = top_k_nucleus_band(y, params["k"], params["p"], from_below=True, exact_k=False)
+    else:
+        (lo, hi), whole = nucleus_band(y, params["p"], from_below=True, by_place=True), True
+    min_p_lo, min_p_hi = min_p_band(y, params["min_p"])
+    tokens = draw_in_band(draw, y, key, jnp.maximum(lo, min_p_lo), jnp.maximum(hi, min_p_hi), 1.0)
+    return jnp.where(whole, tokens, UNCERTIFIED)
 
 
 # EpsilonLogitsWarper (sampling_reference.epsilon_removal, after a TopKLogitsWarper in top_k_epsilon_removal) is
