@@ -69,6 +69,62 @@ def test_top_p_threshold_is_the_searchs_wherever_certain(case: str, candidates: 
         assert certain[(np.asarray(p) > 0) & (np.asarray(p) < 0.96)].mean() >= 0.9, certain
 
 
+@pytest.mark.parametrize("candidates", [4096, 512], ids=["whole_row", "fewer_than_the_row"])
+@pytest.mark.parametrize("case", ["flat", "normal", "model", "peaked", "ties", "underflow"])
+def test_top_p_band_holds_the_searchs_threshold(case: str, candidates: int) -> None:
+    """`searched_top_p_band`: wherever it holds, the search's own threshold lies in [lo, hi]; and on a model's rows
+    the band is a few probabilities wide."""
+    rows, vocab = 64, 4096
+    x = jnp.asarray(_rows(case, rows, vocab, seed=len(case) + candidates))
+    p = jnp.asarray(np.random.default_rng(3).choice([0.0, 0.3, 0.9, 0.95, 0.999, 1.0], rows).astype(np.float32))
+    probs = jax.nn.softmax(x, axis=-1)
+    _, ids = jax.lax.top_k(x, candidates)
+    lo, hi, holds = (np.asarray(a) for a in sampling.searched_top_p_band(jnp.take_along_axis(probs, ids, axis=-1), p,
+                                                                         candidates == vocab))
+    want = np.asarray(_search_threshold(probs, p))
+    assert np.all(lo[holds] <= want[holds]) and np.all(want[holds] <= hi[holds])
+    assert not holds[np.asarray(p) <= 0].any()
+    if case in ("model", "peaked"):
+        in_band = np.sum((np.asarray(probs) >= lo[:, None]) & (np.asarray(probs) <= hi[:, None]), axis=-1)
+        model_p = (np.asarray(p) > 0) & (np.asarray(p) < 0.96)
+        assert holds[model_p].all() and np.all(in_band[model_p] <= 16), in_band
+
+
+@pytest.mark.parametrize("whole_row", [False, True], ids=["candidates", "whole_row"])
+def test_a_draw_is_vouched_for_where_the_threshold_is_not_certain(whole_row: bool) -> None:
+    """Rows whose nucleus holds hundreds of tokens (3 N(0, 1) logits / 0.7 over 128256 ids; from the whole row,
+    20000 ids of 1.2 N(0, 1), whose nucleus of thousands passes the candidates): the threshold itself is not certain
+    (the tokens at the cut carry less mass than its slack), but the draw is vouched for wherever its winner lies above
+    the band, and then it is the program's."""
+    rows_of = 8
+    if whole_row:
+        x = jnp.asarray(_rows("flat", rows_of, 20000, seed=7) * 4.0)
+    else:
+        x = jnp.asarray(np.random.default_rng(7).standard_normal((rows_of, 128256)).astype(np.float32) * 3.0)
+    rows = (jnp.full((rows_of,), 0.7), jnp.zeros((rows_of,), jnp.int32), jnp.full((rows_of,), 0.9))
+    params = form_params(FORM)
+    reference = jax.jit(lambda x, key, *rows: sample_reference(x, key, form=FORM, rows=rows, **params))
+    categorical = sampling._draw_by_kernel(FORM)
+
+    def draw(x: jax.Array, key: jax.Array, whole_row: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+        masks = sampling._searched_masks(x / 0.7, rows[1], rows[2], sampling.NEG_INF,
+                                         lambda y: jax.nn.softmax(y, axis=-1), whole_row)
+        return masks.vouched(categorical(key, masks.x)), masks.certain(), masks.holds
+
+    if whole_row:  # the candidates fall short of these nuclei
+        assert not np.asarray(jax.jit(draw, static_argnums=2)(x, jnp.array([0, 5], jnp.uint32), False)[2]).any()
+    vouched = 0
+    for seed in range(3):
+        key = jnp.array([seed, 5], jnp.uint32)
+        tokens, certain, holds = (np.asarray(a) for a in jax.jit(draw, static_argnums=2)(x, key, whole_row))
+        want = np.asarray(reference(x, key, *rows))
+        drawn = tokens != sampling.UNCERTIFIED
+        np.testing.assert_array_equal(tokens[drawn], want[drawn])
+        assert not certain and holds.all()
+        vouched += int(np.sum(drawn))
+    assert vouched >= 3 * rows_of - 2, f"{vouched} of {3 * rows_of} draws vouched for"
+
+
 @pytest.mark.parametrize("case", ["normal", "ties", "neg_inf", "nan"])
 def test_top_k_cutoff_is_the_searchs_wherever_it_holds(case: str) -> None:
     rows, vocab = 32, 2048

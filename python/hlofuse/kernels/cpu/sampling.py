@@ -1477,14 +1477,16 @@ def searched_top_k_cutoff(values: jax.Array, k: jax.Array) -> tuple[jax.Array, j
     return kth, holds
 
 
-def searched_top_p_threshold(ordered: jax.Array, p: jax.Array, complete: bool) -> tuple[jax.Array, jax.Array]:
-    """The top-p search's threshold per row from the row's largest probabilities `ordered` (B, C), descending, and
-    whether it is certain. The search keeps probs >= t for the largest t whose mass of probabilities >= t is not
-    below p, computed by an f32 sum over the row. That mass is a sum of the n values >= t (the zeros add nothing);
-    any order of summing n non-negative f32 values is within (n - 1) u of the exact sum, and a sum of larger sets
-    is never smaller (each rounded addition is monotone), so the threshold is the value of the first tie group
-    whose mass is at least p by more than that bound, when the mass before it is below p by more than it too.
-    (`complete`: the candidates are the whole row; otherwise the group must end before the last candidate.)"""
+def searched_top_p_band(ordered: jax.Array, p: jax.Array, complete: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The band of the top-p search's threshold per row from the row's largest probabilities `ordered` (B, C),
+    descending: (lo, hi, holds), the program's threshold surely in [lo, hi] where `holds`. The search keeps probs >= t
+    for the largest t whose mass of probabilities >= t is not below p, computed by an f32 sum over the row. That mass
+    is a sum of the n values >= t (the zeros add nothing); any order of summing n non-negative f32 values is within
+    (n - 1) u of the exact sum, and a sum of larger sets is never smaller (each rounded addition is monotone). So the
+    threshold is at most the value of the first tie group whose mass could reach p (hi) and at least that of the
+    first whose mass surely does (lo): every probability above hi is kept, every one below lo dropped. (`complete`:
+    the candidates are the whole row; otherwise lo must be above the last candidate. p <= 0 never holds: the empty
+    set's mass reaches it, and the search's threshold lies above every probability.)"""
     width = ordered.shape[-1]
     mass = jnp.cumsum(ordered, axis=-1)
     # how many values are >= each one (where its tie group ends, by a reverse running min of the groups' last
@@ -1494,30 +1496,76 @@ def searched_top_p_threshold(ordered: jax.Array, p: jax.Array, complete: bool) -
     at_or_above = jax.lax.cummin(jnp.where(last_of_group, place, width - 1), axis=1, reverse=True) + 1
     group_mass = jnp.take_along_axis(mass, at_or_above - 1, axis=-1)
     slack = 4 * _F32_UNIT * at_or_above * group_mass  # ours and the program's sums: 2 (n - 1) u, with room
-    reaches = group_mass - slack >= p[:, None]
-    first = jnp.argmax(reaches, axis=-1)
-    threshold = _at(ordered, first)
-    before = _before(mass, first)
-    certain = jnp.any(reaches, axis=-1) & (before + 4 * _F32_UNIT * first * before < p) & ~jnp.isnan(ordered[:, 0])
+    surely = group_mass - slack >= p[:, None]
+    lo = _at(ordered, jnp.argmax(surely, axis=-1))
+    hi = _at(ordered, jnp.argmax(group_mass + slack >= p[:, None], axis=-1))
+    holds = jnp.any(surely, axis=-1) & (p > 0) & ~jnp.isnan(ordered[:, 0])
     if not complete:
-        certain &= threshold > ordered[:, -1]
-    return threshold, certain
+        holds &= lo > ordered[:, -1]
+    return lo, hi, holds
+
+
+def searched_top_p_threshold(ordered: jax.Array, p: jax.Array, complete: bool) -> tuple[jax.Array, jax.Array]:
+    """The top-p search's threshold per row (`searched_top_p_band`), and whether it is certain: its band is one tie
+    group."""
+    lo, hi, holds = searched_top_p_band(ordered, p, complete)
+    return lo, holds & (hi == lo)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchedMasks:
+    """The searched top-k and top-p masks of x (B, V): x with both applied (the top-p keeping every probability at or
+    above its band's floor, `searched_top_p_band`), the probabilities the top-p reads, and per row the band (lo, hi:
+    -inf for a row with no top-p) and whether both thresholds hold."""
+
+    x: jax.Array
+    probs: jax.Array
+    lo: jax.Array
+    hi: jax.Array
+    holds: jax.Array
+
+    def certain(self) -> jax.Array:
+        """Whether every row's thresholds are certain: x is the program's masked x."""
+        return jnp.all(self.holds & (self.hi == self.lo))
+
+    def vouched(self, tokens: jax.Array) -> jax.Array:
+        """`tokens` drawn from x, UNCERTIFIED where a row does not hold or its winner's probability is below the band's
+        top: a draw (an argmax of the kept logits' scores) keeps its winner when the program drops band tokens."""
+        kept = jnp.take_along_axis(self.probs, jnp.maximum(tokens, 0)[:, None], axis=-1)[:, 0] >= self.hi
+        return jnp.where(self.holds & kept, tokens, UNCERTIFIED)
 
 
 def _searched_masks(x: jax.Array, k: jax.Array, p: jax.Array, fill: float,
-                    softmax: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
+                    softmax: Callable[[jax.Array], jax.Array], whole_row: bool = False) -> SearchedMasks:
     """x with the searched top-k mask (rows with k > 0), then the searched top-p mask of `softmax` of that (rows with
     p < 1), dropped logits at `fill`, both thresholds read off the kernel's top SEARCH_CANDIDATES of x (which the
-    softmax keeps in order); and whether every row's thresholds are certain."""
+    softmax keeps in order), or, `whole_row`, off the kernel's sort of the whole row."""
     width = x.shape[-1]
-    values, ids = _top_k_by_kernel(x, min(width, SEARCH_CANDIDATES))
+    if whole_row:
+        values, ids = _sort_descending_by_kernel(x)
+    else:
+        values, ids = _top_k_by_kernel(x, min(width, SEARCH_CANDIDATES))
     cutoff, k_holds = searched_top_k_cutoff(values, k)
     x = jnp.where((k > 0)[:, None], jnp.where(x >= cutoff[:, None], x, fill), x)
     probs = softmax(x)
-    threshold, p_holds = searched_top_p_threshold(jnp.take_along_axis(probs, ids, axis=-1), p,
-                                                  width <= SEARCH_CANDIDATES)
-    x = jnp.where((p < 1.0)[:, None], jnp.where(probs >= threshold[:, None], x, fill), x)
-    return x, jnp.all(((k <= 0) | k_holds) & ((p >= 1.0) | p_holds))
+    lo, hi, p_holds = searched_top_p_band(jnp.take_along_axis(probs, ids, axis=-1), p,
+                                          whole_row or width <= SEARCH_CANDIDATES)
+    top_p = p < 1.0
+    lo, hi = jnp.where(top_p, lo, NEG_INF), jnp.where(top_p, hi, NEG_INF)
+    x = jnp.where(probs >= lo[:, None], x, fill)
+    return SearchedMasks(x, probs, lo, hi, ((k <= 0) | k_holds) & (~top_p | p_holds))
+
+
+def _searched_by_kernel(draw: Callable[[bool], jax.Array], program: Callable[[], Any]) -> Any:  # noqa: ANN401
+    """`draw(whole_row)` of the searched masks (UNCERTIFIED where a row's band cannot vouch for its winner) from the
+    kernel's top candidates first; a batch they cannot vouch for (a nucleus wider than SEARCH_CANDIDATES: a high
+    temperature, a flat row) from the kernel's sort of the whole row, in a conditional's branch; and only where that
+    cannot vouch either (a NaN or an infinity, a winner in the band), the program's own searches, in a branch of
+    that."""
+    def whole_row() -> jax.Array:
+        return reference_where_uncertified(draw(True), program)
+
+    return reference_where_uncertified(draw(False), whole_row)
 
 
 def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -1532,9 +1580,12 @@ def threshold_search_lowering(form: str, params: dict[str, Any]) -> Callable[...
         def searched() -> jax.Array:
             return fn(logits, key, temperature=temperature, k=k, p=p, categorical_fn=categorical, **scalars)
 
-        x, certain = _searched_masks(scale_rows(logits, temperature), k, p, NEG_INF,
-                                     functools.partial(jax.nn.softmax, axis=-1))
-        return reference_where_uncertified(jnp.where(certain, categorical(key, x), UNCERTIFIED), searched)
+        def draw(whole_row: bool) -> jax.Array:
+            masks = _searched_masks(scale_rows(logits, temperature), k, p, NEG_INF,
+                                    functools.partial(jax.nn.softmax, axis=-1), whole_row)
+            return masks.vouched(categorical(key, masks.x))
+
+        return _searched_by_kernel(draw, searched)
 
     return kernel
 
@@ -1561,13 +1612,24 @@ def constant_search_lowering(form: str, params: dict[str, Any], scores_fill: flo
                                                 **params)
 
         fill = NEG_INF if scores_fill is None else scores_fill
-        x, certain = _searched_masks(rows / params["temperature"], k, p, fill,
-                                     functools.partial(jax.nn.softmax, axis=-1))
-        x = x.reshape(logits.shape)
-        tokens = jnp.where(certain, categorical(key, x), UNCERTIFIED)
+
+        def masked(whole_row: bool) -> SearchedMasks:
+            return _searched_masks(rows / params["temperature"], k, p, fill,
+                                   functools.partial(jax.nn.softmax, axis=-1), whole_row)
+
+        def draw(whole_row: bool) -> jax.Array:
+            masks = masked(whole_row)
+            return masks.vouched(categorical(key, masks.x)).reshape(logits.shape[:-1])
+
         if scores_fill is None:
-            return reference_where_uncertified(tokens, searched)
-        return jax.lax.cond(certain, lambda: (tokens, x), searched_with_scores)
+            return _searched_by_kernel(draw, searched)
+
+        def drawn_with_scores(whole_row: bool, otherwise: Callable[[], Any]) -> Any:  # noqa: ANN401
+            masks = masked(whole_row)  # the scores are the masked x itself: its band must be one tie group
+            x = masks.x.reshape(logits.shape)
+            return jax.lax.cond(masks.certain(), lambda: (categorical(key, x), x), otherwise)
+
+        return drawn_with_scores(False, lambda: drawn_with_scores(True, searched_with_scores))
 
     return kernel
 
@@ -1590,11 +1652,19 @@ def esurge_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Arra
         def searched() -> jax.Array:
             return fn(logits, keys, categorical_fn=categorical, **scalars, **values)
 
-        x, certain = _searched_masks(logits, values["k"], values["p"], ESURGE_FILL, _softmax_of_each_row)
-        x = x / values["temperature"]
-        if "min_p" in values:
-            x = esurge_min_p_mask(x, values["min_p"])
-        return reference_where_uncertified(jnp.where(certain, categorical(keys, x), UNCERTIFIED), searched)
+        def draw(whole_row: bool) -> jax.Array:
+            # eSurge's min-p compares each logit with min_p times the row's largest, which the top-p always keeps:
+            # a token the band keeps or drops does not move it. A winner at the fill (a row min-p empties) is not
+            # vouched for: every token of the row then ties at the fill.
+            masks = _searched_masks(logits, values["k"], values["p"], ESURGE_FILL, _softmax_of_each_row, whole_row)
+            x = masks.x / values["temperature"]
+            if "min_p" in values:
+                x = esurge_min_p_mask(x, values["min_p"])
+            tokens = categorical(keys, x)
+            filled = jnp.take_along_axis(x, jnp.maximum(tokens, 0)[:, None], axis=-1)[:, 0] == ESURGE_FILL
+            return jnp.where(filled, UNCERTIFIED, masks.vouched(tokens))
+
+        return _searched_by_kernel(draw, searched)
 
     return kernel
 
