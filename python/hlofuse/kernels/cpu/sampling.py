@@ -273,10 +273,12 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     """A form `<base>_<draw>` (a draw of sampling_reference.DRAWS): the form's own function, whose filters and
     log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
     categorical draw, its top-k and its nucleus's descending sort (`_descending_values_by_kernel`). The kernel prunes
-    the noise, the filters run as XLA runs them, and no sort is left to XLA."""
+    the noise, the filters run as XLA runs them, and no sort is left to XLA. JetStream's nucleus under a draw of
+    BAND_DRAWS (BANDED_DRAWN_NUCLEI, f32 (B, V) logits) is drawn first in its band, with no sort at all; only a batch
+    the band cannot vouch for runs the form's own function. (A writing's fill is -inf to the composite: FILL_NOTE.)"""
     base = FORMS[FORMS[form].base].fn
     categorical_fn = _draw_by_kernel(form)
-    by_band = form in BANDED_DRAWN_NUCLEI and params.get("fill") is None
+    by_band = form in BANDED_DRAWN_NUCLEI
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
