@@ -104,10 +104,7 @@ def test_value_cut_drawn_forms_are_the_programs(form: str) -> None:
     draw = form.removeprefix("top_k_").removeprefix("top_p_mask_")
 
     def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
-        if top_k:
-            return sampling.top_k_nucleus_draw(draw, x, key, params, from_below=False, exact_k=False)
-        return sampling.nucleus_draw_by_band(draw, x, key, params["p"], params["temperature"], from_below=False,
-                                             by_place=False)
+        return sampling.nucleus_draw_in_band(draw, x, key, params, top_k or None, from_below=False, by_place=False)
 
     def lowering(params: dict) -> Callable[..., jax.Array]:
         return sampling.drawn_form_lowering(form, params)

@@ -138,7 +138,5 @@ def test_few_top_p_races_are_left_to_the_sorted_row(form: str) -> None:
 def _band_draw(form: str, x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
     """The form's draw in its band, UNCERTIFIED where the band cannot vouch for it."""
     from_below = "ascending" in form
-    if "top_k" in form:
-        return sampling.top_k_nucleus_draw("exponential_race", x, key, params, from_below=from_below, exact_k=False)
-    return sampling.nucleus_draw_by_band("exponential_race", x, key, params["p"], params["temperature"],
+    return sampling.nucleus_draw_in_band("exponential_race", x, key, params, params["k"] if "top_k" in form else None,
                                          from_below=from_below, by_place=from_below)

@@ -274,8 +274,9 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
     categorical draw, its top-k and its nucleus's descending sort (`_descending_values_by_kernel`). The kernel prunes
     the noise, the filters run as XLA runs them, and no sort is left to XLA. JetStream's nucleus under a draw of
-    BAND_DRAWS (BANDED_DRAWN_NUCLEI, f32 (B, V) logits) is drawn first in its band, with no sort at all; only a batch
-    the band cannot vouch for runs the form's own function. (A writing's fill is -inf to the composite: FILL_NOTE.)"""
+    BAND_DRAWS (BANDED_DRAWN_NUCLEI, f32 (B, V) logits) is drawn first in its band (`nucleus_draw_in_band`), with no
+    sort at all; only a batch the band cannot vouch for runs the form's own function. (A writing's fill is -inf to
+    the composite: FILL_NOTE.)"""
     base = FORMS[FORMS[form].base].fn
     categorical_fn = _draw_by_kernel(form)
     by_band = form in BANDED_DRAWN_NUCLEI
@@ -287,12 +288,9 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
 
         if not by_band or logits.dtype != jnp.float32 or logits.ndim != 2:
             return own()
-        draw = FORMS[form].drawn_by
-        if "k" in FORMS[form].params and params["k"] < logits.shape[-1]:
-            tokens = top_k_nucleus_draw(draw, logits, key, params, from_below=False, exact_k=False)
-        else:
-            tokens = nucleus_draw_by_band(draw, logits, key, params["p"], params["temperature"], from_below=False,
-                                          by_place=False)
+        top_k = params["k"] if "k" in FORMS[form].params else None
+        tokens = nucleus_draw_in_band(FORMS[form].drawn_by, logits, key, params, top_k, from_below=False,
+                                      by_place=False)
         return reference_where_uncertified(tokens, own)
 
     return kernel
@@ -835,9 +833,8 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
     """A form whose filter is top_p_ascending_mask or top_k_top_p_ascending_mask (any draw): the top-k by the
     kernel's top-k, the row's order by the kernel (`_top_k_top_p_removal`, or its sort), the removal by the
     program's ops, the draw by the kernel; the form's own function where equal logits straddle the removal. Top-p
-    alone with a draw of BAND_DRAWS is drawn first with no sort at all (`nucleus_draw_by_band`), and so is top-k then
-    top-p (`top_k_nucleus_draw`: the band among the top k); the sorted row decides only the rows drawn in the
-    nucleus's band."""
+    alone or after a top-k of fewer than V, with a draw of BAND_DRAWS, is drawn first with no sort at all
+    (`nucleus_draw_in_band`); the sorted row decides only the rows drawn in the nucleus's band."""
     categorical_fn = _draw_by_kernel(form)
     top_k_first = "k" in FORMS[FORMS[form].filters].params
     by_band = FORMS[form].drawn_by in BAND_DRAWS
@@ -858,12 +855,10 @@ def top_p_ascending_lowering(form: str, params: dict[str, Any]) -> Callable[...,
 
         if logits.dtype != jnp.float32:
             return own()
-        if by_band and top_k_first and params["k"] < logits.shape[-1]:
-            tokens = top_k_nucleus_draw(FORMS[form].drawn_by, logits, key, params, from_below=True, exact_k=False)
-            return reference_where_uncertified(tokens, sorted_row)
-        if by_band and not top_k_first:
-            tokens = nucleus_draw_by_band(FORMS[form].drawn_by, logits, key, params["p"], params["temperature"],
-                                          from_below=True, by_place=True)
+        top_k = params["k"] if top_k_first else None
+        if by_band and (top_k is None or top_k < logits.shape[-1]):
+            tokens = nucleus_draw_in_band(FORMS[form].drawn_by, logits, key, params, top_k, from_below=True,
+                                          by_place=True)
             return reference_where_uncertified(tokens, sorted_row)
         return sorted_row()
 
@@ -882,6 +877,19 @@ def top_k_exact_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..
         return top_p(keep_exactly_top_k(logits, params["k"], _top_k_by_kernel) / params["temperature"], key)
 
     return kernel
+
+
+def nucleus_draw_in_band(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any], top_k: int | None, *,
+                         from_below: bool, by_place: bool) -> jax.Array:
+    """The draw `draw` (of BAND_DRAWS) of a nucleus of mass params["p"] over logits / params["temperature"], with no
+    sort, UNCERTIFIED where its band cannot vouch for the winner: after a top-k mask (`top_k` < V, Hugging Face's
+    `< kth` keep) among the kernel's top k (`top_k_nucleus_draw`), else in the whole row's band
+    (`nucleus_draw_by_band`, the cut by sorted place where `by_place`). `from_below`: the program's cumsum runs from
+    the smallest logit. (B, V) f32 logits."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        return top_k_nucleus_draw(draw, logits, key, params, from_below=from_below, exact_k=False)
+    return nucleus_draw_by_band(draw, logits, key, params["p"], params["temperature"], from_below=from_below,
+                                by_place=by_place)
 
 
 def top_k_nucleus_draw(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any], *, from_below: bool,
@@ -1554,7 +1562,7 @@ def _searched_masks(x: jax.Array, k: jax.Array, p: jax.Array, fill: float,
                                           whole_row or width <= SEARCH_CANDIDATES)
     top_p = p < 1.0
     lo, hi = jnp.where(top_p, lo, NEG_INF), jnp.where(top_p, hi, NEG_INF)
-    x = jnp.where(probs >= lo[:, None], x, fill)
+    x = jnp.where(top_p[:, None] & ~(probs >= lo[:, None]), fill, x)  # a row with no top-p keeps its NaN
     return SearchedMasks(x, probs, lo, hi, ((k <= 0) | k_holds) & (~top_p | p_holds))
 
 
