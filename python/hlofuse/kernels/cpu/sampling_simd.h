@@ -23,6 +23,7 @@ struct Lanes;
     typedef double D __attribute__((vector_size(W * 8)));   \
     typedef int8_t B __attribute__((vector_size(W)));       \
   };
+HLOFUSE_LANES(2)
 HLOFUSE_LANES(4)
 HLOFUSE_LANES(8)
 HLOFUSE_LANES(16)
@@ -75,8 +76,11 @@ HLOFUSE_SIMD_INLINE double ExpShifted(const float* x, float m, float* w, int64_t
                                       float last_bin) {
   using VF = typename Lanes<W>::F;
   using VI = typename Lanes<W>::I;
-  using VD = typename Lanes<W>::D;
-  VD acc{};
+  // The f64 sum of each lane, in two half-width accumulators (lanes 0..W/2-1, then the rest): a W-double vector is
+  // two registers wide, and GCC kept it on the stack, a store and reload every block.
+  using HalfF = typename Lanes<W / 2>::F;
+  using HalfD = typename Lanes<W / 2>::D;
+  HalfD acc_low{}, acc_high{};
   const VF zero{};
   auto block = [&](const float* src, float* dst, float* bin_dst) __attribute__((always_inline)) {
     VF v;
@@ -106,7 +110,11 @@ HLOFUSE_SIMD_INLINE double ExpShifted(const float* x, float m, float* w, int64_t
     VF y = p * scale;
     y = live ? y : zero;
     std::memcpy(dst, &y, sizeof(VF));
-    acc += __builtin_convertvector(y, VD);
+    HalfF low, high;
+    std::memcpy(&low, &y, sizeof(HalfF));
+    std::memcpy(&high, reinterpret_cast<const char*>(&y) + sizeof(HalfF), sizeof(HalfF));
+    acc_low += __builtin_convertvector(low, HalfD);
+    acc_high += __builtin_convertvector(high, HalfD);
   };
   int64_t i = 0;
   for (; i + W <= n; i += W) block(x + i, w + i, bins ? bins + i : nullptr);
@@ -117,8 +125,9 @@ HLOFUSE_SIMD_INLINE double ExpShifted(const float* x, float m, float* w, int64_t
     std::memcpy(w + i, dst, (n - i) * sizeof(float));
     if (bins) std::memcpy(bins + i, bin_dst, (n - i) * sizeof(float));
   }
-  double sum = 0;
-  for (int l = 0; l < W; ++l) sum += acc[l];
+  double sum = 0;  // lane by lane in order, as one W-lane accumulator would be summed
+  for (int l = 0; l < W / 2; ++l) sum += acc_low[l];
+  for (int l = 0; l < W / 2; ++l) sum += acc_high[l];
   return sum;
 }
 
