@@ -303,7 +303,8 @@ def test_few_rows_are_left_to_the_programs_cut(scale: float) -> None:
         assert float(jnp.mean(tokens == UNCERTIFIED)) <= 0.05, name
 
 
-SORTS_IN_A_BRANCH = (("top_p_ascending_mask_choice", sampling.NUCLEUS_BAND_TARGET),
+# (Hugging Face's TopP alone draws in its band in the kernel's one call, `_nucleus_draw_in_one_call`.)
+SORTS_IN_A_BRANCH = (("top_p_ascending_mask_choice", sampling.TARGET),
                      ("top_k_top_p_ascending_mask_choice", sampling.TOP_K_TARGET),
                      ("top_p_mask_exponential_race", sampling.NUCLEUS_BAND_TARGET),
                      ("top_k_top_p_mask_log_softmax", sampling.TOP_K_TARGET),
@@ -326,7 +327,7 @@ def test_top_p_sorts_only_in_a_branch(form: str, band_target: str) -> None:
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
-    assert band_target in entry and "conditional(" in entry
+    assert f'custom_call_target="{band_target}"' in entry and "conditional(" in entry
     assert sampling.SORT_TARGET not in entry and " sort(" not in entry and "TopK" not in entry
     assert "f32[2,12288]{1,0} reduce-window(" not in entry  # no cumsum of the whole row outside the branch
     assert sampling.SORT_TARGET in hlo
@@ -349,3 +350,36 @@ def test_tokens_at_or_above_a_floor_come_in_lax_top_ks_order() -> None:
         np.testing.assert_array_equal(np.signbit(values[row, :n]), np.signbit(top_values[row, :n]))
         assert bool(jnp.all(ids[row, n:] == -1)) and bool(jnp.all(values[row, n:] == -jnp.inf))
     assert int(count[2]) == 500 and bool(jnp.all(ids[2] == -1))  # more than k: none given
+
+
+@pytest.mark.parametrize("form", ["top_p_mask_log_softmax", "top_p_mask_log_of_softmax"])
+def test_a_log_probability_draw_with_a_near_tie_is_left_to_the_program(form: str) -> None:
+    """The one-call log-probability draw (`_nucleus_draw_in_one_call`: kernel forms 14 and 15) scores x / T, not the
+    program's log-probabilities, which differ by the normaliser up to rounding: a winner that leads the runner-up by
+    a few ulps must be UNCERTIFIED (the program's rounding decides it), one that leads by far is certified, and every
+    certified token is the program's. Each row is peaked on two tokens a and b whose perturbed scores x + g are set
+    `gap` apart (g: the noise jax.random.categorical draws for that key)."""
+    rows, vocab, p = 48, 4096, 0.9
+    key = jnp.array([5, 11], jnp.uint32)
+    noise = np.asarray(jax.random.gumbel(key, (rows, vocab), jnp.float32))
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((rows, vocab)) - 6.0).astype(np.float32)
+    near = np.arange(rows) % 2 == 0  # even rows: a near tie; odd rows: a clear lead
+    for r in range(rows):
+        a = int(rng.integers(vocab))
+        close = np.flatnonzero(np.abs(noise[r] - noise[r, a]) < 1.0)
+        b = int(close[close != a][0])
+        x[r, a] = np.float32(10.0)
+        score_a = np.float32(x[r, a] + noise[r, a])
+        gap = np.float32(np.spacing(score_a)) * (r % 7 - 3) if near[r] else np.float32(0.05)
+        x[r, b] = np.float32(score_a + gap - noise[r, b])
+    x = jnp.asarray(x)
+    params = form_params(form, temperature=1.0, p=p)
+    ref = np.asarray(jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))(x, key))
+    certified = np.asarray(jax.jit(lambda x, key: sampling.nucleus_draw_by_band(
+        form.removeprefix("top_p_mask_"), x, key, p, 1.0, from_below=False, by_place=False))(x, key))
+    drawn = certified != UNCERTIFIED
+    np.testing.assert_array_equal(certified[drawn], ref[drawn])
+    assert not np.any(drawn[near]), "a winner within a few ulps of the runner-up was vouched for"
+    assert np.mean(drawn[~near]) >= 0.9, "clear leads were left to the program"
+    np.testing.assert_array_equal(jax.jit(sampling.drawn_form_lowering(form, params))(x, key), ref)

@@ -62,6 +62,12 @@ enum class Form : int64_t {
   // kCategoricalNoiseScaled with a scale per row (Pax's per-request temperature, (B, 1)): the optional operand is
   // the rows' scales, (*L,) f32, each >= 0 (0: argmax(x + 0), the row's greedy token), f32 only, no splits.
   kCategoricalNoiseScaledRows = 13,
+  // top_p_mask (14) and top_p_mask_from_below (15) for a draw from the nucleus's log-probabilities (a categorical of
+  // log_softmax(y) or of log(softmax(y)), jax.random.choice's top_k(gumbel + log p)), f32 only: drawn over y = x / T,
+  // which differs from the log-probabilities by the normaliser, the same for every token up to rounding; the winner is
+  // vouched for only where it also leads the runner-up by more than that rounding (`LeadsPastRounding`).
+  kTopPMaskLogProb = 14,
+  kTopPMaskFromBelowLogProb = 15,
 };
 
 // A row's token the kernel cannot vouch for (greedy_softmax near a tie, a nucleus draw in its band): the binding
@@ -71,6 +77,8 @@ constexpr int64_t kUncertified = -1;
 bool IsPacked(int64_t form) {
   return form == static_cast<int64_t>(Form::kTopKPacked) || form == static_cast<int64_t>(Form::kTopKPackedBf16);
 }
+
+bool IsLogProb(Form form) { return form == Form::kTopPMaskLogProb || form == Form::kTopPMaskFromBelowLogProb; }
 
 constexpr float kTiny = 1.17549435e-38f;  // finfo(f32).tiny == finfo(bf16).tiny
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -736,6 +744,27 @@ Best Vouched(const Best& best, const Row& r, const Band& band) {
   return best.index >= 0 && r.x[best.index] > band.hi ? best : Best{kUncertified, best.score};
 }
 
+// Whether a winner scoring `best` = round(y + g) over the runner-up's `runner_up` keeps its place when the program
+// scores round(z + g) with z its f32 log-probabilities, y - log(sum) up to rounding, ymax the row's largest y. Per
+// token, |y - ymax| <= |score| + 17 + |ymax| (a Gumbel of an f32 uniform lies in [-4.5, 17]) and |z| <= that + log V
+// (< 13); the program's score is off by the rounding of y - max, of exp, the division and the log (a few u of each,
+// 8 u in all) and of z and of z + g, and this kernel's by that of y + g: under u (5 |score| + 3 |ymax| + 128) each.
+// The lead asked, u (512 + 16 (|best| + |runner-up| + |ymax|)), is twice the two tokens' sum. A runner-up of -inf
+// (no other token in the band's floor and above) cannot overtake the winner.
+bool LeadsPastRounding(float best, float runner_up, float ymax) {
+  if (runner_up == kNegInf) return true;
+  const float slack = 0x1p-24f * (512.0f + 16.0f * (std::fabs(best) + std::fabs(runner_up) + std::fabs(ymax)));
+  return best - runner_up > slack;
+}
+
+// The floor on y of the runner-up's search: only a token scoring within `gap` of the winner can fail
+// LeadsPastRounding (its slack at a runner-up gap below is under gap, and grows far slower than the lead beyond), and
+// its y is above best - gap - 18 (an f32 uniform's Gumbel is below 16). Any runner-up found below that leads too.
+float RunnerUpFloor(float best, float ymax, float ylo) {
+  const float gap = 1.0f + 0x1p-23f * (512.0f + 16.0f * (2.0f * std::fabs(best) + std::fabs(ymax)));
+  return std::max(ylo, best - gap - 18.0f);
+}
+
 // categorical over the tokens `keep` accepts, scored by r.y (x / T, computed by the caller, whose max over
 // y >= ylo is ymax); `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the
 // largest y go first, so that the bound is tight when the rest are scanned, in blocks, each collecting
@@ -849,13 +878,21 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
     }
     case Form::kTopPMask:
-    case Form::kTopPMaskFromBelow: {
-      const bool from_below = prm.form == Form::kTopPMaskFromBelow;  // (and by place: Hugging Face's)
+    case Form::kTopPMaskFromBelow:
+    case Form::kTopPMaskLogProb:
+    case Form::kTopPMaskFromBelowLogProb: {
+      // (from below, and by place: Hugging Face's)
+      const bool from_below = prm.form == Form::kTopPMaskFromBelow || prm.form == Form::kTopPMaskFromBelowLogProb;
       const Band band = NucleusBand(ops, r, prm.p, from_below, from_below);
       if (std::isnan(band.lo)) return Best{kUncertified, kNegInf};
       const float ymax = ScaleMaxRow(ops, r, t);
-      const Best best = SampleKept(ops, r, ymax, k0, k1, vocab_base, ScaledFloor(r, band.lo, t),
-                                   [&](int64_t i) { return r.x[i] >= band.lo; });
+      const float ylo = ScaledFloor(r, band.lo, t);
+      const Best best = SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= band.lo; });
+      if (IsLogProb(prm.form) && best.index >= 0) {  // the runner-up: the same noise, the winner left out
+        const Best runner_up = SampleKept(ops, r, ymax, k0, k1, vocab_base, RunnerUpFloor(best.score, ymax, ylo),
+                                          [&](int64_t i) { return r.x[i] >= band.lo && i != best.index; });
+        if (!LeadsPastRounding(best.score, runner_up.score, ymax)) return Best{kUncertified, best.score};
+      }
       return Vouched(best, r, band);
     }
     case Form::kTopKTopPMask: {
@@ -1034,7 +1071,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: keys must be (rows, 2) uint32");
   if (row_ids.element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: row ids must be (rows,)");
   if (out->element_count() != rows) return ffi::Error::InvalidArgument("hlofuse_sample: tokens must be (rows,)");
-  if (form < 0 || form > 13) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
+  if (form < 0 || form > 15) return ffi::Error::InvalidArgument("hlofuse_sample: unknown form");
   const bool needs_k = (form >= 2 && form <= 6 && form != 5) || IsPacked(form);
   // Packed candidates: V = 2C words, k of the C candidates.
   const int64_t choices = IsPacked(form) ? vocab / 2 : vocab;
@@ -1044,6 +1081,8 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: a scaled noise takes f32 logits and a scale > 0");
   if (form == static_cast<int64_t>(Form::kCategoricalNoiseScaledRows) && (bf16 || vocab_total != 0))
     return ffi::Error::InvalidArgument("hlofuse_sample: a scale per row takes f32 logits and no splits");
+  if (IsLogProb(static_cast<Form>(form)) && (bf16 || !(temperature > 0)))
+    return ffi::Error::InvalidArgument("hlofuse_sample: a log-probability nucleus takes f32 logits and T > 0");
   if (vocab < 1 || (needs_k && (k < 1 || k > choices)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
   if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))

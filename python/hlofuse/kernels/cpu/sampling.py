@@ -91,7 +91,11 @@ FROM_BELOW_FORM_CODES = {"top_p_mask_from_below": 11}
 # A categorical whose noise is scaled instead of the logits, argmax(x + gumbel * T) (Pax's draw), f32 only.
 # With a scale per row, the optional operand (*L,) f32 (Pax's per-request temperature).
 NOISE_SCALED_FORM_CODES = {"categorical_noise_scaled": 12, "categorical_noise_scaled_rows": 13}
-KERNEL_FORM_CODES = {**PACKED_FORM_CODES, **FROM_BELOW_FORM_CODES, **NOISE_SCALED_FORM_CODES}
+# top_p_mask's and top_p_mask_from_below's draws from the nucleus's log-probabilities (log_softmax, log(softmax),
+# jax.random.choice's log p), f32, T > 0: drawn over x / T in the band, the winner vouched for where it also leads the
+# runner-up by more than the normaliser's rounding (sampling.cc, `LeadsPastRounding`).
+LOG_PROB_FORM_CODES = {"top_p_mask_log_prob": 14, "top_p_mask_from_below_log_prob": 15}
+KERNEL_FORM_CODES = {**PACKED_FORM_CODES, **FROM_BELOW_FORM_CODES, **NOISE_SCALED_FORM_CODES, **LOG_PROB_FORM_CODES}
 # The nucleus forms whose cut the kernel does not decide alone: it draws among the tokens at or above the band of
 # values the program's f32 rounding of its softmax and cumsum could move the cut across, and a winner in that band
 # is UNCERTIFIED, for the program's own cut (`_nucleus_of_sorted_row`) to decide.
@@ -1034,9 +1038,32 @@ def nucleus_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, p: float,
                          from_below: bool, by_place: bool) -> jax.Array:
     """The draw `draw` (of BAND_DRAWS) of a sorted nucleus's kept logits / T, by the kernel with no sort, or
     UNCERTIFIED where the band could hold the winner (or, for a log-probability draw, where the runner-up is too
-    close). (B, V) f32 logits."""
+    close). (B, V) f32 logits. A cut by value from the top (JetStream's) or by place from the bottom (Hugging Face's)
+    under any draw of BAND_DRAWS but the race, at T > 0, is one kernel call (`_nucleus_draw_in_one_call`): band,
+    scaling and draw, with no pass of XLA's over the row."""
+    if draw in ONE_CALL_DRAWS and from_below == by_place and temperature > 0:
+        return _nucleus_draw_in_one_call(draw, logits, key, p, temperature, from_below)
     lo, hi = nucleus_band(logits, p, from_below, by_place)
     return draw_in_band(draw, logits, key, lo, hi, temperature)
+
+
+# The draws of BAND_DRAWS one kernel call makes in the band (kernel forms 5 and 11, and their log-probability forms).
+ONE_CALL_DRAWS = ("", "choice", "log_softmax", "log_of_softmax")
+
+
+def _nucleus_draw_in_one_call(draw: str, logits: jax.Array, key: jax.Array, p: float, temperature: float,
+                              from_below: bool) -> jax.Array:
+    """`draw_in_band` of the nucleus's own band as one kernel call: the categorical of the logits (kernel forms 5 and
+    11), or a log-probability draw (LOG_PROB_FORM_CODES: the categorical of x / T, the winner vouched for where it
+    leads the runner-up past the normaliser's rounding); jax.random.choice's with one key's noise for every row."""
+    form = "top_p_mask_from_below" if from_below else "top_p_mask"
+    if draw:
+        form += "_log_prob"
+    rows = logits.shape[0]
+    row_ids = jnp.zeros((rows,), jnp.int32) if draw == "choice" else jax.lax.iota(jnp.int32, rows)
+    (tokens,) = _sample_call(logits, _keys(key, (rows,)), row_ids, form=form, temperature=temperature, k=0, p=p,
+                             min_p=0.0)
+    return tokens
 
 
 def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi: jax.Array,
