@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -71,21 +72,21 @@ def main() -> None:
     if not sampling.is_available():
         raise SystemExit("nucleus_band: the native CPU sampler is not built (pip install . builds it)")
     if args.time:
-        _time(args, args.rows)
+        _time(args)
         return
     if len(args.rows) != 1:
         parser.error("one --rows without --time")
-    args.rows = args.rows[0]
-    print(f"| family | scale | p | draws in the band (of {args.keys} x {args.rows} at V = {args.vocab}) |")
+    (rows,) = args.rows
+    print(f"| family | scale | p | draws in the band (of {args.keys} x {rows} at V = {args.vocab}) |")
     print("|---|---:|---:|---:|")
     for scale in args.scale:
-        x = jnp.asarray(np.random.default_rng(0).standard_normal((args.rows, args.vocab)).astype(np.float32) * scale)
+        x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, args.vocab)).astype(np.float32) * scale)
         for name, draw in _families(args.temperature).items():
             for p in args.p:
                 fn = jax.jit(lambda x, key, draw=draw, p=p: draw(x, key, p))
                 left = sum(int(jnp.sum(fn(x, jnp.array([0, seed], jnp.uint32)) == UNCERTIFIED))
                            for seed in range(args.keys))
-                print(f"| {name} | {scale:g} | {p:g} | {left / (args.keys * args.rows):.2%} |", flush=True)
+                print(f"| {name} | {scale:g} | {p:g} | {left / (args.keys * rows):.2%} |", flush=True)
 
 
 # (draw, from_below): JetStream's cut by value from the top under keras' log-softmax, Hugging Face's by place from the
@@ -93,14 +94,12 @@ def main() -> None:
 TIMED_DRAWS = (("log_softmax", False), ("choice", True), ("", True))
 
 
-def _time(args: argparse.Namespace, batches: list[int]) -> None:
+def _time(args: argparse.Namespace) -> None:
     """Medians of the one-call draw, the band then the draw, and XLA's argmax, interleaved."""
-    import time
-
     t = args.temperature
     print("| draw | cut | B | V | p | one call ms | band, then draw ms | argmax ms | one / two | one / argmax |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for rows in batches:
+    for rows in args.rows:
         for scale in args.scale:
             x = jnp.asarray(np.random.default_rng(0).standard_normal((rows, args.vocab)).astype(np.float32) * scale)
             key = jnp.array([0, 1], jnp.uint32)
