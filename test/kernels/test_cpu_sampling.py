@@ -237,3 +237,24 @@ def test_isa_cap_shared_with_attention(monkeypatch: pytest.MonkeyPatch) -> None:
         assert sampling.isa() == widest, name
     monkeypatch.setenv("HLOFUSE_CPU_ISA", "generic")
     assert sampling.isa() == "generic"
+
+
+@pytest.mark.parametrize("form", ["temperature", "top_k", "top_p_mask"])
+def test_every_isa_draws_alike_at_every_vector_boundary(form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidate scans (CollectRange) of each ISA write a block's hits their own way (AVX2 stores a whole
+    table row past the hits while two blocks remain, then goes bit by bit): at row lengths on either side of one
+    and two blocks and past a 32768-token chunk, and from hits in every lane (logits nearly flat under the noise)
+    to rare ones (peaked), every ISA must give the reference's ids."""
+    for vocab in (7, 8, 9, 15, 16, 17, 23, 24, 25, 31, 33, 32783, 65541):
+        params = {name: min(value, vocab) if name == "k" else value for name, value in PARAMS[form].items()}
+        ref = jax.jit(functools.partial(sample_reference, form=form, **params))
+        ker = jax.jit(functools.partial(sampling.sample, form=form, **params))
+        for scale in (0.05, 1.0, 8.0):
+            x = jnp.asarray(np.random.default_rng(vocab).standard_normal((3, vocab)).astype(np.float32) * scale)
+            key = jnp.array([vocab, 4242], jnp.uint32)
+            want = np.asarray(ref(x, key))
+            for isa in ("avx2", "generic"):
+                monkeypatch.setenv("HLOFUSE_CPU_ISA", isa)
+                np.testing.assert_array_equal(np.asarray(ker(x, key)), want, err_msg=f"{isa} V={vocab} x{scale}")
+            monkeypatch.delenv("HLOFUSE_CPU_ISA")
+            np.testing.assert_array_equal(np.asarray(ker(x, key)), want, err_msg=f"widest V={vocab} x{scale}")

@@ -3,12 +3,14 @@
 
 A kernel change is measured against the code it replaces, not against a number from another day: this builds
 python/hlofuse/kernels/cpu/sampling.cc (and its sampling_simd.h) of `--base` and of the working tree into two
-libraries with the same flags, registers each one's nucleus band (`hlofuse_sample_nucleus_band`, the certified
-nucleus's pass over the row: max, exp, the mass by bin, the cut's search) under its own FFI name, checks that both
-give the same band to the bit, and times them interleaved, with XLA's argmax of the same logits beside them:
+libraries with the same flags, registers under its own FFI name each one's nucleus band
+(`hlofuse_sample_nucleus_band`, the certified nucleus's pass over the row: max, exp, the mass by bin, the cut's
+search) or, with --form, its whole draw (`hlofuse_sample` with that form), checks that both give the same result
+to the bit, and times them interleaved, with XLA's argmax of the same logits beside them:
 
     python tools/bench/sampling_kernel_ab.py                          # HEAD against the working tree
     python tools/bench/sampling_kernel_ab.py --base HEAD~3 --batch 1 8 --vocab 128256 262144
+    python tools/bench/sampling_kernel_ab.py --form temperature --temperature 0.7
 
 Times are medians of --iters interleaved calls in milliseconds; on 2 shared cores the ratio is the number to read.
 Needs g++ and jaxlib's FFI headers (installed with jax).
@@ -66,6 +68,23 @@ def _band(target: str, p: float) -> object:
     return jax.jit(band)
 
 
+def _draw(target: str, form: str, temperature: float, p: float) -> object:
+    from hlofuse.kernels.cpu import sampling
+
+    code = {**sampling.FORM_CODES, **sampling.KERNEL_FORM_CODES}[form]
+
+    def draw(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        rows = x.shape[0]
+        out = [jax.ShapeDtypeStruct((rows,), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.float32)]
+        keys = jnp.broadcast_to(jnp.array([0, 42], jnp.uint32), (rows, 2))
+        row_ids = jnp.arange(rows, dtype=jnp.int32)
+        return tuple(jax.ffi.ffi_call(target, out, vmap_method="sequential")(
+            x, keys, row_ids, form=np.int64(code), temperature=np.float32(temperature), k=np.int64(0),
+            p=np.float32(p), min_p=np.float32(0), vocab_total=np.int64(0)))
+
+    return jax.jit(draw)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD)")
@@ -74,15 +93,24 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=3.0, help="the logits' spread: scale x N(0, 1)")
     parser.add_argument("--p", type=float, default=0.9)
     parser.add_argument("--iters", type=int, default=60)
+    parser.add_argument("--form", help="time the whole draw of this kernel form (temperature, top_p_mask, "
+                        "top_p_mask_log_prob, ...; sampling.py's form codes) instead of the nucleus band")
+    parser.add_argument("--temperature", type=float, default=1.0, help="the draw's temperature (with --form)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         fns = {}
         for name, revision in (("base", args.base), ("tree", None)):
             library = ctypes.cdll.LoadLibrary(str(_build(name, revision, Path(tmp))))
-            target = f"hlofuse_ab_{name}_nucleus_band"
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.hlofuse_sample_nucleus_band), platform="cpu")
-            fns[name] = _band(target, args.p)
+            if args.form is None:
+                target = f"hlofuse_ab_{name}_nucleus_band"
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.hlofuse_sample_nucleus_band),
+                                            platform="cpu")
+                fns[name] = _band(target, args.p)
+            else:
+                target = f"hlofuse_ab_{name}_sample"
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.hlofuse_sample), platform="cpu")
+                fns[name] = _draw(target, args.form, args.temperature, args.p)
         fns["argmax"] = jax.jit(lambda x: jnp.argmax(x, -1))
 
         print(f"| B | V | {args.base} ms | working tree ms | argmax ms | tree / {args.base} | tree / argmax |")
@@ -93,7 +121,7 @@ def main() -> None:
                 outs = {name: jax.block_until_ready(f(x)) for name, f in fns.items()}
                 for a, b in zip(outs["base"], outs["tree"], strict=True):
                     if not np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True):
-                        sys.exit(f"{batch}x{vocab}: the two builds' bands differ")
+                        sys.exit(f"{batch}x{vocab}: the two builds' results differ")
                 times: dict[str, list[float]] = {name: [] for name in fns}
                 for _ in range(args.iters):
                     for name, f in fns.items():

@@ -207,9 +207,45 @@ inline uint32_t Sse2RangeMask(__m128 x, __m128 lo, __m128 hi, __m128 top) {
   return static_cast<uint32_t>(_mm_movemask_ps(in));
 }
 HLOFUSE_COLLECT_RANGE(avx512, HLOFUSE_TARGET_AVX512, 16, __m512, _mm512_loadu_ps, _mm512_set1_ps, Avx512RangeMask)
-HLOFUSE_COLLECT_RANGE(avx2, HLOFUSE_TARGET_AVX2, 8, __m256, _mm256_loadu_ps, _mm256_set1_ps, Avx2RangeMask)
+HLOFUSE_COLLECT_RANGE(avx2Tail, HLOFUSE_TARGET_AVX2, 8, __m256, _mm256_loadu_ps, _mm256_set1_ps, Avx2RangeMask)
 HLOFUSE_COLLECT_RANGE(generic, , 4, __m128, _mm_loadu_ps, _mm_set1_ps, Sse2RangeMask)
 #undef HLOFUSE_COLLECT_RANGE
+
+// For each 8-lane mask, the lanes of its set bits in order (then zeros): AVX2 has no compress, so a block's hits
+// are written as the block's start plus its mask's row.
+struct LanesOfMask {
+  alignas(32) int32_t lanes[256][8];
+};
+constexpr LanesOfMask MakeLanesOfMask() {
+  LanesOfMask t{};
+  for (int mask = 0; mask < 256; ++mask) {
+    int hits = 0;
+    for (int lane = 0; lane < 8; ++lane)
+      if (mask >> lane & 1) t.lanes[mask][hits++] = lane;
+  }
+  return t;
+}
+constexpr LanesOfMask kLanesOfMask = MakeLanesOfMask();
+
+// CollectRange for AVX2 without a branch per hit: each block with a hit stores all 8 of its table row's ids and
+// advances by the hits (a bit loop mispredicts on every block where hits are neither rare nor all). The 8 ids
+// land at out[count, count + 8), count <= i - begin; while i + 16 <= end that is inside the caller's room
+// (end - begin + 1), and the last blocks go through the bit loop.
+__attribute__((target("avx2,fma,popcnt"))) int64_t avx2CollectRangeMask(const float* v, float lo, float hi,
+                                                                        int64_t begin, int64_t end, int32_t* out) {
+  const float top = hi == kPosInf ? hi : std::numeric_limits<float>::quiet_NaN();  // x >= top: x == +inf == hi
+  const __m256 lo_v = _mm256_set1_ps(lo), hi_v = _mm256_set1_ps(hi), top_v = _mm256_set1_ps(top);
+  int64_t count = 0, i = begin;
+  for (; i + 16 <= end; i += 8) {
+    const uint32_t bits = Avx2RangeMask(_mm256_loadu_ps(v + i), lo_v, hi_v, top_v);
+    if (bits == 0) continue;
+    const __m256i lanes = _mm256_load_si256(reinterpret_cast<const __m256i*>(kLanesOfMask.lanes[bits]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + count),
+                        _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(i))));
+    count += __builtin_popcount(bits);
+  }
+  return count + avx2TailCollectRangeMask(v, lo, hi, i, end, out + count);
+}
 #else
 int64_t genericCollectRangeMask(const float* v, float lo, float hi, int64_t begin, int64_t end, int32_t* out) {
   return sampling_simd::CollectRange<4>(v, lo, hi, begin, end, out);
