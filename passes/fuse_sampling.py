@@ -47,6 +47,7 @@ from hlofuse.composites import SAMPLE, SAMPLE_VERSION, SampleAttrs
 from hlofuse.ir import build
 from hlofuse.ir.inverse_cdf import InverseCdfDraw, cumulative_sum_axis, inverse_cdf_draws
 from hlofuse.ir.match import constant_scalar, defining_op
+from hlofuse.ir.required_ops import required_ops
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.sampling_reference import (
     FILL_BOUND,
@@ -321,6 +322,13 @@ def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: 
     return text, frozenset(_OP_NAME.findall(text))
 
 
+def _required_ops(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
+                  draw_lead: tuple[int, ...] = ()) -> frozenset[str]:
+    """The ops every platform's lowering of the form's `writing` holds, read from its trace (hlofuse.ir.required_ops):
+    a program without one of them cannot match it, and its lowerings are skipped."""
+    return required_ops(_traced(form_name, writing, shape, dtype, k, draw_lead).jaxpr.jaxpr)
+
+
 def _prepared_text(module: ir.Module) -> str:
     """A lowered module after hlofuse-prepare, with its locations (they name each op's part of the form)."""
     module = ir.Module.parse(module.operation.get_asm(binary=True, enable_debug_info=True), context=module.context)
@@ -362,16 +370,24 @@ class Templates:
                  ) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program; of a stochastic form only the platform class its noise was lowered for, where known
-        (`noise_class`: the other class's threefry cannot match it)."""
+        (`noise_class`: the other class's threefry cannot match it); none where the writing's jaxpr implies an op
+        the program lacks (`_required_ops`, before any lowering)."""
         order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
         if form.stochastic and noise_class is not None:
             order = [noise_class]
+        # the form does not take this shape (the choice draw: (B, V) logits only; Pax's gather by iotas of one row):
+        # JAX's tracing says so with a ValueError, an IndexError or a TypeError
+        try:
+            required = _required_ops(form.name, writing, shape, dtype, k, draw_lead)
+        except (ValueError, IndexError, TypeError):
+            return
+        if not required <= ops_present:  # no platform's lowering can match: none is lowered
+            self._note_missing(form.name, required - ops_present)
+            return
         seen: set[str] = set()
         for platform in order:
             try:
                 text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead)
-            # the form does not take this shape (the choice draw: (B, V) logits only; Pax's gather by iotas of one
-            # row): JAX's tracing says so with a ValueError, an IndexError or a TypeError
             except (ValueError, IndexError, TypeError):
                 return
             if text in seen:
@@ -379,14 +395,18 @@ class Templates:
             if not names <= ops_present:
                 lacks = names - ops_present
                 shared = lacks - PLATFORM_VARIANT_OPS  # what every class's lowering of this writing lacks
-                if len(shared or lacks) < len(self.missing.get(form.name, names)):
-                    self.missing[form.name] = shared or lacks
+                self._note_missing(form.name, shared or lacks)
                 if shared:  # no other class can match: lowering them too would only cost time
                     return
                 continue
             seen.add(text)
             root, args = self._parse(text)
             yield Template(root, args if form.stochastic else args[:1], platform)
+
+    def _note_missing(self, form_name: str, lacks: frozenset[str]) -> None:
+        """Keeps the fewest ops a lowering of the form lacks, for its remark."""
+        if form_name not in self.missing or len(lacks) < len(self.missing[form_name]):
+            self.missing[form_name] = lacks
 
     def prelude(self, prelude: str, shape: tuple[int, ...], dtype: str) -> Template:
         """The normalization PRELUDES[prelude] of (shape) logits, parsed."""

@@ -79,6 +79,15 @@ def test_platforms_of_a_class_lower_alike(name: str, writing: int) -> None:
     # Templates.for_site lowers no other class of a writing that lacks an op outside PLATFORM_VARIANT_OPS
     ops = [_names(name, writing, platform) for platform in _LOWERING_CLASSES]
     assert all(a ^ b <= PLATFORM_VARIANT_OPS for a in ops for b in ops), _LOWERING_CLASSES
+    # nor any class of one whose jaxpr implies an op the program lacks: every class's template holds those ops
+    for shape in ((2, 16), (1, 16)):
+        try:
+            required = fuse_sampling._required_ops(name, writing, shape, "f32", 3 if "k" in FORMS[name].params else 0)
+        except ValueError:
+            continue
+        for platform in _LOWERING_CLASSES:
+            held = _template_text(name, writing, shape, "f32", 3 if "k" in FORMS[name].params else 0, platform)[1]
+            assert required <= held, (shape, platform, sorted(required - held))
 
 
 def test_the_classes_differ_where_threefry_does() -> None:
@@ -122,6 +131,25 @@ def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkey
     assert list(templates.for_site(FORMS["temperature"], 0, (2, 16), "f32", 0, lacking)) == []
     assert lowered == ["cpu"]
     assert templates.missing["temperature"] == {"stablehlo.log"}
+
+
+def test_a_site_lowers_no_writing_whose_jaxpr_implies_an_op_the_program_lacks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hugging Face's TopP sorts the row and scatters it back: in a program without a sort, its jaxpr says so and
+    no platform's template is lowered; the remark still names the op."""
+    lowered = _counting_lowerings(monkeypatch)
+    monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])
+    templates = fuse_sampling.Templates(make_context(), [])
+    name = "top_p_ascending_mask"
+    held = _names(name, 0, "cpu")
+    assert "stablehlo.sort" in fuse_sampling._required_ops(name, 0, (2, 16), "f32", 0)
+    lowered.clear()
+    assert list(templates.for_site(FORMS[name], 0, (2, 16), "f32", 0, set(held - {"stablehlo.sort"}))) == []
+    assert lowered == []
+    assert templates.missing[name] == {"stablehlo.sort"}
+    # with every op present, it is lowered and matches as before
+    assert [t.platform for t in templates.for_site(FORMS[name], 0, (2, 16), "f32", 0, set(held))][0] == "cpu"
+    assert lowered[0] == "cpu"
 
 
 def _draw_operand(fn, platform: str) -> tuple[ir.Module, ir.Value]:  # noqa: ANN001

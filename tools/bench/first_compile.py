@@ -2,6 +2,7 @@
 """The first compile of a sampler in a fresh process, with hlofuse's default pipeline and without.
 
     python tools/bench/first_compile.py --samplers jetstream_top_p top_k_then_top_p --batch 4 --vocab 32000
+    python tools/bench/first_compile.py --lower-all     # and with every candidate's template lowered
 
 Each measurement is a new process that imports JAX, lowers a sampler of the catalogue (test/python/
 sampling_variants.py) for (batch, vocab) f32 logits, and times `.compile()` alone, once with
@@ -26,6 +27,9 @@ import sys, time
 sys.path.insert(0, {variants!r})
 import jax, jax.numpy as jnp
 import sampling_variants
+if {lower_all}:  # every candidate's template lowered, none skipped by what its jaxpr implies
+    import hlofuse.passes.fuse_sampling as fuse_sampling
+    fuse_sampling._required_ops = lambda *args: frozenset()
 fn = getattr(sampling_variants, {sampler!r})
 lowered = jax.jit(fn).lower(jax.ShapeDtypeStruct(({batch}, {vocab}), jnp.float32),
                             jax.ShapeDtypeStruct((2,), jnp.uint32))
@@ -36,9 +40,9 @@ print(time.perf_counter() - start)
 """
 
 
-def _seconds(sampler: str, batch: int, vocab: int, fused: bool) -> float:
+def _seconds(sampler: str, batch: int, vocab: int, fused: bool, lower_all: bool = False) -> float:
     code = CHILD.format(variants=str(REPO / "test" / "python"), sampler=sampler, batch=batch, vocab=vocab,
-                        fused=fused)
+                        fused=fused, lower_all=lower_all)
     env = {**os.environ, "HLOFUSE_CACHE_DIR": "off", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
     return float(done.stdout.strip().splitlines()[-1])
@@ -51,19 +55,29 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[4])
     parser.add_argument("--vocab", type=int, nargs="+", default=[32000])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--lower-all", action="store_true",
+                        help="also time hlofuse with every candidate's template lowered (none skipped for an op "
+                             "its jaxpr implies and the program lacks: hlofuse.ir.required_ops), interleaved")
     args = parser.parse_args()
-    print("| sampler | B | V | hlofuse s | XLA alone s | ratio |")
-    print("|---|---:|---:|---:|---:|---:|")
+    modes = [(True, False), (False, False)] + ([(True, True)] if args.lower_all else [])
+    extra = " | lowering all s | skip / all" if args.lower_all else ""
+    print(f"| sampler | B | V | hlofuse s | XLA alone s | ratio{extra} |")
+    print("|---|---:|---:|---:|---:|---:|" + ("---:|---:|" if args.lower_all else ""))
     for sampler in args.samplers:
         for batch in args.batch:
             for vocab in args.vocab:
-                times: dict[bool, list[float]] = {True: [], False: []}
+                times: dict[tuple[bool, bool], list[float]] = {mode: [] for mode in modes}
                 for _ in range(args.repeats):
-                    for fused in (True, False):
-                        times[fused].append(_seconds(sampler, batch, vocab, fused))
-                with_hlofuse, alone = (statistics.median(times[f]) for f in (True, False))
-                print(f"| {sampler} | {batch} | {vocab} | {with_hlofuse:.2f} | {alone:.2f} | "
-                      f"{with_hlofuse / alone:.1f}x |", flush=True)
+                    for mode in modes:
+                        times[mode].append(_seconds(sampler, batch, vocab, *mode))
+                median = {mode: statistics.median(t) for mode, t in times.items()}
+                with_hlofuse, alone = median[(True, False)], median[(False, False)]
+                row = (f"| {sampler} | {batch} | {vocab} | {with_hlofuse:.2f} | {alone:.2f} | "
+                       f"{with_hlofuse / alone:.1f}x |")
+                if args.lower_all:
+                    every = median[(True, True)]
+                    row += f" {every:.2f} | {with_hlofuse / every:.2f}x |"
+                print(row, flush=True)
 
 
 if __name__ == "__main__":
