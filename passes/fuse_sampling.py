@@ -364,14 +364,16 @@ class Templates:
         self.keep_alive = keep_alive
         self.parsed: dict[str, tuple[ir.Value, list[ir.Value]]] = {}
         self.missing: dict[str, frozenset[str]] = {}  # form -> the fewest template ops the program lacks
+        self.skipped = False  # whether a writing went unlowered for an op its jaxpr implies (`missing` lacks it)
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                 ops_present: set[str], draw_lead: tuple[int, ...] = (), noise_class: str | None = None
-                 ) -> Iterator[Template]:
+                 ops_present: set[str], draw_lead: tuple[int, ...] = (), noise_class: str | None = None,
+                 skip_implied: bool = True) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program; of a stochastic form only the platform class its noise was lowered for, where known
         (`noise_class`: the other class's threefry cannot match it); none where the writing's jaxpr implies an op
-        the program lacks (`_required_ops`, before any lowering)."""
+        the program lacks (`_required_ops`, before any lowering; `skip_implied=False` lowers them all the same, to
+        say in a remark which of its ops a form lacks)."""
         order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
         if form.stochastic and noise_class is not None:
             order = [noise_class]
@@ -381,8 +383,8 @@ class Templates:
             required = _required_ops(form.name, writing, shape, dtype, k, draw_lead)
         except (ValueError, IndexError, TypeError):
             return
-        if not required <= ops_present:  # no platform's lowering can match: none is lowered
-            self._note_missing(form.name, required - ops_present)
+        if skip_implied and not required <= ops_present:  # no platform's lowering can match: none is lowered
+            self.skipped = True
             return
         seen: set[str] = set()
         for platform in order:
@@ -691,6 +693,8 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     noise_class = _noise_class(draw.noisy)
     noisy = noise_class is not None
     templates.missing.clear()
+    templates.skipped = False
+    candidates: list[tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]] = []  # in the order tried
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
@@ -700,6 +704,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
             continue
         if form.name not in tried:
             tried.append(form.name)
+        candidates.append((form, writing, shape, dtype, k, lead))
         for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class):
             root_name = defining_op(template.root).name
             for root in _forward_values(draw.ids, _SEARCH_FORWARD):
@@ -728,6 +733,14 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
         reason += "; written as " + ", ".join(limits_missed)
     if escaped:  # what stopped the forms that did match says more than how the others differ
         raise NoMatch(f"{reason}; matched as {_passed_over(escaped)}")
+    if closest is None and templates.skipped:
+        # The remark names the form whose template lacks the fewest ops: every candidate lowered after all, in the
+        # same order, so that what each lacks is counted as without the skip (a template holding every op present
+        # was already tried above).
+        templates.missing.clear()
+        for form, writing, shape, dtype, k, lead in candidates:
+            for _ in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class, False):
+                pass
     if closest is None and templates.missing:
         order = list(FORMS)  # among forms that lack as much, the one declared first (the plainer)
         form, lacks = min(templates.missing.items(), key=lambda item: (len(item[1]), order.index(item[0])))

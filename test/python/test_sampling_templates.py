@@ -136,7 +136,7 @@ def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkey
 def test_a_site_lowers_no_writing_whose_jaxpr_implies_an_op_the_program_lacks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Hugging Face's TopP sorts the row and scatters it back: in a program without a sort, its jaxpr says so and
-    no platform's template is lowered; the remark still names the op."""
+    no platform's template is lowered; an unfused site lowers it after all to name what it lacks."""
     lowered = _counting_lowerings(monkeypatch)
     monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])
     templates = fuse_sampling.Templates(make_context(), [])
@@ -144,9 +144,13 @@ def test_a_site_lowers_no_writing_whose_jaxpr_implies_an_op_the_program_lacks(
     held = _names(name, 0, "cpu")
     assert "stablehlo.sort" in fuse_sampling._required_ops(name, 0, (2, 16), "f32", 0)
     lowered.clear()
-    assert list(templates.for_site(FORMS[name], 0, (2, 16), "f32", 0, set(held - {"stablehlo.sort"}))) == []
-    assert lowered == []
-    assert templates.missing[name] == {"stablehlo.sort"}
+    lacking = set(held - {"stablehlo.sort"})
+    assert list(templates.for_site(FORMS[name], 0, (2, 16), "f32", 0, lacking)) == []
+    assert lowered == [] and templates.skipped and name not in templates.missing
+    # lowered all the same for a remark (an unfused site's), it names the op
+    assert list(templates.for_site(FORMS[name], 0, (2, 16), "f32", 0, lacking, skip_implied=False)) == []
+    assert lowered == ["cpu"] and templates.missing[name] == {"stablehlo.sort"}
+    lowered.clear()
     # with every op present, it is lowered and matches as before
     assert [t.platform for t in templates.for_site(FORMS[name], 0, (2, 16), "f32", 0, set(held))][0] == "cpu"
     assert lowered[0] == "cpu"
