@@ -35,6 +35,15 @@ def _logits(kind: str, shape: tuple[int, int], seed: int) -> np.ndarray:
         x[rng.random(shape) < 0.5] = -np.inf
     elif kind == "flat":
         x[:] = 0
+    elif kind == "nan":  # by row: a NaN; a -NaN (last in lax.top_k's order); a NaN beside a +inf; all NaN
+        for row in range(shape[0]):
+            at = rng.integers(shape[1], size=2)
+            pattern = (row + seed) % 4
+            x[row, at[0]] = (np.nan, -np.nan, np.nan, np.nan)[pattern]
+            if pattern == 2:
+                x[row, at[1]] = np.inf
+            elif pattern == 3:
+                x[row] = np.nan
     return x
 
 
@@ -66,7 +75,7 @@ def test_greedy_softmax_is_certified_away_from_ties(dtype: str) -> None:
 def test_kernel_matches_reference(form: str, dtype: str) -> None:
     np_dtype, ker, ref = _kernel_and_reference(form, dtype)
     for shape in ((3, 1000), (1, 4099)):
-        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat", "nan"):
             for seed in range(3):
                 x = jnp.asarray(_logits(kind, shape, seed).astype(np_dtype))
                 key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
@@ -121,7 +130,7 @@ def test_split_calls_and_merge_match_reference(form: str, dtype: str) -> None:
         return merge_vocab_splits(ids, scores)
 
     for rows, splits, width in SPLIT_SHAPES:
-        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat", "nan"):
             for seed in range(3):
                 x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
                 key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
@@ -219,7 +228,7 @@ def _assert_splits_match_reference(form: str, params: dict[str, float], dtype: s
         call = CompositeCall("hlofuse.sample", 1, {"mode": form, "form": form, **params},
                              (((rows, splits * width), "bf16" if dtype == "bfloat16" else "f32"), ((2,), "ui32")))
         fn = jax.jit(sampling.partitioned_lowering(call, splits))
-        for kind in ("normal", "peaked", "ties", "neg_inf", "flat"):
+        for kind in ("normal", "peaked", "ties", "neg_inf", "flat", "nan"):
             for seed in range(3):
                 x = jnp.asarray(_logits(kind, (rows, splits * width), seed).astype(np_dtype))
                 key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)

@@ -206,6 +206,94 @@ def test_mesh_transformer_jax_top_p_draws_are_the_programs() -> None:
                                       sample_reference(x.astype(dtype), key, form="top_p_mtj_mask", **params))
 
 
+def _prob_sorted_by_band(x: jax.Array, key: jax.Array, params: dict, runs_checked: bool = True) -> jax.Array:
+    """transformer_vq's nucleus drawn by Hugging Face's band of y = x / T (by place, from below), its probability runs
+    checked (`runs_checked`), UNCERTIFIED rows as they are."""
+    y = x / params["temperature"]
+    lo, hi = sampling.nucleus_band(y, params["p"], from_below=True, by_place=True)
+    tokens = sampling.draw_in_band("", y, key, lo, hi, 1.0)
+    return jnp.where(sampling._probability_runs_clear(y, tokens, lo) | (not runs_checked), tokens, UNCERTIFIED)
+
+
+def test_transformer_vq_top_p_draws_are_the_programs() -> None:
+    """transformer_vq's nucleus (the softmax sorted by a stable argsort, `cumsum > 1 - p`, the top forced, the mask
+    multiplied in): Hugging Face's band by place from below certifies its draws where no run of equal probabilities
+    holds the winner or crosses the band, and the lowering gives the program's ids."""
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.prob_sorted_top_p_lowering("top_p_prob_sorted_mask", params)
+
+    uncertified = _assert_certified_draws_are_the_programs("top_p_prob_sorted_mask", _prob_sorted_by_band, lowering,
+                                                           from_below=True)
+    assert uncertified < ROWS * 2
+
+
+def test_transformer_vq_orders_equal_probabilities_by_id() -> None:
+    """Distinct logits 2^-26 apart near 0, whose probabilities round equal in runs of about four, with the cut (p =
+    0.5) among them: the program orders each run by id, the opposite of its order by logit here. Hugging Face's band
+    alone draws other ids than the program's for some rows; the lowering's run checks leave those rows to the
+    kernel's sort of the probabilities, and every id is the program's."""
+    vocab, rows = 64, 32
+    row = (-np.arange(vocab) * 2.0**-26).astype(np.float32)  # the larger logit has the lower id
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(np.stack([row[rng.permutation(vocab)] for _ in range(rows)]))
+    params = form_params("top_p_prob_sorted_mask", temperature=1.0, p=0.5)
+    lowered = jax.jit(sampling.prob_sorted_top_p_lowering("top_p_prob_sorted_mask", params))
+    by_logit = jax.jit(lambda x, key: _prob_sorted_by_band(x, key, params, runs_checked=False))
+    differs = 0
+    for seed in range(8):
+        key = jnp.array([seed, 3], jnp.uint32)
+        ref = np.asarray(sample_reference(x, key, form="top_p_prob_sorted_mask", **params))
+        np.testing.assert_array_equal(lowered(x, key), ref)
+        band = np.asarray(by_logit(x, key))
+        differs += int(np.sum((band != UNCERTIFIED) & (band != ref)))
+    assert differs > 0, "the rows never tell the two orders apart: the test would pass without the run checks"
+
+
+def test_transformer_vq_rows_with_infinities_or_nan_are_the_programs() -> None:
+    """The multiplied mask turns a removed -inf into NaN (-inf * 0 - 1e10), which the draw takes first: rows with
+    -inf logits draw their first -inf, and rows with a NaN, a +inf or only -inf give the program's ids too."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 500)).astype(np.float32) * 3
+    x[0, rng.random(500) < 0.3] = -np.inf
+    x[1, 17] = -np.inf
+    x[2, 40] = np.nan
+    x[3, 99] = np.inf
+    x[4] = -np.inf
+    x[5, 7], x[5, 300] = -np.inf, np.nan
+    params = form_params("top_p_prob_sorted_mask", temperature=0.8, p=0.9)
+    lowered = jax.jit(sampling.prob_sorted_top_p_lowering("top_p_prob_sorted_mask", params))
+    for seed in range(6):
+        key = jnp.array([seed, 11], jnp.uint32)
+        ref = sample_reference(jnp.asarray(x), key, form="top_p_prob_sorted_mask", **params)
+        np.testing.assert_array_equal(lowered(jnp.asarray(x), key), ref, err_msg=f"seed {seed}")
+        assert int(ref[0]) == int(np.argmax(x[0] == -np.inf)) and int(ref[1]) == 17
+
+
+def test_probability_runs_clear_checks_each_way_the_orders_can_part() -> None:
+    """`_probability_runs_clear` on one row of 8, winner id 2 (logit 0.5), the band's lower end 0.1: clear as it
+    is; not clear with a distinct logit a few ulps from the winner's (their probabilities may round equal, and the
+    program orders them by id), nor with one a few ulps below the lower end next to the least above it, nor with the
+    winner's logit at -2e9 (a removed token's -1e10 + noise could then win)."""
+    base = np.array([0.0, -1.0, 0.5, 0.1, -3.0, 2.0, -0.5, 1.0], np.float32)
+    tokens, lo = jnp.array([2], jnp.int32), jnp.array([0.1], jnp.float32)
+
+    def clear(row: np.ndarray, lo: jax.Array = lo) -> bool:
+        return bool(sampling._probability_runs_clear(jnp.asarray(row[None]), tokens, lo)[0])
+
+    assert clear(base)
+    beside_winner = base.copy()
+    beside_winner[6] = np.nextafter(np.float32(0.5), np.float32(0), dtype=np.float32)
+    assert not clear(beside_winner)
+    equal_to_winner = base.copy()
+    equal_to_winner[6] = 0.5  # a copy: equal logits, which Hugging Face's band already takes in any order
+    assert clear(equal_to_winner)
+    across_lo = base.copy()
+    across_lo[0] = np.nextafter(np.float32(0.1), np.float32(0), dtype=np.float32)
+    assert not clear(across_lo)
+    low = base - np.float32(2e9)
+    assert not clear(low, lo - np.float32(2e9))
+
+
 @pytest.mark.parametrize("form", ["top_k_top_p_ascending_mask", "top_k_top_p_ascending_mask_choice",
                                   "top_k_top_p_ascending_mask_log_softmax", "top_k_exact_top_p_flax_mask"])
 def test_top_k_then_top_p_draws_are_the_programs(form: str) -> None:

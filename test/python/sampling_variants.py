@@ -763,6 +763,49 @@ def near_miss_mtj_removal_at_or_above(x, key):
     return jax.random.categorical(key, (x - 1e10 * jax.lax.sort_key_val(ids, remove)[1]) / 0.8, -1)
 
 
+def _transformer_vq_nucleus(logits, p, strictly_above=True):
+    """transformer_vq's `nucleus(logits, p)` (nn/prob.py), written its way: the softmax's values sorted ascending
+    (jnp.sort) and their stable argsort, the cumsum of the sorted, `> 1 - (p - 1e-4)` or'ed with the last place
+    (`arange == full(V - 1)`), as int32, back to vocabulary order by take_along_axis with the argsort of the
+    argsort, then `logits * mask - 1e10 * (1 - mask)`. `strictly_above` False: `>=`, another cut."""
+    vocab = logits.shape[-1]
+    probs = jax.nn.softmax(logits, axis=-1)
+    sorted_probs, order = jnp.sort(probs, axis=-1), jnp.argsort(probs, axis=-1)
+    cumulative = jnp.cumsum(sorted_probs, axis=-1)
+    over = (jnp.greater if strictly_above else jnp.greater_equal)(cumulative, 1.0 - (p - 1e-4))
+    last = jnp.equal(jnp.arange(vocab), jnp.full(fill_value=vocab - 1, shape=[vocab]))
+    mask = jnp.logical_or(over, last).astype(jnp.int32)
+    mask = jnp.take_along_axis(mask, jnp.argsort(order, axis=-1), axis=-1)
+    return logits * mask - 1e10 * (1 - mask)
+
+
+def transformer_vq_sample_step(x, key):
+    """transformer_vq's sample_op step: the model's log-probabilities of the last position (B, 1, V), its nucleus
+    at p_nucleus = 0.9, then `jax.random.categorical(rng, logits=...)`."""
+    return jax.random.categorical(key, logits=_transformer_vq_nucleus(jax.nn.log_softmax(x)[:, -1:, :], 0.9))
+
+
+def transformer_vq_nucleus_scaled(x, key):
+    """transformer_vq's nucleus of logits / 0.8 at p = 0.95, then categorical: (B, V)."""
+    return jax.random.categorical(key, _transformer_vq_nucleus(x / 0.8, 0.95), axis=-1)
+
+
+def prob_sorted_nucleus_scattered_back(x, key):
+    """transformer_vq's nucleus with its mask put back by a scatter at the argsort's ids (the same places as the
+    argsort of the argsort), p = 0.9 written without a nudge."""
+    probs = jax.nn.softmax(x, axis=-1)
+    order = jnp.argsort(probs, axis=-1)
+    cumulative = jnp.cumsum(jnp.sort(probs, axis=-1), axis=-1)
+    mask = ((cumulative > 1.0 - 0.9) | (jnp.arange(x.shape[-1]) == x.shape[-1] - 1)).astype(jnp.int32)
+    mask = jnp.zeros_like(order).at[jnp.arange(x.shape[0])[:, None], order].set(mask)
+    return jax.random.categorical(key, x * mask - 1e10 * (1 - mask), axis=-1)
+
+
+def near_miss_transformer_vq_at_or_above(x, key):
+    """transformer_vq's nucleus with `>=`: another cut (no form; the categorical fused, with a remark)."""
+    return jax.random.categorical(key, _transformer_vq_nucleus(x, 0.9, strictly_above=False), axis=-1)
+
+
 def _multinomial_of_row(probs, key):
     """torch.multinomial(probs, 1) of one row (V,) as torchax lowers it: (1,) ids."""
     return jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs)
@@ -1269,6 +1312,14 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.9, "temperature": 1.0}),
     Variant("near_miss_race_of_logits", near_miss_race_of_logits, None),
     Variant("mtj_nucleaus_sample", mtj_nucleaus_sample, "top_p_mtj_mask", expect={"p": 0.9, "temperature": 0.8}),
+    Variant("transformer_vq_sample_step", transformer_vq_sample_step, "top_p_prob_sorted_mask_of_log_probs",
+            shape=(B, 1, V), expect={"temperature": 1.0}),
+    Variant("transformer_vq_nucleus_scaled", transformer_vq_nucleus_scaled, "top_p_prob_sorted_mask",
+            expect={"temperature": 0.8}),
+    Variant("prob_sorted_nucleus_scattered_back", prob_sorted_nucleus_scattered_back, "top_p_prob_sorted_mask",
+            expect={"temperature": 1.0}),
+    Variant("near_miss_transformer_vq_at_or_above", near_miss_transformer_vq_at_or_above, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("near_miss_mtj_removal_at_or_above", near_miss_mtj_removal_at_or_above, "temperature",
             remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",

@@ -115,7 +115,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
-    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj")  # Flax and MTJ draw by categorical only
+    # Flax's, MTJ's and transformer_vq's nuclei draw by categorical only
+    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq")
     if stochastic and not rank_space_p and not flax_p:
         drawn = draw(st.sampled_from(DRAWS))
         one_row_choice = spec.batch == "v" and form not in ("top_k", "temperature_top_k")  # (1,) ids, no rank space
@@ -248,6 +249,14 @@ FIXED_GAPS = {
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
                                            temperature_style="traced"),
     "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),
+    # transformer_vq's nucleus (the softmax sorted by a stable argsort, the mask multiplied in): fused as `categorical`
+    # with its sorts in XLA until top_p_prob_sorted_mask; of (B, T, V) rows; T traced in front; after a top-k mask
+    "top_p_tvq": SamplerSpec(form="top_p_mask", top_p_style="tvq"),
+    "top_p_tvq_rows_traced_t": SamplerSpec(form="top_p_mask", top_p_style="tvq", batch="bt", vocab=16, p=0.5,
+                                           temperature_style="traced"),
+    "top_p_tvq_of_log_probs_in_a_loop": SamplerSpec(form="top_p_mask", top_p_style="tvq", prelude=True,
+                                                    enclosure="loop"),
+    "top_k_then_top_p_tvq": SamplerSpec(form="top_k_top_p_mask", top_p_style="tvq"),
     # argmax(x + gumbel): JAX's categorical adds gumbel + x; the matcher now tries add/multiply both ways.
     "gumbel_logits_first": dataclasses.replace(_SMALL, noise="gumbel"),
     # argmax(softmax(x)) next to log_softmax(x) (logprobs): CSE shares the max, shift, exp and sum.

@@ -18,7 +18,8 @@ them, Hugging Face's Temperature, TopP then MinP chain, and axlearn's log-probab
 top-p, and its searched top-k alone, and T5X's searched top-k step with the drawn token's log-probability, and
 audiocraft's (MusicGen's) top-k of the probabilities through torch.multinomial, gemma_pytorch's sampler, and
 torch.multinomial with replacement after a top-k mask and after a temperature alone, and the exponential race of
-gpt-fast, torchtune and vLLM after a top-k and after a top-p mask, and mesh-transformer-jax's (GPT-J's) nucleus).
+gpt-fast, torchtune and vLLM after a top-k and after a top-p mask, and mesh-transformer-jax's (GPT-J's) and
+transformer_vq's nuclei).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -59,7 +60,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "axlearn_searched_chain", "axlearn_searched_top_k", "llama_reference_temperature_only_through_torchax",
             "searched_top_k_with_log_prob", "audiocraft_top_k", "gemma_pytorch_sampler",
             "multinomial_with_replacement_top_k_mask", "multinomial_with_replacement_temperature",
-            "exponential_race_top_k", "exponential_race_top_p", "mtj_nucleaus_sample")
+            "exponential_race_top_k", "exponential_race_top_p", "mtj_nucleaus_sample",
+            "transformer_vq_nucleus_scaled")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

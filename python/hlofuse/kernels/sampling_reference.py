@@ -572,6 +572,45 @@ def top_p_mtj_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: 
     return categorical_fn(key, _scale(logits - MTJ_MASK * mtj_top_p_removed(logits, p), temperature), axis=-1)
 
 
+def sort_stable(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`jnp.sort(x)` and the stable `jnp.argsort(x)` (ascending; equal values by the lower id first, NaN last)."""
+    return jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1)
+
+
+def prob_sorted_top_p_scores(y: jax.Array, one_minus_p: float, scatter_back: bool = False,
+                             sort_fn: Sort = sort_stable) -> jax.Array:
+    """transformer_vq's `nucleus` of y (..., V): the softmax of y in vocabulary order, sorted ascending by `jnp.sort`
+    (the values) and the stable `jnp.argsort` (the ids: equal probabilities by the lower id first, whatever their
+    logits; `sort_fn`), kept where the cumsum of the sorted probabilities is above 1 - p, and the last place (the
+    largest) always, as int32; back to vocabulary order by `take_along_axis` with the argsort of the argsort, or
+    (`scatter_back`, (B, V) only) by a scatter at the argsort's ids, which puts every place where the other does;
+    then multiplied in: `y * keep - 1e10 * (1 - keep)` (a kept y is y bit for bit, a removed finite one -1e10, a
+    removed infinity NaN)."""
+    vocab = y.shape[-1]
+    ascending, ids = sort_fn(jax.nn.softmax(y, axis=-1))
+    last = jnp.equal(jnp.arange(vocab), jnp.full((vocab,), vocab - 1))
+    keep = jnp.logical_or(jnp.cumsum(ascending, axis=-1) > one_minus_p, last).astype(jnp.int32)
+    if scatter_back:
+        if y.ndim != 2:
+            raise ValueError(f"the scattered-back nucleus takes (B, V) logits, not {y.shape}")
+        keep = jnp.zeros_like(ids).at[jnp.arange(y.shape[0])[:, None], ids].set(keep)
+    else:
+        keep = jnp.take_along_axis(keep, jnp.argsort(ids, axis=-1), axis=-1)
+    return y * keep - MTJ_MASK * (1 - keep)
+
+
+def top_p_prob_sorted_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                           categorical_fn: Categorical = jax.random.categorical, one_minus_p: float | None = None,
+                           scatter_back: bool = False, **_: Any) -> jax.Array:
+    """transformer_vq's `nucleus` (nn/prob.py) of y = x / T (`prob_sorted_top_p_scores`), then a categorical.
+    Hugging Face's cut from below by sorted place, but sorted by probability, so that tokens whose probabilities
+    round equal are ordered by id. The program's threshold is the constant 1 - p (transformer_vq's `1 - (p -
+    1e-4)`), read as `one_minus_p`. (..., V) logits."""
+    threshold = 1 - p if one_minus_p is None else one_minus_p
+    return categorical_fn(key, prob_sorted_top_p_scores(_scale(logits, temperature), threshold, scatter_back),
+                          axis=-1)
+
+
 def top_k_exact_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                                 top_k_fn: TopK = jax.lax.top_k, **params: Any) -> jax.Array:
     """Flax generate()'s FlaxTopKLogitsWarper then FlaxTopPLogitsWarper (its Llama-3 config, with the default
@@ -1087,6 +1126,11 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          composes_draws=False),
     Form("top_p_mtj_mask", "top_p", top_p_mtj_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          composes_draws=False),
+    # transformer_vq's nucleus writes its threshold 1 - (p - 1e-4) as one constant: it reads `one_minus_p`.
+    Form("top_p_prob_sorted_mask", "top_p", top_p_prob_sorted_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
+         (Writing(functools.partial(top_p_prob_sorted_mask, scatter_back=True),
+                  _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),),
+         composes_draws=False, reads=("one_minus_p",)),
     Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
     Form("min_p_sorted_removal", "min_p", min_p_sorted_removal, ("temperature", "min_p"),
          _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"), composes_draws=False),
@@ -1171,7 +1215,7 @@ FORMS.update({name: _searched_form(name, mode)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
-                  "top_p_mtj_mask",
+                  "top_p_mtj_mask", "top_p_prob_sorted_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))

@@ -499,15 +499,22 @@ struct Row {
   void ForChunks(const std::function<void(int64_t)>& fn) const { (*each)(chunks(), fn); }
 };
 
-// max(x / T) over the row, writing y; chunked.
+// y = x / T into r.y (ScaleMax), chunked; returns max y, or NaN where some y is NaN.
 float ScaleMaxRow(const SimdOps& ops, const Row& r, float t) {
   std::vector<float> part(r.chunks());
   r.ForChunks([&](int64_t c) {
     part[c] = ops.scale_max(r.x + r.begin(c), t, r.bf16, r.y + r.begin(c), r.end(c) - r.begin(c));
   });
   float m = kNegInf;
-  for (float v : part) m = v > m ? v : m;
-  return m;
+  bool nan = false;
+  for (float v : part) m = v > m ? v : m, nan |= std::isnan(v);
+  return nan ? std::numeric_limits<float>::quiet_NaN() : m;
+}
+
+// The first NaN of r.y (written by ScaleMaxRow), which argmax(y + noise) takes whatever the noise: the draw of a
+// row with a NaN.
+Best FirstNaN(const SimdOps& ops, const Row& r) {
+  return Best{ops.find_first(r.y, r.n, 0.0f, true), std::numeric_limits<float>::quiet_NaN()};
 }
 
 // max(v) over the row (NaN ignored), chunked; *nan says whether v has a NaN.
@@ -572,19 +579,18 @@ std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, 
     const uint32_t ka = DescendingKey(a.first), kb = DescendingKey(b.first);
     return ka < kb || (ka == kb && a.second < b.second);
   };
-  // NaN ranks first, lower index first, as lax.top_k orders them; the heap below never sees one.
-  std::vector<std::pair<float, int64_t>> nans;
-  for (int64_t i = 0; i < n && static_cast<int64_t>(nans.size()) < k; ++i)
-    if (std::isnan(v[i])) nans.emplace_back(v[i], i);
-  if (!nans.empty()) {
-    const int64_t rest = k - static_cast<int64_t>(nans.size());
-    std::vector<std::pair<float, int64_t>> others;
-    for (int64_t i = 0; i < n && rest > 0; ++i)
-      if (!std::isnan(v[i])) others.emplace_back(v[i], i);
-    const int64_t keep = std::min<int64_t>(rest, static_cast<int64_t>(others.size()));
-    std::partial_sort(others.begin(), others.begin() + keep, others.end(), before);
-    nans.insert(nans.end(), others.begin(), others.begin() + keep);
-    return nans;
+  // A row with a NaN is ordered in full by `before` (+NaN first by payload, -NaN last, as lax.top_k): the heap
+  // below never sees one.
+  bool any_nan = false;
+  for (int64_t i = 0; i < n && !any_nan; ++i) any_nan = std::isnan(v[i]);
+  if (any_nan) {
+    std::vector<std::pair<float, int64_t>> all;
+    all.reserve(n);
+    for (int64_t i = 0; i < n; ++i) all.emplace_back(v[i], i);
+    const int64_t keep = std::min(k, n);
+    std::partial_sort(all.begin(), all.begin() + keep, all.end(), before);
+    all.resize(keep);
+    return all;
   }
   std::priority_queue<std::pair<float, int64_t>, std::vector<std::pair<float, int64_t>>, decltype(before)> heap(before);
   int64_t i = 0;
@@ -867,11 +873,13 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
     case Form::kGreedySoftmax: return ArgMaxOfSoftmax(ops, r);
     case Form::kTemperature: {
       const float ymax = ScaleMaxRow(ops, r, t);
+      if (std::isnan(ymax)) return FirstNaN(ops, r);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
     }
     case Form::kCategoricalNoiseScaled:
     case Form::kCategoricalNoiseScaledRows: {  // argmax(x + gumbel * T): the logits as they are, the noise scaled
       const float ymax = ScaleMaxRow(ops, r, 1.0f);
+      if (std::isnan(ymax)) return FirstNaN(ops, r);
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything, t);
     }
     case Form::kTopK:
@@ -884,6 +892,9 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
         v = r.y;
       }
       auto top = TopK(ops, v, r.n, prm.k, r.ids);
+      // A NaN rank scores NaN, which argmax takes first.
+      for (const auto& [value, id] : top)
+        if (std::isnan(value)) return Best{id, value};
       GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
         sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / t));
@@ -899,9 +910,13 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const int64_t candidates = r.n / 2;
       for (int64_t i = 0; i < candidates; ++i) r.y[i] = r.x[2 * i];
       auto top = TopK(ops, r.y, candidates, prm.k, r.ids);
+      int64_t nan_rank = -1;  // a NaN rank scores NaN, which argmax takes first
+      for (int64_t i = 0; i < static_cast<int64_t>(top.size()) && nan_rank < 0; ++i)
+        if (std::isnan(top[i].first)) nan_rank = i;
       GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
-      for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i) sampler.Offer(i, r.Round(top[i].first / t));
-      const Best& best = sampler.best();
+      for (int64_t i = 0; i < static_cast<int64_t>(top.size()) && nan_rank < 0; ++i)
+        sampler.Offer(i, r.Round(top[i].first / t));
+      const Best& best = nan_rank >= 0 ? Best{nan_rank, std::numeric_limits<float>::quiet_NaN()} : sampler.best();
       const int64_t at = top[best.index < 0 ? 0 : best.index].second;
       int32_t id;
       std::memcpy(&id, &r.x[2 * at + 1], 4);
@@ -911,6 +926,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
       const float ylo = ScaledFloor(r, kth, t);
       const float ymax = ScaleMaxRow(ops, r, t);
+      if (std::isnan(ymax)) return FirstNaN(ops, r);  // `x < kth` never masks a NaN
       return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
     }
     case Form::kTopPMask:
@@ -932,7 +948,11 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       return Vouched(best, r, band);
     }
     case Form::kTopKTopPMask: {
-      // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored.
+      // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored. `x < kth` never
+      // masks a NaN, whose nucleus the program's own cut decides.
+      bool nan = false;
+      MaxRow(ops, r, r.x, &nan);
+      if (nan) return Best{kUncertified, kNegInf};
       const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
       const int64_t found = ops.collect_range(r.x, kth, kPosInf, 0, r.n, r.ids);
       std::vector<std::pair<float, double>> cand;
@@ -948,6 +968,8 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
       const float m = ScaleMaxRow(ops, r, t);
+      // A NaN or an infinite max (a row of -inf too) makes every probability NaN: nothing is kept, all score -inf.
+      if (!std::isfinite(m)) return Best{0, kNegInf};
       std::vector<double> part_z(r.chunks());
       r.ForChunks([&](int64_t c) {
         part_z[c] = ops.exp_shifted(r.y + r.begin(c), m, r.w + r.begin(c), r.end(c) - r.begin(c), nullptr, 0, 0);

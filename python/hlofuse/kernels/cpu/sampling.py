@@ -51,6 +51,7 @@ from hlofuse.kernels.sampling_reference import (
     nucleus_cut_slack,
     nucleus_probs,
     prelude_of,
+    prob_sorted_top_p_scores,
     probs_of_rows,
     rank_masks,
     rank_nucleus_scores,
@@ -234,12 +235,11 @@ def sample_splits(
     return tokens, scores
 
 
-def _kernel_categorical(shared_noise: bool, row_keys: bool = False, nan_rows: bool = True) -> Callable[..., jax.Array]:
-    """jax.random.categorical(key, z, axis=-1) by the kernel (form categorical: the same ids for f32 and bf16 z).
-    With `shared_noise` every row draws row 0's noise, as jax.random.choice does row by row with one key; with
-    `row_keys` the key is (B, 2), one per row of (B, n) z, each row drawing counters 0..n-1 under its own
-    (sampling_reference.row_keys_draw). `nan_rows` False: the caller discards the draws of rows with a NaN, so the
-    two passes that give them argmax's first NaN are skipped."""
+def _kernel_categorical(shared_noise: bool, row_keys: bool = False) -> Callable[..., jax.Array]:
+    """jax.random.categorical(key, z, axis=-1) by the kernel (form categorical: the same ids for f32 and bf16 z, and a
+    row's first NaN where it has one, as argmax takes it). With `shared_noise` every row draws row 0's noise, as
+    jax.random.choice does row by row with one key; with `row_keys` the key is (B, 2), one per row of (B, n) z, each
+    row drawing counters 0..n-1 under its own (sampling_reference.row_keys_draw)."""
 
     def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
         if axis not in (-1, z.ndim - 1):
@@ -250,11 +250,7 @@ def _kernel_categorical(shared_noise: bool, row_keys: bool = False, nan_rows: bo
         keys = key.astype(jnp.uint32).reshape(rows, 2) if row_keys else _keys(key, (rows,))
         params = form_params("categorical")
         (tokens,) = _sample_call(z.reshape(rows, vocab), keys, row_ids, form="categorical", **params)
-        if not nan_rows:
-            return tokens.reshape(batch)
-        # A NaN scores NaN whatever its noise, and argmax takes the first NaN: the kernel does not rank NaN so.
-        nan = jnp.isnan(z)
-        return jnp.where(jnp.any(nan, axis=-1), jnp.argmax(nan, axis=-1).astype(jnp.int32), tokens.reshape(batch))
+        return tokens.reshape(batch)
 
     return draw
 
@@ -1074,8 +1070,8 @@ def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi
     if draw == "exponential_race":
         return race_in_band(logits, key, lo, hi, temperature)
     y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
-    if draw == "":  # y holds no NaN (NaN >= lo is false): the kernel's draw needs no NaN fix-up
-        tokens = _kernel_categorical(False, nan_rows=False)(key, y)
+    if draw == "":
+        tokens = _kernel_categorical(False)(key, y)
         lead = jnp.ones(tokens.shape, jnp.bool_)
     else:
         z = jax.nn.log_softmax(y, axis=-1) if draw == "log_softmax" else jnp.log(jax.nn.softmax(y, axis=-1))
@@ -1258,6 +1254,83 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
         else:
             scores = _flax_top_p_kept(logits, params["p"], params["k"] if filters != "top_p_flax_mask" else 0)
         return categorical_fn(key, scores / params["temperature"], axis=-1)
+
+    return kernel
+
+
+#===--- transformer_vq's nucleus ----------------------------------------------------------------===#
+# sampling_reference.top_p_prob_sorted_mask: Hugging Face's cut from below by sorted place, but of the probabilities
+# sorted ascending by a stable argsort, so that tokens whose probabilities round equal are ordered by id, not by
+# logit; the mask multiplied in (a removed token -1e10, a removed infinity NaN). Hugging Face's band (by place, from
+# below) draws it where the two orders agree on what the draw reads: the row's order by logit is its order by
+# probability but within a run of distinct logits whose probabilities round equal (exp is monotone), so the band's
+# kept and dropped sets are the program's unless such a run holds the winner, or crosses the band's lower end. Such
+# runs are found on the logits (`_run_reach`), with no exp. Rows with either (`_probability_runs_clear`) take the
+# program's keep on the kernel's stable sort of the probabilities.
+
+# Where the program's f32 probabilities of two distinct logits round equal, the logits are within
+# `_run_reach(y - max)`: fl(y - max) moves y by u |y - max|, exp and the divide by a few u (u = 2^-24; this allows
+# 100 u for XLA's exp), and q = exp(y - max) / z ties only values within those. That holds where q is normal, which it
+# is for every token a cut can keep or move (q > (1 - p) / V): a run of subnormal probabilities holds less than
+# V 2^-126 below it, never a cumsum reaching 1 - p >= _PROB_SORTED_LEAST_CUT.
+_PROB_SORTED_LEAST_CUT = 2.0**-60
+# A kept logit above this outscores every removed token's -1e10 under any noise (gumbel within [-4.5, 16.7]), so the
+# draw among the kept (the band's, where the removed are -inf) is the program's.
+_PROB_SORTED_LEAST_WINNER = -1.0e9
+
+
+def _run_reach(shifted: jax.Array) -> jax.Array:
+    """How far apart two distinct logits whose probabilities round equal can be, for a logit `shifted` = y - max."""
+    return jnp.float32(2.0**-22) * (64.0 + jnp.abs(shifted))
+
+
+def _probability_runs_clear(y: jax.Array, tokens: jax.Array, lo: jax.Array) -> jax.Array:
+    """Per row of y (B, V): whether the band's draw `tokens` of y (Hugging Face's order, by logit) is the program's,
+    which orders by probability: every logit is finite, no other logit is within `_run_reach` of the winner's, no
+    token below the band's lower end `lo` is within it of the least at or above it, and the winner's logit
+    outscores the removed tokens' -1e10."""
+    top = jnp.max(y, axis=-1, keepdims=True)
+    finite = jnp.isfinite(top[:, 0]) & jnp.isfinite(jnp.min(y, axis=-1))
+    best = jnp.take_along_axis(y, jnp.maximum(tokens, 0)[:, None], axis=-1)
+    partners = jnp.any((jnp.abs(y - best) <= _run_reach(best - top)) & (y != best), axis=-1)
+    below = jnp.max(jnp.where(y < lo[:, None], y, NEG_INF), axis=-1)
+    above = jnp.min(jnp.where(y >= lo[:, None], y, jnp.inf), axis=-1)
+    crossing = above - below <= _run_reach(above - top[:, 0])
+    return finite & ~partners & ~crossing & (best[:, 0] > _PROB_SORTED_LEAST_WINNER)
+
+
+def _first_removed_neg_inf(y: jax.Array, tokens: jax.Array) -> jax.Array:
+    """`tokens`, but for the rows of y (B, V) with a -inf and every other logit finite: their first -inf. A -inf has
+    probability 0 and cumsum 0, so with 1 - p > 0 it is removed, as -inf * 0 - 1e10 = NaN, which argmax takes first."""
+    neg_inf = (jnp.min(y, axis=-1) == NEG_INF) & jnp.isfinite(jnp.max(y, axis=-1))
+
+    def first() -> jax.Array:
+        return jnp.where(neg_inf, jnp.argmax(y == NEG_INF, axis=-1).astype(tokens.dtype), tokens)
+
+    return jax.lax.cond(jnp.any(neg_inf), first, lambda: tokens)
+
+
+def prob_sorted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+    """top_p_prob_sorted_mask (transformer_vq's nucleus) of (..., V) f32 logits on the CPU: drawn by Hugging Face's
+    band (`nucleus_band`, by place from below) where `_probability_runs_clear` vouches for it, else by the
+    program's keep on the kernel's stable sort of the probabilities (`prob_sorted_top_p_scores`, scattered back);
+    no sort in XLA. 0 < p < 1."""
+    categorical_fn = _draw_by_kernel(form)
+    one_minus_p = 1.0 - params["p"]
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        y = (logits / params["temperature"]).reshape(-1, logits.shape[-1])  # the program's x / T
+
+        def sorted_row() -> jax.Array:
+            return categorical_fn(key, prob_sorted_top_p_scores(y, one_minus_p, True, _sort_by_kernel), axis=-1)
+
+        if one_minus_p < _PROB_SORTED_LEAST_CUT:
+            return sorted_row().reshape(logits.shape[:-1])
+        lo, hi = nucleus_band(y, params["p"], from_below=True, by_place=True)
+        tokens = draw_in_band("", y, key, lo, hi, 1.0)
+        tokens = jnp.where(_probability_runs_clear(y, tokens, lo), tokens, UNCERTIFIED)
+        tokens = _first_removed_neg_inf(y, tokens)
+        return reference_where_uncertified(tokens, sorted_row).reshape(logits.shape[:-1])
 
     return kernel
 
@@ -1786,6 +1859,13 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported(f"'{attrs.form}' (argmax(x + gumbel * T)) takes (B, V) f32 logits and T > 0 (and k <= "
                               "V): its noise is f32 cast to the logits' dtype, which the kernel draws in f32 only")
         return noise_scaled_lowering(attrs.form, attrs.params())
+    if filters == "top_p_prob_sorted_mask":
+        shape, dtype = call.operand_types[0]
+        if len(shape) < 2 or dtype != "f32" or not 0.0 < attrs.p < 1.0 or not attrs.temperature > 0:
+            raise Unsupported("transformer_vq's nucleus is drawn by the kernel for (..., V) f32 logits, 0 < p < 1 and "
+                              "T > 0: the probabilities' order is the f32 softmax's, which XLA rounds its own way in "
+                              "bf16")
+        return prob_sorted_top_p_lowering(attrs.form, attrs.params())
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):

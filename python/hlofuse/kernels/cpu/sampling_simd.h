@@ -186,13 +186,15 @@ HLOFUSE_SIMD_INLINE int64_t FindFirst(const float* x, int64_t n, float value, bo
   return n;
 }
 
-// y[i] = x[i] / t (rounded to bf16 if `bf16`, ties to even, as XLA rounds a bf16 op); returns max y.
+// y[i] = x[i] / t (rounded to bf16 if `bf16`, ties to even, as XLA rounds a bf16 op); returns max y, or NaN where
+// some y is NaN.
 template <int W>
 HLOFUSE_SIMD_INLINE float ScaleMax(const float* x, float t, bool bf16, float* y, int64_t n) {
   using VF = typename Lanes<W>::F;
   using VU = typename Lanes<W>::U;
   using VI = typename Lanes<W>::I;
   VF m = VF{} - __builtin_inff();
+  VI bad{};
   auto block = [&](const float* src, float* dst) __attribute__((always_inline)) {
     VF v;
     std::memcpy(&v, src, sizeof(VF));
@@ -206,6 +208,7 @@ HLOFUSE_SIMD_INLINE float ScaleMax(const float* x, float t, bool bf16, float* y,
       std::memcpy(&q, &bits, sizeof(VF));
     }
     m = q > m ? q : m;
+    bad |= q != q;
     std::memcpy(dst, &q, sizeof(VF));
   };
   int64_t i = 0;
@@ -216,6 +219,7 @@ HLOFUSE_SIMD_INLINE float ScaleMax(const float* x, float t, bool bf16, float* y,
     block(src, dst);
     std::memcpy(y + i, dst, (n - i) * sizeof(float));
   }
+  if (Any<W>(bad)) return __builtin_nanf("");
   float best = -__builtin_inff();
   for (int l = 0; l < W; ++l) best = m[l] > best ? m[l] : best;
   return best;
