@@ -82,6 +82,24 @@ def test_kernel_matches_reference(form: str, dtype: str) -> None:
                 np.testing.assert_array_equal(ker(x, key), ref(x, key), err_msg=f"{kind} {shape} seed {seed}")
 
 
+@pytest.mark.parametrize("form", ["temperature", "top_k_mask", "top_p_mask", "min_p"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kernel_matches_reference_at_temperature_1(form: str, dtype: str) -> None:
+    """At T = 1 an f32 draw reads the logits as they are (no scaled copy; the top-p band's max as the draw's): the
+    program's ids, NaN rows included."""
+    if dtype == "bfloat16" and form in sampling.BF16_UNSUPPORTED:
+        pytest.skip("bf16 probabilities are not reproduced")
+    params = {**PARAMS[form], "temperature": 1.0}
+    ref = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    ker = jax.jit(lambda x, key: sampling.sample(x, key, form=form, **params))
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    for kind in ("normal", "peaked", "ties", "neg_inf", "nan"):
+        for seed in range(3):
+            x = jnp.asarray(_logits(kind, (4, 3001), seed).astype(np_dtype))
+            key = jnp.array([seed * 7919, 12345 + seed], jnp.uint32)
+            np.testing.assert_array_equal(ker(x, key), ref(x, key), err_msg=f"{kind} seed {seed}")
+
+
 def test_bf16_noise_is_exact_for_every_random_byte() -> None:
     """bf16 Gumbel noise has 128 values; with flat logits the winner is the first token of the largest."""
     x = jnp.zeros((64, 512), jnp.bfloat16)

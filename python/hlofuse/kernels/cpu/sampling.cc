@@ -511,10 +511,9 @@ float ScaleMaxRow(const SimdOps& ops, const Row& r, float t) {
   return nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
-// The first NaN of r.y (written by ScaleMaxRow), which argmax(y + noise) takes whatever the noise: the draw of a
-// row with a NaN.
-Best FirstNaN(const SimdOps& ops, const Row& r) {
-  return Best{ops.find_first(r.y, r.n, 0.0f, true), std::numeric_limits<float>::quiet_NaN()};
+// The first NaN of y, which argmax(y + noise) takes whatever the noise: the draw of a row with a NaN.
+Best FirstNaN(const SimdOps& ops, const Row& r, const float* y) {
+  return Best{ops.find_first(y, r.n, 0.0f, true), std::numeric_limits<float>::quiet_NaN()};
 }
 
 // max(v) over the row (NaN ignored), chunked; *nan says whether v has a NaN.
@@ -530,6 +529,19 @@ float MaxRow(const SimdOps& ops, const Row& r, const float* v, bool* nan) {
   *nan = false;
   for (int64_t c = 0; c < r.chunks(); ++c) m = part[c] > m ? part[c] : m, *nan |= part_nan[c] != 0;
   return m;
+}
+
+// y = x / T for a draw, and max y (NaN where y has a NaN): f32 x itself at T = 1, where x / 1 is x bit for bit (one
+// read-only pass for the max, no copy), else ScaleMaxRow's r.y.
+const float* ScaledRow(const SimdOps& ops, const Row& r, float t, float* ymax) {
+  if (t == 1.0f && !r.bf16) {
+    bool nan = false;
+    const float m = MaxRow(ops, r, r.x, &nan);
+    *ymax = nan ? std::numeric_limits<float>::quiet_NaN() : m;
+    return r.x;
+  }
+  *ymax = ScaleMaxRow(ops, r, t);
+  return r.y;
 }
 
 // First index of the largest value; NaN counts as largest (jnp.argmax). Its score is the value itself
@@ -662,6 +674,7 @@ double CutSlack(int64_t terms, int64_t prefix, double side) {
 // NaN or an infinity, whose softmax is NaN: the program's own cut decides).
 struct Band {
   float lo, hi;
+  float max = std::numeric_limits<float>::quiet_NaN();  // the row's (NucleusBand's only)
 };
 constexpr Band kNoBand{std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::quiet_NaN()};
 
@@ -764,6 +777,7 @@ Band NucleusBand(const SimdOps& ops, const Row& r, double p, bool from_below, bo
   if (by_place && band.hi != kPosInf &&
       ops.collect_range(r.x, band.hi, std::nextafter(band.hi, kPosInf), 0, r.n, r.ids) == 1)
     band.hi = std::nextafter(band.hi, kNegInf);  // one copy: it is surely kept too
+  band.max = rm.max;
   return band;
 }
 
@@ -807,22 +821,22 @@ float RunnerUpFloor(float best, float ymax, float ylo) {
   return std::max(ylo, best - gap - 18.0f);
 }
 
-// categorical over the tokens `keep` accepts, scored by r.y (x / T, computed by the caller, whose max over
+// categorical over the tokens `keep` accepts, scored by y (x / T, computed by the caller, whose max over
 // y >= ylo is ymax); `ylo` is a floor on y below which `keep` is known to fail. The tokens within 1 of the
 // largest y go first, so that the bound is tight when the rest are scanned, in blocks, each collecting
 // only the y that can still win. Each chunk keeps its own best (from the seeds' best on), and the chunks'
 // bests are combined in order.
 template <typename Keep>
-Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint32_t k1, uint64_t base, float ylo,
-                Keep keep, float noise_scale = 1.0f) {
+Best SampleKept(const SimdOps& ops, const Row& r, const float* y, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
+                float ylo, Keep keep, float noise_scale = 1.0f) {
   const float seed = std::max(ylo, ymax - 1.0f);
   std::vector<Best> part(r.chunks());
   r.ForChunks([&](int64_t c) {
     GumbelArgmax sampler(ops, k0, k1, base, r.bf16, {}, noise_scale);
     int32_t* ids = r.ids_of(c);
-    const int64_t found = ops.collect_range(r.y, seed, kPosInf, r.begin(c), r.end(c), ids);
+    const int64_t found = ops.collect_range(y, seed, kPosInf, r.begin(c), r.end(c), ids);
     for (int64_t j = 0; j < found; ++j)
-      if (keep(ids[j])) sampler.Offer(ids[j], r.y[ids[j]]);
+      if (keep(ids[j])) sampler.Offer(ids[j], y[ids[j]]);
     part[c] = sampler.best();
   });
   Best seeds;
@@ -843,9 +857,9 @@ Best SampleKept(const SimdOps& ops, const Row& r, float ymax, uint32_t k0, uint3
     for (int64_t i = r.begin(c); i < r.end(c); i += kBlock) {
       share();
       const float lo = std::max(ylo, sampler.threshold());
-      const int64_t found = ops.collect_range(r.y, lo, seed, i, std::min(r.end(c), i + kBlock), ids);
+      const int64_t found = ops.collect_range(y, lo, seed, i, std::min(r.end(c), i + kBlock), ids);
       for (int64_t j = 0; j < found; ++j)
-        if (keep(ids[j])) sampler.Offer(ids[j], r.y[ids[j]]);
+        if (keep(ids[j])) sampler.Offer(ids[j], y[ids[j]]);
     }
     part[c] = sampler.best();
     share();
@@ -872,15 +886,17 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
     case Form::kGreedy: return ArgMax(ops, r);
     case Form::kGreedySoftmax: return ArgMaxOfSoftmax(ops, r);
     case Form::kTemperature: {
-      const float ymax = ScaleMaxRow(ops, r, t);
-      if (std::isnan(ymax)) return FirstNaN(ops, r);
-      return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything);
+      float ymax;
+      const float* y = ScaledRow(ops, r, t, &ymax);
+      if (std::isnan(ymax)) return FirstNaN(ops, r, y);
+      return SampleKept(ops, r, y, ymax, k0, k1, vocab_base, kNegInf, everything);
     }
     case Form::kCategoricalNoiseScaled:
     case Form::kCategoricalNoiseScaledRows: {  // argmax(x + gumbel * T): the logits as they are, the noise scaled
-      const float ymax = ScaleMaxRow(ops, r, 1.0f);
-      if (std::isnan(ymax)) return FirstNaN(ops, r);
-      return SampleKept(ops, r, ymax, k0, k1, vocab_base, kNegInf, everything, t);
+      float ymax;
+      const float* y = ScaledRow(ops, r, 1.0f, &ymax);
+      if (std::isnan(ymax)) return FirstNaN(ops, r, y);
+      return SampleKept(ops, r, y, ymax, k0, k1, vocab_base, kNegInf, everything, t);
     }
     case Form::kTopK:
     case Form::kTemperatureTopK: {
@@ -925,9 +941,10 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
     case Form::kTopKMask: {
       const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
       const float ylo = ScaledFloor(r, kth, t);
-      const float ymax = ScaleMaxRow(ops, r, t);
-      if (std::isnan(ymax)) return FirstNaN(ops, r);  // `x < kth` never masks a NaN
-      return SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
+      float ymax;
+      const float* y = ScaledRow(ops, r, t, &ymax);
+      if (std::isnan(ymax)) return FirstNaN(ops, r, y);  // `x < kth` never masks a NaN
+      return SampleKept(ops, r, y, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= kth; });
     }
     case Form::kTopPMask:
     case Form::kTopPMaskFromBelow:
@@ -937,11 +954,15 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const bool from_below = prm.form == Form::kTopPMaskFromBelow || prm.form == Form::kTopPMaskFromBelowLogProb;
       const Band band = NucleusBand(ops, r, prm.p, from_below, from_below);
       if (std::isnan(band.lo)) return Best{kUncertified, kNegInf};
-      const float ymax = ScaleMaxRow(ops, r, t);
+      // At T = 1 the draw reads x (as ScaledRow), whose max the band has: the row is finite.
+      const bool as_is = t == 1.0f && !r.bf16;
+      const float ymax = as_is ? band.max : ScaleMaxRow(ops, r, t);
+      const float* y = as_is ? r.x : r.y;
       const float ylo = ScaledFloor(r, band.lo, t);
-      const Best best = SampleKept(ops, r, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= band.lo; });
+      const Best best =
+          SampleKept(ops, r, y, ymax, k0, k1, vocab_base, ylo, [&](int64_t i) { return r.x[i] >= band.lo; });
       if (IsLogProb(prm.form) && best.index >= 0) {  // the runner-up: the same noise, the winner left out
-        const Best runner_up = SampleKept(ops, r, ymax, k0, k1, vocab_base, RunnerUpFloor(best.score, ymax, ylo),
+        const Best runner_up = SampleKept(ops, r, y, ymax, k0, k1, vocab_base, RunnerUpFloor(best.score, ymax, ylo),
                                           [&](int64_t i) { return r.x[i] >= band.lo && i != best.index; });
         if (!LeadsPastRounding(best.score, runner_up.score, ymax)) return Best{kUncertified, best.score};
       }
@@ -967,12 +988,13 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
     }
     case Form::kMinP: {
       // y = x / T; keep softmax(y) >= min_p * max(softmax(y)), in f32 like the program.
-      const float m = ScaleMaxRow(ops, r, t);
+      float m;
+      const float* y = ScaledRow(ops, r, t, &m);
       // A NaN or an infinite max (a row of -inf too) makes every probability NaN: nothing is kept, all score -inf.
       if (!std::isfinite(m)) return Best{0, kNegInf};
       std::vector<double> part_z(r.chunks());
       r.ForChunks([&](int64_t c) {
-        part_z[c] = ops.exp_shifted(r.y + r.begin(c), m, r.w + r.begin(c), r.end(c) - r.begin(c), nullptr, 0, 0);
+        part_z[c] = ops.exp_shifted(y + r.begin(c), m, r.w + r.begin(c), r.end(c) - r.begin(c), nullptr, 0, 0);
       });
       double z = 0;
       for (double v : part_z) z += v;
@@ -980,8 +1002,8 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const float threshold = prm.min_p * (1.0f / zf);
       // exp(y - m) / zf >= min_p / zf needs y - m >= log(min_p) up to rounding: 1 is a wide margin.
       const float ylo = prm.min_p > 0 ? m + std::log(prm.min_p) - 1.0f : kNegInf;
-      return SampleKept(ops, r, m, k0, k1, vocab_base, ylo,
-                        [&](int64_t i) { return std::exp(r.y[i] - m) / zf >= threshold; });
+      return SampleKept(ops, r, y, m, k0, k1, vocab_base, ylo,
+                        [&](int64_t i) { return std::exp(y[i] - m) / zf >= threshold; });
     }
   }
   return Best{0, kNegInf};
