@@ -212,7 +212,8 @@ def _prob_sorted_by_band(x: jax.Array, key: jax.Array, params: dict, runs_checke
     y = x / params["temperature"]
     lo, hi = sampling.nucleus_band(y, params["p"], from_below=True, by_place=True)
     tokens = sampling.draw_in_band("", y, key, lo, hi, 1.0)
-    return jnp.where(sampling._probability_runs_clear(y, tokens, lo) | (not runs_checked), tokens, UNCERTIFIED)
+    clear = sampling._probability_runs_clear(y, tokens, lo, jnp.max(y, axis=-1), jnp.min(y, axis=-1))
+    return jnp.where(clear | (not runs_checked), tokens, UNCERTIFIED)
 
 
 def test_transformer_vq_top_p_draws_are_the_programs() -> None:
@@ -278,7 +279,8 @@ def test_probability_runs_clear_checks_each_way_the_orders_can_part() -> None:
     tokens, lo = jnp.array([2], jnp.int32), jnp.array([0.1], jnp.float32)
 
     def clear(row: np.ndarray, lo: jax.Array = lo) -> bool:
-        return bool(sampling._probability_runs_clear(jnp.asarray(row[None]), tokens, lo)[0])
+        y = jnp.asarray(row[None])
+        return bool(sampling._probability_runs_clear(y, tokens, lo, jnp.max(y, axis=-1), jnp.min(y, axis=-1))[0])
 
     assert clear(base)
     beside_winner = base.copy()

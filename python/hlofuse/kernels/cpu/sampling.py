@@ -1284,13 +1284,14 @@ def _run_reach(shifted: jax.Array) -> jax.Array:
     return jnp.float32(2.0**-22) * (64.0 + jnp.abs(shifted))
 
 
-def _probability_runs_clear(y: jax.Array, tokens: jax.Array, lo: jax.Array) -> jax.Array:
-    """Per row of y (B, V): whether the band's draw `tokens` of y (Hugging Face's order, by logit) is the program's,
-    which orders by probability: every logit is finite, no other logit is within `_run_reach` of the winner's, no
-    token below the band's lower end `lo` is within it of the least at or above it, and the winner's logit
-    outscores the removed tokens' -1e10."""
-    top = jnp.max(y, axis=-1, keepdims=True)
-    finite = jnp.isfinite(top[:, 0]) & jnp.isfinite(jnp.min(y, axis=-1))
+def _probability_runs_clear(y: jax.Array, tokens: jax.Array, lo: jax.Array, top: jax.Array,
+                            lowest: jax.Array) -> jax.Array:
+    """Per row of y (B, V), whose max and min are `top` and `lowest` (B,): whether the band's draw `tokens` of y
+    (Hugging Face's order, by logit) is the program's, which orders by probability: every logit is finite, no other
+    logit is within `_run_reach` of the winner's, no token below the band's lower end `lo` is within it of the least
+    at or above it, and the winner's logit outscores the removed tokens' -1e10."""
+    finite = jnp.isfinite(top) & jnp.isfinite(lowest)
+    top = top[:, None]
     best = jnp.take_along_axis(y, jnp.maximum(tokens, 0)[:, None], axis=-1)
     partners = jnp.any((jnp.abs(y - best) <= _run_reach(best - top)) & (y != best), axis=-1)
     below = jnp.max(jnp.where(y < lo[:, None], y, NEG_INF), axis=-1)
@@ -1299,10 +1300,11 @@ def _probability_runs_clear(y: jax.Array, tokens: jax.Array, lo: jax.Array) -> j
     return finite & ~partners & ~crossing & (best[:, 0] > _PROB_SORTED_LEAST_WINNER)
 
 
-def _first_removed_neg_inf(y: jax.Array, tokens: jax.Array) -> jax.Array:
-    """`tokens`, but for the rows of y (B, V) with a -inf and every other logit finite: their first -inf. A -inf has
-    probability 0 and cumsum 0, so with 1 - p > 0 it is removed, as -inf * 0 - 1e10 = NaN, which argmax takes first."""
-    neg_inf = (jnp.min(y, axis=-1) == NEG_INF) & jnp.isfinite(jnp.max(y, axis=-1))
+def _first_removed_neg_inf(y: jax.Array, tokens: jax.Array, top: jax.Array, lowest: jax.Array) -> jax.Array:
+    """`tokens`, but for the rows of y (B, V) (max `top`, min `lowest`) with a -inf and every other logit finite:
+    their first -inf. A -inf has probability 0 and cumsum 0, so with 1 - p > 0 it is removed, as -inf * 0 - 1e10 =
+    NaN, which argmax takes first."""
+    neg_inf = (lowest == NEG_INF) & jnp.isfinite(top)
 
     def first() -> jax.Array:
         return jnp.where(neg_inf, jnp.argmax(y == NEG_INF, axis=-1).astype(tokens.dtype), tokens)
@@ -1328,8 +1330,9 @@ def prob_sorted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..
             return sorted_row().reshape(logits.shape[:-1])
         lo, hi = nucleus_band(y, params["p"], from_below=True, by_place=True)
         tokens = draw_in_band("", y, key, lo, hi, 1.0)
-        tokens = jnp.where(_probability_runs_clear(y, tokens, lo), tokens, UNCERTIFIED)
-        tokens = _first_removed_neg_inf(y, tokens)
+        top, lowest = jnp.max(y, axis=-1), jnp.min(y, axis=-1)  # (both checks read them)
+        tokens = jnp.where(_probability_runs_clear(y, tokens, lo, top, lowest), tokens, UNCERTIFIED)
+        tokens = _first_removed_neg_inf(y, tokens, top, lowest)
         return reference_where_uncertified(tokens, sorted_row).reshape(logits.shape[:-1])
 
     return kernel
