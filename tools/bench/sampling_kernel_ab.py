@@ -68,7 +68,7 @@ def _band(target: str, p: float) -> object:
     return jax.jit(band)
 
 
-def _draw(target: str, form: str, temperature: float, p: float) -> object:
+def _draw(target: str, form: str, temperature: float, p: float, k: int) -> object:
     from hlofuse.kernels.cpu import sampling
 
     code = {**sampling.FORM_CODES, **sampling.KERNEL_FORM_CODES}[form]
@@ -79,7 +79,7 @@ def _draw(target: str, form: str, temperature: float, p: float) -> object:
         keys = jnp.broadcast_to(jnp.array([0, 42], jnp.uint32), (rows, 2))
         row_ids = jnp.arange(rows, dtype=jnp.int32)
         return tuple(jax.ffi.ffi_call(target, out, vmap_method="sequential")(
-            x, keys, row_ids, form=np.int64(code), temperature=np.float32(temperature), k=np.int64(0),
+            x, keys, row_ids, form=np.int64(code), temperature=np.float32(temperature), k=np.int64(k),
             p=np.float32(p), min_p=np.float32(0), vocab_total=np.int64(0)))
 
     return jax.jit(draw)
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--form", help="time the whole draw of this kernel form (temperature, top_p_mask, "
                         "top_p_mask_log_prob, ...; sampling.py's form codes) instead of the nucleus band")
     parser.add_argument("--temperature", type=float, default=1.0, help="the draw's temperature (with --form)")
+    parser.add_argument("--k", type=int, default=50, help="the top-k forms' k (with --form; Hugging Face's default)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -110,7 +111,7 @@ def main() -> None:
             else:
                 target = f"hlofuse_ab_{name}_sample"
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.hlofuse_sample), platform="cpu")
-                fns[name] = _draw(target, args.form, args.temperature, args.p)
+                fns[name] = _draw(target, args.form, args.temperature, args.p, args.k)
         fns["argmax"] = jax.jit(lambda x: jnp.argmax(x, -1))
 
         print(f"| B | V | {args.base} ms | working tree ms | argmax ms | tree / {args.base} | tree / argmax |")

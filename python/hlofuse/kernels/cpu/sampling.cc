@@ -584,8 +584,9 @@ Best Winner(const Best& best) {
 
 // The top `k` (value descending, index ascending on ties) of v[0..n). Indices grow during the scan, so
 // a value enters the full heap only if it is strictly above the heap's worst; the scan collects those
-// in vector blocks.
-std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k, int32_t* ids) {
+// in vector blocks. *has_nan (if given) says whether v has a NaN.
+std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, int64_t n, int64_t k, int32_t* ids,
+                                            bool* has_nan = nullptr) {
   // lax.top_k's order: XLA's total order (+0 above -0) descending, the lower index first among equal values.
   auto before = [](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
     const uint32_t ka = DescendingKey(a.first), kb = DescendingKey(b.first);
@@ -593,8 +594,8 @@ std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, 
   };
   // A row with a NaN is ordered in full by `before` (+NaN first by payload, -NaN last, as lax.top_k): the heap
   // below never sees one.
-  bool any_nan = false;
-  for (int64_t i = 0; i < n && !any_nan; ++i) any_nan = std::isnan(v[i]);
+  const bool any_nan = ops.find_first(v, n, 0.0f, true) < n;
+  if (has_nan != nullptr) *has_nan = any_nan;
   if (any_nan) {
     std::vector<std::pair<float, int64_t>> all;
     all.reserve(n);
@@ -624,6 +625,14 @@ std::vector<std::pair<float, int64_t>> TopK(const SimdOps& ops, const float* v, 
   while (!heap.empty()) out.push_back(heap.top()), heap.pop();
   std::reverse(out.begin(), out.end());
   return out;
+}
+
+// The first rank of `top` holding a NaN, or -1: a NaN rank scores NaN whatever its noise, and argmax takes the
+// first NaN.
+int64_t FirstNaNRank(const std::vector<std::pair<float, int64_t>>& top) {
+  for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
+    if (std::isnan(top[i].first)) return i;
+  return -1;
 }
 
 // Over (value, mass) candidates: the largest value v with (above + mass(value >= v)) / z >= target, by
@@ -908,9 +917,8 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
         v = r.y;
       }
       auto top = TopK(ops, v, r.n, prm.k, r.ids);
-      // A NaN rank scores NaN, which argmax takes first.
-      for (const auto& [value, id] : top)
-        if (std::isnan(value)) return Best{id, value};
+      const int64_t nan_rank = FirstNaNRank(top);
+      if (nan_rank >= 0) return Best{top[nan_rank].second, top[nan_rank].first};
       GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
         sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / t));
@@ -926,9 +934,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const int64_t candidates = r.n / 2;
       for (int64_t i = 0; i < candidates; ++i) r.y[i] = r.x[2 * i];
       auto top = TopK(ops, r.y, candidates, prm.k, r.ids);
-      int64_t nan_rank = -1;  // a NaN rank scores NaN, which argmax takes first
-      for (int64_t i = 0; i < static_cast<int64_t>(top.size()) && nan_rank < 0; ++i)
-        if (std::isnan(top[i].first)) nan_rank = i;
+      const int64_t nan_rank = FirstNaNRank(top);
       GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()) && nan_rank < 0; ++i)
         sampler.Offer(i, r.Round(top[i].first / t));
@@ -972,9 +978,8 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       // Top-k mask, then the nucleus of what is left: only those (about k) tokens are ever scored. `x < kth` never
       // masks a NaN, whose nucleus the program's own cut decides.
       bool nan = false;
-      MaxRow(ops, r, r.x, &nan);
+      const float kth = TopK(ops, r.x, r.n, prm.k, r.ids, &nan).back().first;
       if (nan) return Best{kUncertified, kNegInf};
-      const float kth = TopK(ops, r.x, r.n, prm.k, r.ids).back().first;
       const int64_t found = ops.collect_range(r.x, kth, kPosInf, 0, r.n, r.ids);
       std::vector<std::pair<float, double>> cand;
       for (int64_t j = 0; j < found; ++j) cand.emplace_back(r.x[r.ids[j]], 0.0);
