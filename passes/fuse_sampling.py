@@ -1180,14 +1180,23 @@ def _fed_by(draw: Draw) -> str | None:
     return None
 
 
-def _carries(value: ir.Value, logits: ir.Value) -> bool:
-    """Whether `value` may be the logits themselves, in any dim order and shape: floats of the same dims, size-1 dims
-    aside (axlearn's (B, V) rows drawn as (B, 1, V))."""
+def _spans(value: ir.Value, logits: ir.Value) -> bool:
+    """Whether `value` has the logits' dims, in any order and shape, size-1 dims aside (axlearn's (B, V) rows drawn as
+    (B, 1, V)): the logits themselves, or a mask over them."""
     def dims(v: ir.Value) -> list[int]:
         return sorted(size for size in _shape(v) if size != 1)
 
-    return (isinstance(value.type, ir.RankedTensorType) and _element(value) == _element(logits)
-            and len(_shape(logits)) > 0 and dims(value) == dims(logits))
+    return isinstance(value.type, ir.RankedTensorType) and len(_shape(logits)) > 0 and dims(value) == dims(logits)
+
+
+def _carries(value: ir.Value, logits: ir.Value) -> bool:
+    """Whether `value` may be the logits themselves: floats of their element type, spanning their dims."""
+    return _spans(value, logits) and _element(value) == _element(logits)
+
+
+def _approximate_top_k(op: ir.Operation) -> bool:
+    """Whether `op` is lax.approx_max_k / approx_min_k's custom call (ApproxTopK; approximate on TPU)."""
+    return op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value == "ApproxTopK"
 
 
 def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
@@ -1201,10 +1210,13 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
     # (a bisection over the values for a top-k or top-p cutoff), which stays in XLA too.
     searches = [f"stablehlo.while at {format_location(o.location)}" for o in bounds
                 if o.name == "stablehlo.while" and any(_carries(v, logits) for v in o.operands)]
-    # A branch on traced values that yields the logits (a lax.cond whose flag depends on per-row parameters, as
-    # EasyDeL's eSurge applies its filters): what its branches compute stays in XLA.
+    # A branch on traced values that yields the logits or a mask over them (a lax.cond whose flag depends on per-row
+    # parameters, as EasyDeL's eSurge applies its filters; on a traced top-p or top-k, as simply picks its mask):
+    # what its branches compute stays in XLA.
     branches = [f"{o.name} at {format_location(o.location)}" for o in bounds
-                if o.name in ("stablehlo.case", "stablehlo.if") and any(_carries(r, logits) for r in o.results)]
+                if o.name in ("stablehlo.case", "stablehlo.if") and any(_spans(r, logits) for r in o.results)]
+    # lax.approx_max_k's candidates (exact on the CPU, approximate on TPU, so no kernel's top-k stands in for them).
+    approximate = [f"ApproxTopK at {format_location(o.location)}" for o in bounds if _approximate_top_k(o)]
     at = {name: [f"{o.name} at {format_location(o.location)}" for o in ops if o.name == name]
           for name in ("chlo.top_k", "stablehlo.sort", "stablehlo.reduce_window", "stablehlo.exponential")}
     parts = []
@@ -1221,6 +1233,9 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
         parts.append("a sort over the vocabulary (" + ", ".join(nucleus) + ")")
     elif at["stablehlo.exponential"]:
         parts.append("a softmax (" + ", ".join(at["stablehlo.exponential"]) + ")")
+    if approximate:
+        parts.append("an approximate top-k over the vocabulary (" + ", ".join(approximate) + "; lax.approx_max_k, "
+                     "whose candidates on TPU are not the exact top k that a kernel's top-k gives)")
     if searches:
         parts.append("a threshold search over the vocabulary (" + ", ".join(searches) + ")")
     zero_noise = [f"stablehlo.divide at {format_location(o.location)}" for o in ops

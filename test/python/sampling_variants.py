@@ -492,6 +492,35 @@ def unknown_filter_is_categorical(x, key):
     return jax.random.categorical(key, jnp.where(x <= kth, x, -jnp.inf) * 1.25)
 
 
+def mask_from_a_branch(x, key):
+    """google-deepmind/simply's `sample_from_logits` with a traced top-p or top-k: its mask comes out of a lax.cond
+    (a top-k mask by a one-hot of the top-k ids, or a top-p mask put back by sort_key_val), then `where(mask, x,
+    -0.5 * finfo.max)` and a categorical. The branch's filters stay in XLA and the remark names the branch. Here the
+    flag is traced from the logits; the library's is its parameters."""
+    y = x / 0.7
+
+    def top_k_keep(y):
+        return jnp.any(jax.nn.one_hot(jax.lax.top_k(y, 16)[1], y.shape[-1], dtype=jnp.bool_), axis=-2)
+
+    def top_p_keep(y):
+        order = jnp.argsort(y, axis=-1, descending=True)
+        mass = jnp.cumulative_sum(jnp.take_along_axis(jax.nn.softmax(y), order, axis=-1), axis=-1,
+                                  include_initial=True)
+        return jax.lax.sort_key_val(order, mass[..., :-1] < 0.9, dimension=-1)[1]
+
+    keep = jax.lax.cond(jnp.any(jnp.isnan(y)), top_k_keep, top_p_keep, y)
+    return jax.random.categorical(key, jnp.where(keep, y, -0.5 * float(jnp.finfo(y.dtype).max)))
+
+
+def approximate_top_k(x, key):
+    """scaling_transformer_inference_efficiency's `sample` and jax-llm-examples' `sample_top`: the candidates of
+    lax.approx_max_k (ApproxTopK: exact on the CPU, approximate on TPU), then a categorical of them. The draw fuses
+    over the k candidates; the remark names the approximate top-k left in XLA."""
+    values, ids = jax.lax.approx_max_k(x, 16)
+    pick = jax.random.categorical(key, values / 0.7)
+    return jnp.take_along_axis(ids, pick[..., None], axis=-1)[..., 0]
+
+
 def keras_categorical_axis1(x, key):
     """keras' JAX random.categorical draws over axis 1 of logits[..., None], a dim followed only by a size-1 dim:
     the same noise counters, so the categorical form."""
@@ -1347,6 +1376,12 @@ VARIANTS: list[Variant] = [
             "threshold search"),
     Variant("near_miss_searched_top_k_strict", near_miss_searched_top_k_strict, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a threshold search"),
+    Variant("mask_from_a_branch", mask_from_a_branch, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the filters of a branch "
+            "on traced values"),
+    Variant("approximate_top_k", approximate_top_k, "temperature", expect={"temperature": 0.7},
+            remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; an approximate top-k "
+            "over the vocabulary"),
     Variant("split_key_per_row", split_key_per_row, "temperature_row_keys", expect={"temperature": 0.7}),
     Variant("fold_in_row_top_k_mask", fold_in_row_top_k_mask, "top_k_mask_row_keys",
             expect={"k": 16, "temperature": 0.8}),
