@@ -206,6 +206,54 @@ def test_mesh_transformer_jax_top_p_draws_are_the_programs() -> None:
                                       sample_reference(x.astype(dtype), key, form="top_p_mtj_mask", **params))
 
 
+@pytest.mark.parametrize("form", ["top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask",
+                                  "top_p_shifted_logits_mask_choice"])
+def test_classic_top_p_draws_are_the_programs(form: str) -> None:
+    """Megatron-LM's (Hugging Face's old `top_k_top_p_filtering`) `cumsum > p` removal of y = x / T shifted by one, and
+    x-transformers' of the logits (then / T), from the top, by sorted place (torch.sort's order of ties through
+    torchax: the reverse of XLA's unstable ascending sort): Flax's band of what is cut vouches for a draw, and the
+    lowering gives the program's ids on every row, ties across the cut included (those run the program's own
+    function)."""
+    draw = "choice" if form.endswith("_choice") else ""
+    of_logits = form.startswith("top_p_shifted_logits_mask")
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        if of_logits:
+            return sampling.nucleus_draw_by_band(draw, x, key, params["p"], params["temperature"], from_below=False,
+                                                 by_place=True)
+        return sampling.nucleus_draw_by_band(draw, x / params["temperature"], key, params["p"], 1.0, from_below=False,
+                                             by_place=True)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.shifted_top_p_lowering(form, params)
+
+    assert _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=False) < ROWS * 2
+
+
+def test_classic_top_p_rows_with_infinities_or_nan_are_the_programs() -> None:
+    """A row with a NaN, a +inf or -infs: the band vouches for none with a NaN or +inf (the program's softmax is NaN),
+    and the lowering gives the program's ids; the compiled program's entry holds no sort (XLA's runs in a branch)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 500)).astype(np.float32) * 3
+    x[0, 7] = np.nan
+    x[1, 9] = np.inf
+    x[2, :400] = -np.inf
+    x[3, :] = -np.inf
+    x[4, 11] = -np.nan
+    for form in ("top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask_choice"):
+        params = form_params(form, temperature=0.7, p=0.9)
+        lowered = jax.jit(sampling.shifted_top_p_lowering(form, params))
+        for seed in range(3):
+            key = jnp.array([seed, 11], jnp.uint32)
+            np.testing.assert_array_equal(lowered(jnp.asarray(x), key), sample_reference(x, key, form=form, **params),
+                                          err_msg=f"{form} seed {seed}")
+        hlo = lowered.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
+                            jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+        entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
+        assert f'custom_call_target="{sampling.NUCLEUS_BAND_TARGET}"' in entry and "conditional(" in entry
+        assert " sort(" not in entry and "TopK" not in entry and " sort(" in hlo
+
+
 def _prob_sorted_by_band(x: jax.Array, key: jax.Array, params: dict, runs_checked: bool = True) -> jax.Array:
     """transformer_vq's nucleus drawn by Hugging Face's band of y = x / T (by place, from below), its probability runs
     checked (`runs_checked`), UNCERTIFIED rows as they are."""

@@ -68,8 +68,12 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # `nucleaus_filter` (jnp.sort and argsort reversed, the shifted `cumsum > p` removal, sort_key_val back, 1e10
 # subtracted from the removed); tvq: transformer_vq's `nucleus` of the scaled logits (the softmax sorted ascending
 # with its stable argsort, `cumsum > 1 - p` or the last place, back by the argsort of the argsort, the mask multiplied
-# in). hf takes (B, V) logits or one row (litgpt's), flax and mtj (B, V) logits; hf and flax fill with -inf.
-TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq")
+# in); classic: the classic filter of the scaled logits (Megatron-LM's, Hugging Face's old `top_k_top_p_filtering`,
+# through torchax: torch.sort descending, `cumsum > p` shifted a place later, the first never removed, scattered back);
+# xt: x-transformers' `top_p` of the logits (the same cut, shifted by F.pad, the sorted logits filled and scattered
+# back), then / T. hf takes (B, V) logits or one row (litgpt's), flax, mtj, classic and xt (B, V) logits; hf, flax,
+# classic and xt fill with -inf.
+TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -79,7 +83,10 @@ RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_pr
 # The forms a nucleus written in the Hugging Face styles fuses to, alone and after a top-k mask (the torch chain has
 # a form; Flax's follows only its own exact top-k, so a top-k mask before it stays in XLA).
 HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None),
-             "mtj": ("top_p_mtj_mask", None), "tvq": ("top_p_prob_sorted_mask", None)}
+             "mtj": ("top_p_mtj_mask", None), "tvq": ("top_p_prob_sorted_mask", None),
+             "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None)}
+# The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
+SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask"}
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # gumbel: argmax(x + g); gumbel_first: argmax(g + x); keras: keras' JAX random.categorical(x, 1), a categorical of
@@ -253,8 +260,8 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         return _searched(spec, attrs, dtype, suffix)
     if spec.form in USES_TOP_P and spec.top_p_style in RANK_SPACE_TOP_PS:
         return _rank_space_nucleus(spec, attrs, dtype)
-    if spec.form in USES_TOP_P and spec.top_p_style == "tvq":
-        form, values = _prob_sorted_nucleus(spec, attrs, dtype)
+    if spec.form in USES_TOP_P and spec.top_p_style in SCALED_NUCLEI:
+        form, values = _scaled_nucleus(spec, attrs, dtype)
         return form + suffix, values
     if not writes_form_exactly(spec):
         form, values = _fallback(spec, attrs, dtype)
@@ -338,15 +345,16 @@ def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:
     return 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "hf" else _rounded(spec.p, dtype)
 
 
-def _prob_sorted_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
-    """transformer_vq's nucleus of the scaled logits fuses whole (over all V: a top-k mask before it stays in XLA),
-    reading the threshold 1 - p and the temperature where the program divides by a constant right before it (the
-    site's x / T; a division "before" the sampler is that too, unless a top-k mask lies between), else 1 (the scaling
-    outside)."""
-    attrs = {**attrs, "mode": "top_p", "p": 1 - _rounded(1 - spec.p, dtype)}
+def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """A nucleus of the scaled logits (transformer_vq's, the classic filter) fuses whole (over all V: a top-k mask
+    before it stays in XLA), reading its threshold (transformer_vq's 1 - p; the classic p) and the temperature where
+    the program divides by a constant right before it (the site's x / T; a division "before" the sampler is that too,
+    unless a top-k mask lies between), else 1 (the scaling outside)."""
+    p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "tvq" else _rounded(spec.p, dtype)
+    attrs = {**attrs, "mode": "top_p", "p": p}
     if spec.temperature_style == "const" or (spec.temperature_style == "before" and spec.form == "top_p_mask"):
         attrs["temperature"] = _rounded(spec.temperature, dtype)
-    return "top_p_prob_sorted_mask", attrs
+    return SCALED_NUCLEI[spec.top_p_style], attrs
 
 
 def _rank_space_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
@@ -525,6 +533,21 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         mask = jnp.logical_or(cumulative > 1 - c.spec.p, last).astype(jnp.int32)
         mask = jnp.take_along_axis(mask, jnp.argsort(jnp.argsort(probs, axis=-1), axis=-1), axis=-1)
         kept = x * mask - 1e10 * (1 - mask)
+    elif c.spec.top_p_style == "classic":
+        ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
+        ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
+        remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > c.spec.p
+        remove = remove.at[:, 1:].set(remove[:, :-1])
+        remove = remove.astype(jnp.int32).at[..., 0].set(jnp.zeros(x.shape[:-1], jnp.int32)) != 0
+        batch, vocab = x.shape
+        kept = jnp.where(remove.at[(_rows((batch, vocab)), ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
+    elif c.spec.top_p_style == "xt":
+        ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
+        ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
+        remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > c.spec.p
+        remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)
+        ordered = jnp.where(remove, NEG_INF, ordered)
+        kept = ordered.at[(_rows(x.shape), ids)].set(ordered)
     elif c.spec.top_p_style == "mtj":
         ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
         cumulative = jnp.cumsum(jax.nn.softmax(ordered), axis=-1)
@@ -719,7 +742,7 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
             x = _kth_mask(c, x)
         if spec.top_p_style in ("gemma", "keras"):
             return _rank_space_top_p(c, x)
-        if spec.top_p_style == "tvq":  # the nucleus of the scaled logits
+        if spec.top_p_style in SCALED_NUCLEI:  # the nucleus of the scaled logits
             return c.draw(_hf_nucleus_mask(c, c.scale(x)))
         if spec.top_p_style in HF_TOP_PS:
             return c.draw(c.scale(_hf_nucleus_mask(c, x)))

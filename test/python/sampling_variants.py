@@ -634,6 +634,65 @@ def _torchax_top_p_warper(y, p):
     return jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
 
 
+def _torchax_classic_top_p(y, p, at_or_above=False):
+    """The classic top-p filter (Megatron-LM's `modify_logits_for_top_p_filtering`, Hugging Face's old
+    `top_k_top_p_filtering`) as torchax lowers it: torch.sort(descending=True) (jnp.sort and jnp.argsort, unstable,
+    each reversed), `filter_ = cumsum(softmax(sorted)) > p` (`>=`: a near miss), `filter_[:, 1:] = filter_[:, :-1]`,
+    `filter_[..., 0] = 0`, `filter_.scatter(1, sorted_indices, filter_)`, `masked_fill_(filter_, -inf)`."""
+    ordered = jnp.sort(y, axis=-1, stable=False)[..., ::-1]
+    ids = jnp.argsort(y, axis=-1, stable=False)[..., ::-1]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    remove = cumulative >= p if at_or_above else cumulative > p
+    remove = remove.at[:, 1:].set(remove[:, :-1])
+    remove = remove.astype(jnp.int32).at[..., 0].set(jnp.zeros((y.shape[0],), jnp.int32)) != 0
+    rows = jnp.broadcast_to(jnp.arange(y.shape[0]).reshape(y.shape[0], 1), y.shape)
+    return jnp.where(remove.at[(rows, ids)].set(remove[0:y.shape[0], 0:y.shape[1]]), -jnp.inf, y)
+
+
+def megatron_top_p_multinomial(x, key):
+    """Megatron-LM's `sample` with a top-p (megatron-core's text generation controller) through torchax: `div_(T)`,
+    the classic top-p, softmax, torch.multinomial: top_p_shifted_mask_choice."""
+    return _torchax_multinomial(_torchax_classic_top_p(x / 0.7, 0.9), key)
+
+
+def classic_top_p_categorical(x, key):
+    """The classic top-p filter through torchax, drawn by jax.random.categorical at T = 1 (the logits scaled before
+    it, as a JAX port would): top_p_shifted_mask."""
+    return jax.random.categorical(key, _torchax_classic_top_p(x / 0.8, 0.85))
+
+
+def x_transformers_top_p_multinomial(x, key):
+    """x-transformers' `generate` with its `top_p` filter through torchax: torch.sort(descending=True), `cumsum > p`,
+    `F.pad(..., (1, -1), value=False)` (a slice and a pad), the sorted logits set to -inf there and scattered back by
+    the sorted ids, then softmax(filtered / T) and torch.multinomial: top_p_shifted_logits_mask_choice."""
+    ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
+    ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > 0.9
+    remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)
+    ordered = jnp.where(remove, -jnp.inf, ordered)
+    rows = jnp.broadcast_to(jnp.arange(x.shape[0]).reshape(x.shape[0], 1), x.shape)
+    return _torchax_multinomial(ordered.at[(rows, ids)].set(ordered) / 0.8, key)
+
+
+def x_transformers_top_k_multinomial(x, key):
+    """x-transformers' `generate` with its default filter, `top_k` (k = ceil(0.1 * V)), through torchax: torch.topk's
+    values and ids scattered into a (B, V) row of -inf (`full_like(-inf).scatter_(1, ind, val)`), then
+    softmax(filtered / T) and torch.multinomial: top_k_exact_mask_choice."""
+    k = -(-x.shape[-1] // 10)
+    values, ids = jax.lax.top_k(x, k)
+    values = jnp.sort(values, descending=True)
+    ids = jnp.take_along_axis(ids, jnp.argsort(values, descending=True), axis=-1)
+    rows = jnp.broadcast_to(jnp.arange(x.shape[0]).reshape(x.shape[0], 1), (x.shape[0], k))
+    kept = jnp.full_like(x, -jnp.inf).at[(rows, ids)].set(values[0:x.shape[0], 0:k])
+    return _torchax_multinomial(kept / 0.9, key)
+
+
+def near_miss_classic_top_p_at_or_above(x, key):
+    """The classic top-p with `>=` for `>`: another function (a place whose mass before it is exactly p is removed);
+    the filter stays in XLA, with the remark."""
+    return _torchax_multinomial(_torchax_classic_top_p(x / 0.7, 0.9, at_or_above=True), key)
+
+
 def _torchax_min_p_warper(y, min_p):
     """Hugging Face's MinPLogitsWarper as torchax lowers it: remove where the softmax is below min_p times its max,
     the top token kept by a scatter of False at torch.topk's id, removed at -inf."""
@@ -1376,6 +1435,16 @@ VARIANTS: list[Variant] = [
             "threshold search"),
     Variant("near_miss_searched_top_k_strict", near_miss_searched_top_k_strict, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a threshold search"),
+    Variant("megatron_top_p_multinomial", megatron_top_p_multinomial, "top_p_shifted_mask_choice",
+            expect={"p": 0.9, "temperature": 0.7}),
+    Variant("classic_top_p_categorical", classic_top_p_categorical, "top_p_shifted_mask",
+            expect={"p": 0.85, "temperature": 0.8}),
+    Variant("x_transformers_top_p_multinomial", x_transformers_top_p_multinomial, "top_p_shifted_logits_mask_choice",
+            expect={"p": 0.9, "temperature": 0.8}),
+    Variant("x_transformers_top_k_multinomial", x_transformers_top_k_multinomial, "top_k_exact_mask_choice",
+            expect={"k": 26, "temperature": 0.9}),
+    Variant("near_miss_classic_top_p_at_or_above", near_miss_classic_top_p_at_or_above, "categorical_choice",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-p filter"),
     Variant("mask_from_a_branch", mask_from_a_branch, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the filters of a branch "
             "on traced values"),

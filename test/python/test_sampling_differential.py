@@ -257,6 +257,19 @@ FIXED_GAPS = {
     "top_p_tvq_of_log_probs_in_a_loop": SamplerSpec(form="top_p_mask", top_p_style="tvq", prelude=True,
                                                     enclosure="loop"),
     "top_k_then_top_p_tvq": SamplerSpec(form="top_k_top_p_mask", top_p_style="tvq"),
+    # The classic top-p (Megatron-LM's, Hugging Face's old `top_k_top_p_filtering`, through torchax): fused as its draw
+    # with the sorts in XLA until top_p_shifted_mask; drawn by torch.multinomial; ties with T traced in front; by a key
+    # per row; after a top-k mask
+    "top_p_classic": SamplerSpec(form="top_p_mask", top_p_style="classic"),
+    "top_p_classic_choice": SamplerSpec(form="top_p_mask", top_p_style="classic", draw="choice"),
+    "top_p_classic_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="classic", vocab=16, p=0.5,
+                                               temperature_style="traced"),
+    "top_p_classic_row_keys": SamplerSpec(form="top_p_mask", top_p_style="classic", draw="row_keys"),
+    "top_k_then_top_p_classic": SamplerSpec(form="top_k_top_p_mask", top_p_style="classic"),
+    # x-transformers' top-p of the logits (the classic cut, its sorted logits filled and scattered back), then / T
+    "top_p_x_transformers": SamplerSpec(form="top_p_mask", top_p_style="xt"),
+    "top_p_x_transformers_choice_traced_t": SamplerSpec(form="top_p_mask", top_p_style="xt", draw="choice", vocab=16,
+                                                        p=0.5, temperature_style="traced"),
     # argmax(x + gumbel): JAX's categorical adds gumbel + x; the matcher now tries add/multiply both ways.
     "gumbel_logits_first": dataclasses.replace(_SMALL, noise="gumbel"),
     # argmax(softmax(x)) next to log_softmax(x) (logprobs): CSE shares the max, shift, exp and sum.

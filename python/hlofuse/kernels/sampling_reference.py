@@ -499,17 +499,21 @@ def _unfloored(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=fn)
 
 
-def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k, by_rows: bool = False) -> jax.Array:
     """The k logits lax.top_k picks (ties by the lower id: exactly k, unlike `mask_top_k`) scattered into a row of
     -inf, as Hugging Face's FlaxTopKLogitsWarper writes it: flat ids (row * V + id) set into a flat (B * V,) row; of
-    one row (V,), the ids set into a row of -inf, as litgpt's `full_like(-inf).scatter_(-1, i, v)` is lowered.
-    (B, V) or (V,) logits only: other shapes raise ValueError, so no template is made for them."""
+    one row (V,), the ids set into a row of -inf, as litgpt's `full_like(-inf).scatter_(-1, i, v)` is lowered; with
+    `by_rows`, (B, V) rows set at (row, id), as torchax lowers `full_like(-inf).scatter_(1, i, v)` of (B, V) logits
+    (x-transformers' `top_k`). (B, V) or (V,) logits only: other shapes raise ValueError, so no template is made."""
     values, ids = top_k_fn(logits, k)
     if logits.ndim == 1:
         return jnp.full_like(logits, NEG_INF).at[ids].set(values)
     if logits.ndim != 2:
         raise ValueError(f"the exact top-k scatter takes (B, V) logits or one row, not {logits.shape}")
     batch, vocab = logits.shape
+    if by_rows:
+        rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, k))
+        return jnp.full_like(logits, NEG_INF).at[(rows, ids)].set(values[0:batch, 0:k])
     rows = jnp.broadcast_to((jnp.arange(batch) * vocab)[:, None], (batch, k)).flatten()
     kept = jnp.full(batch * vocab, NEG_INF).at[ids.flatten() + rows].set(values.flatten())
     return kept.reshape(batch, vocab)
@@ -517,10 +521,11 @@ def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k
 
 def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                     **_: Any) -> jax.Array:
+                     by_rows: bool = False, **_: Any) -> jax.Array:
     """Exactly the top k logits kept (lax.top_k's, ties by the lower id), the rest -inf, then / T, a categorical over
-    the vocabulary (noise by id): Hugging Face's Flax generate() with its TopK warper."""
-    return categorical_fn(key, _scale(keep_exactly_top_k(logits, k, top_k_fn), temperature), axis=-1)
+    the vocabulary (noise by id): Hugging Face's Flax generate() with its TopK warper (litgpt's and x-transformers'
+    top-k through torchax are writings)."""
+    return categorical_fn(key, _scale(keep_exactly_top_k(logits, k, top_k_fn, by_rows), temperature), axis=-1)
 
 
 def flax_top_p_keep(values: jax.Array, p: float) -> jax.Array:
@@ -719,6 +724,70 @@ def top_p_ascending_count_mask(logits: jax.Array, key: jax.Array, *, temperature
     cutoff_index = jnp.sum((cumulative < p) < p, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(ordered, cutoff_index, axis=-1)
     return categorical_fn(key, jnp.where(y < cutoff, jnp.finfo(y.dtype).min, y), axis=-1)
+
+
+def sort_descending_torch(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`torch.sort(x, descending=True)` as torchax lowers it: `sort_unstable`'s values and ids, each reversed (equal
+    values in the reverse of the backend's ascending order; NaN first)."""
+    ordered, ids = sort_unstable(x)
+    return ordered[..., ::-1], ids[..., ::-1]
+
+
+def shifted_top_p_removal(y: jax.Array, p: float, sort_fn: Sort = sort_descending_torch) -> jax.Array:
+    """The classic top-p filter (Hugging Face's old `top_k_top_p_filtering`, which Megatron-LM's
+    `modify_logits_for_top_p_filtering` keeps) as torchax lowers it: y sorted descending (`sort_fn`), the cumsum of
+    the sorted softmax above p, shifted one place later (`filter_[:, 1:] = filter_[:, :-1].clone()`), the first
+    place never removed (`filter_[..., 0] = 0`), scattered back to vocabulary order by the sorted ids
+    (`filter_.scatter(1, sorted_indices, filter_)`). A place is removed where the mass strictly before it exceeds p:
+    a cut by sorted place from the top. (B, V) y only (other shapes raise ValueError: no template is made)."""
+    if y.ndim != 2:
+        raise ValueError(f"the classic top-p filter takes (B, V) logits, not {y.shape}")
+    ordered, ids = sort_fn(y)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
+    remove = remove.at[:, 1:].set(remove[:, :-1])
+    remove = remove.astype(jnp.int32).at[..., 0].set(jnp.zeros(remove.shape[:-1], jnp.int32)) != 0
+    batch, vocab = remove.shape
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    return remove.at[(rows, ids)].set(remove[0:batch, 0:vocab])
+
+
+def shifted_top_p_filtered(y: jax.Array, p: float, sort_fn: Sort = sort_descending_torch,
+                           by_logits: bool = False) -> jax.Array:
+    """y with the classic top-p filter's removed at -inf: `shifted_top_p_removal` scattered back and filled
+    (Megatron's `masked_fill_`), or (`by_logits`, x-transformers' `top_p`) the sorted logits filled where the shifted
+    removal (`F.pad(cumsum > p, (1, -1), value=False)`: a slice and a pad) says, then scattered back by the sorted
+    ids (`sorted_logits.scatter(1, sorted_indices, sorted_logits)`). The two put the same values at the same places,
+    but for which of a -0 and a +0 (equal to the sorts) lands where, which no draw tells apart. (B, V) y only."""
+    if not by_logits:
+        return jnp.where(shifted_top_p_removal(y, p, sort_fn), NEG_INF, y)
+    if y.ndim != 2:
+        raise ValueError(f"the classic top-p filter takes (B, V) logits, not {y.shape}")
+    ordered, ids = sort_fn(y)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
+    remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)
+    ordered = jnp.where(remove, NEG_INF, ordered)
+    batch, vocab = y.shape
+    rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, vocab))
+    return ordered.at[(rows, ids)].set(ordered)
+
+
+def top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                       sort_fn: Sort = sort_descending_torch, categorical_fn: Categorical = jax.random.categorical,
+                       by_logits: bool = False, **_: Any) -> jax.Array:
+    """Megatron-LM's sampler (and every copy of Hugging Face's old `top_k_top_p_filtering` after a division by T):
+    y = x / T, then the classic top-p filter of y (`shifted_top_p_filtered`), then a categorical of what is left
+    (Megatron draws by torch.multinomial of its softmax: the form's `_choice`)."""
+    return categorical_fn(key, shifted_top_p_filtered(_scale(logits, temperature), p, sort_fn, by_logits), axis=-1)
+
+
+def top_p_shifted_logits_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                              sort_fn: Sort = sort_descending_torch,
+                              categorical_fn: Categorical = jax.random.categorical, by_logits: bool = True,
+                              **_: Any) -> jax.Array:
+    """x-transformers' `generate` with its `top_p` filter: the classic top-p filter of the logits themselves
+    (`shifted_top_p_filtered`, by default as x-transformers writes it), then a categorical of what is left / T
+    (x-transformers draws by torch.multinomial of `softmax(filtered / T)`: the form's `_choice`)."""
+    return categorical_fn(key, _scale(shifted_top_p_filtered(logits, p, sort_fn, by_logits), temperature), axis=-1)
 
 
 def top_k_top_p_ascending_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
@@ -1121,7 +1190,9 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          (Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch),
-                  _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),)),
+                  _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),
+          Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch, by_rows=True),
+                  _TOP_K + ("stablehlo.scatter", "stablehlo.sort")))),
     Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
          composes_draws=False),
     Form("top_p_mtj_mask", "top_p", top_p_mtj_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
@@ -1131,6 +1202,15 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (Writing(functools.partial(top_p_prob_sorted_mask, scatter_back=True),
                   _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),),
          composes_draws=False, reads=("one_minus_p",)),
+    # the classic top-p, of x / T and of the logits (each also written the other library's way)
+    Form("top_p_shifted_mask", "top_p", top_p_shifted_mask, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort", "stablehlo.scatter"),
+         (Writing(functools.partial(top_p_shifted_mask, by_logits=True),
+                  _NOISE + ("stablehlo.sort", "stablehlo.pad")),)),
+    Form("top_p_shifted_logits_mask", "top_p", top_p_shifted_logits_mask, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort", "stablehlo.pad"),
+         (Writing(functools.partial(top_p_shifted_logits_mask, by_logits=False),
+                  _NOISE + ("stablehlo.sort", "stablehlo.scatter")),)),
     Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
     Form("min_p_sorted_removal", "min_p", min_p_sorted_removal, ("temperature", "min_p"),
          _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"), composes_draws=False),
@@ -1215,7 +1295,7 @@ FORMS.update({name: _searched_form(name, mode)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
-                  "top_p_mtj_mask", "top_p_prob_sorted_mask",
+                  "top_p_mtj_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask", "top_p_shifted_logits_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
