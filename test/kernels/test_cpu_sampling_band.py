@@ -230,6 +230,23 @@ def test_classic_top_p_draws_are_the_programs(form: str) -> None:
     assert _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=False) < ROWS * 2
 
 
+@pytest.mark.parametrize("form", ["top_k_top_p_shifted_mask", "top_k_top_p_shifted_mask_choice"])
+def test_old_top_k_top_p_filtering_draws_are_the_programs(form: str) -> None:
+    """Hugging Face's old `top_k_top_p_filtering` after / T: the top-k mask of y (ties of the k-th kept: the coarse ties
+    make rows with more than k, which are UNCERTIFIED), then the classic cut, drawn by the band among the kernel's top
+    k of y (`top_k_nucleus_draw`, from the top), with p the exact mass of some of the top 40."""
+    draw = form.removeprefix("top_k_top_p_shifted_mask").removeprefix("_")
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.top_k_nucleus_draw(draw, x / params["temperature"], key, params | {"temperature": 1.0},
+                                           from_below=False, exact_k=False)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.shifted_top_p_lowering(form, params)
+
+    _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=False, top_k=40)
+
+
 def test_classic_top_p_rows_with_infinities_or_nan_are_the_programs() -> None:
     """A row with a NaN, a +inf or -infs: the band vouches for none with a NaN or +inf (the program's softmax is NaN),
     and the lowering gives the program's ids; the compiled program's entry holds no sort (XLA's runs in a branch)."""
@@ -240,8 +257,9 @@ def test_classic_top_p_rows_with_infinities_or_nan_are_the_programs() -> None:
     x[2, :400] = -np.inf
     x[3, :] = -np.inf
     x[4, 11] = -np.nan
-    for form in ("top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask_choice"):
-        params = form_params(form, temperature=0.7, p=0.9)
+    for form in ("top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask_choice",
+                 "top_k_top_p_shifted_mask_choice"):
+        params = form_params(form, temperature=0.7, p=0.9, k=50)
         lowered = jax.jit(sampling.shifted_top_p_lowering(form, params))
         for seed in range(3):
             key = jnp.array([seed, 11], jnp.uint32)
@@ -250,7 +268,8 @@ def test_classic_top_p_rows_with_infinities_or_nan_are_the_programs() -> None:
         hlo = lowered.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
                             jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
         entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
-        assert f'custom_call_target="{sampling.NUCLEUS_BAND_TARGET}"' in entry and "conditional(" in entry
+        band = sampling.TOP_K_TARGET if "k" in params and params["k"] else sampling.NUCLEUS_BAND_TARGET
+        assert f'custom_call_target="{band}"' in entry and "conditional(" in entry
         assert " sort(" not in entry and "TopK" not in entry and " sort(" in hlo
 
 

@@ -352,6 +352,16 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     unless a top-k mask lies between), else 1 (the scaling outside)."""
     p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "tvq" else _rounded(spec.p, dtype)
     attrs = {**attrs, "mode": "top_p", "p": p}
+    if spec.form == "top_k_top_p_mask" and spec.top_p_style == "classic":
+        # Hugging Face's old top_k_top_p_filtering: / T, then the top-k mask (a top-k writing: torch.topk's k-th through
+        # torchax, lax.top_k's, a stable argsort's), then the classic cut; the negated argsort is none, so the mask
+        # stays in XLA and the nucleus of what it leaves fuses (the scaling before the mask, outside)
+        if spec.top_k_style == "negated_sort":
+            return SCALED_NUCLEI["classic"], attrs
+        attrs = {**attrs, "mode": "top_k+top_p", "k": spec.k}
+        if spec.temperature_style in ("const", "before"):
+            attrs["temperature"] = _rounded(spec.temperature, dtype)
+        return "top_k_top_p_shifted_mask", attrs
     if spec.temperature_style == "const" or (spec.temperature_style == "before" and spec.form == "top_p_mask"):
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     return SCALED_NUCLEI[spec.top_p_style], attrs
@@ -738,12 +748,15 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     if form == "top_k_mask":
         return c.draw(c.scale(_kth_mask(c, x)))
     if form in USES_TOP_P:
-        if form == "top_k_top_p_mask":
+        if form == "top_k_top_p_mask" and spec.top_p_style != "classic":
             x = _kth_mask(c, x)
         if spec.top_p_style in ("gemma", "keras"):
             return _rank_space_top_p(c, x)
         if spec.top_p_style in SCALED_NUCLEI:  # the nucleus of the scaled logits
-            return c.draw(_hf_nucleus_mask(c, c.scale(x)))
+            y = c.scale(x)
+            if form == "top_k_top_p_mask" and spec.top_p_style == "classic":  # the old top_k_top_p_filtering: / T first
+                y = _kth_mask(c, y)
+            return c.draw(_hf_nucleus_mask(c, y))
         if spec.top_p_style in HF_TOP_PS:
             return c.draw(c.scale(_hf_nucleus_mask(c, x)))
         return c.draw(c.scale(_nucleus_mask(c, x)))

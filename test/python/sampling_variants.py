@@ -661,6 +661,17 @@ def classic_top_p_categorical(x, key):
     return jax.random.categorical(key, _torchax_classic_top_p(x / 0.8, 0.85))
 
 
+def old_hugging_face_top_k_top_p_multinomial(x, key):
+    """Hugging Face's old `generate(do_sample=True)` (transformers 2.x, and the many copies of its
+    `top_k_top_p_filtering`) through torchax: `scores / T`, the logits below torch.topk's k-th at -inf, the classic
+    top-p, softmax, torch.multinomial: top_k_top_p_shifted_mask_choice."""
+    y = x / 0.7
+    values, ids = jax.lax.top_k(y, 40)
+    values = jnp.sort(values, descending=True)
+    kth = values[..., -1][..., None]
+    return _torchax_multinomial(_torchax_classic_top_p(jnp.where(y < kth, -jnp.inf, y), 0.9), key)
+
+
 def x_transformers_top_p_multinomial(x, key):
     """x-transformers' `generate` with its `top_p` filter through torchax: torch.sort(descending=True), `cumsum > p`,
     `F.pad(..., (1, -1), value=False)` (a slice and a pad), the sorted logits set to -inf there and scattered back by
@@ -1439,6 +1450,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("classic_top_p_categorical", classic_top_p_categorical, "top_p_shifted_mask",
             expect={"p": 0.85, "temperature": 0.8}),
+    Variant("old_hugging_face_top_k_top_p_multinomial", old_hugging_face_top_k_top_p_multinomial,
+            "top_k_top_p_shifted_mask_choice", expect={"k": 40, "p": 0.9, "temperature": 0.7}),
     Variant("x_transformers_top_p_multinomial", x_transformers_top_p_multinomial, "top_p_shifted_logits_mask_choice",
             expect={"p": 0.9, "temperature": 0.8}),
     Variant("x_transformers_top_k_multinomial", x_transformers_top_k_multinomial, "top_k_exact_mask_choice",

@@ -265,7 +265,13 @@ FIXED_GAPS = {
     "top_p_classic_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="classic", vocab=16, p=0.5,
                                                temperature_style="traced"),
     "top_p_classic_row_keys": SamplerSpec(form="top_p_mask", top_p_style="classic", draw="row_keys"),
-    "top_k_then_top_p_classic": SamplerSpec(form="top_k_top_p_mask", top_p_style="classic"),
+    # Hugging Face's old top_k_top_p_filtering (/ T, torch.topk's k-th mask, the classic cut; lax.top_k's k-th; the
+    # negated argsort, no top-k writing: its mask stays in XLA)
+    "top_k_then_top_p_classic": SamplerSpec(form="top_k_top_p_mask", top_p_style="classic", top_k_style="torchax",
+                                            draw="choice"),
+    "top_k_then_top_p_classic_by_lax": SamplerSpec(form="top_k_top_p_mask", top_p_style="classic"),
+    "top_k_then_top_p_classic_negated_argsort": SamplerSpec(form="top_k_top_p_mask", top_p_style="classic",
+                                                            top_k_style="negated_sort"),
     # x-transformers' top-p of the logits (the classic cut, its sorted logits filled and scattered back), then / T
     "top_p_x_transformers": SamplerSpec(form="top_p_mask", top_p_style="xt"),
     "top_p_x_transformers_choice_traced_t": SamplerSpec(form="top_p_mask", top_p_style="xt", draw="choice", vocab=16,

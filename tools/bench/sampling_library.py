@@ -20,7 +20,8 @@ audiocraft's (MusicGen's) top-k of the probabilities through torch.multinomial, 
 torch.multinomial with replacement after a top-k mask and after a temperature alone, and the exponential race of
 gpt-fast, torchtune and vLLM after a top-k and after a top-p mask, and mesh-transformer-jax's (GPT-J's) and
 transformer_vq's nuclei, and Megatron-LM's classic top-p through torchax, with torch.multinomial and with a
-categorical, and x-transformers' top-p of the logits through torchax).
+categorical, and x-transformers' top-p of the logits, and transformers 2.x's top_k_top_p_filtering, through
+torchax).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -63,7 +64,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "multinomial_with_replacement_top_k_mask", "multinomial_with_replacement_temperature",
             "exponential_race_top_k", "exponential_race_top_p", "mtj_nucleaus_sample",
             "transformer_vq_nucleus_scaled", "megatron_top_p_multinomial", "classic_top_p_categorical",
-            "x_transformers_top_p_multinomial")
+            "x_transformers_top_p_multinomial", "old_hugging_face_top_k_top_p_multinomial")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -780,6 +780,19 @@ def top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float,
     return categorical_fn(key, shifted_top_p_filtered(_scale(logits, temperature), p, sort_fn, by_logits), axis=-1)
 
 
+def top_k_top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                             top_k_fn: TopK = top_k_resorted,
+                             kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
+                             sort_fn: Sort = sort_descending_torch, categorical_fn: Categorical = jax.random.categorical,
+                             **_: Any) -> jax.Array:
+    """Hugging Face's old `top_k_top_p_filtering` with a top k and a top p, after a division by T, as torchax lowers
+    it: y = x / T, the logits below the k-th largest at -inf (`logits < torch.topk(logits, k)[0][..., -1, None]`: ties
+    of the k-th kept), then the classic top-p filter of what is left (`shifted_top_p_filtered`), then a categorical
+    (torch.multinomial of its softmax: `_choice`)."""
+    y = mask_top_k(_scale(logits, temperature), k, top_k_fn, kth_fn)
+    return categorical_fn(key, shifted_top_p_filtered(y, p, sort_fn), axis=-1)
+
+
 def top_p_shifted_logits_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                               sort_fn: Sort = sort_descending_torch,
                               categorical_fn: Categorical = jax.random.categorical, by_logits: bool = True,
@@ -1207,6 +1220,14 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          _NOISE + ("stablehlo.sort", "stablehlo.scatter"),
          (Writing(functools.partial(top_p_shifted_mask, by_logits=True),
                   _NOISE + ("stablehlo.sort", "stablehlo.pad")),)),
+    # (its top-k mask as torchax lowers torch.topk's k-th, or as JAX code writes it: lax.top_k's last column, or a
+    # stable descending argsort)
+    Form("top_k_top_p_shifted_mask", "top_k+top_p", functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask),
+         ("temperature", "k", "p"), _TOP_K + ("stablehlo.sort", "stablehlo.scatter"),
+         (Writing(functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask, top_k_fn=jax.lax.top_k,
+                                    kth_fn=last_column), _TOP_K + ("stablehlo.sort", "stablehlo.scatter")),
+          Writing(functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask, top_k_fn=top_k_by_argsort,
+                                    kth_fn=last_column), ("stablehlo.sort", "stablehlo.scatter")))),
     Form("top_p_shifted_logits_mask", "top_p", top_p_shifted_logits_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.pad"),
          (Writing(functools.partial(top_p_shifted_logits_mask, by_logits=False),
@@ -1296,6 +1317,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask", "top_p_shifted_logits_mask",
+                  "top_k_top_p_shifted_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))

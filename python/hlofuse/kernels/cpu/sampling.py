@@ -454,16 +454,18 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 # (Megatron-LM's: `shifted_top_p_lowering`).
 XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "sorted_probs_inverse_cdf_rows", *TOP_P_CHAINS, "top_p_ascending_mask",
                         "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask", "top_p_shifted_mask",
-                        "top_p_shifted_logits_mask")
-# The classic top-p (`shifted_top_p_lowering`): of x / T (Megatron-LM's), and of the logits, then / T (x-transformers').
-SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_p_shifted_logits_mask")
+                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask")
+# The classic top-p (`shifted_top_p_lowering`): of x / T (Megatron-LM's; after a top-k mask, Hugging Face's old
+# `top_k_top_p_filtering`), and of the logits, then / T (x-transformers').
+SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shifted_logits_mask")
 
 
 def shifted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """The classic top-p (SHIFTED_TOP_PS: Megatron-LM's of y = x / T, x-transformers' of the logits, then / T) of (B, V)
-    f32 logits on the CPU, under a draw of BAND_DRAWS: the nucleus (of y, computed by the program's op, at T = 1; or
-    of the logits at T), cut by sorted place from the top, drawn in its band (`nucleus_draw_by_band`: no sort; the
-    band's slack holds the program's `> p` of the mass before a place as Flax's `< p`). A batch the band cannot
+    """The classic top-p (SHIFTED_TOP_PS: Megatron-LM's of y = x / T, after a top-k mask of y as Hugging Face's old
+    `top_k_top_p_filtering`, x-transformers' of the logits, then / T) of (B, V) f32 logits on the CPU, under a draw of
+    BAND_DRAWS: the nucleus (of y, computed by the program's op, at T = 1; or of the logits at T), cut by sorted place
+    from the top, drawn in its band (`nucleus_draw_by_band`, or among the kernel's top k, `top_k_nucleus_draw`: no
+    sort; the band's slack holds the program's `> p` of the mass before a place as Flax's `< p`). A batch the band cannot
     vouch for (a tie across the cut, whose order is XLA's unstable sort's alone; a NaN or an infinity) runs the
     form's own function, its sort XLA's, in a conditional's branch. Under another draw (a key per row, the inverse
     CDF), and for bf16 logits (whose softmax and cumsum round as XLA fuses them), the form's own function with the
@@ -478,10 +480,14 @@ def shifted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
         if logits.dtype != jnp.float32 or FORMS[form].drawn_by not in BAND_DRAWS:
             return own()
         cut, temperature = logits, params["temperature"]
-        if FORMS[form].filters == "top_p_shifted_mask":  # the cut of x / T, drawn at T = 1
+        if FORMS[form].filters != "top_p_shifted_logits_mask":  # the cut of x / T, drawn at T = 1
             cut, temperature = logits / params["temperature"], 1.0
-        tokens = nucleus_draw_by_band(FORMS[form].drawn_by, cut, key, params["p"], temperature, from_below=False,
-                                      by_place=True)
+        if "k" in FORMS[form].params:  # the band among the kernel's top k (ties of the k-th: the program's)
+            tokens = top_k_nucleus_draw(FORMS[form].drawn_by, cut, key, {**params, "temperature": temperature},
+                                        from_below=False, exact_k=False)
+        else:
+            tokens = nucleus_draw_by_band(FORMS[form].drawn_by, cut, key, params["p"], temperature, from_below=False,
+                                          by_place=True)
         return reference_where_uncertified(tokens, own)
 
     return kernel
@@ -1903,8 +1909,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         return prob_sorted_top_p_lowering(attrs.form, attrs.params())
     if filters in SHIFTED_TOP_PS:
         shape, dtype = call.operand_types[0]
-        if len(shape) != 2 or dtype not in ("f32", "bf16") or not attrs.temperature > 0:
-            raise Unsupported("the classic top-p (Megatron-LM's) takes (B, V) f32 or bf16 logits and T > 0")
+        if len(shape) != 2 or dtype not in ("f32", "bf16") or not attrs.temperature > 0 or attrs.k > shape[-1]:
+            raise Unsupported("the classic top-p (Megatron-LM's) takes (B, V) f32 or bf16 logits, T > 0 and k <= V")
         return shifted_top_p_lowering(attrs.form, attrs.params())
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask"):
         shape, dtype = call.operand_types[0]
