@@ -783,8 +783,8 @@ def top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float,
 def top_k_top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                              top_k_fn: TopK = top_k_resorted,
                              kth_fn: Callable[[jax.Array], jax.Array] = last_as_torch_indexes,
-                             sort_fn: Sort = sort_descending_torch, categorical_fn: Categorical = jax.random.categorical,
-                             **_: Any) -> jax.Array:
+                             sort_fn: Sort = sort_descending_torch,
+                             categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """Hugging Face's old `top_k_top_p_filtering` with a top k and a top p, after a division by T, as torchax lowers
     it: y = x / T, the logits below the k-th largest at -inf (`logits < torch.topk(logits, k)[0][..., -1, None]`: ties
     of the k-th kept), then the classic top-p filter of what is left (`shifted_top_p_filtered`), then a categorical

@@ -462,14 +462,14 @@ SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shift
 
 def shifted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """The classic top-p (SHIFTED_TOP_PS: Megatron-LM's of y = x / T, after a top-k mask of y as Hugging Face's old
-    `top_k_top_p_filtering`, x-transformers' of the logits, then / T) of (B, V) f32 logits on the CPU, under a draw of
-    BAND_DRAWS: the nucleus (of y, computed by the program's op, at T = 1; or of the logits at T), cut by sorted place
-    from the top, drawn in its band (`nucleus_draw_by_band`, or among the kernel's top k, `top_k_nucleus_draw`: no
-    sort; the band's slack holds the program's `> p` of the mass before a place as Flax's `< p`). A batch the band cannot
-    vouch for (a tie across the cut, whose order is XLA's unstable sort's alone; a NaN or an infinity) runs the
-    form's own function, its sort XLA's, in a conditional's branch. Under another draw (a key per row, the inverse
-    CDF), and for bf16 logits (whose softmax and cumsum round as XLA fuses them), the form's own function with the
-    kernel's draw: the sort is XLA's."""
+    `top_k_top_p_filtering`, x-transformers' of the logits, then / T) of (B, V) f32 logits on the CPU, under a draw
+    of BAND_DRAWS: the nucleus (of y, computed by the program's op, at T = 1; or of the logits at T), cut by sorted
+    place from the top, drawn in its band (`nucleus_draw_by_band`, or among the kernel's top k,
+    `top_k_nucleus_draw`: no sort; the band's slack holds the program's `> p` of the mass before a place as Flax's
+    `< p`). A batch the band cannot vouch for (a tie across the cut, whose order is XLA's unstable sort's alone; a
+    NaN or an infinity) runs the form's own function, its sort XLA's, in a conditional's branch. Under another draw
+    (a key per row, the inverse CDF), and for bf16 logits (whose softmax and cumsum round as XLA fuses them), the
+    form's own function with the kernel's draw: the sort is XLA's."""
     fn = FORMS[FORMS[form].filters].fn
     categorical_fn = _draw_by_kernel(form)
 
