@@ -372,6 +372,26 @@ def test_fixed_gap(spec: SamplerSpec) -> None:
     check_program(spec)
 
 
+@pytest.mark.parametrize("draw", ["log_softmax", "choice"])
+def test_searched_filter_on_bf16_keeps_its_composite_on_the_cpu(draw: str) -> None:
+    """HYPOTHESIS_PROFILE=thorough found it: a T5X-style searched top-k and top-p of bf16 logits (a -1e7 fill, T 1.3),
+    drawn from its log-probabilities. On the CPU the kernel's draw beside the form's function drew another token than
+    the program: XLA rounds the bf16 probabilities the search thresholds as it fuses each program. The composite now
+    stays on bf16 (its decomposition is the program's own ops), and gives the program's ids."""
+    spec = SamplerSpec(form="top_k_top_p_mask", vocab=16, rows=1, dtype="bfloat16", temperature=1.3, k=1, p=0.5,
+                       fill="-1e7", draw=draw, search_sign="t5x")
+    fn, specs = build(spec)
+    original = jax.jit(fn).lower(*specs).compiler_ir("stablehlo")
+    targeted = clone_module(original)
+    run_pipeline(targeted, "default", target="cpu")
+    assert count_composites(targeted, "hlofuse.sample") == 1
+    want, got = compile_module(clone_module(original)), compile_module(targeted)
+    for case, logits in logits_cases(spec).items():
+        for seed in range(KEYS):
+            args = inputs(spec, logits, seed)
+            np.testing.assert_array_equal(got(*args)[0], want(*args)[0], err_msg=f"{case}, seed {seed}")
+
+
 def test_argsort_writing_is_lax_top_k_but_for_signed_zeros() -> None:
     """Why the stable descending argsort is a top-k writing and argsort(-x) is not: NaN, infinities and ties."""
     rng = np.random.default_rng(0)
