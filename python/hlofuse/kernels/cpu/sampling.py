@@ -1885,10 +1885,17 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
                                   "softmax is f32, as torch.softmax(dtype=torch.float) computes it)")
             return inverse_cdf_rows_lowering(attrs.form, attrs.params())
         return row_param_lowering(attrs.form, attrs.params())
+    if filters in SEARCHED_FORMS and call.operand_types[0][1] != "f32":
+        # Under a draw of its own too: the searched top-p thresholds bf16 probabilities, which XLA rounds as it fuses
+        # the program (f32 inside a fusion), so the form's function run beside the kernel can keep another set (a
+        # T5X-style search on bf16 logits with a -1e7 fill, T 1.3 and a log-softmax draw did). The composite's
+        # decomposition, the program's own ops, runs instead.
+        raise Unsupported(f"'{attrs.form}' (a searched filter) takes f32 logits: the search compares f32 queries, and "
+                          "its bf16 probabilities round as XLA fuses the program")
     if attrs.form in SEARCHED_FORMS:
         shape, dtype = call.operand_types[0]
-        if dtype != "f32" or not shape:
-            raise Unsupported(f"'{attrs.form}' (a searched filter) takes f32 logits: the search compares f32 queries")
+        if not shape:
+            raise Unsupported(f"'{attrs.form}' (a searched filter) takes (..., V) logits")
         if ("k" in FORMS[attrs.form].params and not 0 < attrs.k <= shape[-1]) or (
                 "p" in FORMS[attrs.form].params and not 0.0 < attrs.p < 1.0):
             raise Unsupported(f"'{attrs.form}' is drawn by the kernel for 0 < k <= V and 0 < p < 1 only (with p = 1 "
@@ -1940,13 +1947,6 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if filters == "top_k_exact_top_p_ascending_mask":
             return top_k_exact_top_p_lowering(attrs.form, attrs.params())
         return top_p_ascending_lowering(attrs.form, attrs.params())
-    if filters in SEARCHED_FORMS and call.operand_types[0][1] != "f32":
-        # Under a draw of its own too: the searched top-p thresholds bf16 probabilities, which XLA rounds as it fuses
-        # the program (f32 inside a fusion), so the form's function run beside the kernel can keep another set (a
-        # T5X-style search on bf16 logits with a -1e7 fill, T 1.3 and a log-softmax draw did). The composite's
-        # decomposition, the program's own ops, runs instead.
-        raise Unsupported(f"'{attrs.form}' (a searched filter) takes f32 logits: the search compares f32 queries, and "
-                          "its bf16 probabilities round as XLA fuses the program")
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) not in (1, 2):
             raise Unsupported("the choice draw takes (B, V) logits or one row (V,)")
