@@ -522,6 +522,14 @@ def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     return jnp.where(x < kth, NEG_INF, x)
 
 
+def _classic_cut(x: jax.Array, p: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The classic top-p's start as torchax lowers it (Megatron's and x-transformers' alike): torch.sort(descending)
+    (jnp.sort and jnp.argsort, unstable, each reversed) and `cumsum(softmax(sorted)) > p`, not yet shifted."""
+    ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
+    ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
+    return ordered, ids, jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
+
+
 def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     """hf / flax / mtj styles: Hugging Face's top-p warpers, torch's through torchax or Flax's, the dropped at -inf;
     mesh-transformer-jax's, 1e10 below."""
@@ -544,17 +552,13 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         mask = jnp.take_along_axis(mask, jnp.argsort(jnp.argsort(probs, axis=-1), axis=-1), axis=-1)
         kept = x * mask - 1e10 * (1 - mask)
     elif c.spec.top_p_style == "classic":
-        ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
-        ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
-        remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > c.spec.p
+        ordered, ids, remove = _classic_cut(x, c.spec.p)
         remove = remove.at[:, 1:].set(remove[:, :-1])
         remove = remove.astype(jnp.int32).at[..., 0].set(jnp.zeros(x.shape[:-1], jnp.int32)) != 0
         batch, vocab = x.shape
         kept = jnp.where(remove.at[(_rows((batch, vocab)), ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
     elif c.spec.top_p_style == "xt":
-        ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
-        ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
-        remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > c.spec.p
+        ordered, ids, remove = _classic_cut(x, c.spec.p)
         remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)
         ordered = jnp.where(remove, NEG_INF, ordered)
         kept = ordered.at[(_rows(x.shape), ids)].set(ordered)
