@@ -49,10 +49,14 @@ from hlofuse.ir.inverse_cdf import InverseCdfDraw, cumulative_sum_axis, inverse_
 from hlofuse.ir.match import constant_scalar, defining_op
 from hlofuse.ir.required_ops import required_ops
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
+from hlofuse.kernels.noise import HAND_NOISES, hand_categorical, hand_noise_at_zero
 from hlofuse.kernels.sampling_reference import (
     FILL_BOUND,
     FILL_NOTE,
     FORMS,
+    HAND_NOISE_DRAWS,
+    NOISE_SCALED,
+    NOISE_SCALED_ROWS,
     PRELUDES,
     SHARED_NOISE_DRAWS,
     Form,
@@ -66,7 +70,8 @@ from hlofuse.template_cache import cached_text
 # Parameter values no program writes: the template's constants that stand for the site's parameters.
 # (k: an integer, for a form that reads the k a program compares a count with, `Form.reads`; a top-k's k is its size)
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9, "epsilon": 2.71828e-4,
-             "fill": -8.7654321e30, "one_minus_p": 0.0918273, "k": 1234567}
+             "fill": -8.7654321e30, "one_minus_p": 0.0918273, "k": 1234567,
+             "gumbel_eps": 2.2360679e-21, "gumbel_eps_out": 1.7320508e-22}
 # What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
 # (min_p: Hugging Face's writings keep their top token by torch.topk or by an argsort; for min_p <= 1 it is never
 # removed anyway, so their ids agree; above 1 every other token is, and which of tied maxima stays is the writing's.)
@@ -280,9 +285,10 @@ def _drawn_as(lead: tuple[int, ...]) -> Callable[..., jax.Array]:
 
 @functools.lru_cache(maxsize=256)
 def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-            draw_lead: tuple[int, ...] = ()) -> jax.stages.Traced:
+            draw_lead: tuple[int, ...] = (), noise: str = "") -> jax.stages.Traced:
     """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform); with
-    `draw_lead`, its rows reshaped to those before the draw (`_drawn_as`)."""
+    `draw_lead`, its rows reshaped to those before the draw (`_drawn_as`); with `noise`, its categorical's noise
+    written by hand (noise.HAND_NOISES, its eps sentinels; not with `draw_lead`)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
     read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p")
@@ -293,6 +299,10 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
         del scalars[name]
 
     drawn = {"categorical_fn": _drawn_as(draw_lead)} if draw_lead else {}
+    if noise:
+        if draw_lead:
+            raise ValueError("a hand-written noise is matched on the rows as they are drawn only")
+        drawn = {"categorical_fn": hand_categorical(noise, SENTINELS["gumbel_eps"], SENTINELS["gumbel_eps_out"])}
 
     def fn(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> jax.Array:
         per_row = dict(zip(form.row_params, rows, strict=True))
@@ -311,22 +321,23 @@ def _reads_k(form: Form) -> bool:
 
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
 def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                   platform: str, draw_lead: tuple[int, ...] = ()) -> tuple[str, frozenset[str]]:
+                   platform: str, draw_lead: tuple[int, ...] = (), noise: str = "") -> tuple[str, frozenset[str]]:
     """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops (the text from
     hlofuse.template_cache where a process of this install lowered it before)."""
     def lower() -> str:
-        lowered = _traced(form_name, writing, shape, dtype, k, draw_lead).lower(lowering_platforms=(platform,))
+        lowered = _traced(form_name, writing, shape, dtype, k, draw_lead, noise).lower(lowering_platforms=(platform,))
         return _prepared_text(lowered.compiler_ir("stablehlo"))
 
-    text = cached_text("sample", (form_name, writing, shape, dtype, k, platform, draw_lead), lower)
+    key = (form_name, writing, shape, dtype, k, platform, draw_lead) + ((noise,) if noise else ())
+    text = cached_text("sample", key, lower)
     return text, frozenset(_OP_NAME.findall(text))
 
 
 def _required_ops(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                  draw_lead: tuple[int, ...] = ()) -> frozenset[str]:
+                  draw_lead: tuple[int, ...] = (), noise: str = "") -> frozenset[str]:
     """The ops every platform's lowering of the form's `writing` holds, read from its trace (hlofuse.ir.required_ops):
     a program without one of them cannot match it, and its lowerings are skipped."""
-    return required_ops(_traced(form_name, writing, shape, dtype, k, draw_lead).jaxpr.jaxpr)
+    return required_ops(_traced(form_name, writing, shape, dtype, k, draw_lead, noise).jaxpr.jaxpr)
 
 
 def _prepared_text(module: ir.Module) -> str:
@@ -368,19 +379,19 @@ class Templates:
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                  ops_present: set[str], draw_lead: tuple[int, ...] = (), noise_class: str | None = None,
-                 skip_implied: bool = True) -> Iterator[Template]:
+                 skip_implied: bool = True, noise: str = "") -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program; of a stochastic form only the platform class its noise was lowered for, where known
         (`noise_class`: the other class's threefry cannot match it); none where the writing's jaxpr implies an op
         the program lacks (`_required_ops`, before any lowering; `skip_implied=False` lowers them all the same, to
-        say in a remark which of its ops a form lacks)."""
+        say in a remark which of its ops a form lacks); with `noise`, its categorical's noise written by hand."""
         order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
         if form.stochastic and noise_class is not None:
             order = [noise_class]
         # the form does not take this shape (the choice draw: (B, V) logits only; Pax's gather by iotas of one row):
         # JAX's tracing says so with a ValueError, an IndexError or a TypeError
         try:
-            required = _required_ops(form.name, writing, shape, dtype, k, draw_lead)
+            required = _required_ops(form.name, writing, shape, dtype, k, draw_lead, noise)
         except (ValueError, IndexError, TypeError):
             return
         if skip_implied and not required <= ops_present:  # no platform's lowering can match: none is lowered
@@ -389,7 +400,7 @@ class Templates:
         seen: set[str] = set()
         for platform in order:
             try:
-                text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead)
+                text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead, noise)
             except (ValueError, IndexError, TypeError):
                 return
             if text in seen:
@@ -445,6 +456,7 @@ class Site:
     # reads them as `scores_read`: themselves, or a reshape of them on the way to the draw (axlearn's (B, n, V)).
     scores: ir.Value | None = None
     scores_read: ir.Value | None = None
+    noise: str = ""  # the draw's noise as written by hand (noise.HAND_NOISES), "" for JAX's
 
     @property
     def ids_type(self) -> ir.RankedTensorType:
@@ -466,7 +478,13 @@ class Site:
                            temperature=params.get("temperature", 1.0), k=int(params.get("k", self.k)),
                            p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0),
                            epsilon=params.get("epsilon", 0.0), scores=self.scores is not None,
-                           fill=params.get("fill", float("-inf")))
+                           fill=params.get("fill", float("-inf")), gumbel_at_zero=self._gumbel_at_zero())
+
+    def _gumbel_at_zero(self) -> float | None:
+        """The noise where the uniform is 0 of a hand-written noise (checked when the site matched), else None."""
+        if not self.noise:
+            return None
+        return hand_noise_at_zero(self.noise, self.match.params["gumbel_eps"], self.match.params["gumbel_eps_out"])
 
 
 def _p(params: dict[str, float]) -> float:
@@ -680,6 +698,39 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
                     yield form, writing, logits_shape, dtype, top_k.k, lead
 
 
+def _noised(draw: Draw, candidates: Iterator[tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]]
+            ) -> Iterator[tuple[str, tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]]]:
+    """Each candidate with JAX's noise (""), then, where the draw's noise may be written by hand (no JAX uniform's
+    `max(tiny, u + tiny)` feeds it: `_jax_uniform`), each that draws by a categorical of f32 logits once more with
+    each of HAND_NOISES."""
+    tried = list(candidates)
+    yield from (("", candidate) for candidate in tried)
+    if draw.kind != "argmax" or _jax_uniform(draw.values):
+        return
+    for noise in HAND_NOISES:
+        yield from ((noise, c) for c in tried if c[3] == "f32" and not c[5] and c[0].stochastic
+                    and c[0].drawn_by in HAND_NOISE_DRAWS and c[0].filters not in NOISE_SCALED + NOISE_SCALED_ROWS)
+
+
+def _jax_uniform(value: ir.Value) -> bool:
+    """Whether a JAX uniform of minimum tiny (`max(tiny, u + tiny)`, jax.random.gumbel's) feeds `value`."""
+    tiny = float(np.finfo(np.float32).tiny)
+    return any(op.name == "stablehlo.maximum" and any(constant_scalar(v) == tiny for v in op.operands)
+               for op in _backward_ops(value))
+
+
+def _unlike_jax_noise(noise: str, found: TemplateMatch) -> str:
+    """Why a hand-written noise with the eps the match bound is not JAX's but where the uniform is 0
+    (noise.hand_noise_at_zero), "" if it is (or the noise is JAX's)."""
+    if not noise:
+        return ""
+    try:
+        hand_noise_at_zero(noise, found.params["gumbel_eps"], found.params["gumbel_eps_out"])
+    except ValueError as why:
+        return f"a hand-written Gumbel noise: {why}"
+    return ""
+
+
 def _beyond_limits(params: dict[str, float]) -> str:
     """Which constant a writing reads lies beyond its limit (WRITING_LIMITS), and why that matters; "" if none."""
     for name, (bound, why) in WRITING_LIMITS.items():
@@ -699,13 +750,16 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
     escaped: list[tuple[str, str]] = []  # forms that matched, each with a value the program also reads elsewhere
-    for form, writing, shape, dtype, k, lead in _candidates(draw, noisy, top_ks, ops_present, key_rows):
+    for noise, (form, writing, shape, dtype, k, lead) in _noised(draw, _candidates(draw, noisy, top_ks, ops_present,
+                                                                                   key_rows)):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
         if form.name not in tried:
             tried.append(form.name)
-        candidates.append((form, writing, shape, dtype, k, lead))
-        for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class):
+        if not noise:
+            candidates.append((form, writing, shape, dtype, k, lead))
+        for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class,
+                                           noise=noise):
             root_name = defining_op(template.root).name
             for root in _forward_values(draw.ids, _SEARCH_FORWARD):
                 op = defining_op(root)
@@ -713,11 +767,11 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     continue
                 report = MatchReport()
                 found = match_template(root, template.root, template.args, SENTINELS, report)
-                if found is not None and (beyond := _beyond_limits(found.params)):
+                if found is not None and (beyond := _beyond_limits(found.params) or _unlike_jax_noise(noise, found)):
                     limits_missed.append(f"`{form.name}` ({beyond})")
                     continue
                 if found is not None:
-                    site = Site(form, root, found, k, draw.unit_dims or 0, bool(lead), tuple(escaped))
+                    site = Site(form, root, found, k, draw.unit_dims or 0, bool(lead), tuple(escaped), noise=noise)
                     site = _with_scores(site, draw)
                     try:
                         _check_escapes(site, _interior(site))

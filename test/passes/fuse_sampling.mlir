@@ -23542,6 +23542,1224 @@ module @sample_near_miss_classic_top_p_at_or_above attributes {mhlo.num_partitio
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_palm_gumbel_sample(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_palm_gumbel_sample attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_palm_gumbel_sample(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_1 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %2 = call @_uniform(%arg1, %cst_0, %cst_1) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %4 = stablehlo.add %2, %3 : tensor<4x256xf32>
+    %5 = stablehlo.log %4 : tensor<4x256xf32>
+    %6 = stablehlo.negate %5 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %8 = stablehlo.add %6, %7 : tensor<4x256xf32>
+    %9 = stablehlo.log %8 : tensor<4x256xf32>
+    %10 = stablehlo.negate %9 : tensor<4x256xf32>
+    %11 = stablehlo.add %1, %10 : tensor<4x256xf32>
+    %12 = call @argmax(%11) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %12 : tensor<4xi32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %9 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %11 = stablehlo.multiply %10, %8 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %13 = stablehlo.multiply %12, %9 : tensor<4x256xui64>
+    %14 = stablehlo.add %11, %13 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %15 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %16 = stablehlo.shift_right_logical %14, %15 : tensor<4x256xui64>
+    %17 = stablehlo.convert %14 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18 = stablehlo.convert %16 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %19:2 = call @threefry2x32(%5, %7, %18, %17) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %20 = stablehlo.xor %19#0, %19#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %21 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %22 = stablehlo.shift_right_logical %20, %21 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %23 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %24 = stablehlo.or %22, %23 : tensor<4x256xui32>
+    %25 = stablehlo.bitcast_convert %24 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %27 = stablehlo.subtract %25, %26 : tensor<4x256xf32>
+    %28 = stablehlo.subtract %3, %2 : tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %27, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %32 = stablehlo.add %30, %31 : tensor<4x256xf32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %34 = stablehlo.maximum %33, %32 : tensor<4x256xf32>
+    return %34 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_lucidrains_gumbel_top_k(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_mask"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_lucidrains_gumbel_top_k attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_lucidrains_gumbel_top_k(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %values, %indices = chlo.top_k(%arg0, k = 16) : tensor<4x256xf32> -> (tensor<4x16xf32>, tensor<4x16xi32>)
+    %0 = stablehlo.slice %values [0:4, 15:16] : (tensor<4x16xf32>) -> tensor<4x1xf32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %2 = stablehlo.compare LT, %arg0, %1, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %3 = call @_where(%2, %cst, %arg0) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_0 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %4 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %5 = stablehlo.divide %3, %4 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_2 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %6 = call @_uniform(%arg1, %cst_1, %cst_2) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %7 = call @clip(%6, %cst_3) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %8 = stablehlo.log %7 : tensor<4x256xf32>
+    %cst_4 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %10 = stablehlo.multiply %9, %8 : tensor<4x256xf32>
+    %cst_5 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %11 = call @clip(%10, %cst_5) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %12 = stablehlo.log %11 : tensor<4x256xf32>
+    %cst_6 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %14 = stablehlo.multiply %13, %12 : tensor<4x256xf32>
+    %cst_7 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_7, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %16 = stablehlo.multiply %14, %15 : tensor<4x256xf32>
+    %17 = stablehlo.add %5, %16 : tensor<4x256xf32>
+    %18 = call @argmax(%17) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %18 : tensor<4xi32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %9 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %11 = stablehlo.multiply %10, %8 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %13 = stablehlo.multiply %12, %9 : tensor<4x256xui64>
+    %14 = stablehlo.add %11, %13 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %15 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %16 = stablehlo.shift_right_logical %14, %15 : tensor<4x256xui64>
+    %17 = stablehlo.convert %14 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18 = stablehlo.convert %16 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %19:2 = call @threefry2x32(%5, %7, %18, %17) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %20 = stablehlo.xor %19#0, %19#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %21 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %22 = stablehlo.shift_right_logical %20, %21 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %23 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %24 = stablehlo.or %22, %23 : tensor<4x256xui32>
+    %25 = stablehlo.bitcast_convert %24 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %27 = stablehlo.subtract %25, %26 : tensor<4x256xf32>
+    %28 = stablehlo.subtract %3, %2 : tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %27, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %32 = stablehlo.add %30, %31 : tensor<4x256xf32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %34 = stablehlo.maximum %33, %32 : tensor<4x256xf32>
+    return %34 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @clip(%arg0: tensor<4x256xf32>, %arg1: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.maximum %1, %arg0 : tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_lucidrains_gumbel_top_p(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_shifted_logits_mask"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_lucidrains_gumbel_top_p attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_lucidrains_gumbel_top_p(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %0 = call @sort(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x256xf32>
+    %2 = call @argsort(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %3 = stablehlo.reverse %2, dims = [1] : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %4 = stablehlo.reduce(%1 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %6 = stablehlo.maximum %5, %4 : tensor<4xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %9 = stablehlo.subtract %1, %8 : tensor<4x256xf32>
+    %10 = stablehlo.exponential %9 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %11 = stablehlo.reduce(%10 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %12 = stablehlo.broadcast_in_dim %11, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %14 = stablehlo.divide %10, %13 : tensor<4x256xf32>
+    %15 = call @cumsum(%14) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %16 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %17 = stablehlo.compare GT, %15, %16, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %18 = stablehlo.slice %17 [0:4, 0:255] : (tensor<4x256xi1>) -> tensor<4x255xi1>
+    %c = stablehlo.constant dense<false> : tensor<i1>
+    %19 = call @_pad(%18, %c) : (tensor<4x255xi1>, tensor<i1>) -> tensor<4x256xi1>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %20 = call @_where(%19, %cst_3, %1) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %21 = stablehlo.iota dim = 0 : tensor<4xi32>
+    %22 = stablehlo.reshape %21 : (tensor<4xi32>) -> tensor<4x1xi32>
+    %23 = stablehlo.broadcast_in_dim %22, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x256xi32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %24 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %25 = stablehlo.compare LT, %23, %24, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_5 = stablehlo.constant dense<4> : tensor<i32>
+    %26 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %27 = stablehlo.add %23, %26 : tensor<4x256xi32>
+    %28 = stablehlo.select %25, %27, %23 : tensor<4x256xi1>, tensor<4x256xi32>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %29 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %30 = stablehlo.compare LT, %3, %29, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_7 = stablehlo.constant dense<256> : tensor<i32>
+    %31 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %32 = stablehlo.add %3, %31 : tensor<4x256xi32>
+    %33 = stablehlo.select %30, %32, %3 : tensor<4x256xi1>, tensor<4x256xi32>
+    %34 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %35 = stablehlo.broadcast_in_dim %33, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %36 = stablehlo.concatenate %34, %35, dim = 2 : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x2xi32>
+    %37 = "stablehlo.scatter"(%20, %36, %20) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<f32>, %arg3: tensor<f32>):
+      stablehlo.return %arg3 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<4x256x2xi32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_8 = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %38 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %39 = stablehlo.divide %37, %38 : tensor<4x256xf32>
+    %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_10 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %40 = call @_uniform(%arg1, %cst_9, %cst_10) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_11 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %41 = call @clip(%40, %cst_11) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %42 = stablehlo.log %41 : tensor<4x256xf32>
+    %cst_12 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %43 = stablehlo.broadcast_in_dim %cst_12, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %44 = stablehlo.multiply %43, %42 : tensor<4x256xf32>
+    %cst_13 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %45 = call @clip(%44, %cst_13) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %46 = stablehlo.log %45 : tensor<4x256xf32>
+    %cst_14 = stablehlo.constant dense<-1.000000e+00> : tensor<f32>
+    %47 = stablehlo.broadcast_in_dim %cst_14, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %48 = stablehlo.multiply %47, %46 : tensor<4x256xf32>
+    %cst_15 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %49 = stablehlo.broadcast_in_dim %cst_15, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %50 = stablehlo.multiply %48, %49 : tensor<4x256xf32>
+    %51 = stablehlo.add %39, %50 : tensor<4x256xf32>
+    %52 = call @argmax(%51) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %52 : tensor<4xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    return %1#1 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_pad(%arg0: tensor<4x255xi1>, %arg1: tensor<i1>) -> tensor<4x256xi1> {
+    %0 = stablehlo.pad %arg0, %arg1, low = [0, 1], high = [0, 0], interior = [0, 0] : (tensor<4x255xi1>, tensor<i1>) -> tensor<4x256xi1>
+    return %0 : tensor<4x256xi1>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %9 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %11 = stablehlo.multiply %10, %8 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %13 = stablehlo.multiply %12, %9 : tensor<4x256xui64>
+    %14 = stablehlo.add %11, %13 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %15 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %16 = stablehlo.shift_right_logical %14, %15 : tensor<4x256xui64>
+    %17 = stablehlo.convert %14 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18 = stablehlo.convert %16 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %19:2 = call @threefry2x32(%5, %7, %18, %17) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %20 = stablehlo.xor %19#0, %19#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %21 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %22 = stablehlo.shift_right_logical %20, %21 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %23 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %24 = stablehlo.or %22, %23 : tensor<4x256xui32>
+    %25 = stablehlo.bitcast_convert %24 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %27 = stablehlo.subtract %25, %26 : tensor<4x256xf32>
+    %28 = stablehlo.subtract %3, %2 : tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %27, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %32 = stablehlo.add %30, %31 : tensor<4x256xf32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %34 = stablehlo.maximum %33, %32 : tensor<4x256xf32>
+    return %34 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @clip(%arg0: tensor<4x256xf32>, %arg1: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.maximum %1, %arg0 : tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_hand_gumbel_of_log_softmax(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature_log_softmax"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_hand_gumbel_of_log_softmax attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_hand_gumbel_of_log_softmax(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %2 = call @log_softmax(%1) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_1 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %3 = call @_uniform(%arg1, %cst_0, %cst_1) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %4 = call @clip(%3, %cst_2) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %5 = stablehlo.log %4 : tensor<4x256xf32>
+    %6 = stablehlo.negate %5 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<9.99999968E-21> : tensor<f32>
+    %7 = call @clip(%6, %cst_3) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %8 = stablehlo.log %7 : tensor<4x256xf32>
+    %9 = stablehlo.negate %8 : tensor<4x256xf32>
+    %10 = stablehlo.add %2, %9 : tensor<4x256xf32>
+    %11 = call @argmax(%10) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %11 : tensor<4xi32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x256xf32>
+    return %11 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %9 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %11 = stablehlo.multiply %10, %8 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %13 = stablehlo.multiply %12, %9 : tensor<4x256xui64>
+    %14 = stablehlo.add %11, %13 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %15 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %16 = stablehlo.shift_right_logical %14, %15 : tensor<4x256xui64>
+    %17 = stablehlo.convert %14 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18 = stablehlo.convert %16 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %19:2 = call @threefry2x32(%5, %7, %18, %17) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %20 = stablehlo.xor %19#0, %19#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %21 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %22 = stablehlo.shift_right_logical %20, %21 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %23 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %24 = stablehlo.or %22, %23 : tensor<4x256xui32>
+    %25 = stablehlo.bitcast_convert %24 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %27 = stablehlo.subtract %25, %26 : tensor<4x256xf32>
+    %28 = stablehlo.subtract %3, %2 : tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %27, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %32 = stablehlo.add %30, %31 : tensor<4x256xf32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %34 = stablehlo.maximum %33, %32 : tensor<4x256xf32>
+    return %34 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @clip(%arg0: tensor<4x256xf32>, %arg1: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.maximum %1, %arg0 : tensor<4x256xf32>
+    return %2 : tensor<4x256xf32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_near_miss_hand_gumbel_large_eps(
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused{{.*}}a hand-written Gumbel noise: its eps (1e-10, 1e-10) moves
+module @sample_near_miss_hand_gumbel_large_eps attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_near_miss_hand_gumbel_large_eps(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %0 = call @_uniform(%arg1, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<1.000000e-10> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.add %0, %1 : tensor<4x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<1.000000e-10> : tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %6 = stablehlo.add %4, %5 : tensor<4x256xf32>
+    %7 = stablehlo.log %6 : tensor<4x256xf32>
+    %8 = stablehlo.negate %7 : tensor<4x256xf32>
+    %9 = stablehlo.add %arg0, %8 : tensor<4x256xf32>
+    %10 = call @argmax(%9) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %10 : tensor<4xi32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %9 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %11 = stablehlo.multiply %10, %8 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %13 = stablehlo.multiply %12, %9 : tensor<4x256xui64>
+    %14 = stablehlo.add %11, %13 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %15 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %16 = stablehlo.shift_right_logical %14, %15 : tensor<4x256xui64>
+    %17 = stablehlo.convert %14 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18 = stablehlo.convert %16 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %19:2 = call @threefry2x32(%5, %7, %18, %17) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %20 = stablehlo.xor %19#0, %19#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %21 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %22 = stablehlo.shift_right_logical %20, %21 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %23 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %24 = stablehlo.or %22, %23 : tensor<4x256xui32>
+    %25 = stablehlo.bitcast_convert %24 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %27 = stablehlo.subtract %25, %26 : tensor<4x256xf32>
+    %28 = stablehlo.subtract %3, %2 : tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %27, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %32 = stablehlo.add %30, %31 : tensor<4x256xf32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %34 = stablehlo.maximum %33, %32 : tensor<4x256xf32>
+    return %34 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_near_miss_hand_gumbel_unguarded(
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// REMARK: remark: [hlofuse-fuse-sampling] {{.*}}sampler not fused{{.*}}argmax over noisy logits (threefry) matches no sampler form
+module @sample_near_miss_hand_gumbel_unguarded attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_near_miss_hand_gumbel_unguarded(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %0 = call @_uniform(%arg1, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x256xf32>
+    %4 = stablehlo.subtract %arg0, %3 : tensor<4x256xf32>
+    %5 = call @argmax(%4) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %5 : tensor<4xi32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<4x256xui64>
+    %9 = stablehlo.iota dim = 1 : tensor<4x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %11 = stablehlo.multiply %10, %8 : tensor<4x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %13 = stablehlo.multiply %12, %9 : tensor<4x256xui64>
+    %14 = stablehlo.add %11, %13 : tensor<4x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %15 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x256xui64>
+    %16 = stablehlo.shift_right_logical %14, %15 : tensor<4x256xui64>
+    %17 = stablehlo.convert %14 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %18 = stablehlo.convert %16 : (tensor<4x256xui64>) -> tensor<4x256xui32>
+    %19:2 = call @threefry2x32(%5, %7, %18, %17) : (tensor<ui32>, tensor<ui32>, tensor<4x256xui32>, tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %20 = stablehlo.xor %19#0, %19#1 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<9> : tensor<ui32>
+    %21 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %22 = stablehlo.shift_right_logical %20, %21 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %23 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %24 = stablehlo.or %22, %23 : tensor<4x256xui32>
+    %25 = stablehlo.bitcast_convert %24 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %26 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %27 = stablehlo.subtract %25, %26 : tensor<4x256xf32>
+    %28 = stablehlo.subtract %3, %2 : tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %27, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %32 = stablehlo.add %30, %31 : tensor<4x256xf32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %34 = stablehlo.maximum %33, %32 : tensor<4x256xf32>
+    return %34 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_mask_from_a_branch(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "categorical"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

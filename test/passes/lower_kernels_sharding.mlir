@@ -395,7 +395,7 @@ module @sample_min_p_vocab attributes {mhlo.num_partitions = 8 : i32, mhlo.num_r
 // CPU: stablehlo.concatenate
 // CPU: %[[PACKED:.*]] = stablehlo.reshape {{.*}} : (tensor<4x8x8x2xf32>) -> tensor<4x128xf32>
 // CPU: stablehlo.custom_call @hlofuse_sample(%[[PACKED]],
-// CPU-SAME: form = 8 : i64, k = 8 : i64
+// CPU-SAME: form = 8 : i64, gumbel_at_zero = 0x7FC00000 : f32, k = 8 : i64
 // CPU-SAME: vocab_total = 0 : i64
 // CPU-SAME: num_batch_dims = "1"
 // KEEP-LABEL: func.func public @rank_top_k_vocab_sharded

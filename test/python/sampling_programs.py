@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from hlofuse.kernels.noise import hand_noise_at_zero
+
 # Hugging Face's warpers as torchax lowers `generate()`'s logits processors: MinPLogitsWarper, EpsilonLogitsWarper and
 # TypicalLogitsWarper over (B, V) logits, each after the TemperatureLogitsWarper and, with `warper_top_k`, the
 # TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`. The min-p and epsilon warpers may
@@ -93,6 +95,11 @@ KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # x[..., None] along the vocabulary with shape (..., 1), its (..., 1) ids squeezed (rank-space forms take_along_axis
 # the (..., 1) ids first, as keras-hub does)
 NOISES = ("categorical", "gumbel", "gumbel_first", "keras")
+# Gumbel noises written by hand, -log(-log(u)) of a uniform u with each log guarded by 1e-20 (f32 logits, a draw of
+# the rows as they are): hand_sums, PaLM-jax's `log(t + eps)`; hand_clamps, lucidrains' `clamp(min=eps)` in JAX.
+# The composite carries the noise where u = 0 (`gumbel_at_zero`).
+HAND_NOISES = {"hand_sums": "logs_of_sums", "hand_clamps": "logs_of_clamps"}
+HAND_NOISE_EPS = 1e-20
 # How a rank-space form maps the drawn rank back to its id: take_along_axis, or gemma's ids[arange(B), rank]
 # ((B, k) candidates only)
 TAKES = ("along_axis", "batch_index")
@@ -247,7 +254,15 @@ _T_LAST = ("temperature", "top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask
 
 def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     """(form, attributes) of the composite the spec must fuse to: every generated sampler fuses, whole or at its
-    draw (with a remark naming what stays in XLA)."""
+    draw (with a remark naming what stays in XLA); with a hand-written noise, the same, its noise where the uniform
+    is 0 carried (`gumbel_at_zero`)."""
+    form, attrs = _expected(spec)
+    if spec.noise in HAND_NOISES:
+        attrs["gumbel_at_zero"] = hand_noise_at_zero(HAND_NOISES[spec.noise], HAND_NOISE_EPS, HAND_NOISE_EPS)
+    return form, attrs
+
+
+def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
     suffix = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
@@ -484,6 +499,12 @@ class _Ctx:
             x = jnp.log(jax.nn.softmax(x, axis=-1))
         if self.spec.noise == "categorical":
             return jax.random.categorical(key, x, axis=-1)
+        if self.spec.noise in HAND_NOISES:
+            def log(t: jax.Array) -> jax.Array:
+                clamped = self.spec.noise == "hand_clamps"
+                return jnp.log(jnp.clip(t, min=HAND_NOISE_EPS) if clamped else t + HAND_NOISE_EPS)
+
+            return jnp.argmax(x + -log(-log(jax.random.uniform(key, x.shape))), axis=-1)
         if self.spec.noise == "keras":
             return jax.random.categorical(key, x[..., None], axis=x.ndim - 1, shape=(*x.shape[:-1], 1))
         g = jax.random.gumbel(key, x.shape, x.dtype)

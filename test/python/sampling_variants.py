@@ -672,17 +672,29 @@ def old_hugging_face_top_k_top_p_multinomial(x, key):
     return _torchax_multinomial(_torchax_classic_top_p(jnp.where(y < kth, -jnp.inf, y), 0.9), key)
 
 
-def x_transformers_top_p_multinomial(x, key):
-    """x-transformers' `generate` with its `top_p` filter through torchax: torch.sort(descending=True), `cumsum > p`,
-    `F.pad(..., (1, -1), value=False)` (a slice and a pad), the sorted logits set to -inf there and scattered back by
-    the sorted ids, then softmax(filtered / T) and torch.multinomial: top_p_shifted_logits_mask_choice."""
+def _x_transformers_top_p(x, p):
+    """x-transformers' `top_p` filter through torchax: torch.sort(descending=True), `cumsum > p`, `F.pad(..., (1, -1),
+    value=False)` (a slice and a pad), the sorted logits set to -inf there and scattered back by the sorted ids."""
     ordered = jnp.sort(x, axis=-1, stable=False)[..., ::-1]
     ids = jnp.argsort(x, axis=-1, stable=False)[..., ::-1]
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > 0.9
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
     remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)
     ordered = jnp.where(remove, -jnp.inf, ordered)
     rows = jnp.broadcast_to(jnp.arange(x.shape[0]).reshape(x.shape[0], 1), x.shape)
-    return _torchax_multinomial(ordered.at[(rows, ids)].set(ordered) / 0.8, key)
+    return ordered.at[(rows, ids)].set(ordered)
+
+
+def x_transformers_top_p_multinomial(x, key):
+    """x-transformers' `generate` with its `top_p` filter (`_x_transformers_top_p`), then softmax(filtered / T) and
+    torch.multinomial: top_p_shifted_logits_mask_choice."""
+    return _torchax_multinomial(_x_transformers_top_p(x, 0.9) / 0.8, key)
+
+
+def lucidrains_gumbel_top_p(x, key):
+    """x-transformers' `top_p` filter drawn by its file's `gumbel_sample` (argmax(filtered / T + -log(-log(u))), each
+    log clamped at 1e-20, through torchax): top_p_shifted_logits_mask, with `gumbel_at_zero`."""
+    return jnp.argmax(_x_transformers_top_p(x, 0.9) / 0.8 + _hand_gumbel(key, x.shape, clamp=True, torch=True) * 1,
+                      axis=-1)
 
 
 def x_transformers_top_k_multinomial(x, key):
@@ -696,6 +708,48 @@ def x_transformers_top_k_multinomial(x, key):
     rows = jnp.broadcast_to(jnp.arange(x.shape[0]).reshape(x.shape[0], 1), (x.shape[0], k))
     kept = jnp.full_like(x, -jnp.inf).at[(rows, ids)].set(values[0:x.shape[0], 0:k])
     return _torchax_multinomial(kept / 0.9, key)
+
+
+def _hand_gumbel(key, shape, eps=1e-20, clamp=False, torch=False):
+    """A Gumbel noise written by hand: -log(-log(u)) of a uniform u, each log guarded by eps, added (PaLM-jax's
+    `log(t + eps)`) or clamped (lucidrains' `t.clamp(min=eps).log()`), in JAX or as torchax lowers torch (`-1 * x`)."""
+    def log(t):
+        return jnp.log(jnp.clip(t, eps, None) if clamp else t + eps)
+
+    def neg(t):
+        return -1 * t if torch else -t
+
+    return neg(log(neg(log(jax.random.uniform(key, shape, minval=0.0, maxval=1.0)))))
+
+
+def palm_gumbel_sample(x, key):
+    """PaLM-jax's (and progen's) sampler without top-k: argmax(logits / T + its hand-written noise), whose eps 1e-20
+    changes the noise only where the uniform is 0: temperature, with `gumbel_at_zero`."""
+    return jnp.argmax(x / 0.8 + _hand_gumbel(key, x.shape), axis=-1)
+
+
+def lucidrains_gumbel_top_k(x, key):
+    """lucidrains' `gumbel_sample` (x-transformers' `-log(-log(torch.rand_like(t)))`, each log clamped at 1e-20)
+    of a top-k mask (`x < kth` at -inf), through torchax: top_k_mask, with `gumbel_at_zero`."""
+    kth = jax.lax.top_k(x, 16)[0][..., -1:]
+    y = jnp.where(x < kth, -jnp.inf, x) / 0.9
+    return jnp.argmax(y + _hand_gumbel(key, x.shape, clamp=True, torch=True) * 1, axis=-1)
+
+
+def hand_gumbel_of_log_softmax(x, key):
+    """argmax(log_softmax(x / T) + a hand-written noise, each log clamped in JAX): temperature_log_softmax."""
+    return jnp.argmax(jax.nn.log_softmax(x / 0.7, axis=-1) + _hand_gumbel(key, x.shape, clamp=True), axis=-1)
+
+
+def near_miss_hand_gumbel_large_eps(x, key):
+    """A hand-written noise whose eps (1e-10) moves the noise of the smallest uniforms too: no kernel draws it."""
+    return jnp.argmax(x + _hand_gumbel(key, x.shape, eps=1e-10), axis=-1)
+
+
+def near_miss_hand_gumbel_unguarded(x, key):
+    """-log(-log(u)) with no guard: -inf where the uniform is 0, which no kernel draws."""
+    u = jax.random.uniform(key, x.shape)
+    return jnp.argmax(x - jnp.log(-jnp.log(u)), axis=-1)
 
 
 def near_miss_classic_top_p_at_or_above(x, key):
@@ -1458,6 +1512,18 @@ VARIANTS: list[Variant] = [
             expect={"k": 26, "temperature": 0.9}),
     Variant("near_miss_classic_top_p_at_or_above", near_miss_classic_top_p_at_or_above, "categorical_choice",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-p filter"),
+    Variant("palm_gumbel_sample", palm_gumbel_sample, "temperature",
+            expect={"temperature": 0.8, "gumbel_at_zero": -3.8297646045684814}),
+    Variant("lucidrains_gumbel_top_k", lucidrains_gumbel_top_k, "top_k_mask",
+            expect={"k": 16, "temperature": 0.9, "gumbel_at_zero": -3.8297646045684814}),
+    Variant("lucidrains_gumbel_top_p", lucidrains_gumbel_top_p, "top_p_shifted_logits_mask",
+            expect={"p": 0.9, "temperature": 0.8, "gumbel_at_zero": -3.8297646045684814}),
+    Variant("hand_gumbel_of_log_softmax", hand_gumbel_of_log_softmax, "temperature_log_softmax",
+            expect={"temperature": 0.7, "gumbel_at_zero": -3.8297646045684814}),
+    Variant("near_miss_hand_gumbel_large_eps", near_miss_hand_gumbel_large_eps, None,
+            remark="a hand-written Gumbel noise: its eps (1e-10, 1e-10) moves"),
+    Variant("near_miss_hand_gumbel_unguarded", near_miss_hand_gumbel_unguarded, None,
+            remark="argmax over noisy logits (threefry) matches no sampler form"),
     Variant("mask_from_a_branch", mask_from_a_branch, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the filters of a branch "
             "on traced values"),

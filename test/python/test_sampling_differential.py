@@ -34,6 +34,7 @@ from sampling_programs import (
     EXTRAS,
     FILLS,
     FORMS,
+    HAND_NOISES,
     HF_TOP_PS,
     HF_WARPERS,
     KEY_KINDS,
@@ -128,6 +129,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn not in ("choice", "row_keys", "inverse_cdf"):
             spec = dataclasses.replace(spec, draw=drawn)
+    # a Gumbel noise written by hand, for f32 logits drawn as they are
+    if stochastic and spec.sampler_dtype == "float32" and spec.noise != "keras" \
+            and spec.draw in ("categorical", "log_softmax", "log_of_softmax") and draw(st.integers(0, 3)) == 0:
+        spec = dataclasses.replace(spec, noise=draw(st.sampled_from(sorted(HAND_NOISES))))
     if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
     if form in SEARCHED and spec.batch in ("b", "bt", "b1") and draw(st.integers(0, 2)) == 0:
@@ -150,7 +155,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
     vocabulary_space = form not in ("top_k", "temperature_top_k") and not rank_space_p
     if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
-            and spec.noise != "keras" and draw(st.integers(0, 3)) == 0:
+            and spec.noise != "keras" and spec.noise not in HAND_NOISES and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, draw_rows=draw(st.sampled_from([1, spec.rows])))
     return spec
 
@@ -364,6 +369,13 @@ FIXED_GAPS = {
     "top_p_mask_drawn_by_rows": SamplerSpec(form="top_p_mask", draw_rows=2, rows=2),
     "min_p_log_softmax_drawn_by_rows_gumbel": SamplerSpec(form="min_p", draw_rows=1, draw="log_softmax",
                                                           noise="gumbel"),
+    # Gumbel noise written by hand (PaLM-jax's `log(t + 1e-20)`, lucidrains' clamp at 1e-20): not fused at all until
+    # the composite carried its value where the uniform is 0 (`gumbel_at_zero`)
+    "hand_sums_top_p_mask": SamplerSpec(form="top_p_mask", noise="hand_sums"),
+    "hand_clamps_top_k_rank_space_log_softmax": SamplerSpec(form="top_k", noise="hand_clamps", draw="log_softmax"),
+    "hand_sums_min_p_in_a_decode_loop": SamplerSpec(form="min_p", noise="hand_sums", enclosure="loop"),
+    "hand_clamps_classic_top_p": SamplerSpec(form="top_p_mask", top_p_style="classic", noise="hand_clamps"),
+    "hand_sums_hf_top_k_top_p": SamplerSpec(form="top_k_top_p_mask", top_p_style="hf", noise="hand_sums"),
 }
 
 

@@ -64,7 +64,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "multinomial_with_replacement_top_k_mask", "multinomial_with_replacement_temperature",
             "exponential_race_top_k", "exponential_race_top_p", "mtj_nucleaus_sample",
             "transformer_vq_nucleus_scaled", "megatron_top_p_multinomial", "classic_top_p_categorical",
-            "x_transformers_top_p_multinomial", "old_hugging_face_top_k_top_p_multinomial")
+            "x_transformers_top_p_multinomial", "old_hugging_face_top_k_top_p_multinomial", "palm_gumbel_sample",
+            "lucidrains_gumbel_top_k", "lucidrains_gumbel_top_p")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -8,11 +8,19 @@ own elements: the Pallas samplers compute it inside the kernel (`threefry_bits`,
 of rows draws its rows of the whole batch's noise (`gumbel_at_rows`, `categorical_at_rows`).
 
 Only f32 and bf16 noise, and counters below 2**32 (the high word of the counter is 0).
+
+Libraries also write the noise by hand, -log(-log(u)) of a uniform u guarded by a small eps (PaLM-jax's
+`log(t + eps)`, lucidrains' `t.clamp(min=eps).log()`; HAND_NOISES). For an eps that leaves every u > 0 and every
+-log(u) as it is, that noise is JAX's f32 noise but where u = 0 (`hand_noise_at_zero` decides it by evaluating
+the writing at all 2**23 uniforms): a categorical with such noise is `categorical_at_zero` of its value there.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -98,5 +106,111 @@ def categorical_at_rows(row_offset: jax.Array | int) -> Categorical:
     return categorical
 
 
-__all__ = ["DTYPES", "MAX_COUNTER", "Categorical", "categorical_at_rows", "gumbel", "gumbel_at_rows", "key_words",
+# ----- hand-written Gumbel noise ---------------------------------------------------------------------------------
+
+
+def _plus(x: Any, eps: Any, xp: Any) -> Any:  # noqa: ANN401
+    """x + eps: PaLM-jax's `log(t, eps) = log(t + eps)`."""
+    del xp
+    return x + eps
+
+
+def _floored(x: Any, eps: Any, xp: Any) -> Any:  # noqa: ANN401
+    """torch's `x.clamp(min=eps)` as torchax lowers it (jnp.clip: maximum(eps, x)): lucidrains'
+    `log(t, eps) = t.clamp(min=eps).log()`; numpy's maximum alike."""
+    return xp.clip(x, eps, None) if xp is jnp else np.maximum(eps, x)
+
+
+@dataclass(frozen=True)
+class HandNoise:
+    """-log(outer(-log(inner(u, eps)), eps_out)) of a uniform u in [0, 1): a Gumbel noise written by hand, by the
+    guards around its two logs (each `(x, eps, xp) -> x guarded`, xp the array module: jnp in a program, np to
+    evaluate it). `torch`: written in torch, through torchax, which negates as `-1 * x` (aten.neg) and adds the
+    noise to the logits as `x + noise * 1` (aten.add's alpha): the same values."""
+
+    inner: Callable[[Any, Any, Any], Any]
+    outer: Callable[[Any, Any, Any], Any]
+    torch: bool = False
+
+    def __call__(self, u: Any, eps: Any, eps_out: Any, xp: Any) -> Any:  # noqa: ANN401
+        return self._negated(xp.log(self.outer(self._negated(xp.log(self.inner(u, eps, xp))), eps_out, xp)))
+
+    def _negated(self, x: Any) -> Any:  # noqa: ANN401
+        return -1 * x if self.torch else -x
+
+    def added(self, logits: Any, noise: Any) -> Any:  # noqa: ANN401
+        """The logits perturbed by the noise, as the writing adds them."""
+        return logits + noise * 1 if self.torch else logits + noise
+
+
+# Hand-written Gumbel noises, of the f32 uniform `jax.random.uniform(key, shape)` (torch.rand_like through torchax):
+# PaLM-jax's `log(t + eps)` (and diffusers' and paddle samplers' in torch), lucidrains' `t.clamp(min=eps).log()`
+# (x-transformers' `gumbel_noise`, and in JAX as jnp.clip).
+HAND_NOISES: dict[str, HandNoise] = {"logs_of_sums": HandNoise(_plus, _plus),
+                                     "logs_of_clamps": HandNoise(_floored, _floored),
+                                     "torch_logs_of_sums": HandNoise(_plus, _plus, torch=True),
+                                     "torch_logs_of_clamps": HandNoise(_floored, _floored, torch=True)}
+
+
+def hand_categorical(noise: str, eps: float, eps_out: float) -> Categorical:
+    """argmax(logits + HAND_NOISES[noise] of jax.random.uniform(key, logits.shape)) over the last axis: a categorical
+    drawn with a hand-written noise, as the program writes it (f32 logits: the noise is f32)."""
+
+    def categorical(key: jax.Array, logits: jax.Array, axis: int = -1) -> jax.Array:
+        if axis not in (-1, logits.ndim - 1) or logits.dtype != jnp.float32:
+            raise ValueError("a hand-written noise is drawn over the last axis of f32 logits")
+        writing = HAND_NOISES[noise]
+        u = jax.random.uniform(key, logits.shape, minval=0.0, maxval=1.0)
+        return jnp.argmax(writing.added(logits, writing(u, eps, eps_out, jnp)), axis=-1)
+
+    return categorical
+
+
+def categorical_at_zero(at_zero: float) -> Categorical:
+    """jax.random.categorical of f32 logits over the last axis, its noise JAX's but `at_zero` where the uniform is 0
+    (the 23 mantissa bits of the element's random bits are 0): the ids of a hand-written noise whose eps leaves every
+    other uniform as it is (`hand_noise_at_zero`)."""
+
+    def categorical(key: jax.Array, logits: jax.Array, axis: int = -1) -> jax.Array:
+        if axis not in (-1, logits.ndim - 1) or logits.dtype != jnp.float32:
+            raise ValueError("a noise with another value at a zero uniform is drawn over the last axis of f32 logits")
+        zero = (jax.random.bits(key, logits.shape, jnp.uint32) >> 9) == 0
+        noise = jnp.where(zero, jnp.float32(at_zero), jax.random.gumbel(key, logits.shape, jnp.float32))
+        return jnp.argmax(noise + logits, axis=-1)
+
+    return categorical
+
+
+# Every f32 -log(u) of a uniform u in (0, 1) lies at or above this (-log(1 - 2**-23) is 2**-23 less a log's ulp).
+_LEAST_LOG = 2.0**-24
+
+
+@functools.lru_cache(maxsize=64)
+def hand_noise_at_zero(noise: str, eps: float, eps_out: float) -> float:
+    """The value of the hand-written noise HAND_NOISES[noise] (with these eps) where the uniform is 0, for a writing
+    that is JAX's f32 noise, -log(-log(max(tiny, u + tiny))) = -log(-log(u)), at every other uniform: decided by
+    evaluating its guards, f32 adds and maxima that round as XLA's do, where they act (the inner one at every uniform
+    u = m * 2**-23, m = 1 .. 2**23 - 1; the outer one at every f32 in [2**-24, 2**-23), the lowest -log(u) can
+    reach, where an add's rounding and a clamp's floor reach furthest), so that the logs' operands are JAX's,
+    whatever a log rounds. Raises ValueError saying how else it differs: a guard that moves some u or some -log(u),
+    or a value at 0 that is not finite (an unguarded log) or above the noise of u = 2**-23."""
+    writing = HAND_NOISES[noise]
+    u = (np.arange(1, 2**23, dtype=np.uint32) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1.0)
+    logs = (np.arange(2**23, dtype=np.uint32) | np.float32(_LEAST_LOG).view(np.uint32)).view(np.float32)
+    for what, values, guarded in (("uniforms", u, writing.inner(u, np.float32(eps), np)),
+                                  ("-log(u) near 0", logs, writing.outer(logs, np.float32(eps_out), np))):
+        moved = np.flatnonzero(np.asarray(guarded, np.float32) != values)
+        if moved.size:
+            raise ValueError(f"its eps ({eps:g}, {eps_out:g}) moves {moved.size} of the 2^23 {what} (the first "
+                             f"{float(values[moved[0]]):g}) off JAX's noise, which the kernels draw")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        zero, least = (float(writing(np.float32(x), np.float32(eps), np.float32(eps_out), np)) for x in (0.0, u[0]))
+    if not (np.isfinite(zero) and zero <= least):
+        raise ValueError(f"its noise where the uniform is 0 is {zero:g}, not a finite value below the others, which "
+                         "the kernels draw")
+    return zero
+
+
+__all__ = ["DTYPES", "HAND_NOISES", "MAX_COUNTER", "Categorical", "HandNoise", "categorical_at_rows",
+           "categorical_at_zero", "gumbel", "gumbel_at_rows", "hand_categorical", "hand_noise_at_zero", "key_words",
            "threefry_bits"]

@@ -170,8 +170,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     def reference(logits: jax.Array, key: jax.Array | None = None, *rows: jax.Array) -> Any:  # noqa: ANN401
         if attrs.scores:  # (ids, the scores its draw perturbs)
             return sample_reference_with_scores(logits, key, form=attrs.form, fill=attrs.fill, **attrs.params(),
-                                                rows=rows)
-        return sample_reference(logits, key, form=attrs.form, **attrs.params(), rows=rows)
+                                                rows=rows, gumbel_at_zero=attrs.gumbel_at_zero)
+        return sample_reference(logits, key, form=attrs.form, **attrs.params(), rows=rows,
+                                gumbel_at_zero=attrs.gumbel_at_zero)
 
     return reference
 

@@ -27,6 +27,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from hlofuse.kernels.noise import categorical_at_zero
+
 NEG_INF = -jnp.inf
 # jax.random.categorical, or one that draws the noise of other counters (hlofuse.kernels.noise.categorical_at_rows:
 # a shard's rows of a larger batch); only the kernels' fallbacks pass another.
@@ -1445,6 +1447,9 @@ DRAW_WRITINGS: dict[str, tuple[DrawWriting, ...]] = {
     "exponential_race": (DrawWriting(torch_exponential_race_draw, ("f32",)),)}
 # The op each draw of DRAWS picks its ids by (Form.draw): an argmax unless named here.
 DRAW_OPS = {"choice": "top_k", "inverse_cdf": "inverse_cdf"}
+# Draws whose noise is the categorical's, drawn over the rows as they are: a form drawn by one of them may have its
+# noise written by hand (noise.HAND_NOISES, SampleAttrs.gumbel_at_zero).
+HAND_NOISE_DRAWS = ("", "log_softmax", "log_of_softmax")
 # Draws whose rows all take the one key's noise, counted from 0 in each row (the fusion looks for them only where
 # the program's noise is one row's, broadcast over the rows).
 SHARED_NOISE_DRAWS = ("same_key_rows",)
@@ -1981,9 +1986,13 @@ def sample_reference(
     categorical_fn: Categorical = jax.random.categorical,
     rows: tuple[jax.Array, ...] = (),  # (B,) per-row values of the form's `row_params`, in order (the operands)
     fill: float | None = None,  # the dropped logits' value, for a form that reads one (`gives_scores`); None: -inf
+    gumbel_at_zero: float | None = None,  # the noise at a zero uniform of a hand-written noise (SampleAttrs)
 ) -> jax.Array:  # (...,) int32 token ids
     """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
-    (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise.)"""
+    (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise; with
+    `gumbel_at_zero`, the categorical is `categorical_at_zero` of it.)"""
+    if gumbel_at_zero is not None:
+        categorical_fn = categorical_at_zero(gumbel_at_zero)
     scalars = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps, "epsilon": epsilon}
     filled = {} if fill is None else {"fill": fill}
     return FORMS[form].fn(logits, key, **(scalars | row_values(form, rows)), **filled,

@@ -43,6 +43,10 @@ class SampleAttrs:
     # the program also reads (T5X's log-probability of the drawn token); forms that `gives_scores` only.
     scores: bool = False
     fill: float = float("-inf")  # with `scores`: the value of the dropped logits in them
+    # The f32 Gumbel noise where the uniform is 0, for a categorical whose noise is written by hand (-log(-log(u +
+    # eps) + eps) and the like, hlofuse.kernels.noise.HAND_NOISES): JAX's noise at every other uniform. None: JAX's
+    # own noise everywhere. (f32 logits only; their categorical is `noise.categorical_at_zero`.)
+    gumbel_at_zero: float | None = None
 
     @staticmethod
     def from_ir(attributes: ir.Attribute) -> SampleAttrs:
@@ -71,6 +75,8 @@ class SampleAttrs:
         if self.scores:  # likewise, only composites that give back their scores
             attributes["scores"] = ir.BoolAttr.get(True)
             attributes["fill"] = ir.FloatAttr.get(f64, self.fill)
+        if self.gumbel_at_zero is not None:  # likewise, only a categorical whose noise is written by hand
+            attributes["gumbel_at_zero"] = ir.FloatAttr.get(f64, self.gumbel_at_zero)
         return attributes
 
     def params(self) -> dict[str, Any]:

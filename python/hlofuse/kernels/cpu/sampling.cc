@@ -321,6 +321,11 @@ float GumbelBf16(uint32_t bits) {
   return -RoundBf16(std::log(-RoundBf16(std::log(u))));
 }
 
+// Whether a noise `zero` at a zero uniform keeps the noise monotone in the mantissa (the bucket bounds hold): at most
+// the noise of mantissa 1, as every hand-written -log(-log(u + eps) + eps) whose eps leaves u > 0 alone is; and
+// finite (an unguarded -log(-log(0)) = -inf would make NaN of an infinite logit, which argmax would take).
+bool ZeroNoiseFits(float zero) { return std::isfinite(zero) && zero <= GumbelF32(1); }
+
 // Bounds of the noise, computed once with the same float steps as the noise itself.
 struct NoiseTables {
   static constexpr int kBucketBits = 12;  // f32 noise bucketed by its leading random bits
@@ -364,16 +369,20 @@ class GumbelArgmax {
  public:
   static constexpr int kChunk = 256;  // a multiple of every ISA's lanes
 
-  // `start`: a best already found elsewhere (the argmax is then over its candidate too). `noise_scale`: the score is
-  // round(y + round(gumbel * noise_scale)) (f32 only), as Pax draws argmax(x + gumbel * T).
-  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, Best start = {},
-               float noise_scale = 1.0f)
+  // `zero_noise`: the f32 noise where the uniform is 0 (all 23 mantissa bits 0), for a hand-written Gumbel noise
+  // (-log(-log(u + eps) + eps) has -log(-log(eps)) there, JAX's -log(-log(tiny))), at most the bucket-0 bound (the
+  // caller checks, `ZeroNoiseFits`). `start`: a best already found elsewhere (the argmax is then over its candidate
+  // too). `noise_scale`: the score is round(y + round(gumbel * noise_scale)) (f32 only), as Pax draws argmax(x +
+  // gumbel * T).
+  GumbelArgmax(const SimdOps& ops, uint32_t k0, uint32_t k1, uint64_t base, bool bf16, float zero_noise,
+               Best start = {}, float noise_scale = 1.0f)
       : ops_(ops),
         tables_(Tables()),
         k0_(k0),
         k1_(k1),
         base_(base),
         bf16_(bf16),
+        zero_noise_(zero_noise),
         noise_scale_(noise_scale),
         gmax_(bf16 ? tables_.bf16_max : Scaled(tables_.f32_max)),
         best_(start) {
@@ -412,7 +421,8 @@ class GumbelArgmax {
       } else {
         if (Scaled(tables_.f32_upper[bits_[j] >> (32 - NoiseTables::kBucketBits)]) + y < bound_) continue;
         ++logs;
-        score = Scaled(GumbelF32(bits_[j] >> 9)) + y;
+        const uint32_t mantissa = bits_[j] >> 9;
+        score = Scaled(mantissa == 0 ? zero_noise_ : GumbelF32(mantissa)) + y;
       }
       best_.Offer(idx_[j], score);
       bound_ = best_.score > bound_ ? best_.score : bound_;
@@ -449,6 +459,7 @@ class GumbelArgmax {
   uint32_t k0_, k1_;
   uint64_t base_;
   bool bf16_;
+  float zero_noise_;
   float noise_scale_;
   float gmax_;
   Best best_;
@@ -485,10 +496,11 @@ struct Row {
   const float* x;
   int64_t n;
   bool bf16;
-  float* y;      // scratch: the scaled logits
-  float* w;      // scratch: exp(x - max)
-  float* bins;   // scratch: histogram bins
-  int32_t* ids;  // scratch: candidate indices (n + chunks + 1)
+  float zero_noise;  // the f32 Gumbel noise where the uniform is 0 (GumbelArgmax)
+  float* y;          // scratch: the scaled logits
+  float* w;          // scratch: exp(x - max)
+  float* bins;       // scratch: histogram bins
+  int32_t* ids;      // scratch: candidate indices (n + chunks + 1)
   const ForEach* each;
   float Round(float f) const { return bf16 ? RoundBf16(f) : f; }
   int64_t chunks() const { return NumChunks(n); }
@@ -841,7 +853,7 @@ Best SampleKept(const SimdOps& ops, const Row& r, const float* y, float ymax, ui
   const float seed = std::max(ylo, ymax - 1.0f);
   std::vector<Best> part(r.chunks());
   r.ForChunks([&](int64_t c) {
-    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, {}, noise_scale);
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, r.zero_noise, {}, noise_scale);
     int32_t* ids = r.ids_of(c);
     const int64_t found = ops.collect_range(y, seed, kPosInf, r.begin(c), r.end(c), ids);
     for (int64_t j = 0; j < found; ++j)
@@ -854,7 +866,7 @@ Best SampleKept(const SimdOps& ops, const Row& r, const float* y, float ymax, ui
   // The best score any chunk has reached so far, shared so that every chunk prunes with it.
   std::atomic<float> shared(seeds.index >= 0 ? seeds.score : kNegInf);
   r.ForChunks([&](int64_t c) {
-    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, seeds, noise_scale);
+    GumbelArgmax sampler(ops, k0, k1, base, r.bf16, r.zero_noise, seeds, noise_scale);
     int32_t* ids = r.ids_of(c);
     auto share = [&] {
       float seen = shared.load(std::memory_order_relaxed);
@@ -919,7 +931,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       auto top = TopK(ops, v, r.n, prm.k, r.ids);
       const int64_t nan_rank = FirstNaNRank(top);
       if (nan_rank >= 0) return Best{top[nan_rank].second, top[nan_rank].first};
-      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
+      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16, r.zero_noise);
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()); ++i)
         sampler.Offer(i, first ? top[i].first : r.Round(top[i].first / t));
       const Best& best = sampler.best();
@@ -935,7 +947,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       for (int64_t i = 0; i < candidates; ++i) r.y[i] = r.x[2 * i];
       auto top = TopK(ops, r.y, candidates, prm.k, r.ids);
       const int64_t nan_rank = FirstNaNRank(top);
-      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16);
+      GumbelArgmax sampler(ops, k0, k1, static_cast<uint64_t>(row) * prm.k, r.bf16, r.zero_noise);
       for (int64_t i = 0; i < static_cast<int64_t>(top.size()) && nan_rank < 0; ++i)
         sampler.Offer(i, r.Round(top[i].first / t));
       const Best& best = nan_rank >= 0 ? Best{nan_rank, std::numeric_limits<float>::quiet_NaN()} : sampler.best();
@@ -986,7 +998,7 @@ Best SampleRow(const SimdOps& ops, const Row& r, const Params& prm, uint32_t k0,
       const Band band = NucleusBandOf(cand, prm.p);
       if (std::isnan(band.lo)) return Best{kUncertified, kNegInf};
       const float lo = std::max(kth, band.lo);
-      GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16);
+      GumbelArgmax sampler(ops, k0, k1, vocab_base, r.bf16, r.zero_noise);
       for (int64_t j = 0; j < found; ++j)
         if (r.x[r.ids[j]] >= lo) sampler.Offer(r.ids[j], r.Round(r.x[r.ids[j]] / t));
       return Vouched(Winner(sampler.best()), r, band);
@@ -1056,7 +1068,8 @@ float* ThreadScratch(int64_t floats) {
 }
 
 // Row r of (rows, vocab) logits at `base` (bf16 widened into this thread's scratch), with this thread's scratch.
-Row RowOf(const char* base, int64_t r, int64_t vocab, bool bf16, bool round_bf16, const ForEach* each) {
+Row RowOf(const char* base, int64_t r, int64_t vocab, bool bf16, bool round_bf16, float zero_noise,
+          const ForEach* each) {
   const int64_t stride = vocab + NumChunks(vocab) + kMaxLanes;
   float* scratch = ThreadScratch(5 * stride);
   const float* x = reinterpret_cast<const float*>(base + r * vocab * 4);
@@ -1069,6 +1082,7 @@ Row RowOf(const char* base, int64_t r, int64_t vocab, bool bf16, bool round_bf16
   return Row{x,
              vocab,
              round_bf16,
+             zero_noise,
              scratch,
              scratch + stride,
              scratch + 2 * stride,
@@ -1142,7 +1156,7 @@ ffi::ErrorOr<const float*> RowScalesOf(ffi::RemainingArgs optional, int64_t rows
 ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::U32> keys,
                   ffi::Buffer<ffi::S32> row_ids, ffi::RemainingArgs optional, ffi::Result<ffi::Buffer<ffi::S32>> out,
                   ffi::RemainingRets extra, int64_t form, float temperature, int64_t k, float p, float min_p,
-                  int64_t vocab_total) {
+                  int64_t vocab_total, float gumbel_at_zero) {
   const auto dims = logits.dimensions();
   if (dims.size() < 2) return ffi::Error::InvalidArgument("hlofuse_sample: logits must be (*L, V)");
   const bool bf16 = logits.element_type() == ffi::DataType::BF16;
@@ -1170,6 +1184,12 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     return ffi::Error::InvalidArgument("hlofuse_sample: a log-probability nucleus takes f32 logits and T > 0");
   if (vocab < 1 || (needs_k && (k < 1 || k > choices)))
     return ffi::Error::InvalidArgument("hlofuse_sample: need 1 <= k <= V");
+  // NaN: JAX's noise there; another value (a hand-written noise's) only for f32 logits, below every other noise.
+  const float zero_noise = std::isnan(gumbel_at_zero) ? GumbelF32(0) : gumbel_at_zero;
+  if (!std::isnan(gumbel_at_zero) && (bf16 || IsPacked(form) || !ZeroNoiseFits(zero_noise)))
+    return ffi::Error::InvalidArgument(
+        "hlofuse_sample: gumbel_at_zero takes f32 logits and a value <= the noise of "
+        "mantissa 1");
   if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))
     return ffi::Error::InvalidArgument("hlofuse_sample: vocab_total must be 0 (this call's V) or >= V");
   const int64_t vocab_global = vocab_total > 0 ? vocab_total : vocab;
@@ -1195,7 +1215,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   const ForEach in_order = InOrder;
   const ForEach on_pool = [&pool](int64_t n, const std::function<void(int64_t)>& fn) { ParallelFor(pool, n, fn); };
   auto sample_row = [&](int64_t r) {
-    const Row row = RowOf(base, r, vocab, bf16, round_bf16, split ? &on_pool : &in_order);
+    const Row row = RowOf(base, r, vocab, bf16, round_bf16, zero_noise, split ? &on_pool : &in_order);
     const int64_t offset = split_io.offsets ? split_io.offsets[r] : 0;
     const uint64_t vocab_base = static_cast<uint64_t>(ids[r]) * vocab_global + offset;
     Params row_prm = prm;
@@ -1230,8 +1250,8 @@ ffi::Error SampleNucleusBand(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
   const ForEach in_order = InOrder;
   const ForEach on_pool = [&pool](int64_t n, const std::function<void(int64_t)>& fn) { ParallelFor(pool, n, fn); };
   auto band_of_row = [&](int64_t r) {
-    const Band band =
-        NucleusBand(ops, RowOf(base, r, vocab, false, false, split ? &on_pool : &in_order), p, from_below, by_place);
+    const Band band = NucleusBand(ops, RowOf(base, r, vocab, false, false, GumbelF32(0), split ? &on_pool : &in_order),
+                                  p, from_below, by_place);
     lo->typed_data()[r] = band.lo;
     hi->typed_data()[r] = band.hi;
   };
@@ -1536,7 +1556,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hlofuse_sample, hlofuse::cpu::Sample,
                                   .Attr<int64_t>("k")
                                   .Attr<float>("p")
                                   .Attr<float>("min_p")
-                                  .Attr<int64_t>("vocab_total"));  // 0: V; else the global V of a split
+                                  .Attr<int64_t>("vocab_total")     // 0: V; else the global V of a split
+                                  .Attr<float>("gumbel_at_zero"));  // NaN: JAX's; else a hand-written noise's
 
 // The vector ISA the sampler picks here ($HLOFUSE_CPU_ISA lowers it).
 extern "C" __attribute__((visibility("default"))) const char* hlofuse_sample_isa() {

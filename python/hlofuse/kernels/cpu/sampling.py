@@ -24,6 +24,7 @@ from hlofuse.kernels.sampling_reference import (
     DRAWS,
     ESURGE_FILL,
     FORMS,
+    HAND_NOISE_DRAWS,
     MTJ_MASK,
     NEG_INF,
     NOISE_SCALED,
@@ -139,6 +140,7 @@ def sample(
     k: int = 0,
     p: float = 1.0,
     min_p: float = 0.0,
+    gumbel_at_zero: float | None = None,  # a hand-written noise's value where the uniform is 0 (SampleAttrs)
 ) -> jax.Array:  # (...,) int32
     """`sample_reference`'s token ids, computed by the native CPU kernel."""
     if form not in FORM_CODES:
@@ -148,23 +150,26 @@ def sample(
     rows = int(np.prod(batch, dtype=np.int64))
     keys = _keys(key, (rows,))
     row_ids = jax.lax.iota(jnp.int32, rows)
-    (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, **params)
+    (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, gumbel_at_zero=gumbel_at_zero,
+                             **params)
     tokens = tokens.reshape(batch)
     if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
         return reference_where_uncertified(tokens, lambda: sample_reference(logits, key, form=form, **params))
     if form in CERTIFIED_NUCLEI:  # the program's cut, run only when some row drew in its band
-        return reference_where_uncertified(tokens, lambda: _nucleus_of_sorted_row(logits, key, form, params))
+        return reference_where_uncertified(
+            tokens, lambda: _nucleus_of_sorted_row(logits, key, form, params, gumbel_at_zero))
     return tokens
 
 
-def _nucleus_of_sorted_row(logits: jax.Array, key: jax.Array | None, form: str, params: dict[str, Any]) -> jax.Array:
+def _nucleus_of_sorted_row(logits: jax.Array, key: jax.Array | None, form: str, params: dict[str, Any],
+                           gumbel_at_zero: float | None = None) -> jax.Array:
     """A form of CERTIFIED_NUCLEI as the program computes it, its row sorted by the kernel (the same values in the
     same places: ties are equal values), its top-k and draw by the kernel: no sort in XLA."""
     def descending(x: jax.Array) -> jax.Array:
         return _sorted_by(SORT_TARGET, x)[0][..., ::-1]
 
     return FORMS[form].fn(logits, key, **params, descending_fn=descending, top_k_fn=_top_k_by_kernel,
-                          categorical_fn=_kernel_categorical(False)).astype(jnp.int32)
+                          categorical_fn=_kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)).astype(jnp.int32)
 
 
 def _keys(key: jax.Array | None, lead: tuple[int, ...]) -> jax.Array:
@@ -188,6 +193,7 @@ def _sample_call(
     k: int,
     p: float,
     min_p: float,
+    gumbel_at_zero: float | None = None,  # f32 logits: a hand-written noise's value where the uniform is 0
 ) -> list[jax.Array]:  # tokens (*L,) int32 [, scores (*L,) f32]
     code = FORM_CODES.get(form, KERNEL_FORM_CODES.get(form))
     if code is None:
@@ -204,7 +210,8 @@ def _sample_call(
         operands.append(scales.astype(jnp.float32))
     call = jax.ffi.ffi_call(TARGET, out_types, vmap_method="sequential")
     return list(call(*operands, form=np.int64(code), temperature=np.float32(temperature),
-                     k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p), vocab_total=np.int64(vocab_total)))
+                     k=np.int64(k), p=np.float32(p), min_p=np.float32(min_p), vocab_total=np.int64(vocab_total),
+                     gumbel_at_zero=np.float32(np.nan if gumbel_at_zero is None else gumbel_at_zero)))
 
 
 #===--- Vocabulary splits ---------------------------------------------------------------------===#
@@ -235,11 +242,13 @@ def sample_splits(
     return tokens, scores
 
 
-def _kernel_categorical(shared_noise: bool, row_keys: bool = False) -> Callable[..., jax.Array]:
+def _kernel_categorical(shared_noise: bool, row_keys: bool = False,
+                        gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
     """jax.random.categorical(key, z, axis=-1) by the kernel (form categorical: the same ids for f32 and bf16 z, and a
     row's first NaN where it has one, as argmax takes it). With `shared_noise` every row draws row 0's noise, as
     jax.random.choice does row by row with one key; with `row_keys` the key is (B, 2), one per row of (B, n) z, each
-    row drawing counters 0..n-1 under its own (sampling_reference.row_keys_draw)."""
+    row drawing counters 0..n-1 under its own (sampling_reference.row_keys_draw); with `gumbel_at_zero`, f32 z drawn
+    with a hand-written noise (noise.categorical_at_zero)."""
 
     def draw(key: jax.Array, z: jax.Array, axis: int = -1) -> jax.Array:
         if axis not in (-1, z.ndim - 1):
@@ -249,7 +258,8 @@ def _kernel_categorical(shared_noise: bool, row_keys: bool = False) -> Callable[
         row_ids = jnp.zeros((rows,), jnp.int32) if shared_noise or row_keys else jax.lax.iota(jnp.int32, rows)
         keys = key.astype(jnp.uint32).reshape(rows, 2) if row_keys else _keys(key, (rows,))
         params = form_params("categorical")
-        (tokens,) = _sample_call(z.reshape(rows, vocab), keys, row_ids, form="categorical", **params)
+        (tokens,) = _sample_call(z.reshape(rows, vocab), keys, row_ids, form="categorical",
+                                 gumbel_at_zero=gumbel_at_zero, **params)
         return tokens.reshape(batch)
 
     return draw
@@ -269,16 +279,17 @@ def _multinomial_by_kernel(key: jax.Array, probs: jax.Array) -> jax.Array:
     return _kernel_categorical(shared_noise=True)(key, jnp.log(probs))[:, None]
 
 
-def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+def drawn_form_lowering(form: str, params: dict[str, Any],
+                        gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
     """A form `<base>_<draw>` (a draw of sampling_reference.DRAWS): the form's own function, whose filters and
     log-probabilities run in JAX with the program's ops (so the same bits), with the kernel in place of its
     categorical draw, its top-k and its nucleus's descending sort (`_descending_values_by_kernel`). The kernel prunes
     the noise, the filters run as XLA runs them, and no sort is left to XLA. JetStream's nucleus under a draw of
     BAND_DRAWS (BANDED_DRAWN_NUCLEI, f32 (B, V) logits) is drawn first in its band (`nucleus_draw_in_band`), with no
     sort at all; only a batch the band cannot vouch for runs the form's own function. (A writing's fill is -inf to
-    the composite: FILL_NOTE.)"""
+    the composite: FILL_NOTE. `gumbel_at_zero`: a hand-written noise's, HAND_NOISE_FILTERS.)"""
     base = FORMS[FORMS[form].base].fn
-    categorical_fn = _draw_by_kernel(form)
+    categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
     by_band = form in BANDED_DRAWN_NUCLEI
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
@@ -290,7 +301,7 @@ def drawn_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
             return own()
         top_k = params["k"] if "k" in FORMS[form].params else None
         tokens = nucleus_draw_in_band(FORMS[form].drawn_by, logits, key, params, top_k, from_below=False,
-                                      by_place=False)
+                                      by_place=False, gumbel_at_zero=gumbel_at_zero)
         return reference_where_uncertified(tokens, own)
 
     return kernel
@@ -327,10 +338,12 @@ def _sorted_values_by_kernel(x: jax.Array) -> jax.Array:
     return _sort_by_kernel(x.reshape(-1, x.shape[-1]))[0].reshape(x.shape)
 
 
-def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+def function_form_lowering(form: str, params: dict[str, Any],
+                           gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
     of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), and gemma 3.1.0's top-p by its
-    count bound (`_ascending_count_by_mass`): the sorted row only for the batches those cannot vouch for."""
+    count bound (`_ascending_count_by_mass`): the sorted row only for the batches those cannot vouch for. With a
+    hand-written noise (`gumbel_at_zero`), its function alone."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
     # (audiocraft's top-k draws by torch.multinomial of its probabilities: the kernel's draw of their logs)
@@ -338,9 +351,11 @@ def function_form_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
-            return fn(logits, key, categorical_fn=_kernel_categorical(False), top_k_fn=top_k_fn,
-                      sort_fn=_sorted_values_by_kernel, **draws, **params)
+            return fn(logits, key, categorical_fn=_kernel_categorical(False, gumbel_at_zero=gumbel_at_zero),
+                      top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel, **draws, **params)
 
+        if gumbel_at_zero is not None:
+            return own()
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
         if form == "top_p_of_logits_exclusive" and logits.dtype == jnp.float32 and logits.ndim == 2:
@@ -460,7 +475,8 @@ XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "sorted_probs_inverse_cdf_rows",
 SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shifted_logits_mask")
 
 
-def shifted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+def shifted_top_p_lowering(form: str, params: dict[str, Any],
+                           gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
     """The classic top-p (SHIFTED_TOP_PS: Megatron-LM's of y = x / T, after a top-k mask of y as Hugging Face's old
     `top_k_top_p_filtering`, x-transformers' of the logits, then / T) of (B, V) f32 logits on the CPU, under a draw
     of BAND_DRAWS: the nucleus (of y, computed by the program's op, at T = 1; or of the logits at T), cut by sorted
@@ -469,9 +485,9 @@ def shifted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
     `< p`). A batch the band cannot vouch for (a tie across the cut, whose order is XLA's unstable sort's alone; a
     NaN or an infinity) runs the form's own function, its sort XLA's, in a conditional's branch. Under another draw
     (a key per row, the inverse CDF), and for bf16 logits (whose softmax and cumsum round as XLA fuses them), the
-    form's own function with the kernel's draw: the sort is XLA's."""
+    form's own function with the kernel's draw: the sort is XLA's. (`gumbel_at_zero`: a hand-written noise's.)"""
     fn = FORMS[FORMS[form].filters].fn
-    categorical_fn = _draw_by_kernel(form)
+    categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
@@ -484,10 +500,10 @@ def shifted_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
             cut, temperature = logits / params["temperature"], 1.0
         if "k" in FORMS[form].params:  # the band among the kernel's top k (ties of the k-th: the program's)
             tokens = top_k_nucleus_draw(FORMS[form].drawn_by, cut, key, {**params, "temperature": temperature},
-                                        from_below=False, exact_k=False)
+                                        from_below=False, exact_k=False, gumbel_at_zero=gumbel_at_zero)
         else:
             tokens = nucleus_draw_by_band(FORMS[form].drawn_by, cut, key, params["p"], temperature, from_below=False,
-                                          by_place=True)
+                                          by_place=True, gumbel_at_zero=gumbel_at_zero)
         return reference_where_uncertified(tokens, own)
 
     return kernel
@@ -818,9 +834,10 @@ def _exponential_race_by_kernel(key: jax.Array, y: jax.Array, axis: int = -1) ->
     return sample(exponential_race_scores(probs, noise_bits(key, probs.shape)), None, form="greedy")
 
 
-def _draw_by_kernel(form: str) -> Categorical:
+def _draw_by_kernel(form: str, gumbel_at_zero: float | None = None) -> Categorical:
     """The kernel's categorical draw for `form`'s draw (its own, or that of DRAWS it is drawn by; a key per row, or
-    one key's noise for every row, drawn for every row at once, not under a vmap)."""
+    one key's noise for every row, drawn for every row at once, not under a vmap), its noise at a zero uniform
+    `gumbel_at_zero` where given (a hand-written noise's: a draw of HAND_NOISE_DRAWS)."""
     draw = FORMS[form].drawn_by
     if draw == "choice":
         return _choice_by_kernel
@@ -833,8 +850,8 @@ def _draw_by_kernel(form: str) -> Categorical:
     if draw in SHARED_NOISE_DRAWS:
         return _kernel_categorical(True)
     if draw:
-        return functools.partial(DRAWS[draw], _kernel_categorical(False))
-    return _kernel_categorical(False)
+        return functools.partial(DRAWS[draw], _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero))
+    return _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)
 
 
 def _straddles(ordered: jax.Array, remove: jax.Array) -> jax.Array:
@@ -918,26 +935,27 @@ def top_k_exact_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..
 
 
 def nucleus_draw_in_band(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any], top_k: int | None, *,
-                         from_below: bool, by_place: bool) -> jax.Array:
+                         from_below: bool, by_place: bool, gumbel_at_zero: float | None = None) -> jax.Array:
     """The draw `draw` (of BAND_DRAWS) of a nucleus of mass params["p"] over logits / params["temperature"], with no
     sort, UNCERTIFIED where its band cannot vouch for the winner: after a top-k mask (`top_k` < V, Hugging Face's
     `< kth` keep) among the kernel's top k (`top_k_nucleus_draw`), else in the whole row's band
     (`nucleus_draw_by_band`, the cut by sorted place where `by_place`). `from_below`: the program's cumsum runs from
     the smallest logit. (B, V) f32 logits."""
     if top_k is not None and top_k < logits.shape[-1]:
-        return top_k_nucleus_draw(draw, logits, key, params, from_below=from_below, exact_k=False)
+        return top_k_nucleus_draw(draw, logits, key, params, from_below=from_below, exact_k=False,
+                                  gumbel_at_zero=gumbel_at_zero)
     return nucleus_draw_by_band(draw, logits, key, params["p"], params["temperature"], from_below=from_below,
-                                by_place=by_place)
+                                by_place=by_place, gumbel_at_zero=gumbel_at_zero)
 
 
 def top_k_nucleus_draw(draw: str, logits: jax.Array, key: jax.Array, params: dict[str, Any], *, from_below: bool,
-                       exact_k: bool) -> jax.Array:
+                       exact_k: bool, gumbel_at_zero: float | None = None) -> jax.Array:
     """Top-k then a nucleus cut by sorted place (Hugging Face's TopK then TopP warpers, `from_below`; Flax's, from the
     top), drawn with no sort: the kernel's top k, their band (`top_k_nucleus_band`), the draw (of BAND_DRAWS) among
     the top k at or above its floor (`draw_in_band`). (B, V) f32 logits."""
     logits, lo, hi, whole = top_k_nucleus_band(logits, params["k"], params["p"], from_below=from_below,
                                                exact_k=exact_k)
-    tokens = draw_in_band(draw, logits, key, lo, hi, params["temperature"])
+    tokens = draw_in_band(draw, logits, key, lo, hi, params["temperature"], gumbel_at_zero)
     return jnp.where(whole, tokens, UNCERTIFIED)
 
 
@@ -1059,26 +1077,27 @@ def _lead(score: jax.Array) -> jax.Array:
     return jnp.float32(2.0**-24) * (256.0 + 32.0 * jnp.abs(score))
 
 
-def _draw_with_score(key: jax.Array, z: jax.Array, shared: bool) -> tuple[jax.Array, jax.Array]:
+def _draw_with_score(key: jax.Array, z: jax.Array, shared: bool,
+                     gumbel_at_zero: float | None = None) -> tuple[jax.Array, jax.Array]:
     """categorical(key, z) by the kernel (one key's noise for every row where `shared`) and the winner's score."""
     rows = z.shape[0]
     row_ids = jnp.zeros((rows,), jnp.int32) if shared else jax.lax.iota(jnp.int32, rows)
     tokens, scores = _sample_call(z, _keys(key, (rows,)), row_ids, with_scores=True, form="categorical",
-                                  **form_params("categorical"))
+                                  gumbel_at_zero=gumbel_at_zero, **form_params("categorical"))
     return tokens, scores
 
 
 def nucleus_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, p: float, temperature: float, *,
-                         from_below: bool, by_place: bool) -> jax.Array:
+                         from_below: bool, by_place: bool, gumbel_at_zero: float | None = None) -> jax.Array:
     """The draw `draw` (of BAND_DRAWS) of a sorted nucleus's kept logits / T, by the kernel with no sort, or
     UNCERTIFIED where the band could hold the winner (or, for a log-probability draw, where the runner-up is too
     close). (B, V) f32 logits. A cut by value from the top (JetStream's) or by place from the bottom (Hugging Face's)
     under any draw of BAND_DRAWS but the race, at T > 0, is one kernel call (`_nucleus_draw_in_one_call`): band,
     scaling and draw, with no pass of XLA's over the row."""
     if draw in ONE_CALL_DRAWS and from_below == by_place and temperature > 0:
-        return _nucleus_draw_in_one_call(draw, logits, key, p, temperature, from_below)
+        return _nucleus_draw_in_one_call(draw, logits, key, p, temperature, from_below, gumbel_at_zero)
     lo, hi = nucleus_band(logits, p, from_below, by_place)
-    return draw_in_band(draw, logits, key, lo, hi, temperature)
+    return draw_in_band(draw, logits, key, lo, hi, temperature, gumbel_at_zero)
 
 
 # The draws of BAND_DRAWS one kernel call makes in the band (kernel forms 5 and 11, and their log-probability forms).
@@ -1086,7 +1105,7 @@ ONE_CALL_DRAWS = ("", "choice", "log_softmax", "log_of_softmax")
 
 
 def _nucleus_draw_in_one_call(draw: str, logits: jax.Array, key: jax.Array, p: float, temperature: float,
-                              from_below: bool) -> jax.Array:
+                              from_below: bool, gumbel_at_zero: float | None = None) -> jax.Array:
     """`draw_in_band` of the nucleus's own band as one kernel call: the categorical of the logits (kernel forms 5 and
     11), or a log-probability draw (LOG_PROB_FORM_CODES: the categorical of x / T, the winner vouched for where it
     leads the runner-up past the normaliser's rounding); jax.random.choice's with one key's noise for every row."""
@@ -1096,12 +1115,12 @@ def _nucleus_draw_in_one_call(draw: str, logits: jax.Array, key: jax.Array, p: f
     rows = logits.shape[0]
     row_ids = jnp.zeros((rows,), jnp.int32) if draw == "choice" else jax.lax.iota(jnp.int32, rows)
     (tokens,) = _sample_call(logits, _keys(key, (rows,)), row_ids, form=form, temperature=temperature, k=0, p=p,
-                             min_p=0.0)
+                             min_p=0.0, gumbel_at_zero=gumbel_at_zero)
     return tokens
 
 
 def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi: jax.Array,
-                 temperature: float) -> jax.Array:
+                 temperature: float, gumbel_at_zero: float | None = None) -> jax.Array:
     """The draw `draw` (of BAND_DRAWS) among the logits at or above `lo` (B,), / T, by the kernel: the winner where
     its logit is above `hi` (B,) (and, for a log-probability draw, it leads the runner-up by more than the rounding of
     another normaliser), else UNCERTIFIED. (B, V) f32 logits."""
@@ -1109,13 +1128,13 @@ def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi
         return race_in_band(logits, key, lo, hi, temperature)
     y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
     if draw == "":
-        tokens = _kernel_categorical(False)(key, y)
+        tokens = _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)(key, y)
         lead = jnp.ones(tokens.shape, jnp.bool_)
     else:
         z = jax.nn.log_softmax(y, axis=-1) if draw == "log_softmax" else jnp.log(jax.nn.softmax(y, axis=-1))
-        tokens, best = _draw_with_score(key, z, shared=draw == "choice")
+        tokens, best = _draw_with_score(key, z, draw == "choice", gumbel_at_zero)
         winner = jnp.arange(z.shape[-1])[None, :] == tokens[:, None]
-        _, runner_up = _draw_with_score(key, jnp.where(winner, NEG_INF, z), shared=draw == "choice")
+        _, runner_up = _draw_with_score(key, jnp.where(winner, NEG_INF, z), draw == "choice", gumbel_at_zero)
         lead = best - runner_up > _lead(best)
     kept = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] > hi
     return jnp.where(kept & lead, tokens, UNCERTIFIED)
@@ -1854,11 +1873,34 @@ def prelude_lowering(call: CompositeCall, inner: str,
     return normalized
 
 
+# A categorical whose noise is written by hand (SampleAttrs.gumbel_at_zero): the kernel draws it for f32 logits where
+# the lowering of the form's filters hands the value on to every draw of the kernel's (the plain kernel forms, the
+# function forms, the classic top-p) and its draw is the categorical itself or of the log-probabilities
+# (HAND_NOISE_DRAWS).
+HAND_NOISE_FILTERS = (*FORM_CODES, *FUNCTION_FORMS, *SHIFTED_TOP_PS)
+
+
+def _check_hand_noise(call: CompositeCall, attrs: SampleAttrs) -> None:
+    """Raises Unsupported where the kernel cannot draw the composite's hand-written noise (`gumbel_at_zero`)."""
+    if attrs.gumbel_at_zero is None:
+        return
+    form = FORMS.get(attrs.form)
+    if call.operand_types[0][1] != "f32":
+        raise Unsupported("a hand-written Gumbel noise is drawn by the kernel for f32 logits only")
+    if (form is None or form.filters not in HAND_NOISE_FILTERS or form.drawn_by not in HAND_NOISE_DRAWS
+            or form.row_params or prelude_of(attrs.form) is not None):
+        raise Unsupported(f"the CPU sampler draws '{attrs.form}' with JAX's Gumbel noise only, not a hand-written one "
+                          f"(another value where the uniform is 0; it does for the filters of "
+                          f"{', '.join(HAND_NOISE_FILTERS)})")
+
+
 def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     """target=cpu: this kernel for an `hlofuse.sample` composite, or Unsupported saying why not."""
     if not is_available():
         raise Unsupported("the native CPU sampling kernel is not built (pip install . builds it)")
     attrs = SampleAttrs.from_dict(call.attributes)
+    _check_hand_noise(call, attrs)
+    hand = attrs.gumbel_at_zero
     if (normalized := prelude_of(attrs.form)) is not None:
         return prelude_lowering(call, *normalized)
     if attrs.scores and attrs.form not in SEARCHED_FORMS:
@@ -1918,7 +1960,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16") or not attrs.temperature > 0 or attrs.k > shape[-1]:
             raise Unsupported("the classic top-p (Megatron-LM's) takes (B, V) f32 or bf16 logits, T > 0 and k <= V")
-        return shifted_top_p_lowering(attrs.form, attrs.params())
+        return shifted_top_p_lowering(attrs.form, attrs.params(), hand)
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
@@ -1950,7 +1992,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if attrs.form in FORMS and FORMS[attrs.form].base and call.operand_types[0][1] in ("f32", "bf16"):
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) not in (1, 2):
             raise Unsupported("the choice draw takes (B, V) logits or one row (V,)")
-        return drawn_form_lowering(attrs.form, attrs.params())
+        return drawn_form_lowering(attrs.form, attrs.params(), hand)
     if attrs.form == "top_p_of_probs_torch":
         if len(call.operand_types[0][0]) < 2 or call.operand_types[0][1] != "f32":
             raise Unsupported("the llama reference's top-p through torchax is drawn by the kernel for (..., V) f32 "
@@ -1964,7 +2006,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if attrs.form in WHOLE_ROW_FUNCTION_FORMS and call.operand_types[0][1] == "bf16":
             raise Unsupported(f"'{attrs.form}' of bf16 logits: the bf16 softmax and cumsum of the whole sorted row "
                               "round as XLA fuses them, which the kernel's sorted row does not reproduce")
-        return function_form_lowering(attrs.form, attrs.params())
+        return function_form_lowering(attrs.form, attrs.params(), hand)
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
     dtype = call.operand_types[0][1]
@@ -1977,7 +2019,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return sample(logits, key, form=attrs.form, **attrs.params())
+        return sample(logits, key, form=attrs.form, gumbel_at_zero=hand, **attrs.params())
 
     return kernel
 
@@ -2072,6 +2114,8 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
     attrs = SampleAttrs.from_dict(call.attributes)
     if attrs.scores:
         raise Unsupported("a sampler that gives back its scores is drawn by the kernel on one device only")
+    if attrs.gumbel_at_zero is not None:
+        raise Unsupported("a hand-written Gumbel noise is drawn by the kernel on one device only")
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         raise Unsupported(f"'{attrs.form}' takes per-row parameters, which the kernel takes on one device only")
     if attrs.form in FORMS and FORMS[attrs.form].row_keys:

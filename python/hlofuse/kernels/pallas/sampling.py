@@ -682,6 +682,9 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     attrs = SampleAttrs.from_dict(call.attributes)
     if attrs.scores:
         raise Unsupported(f"the {target} sampler gives back token ids only, not the scores it draws from")
+    if attrs.gumbel_at_zero is not None:
+        raise Unsupported(f"the {target} sampler draws JAX's Gumbel noise only, not a hand-written one (another value "
+                          "where the uniform is 0)")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         return _lowering(call.with_attributes(form=inner), backend, interpret, platform).after(normalize)

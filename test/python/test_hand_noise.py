@@ -1,0 +1,132 @@
+"""A Gumbel noise written by hand (-log(-log(u + eps) + eps) and its kin, noise.HAND_NOISES): which eps leave it
+JAX's noise but where the uniform is 0 (`hand_noise_at_zero`), and the ids of a draw whose winner is a token whose
+uniform is 0, where the two noises part: the original program, the composite's meaning, the CPU kernel and the fused
+program lowered to it must all draw the hand-written noise's winner, not JAX's."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxlib.mlir import ir
+from test_fuse_sampling_e2e import compile_module
+
+from hlofuse.kernels import cpu
+from hlofuse.kernels.cpu import sampling as cpu_sampling
+from hlofuse.kernels.noise import HAND_NOISES, categorical_at_zero, hand_noise_at_zero
+from hlofuse.kernels.sampling_reference import sample_reference
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import clone_module, sample_attrs
+
+V = 4096
+
+
+def _xla_noise_at_zero(noise: str, eps: float) -> float:
+    """The writing's noise at u = 0 as XLA computes it on the CPU (one log rounding apart from numpy's at most)."""
+    writing = HAND_NOISES[noise]
+    return float(jax.jit(lambda u: writing(u, np.float32(eps), np.float32(eps), jnp))(jnp.zeros((1,), jnp.float32))[0])
+
+
+@pytest.mark.parametrize("noise", sorted(HAND_NOISES))
+@pytest.mark.parametrize("eps", [1e-20, 1e-30, 3e-15])
+def test_a_small_eps_changes_the_noise_only_where_the_uniform_is_0(noise: str, eps: float) -> None:
+    at_zero = hand_noise_at_zero(noise, eps, eps)
+    assert at_zero == pytest.approx(_xla_noise_at_zero(noise, eps), rel=2e-7)
+    assert at_zero > -4.469769  # JAX's noise there is -log(-log(tiny))
+
+
+@pytest.mark.parametrize(("noise", "eps", "why"), [
+    ("logs_of_sums", 1e-10, "moves 16383 of the 2^23 uniforms"),  # u + 1e-10 rounds up the smallest uniforms
+    ("logs_of_sums", 1e-14, "moves 1 of the 2^23 uniforms"),  # past half an ulp of 2^-23 only at 2^-23 itself
+    ("torch_logs_of_sums", 7e-15, "-log(u) near 0"),  # half an ulp of the smallest -log(u)
+    ("logs_of_clamps", 1e-6, "of the 2^23 uniforms"),
+    ("torch_logs_of_clamps", 0.0, "not a finite value"),  # -log(-log(0)) is -inf
+])
+def test_an_eps_that_moves_other_noise_is_refused(noise: str, eps: float, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(why)):
+        hand_noise_at_zero(noise, eps, eps)
+
+
+def _zero_uniform_site() -> tuple[np.ndarray, int]:
+    """A key and a column of a (1, V) draw whose random bits have 23 zero mantissa bits (u = 0): searched over keys."""
+    keys = jnp.stack([jnp.arange(4096, dtype=jnp.uint32), jnp.full((4096,), 77, jnp.uint32)], axis=-1)
+    bits = jax.vmap(lambda key: jax.random.bits(key, (1, V), jnp.uint32))(keys)
+    found = np.argwhere(np.asarray(bits[:, 0, :] >> 9) == 0)
+    assert found.size, "no key of the 4096 has a zero uniform among its V columns"
+    key_index, column = found[0]
+    return np.asarray(keys[key_index]), int(column)
+
+
+def _parting_logits(key: np.ndarray, column: int, at_zero: float) -> tuple[np.ndarray, int]:
+    """(1, V) logits of two finite tokens: `column`, whose uniform is 0, and a rival whose perturbed score lies
+    between `column`'s under JAX's noise and under the hand-written one. The rival is JAX's winner."""
+    gumbel = np.asarray(jax.random.gumbel(jnp.asarray(key), (1, V), jnp.float32))[0]
+    rival = (column + 1) % V
+    logits = np.full((1, V), -np.inf, np.float32)
+    logits[0, column] = 10.0
+    between = 10.0 + (gumbel[column] + at_zero) / 2  # above 10 + JAX's noise there, below 10 + the hand-written one
+    logits[0, rival] = np.float32(between - gumbel[rival])
+    assert np.asarray(jax.random.categorical(jnp.asarray(key), logits))[0] == rival
+    return logits, rival
+
+
+def _palm_sample(x: jax.Array, key: jax.Array) -> jax.Array:
+    """PaLM-jax's draw: argmax(logits + -log(-log(u + 1e-20) + 1e-20))."""
+    def log(t: jax.Array) -> jax.Array:
+        return jnp.log(t + 1e-20)
+
+    return jnp.argmax(x + -log(-log(jax.random.uniform(key, x.shape, minval=0.0, maxval=1.0))), axis=-1)
+
+
+def test_a_token_whose_uniform_is_0_wins_by_the_hand_written_noise_everywhere() -> None:
+    key, column = _zero_uniform_site()
+    at_zero = hand_noise_at_zero("logs_of_sums", 1e-20, 1e-20)
+    logits, rival = _parting_logits(key, column, at_zero)
+    args = (logits, key)
+    specs = [jax.ShapeDtypeStruct(logits.shape, np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    original = clone_module(jax.jit(_palm_sample).lower(*specs).compiler_ir("stablehlo"))
+    want = compile_module(clone_module(original))(*args)[0]
+    assert want[0] == column != rival  # the program's own draw: the hand-written noise's winner
+
+    meaning = sample_reference(jnp.asarray(logits), jnp.asarray(key), form="categorical", gumbel_at_zero=at_zero)
+    np.testing.assert_array_equal(meaning, want)
+    np.testing.assert_array_equal(categorical_at_zero(at_zero)(jnp.asarray(key), jnp.asarray(logits)), want)
+
+    fused = clone_module(original)
+    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    (attrs,) = sample_attrs(fused)
+    assert attrs.form == "categorical" and attrs.gumbel_at_zero == at_zero
+    programs = {"fused": fused}
+    if cpu.is_available():
+        drawn = cpu_sampling.sample(jnp.asarray(logits), jnp.asarray(key), form="categorical", gumbel_at_zero=at_zero)
+        np.testing.assert_array_equal(drawn, want)
+        kernel = clone_module(fused)
+        assert run_pipeline(kernel, "builtin.module(hlofuse-lower-kernels{target=cpu})").counters["sample_to_cpu"]
+        programs["cpu"] = kernel
+    for name, module in programs.items():
+        np.testing.assert_array_equal(compile_module(clone_module(module))(*args)[0], want, err_msg=name)
+
+
+def test_the_kernel_refuses_a_zero_noise_it_cannot_draw() -> None:
+    """bf16 logits, or a value above the noise of the smallest nonzero uniform (its bucket bounds would not hold)."""
+    if not cpu.is_available():
+        pytest.skip("the CPU kernel is not built")
+    key = jnp.zeros((2,), jnp.uint32)
+    with pytest.raises(Exception, match="gumbel_at_zero"):
+        cpu_sampling.sample(jnp.zeros((1, 64), jnp.bfloat16), key, form="categorical", gumbel_at_zero=-3.8)
+    with pytest.raises(Exception, match="gumbel_at_zero"):
+        cpu_sampling.sample(jnp.zeros((1, 64), jnp.float32), key, form="categorical", gumbel_at_zero=0.0)
+
+
+@pytest.mark.parametrize("target", ["tpu-interpret", "neuron-sim"])
+def test_other_targets_keep_a_hand_written_noise_as_a_composite(target: str) -> None:
+    specs = [jax.ShapeDtypeStruct((2, 256), np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    module = clone_module(jax.jit(_palm_sample).lower(*specs).compiler_ir("stablehlo"))
+    run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    remarks = [str(r) for r in result.remarks]
+    assert "hlofuse.sample" in str(module) and any("hand-written" in r for r in remarks), remarks
+    assert isinstance(module, ir.Module)
