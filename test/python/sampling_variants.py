@@ -547,6 +547,14 @@ def keras_hub_top_k(x, key):
     return jnp.squeeze(jnp.take_along_axis(ids, pick, axis=-1), -1)
 
 
+def top_k_of_probs_at_t1(x, key):
+    """The top k of softmax(x) with no temperature at all (nanoGPT-style code, keras-hub's TopKSampler at T = 1),
+    drawn by a categorical of their log in rank space: top_k_of_probs at T = 1."""
+    values, ids = jax.lax.top_k(jax.nn.softmax(x, axis=-1), 16)
+    pick = jax.random.categorical(key, jnp.log(values), axis=-1)
+    return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+
+
 def gemma_top_p(x, key):
     """gemma's TopPSampling: the temperature first, the nucleus of the scaled logits in vocabulary order, dropped
     logits at finfo.min: top_p_mask at T = 1 of x / T (the division stays in XLA)."""
@@ -1512,6 +1520,7 @@ VARIANTS: list[Variant] = [
             expect={"k": 26, "temperature": 0.9}),
     Variant("near_miss_classic_top_p_at_or_above", near_miss_classic_top_p_at_or_above, "categorical_choice",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-p filter"),
+    Variant("top_k_of_probs_at_t1", top_k_of_probs_at_t1, "top_k_of_probs", expect={"k": 16, "temperature": 1.0}),
     Variant("palm_gumbel_sample", palm_gumbel_sample, "temperature",
             expect={"temperature": 0.8, "gumbel_at_zero": -3.8297646045684814}),
     Variant("lucidrains_gumbel_top_k", lucidrains_gumbel_top_k, "top_k_mask",

@@ -1319,7 +1319,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask", "top_p_shifted_logits_mask",
-                  "top_k_top_p_shifted_mask",
+                  "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
@@ -1547,8 +1547,9 @@ def _with_keras_draw(form: Form) -> Form:
 
 # Forms with a draw of their own (the log of probabilities): no other draw composes with them.
 _OF_PROBS = _TOP_K + ("stablehlo.exponential", "stablehlo.log")
+# (also at T = 1 with no division, or after the program's own: the top k of softmax(x), as nanoGPT-style code takes)
 FORMS["top_k_of_probs"] = Form("top_k_of_probs", "top_k", top_k_of_probs, ("temperature", "k"), _OF_PROBS,
-                               composes_draws=False)
+                               (_unscaled(Writing(top_k_of_probs, _OF_PROBS)),), composes_draws=False)
 
 
 def _rank_nucleus_form(name: str, nucleus: RankNucleus, with_k: bool) -> Form:
