@@ -718,6 +718,24 @@ def x_transformers_top_k_multinomial(x, key):
     return _torchax_multinomial(kept / 0.9, key)
 
 
+def _x_transformers_min_p(x, min_p):
+    """x-transformers' `min_p` filter through torchax: softmax of the logits themselves, `torch.where(probs < min_p *
+    probs.amax(-1, keepdim=True), -inf, logits)`."""
+    probs = jax.nn.softmax(x, axis=-1)
+    return jnp.where(probs < jnp.max(probs, axis=-1, keepdims=True) * min_p, -jnp.inf, x)
+
+
+def x_transformers_min_p_multinomial(x, key):
+    """x-transformers' `generate` with its `min_p` filter, then softmax(filtered / T) and torch.multinomial:
+    min_p_logits_mask_choice (the min-p of the logits, not of x / T)."""
+    return _torchax_multinomial(_x_transformers_min_p(x, 0.1) / 0.8, key)
+
+
+def x_transformers_min_p_categorical(x, key):
+    """x-transformers' `min_p` filter, then a categorical of filtered / T: min_p_logits_mask."""
+    return jax.random.categorical(key, _x_transformers_min_p(x, 0.1) / 0.8)
+
+
 def _hand_gumbel(key, shape, eps=1e-20, clamp=False, torch=False):
     """A Gumbel noise written by hand: -log(-log(u)) of a uniform u, each log guarded by eps, added (PaLM-jax's
     `log(t + eps)`) or clamped (lucidrains' `t.clamp(min=eps).log()`), in JAX or as torchax lowers torch (`-1 * x`)."""
@@ -1520,6 +1538,10 @@ VARIANTS: list[Variant] = [
             expect={"k": 26, "temperature": 0.9}),
     Variant("near_miss_classic_top_p_at_or_above", near_miss_classic_top_p_at_or_above, "categorical_choice",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-p filter"),
+    Variant("x_transformers_min_p_multinomial", x_transformers_min_p_multinomial, "min_p_logits_mask_choice",
+            expect={"min_p": 0.1, "temperature": 0.8}),
+    Variant("x_transformers_min_p_categorical", x_transformers_min_p_categorical, "min_p_logits_mask",
+            expect={"min_p": 0.1, "temperature": 0.8}),
     Variant("top_k_of_probs_at_t1", top_k_of_probs_at_t1, "top_k_of_probs", expect={"k": 16, "temperature": 1.0}),
     Variant("palm_gumbel_sample", palm_gumbel_sample, "temperature",
             expect={"temperature": 0.8, "gumbel_at_zero": -3.8297646045684814}),

@@ -897,6 +897,16 @@ def min_p(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float
     return categorical_fn(key, min_p_masked(logits, temperature=temperature, min_p=min_p), axis=-1)
 
 
+def min_p_logits_mask(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                      categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """x-transformers' `min_p` filter, then / T: the min-p of the logits themselves (softmax(x), as at T = 1), each
+    token whose probability is below min_p times the largest at -inf (`probs < limit`: a NaN stays), then the
+    categorical of the filtered logits / T (its `generate` draws softmax(filtered / T))."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    filtered = jnp.where(probs < min_p * jnp.max(probs, axis=-1, keepdims=True), NEG_INF, logits)
+    return categorical_fn(key, _scale(filtered, temperature), axis=-1)
+
+
 def _torch_top_1_ids(probs: jax.Array, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
     """`torch.topk(probs, 1).indices` as torchax lowers it."""
     return top_k_as_torch(probs, 1, top_k_fn)[1]
@@ -1203,6 +1213,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
                       _by_argsort(top_k_top_p_mask, _TOP_K + ("stablehlo.sort",)),
                       _by_argsort(top_k_top_p_mask_by_top_k, _TOP_K)))),
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
+    Form("min_p_logits_mask", "min_p", min_p_logits_mask, ("temperature", "min_p"),
+         _NOISE + ("stablehlo.exponential",)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          (Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch),
                   _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),
@@ -1320,6 +1332,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask", "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
+                  "min_p_logits_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))

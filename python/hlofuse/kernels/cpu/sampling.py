@@ -319,8 +319,12 @@ def _descending_values_by_kernel(x: jax.Array) -> jax.Array:
 # (tunix's nucleus of all V sorted logits takes the kernel's full descending sort, lax.top_k's order to the bit;
 # gemma 3.1.0's top-p, where its count bound cannot vouch for the draw, the kernel's ascending sort, whose values are
 # jnp.sort's: ties are equal values.)
+# (x-transformers' min-p of the logits, then / T: the program's softmax and mask, elementwise, and the kernel's draw.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
-                  "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch")
+                  "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch",
+                  "min_p_logits_mask")
+# A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
+BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask",)
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
 WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask")
@@ -2006,6 +2010,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if attrs.form in WHOLE_ROW_FUNCTION_FORMS and call.operand_types[0][1] == "bf16":
             raise Unsupported(f"'{attrs.form}' of bf16 logits: the bf16 softmax and cumsum of the whole sorted row "
                               "round as XLA fuses them, which the kernel's sorted row does not reproduce")
+        if attrs.form in BF16_UNSUPPORTED_FUNCTION_FORMS and call.operand_types[0][1] == "bf16":
+            raise Unsupported(f"'{attrs.form}' on bf16 logits thresholds bf16-rounded probabilities, which the CPU "
+                              "sampler does not reproduce")
         return function_form_lowering(attrs.form, attrs.params(), hand)
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
