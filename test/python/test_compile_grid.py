@@ -113,14 +113,15 @@ def test_attention_variant_compiles_or_is_refused(variant: Variant, chip_name: s
 
 
 # One variant of each kernel the catalogue's samplers lower to: variants of one form, dtype and shape emit the same
-# kernel call, whatever writing they were fused from (test_fuse_sampling_e2e.py checks that each writing fuses, also
-# lowered for tpu and cuda). Each for the GPU and for one TPU chip, v5e and v6e in turn: at the catalogue's shapes a
-# sampler's tiles are the same on both (its lane tiles do not depend on the chip's VMEM); the chips' limits are
-# tested at real vocabularies below, for every form on v5e, v6e and v5p.
+# kernel call, whatever writing they were fused from, but for a hand-written noise's (test_fuse_sampling_e2e.py
+# checks that each writing fuses, also lowered for tpu and cuda). Each for the GPU and for one TPU chip, v5e and v6e
+# in turn: at the catalogue's shapes a sampler's tiles are the same on both (its lane tiles do not depend on the
+# chip's VMEM); the chips' limits are tested at real vocabularies below, for every form on v5e, v6e and v5p.
 _KERNELS: dict[tuple[object, ...], object] = {}
 for _variant in SAMPLERS:
-    if _variant.form is not None:
-        _KERNELS.setdefault((_variant.form, _variant.dtype, _variant.shape), _variant)
+    if _variant.form is not None:  # (a hand-written noise's kernel draws another value where the uniform is 0)
+        _hand_noise = "gumbel_at_zero" in _variant.expect
+        _KERNELS.setdefault((_variant.form, _variant.dtype, _variant.shape, _hand_noise), _variant)
 SAMPLER_FORMS = list(_KERNELS.values())
 TPU_SAMPLER_TARGETS = [target for target in SAMPLER_TARGETS if target[1] == "tpu"]
 SAMPLER_CASES = [(variant, *target) for i, variant in enumerate(SAMPLER_FORMS)

@@ -121,12 +121,27 @@ def test_the_kernel_refuses_a_zero_noise_it_cannot_draw() -> None:
         cpu_sampling.sample(jnp.zeros((1, 64), jnp.float32), key, form="categorical", gumbel_at_zero=0.0)
 
 
-@pytest.mark.parametrize("target", ["tpu-interpret", "neuron-sim"])
-def test_other_targets_keep_a_hand_written_noise_as_a_composite(target: str) -> None:
+@pytest.mark.parametrize("target", ["tpu-interpret", "gpu-interpret"])
+def test_the_pallas_samplers_draw_the_hand_written_noise(target: str) -> None:
+    """The Pallas kernels (in interpret mode) draw the token whose uniform is 0, as the program does."""
+    key, column = _zero_uniform_site()
+    at_zero = hand_noise_at_zero("logs_of_sums", 1e-20, 1e-20)
+    logits, rival = _parting_logits(key, column, at_zero)
+    specs = [jax.ShapeDtypeStruct(logits.shape, np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    original = clone_module(jax.jit(_palm_sample).lower(*specs).compiler_ir("stablehlo"))
+    module = clone_module(original)
+    run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
+    got = compile_module(clone_module(module))(logits, key)[0]
+    assert got[0] == column != rival
+
+
+def test_neuron_keeps_a_hand_written_noise_as_a_composite() -> None:
     specs = [jax.ShapeDtypeStruct((2, 256), np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
     module = clone_module(jax.jit(_palm_sample).lower(*specs).compiler_ir("stablehlo"))
     run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
-    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    result = run_pipeline(module, "builtin.module(hlofuse-lower-kernels{target=neuron-sim})")
     remarks = [str(r) for r in result.remarks]
-    assert "hlofuse.sample" in str(module) and any("hand-written" in r for r in remarks), remarks
-    assert isinstance(module, ir.Module)
+    assert isinstance(module, ir.Module) and "hlofuse.sample" in str(module), remarks
+    assert any("hand-written" in r for r in remarks), remarks

@@ -70,15 +70,25 @@ def gumbel(bits: jax.Array, bf16: bool) -> jax.Array:
     return -_rounded(jnp.log(-_rounded(jnp.log(u), bf16)), bf16)
 
 
+def at_zero(noise: jax.Array, bits: jax.Array, value: float | None) -> jax.Array:
+    """f32 `noise` of these random bits with `value` where the uniform is 0 (the bits' 23 mantissa bits are 0): a
+    hand-written noise's (SampleAttrs.gumbel_at_zero); the noise itself for None."""
+    if value is None:
+        return noise
+    return jnp.where(lax.shift_right_logical(bits, np.int32(9)) == 0, jnp.float32(value), noise)
+
+
 def key_words(key: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The two int32 words of a raw (2,) uint32 threefry key."""
     raw = lax.bitcast_convert_type(key.astype(jnp.uint32), jnp.int32)
     return raw[0], raw[1]
 
 
-def gumbel_at_rows(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype, row_offset: jax.Array | int) -> jax.Array:
+def gumbel_at_rows(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype, row_offset: jax.Array | int,
+                   gumbel_at_zero: float | None = None) -> jax.Array:
     """Rows row_offset .. row_offset + R of jax.random.gumbel(key, (rows, W), dtype), for `shape` (..., R, W)
-    flattened to R rows of W: the noise a shard of rows draws as its part of the whole batch's."""
+    flattened to R rows of W: the noise a shard of rows draws as its part of the whole batch's (f32 with
+    `gumbel_at_zero`: a hand-written noise's, `at_zero`)."""
     if jnp.dtype(dtype) not in DTYPES:
         raise ValueError(f"noise at chosen counters is f32 or bf16 only, not {jnp.dtype(dtype).name}")
     width = shape[-1]
@@ -87,21 +97,24 @@ def gumbel_at_rows(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype, row
     counters = first + lax.broadcasted_iota(jnp.int32, (rows, width), 0) * np.int32(width) + lax.broadcasted_iota(
         jnp.int32, (rows, width), 1)
     k0, k1 = key_words(key)
-    noise = gumbel(threefry_bits(k0, k1, counters), jnp.dtype(dtype) == jnp.bfloat16)
+    bits = threefry_bits(k0, k1, counters)
+    noise = at_zero(gumbel(bits, jnp.dtype(dtype) == jnp.bfloat16), bits, gumbel_at_zero)
     return noise.astype(dtype).reshape(shape)
 
 
 Categorical = Callable[..., jax.Array]
 
 
-def categorical_at_rows(row_offset: jax.Array | int) -> Categorical:
+def categorical_at_rows(row_offset: jax.Array | int, gumbel_at_zero: float | None = None) -> Categorical:
     """`jax.random.categorical(key, logits, axis=-1)` for logits that are rows row_offset.. of a larger batch:
-    jnp.argmax(logits + the whole batch's noise at these rows), as categorical adds its noise."""
+    jnp.argmax(logits + the whole batch's noise at these rows), as categorical adds its noise (with
+    `gumbel_at_zero`, `categorical_at_zero`'s of f32 logits)."""
 
     def categorical(key: jax.Array, logits: jax.Array, axis: int = -1) -> jax.Array:
         if axis not in (-1, logits.ndim - 1):
             raise ValueError("categorical_at_rows draws over the last axis only")
-        return jnp.argmax(gumbel_at_rows(key, logits.shape, logits.dtype, row_offset) + logits, axis=-1)
+        noise = gumbel_at_rows(key, logits.shape, logits.dtype, row_offset, gumbel_at_zero)
+        return jnp.argmax(noise + logits, axis=-1)
 
     return categorical
 
@@ -211,6 +224,6 @@ def hand_noise_at_zero(noise: str, eps: float, eps_out: float) -> float:
     return zero
 
 
-__all__ = ["DTYPES", "HAND_NOISES", "MAX_COUNTER", "Categorical", "HandNoise", "categorical_at_rows",
+__all__ = ["DTYPES", "HAND_NOISES", "MAX_COUNTER", "Categorical", "HandNoise", "at_zero", "categorical_at_rows",
            "categorical_at_zero", "gumbel", "gumbel_at_rows", "hand_categorical", "hand_noise_at_zero", "key_words",
            "threefry_bits"]

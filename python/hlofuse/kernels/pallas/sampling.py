@@ -44,7 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as pltriton
 
-from hlofuse.kernels.noise import MAX_COUNTER, categorical_at_rows, gumbel, threefry_bits
+from hlofuse.kernels.noise import MAX_COUNTER, at_zero, categorical_at_rows, gumbel, threefry_bits
 from hlofuse.kernels.pallas.common import next_pow2, round_up
 from hlofuse.kernels.pallas.tpu import DEFAULT_SCOPED_VMEM, LANES, MAX_VMEM
 from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
@@ -148,6 +148,7 @@ class Plan:
     # whether the kernel also writes each row's winning score for the merge. A whole row: vocab, False.
     noise_vocab: int = 0
     with_scores: bool = False
+    gumbel_at_zero: float | None = None  # f32: a hand-written noise's value where the uniform is 0 (SampleAttrs)
 
     @property
     def num_tiles(self) -> int:
@@ -329,7 +330,8 @@ def _value_at(rows: _Rows, values: Callable[[jax.Array], jax.Array], local: jax.
 def _noise(rows: _Rows, ids: jax.Array, per_row: int) -> jax.Array:
     """Gumbel noise of the elements `ids` of each row's noise vector of length `per_row`."""
     counter = rows.rows() * np.int32(per_row) + ids  # wraps modulo 2**32 like the uint32 it stands for
-    return gumbel(threefry_bits(rows.k0, rows.k1, counter), rows.plan.bf16)
+    bits = threefry_bits(rows.k0, rows.k1, counter)
+    return at_zero(gumbel(bits, rows.plan.bf16), bits, rows.plan.gumbel_at_zero)
 
 
 def _categorical(rows: _Rows, logits: Callable[[jax.Array], jax.Array]) -> tuple[jax.Array, jax.Array]:
@@ -533,7 +535,8 @@ def vmem_bytes(plan: Plan, dtype: Any) -> int:  # noqa: ANN401
 
 
 def _plan(form: str, vocab: int, dtype: Any, backend: str, blocks: BlockSizes, temperature: float = 1.0,  # noqa: ANN401
-          k: int = 0, p: float = 1.0, min_p: float = 0.0, noise_vocab: int = 0, with_scores: bool = False) -> Plan:
+          k: int = 0, p: float = 1.0, min_p: float = 0.0, noise_vocab: int = 0, with_scores: bool = False,
+          gumbel_at_zero: float | None = None) -> Plan:
     if backend == "tpu":
         vocab_pad = round_up(vocab, LANES)
         block_v = blocks.block_v or _tpu_block_v(vocab_pad, blocks.block_rows)
@@ -547,7 +550,7 @@ def _plan(form: str, vocab: int, dtype: Any, backend: str, blocks: BlockSizes, t
     t = float(np.asarray(temperature, np.float32).astype(dtype).astype(np.float32))
     return Plan(form=form, bf16=bf16, vocab=vocab, vocab_pad=vocab_pad, block_rows=blocks.block_rows,
                 block_v=block_v, temperature=t, k=int(k), p=float(p), min_p=float(min_p),
-                noise_vocab=noise_vocab or vocab, with_scores=with_scores)
+                noise_vocab=noise_vocab or vocab, with_scores=with_scores, gumbel_at_zero=gumbel_at_zero)
 
 
 def dtype_name(dtype: Any) -> str:  # noqa: ANN401
@@ -586,6 +589,7 @@ def sample(
     block_sizes: BlockSizes | None = None,
     interpret: Any = False,  # noqa: ANN401  (True, or pltpu.InterpretParams for the TPU interpreter)
     row_offset: jax.Array | int = 0,
+    gumbel_at_zero: float | None = None,  # f32 logits: a hand-written noise's value where the uniform is 0
 ) -> jax.Array:  # (...,) int32
     """`sample_reference`'s token ids computed by the Pallas kernel of `backend` ("tpu" or "gpu").
 
@@ -593,16 +597,18 @@ def sample(
     contiguous rows of a larger batch: the noise is drawn at the counters of the global rows, so the
     shard gets the ids the whole batch would give its rows (hlofuse.shard_local)."""
     why = check(form, dtype_name(logits.dtype), logits.shape, k)
+    if why is None and gumbel_at_zero is not None and logits.dtype != jnp.float32:
+        why = "draws a hand-written noise (gumbel_at_zero) for f32 logits only"
     if why is not None:
         raise ValueError(f"the {backend} sampler {why}")
     batch = logits.shape[:-1]
     rows = int(np.prod(batch, dtype=np.int64))
     plan_params = dict(temperature=temperature, k=k, p=p, min_p=min_p)
-    (ids,) = _run(logits.reshape(rows, logits.shape[-1]), key, form, plan_params, backend, block_sizes, interpret,
-                  row_offset)
+    (ids,) = _run(logits.reshape(rows, logits.shape[-1]), key, form, {**plan_params, "gumbel_at_zero": gumbel_at_zero},
+                  backend, block_sizes, interpret, row_offset)
     ids = ids.reshape(batch)
     if form in UNCERTIFIED_FORMS:  # the program's softmax or cut, run only when some row needs it
-        categorical_fn = categorical_at_rows(row_offset)
+        categorical_fn = categorical_at_rows(row_offset, gumbel_at_zero)
         return reference_where_uncertified(ids, lambda: sample_reference(logits, key, form=form, **plan_params,
                                                                          categorical_fn=categorical_fn))
     return ids
@@ -682,9 +688,9 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     attrs = SampleAttrs.from_dict(call.attributes)
     if attrs.scores:
         raise Unsupported(f"the {target} sampler gives back token ids only, not the scores it draws from")
-    if attrs.gumbel_at_zero is not None:
-        raise Unsupported(f"the {target} sampler draws JAX's Gumbel noise only, not a hand-written one (another value "
-                          "where the uniform is 0)")
+    if attrs.gumbel_at_zero is not None and call.operand_types[0][1] != "f32":
+        raise Unsupported(f"the {target} sampler draws a hand-written Gumbel noise (another value where the uniform "
+                          "is 0) for f32 logits only")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         return _lowering(call.with_attributes(form=inner), backend, interpret, platform).after(normalize)
@@ -700,7 +706,7 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
 
     def kernel(logits: jax.Array, key: jax.Array | None = None, row_offset: jax.Array | int = 0) -> jax.Array:
         return sample(logits, key, form=attrs.form, backend=backend, interpret=interpret, row_offset=row_offset,
-                      **attrs.params())
+                      gumbel_at_zero=attrs.gumbel_at_zero, **attrs.params())
 
     return Lowered(kernel, platforms=(platform,) if platform is not None else (), takes_row_offset=True)
 
@@ -718,7 +724,9 @@ _TARGETS = {"tpu": ("tpu", False, "tpu"), "gpu": ("gpu", False, "cuda"), "tpu-in
 
 def shard_cuts(call: CompositeCall) -> Cuts:
     """The dims a per-shard call keeps local: the rows and, for VOCAB_SPLIT_FORMS, the vocabulary."""
-    return sample_cuts(call, vocab=SampleAttrs.from_dict(call.attributes).form in VOCAB_SPLIT_FORMS)
+    attrs = SampleAttrs.from_dict(call.attributes)
+    # (a hand-written noise's rows are cut, not its vocabulary: the split kernel draws JAX's noise)
+    return sample_cuts(call, vocab=attrs.form in VOCAB_SPLIT_FORMS and attrs.gumbel_at_zero is None)
 
 
 def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
@@ -726,6 +734,8 @@ def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     `sample_split` with the whole row's noise."""
     backend, interpret, platform = _TARGETS[target]
     attrs = SampleAttrs.from_dict(call.attributes)
+    if attrs.gumbel_at_zero is not None:  # (`shard_cuts` keeps such a vocabulary whole)
+        raise ValueError("a hand-written Gumbel noise is drawn per shard of rows, not of the vocabulary")
     run = functools.partial(sample_split, temperature=attrs.temperature, backend=backend, interpret=interpret)
     if attrs.form in SPLIT_FORMS:
         return vocab_ranges.sampled_ranges(call, splits, run, attrs.form, platform=platform)
