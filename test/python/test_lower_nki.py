@@ -110,9 +110,7 @@ SAMPLERS = [v for v in sampling_variants.VARIANTS if v.form is not None]
 
 def _nki_takes(variant: sampling_variants.Variant) -> bool:
     dtype = jnp.dtype(variant.dtype).name
-    hand_noise = "gumbel_at_zero" in variant.expect  # (a hand-written noise: the NKI sampler draws JAX's only)
-    return (variant.form in sampling.KERNEL_FORMS and not hand_noise
-            and (dtype == "float32" or variant.form not in sampling.F32_ONLY_FORMS))
+    return variant.form in sampling.KERNEL_FORMS and (dtype == "float32" or variant.form not in sampling.F32_ONLY_FORMS)
 
 
 @pytest.mark.parametrize("variant", SAMPLERS, ids=[v.name for v in SAMPLERS])

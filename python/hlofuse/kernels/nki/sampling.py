@@ -471,11 +471,14 @@ def kernel_tokens(
     block_sizes: BlockSizes | None = None,
     steps: int = SEARCH_STEPS,
     row_offset: jax.Array | int | None = None,
+    gumbel_at_zero: float | None = None,
 ) -> jax.Array:  # (...,) int32: token ids, UNCERTIFIED where the kernel cannot vouch for a row
     """The kernel's own output, without the reference for uncertified rows (`sample` adds it).
 
     `row_offset` (an int32 scalar): the logits' rows are rows row_offset.. of a larger batch (one shard's), so
     the noise is that batch's at these rows (`hlofuse.kernels.noise.gumbel_at_rows`, f32 and bf16 only).
+    `gumbel_at_zero`: a hand-written noise's value where the uniform is 0 (SampleAttrs; f32 logits), which the noise
+    passed in takes there.
 
     runner "sim": on this host inside the program (a CPU custom call), under NKI's simulator when
     neuronxcc imports and the emulator otherwise ("emulator" / "simulator" force one). runner "device":
@@ -499,7 +502,12 @@ def kernel_tokens(
             raise ValueError(f"form '{form}' draws noise: it needs a key")
         # the exact call jax.random.categorical makes (threefry bits at the same counters)
         width = k if form in RANK_FORMS else vocab  # rank-space forms draw noise for the top k only
-        if row_offset is None:
+        if gumbel_at_zero is not None:
+            if logits.dtype != jnp.float32:
+                raise ValueError("a hand-written Gumbel noise (gumbel_at_zero) is drawn for f32 logits only")
+            offset = 0 if row_offset is None else row_offset
+            operands.append(gumbel_at_rows(key, (rows, width), logits.dtype, offset, gumbel_at_zero))
+        elif row_offset is None:
             operands.append(jax.random.gumbel(key, (*batch, width), logits.dtype).reshape(rows, width))
         else:
             operands.append(gumbel_at_rows(key, (rows, width), logits.dtype, row_offset))
@@ -524,13 +532,16 @@ def sample(
     p: float = 1.0,
     min_p: float = 0.0,
     row_offset: jax.Array | int | None = None,
+    gumbel_at_zero: float | None = None,  # f32: a hand-written noise's value where the uniform is 0
     **kernel_options: Any,  # noqa: ANN401  (runner, block_sizes, steps: see kernel_tokens)
 ) -> jax.Array:  # (...,) int32
     """`sample_reference`'s token ids by the NKI kernel; rows it marks UNCERTIFIED come from the reference.
     With `row_offset` the rows are rows row_offset.. of a larger batch, and both draw that batch's noise."""
     params = {"temperature": temperature, "k": k, "p": p, "min_p": min_p}
-    tokens = kernel_tokens(logits, key, form=form, **params, row_offset=row_offset, **kernel_options)
-    categorical_fn = jax.random.categorical if row_offset is None else categorical_at_rows(row_offset)
+    tokens = kernel_tokens(logits, key, form=form, **params, row_offset=row_offset, gumbel_at_zero=gumbel_at_zero,
+                           **kernel_options)
+    categorical_fn = (jax.random.categorical if row_offset is None and gumbel_at_zero is None
+                      else categorical_at_rows(0 if row_offset is None else row_offset, gumbel_at_zero))
 
     def reference() -> jax.Array:
         return sample_reference(logits, key, form=form, **params, categorical_fn=categorical_fn)
@@ -561,9 +572,9 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
     if attrs.scores:
         raise Unsupported(f"the {target} sampler does not take this composite: it gives back token ids only, not the "
                           "scores it draws from")
-    if attrs.gumbel_at_zero is not None:
-        raise Unsupported(f"the {target} sampler does not take this composite: it draws JAX's Gumbel noise only, not a "
-                          "hand-written one (another value where the uniform is 0)")
+    if attrs.gumbel_at_zero is not None and dtype != "f32":
+        raise Unsupported(f"the {target} sampler does not take this composite: it draws a hand-written Gumbel noise "
+                          "(another value where the uniform is 0) for f32 logits only")
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         return _lowering(call.with_attributes(form=inner), runner).after(normalize)
@@ -575,7 +586,8 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
         raise Unsupported(f"the {target} sampler does not take this composite: {reason}") from None
 
     def kernel(logits: jax.Array, key: jax.Array | None = None, row_offset: jax.Array | None = None) -> jax.Array:
-        return sample(logits, key, form=attrs.form, runner=runner, row_offset=row_offset, **attrs.params())
+        return sample(logits, key, form=attrs.form, runner=runner, row_offset=row_offset,
+                      gumbel_at_zero=attrs.gumbel_at_zero, **attrs.params())
 
     # A shard of rows draws the whole batch's noise at its rows (f32 / bf16 noise, counters below 2**32).
     width = attrs.k if attrs.form in RANK_FORMS else shape[-1]
