@@ -707,9 +707,15 @@ def _noised(draw: Draw, candidates: Iterator[tuple[Form, int, tuple[int, ...], s
     yield from (("", candidate) for candidate in tried)
     if draw.kind != "argmax" or _jax_uniform(draw.values):
         return
-    for noise in HAND_NOISES:
-        yield from ((noise, c) for c in tried if c[3] == "f32" and not c[5] and c[0].stochastic
-                    and c[0].drawn_by in HAND_NOISE_DRAWS and c[0].filters not in NOISE_SCALED + NOISE_SCALED_ROWS)
+
+    def by_categorical(form: Form, dtype: str, lead: tuple[int, ...]) -> bool:
+        """Whether the candidate draws f32 rows as they are by its categorical (the hand-written noise's place)."""
+        return (dtype == "f32" and not lead and form.stochastic and form.drawn_by in HAND_NOISE_DRAWS
+                and form.filters not in NOISE_SCALED + NOISE_SCALED_ROWS)
+
+    hand = [(form, writing, shape, dtype, k, lead) for form, writing, shape, dtype, k, lead in tried
+            if by_categorical(form, dtype, lead)]
+    yield from ((noise, candidate) for noise in HAND_NOISES for candidate in hand)
 
 
 def _jax_uniform(value: ir.Value) -> bool:

@@ -135,3 +135,35 @@ def test_the_other_samplers_draw_the_hand_written_noise(target: str) -> None:
     assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
     got = compile_module(clone_module(module))(logits, key)[0]
     assert got[0] == column != rival
+
+
+def _top_k_of_probs_palm(x: jax.Array, key: jax.Array) -> jax.Array:
+    """The top 8 of softmax(x) drawn by argmax(log(values) + PaLM-jax's noise), mapped back (top_k_of_probs)."""
+    values, ids = jax.lax.top_k(jax.nn.softmax(x, axis=-1), 8)
+
+    def log(t: jax.Array) -> jax.Array:
+        return jnp.log(t + 1e-20)
+
+    pick = jnp.argmax(jnp.log(values) + -log(-log(jax.random.uniform(key, values.shape, minval=0.0, maxval=1.0))),
+                      axis=-1)
+    return jnp.take_along_axis(ids, pick[:, None], axis=-1)[:, 0]
+
+
+def test_a_nan_row_of_a_function_form_with_a_hand_written_noise_is_the_programs() -> None:
+    """top_k_of_probs on the CPU keeps its own rule for a NaN row of probabilities (id 0, lax.top_k's first) under a
+    hand-written noise too: the kernel's top-k does not order NaN."""
+    if not cpu.is_available():
+        pytest.skip("the CPU kernel is not built")
+    specs = [jax.ShapeDtypeStruct((3, 256), np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    original = clone_module(jax.jit(_top_k_of_probs_palm).lower(*specs).compiler_ir("stablehlo"))
+    kernel = clone_module(original)
+    run_pipeline(kernel, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    (attrs,) = sample_attrs(kernel)
+    assert attrs.form == "top_k_of_probs" and attrs.gumbel_at_zero is not None
+    assert run_pipeline(kernel, "builtin.module(hlofuse-lower-kernels{target=cpu})").counters["sample_to_cpu"]
+    logits = np.random.default_rng(5).standard_normal((3, 256)).astype(np.float32)
+    logits[1, 17] = np.nan  # row 1's probabilities are all NaN
+    run_original, run_kernel = compile_module(original), compile_module(kernel)
+    for seed in range(4):
+        args = (logits, np.array([seed, 3], np.uint32))
+        np.testing.assert_array_equal(run_kernel(*args)[0], run_original(*args)[0], err_msg=f"seed {seed}")

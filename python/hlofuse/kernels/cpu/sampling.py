@@ -347,7 +347,7 @@ def function_form_lowering(form: str, params: dict[str, Any],
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
     of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), and gemma 3.1.0's top-p by its
     count bound (`_ascending_count_by_mass`): the sorted row only for the batches those cannot vouch for. With a
-    hand-written noise (`gumbel_at_zero`), its function alone."""
+    hand-written noise (`gumbel_at_zero`), its function without those bounds."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
     # (audiocraft's top-k draws by torch.multinomial of its probabilities: the kernel's draw of their logs)
@@ -358,10 +358,10 @@ def function_form_lowering(form: str, params: dict[str, Any],
             return fn(logits, key, categorical_fn=_kernel_categorical(False, gumbel_at_zero=gumbel_at_zero),
                       top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel, **draws, **params)
 
-        if gumbel_at_zero is not None:
-            return own()
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
+        if gumbel_at_zero is not None:  # (the bounds below draw by kernel calls of JAX's noise)
+            return own()
         if form == "top_p_of_logits_exclusive" and logits.dtype == jnp.float32 and logits.ndim == 2:
             return reference_where_uncertified(_rank_nucleus_by_band(logits, key, params), own)
         if (form == "top_p_ascending_count_mask" and logits.dtype == jnp.float32 and logits.ndim == 2
