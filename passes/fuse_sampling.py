@@ -359,6 +359,22 @@ def _prelude_text(prelude: str, shape: tuple[int, ...], dtype: str, platform: st
     return cached_text("prelude", (prelude, shape, dtype, platform), lower)
 
 
+@functools.lru_cache(maxsize=64)
+def _hand_noise_text(noise: str, shape: tuple[int, ...]) -> str:
+    """The hand-written noise HAND_NOISES[noise] of a (shape) f32 uniform argument, with its eps sentinels, lowered
+    after hlofuse-prepare: elementwise ops, alike on every platform."""
+    writing = HAND_NOISES[noise]
+
+    def lower() -> str:
+        def fn(u: jax.Array) -> jax.Array:
+            return writing(u, SENTINELS["gumbel_eps"], SENTINELS["gumbel_eps_out"], jnp)
+
+        lowered = jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, jnp.float32)).lower(lowering_platforms=("cpu",))
+        return _prepared_text(lowered.compiler_ir("stablehlo"))
+
+    return cached_text("hand_noise", (noise, shape), lower)
+
+
 @dataclass(frozen=True)
 class Template:
     root: ir.Value
@@ -415,6 +431,11 @@ class Templates:
             seen.add(text)
             root, args = self._parse(text)
             yield Template(root, args if form.stochastic else args[:1], platform)
+
+    def hand_noise(self, noise: str, shape: tuple[int, ...]) -> Template:
+        """The hand-written noise HAND_NOISES[noise] of a (shape) f32 uniform (its one argument), parsed."""
+        root, args = self._parse(_hand_noise_text(noise, shape))
+        return Template(root, args, "cpu")
 
     def _note_missing(self, form_name: str, lacks: frozenset[str]) -> None:
         """Keeps the fewest ops a lowering of the form lacks, for its remark."""
@@ -652,8 +673,12 @@ def _reshaped_rows(draw: Draw) -> tuple[int, ...] | None:
     return None
 
 
+# A form's writing to try at a draw: (form, writing index, logits shape, dtype, k, the draw's lead rows).
+Candidate = tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]
+
+
 def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[str],
-                key_rows: frozenset[int]) -> Iterator[tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]]:
+                key_rows: frozenset[int]) -> Iterator[Candidate]:
     """(form, writing, logits shape, dtype, k) worth lowering for this draw (a form with a key per row only where
     the program holds (B, 2) keys for its B rows: `key_rows`; one whose rows share one row's noise only where the
     program's is: `_noise_of_one_row`)."""
@@ -698,14 +723,30 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
                     yield form, writing, logits_shape, dtype, top_k.k, lead
 
 
-def _noised(draw: Draw, candidates: Iterator[tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]]
-            ) -> Iterator[tuple[str, tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]]]:
-    """Each candidate with JAX's noise (""), then, where the draw's noise may be written by hand (no JAX uniform's
-    `max(tiny, u + tiny)` feeds it: `_jax_uniform`), each that draws by a categorical of f32 logits once more with
-    each of HAND_NOISES."""
-    tried = list(candidates)
-    yield from (("", candidate) for candidate in tried)
-    if draw.kind != "argmax" or _jax_uniform(draw.values):
+def _hand_noises(draw: Draw, templates: Templates) -> list[str]:
+    """The writings of HAND_NOISES whose noise (of any uniform, with any eps) feeds the draw's f32 operand: none where
+    the draw is no argmax or a JAX uniform's `max(tiny, u + tiny)` feeds it (`_jax_uniform`). Matching the noise alone
+    first keeps a site from lowering every form once per writing."""
+    shape = _shape(draw.values)
+    if draw.kind != "argmax" or ir.RankedTensorType(draw.values.type).element_type != ir.F32Type.get() \
+            or _jax_uniform(draw.values):
+        return []
+    found = []
+    for noise in HAND_NOISES:
+        template = templates.hand_noise(noise, shape)
+        root_name = defining_op(template.root).name
+        if any(op.name == root_name and op.results[0].type == template.root.type
+               and match_template(op.results[0], template.root, template.args, SENTINELS) is not None
+               for op in _backward_ops(draw.values)):
+            found.append(noise)
+    return found
+
+
+def _noised(candidates: Iterator[Candidate], hand_noises: list[str]) -> Iterator[tuple[str, Candidate]]:
+    """Each candidate with JAX's noise (""); or, where the draw's noise is written by hand (`hand_noises`, which no
+    JAX-noise form can match), each that draws by a categorical of f32 logits with each of those writings."""
+    if not hand_noises:
+        yield from (("", candidate) for candidate in candidates)
         return
 
     def by_categorical(form: Form, dtype: str, lead: tuple[int, ...]) -> bool:
@@ -713,9 +754,9 @@ def _noised(draw: Draw, candidates: Iterator[tuple[Form, int, tuple[int, ...], s
         return (dtype == "f32" and not lead and form.stochastic and form.drawn_by in HAND_NOISE_DRAWS
                 and form.filters not in NOISE_SCALED + NOISE_SCALED_ROWS)
 
-    hand = [(form, writing, shape, dtype, k, lead) for form, writing, shape, dtype, k, lead in tried
+    hand = [(form, writing, shape, dtype, k, lead) for form, writing, shape, dtype, k, lead in candidates
             if by_categorical(form, dtype, lead)]
-    yield from ((noise, candidate) for noise in HAND_NOISES for candidate in hand)
+    yield from ((noise, candidate) for noise in hand_noises for candidate in hand)
 
 
 def _jax_uniform(value: ir.Value) -> bool:
@@ -751,19 +792,19 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     noisy = noise_class is not None
     templates.missing.clear()
     templates.skipped = False
-    candidates: list[tuple[Form, int, tuple[int, ...], str, int, tuple[int, ...]]] = []  # in the order tried
+    candidates: list[tuple[str, Candidate]] = []  # (noise, candidate), in the order tried
     tried: list[str] = []
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
     escaped: list[tuple[str, str]] = []  # forms that matched, each with a value the program also reads elsewhere
-    for noise, (form, writing, shape, dtype, k, lead) in _noised(draw, _candidates(draw, noisy, top_ks, ops_present,
-                                                                                   key_rows)):
+    hand_noises = _hand_noises(draw, templates)
+    forms = _candidates(draw, noisy, top_ks, ops_present, key_rows)
+    for noise, (form, writing, shape, dtype, k, lead) in _noised(forms, hand_noises):
         if dtype not in _DTYPES or form.draw != draw.kind:
             continue
         if form.name not in tried:
             tried.append(form.name)
-        if not noise:
-            candidates.append((form, writing, shape, dtype, k, lead))
+        candidates.append((noise, (form, writing, shape, dtype, k, lead)))
         for template in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class,
                                            noise=noise):
             root_name = defining_op(template.root).name
@@ -788,7 +829,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     return site
                 if closest is None or report.matched > closest[0]:
                     closest = (report.matched, form.name, report)
-    reason = _unmatched(draw, noisy, tried)
+    reason = _unmatched(draw, noisy, tried, hand_noises)
     if limits_missed:
         reason += "; written as " + ", ".join(limits_missed)
     if escaped:  # what stopped the forms that did match says more than how the others differ
@@ -798,8 +839,9 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
         # same order, so that what each lacks is counted as without the skip (a template holding every op present
         # was already tried above).
         templates.missing.clear()
-        for form, writing, shape, dtype, k, lead in candidates:
-            for _ in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class, False):
+        for noise, (form, writing, shape, dtype, k, lead) in candidates:
+            for _ in templates.for_site(form, writing, shape, dtype, k, ops_present, lead, noise_class, False,
+                                        noise=noise):
                 pass
     if closest is None and templates.missing:
         order = list(FORMS)  # among forms that lack as much, the one declared first (the plainer)
@@ -808,10 +850,13 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     raise NoMatch(reason + (_differs(*closest[1:]) if closest else ""))
 
 
-def _unmatched(draw: Draw, noisy: bool, tried: list[str]) -> str:
-    """Why no form took `draw`, before what each form missed: the draw, what it draws from, the forms tried."""
+def _unmatched(draw: Draw, noisy: bool, tried: list[str], hand_noises: list[str]) -> str:
+    """Why no form took `draw`, before what each form missed: the draw, what it draws from (with the writings of its
+    hand-written noise), the forms tried."""
     if draw.inverse is None:
         what = "noisy logits (threefry)" if noisy else "logits"
+        if hand_noises:
+            what = f"noisy logits (threefry, a Gumbel noise written by hand: {' or '.join(hand_noises)})"
         return f"{draw.describe()} over {what} matches no sampler form (tried: {', '.join(tried) or 'none'})"
     if tried:  # (an inverse-CDF draw's description names what it draws from)
         return f"{draw.describe()}; matches no sampler form (tried: {', '.join(tried)})"

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hlofuse.passes import fuse_sampling
 from test_fuse_sampling_e2e import compile_module
 
 from hlofuse.kernels import cpu
@@ -167,3 +168,71 @@ def test_a_nan_row_of_a_function_form_with_a_hand_written_noise_is_the_programs(
     for seed in range(4):
         args = (logits, np.array([seed, 3], np.uint32))
         np.testing.assert_array_equal(run_kernel(*args)[0], run_original(*args)[0], err_msg=f"seed {seed}")
+
+
+def _top_k_drawn_by(noise: str):  # noqa: ANN202
+    """The top 8 of x / 0.7 drawn by argmax(logits + the writing's noise of eps 1e-20) (a top-k form), or, for
+    noise "unguarded", by -log(-log(u)), which no writing takes."""
+    def sample(x: jax.Array, key: jax.Array) -> jax.Array:
+        x = x / 0.7
+        kept = jnp.where(x < jax.lax.top_k(x, 8)[0][:, -1:], -jnp.inf, x)
+        u = jax.random.uniform(key, x.shape, minval=0.0, maxval=1.0)
+        if noise == "unguarded":
+            return jnp.argmax(kept + -jnp.log(-jnp.log(u)), axis=-1)
+        writing = HAND_NOISES[noise]
+        return jnp.argmax(writing.added(kept, writing(u, 1e-20, 1e-20, jnp)), axis=-1)
+
+    return sample
+
+
+def _fuse_recording_templates(sample, monkeypatch: pytest.MonkeyPatch) -> tuple[object, list[str], list[str]]:  # noqa: ANN001
+    """The fused program, the noise of every form template the fusion lowered or read, and its remarks."""
+    lowered: list[str] = []
+    text_of = fuse_sampling._template_text
+
+    def recording(*args: object, **kwargs: object) -> object:
+        lowered.append(str(kwargs.get("noise", args[7] if len(args) > 7 else "")))
+        return text_of(*args, **kwargs)
+
+    monkeypatch.setattr(fuse_sampling, "_template_text", recording)
+    specs = [jax.ShapeDtypeStruct((2, 512), np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    module = clone_module(jax.jit(sample).lower(*specs).compiler_ir("stablehlo"))
+    result = run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    return module, lowered, [str(r) for r in result.remarks]
+
+
+@pytest.mark.parametrize("noise", sorted(HAND_NOISES))
+def test_a_hand_written_noise_is_matched_first_and_the_forms_lower_with_its_writing_only(
+        noise: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draw's noise is matched alone against each writing first, so the site lowers its forms with that writing
+    only: not with JAX's noise (which cannot match where no JAX uniform feeds the draw), nor with the others."""
+    module, lowered, remarks = _fuse_recording_templates(_top_k_drawn_by(noise), monkeypatch)
+    (attrs,) = sample_attrs(module)
+    assert attrs.form in ("top_k_mask", "top_k") and attrs.gumbel_at_zero == hand_noise_at_zero(noise, 1e-20, 1e-20)
+    assert lowered and set(lowered) == {noise}, remarks
+
+
+def test_a_noise_no_writing_takes_lowers_no_hand_written_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """-log(-log(u)) (no guard: -inf where u is 0) is no writing of HAND_NOISES: its site lowers the forms with JAX's
+    noise only, and its remark does not call the noise hand-written."""
+    module, lowered, remarks = _fuse_recording_templates(_top_k_drawn_by("unguarded"), monkeypatch)
+    assert not sample_attrs(module)
+    assert lowered and set(lowered) == {""}
+    (remark,) = [r for r in remarks if "sampler not fused" in r]
+    assert "written by hand" not in remark
+
+
+def test_the_remark_of_a_hand_written_noise_no_form_takes_names_its_writing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PaLM-jax's top-k zeroes the other logits and their noise (they score 0, not -inf): no form; the remark names
+    the noise's writing, and the closest form tried with it."""
+    def palm_top_k(x: jax.Array, key: jax.Array) -> jax.Array:
+        top = jax.lax.top_k(x, 8)[0][:, -1:]
+        u = jax.random.uniform(key, x.shape, minval=0.0, maxval=1.0)
+        noise = HAND_NOISES["logs_of_sums"](u, 1e-20, 1e-20, jnp)
+        return jnp.argmax(jnp.where(x >= top, x + noise, 0.0), axis=-1)
+
+    module, lowered, remarks = _fuse_recording_templates(palm_top_k, monkeypatch)
+    assert not sample_attrs(module)
+    assert set(lowered) == {"logs_of_sums"}
+    (remark,) = [r for r in remarks if "sampler not fused" in r]
+    assert "a Gumbel noise written by hand: logs_of_sums" in remark and "closest: `" in remark, remark
