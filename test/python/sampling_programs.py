@@ -4,7 +4,8 @@
 ways libraries vary how they write it: logits dtype and an f32 upcast, the batch shape (with a decode-step
 slice of the last position), how the temperature is applied, top-k by `lax.top_k` or a sort, top-p as
 JetStream/MaxText, gemma or keras-hub write it, Hugging Face's min-p, epsilon and typical warpers as torchax
-lowers them (after its temperature warper, with or without its top-k warper), typed or raw keys (split or
+lowers them (after its temperature warper, with or without its top-k warper), x-transformers' min-p of the logits
+and keras-hub's top-k of the probabilities (LIBRARY_FILTERS), typed or raw keys (split or
 folded in the program), `jax.random.categorical` or an explicit Gumbel argmax, other consumers of the logits
 and of the constants the sampler shares after CSE, and interior values returned by the program.
 
@@ -35,17 +36,23 @@ from hlofuse.kernels.noise import hand_noise_at_zero
 # TopKLogitsWarper (4.x's default top-k 50). The form is then `top_k_<form>`. The min-p and epsilon warpers may
 # follow the TopPLogitsWarper (`warper_top_p`, 5.x's chains): the form is then `[top_k_]top_p_<form>`.
 HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
+# Filters as libraries write them whose form is their own (LIBRARY_FORMS): min_p_logits, x-transformers' `min_p` (the
+# min-p of the logits' own softmax, then / T); top_k_of_probs, keras-hub's TopKSampler (the top k of softmax(x / T),
+# drawn by the log of their probabilities in rank space; nanoGPT-style code takes it at T = 1).
+LIBRARY_FILTERS = ("min_p_logits", "top_k_of_probs")
+LIBRARY_FORMS = {"min_p_logits": "min_p_logits_mask", "top_k_of_probs": "top_k_of_probs"}
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
-         "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS)
+         "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS, *LIBRARY_FILTERS)
 STOCHASTIC = FORMS[2:]
 READS_T = ("temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p",
-           *HF_WARPERS)
-USES_TOP_K = ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask")
+           *HF_WARPERS, *LIBRARY_FILTERS)
+USES_TOP_K = ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask", "top_k_of_probs")
+RANK_SPACE_TOP_KS = ("top_k", "temperature_top_k", "top_k_of_probs")  # drawn among the top k, mapped back by their ids
 USES_TOP_P = ("top_p_mask", "top_k_top_p_mask")
 MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "temperature", "temperature": "temperature",
          "top_k": "top_k", "temperature_top_k": "top_k", "top_k_mask": "top_k", "top_p_mask": "top_p",
          "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p", "min_p_removal": "min_p", "epsilon_removal": "epsilon",
-         "typical_mask": "typical"}
+         "typical_mask": "typical", "min_p_logits": "min_p", "top_k_of_probs": "top_k"}
 # How the min-p warper keeps its top token (min_tokens_to_keep = 1): transformers 5.x scatters False at
 # torch.topk(probs, 1)'s id; 4.x gathers the removal into a descending argsort of the scores, clears rank 0 and
 # scatters it back.
@@ -56,7 +63,7 @@ BATCHES = ("v", "b", "b1", "bt")
 # applied to the logits before the sampler, which then scales no more (gemma's top-p, Hugging Face's
 # TemperatureLogitsWarper first): for the mask forms only (SCALED_BEFORE).
 TEMPERATURES = ("const", "reciprocal", "traced")
-SCALED_BEFORE = ("top_k_mask", "top_p_mask", "top_k_top_p_mask")
+SCALED_BEFORE = ("top_k_mask", "top_p_mask", "top_k_top_p_mask", *LIBRARY_FILTERS)
 # lax.top_k, a stable descending argsort sliced to k (values gathered), or argsort(-x) sliced to k (which
 # puts NaN last, unlike lax.top_k: not a top-k writing)
 TOP_KS = ("lax", "sort", "negated_sort")
@@ -225,8 +232,8 @@ def _scales_first(spec: SamplerSpec) -> bool:
     """A form whose function scales the logits before its filter, with the temperature written another way: the
     scaling is the program's, outside the site, and the rest is the form unscaled (T = 1; temperature_top_k
     unscaled is top_k)."""
-    return spec.form in ("temperature_top_k", "min_p", *HF_WARPERS) and spec.temperature_style in ("reciprocal",
-                                                                                                   "traced")
+    return spec.form in ("temperature_top_k", "min_p", "top_k_of_probs", *HF_WARPERS) \
+        and spec.temperature_style in ("reciprocal", "traced")
 
 
 def writes_form_exactly(spec: SamplerSpec) -> bool:
@@ -284,19 +291,21 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     if spec.form in HF_WARPERS:
         form, values = _hf_warper(spec, attrs, dtype)
         return form + suffix, values
-    form = spec.form
+    form = LIBRARY_FORMS.get(spec.form, spec.form)
     if spec.form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:
         form = HF_TOP_PS[spec.top_p_style][spec.form == "top_k_top_p_mask"]
         attrs["mode"] = "top_k+top_p" if spec.form == "top_k_top_p_mask" else "top_p"
     if _scales_first(spec) and form == "temperature_top_k":
         form, attrs["mode"] = "top_k", "top_k"
-    if spec.form in READS_T and spec.temperature_style == "const":
+    # (top_k_of_probs divides first, so a division "before" it is the form's own)
+    divides_first = spec.form == "top_k_of_probs" and spec.temperature_style == "before"
+    if spec.form in READS_T and (spec.temperature_style == "const" or divides_first):
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if spec.form in USES_TOP_K:
         attrs["k"] = spec.k
     if spec.form in USES_TOP_P:
         attrs["p"] = _nucleus_p(spec, dtype)
-    if spec.form == "min_p":
+    if spec.form in ("min_p", "min_p_logits"):
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
 
@@ -757,6 +766,12 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
         return jnp.argmax(probs, axis=-1)
     if form == "categorical":
         return c.draw(x)
+    if form == "min_p_logits":  # the probabilities of the logits themselves, below min_p times the largest at -inf
+        probs = jax.nn.softmax(x, axis=-1)
+        return c.draw(c.scale(jnp.where(probs < spec.min_p * jnp.max(probs, axis=-1, keepdims=True), NEG_INF, x)))
+    if form == "top_k_of_probs":
+        values, ids = c.top_k(jax.nn.softmax(c.scale(x), axis=-1), spec.k)
+        return c.draw_rank(jnp.log(values), ids)
     if form in HF_WARPERS:
         return _hf_warper_chain(c, x)
     if form == "temperature":

@@ -39,9 +39,11 @@ from sampling_programs import (
     HF_WARPERS,
     KEY_KINDS,
     KEY_OPS,
+    LIBRARY_FILTERS,
     MASK_TOP_KS,
     MIN_P_KEEPS,
     NOISES,
+    RANK_SPACE_TOP_KS,
     READS_T,
     SCALED_BEFORE,
     SEARCH_SIGNS,
@@ -116,11 +118,11 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
-    # Flax's, MTJ's and transformer_vq's nuclei draw by categorical only
+    # Flax's, MTJ's and transformer_vq's nuclei draw by categorical only; top_k_of_probs by the log of its probabilities
     flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq")
-    if stochastic and not rank_space_p and not flax_p:
+    if stochastic and not rank_space_p and not flax_p and form != "top_k_of_probs":
         drawn = draw(st.sampled_from(DRAWS))
-        one_row_choice = spec.batch == "v" and form not in ("top_k", "temperature_top_k")  # (1,) ids, no rank space
+        one_row_choice = spec.batch == "v" and form not in RANK_SPACE_TOP_KS  # (1,) ids, no rank space
         if drawn in ("choice", "inverse_cdf") and (spec.batch in ("b", "bt") or one_row_choice):
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn == "row_keys" and spec.batch == "b":  # (B, V) rows, one key each
@@ -133,7 +135,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if stochastic and spec.sampler_dtype == "float32" and spec.noise != "keras" \
             and spec.draw in ("categorical", "log_softmax", "log_of_softmax") and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, noise=draw(st.sampled_from(sorted(HAND_NOISES))))
-    if form in ("top_k", "temperature_top_k") and spec.noise != "keras" and spec.batch in ("b", "bt"):
+    if form in RANK_SPACE_TOP_KS and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
     if form in SEARCHED and spec.batch in ("b", "bt", "b1") and draw(st.integers(0, 2)) == 0:
         spec = dataclasses.replace(spec, search_sign=draw(st.sampled_from(SEARCH_SIGNS)),
@@ -153,7 +155,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if not spec.escape and not spec.log_prob and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, enclosure=draw(st.sampled_from(["cond", "loop"])))
     # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
-    vocabulary_space = form not in ("top_k", "temperature_top_k") and not rank_space_p
+    vocabulary_space = form not in RANK_SPACE_TOP_KS and not rank_space_p
     if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
             and spec.noise != "keras" and spec.noise not in HAND_NOISES and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, draw_rows=draw(st.sampled_from([1, spec.rows])))
@@ -214,6 +216,7 @@ FAMILIES = {
     "top_k": (("top_k", "temperature_top_k", "top_k_mask"), 0.35),
     "top_p_min_p": (("top_p_mask", "top_k_top_p_mask", "min_p"), 0.35),
     "hf_warpers": (HF_WARPERS, 0.3),
+    "library_filters": (LIBRARY_FILTERS, 0.25),
 }
 
 
@@ -318,6 +321,12 @@ FIXED_GAPS = {
     # gemma's TopkSampling gathers the drawn rank's id by batch index: fused as `temperature` over the top-k
     # values, which left the top_k in XLA with no remark. Now a writing of the rank-space top-k forms.
     "top_k_by_batch_index": SamplerSpec(form="top_k", take="batch_index"),
+    # keras-hub's top-k of the probabilities with its top-k by a stable argsort, or its drawn rank gathered by batch
+    # index (the generator's library_filters family found both): fused as `categorical` of the log-probabilities,
+    # the softmax, sort and take left in XLA, until top_k_of_probs took the rank-space writings of the top-k forms.
+    "top_k_of_probs_by_argsort": SamplerSpec(form="top_k_of_probs", top_k_style="sort"),
+    "top_k_of_probs_by_batch_index_at_t1": SamplerSpec(form="top_k_of_probs", take="batch_index",
+                                                       temperature_style="before", top_k_style="sort"),
     # The temperature applied before the sampler (gemma's top-p, Hugging Face's warpers): fused as categorical of
     # the filtered logits, leaving the filter's sort in XLA. Now each form also matches unscaled, at T = 1.
     "top_p_scaled_before": SamplerSpec(form="top_p_mask", temperature_style="before"),

@@ -1190,6 +1190,13 @@ def _by_batch_index_of(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=functools.partial(writing.fn, take_fn=take_by_batch_index), own_take=True)
 
 
+def _rank_space_writings(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> tuple[Writing, ...]:
+    """The other writings of a top-k drawn in rank space (`fn` takes top_k_fn and take_fn): its top-k by a stable
+    descending argsort, its drawn rank mapped back by batch index, and both."""
+    by_argsort = _by_argsort(fn, markers)
+    return by_argsort, _by_batch_index(fn, markers), _by_batch_index_of(by_argsort)
+
+
 _TOP_K = _NOISE + ("chlo.top_k",)
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
@@ -1197,11 +1204,9 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          others=(Writing(functools.partial(greedy_softmax, argmax_fn=keras_argmax), ("stablehlo.exponential",)),)),
     Form("categorical", "temperature", categorical, marker_ops=_NOISE),
     Form("temperature", "temperature", temperature, ("temperature",), _NOISE),
-    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K,
-         (_by_argsort(top_k, _TOP_K), _by_batch_index(top_k, _TOP_K), _by_batch_index_of(_by_argsort(top_k, _TOP_K)))),
+    Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K, _rank_space_writings(top_k, _TOP_K)),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
-         (_by_argsort(temperature_top_k, _TOP_K), _by_batch_index(temperature_top_k, _TOP_K),
-          _by_batch_index_of(_by_argsort(temperature_top_k, _TOP_K)))),
+         _rank_space_writings(temperature_top_k, _TOP_K)),
     Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
          (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K),
           _by_resorted_top_k(top_k_mask, _TOP_K, last_as_torch_list_index))),
@@ -1560,9 +1565,11 @@ def _with_keras_draw(form: Form) -> Form:
 
 # Forms with a draw of their own (the log of probabilities): no other draw composes with them.
 _OF_PROBS = _TOP_K + ("stablehlo.exponential", "stablehlo.log")
-# (also at T = 1 with no division, or after the program's own: the top k of softmax(x), as nanoGPT-style code takes)
+# (in the other rank-space writings of a top-k too; and each at T = 1 with no division, or after the program's own:
+# the top k of softmax(x), as nanoGPT-style code takes)
+_TOP_K_OF_PROBS = (Writing(top_k_of_probs, _OF_PROBS), *_rank_space_writings(top_k_of_probs, _OF_PROBS))
 FORMS["top_k_of_probs"] = Form("top_k_of_probs", "top_k", top_k_of_probs, ("temperature", "k"), _OF_PROBS,
-                               (_unscaled(Writing(top_k_of_probs, _OF_PROBS)),), composes_draws=False)
+                               (*_TOP_K_OF_PROBS[1:], *map(_unscaled, _TOP_K_OF_PROBS)), composes_draws=False)
 
 
 def _rank_nucleus_form(name: str, nucleus: RankNucleus, with_k: bool) -> Form:
