@@ -268,7 +268,6 @@ _LOWERING_CLASSES = tuple(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
 # (test_sampling_templates checks it for every form and writing). A template that lacks any other op of the program
 # lacks it on every platform, so a site lowers no other class of that writing.
 PLATFORM_VARIANT_OPS = frozenset({"stablehlo.while", "stablehlo.compare", "stablehlo.reshape"})
-_last_platform = ["cpu"]  # the platform of the last site fused (a hint for the order only; races are harmless)
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
 
@@ -392,6 +391,7 @@ class Templates:
         self.parsed: dict[str, tuple[ir.Value, list[ir.Value]]] = {}
         self.missing: dict[str, frozenset[str]] = {}  # form -> the fewest template ops the program lacks
         self.skipped = False  # whether a writing went unlowered for an op its jaxpr implies (`missing` lacks it)
+        self.last_platform = "cpu"  # the platform of the run's last site fused: lowered first (the order only)
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                  ops_present: set[str], draw_lead: tuple[int, ...] = (), noise_class: str | None = None,
@@ -401,7 +401,7 @@ class Templates:
         (`noise_class`: the other class's threefry cannot match it); none where the writing's jaxpr implies an op
         the program lacks (`_required_ops`, before any lowering; `skip_implied=False` lowers them all the same, to
         say in a remark which of its ops a form lacks); with `noise`, its categorical's noise written by hand."""
-        order = [_last_platform[0], *(p for p in _LOWERING_CLASSES if p != _last_platform[0])]
+        order = [self.last_platform, *(p for p in _LOWERING_CLASSES if p != self.last_platform)]
         if form.stochastic and noise_class is not None:
             order = [noise_class]
         # the form does not take this shape (the choice draw: (B, V) logits only; Pax's gather by iotas of one row):
@@ -825,7 +825,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                     except NoMatch as escape:  # a smaller form may leave that value to XLA: try the next
                         escaped.append((form.name, str(escape)))
                         continue
-                    _last_platform[0] = template.platform
+                    templates.last_platform = template.platform
                     return site
                 if closest is None or report.matched > closest[0]:
                     closest = (report.matched, form.name, report)

@@ -117,7 +117,6 @@ def _counting_lowerings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_a_site_lowers_no_other_class_of_a_writing_that_lacks_a_shared_op(monkeypatch: pytest.MonkeyPatch) -> None:
     lowered = _counting_lowerings(monkeypatch)
-    monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])  # (whatever an earlier test of the worker matched)
     templates = fuse_sampling.Templates(make_context(), [])
     cpu_ops, tpu_ops = _names("temperature", 0, "cpu"), _names("temperature", 0, "tpu")
     assert "stablehlo.while" in cpu_ops - tpu_ops
@@ -139,7 +138,6 @@ def test_a_site_lowers_no_writing_whose_jaxpr_implies_an_op_the_program_lacks(
     """Hugging Face's TopP sorts the row and scatters it back: in a program without a sort, its jaxpr says so and
     no platform's template is lowered; an unfused site lowers it after all to name what it lacks."""
     lowered = _counting_lowerings(monkeypatch)
-    monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])
     templates = fuse_sampling.Templates(make_context(), [])
     name = "top_p_ascending_mask"
     held = _names(name, 0, "cpu")
@@ -191,7 +189,6 @@ def test_a_draw_knows_the_class_its_noise_was_lowered_for(platform: str) -> None
 
 def test_a_site_lowers_a_stochastic_form_for_its_noise_class_only(monkeypatch: pytest.MonkeyPatch) -> None:
     lowered = _counting_lowerings(monkeypatch)
-    monkeypatch.setattr(fuse_sampling, "_last_platform", ["cpu"])
     templates = fuse_sampling.Templates(make_context(), [])
     both = set(_names("temperature", 0, "cpu") | _names("temperature", 0, "tpu"))
     lowered.clear()
@@ -199,3 +196,20 @@ def test_a_site_lowers_a_stochastic_form_for_its_noise_class_only(monkeypatch: p
     found = [t.platform for t in templates.for_site(FORMS["temperature"], 0, (2, 16), "f32", 0, both,
                                                    noise_class="tpu")]
     assert found == ["tpu"] and lowered == ["tpu"]
+
+
+def test_a_run_starts_from_the_cpu_whatever_another_run_fused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The platform hint (the last fused site's, lowered first) is the run's own state: after a run fused a program
+    lowered for the TPU, another run over a CPU program lowers the CPU's template first (no state is shared between
+    runs, which may be concurrent compiles)."""
+    def lowered_for(fn, platform: str) -> ir.Module:  # noqa: ANN001
+        args = (jax.ShapeDtypeStruct((2, 16), jnp.float32), jax.ShapeDtypeStruct((2,), jnp.uint32))
+        return clone_module(jax.jit(fn).trace(*args).lower(lowering_platforms=(platform,)).compiler_ir("stablehlo"))
+
+    fuse = "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)"
+    tpu_program = lowered_for(lambda x, key: jax.random.categorical(key, x / 0.7), "tpu")
+    assert run_pipeline(tpu_program, fuse).counters["temperature_to_sample"] == 1
+    lowered = _counting_lowerings(monkeypatch)
+    cpu_program = lowered_for(lambda x, key: jnp.argmax(jax.nn.softmax(x, axis=-1), axis=-1), "cpu")
+    assert run_pipeline(cpu_program, fuse).counters["greedy_softmax_to_sample"] == 1
+    assert lowered[0] == "cpu", lowered
