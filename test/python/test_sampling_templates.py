@@ -59,7 +59,9 @@ def _text(name: str, writing: int, platform: str) -> str:
 def _without_locations(text: str) -> str:
     """The text's ops alone: no location on an op, no location alias, no blank line (how many aliases JAX writes
     depends on what the process traced before, and a text may come from another process: hlofuse.template_cache)."""
-    text = re.sub(r"^#loc.*$| loc\([^\n]*?\)(?=\s*$)", "", text, flags=re.MULTILINE)
+    # (a location may nest a call site or an alias, and block arguments carry theirs mid-line)
+    text = re.sub(r"^#loc.*$", "", text, flags=re.MULTILINE)
+    text = re.sub(r' loc\((?:[^()"]|"[^"]*"|\((?:[^()"]|"[^"]*")*\))*\)', "", text)
     return "\n".join(line for line in text.splitlines() if line.strip())
 
 
