@@ -1186,6 +1186,11 @@ class FuseSamplingPass(ModulePass):
             if remark is not None:
                 state.remark(op, remark)
                 state.count("sampling_not_fused")
+        for op, k in _draws_of_several(module):
+            state.remark(op, f"sampler not fused: {k} tokens per row drawn without replacement (chlo.top_k with k = "
+                         f"{k} of noisy logits, its values unread: jax.random.categorical(..., replace=False)); "
+                         "every sampler form draws one token per row")
+            state.count("sampling_not_fused")
 
     def _fuse_one(self, module: ir.Operation, state: PassState, failed: dict[ir.Operation, str | None],
                   templates: Templates) -> bool:
@@ -1272,6 +1277,23 @@ def _over(op: ir.Operation, size: int) -> bool:
     value = op.operands[0] if len(op.operands) else op.results[0]
     shape = _shape(value) if isinstance(value.type, ir.RankedTensorType) else ()
     return bool(shape) and shape[-1] >= size
+
+
+def _draws_of_several(module: ir.Operation) -> Iterator[tuple[ir.Operation, int]]:
+    """Each top_k with k > 1 of noisy values that it gives back only the ids of (jax.random.categorical's draw without
+    replacement), with its k: the draw of several tokens per row. (A top-k whose values are read filters noisy logits,
+    Pax's top-k of `x + gumbel * T`: its draw has its own remark.)"""
+    for fn in build.functions(module, skip_decompositions=True):
+        found: list[tuple[ir.Operation, int]] = []
+
+        def visit(op: ir.Operation, found: list[tuple[ir.Operation, int]] = found) -> ir.WalkResult:
+            if op.name == "chlo.top_k" and (k := ir.IntegerAttr(op.attributes["k"]).value) > 1 \
+                    and not list(op.results[0].uses) and _has_noise(op.operands[0]):
+                found.append((op, k))
+            return ir.WalkResult.ADVANCE
+
+        fn.walk(visit)
+        yield from found
 
 
 def _fed_by(draw: Draw) -> str | None:

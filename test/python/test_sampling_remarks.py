@@ -33,6 +33,11 @@ def several_samples(x, key):
     return jax.random.categorical(key, x / 0.7, shape=(3, B))
 
 
+def several_samples_without_replacement(x, key):
+    """3 tokens per row, none twice: the top 3 of the perturbed logits; no form draws several."""
+    return jax.random.categorical(key, x / 0.7, shape=(3, B), replace=False)
+
+
 def batch_axis_draw(x, key):
     return jax.random.categorical(key, x, axis=0)
 
@@ -95,6 +100,8 @@ NOT_FUSED = {
     hand_written_gumbel: "closest: `temperature`",
     uniform_noise: "closest: `categorical`, whose stablehlo.log",
     batch_axis_draw: "argmax over dim 0 (not the last): every sampler form draws over the last dim",
+    several_samples_without_replacement: "3 tokens per row drawn without replacement (chlo.top_k with k = 3 of noisy "
+                                         "logits, its values unread: jax.random.categorical(..., replace=False))",
     greedy_top_1_of_probs: "top_k with k = 1 over logits matches no sampler form (tried: none) (it draws from a "
                            "softmax: stablehlo.exponential at",
 }
