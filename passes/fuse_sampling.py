@@ -609,7 +609,23 @@ def _rows(draw: Draw) -> tuple[int, ...]:
         op = defining_op(value)
         if op is not None and op.name == "stablehlo.concatenate":
             return _shape(value)[:1]
-    return _shape(stacked[0])[:1] if stacked and _shape(stacked[0])[0] == 1 else ()
+    # one row stacked: its (1,) ids reshaped to (1, 1) as they are (not an index computed from them, which the
+    # program's other readers of the token may reshape so: a gather of its log-probability)
+    one = [value for value in stacked if _shape(value)[0] == 1 and _reshaped_from(value, draw.ids)]
+    return (1,) if one else ()
+
+
+_SHAPE_OPS = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert", "stablehlo.concatenate")
+
+
+def _reshaped_from(value: ir.Value, source: ir.Value) -> bool:
+    """Whether `value` is `source` through shape ops (and converts) alone."""
+    while value != source:
+        op = defining_op(value)
+        if op is None or op.name not in _SHAPE_OPS or len(op.operands) != 1:
+            return False
+        value = op.operands[0]
+    return True
 
 
 def _unflattened_rows(draw: Draw, rows: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -935,7 +951,8 @@ def _interior(site: Site) -> set[ir.Operation]:
 # users, which costs what the unfused program already spends on them. The sampler's stages (the
 # probabilities, the scaled logits, the cumulative mass, the noise) may not.
 _ROW_STATISTICS = ("stablehlo.reduce", "stablehlo.subtract", "stablehlo.exponential", "stablehlo.broadcast_in_dim",
-                   "stablehlo.log")  # and the log of the sum: a log-softmax drawn from is the logprobs' too
+                   "stablehlo.log",  # and the log of the sum: a log-softmax drawn from is the logprobs' too
+                   "stablehlo.convert")  # and of bf16 logits, their exp widened to f32 for the sum
 
 
 def _check_escapes(site: Site, interior: set[ir.Operation]) -> None:

@@ -37,10 +37,14 @@ from hlofuse.kernels.noise import hand_noise_at_zero
 # follow the TopPLogitsWarper (`warper_top_p`, 5.x's chains): the form is then `[top_k_]top_p_<form>`.
 HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 # Filters as libraries write them whose form is their own (LIBRARY_FORMS): min_p_logits, x-transformers' `min_p` (the
-# min-p of the logits' own softmax, then / T); top_k_of_probs, keras-hub's TopKSampler (the top k of softmax(x / T),
-# drawn by the log of their probabilities in rank space; nanoGPT-style code takes it at T = 1).
-LIBRARY_FILTERS = ("min_p_logits", "top_k_of_probs")
-LIBRARY_FORMS = {"min_p_logits": "min_p_logits_mask", "top_k_of_probs": "top_k_of_probs"}
+# min-p of the logits' own softmax, then / T); top_a_logits, its `top_a` (the same with the square of the largest
+# probability, SQUARES: torch.pow(m, 2.0) through torchax, or `m ** 2` in JAX); top_k_of_probs, keras-hub's
+# TopKSampler (the top k of softmax(x / T), drawn by the log of their probabilities in rank space; nanoGPT-style code
+# takes it at T = 1).
+LIBRARY_FILTERS = ("min_p_logits", "top_a_logits", "top_k_of_probs")
+LIBRARY_FORMS = {"min_p_logits": "min_p_logits_mask", "top_a_logits": "top_a_logits_mask",
+                 "top_k_of_probs": "top_k_of_probs"}
+SQUARES = {"power": lambda m: jnp.power(m, 2.0), "squared": lambda m: m**2}
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
          "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS, *LIBRARY_FILTERS)
 STOCHASTIC = FORMS[2:]
@@ -52,7 +56,7 @@ USES_TOP_P = ("top_p_mask", "top_k_top_p_mask")
 MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "temperature", "temperature": "temperature",
          "top_k": "top_k", "temperature_top_k": "top_k", "top_k_mask": "top_k", "top_p_mask": "top_p",
          "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p", "min_p_removal": "min_p", "epsilon_removal": "epsilon",
-         "typical_mask": "typical", "min_p_logits": "min_p", "top_k_of_probs": "top_k"}
+         "typical_mask": "typical", "min_p_logits": "min_p", "top_a_logits": "min_p", "top_k_of_probs": "top_k"}
 # How the min-p warper keeps its top token (min_tokens_to_keep = 1): transformers 5.x scatters False at
 # torch.topk(probs, 1)'s id; 4.x gathers the removal into a descending argsort of the scores, clears rank 0 and
 # scatters it back.
@@ -153,6 +157,7 @@ class SamplerSpec:
     top_p_style: str = "sort"
     fill: str = "-inf"
     min_p: float = 0.1
+    square: str = "power"  # how top_a_logits squares the largest probability (SQUARES)
     epsilon: float = 0.02
     warper_top_k: bool = False  # the TopKLogitsWarper (k) before a Hugging Face warper
     warper_top_p: bool = False  # the TopPLogitsWarper (p) before the min-p (5.x's keep only) or epsilon warper
@@ -305,7 +310,7 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         attrs["k"] = spec.k
     if spec.form in USES_TOP_P:
         attrs["p"] = _nucleus_p(spec, dtype)
-    if spec.form in ("min_p", "min_p_logits"):
+    if spec.form in ("min_p", "min_p_logits", "top_a_logits"):
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
 
@@ -766,9 +771,14 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
         return jnp.argmax(probs, axis=-1)
     if form == "categorical":
         return c.draw(x)
-    if form == "min_p_logits":  # the probabilities of the logits themselves, below min_p times the largest at -inf
-        probs = jax.nn.softmax(x, axis=-1)
-        return c.draw(c.scale(jnp.where(probs < spec.min_p * jnp.max(probs, axis=-1, keepdims=True), NEG_INF, x)))
+    if form in ("min_p_logits", "top_a_logits"):  # the probabilities of the logits themselves, below min_p times the
+        probs = jax.nn.softmax(x, axis=-1)  # largest (its square, for top-a) at -inf
+        largest = jnp.max(probs, axis=-1, keepdims=True)
+        if form == "min_p_logits":
+            limit = spec.min_p * largest
+        else:
+            limit = SQUARES[spec.square](largest) * spec.min_p
+        return c.draw(c.scale(jnp.where(probs < limit, NEG_INF, x)))
     if form == "top_k_of_probs":
         values, ids = c.top_k(jax.nn.softmax(c.scale(x), axis=-1), spec.k)
         return c.draw_rank(jnp.log(values), ids)

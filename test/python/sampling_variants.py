@@ -736,6 +736,30 @@ def x_transformers_min_p_categorical(x, key):
     return jax.random.categorical(key, _x_transformers_min_p(x, 0.1) / 0.8)
 
 
+def _top_a(x, ratio, square):
+    """Top-a of the logits' own softmax: `torch.where(probs < square(probs.amax(-1, keepdim=True)) * ratio, -inf, x)`
+    (x-transformers' `top_a`, torch.pow(max, 2.0) through torchax; or `max ** 2` in JAX, RWKV's rule)."""
+    probs = jax.nn.softmax(x, axis=-1)
+    return jnp.where(probs < square(jnp.max(probs, axis=-1, keepdims=True)) * ratio, -jnp.inf, x)
+
+
+def x_transformers_top_a_multinomial(x, key):
+    """x-transformers' `generate` with its `top_a` filter at its defaults (min_p_pow=2.0, min_p_ratio=0.02), then
+    softmax(filtered / T) and torch.multinomial: top_a_logits_mask_choice."""
+    return _torchax_multinomial(_top_a(x, 0.02, lambda m: jnp.power(m, 2.0)) / 0.8, key)
+
+
+def top_a_squared_categorical(x, key):
+    """Top-a with the square written `** 2` (a multiply), a = 0.2, then a categorical of filtered / T."""
+    return jax.random.categorical(key, _top_a(x, 0.2, lambda m: m**2) / 0.7)
+
+
+def near_miss_top_a_cubed(x, key):
+    """A top-a whose limit is the cube of the largest probability (min_p_pow=3.0): not top-a, whose square the form
+    fixes; fused at its draw, the filter left in XLA with a remark."""
+    return jax.random.categorical(key, _top_a(x, 0.2, lambda m: jnp.power(m, 3.0)) / 0.7)
+
+
 def _hand_gumbel(key, shape, eps=1e-20, clamp=False, torch=False):
     """A Gumbel noise written by hand: -log(-log(u)) of a uniform u, each log guarded by eps, added (PaLM-jax's
     `log(t + eps)`) or clamped (lucidrains' `t.clamp(min=eps).log()`), in JAX or as torchax lowers torch (`-1 * x`)."""
@@ -1543,6 +1567,12 @@ VARIANTS: list[Variant] = [
     Variant("x_transformers_min_p_categorical", x_transformers_min_p_categorical, "min_p_logits_mask",
             expect={"min_p": 0.1, "temperature": 0.8}),
     Variant("top_k_of_probs_at_t1", top_k_of_probs_at_t1, "top_k_of_probs", expect={"k": 16, "temperature": 1.0}),
+    Variant("x_transformers_top_a_multinomial", x_transformers_top_a_multinomial, "top_a_logits_mask_choice",
+            expect={"min_p": 0.02, "temperature": 0.8}),
+    Variant("top_a_squared_categorical", top_a_squared_categorical, "top_a_logits_mask",
+            expect={"min_p": 0.2, "temperature": 0.7}),
+    Variant("near_miss_top_a_cubed", near_miss_top_a_cubed, "temperature",
+            remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; a softmax"),
     Variant("palm_gumbel_sample", palm_gumbel_sample, "temperature",
             expect={"temperature": 0.8, "gumbel_at_zero": -3.8297646045684814}),
     Variant("lucidrains_gumbel_top_k", lucidrains_gumbel_top_k, "top_k_mask",

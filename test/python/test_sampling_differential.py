@@ -48,6 +48,7 @@ from sampling_programs import (
     SCALED_BEFORE,
     SEARCH_SIGNS,
     SEARCHED,
+    SQUARES,
     STOCHASTIC,
     TAKES,
     TEMPERATURES,
@@ -135,6 +136,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if stochastic and spec.sampler_dtype == "float32" and spec.noise != "keras" \
             and spec.draw in ("categorical", "log_softmax", "log_of_softmax") and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, noise=draw(st.sampled_from(sorted(HAND_NOISES))))
+    if form == "top_a_logits":
+        spec = dataclasses.replace(spec, square=draw(st.sampled_from(sorted(SQUARES))))
     if form in RANK_SPACE_TOP_KS and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
     if form in SEARCHED and spec.batch in ("b", "bt", "b1") and draw(st.integers(0, 2)) == 0:
@@ -216,7 +219,7 @@ FAMILIES = {
     "top_k": (("top_k", "temperature_top_k", "top_k_mask"), 0.35),
     "top_p_min_p": (("top_p_mask", "top_k_top_p_mask", "min_p"), 0.35),
     "hf_warpers": (HF_WARPERS, 0.3),
-    "library_filters": (LIBRARY_FILTERS, 0.25),
+    "library_filters": (LIBRARY_FILTERS, 0.3),
 }
 
 
@@ -324,6 +327,14 @@ FIXED_GAPS = {
     # keras-hub's top-k of the probabilities with its top-k by a stable argsort, or its drawn rank gathered by batch
     # index (the generator's library_filters family found both): fused as `categorical` of the log-probabilities,
     # the softmax, sort and take left in XLA, until top_k_of_probs took the rank-space writings of the top-k forms.
+    # One row's jax.random.choice, the token's log-probability read beside it (the library_filters family found it,
+    # HYPOTHESIS_PROFILE=thorough): that read's (1, 1) index was taken for the one row stacked as a batch, so no
+    # form's shape matched, and the draw was not fused.
+    "one_row_choice_with_logprobs": SamplerSpec(form="temperature", vocab=16, batch="v", temperature=0.5,
+                                                draw="choice", extras=("logprobs",)),
+    # bf16 logits whose softmax x-transformers' min-p filter shares with their log-softmax (logprobs): its exp widened
+    # to f32 for the sum escaped the sampler, so it fused as `temperature` with the filter in XLA.
+    "min_p_logits_bf16_with_logprobs": SamplerSpec(form="min_p_logits", dtype="bfloat16", extras=("logprobs",)),
     "top_k_of_probs_by_argsort": SamplerSpec(form="top_k_of_probs", top_k_style="sort"),
     "top_k_of_probs_by_batch_index_at_t1": SamplerSpec(form="top_k_of_probs", take="batch_index",
                                                        temperature_style="before", top_k_style="sort"),

@@ -907,6 +907,27 @@ def min_p_logits_mask(logits: jax.Array, key: jax.Array, *, temperature: float, 
     return categorical_fn(key, _scale(filtered, temperature), axis=-1)
 
 
+def power_of_2(x: jax.Array) -> jax.Array:
+    """x ** 2.0 by a power op, as torch.pow(x, 2.0) lowers through torchax."""
+    return jnp.power(x, 2.0)
+
+
+def squared(x: jax.Array) -> jax.Array:
+    """x ** 2 by a multiply (JAX's integer power)."""
+    return x**2
+
+
+def top_a_logits_mask(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                      categorical_fn: Categorical = jax.random.categorical,
+                      square_fn: Callable[[jax.Array], jax.Array] = power_of_2, **_: Any) -> jax.Array:
+    """Top-a (x-transformers' `top_a`, RWKV's sampler), then / T: the probabilities of the logits themselves below
+    min_p (the ratio a) times the square of the largest (`square_fn`: its writing) at -inf (`probs < limit`: a NaN
+    stays), then the categorical of the filtered logits / T."""
+    probs = jax.nn.softmax(logits, axis=-1)
+    limit = square_fn(jnp.max(probs, axis=-1, keepdims=True)) * min_p
+    return categorical_fn(key, _scale(jnp.where(probs < limit, NEG_INF, logits), temperature), axis=-1)
+
+
 def _torch_top_1_ids(probs: jax.Array, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
     """`torch.topk(probs, 1).indices` as torchax lowers it."""
     return top_k_as_torch(probs, 1, top_k_fn)[1]
@@ -1220,6 +1241,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("min_p_logits_mask", "min_p", min_p_logits_mask, ("temperature", "min_p"),
          _NOISE + ("stablehlo.exponential",)),
+    # (the square by torch.pow through torchax, or by JAX's `** 2`)
+    Form("top_a_logits_mask", "min_p", top_a_logits_mask, ("temperature", "min_p"),
+         _NOISE + ("stablehlo.exponential", "stablehlo.power"),
+         (Writing(functools.partial(top_a_logits_mask, square_fn=squared), _NOISE + ("stablehlo.exponential",)),)),
     Form("top_k_exact_mask", "top_k", top_k_exact_mask, ("temperature", "k"), _TOP_K + ("stablehlo.scatter",),
          (Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch),
                   _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),
@@ -1337,7 +1362,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask", "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
-                  "min_p_logits_mask",
+                  "min_p_logits_mask", "top_a_logits_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))

@@ -319,12 +319,13 @@ def _descending_values_by_kernel(x: jax.Array) -> jax.Array:
 # (tunix's nucleus of all V sorted logits takes the kernel's full descending sort, lax.top_k's order to the bit;
 # gemma 3.1.0's top-p, where its count bound cannot vouch for the draw, the kernel's ascending sort, whose values are
 # jnp.sort's: ties are equal values.)
-# (x-transformers' min-p of the logits, then / T: the program's softmax and mask, elementwise, and the kernel's draw.)
+# (x-transformers' min-p and top-a of the logits, then / T: the program's softmax and mask, elementwise, and the
+# kernel's draw.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
                   "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch",
-                  "min_p_logits_mask")
+                  "min_p_logits_mask", "top_a_logits_mask")
 # A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
-BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask",)
+BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
 WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask")
