@@ -366,7 +366,7 @@ def _hand_noise_text(noise: str, shape: tuple[int, ...]) -> str:
 
     def lower() -> str:
         def fn(u: jax.Array) -> jax.Array:
-            return writing(u, SENTINELS["gumbel_eps"], SENTINELS["gumbel_eps_out"], jnp)
+            return writing.term(u, SENTINELS["gumbel_eps"], SENTINELS["gumbel_eps_out"], jnp)
 
         lowered = jax.jit(fn).trace(jax.ShapeDtypeStruct(shape, jnp.float32)).lower(lowering_platforms=("cpu",))
         return _prepared_text(lowered.compiler_ir("stablehlo"))
@@ -505,7 +505,7 @@ class Site:
         """The noise where the uniform is 0 of a hand-written noise (checked when the site matched), else None."""
         if not self.noise:
             return None
-        return hand_noise_at_zero(self.noise, self.match.params["gumbel_eps"], self.match.params["gumbel_eps_out"])
+        return hand_noise_at_zero(self.noise, *_hand_noise_eps(self.match.params))
 
 
 def _p(params: dict[str, float]) -> float:
@@ -748,14 +748,22 @@ def _hand_noises(draw: Draw, templates: Templates) -> list[str]:
             or _jax_uniform(draw.values):
         return []
     found = []
-    for noise in HAND_NOISES:
+    for noise, writing in HAND_NOISES.items():
         template = templates.hand_noise(noise, shape)
         root_name = defining_op(template.root).name
         if any(op.name == root_name and op.results[0].type == template.root.type
+               and (not writing.subtracted or _subtracted(op.results[0]))
                and match_template(op.results[0], template.root, template.args, SENTINELS) is not None
                for op in _backward_ops(draw.values)):
             found.append(noise)
     return found
+
+
+def _subtracted(value: ir.Value) -> bool:
+    """Whether `value` is subtracted from something (a noise's outer log `x - log(...)`, not one inside its
+    negation)."""
+    return any(use.owner.operation.name == "stablehlo.subtract" and use.owner.operation.operands[1] == value
+               for use in value.uses)
 
 
 def _noised(candidates: Iterator[Candidate], hand_noises: list[str]) -> Iterator[tuple[str, Candidate]]:
@@ -782,13 +790,19 @@ def _jax_uniform(value: ir.Value) -> bool:
                for op in _backward_ops(value))
 
 
+def _hand_noise_eps(params: dict[str, float]) -> tuple[float, float]:
+    """The eps a hand-written noise's match bound, inner and outer (0 for a log with no guard: its template reads
+    none)."""
+    return params.get("gumbel_eps", 0.0), params.get("gumbel_eps_out", 0.0)
+
+
 def _unlike_jax_noise(noise: str, found: TemplateMatch) -> str:
     """Why a hand-written noise with the eps the match bound is not JAX's but where the uniform is 0
     (noise.hand_noise_at_zero), "" if it is (or the noise is JAX's)."""
     if not noise:
         return ""
     try:
-        hand_noise_at_zero(noise, found.params["gumbel_eps"], found.params["gumbel_eps_out"])
+        hand_noise_at_zero(noise, *_hand_noise_eps(found.params))
     except ValueError as why:
         return f"a hand-written Gumbel noise: {why}"
     return ""

@@ -106,10 +106,12 @@ KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # x[..., None] along the vocabulary with shape (..., 1), its (..., 1) ids squeezed (rank-space forms take_along_axis
 # the (..., 1) ids first, as keras-hub does)
 NOISES = ("categorical", "gumbel", "gumbel_first", "keras")
-# Gumbel noises written by hand, -log(-log(u)) of a uniform u with each log guarded by 1e-20 (f32 logits, a draw of
-# the rows as they are): hand_sums, PaLM-jax's `log(t + eps)`; hand_clamps, lucidrains' `clamp(min=eps)` in JAX.
-# The composite carries the noise where u = 0 (`gumbel_at_zero`).
-HAND_NOISES = {"hand_sums": "logs_of_sums", "hand_clamps": "logs_of_clamps"}
+# Gumbel noises written by hand, -log(-log(u)) of a uniform u with its logs guarded by 1e-20 (f32 logits, a draw of
+# the rows as they are): hand_sums, PaLM-jax's `log(t + eps)`; hand_clamps, lucidrains' `clamp(min=eps)` in JAX;
+# hand_inner_sum, only the inner log guarded, `-log(-log(u + eps))`; hand_minus, PaLM-jax's subtracted from the
+# logits, `x - log(-log(u + eps) + eps)`. The composite carries the noise where u = 0 (`gumbel_at_zero`).
+HAND_NOISES = {"hand_sums": "logs_of_sums", "hand_clamps": "logs_of_clamps", "hand_inner_sum": "log_of_sum",
+               "hand_minus": "minus_logs_of_sums"}
 HAND_NOISE_EPS = 1e-20
 # How a rank-space form maps the drawn rank back to its id: take_along_axis, or gemma's ids[arange(B), rank]
 # ((B, k) candidates only)
@@ -518,7 +520,12 @@ class _Ctx:
                 clamped = self.spec.noise == "hand_clamps"
                 return jnp.log(jnp.clip(t, min=HAND_NOISE_EPS) if clamped else t + HAND_NOISE_EPS)
 
-            return jnp.argmax(x + -log(-log(jax.random.uniform(key, x.shape))), axis=-1)
+            u = jax.random.uniform(key, x.shape)
+            if self.spec.noise == "hand_inner_sum":
+                return jnp.argmax(x + -jnp.log(-log(u)), axis=-1)
+            if self.spec.noise == "hand_minus":
+                return jnp.argmax(x - log(-log(u)), axis=-1)
+            return jnp.argmax(x + -log(-log(u)), axis=-1)
         if self.spec.noise == "keras":
             return jax.random.categorical(key, x[..., None], axis=x.ndim - 1, shape=(*x.shape[:-1], 1))
         g = jax.random.gumbel(key, x.shape, x.dtype)

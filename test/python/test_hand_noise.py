@@ -180,7 +180,7 @@ def _top_k_drawn_by(noise: str):  # noqa: ANN202
         if noise == "unguarded":
             return jnp.argmax(kept + -jnp.log(-jnp.log(u)), axis=-1)
         writing = HAND_NOISES[noise]
-        return jnp.argmax(writing.added(kept, writing(u, 1e-20, 1e-20, jnp)), axis=-1)
+        return jnp.argmax(writing.perturbed(kept, u, 1e-20, 1e-20, jnp), axis=-1)
 
     return sample
 

@@ -128,9 +128,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn == "row_keys" and spec.batch == "b":  # (B, V) rows, one key each
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
-        elif drawn == "exponential_race":  # its own noise: no keras categorical
+        elif drawn == "exponential_race" and spec.sampler_dtype == "float32":  # its own noise (f32: its bf16 race
+            # divides bf16 probabilities by f32 noise, which no form takes; a remark says so), no keras categorical
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
-        elif drawn not in ("choice", "row_keys", "inverse_cdf"):
+        elif drawn not in ("choice", "row_keys", "inverse_cdf", "exponential_race"):
             spec = dataclasses.replace(spec, draw=drawn)
     # a Gumbel noise written by hand, for f32 logits drawn as they are
     if stochastic and spec.sampler_dtype == "float32" and spec.noise != "keras" \
@@ -396,6 +397,10 @@ FIXED_GAPS = {
     "hand_sums_min_p_in_a_decode_loop": SamplerSpec(form="min_p", noise="hand_sums", enclosure="loop"),
     "hand_clamps_classic_top_p": SamplerSpec(form="top_p_mask", top_p_style="classic", noise="hand_clamps"),
     "hand_sums_hf_top_k_top_p": SamplerSpec(form="top_k_top_p_mask", top_p_style="hf", noise="hand_sums"),
+    # Only the inner log guarded (`-log(-log(u + eps))`), or the noise subtracted (`x - log(-log(u + eps) + eps)`):
+    # not fused (a remark) until HAND_NOISES took every pair of guards, and the subtraction.
+    "hand_inner_sum_top_k_mask": SamplerSpec(form="top_k_mask", noise="hand_inner_sum"),
+    "hand_minus_top_p_log_softmax": SamplerSpec(form="top_p_mask", noise="hand_minus", draw="log_softmax"),
 }
 
 

@@ -139,30 +139,56 @@ class HandNoise:
     """-log(outer(-log(inner(u, eps)), eps_out)) of a uniform u in [0, 1): a Gumbel noise written by hand, by the
     guards around its two logs (each `(x, eps, xp) -> x guarded`, xp the array module: jnp in a program, np to
     evaluate it). `torch`: written in torch, through torchax, which negates as `-1 * x` (aten.neg) and adds the
-    noise to the logits as `x + noise * 1` (aten.add's alpha): the same values."""
+    noise to the logits as `x + noise * 1` (aten.add's alpha): the same values. `subtracted`: the logits less the
+    outer log, `x - log(...)`, not plus its negation (the same values too)."""
 
     inner: Callable[[Any, Any, Any], Any]
     outer: Callable[[Any, Any, Any], Any]
     torch: bool = False
+    subtracted: bool = False
 
     def __call__(self, u: Any, eps: Any, eps_out: Any, xp: Any) -> Any:  # noqa: ANN401
-        return self._negated(xp.log(self.outer(self._negated(xp.log(self.inner(u, eps, xp))), eps_out, xp)))
+        """The noise's values."""
+        return self._negated(self._outer_log(u, eps, eps_out, xp))
+
+    def term(self, u: Any, eps: Any, eps_out: Any, xp: Any) -> Any:  # noqa: ANN401
+        """What the program adds to the logits (subtracts, where `subtracted`)."""
+        return self._outer_log(u, eps, eps_out, xp) if self.subtracted else self(u, eps, eps_out, xp)
+
+    def perturbed(self, logits: Any, u: Any, eps: Any, eps_out: Any, xp: Any) -> Any:  # noqa: ANN401
+        """The logits perturbed by the noise of u, as the writing computes them."""
+        term = self.term(u, eps, eps_out, xp)
+        if self.subtracted:
+            return logits - term
+        return logits + term * 1 if self.torch else logits + term
+
+    def _outer_log(self, u: Any, eps: Any, eps_out: Any, xp: Any) -> Any:  # noqa: ANN401
+        return xp.log(self.outer(self._negated(xp.log(self.inner(u, eps, xp))), eps_out, xp))
 
     def _negated(self, x: Any) -> Any:  # noqa: ANN401
         return -1 * x if self.torch else -x
 
-    def added(self, logits: Any, noise: Any) -> Any:  # noqa: ANN401
-        """The logits perturbed by the noise, as the writing adds them."""
-        return logits + noise * 1 if self.torch else logits + noise
+
+def _bare(x: Any, eps: Any, xp: Any) -> Any:  # noqa: ANN401
+    """x itself: a log with no guard (the outer one of `-log(-log(u + eps))`)."""
+    del eps, xp
+    return x
 
 
-# Hand-written Gumbel noises, of the f32 uniform `jax.random.uniform(key, shape)` (torch.rand_like through torchax):
-# PaLM-jax's `log(t + eps)` (and diffusers' and paddle samplers' in torch), lucidrains' `t.clamp(min=eps).log()`
-# (x-transformers' `gumbel_noise`, and in JAX as jnp.clip).
-HAND_NOISES: dict[str, HandNoise] = {"logs_of_sums": HandNoise(_plus, _plus),
-                                     "logs_of_clamps": HandNoise(_floored, _floored),
-                                     "torch_logs_of_sums": HandNoise(_plus, _plus, torch=True),
-                                     "torch_logs_of_clamps": HandNoise(_floored, _floored, torch=True)}
+# Hand-written Gumbel noises, of the f32 uniform `jax.random.uniform(key, shape)` (torch.rand_like through torchax), by
+# the guards around their two logs: an eps added (PaLM-jax's `log(t + eps)`, diffusers' and paddle samplers' in
+# torch), an eps floor (lucidrains' `t.clamp(min=eps).log()`: x-transformers' `gumbel_noise`; jnp.clip in JAX), or,
+# for the outer log, none (`-log(-log(u + eps))`). Every pair is a writing, in JAX and in torch, and in JAX also
+# subtracted from the logits (`x - log(-log(...))`); an unguarded inner log is none (-inf where u is 0:
+# `hand_noise_at_zero` refuses it).
+_GUARDS = {"sum": _plus, "clamp": _floored, "bare": _bare}
+_WRITING_NAMES = {("sum", "sum"): "logs_of_sums", ("clamp", "clamp"): "logs_of_clamps", ("sum", "bare"): "log_of_sum",
+                  ("clamp", "bare"): "log_of_clamp", ("sum", "clamp"): "log_of_sum_clamped",
+                  ("clamp", "sum"): "log_of_clamp_plus_eps"}
+HAND_NOISES: dict[str, HandNoise] = {
+    f"{prefix}{name}": HandNoise(_GUARDS[inner], _GUARDS[outer], torch=prefix == "torch_",
+                                 subtracted=prefix == "minus_")
+    for prefix in ("", "torch_", "minus_") for (inner, outer), name in _WRITING_NAMES.items()}
 
 
 def hand_categorical(noise: str, eps: float, eps_out: float) -> Categorical:
@@ -174,7 +200,7 @@ def hand_categorical(noise: str, eps: float, eps_out: float) -> Categorical:
             raise ValueError("a hand-written noise is drawn over the last axis of f32 logits")
         writing = HAND_NOISES[noise]
         u = jax.random.uniform(key, logits.shape, minval=0.0, maxval=1.0)
-        return jnp.argmax(writing.added(logits, writing(u, eps, eps_out, jnp)), axis=-1)
+        return jnp.argmax(writing.perturbed(logits, u, eps, eps_out, jnp), axis=-1)
 
     return categorical
 
