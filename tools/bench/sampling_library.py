@@ -21,7 +21,8 @@ torch.multinomial with replacement after a top-k mask and after a temperature al
 gpt-fast, torchtune and vLLM after a top-k and after a top-p mask, and mesh-transformer-jax's (GPT-J's) and
 transformer_vq's nuclei, and Megatron-LM's classic top-p through torchax, with torch.multinomial and with a
 categorical, and x-transformers' top-p of the logits, and transformers 2.x's top_k_top_p_filtering, through
-torchax).
+torchax, and PaLM-jax's and lucidrains' hand-written Gumbel noise, and x-transformers' min-p and top-a of the
+logits, and the top k of the probabilities at T = 1).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -65,7 +66,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "exponential_race_top_k", "exponential_race_top_p", "mtj_nucleaus_sample",
             "transformer_vq_nucleus_scaled", "megatron_top_p_multinomial", "classic_top_p_categorical",
             "x_transformers_top_p_multinomial", "old_hugging_face_top_k_top_p_multinomial", "palm_gumbel_sample",
-            "lucidrains_gumbel_top_k", "lucidrains_gumbel_top_p")
+            "lucidrains_gumbel_top_k", "lucidrains_gumbel_top_p", "x_transformers_min_p_multinomial",
+            "x_transformers_top_a_multinomial", "top_k_of_probs_at_t1")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
