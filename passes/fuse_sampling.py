@@ -739,14 +739,13 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
                     yield form, writing, logits_shape, dtype, top_k.k, lead
 
 
-def _hand_noises(draw: Draw, templates: Templates) -> list[str]:
+def _hand_noises(draw: Draw, noisy: bool, templates: Templates) -> list[str]:
     """The writings of HAND_NOISES whose noise (of any uniform, with any eps) feeds the draw's f32 operand: none where
-    the draw is no argmax or a JAX uniform's `max(tiny, u + tiny)` feeds it (`_jax_uniform`). Matching the noise alone
-    first keeps a site from lowering every form once per writing."""
-    shape = _shape(draw.values)
-    if draw.kind != "argmax" or ir.RankedTensorType(draw.values.type).element_type != ir.F32Type.get() \
-            or _jax_uniform(draw.values):
+    no noise does (`noisy`), the draw is no argmax, or a JAX uniform's `max(tiny, u + tiny)` feeds it
+    (`_jax_uniform`). Matching the noise alone first keeps a site from lowering every form once per writing."""
+    if not noisy or draw.kind != "argmax" or _element(draw.values) != "f32" or _jax_uniform(draw.values):
         return []
+    shape, ops = _shape(draw.values), list(_backward_ops(draw.values))
     found = []
     for noise, writing in HAND_NOISES.items():
         template = templates.hand_noise(noise, shape)
@@ -754,7 +753,7 @@ def _hand_noises(draw: Draw, templates: Templates) -> list[str]:
         if any(op.name == root_name and op.results[0].type == template.root.type
                and (not writing.subtracted or _subtracted(op.results[0]))
                and match_template(op.results[0], template.root, template.args, SENTINELS) is not None
-               for op in _backward_ops(draw.values)):
+               for op in ops):
             found.append(noise)
     return found
 
@@ -827,7 +826,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     closest: tuple[int, str, MatchReport] | None = None
     limits_missed: list[str] = []
     escaped: list[tuple[str, str]] = []  # forms that matched, each with a value the program also reads elsewhere
-    hand_noises = _hand_noises(draw, templates)
+    hand_noises = _hand_noises(draw, noisy, templates)
     forms = _candidates(draw, noisy, top_ks, ops_present, key_rows)
     for noise, (form, writing, shape, dtype, k, lead) in _noised(forms, hand_noises):
         if dtype not in _DTYPES or form.draw != draw.kind:
