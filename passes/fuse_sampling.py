@@ -742,11 +742,13 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
 def _hand_noises(draw: Draw, noisy: bool, templates: Templates) -> list[str]:
     """The writings of HAND_NOISES whose noise (of any uniform, with any eps) feeds the draw's f32 operand: none where
     no noise does (`noisy`), the draw is no argmax, or a JAX uniform's `max(tiny, u + tiny)` feeds it
-    (`_jax_uniform`). Matching the noise alone first keeps a site from lowering every form once per writing."""
+    (`_jax_uniform`). Matching the noise alone first keeps a site from lowering every form once per writing. A log
+    with no guard matches inside a guarded one too, its uniform bound to `u + eps`: of the writings that match, those
+    of the most ops are the program's (the forms' templates, whose uniform is JAX's, decide)."""
     if not noisy or draw.kind != "argmax" or _element(draw.values) != "f32" or _jax_uniform(draw.values):
         return []
     shape, ops = _shape(draw.values), list(_backward_ops(draw.values))
-    found = []
+    found: dict[str, int] = {}  # writing -> its template's op count
     for noise, writing in HAND_NOISES.items():
         template = templates.hand_noise(noise, shape)
         root_name = defining_op(template.root).name
@@ -754,8 +756,8 @@ def _hand_noises(draw: Draw, noisy: bool, templates: Templates) -> list[str]:
                and (not writing.subtracted or _subtracted(op.results[0]))
                and match_template(op.results[0], template.root, template.args, SENTINELS) is not None
                for op in ops):
-            found.append(noise)
-    return found
+            found[noise] = sum(1 for _ in _backward_ops(template.root))
+    return [noise for noise, size in found.items() if size == max(found.values())]
 
 
 def _subtracted(value: ir.Value) -> bool:

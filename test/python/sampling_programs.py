@@ -109,9 +109,10 @@ NOISES = ("categorical", "gumbel", "gumbel_first", "keras")
 # Gumbel noises written by hand, -log(-log(u)) of a uniform u with its logs guarded by 1e-20 (f32 logits, a draw of
 # the rows as they are): hand_sums, PaLM-jax's `log(t + eps)`; hand_clamps, lucidrains' `clamp(min=eps)` in JAX;
 # hand_inner_sum, only the inner log guarded, `-log(-log(u + eps))`; hand_minus, PaLM-jax's subtracted from the
-# logits, `x - log(-log(u + eps) + eps)`. The composite carries the noise where u = 0 (`gumbel_at_zero`).
+# logits, `x - log(-log(u + eps) + eps)`; hand_unguarded, the textbook `-log(-log(u))` (-inf where u = 0). The
+# composite carries the noise where u = 0 (`gumbel_at_zero`).
 HAND_NOISES = {"hand_sums": "logs_of_sums", "hand_clamps": "logs_of_clamps", "hand_inner_sum": "log_of_sum",
-               "hand_minus": "minus_logs_of_sums"}
+               "hand_minus": "minus_logs_of_sums", "hand_unguarded": "unguarded_logs"}
 HAND_NOISE_EPS = 1e-20
 # How a rank-space form maps the drawn rank back to its id: take_along_axis, or gemma's ids[arange(B), rank]
 # ((B, k) candidates only)
@@ -523,6 +524,8 @@ class _Ctx:
             u = jax.random.uniform(key, x.shape)
             if self.spec.noise == "hand_inner_sum":
                 return jnp.argmax(x + -jnp.log(-log(u)), axis=-1)
+            if self.spec.noise == "hand_unguarded":
+                return jnp.argmax(x + -jnp.log(-jnp.log(u)), axis=-1)
             if self.spec.noise == "hand_minus":
                 return jnp.argmax(x - log(-log(u)), axis=-1)
             return jnp.argmax(x + -log(-log(u)), axis=-1)

@@ -796,10 +796,17 @@ def near_miss_hand_gumbel_large_eps(x, key):
     return jnp.argmax(x + _hand_gumbel(key, x.shape, eps=1e-10), axis=-1)
 
 
-def near_miss_hand_gumbel_unguarded(x, key):
-    """-log(-log(u)) with no guard: -inf where the uniform is 0, which no kernel draws."""
+def hand_gumbel_unguarded(x, key):
+    """-log(-log(u)) with no guard, its outer log subtracted: -inf where the uniform is 0, which every kernel draws
+    (NaN for a logit of +inf): categorical, with `gumbel_at_zero` -inf."""
     u = jax.random.uniform(key, x.shape)
     return jnp.argmax(x - jnp.log(-jnp.log(u)), axis=-1)
+
+
+def near_miss_hand_gumbel_of_one_minus_u(x, key):
+    """-log(-log1p(-u)), a Gumbel noise of 1 - u: another noise than JAX's, which no writing takes."""
+    u = jax.random.uniform(key, x.shape)
+    return jnp.argmax(x - jnp.log(-jnp.log1p(-u)), axis=-1)
 
 
 def near_miss_classic_top_p_at_or_above(x, key):
@@ -1583,7 +1590,8 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 0.7, "gumbel_at_zero": -3.8297646045684814}),
     Variant("near_miss_hand_gumbel_large_eps", near_miss_hand_gumbel_large_eps, None,
             remark="a hand-written Gumbel noise: its eps (1e-10, 1e-10) moves"),
-    Variant("near_miss_hand_gumbel_unguarded", near_miss_hand_gumbel_unguarded, None,
+    Variant("hand_gumbel_unguarded", hand_gumbel_unguarded, "categorical", expect={"gumbel_at_zero": -np.inf}),
+    Variant("near_miss_hand_gumbel_of_one_minus_u", near_miss_hand_gumbel_of_one_minus_u, None,
             remark="argmax over noisy logits (threefry) matches no sampler form"),
     Variant("mask_from_a_branch", mask_from_a_branch, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the filters of a branch "

@@ -35,7 +35,10 @@ def _xla_noise_at_zero(noise: str, eps: float) -> float:
 def test_a_small_eps_changes_the_noise_only_where_the_uniform_is_0(noise: str, eps: float) -> None:
     at_zero = hand_noise_at_zero(noise, eps, eps)
     assert at_zero == pytest.approx(_xla_noise_at_zero(noise, eps), rel=2e-7)
-    assert at_zero > -4.469769  # JAX's noise there is -log(-log(tiny))
+    if HAND_NOISES[noise].inner(np.float32(0.0), np.float32(eps), np) == 0:  # a bare inner log: -log(0) is +inf
+        assert at_zero == -np.inf
+    else:
+        assert at_zero > -4.469769  # JAX's noise there is -log(-log(tiny))
 
 
 @pytest.mark.parametrize(("noise", "eps", "why"), [
@@ -43,11 +46,18 @@ def test_a_small_eps_changes_the_noise_only_where_the_uniform_is_0(noise: str, e
     ("logs_of_sums", 1e-14, "moves 1 of the 2^23 uniforms"),  # past half an ulp of 2^-23 only at 2^-23 itself
     ("torch_logs_of_sums", 7e-15, "-log(u) near 0"),  # half an ulp of the smallest -log(u)
     ("logs_of_clamps", 1e-6, "of the 2^23 uniforms"),
-    ("torch_logs_of_clamps", 0.0, "not a finite value"),  # -log(-log(0)) is -inf
 ])
 def test_an_eps_that_moves_other_noise_is_refused(noise: str, eps: float, why: str) -> None:
     with pytest.raises(ValueError, match=re.escape(why)):
         hand_noise_at_zero(noise, eps, eps)
+
+
+@pytest.mark.parametrize("noise", ["unguarded_logs", "torch_log_clamped", "minus_log_plus_eps", "logs_of_clamps"])
+def test_a_bare_inner_log_is_minus_inf_where_the_uniform_is_0(noise: str) -> None:
+    """-log(-log(u)), whatever guards its outer log (and a clamp at 0, which guards nothing), is JAX's noise but -inf
+    where u = 0: the kernels draw that too."""
+    eps = 0.0 if noise == "logs_of_clamps" else 1e-20
+    assert hand_noise_at_zero(noise, eps, eps) == -np.inf == _xla_noise_at_zero(noise, eps)
 
 
 def _zero_uniform_site() -> tuple[np.ndarray, int]:
@@ -172,13 +182,13 @@ def test_a_nan_row_of_a_function_form_with_a_hand_written_noise_is_the_programs(
 
 def _top_k_drawn_by(noise: str):  # noqa: ANN202
     """The top 8 of x / 0.7 drawn by argmax(logits + the writing's noise of eps 1e-20) (a top-k form), or, for
-    noise "unguarded", by -log(-log(u)), which no writing takes."""
+    noise "unwritten", by -log(-log1p(-u)), a Gumbel noise of 1 - u, which no writing takes."""
     def sample(x: jax.Array, key: jax.Array) -> jax.Array:
         x = x / 0.7
         kept = jnp.where(x < jax.lax.top_k(x, 8)[0][:, -1:], -jnp.inf, x)
         u = jax.random.uniform(key, x.shape, minval=0.0, maxval=1.0)
-        if noise == "unguarded":
-            return jnp.argmax(kept + -jnp.log(-jnp.log(u)), axis=-1)
+        if noise == "unwritten":
+            return jnp.argmax(kept + -jnp.log(-jnp.log1p(-u)), axis=-1)
         writing = HAND_NOISES[noise]
         return jnp.argmax(writing.perturbed(kept, u, 1e-20, 1e-20, jnp), axis=-1)
 
@@ -213,9 +223,9 @@ def test_a_hand_written_noise_is_matched_first_and_the_forms_lower_with_its_writ
 
 
 def test_a_noise_no_writing_takes_lowers_no_hand_written_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    """-log(-log(u)) (no guard: -inf where u is 0) is no writing of HAND_NOISES: its site lowers the forms with JAX's
-    noise only, and its remark does not call the noise hand-written."""
-    module, lowered, remarks = _fuse_recording_templates(_top_k_drawn_by("unguarded"), monkeypatch)
+    """-log(-log1p(-u)) is no writing of HAND_NOISES: its site lowers the forms with JAX's noise only, and its remark
+    does not call the noise hand-written."""
+    module, lowered, remarks = _fuse_recording_templates(_top_k_drawn_by("unwritten"), monkeypatch)
     assert not sample_attrs(module)
     assert lowered and set(lowered) == {""}
     (remark,) = [r for r in remarks if "sampler not fused" in r]
@@ -236,3 +246,61 @@ def test_the_remark_of_a_hand_written_noise_no_form_takes_names_its_writing(monk
     assert set(lowered) == {"logs_of_sums"}
     (remark,) = [r for r in remarks if "sampler not fused" in r]
     assert "a Gumbel noise written by hand: logs_of_sums" in remark and "closest: `" in remark, remark
+
+
+def _minus_inf_cases(key: np.ndarray, column: int) -> dict[str, np.ndarray]:
+    """(1, V) logits where a noise of -inf at u = 0 (column's) decides the draw: "inf", two tokens of +inf, the earlier
+    one JAX's winner, the later `column`, whose score is NaN (argmax's first NaN); "alone", only `column` finite, so
+    every score is -inf and argmax takes index 0."""
+    assert column > 0
+    rng = np.random.default_rng(7)
+    inf = rng.standard_normal((1, V)).astype(np.float32)
+    inf[0, column - 1] = inf[0, column] = np.inf
+    alone = np.full((1, V), -np.inf, np.float32)
+    alone[0, column] = 5.0
+    return {"inf": inf, "alone": alone}
+
+
+def _unguarded_sample(x: jax.Array, key: jax.Array) -> jax.Array:
+    """argmax(x / 0.7 - log(-log(u))), the textbook Gumbel-max with no guard."""
+    u = jax.random.uniform(key, x.shape, minval=0.0, maxval=1.0)
+    return jnp.argmax(x / 0.7 + -jnp.log(-jnp.log(u)), axis=-1)
+
+
+def test_a_noise_of_minus_inf_at_zero_draws_the_programs_ids_on_the_cpu() -> None:
+    """The CPU kernel leaves the rows a -inf noise decides to the program's own ops: a +inf logit whose uniform is 0
+    (NaN, first), and a row whose every candidate drew u = 0 (all -inf: index 0), for a plain form and a top-k mask."""
+    if not cpu.is_available():
+        pytest.skip("the CPU kernel is not built")
+    key, column = _zero_uniform_site()
+    program = jax.jit(_unguarded_sample)
+    for name, logits in _minus_inf_cases(key, column).items():
+        want = np.asarray(program(logits, key))
+        assert want[0] == (column if name == "inf" else 0)
+        for form, params in (("temperature", {"temperature": 0.7}), ("top_k_mask", {"temperature": 0.7, "k": 1})):
+            args = (jnp.asarray(logits), jnp.asarray(key))
+            np.testing.assert_array_equal(
+                sample_reference(*args, form=form, gumbel_at_zero=-np.inf, **params), want, err_msg=f"{name} {form}")
+            np.testing.assert_array_equal(
+                cpu_sampling.sample(*args, form=form, gumbel_at_zero=-np.inf, **params), want, err_msg=f"{name} {form}")
+
+
+@pytest.mark.parametrize("target", ["cpu", "tpu-interpret", "gpu-interpret", "neuron-sim"])
+def test_an_unguarded_noise_fuses_and_every_kernel_draws_the_programs_ids(target: str) -> None:
+    """-log(-log(u)) fuses (gumbel_at_zero = -inf), and each kernel draws the program's ids where the -inf decides."""
+    if target == "cpu" and not cpu.is_available():
+        pytest.skip("the CPU kernel is not built")
+    key, column = _zero_uniform_site()
+    specs = [jax.ShapeDtypeStruct((1, V), np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    original = clone_module(jax.jit(_unguarded_sample).lower(*specs).compiler_ir("stablehlo"))
+    module = clone_module(original)
+    run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    (attrs,) = sample_attrs(module)
+    assert attrs.form == "temperature" and attrs.gumbel_at_zero == -np.inf
+    result = run_pipeline(module, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
+    run_original, run_fused = compile_module(original), compile_module(module)
+    for name, logits in _minus_inf_cases(key, column).items():
+        want = run_original(logits, key)[0]
+        assert want[0] == (column if name == "inf" else 0)
+        np.testing.assert_array_equal(run_fused(logits, key)[0], want, err_msg=name)

@@ -401,6 +401,9 @@ FIXED_GAPS = {
     # not fused (a remark) until HAND_NOISES took every pair of guards, and the subtraction.
     "hand_inner_sum_top_k_mask": SamplerSpec(form="top_k_mask", noise="hand_inner_sum"),
     "hand_minus_top_p_log_softmax": SamplerSpec(form="top_p_mask", noise="hand_minus", draw="log_softmax"),
+    # The textbook `-log(-log(u))`, -inf where u = 0: not fused (a remark) until the kernels drew that -inf.
+    "hand_unguarded_top_k_mask": SamplerSpec(form="top_k_mask", noise="hand_unguarded"),
+    "hand_unguarded_classic_top_p": SamplerSpec(form="top_p_mask", top_p_style="classic", noise="hand_unguarded"),
 }
 
 

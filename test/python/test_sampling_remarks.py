@@ -19,8 +19,9 @@ from hlofuse.testing.modules import clone_module, count_composites, run_module
 B, V = 2, 256
 
 
-def hand_written_gumbel(x, key):
-    return jnp.argmax(x / 0.7 - jnp.log(-jnp.log(jax.random.uniform(key, x.shape))), axis=-1)
+def gumbel_of_one_minus_u(x, key):
+    """A Gumbel noise of 1 - u, -log(-log1p(-u)): no writing of noise.HAND_NOISES (the bare -log(-log(u)) is one)."""
+    return jnp.argmax(x / 0.7 - jnp.log(-jnp.log1p(-jax.random.uniform(key, x.shape))), axis=-1)
 
 
 def uniform_noise(x, key):
@@ -97,7 +98,7 @@ def filtered_logits_escape(x, key):
 
 
 NOT_FUSED = {
-    hand_written_gumbel: "closest: `temperature`",
+    gumbel_of_one_minus_u: "closest: `temperature`",
     uniform_noise: "closest: `categorical`, whose stablehlo.log",
     batch_axis_draw: "argmax over dim 0 (not the last): every sampler form draws over the last dim",
     several_samples_without_replacement: "3 tokens per row drawn without replacement (chlo.top_k with k = 3 of noisy "

@@ -9,10 +9,11 @@ of rows draws its rows of the whole batch's noise (`gumbel_at_rows`, `categorica
 
 Only f32 and bf16 noise, and counters below 2**32 (the high word of the counter is 0).
 
-Libraries also write the noise by hand, -log(-log(u)) of a uniform u guarded by a small eps (PaLM-jax's
+Libraries also write the noise by hand, -log(-log(u)) of a uniform u, bare or guarded by a small eps (PaLM-jax's
 `log(t + eps)`, lucidrains' `t.clamp(min=eps).log()`; HAND_NOISES). For an eps that leaves every u > 0 and every
 -log(u) as it is, that noise is JAX's f32 noise but where u = 0 (`hand_noise_at_zero` decides it by evaluating
-the writing at all 2**23 uniforms): a categorical with such noise is `categorical_at_zero` of its value there.
+the writing at all 2**23 uniforms): a categorical with such noise is `categorical_at_zero` of its value there. With
+the inner log bare that value is -inf: a token whose uniform is 0 scores -inf, and NaN where its logit is +inf.
 """
 
 from __future__ import annotations
@@ -170,21 +171,21 @@ class HandNoise:
 
 
 def _bare(x: Any, eps: Any, xp: Any) -> Any:  # noqa: ANN401
-    """x itself: a log with no guard (the outer one of `-log(-log(u + eps))`)."""
+    """x itself: a log with no guard (the outer one of `-log(-log(u + eps))`, or both of `-log(-log(u))`)."""
     del eps, xp
     return x
 
 
 # Hand-written Gumbel noises, of the f32 uniform `jax.random.uniform(key, shape)` (torch.rand_like through torchax), by
 # the guards around their two logs: an eps added (PaLM-jax's `log(t + eps)`, diffusers' and paddle samplers' in
-# torch), an eps floor (lucidrains' `t.clamp(min=eps).log()`: x-transformers' `gumbel_noise`; jnp.clip in JAX), or,
-# for the outer log, none (`-log(-log(u + eps))`). Every pair is a writing, in JAX and in torch, and in JAX also
-# subtracted from the logits (`x - log(-log(...))`); an unguarded inner log is none (-inf where u is 0:
-# `hand_noise_at_zero` refuses it).
+# torch), an eps floor (lucidrains' `t.clamp(min=eps).log()`: x-transformers' `gumbel_noise`; jnp.clip in JAX), or
+# none (`-log(-log(u + eps))`, and the textbook `-log(-log(u))`, whose value where u is 0 is -inf). Every pair is a
+# writing, in JAX and in torch, and in JAX also subtracted from the logits (`x - log(-log(...))`).
 _GUARDS = {"sum": _plus, "clamp": _floored, "bare": _bare}
 _WRITING_NAMES = {("sum", "sum"): "logs_of_sums", ("clamp", "clamp"): "logs_of_clamps", ("sum", "bare"): "log_of_sum",
                   ("clamp", "bare"): "log_of_clamp", ("sum", "clamp"): "log_of_sum_clamped",
-                  ("clamp", "sum"): "log_of_clamp_plus_eps"}
+                  ("clamp", "sum"): "log_of_clamp_plus_eps", ("bare", "bare"): "unguarded_logs",
+                  ("bare", "sum"): "log_plus_eps", ("bare", "clamp"): "log_clamped"}
 HAND_NOISES: dict[str, HandNoise] = {
     f"{prefix}{name}": HandNoise(_GUARDS[inner], _GUARDS[outer], torch=prefix == "torch_",
                                  subtracted=prefix == "minus_")
@@ -231,8 +232,9 @@ def hand_noise_at_zero(noise: str, eps: float, eps_out: float) -> float:
     evaluating its guards, f32 adds and maxima that round as XLA's do, where they act (the inner one at every uniform
     u = m * 2**-23, m = 1 .. 2**23 - 1; the outer one at every f32 in [2**-24, 2**-23), the lowest -log(u) can
     reach, where an add's rounding and a clamp's floor reach furthest), so that the logs' operands are JAX's,
-    whatever a log rounds. Raises ValueError saying how else it differs: a guard that moves some u or some -log(u),
-    or a value at 0 that is not finite (an unguarded log) or above the noise of u = 2**-23."""
+    whatever a log rounds. -inf for a bare inner log (-log(0) is +inf): the kernels draw it too, a token whose
+    uniform is 0 scoring -inf, or NaN where its logit is +inf. Raises ValueError saying how else it differs: a guard
+    that moves some u or some -log(u), or a value at 0 that is NaN, +inf or above the noise of u = 2**-23."""
     writing = HAND_NOISES[noise]
     u = (np.arange(1, 2**23, dtype=np.uint32) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1.0)
     logs = (np.arange(2**23, dtype=np.uint32) | np.float32(_LEAST_LOG).view(np.uint32)).view(np.float32)
@@ -244,9 +246,9 @@ def hand_noise_at_zero(noise: str, eps: float, eps_out: float) -> float:
                              f"{float(values[moved[0]]):g}) off JAX's noise, which the kernels draw")
     with np.errstate(divide="ignore", invalid="ignore"):
         zero, least = (float(writing(np.float32(x), np.float32(eps), np.float32(eps_out), np)) for x in (0.0, u[0]))
-    if not (np.isfinite(zero) and zero <= least):
-        raise ValueError(f"its noise where the uniform is 0 is {zero:g}, not a finite value below the others, which "
-                         "the kernels draw")
+    if not zero <= least:
+        raise ValueError(f"its noise where the uniform is 0 is {zero:g}, not a value below the others, which the "
+                         "kernels draw")
     return zero
 
 

@@ -324,7 +324,8 @@ float GumbelBf16(uint32_t bits) {
 // Whether a noise `zero` at a zero uniform keeps the noise monotone in the mantissa (the bucket bounds hold): at most
 // the noise of mantissa 1, as every hand-written -log(-log(u + eps) + eps) whose eps leaves u > 0 alone is; and
 // finite (an unguarded -log(-log(0)) = -inf would make NaN of an infinite logit, which argmax would take).
-bool ZeroNoiseFits(float zero) { return std::isfinite(zero) && zero <= GumbelF32(1); }
+// -inf too: -log(-log(u)) with no guard, whose token of u = 0 scores -inf (NaN for a logit of +inf; `sample_row`).
+bool ZeroNoiseFits(float zero) { return (std::isfinite(zero) || zero == kNegInf) && zero <= GumbelF32(1); }
 
 // Bounds of the noise, computed once with the same float steps as the noise itself.
 struct NoiseTables {
@@ -1189,7 +1190,7 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
   if (!std::isnan(gumbel_at_zero) && (bf16 || IsPacked(form) || !ZeroNoiseFits(zero_noise)))
     return ffi::Error::InvalidArgument(
         "hlofuse_sample: gumbel_at_zero takes f32 logits and a value <= the noise of "
-        "mantissa 1");
+        "mantissa 1 (-inf too)");
   if (vocab_total < 0 || (vocab_total > 0 && vocab_total < vocab))
     return ffi::Error::InvalidArgument("hlofuse_sample: vocab_total must be 0 (this call's V) or >= V");
   const int64_t vocab_global = vocab_total > 0 ? vocab_total : vocab;
@@ -1222,6 +1223,10 @@ ffi::Error Sample(ffi::ThreadPool pool, ffi::AnyBuffer logits, ffi::Buffer<ffi::
     if (row_scales) row_prm.temperature = row_scales[r];
     const Best best = SampleRow(ops, row, row_prm, key[2 * r], key[2 * r + 1], ids[r], vocab_base);
     tokens[r] = static_cast<int32_t>(best.index + offset);
+    // A noise of -inf at u = 0 makes a logit of +inf score NaN there (argmax's first NaN, before any +inf or NaN the
+    // row ranks), and a row whose every candidate drew u = 0 score -inf throughout (argmax's index 0, whatever the
+    // form kept): the binding draws such rows by the program's own ops.
+    if (zero_noise == kNegInf && !std::isfinite(best.score)) tokens[r] = static_cast<int32_t>(kUncertified);
     if (split_io.scores) split_io.scores[r] = best.score;
   };
   if (split) {

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels import cpu
+from hlofuse.kernels.noise import categorical_at_zero
 from hlofuse.kernels.sampling_reference import (
     DRAWS,
     ESURGE_FILL,
@@ -153,12 +154,22 @@ def sample(
     (tokens,) = _sample_call(logits.reshape(rows, vocab), keys, row_ids, form=form, gumbel_at_zero=gumbel_at_zero,
                              **params)
     tokens = tokens.reshape(batch)
+    if _draws_minus_inf_at_zero(gumbel_at_zero) and form not in CERTIFIED_NUCLEI:
+        return reference_where_uncertified(
+            tokens, lambda: sample_reference(logits, key, form=form, gumbel_at_zero=gumbel_at_zero, **params))
     if form == "greedy_softmax":  # the program's softmax, run only when some row is near a tie
         return reference_where_uncertified(tokens, lambda: sample_reference(logits, key, form=form, **params))
     if form in CERTIFIED_NUCLEI:  # the program's cut, run only when some row drew in its band
         return reference_where_uncertified(
             tokens, lambda: _nucleus_of_sorted_row(logits, key, form, params, gumbel_at_zero))
     return tokens
+
+
+def _draws_minus_inf_at_zero(gumbel_at_zero: float | None) -> bool:
+    """Whether a hand-written noise is -inf where the uniform is 0 (-log(-log(u)) with no guard): the kernel then
+    leaves UNCERTIFIED the rows where that decides the draw (a +inf logit, or every candidate drawing u = 0), for the
+    caller to draw by the program's own ops."""
+    return gumbel_at_zero is not None and gumbel_at_zero == -np.inf
 
 
 def _nucleus_of_sorted_row(logits: jax.Array, key: jax.Array | None, form: str, params: dict[str, Any],
@@ -260,7 +271,12 @@ def _kernel_categorical(shared_noise: bool, row_keys: bool = False,
         params = form_params("categorical")
         (tokens,) = _sample_call(z.reshape(rows, vocab), keys, row_ids, form="categorical",
                                  gumbel_at_zero=gumbel_at_zero, **params)
-        return tokens.reshape(batch)
+        tokens = tokens.reshape(batch)
+        if _draws_minus_inf_at_zero(gumbel_at_zero):
+            if shared_noise or row_keys:
+                raise ValueError("a noise of -inf at a zero uniform is drawn with one key's noise per row only")
+            return reference_where_uncertified(tokens, lambda: categorical_at_zero(-np.inf)(key, z))
+        return tokens
 
     return draw
 
