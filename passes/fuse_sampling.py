@@ -1229,6 +1229,7 @@ class FuseSamplingPass(ModulePass):
         for draw, top_ks, names, key_rows in list(_sites(module)):
             if draw.op in failed:
                 continue
+            squeezes = _squeeze_unit_ids(draw)
             try:
                 if draw.unit_dims is None:
                     raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim (or one followed "
@@ -1244,10 +1245,12 @@ class FuseSamplingPass(ModulePass):
                     failed.update(absorbed)
                     raise
             except NoMatch as reason:
+                _unsqueeze_unfused(squeezes)
                 fed_by = _fed_by(draw)
                 due = "outside" in str(reason) or fed_by is not None
                 failed[draw.op] = f"sampler not fused: {reason}{fed_by or ''}" if due else None
                 continue
+            _unsqueeze_unfused(squeezes)
             state.count(f"{site.form.name}_to_sample")
             for sort in near_misses:
                 state.remark(sort, f"top-k by argsort not fused into the sampler (fused as `{site.form.name}` "
@@ -1262,6 +1265,52 @@ class FuseSamplingPass(ModulePass):
                 state.count("sampling_fused_in_part")
             return True
         return False
+
+
+def _squeeze_unit_ids(draw: Draw) -> list[ir.Operation]:
+    """Where a draw made row by row leaves its ids (B, 1) (`torch.multinomial(probs, 1)` as nanoGPT and most torch
+    samplers return it, unsqueezed), a reshape to (B,) and one back after them, so that the `_choice` forms, whose
+    references end in that reshape (`.squeeze(1)`, `.reshape(-1)`), find their root there: the ids the draw's ids
+    reach (`_forward_values`) that are (B, 1) integers, and from which no other B integers follow (the last of the
+    chain: after a gather of the sorted ids, the gathered, not its index; none where the rows are reshaped back to
+    (..., K, 1), `_unflattened_rows`). Returns the reshapes back
+    (`_unsqueeze_unfused` removes each pair the site did not take)."""
+    rows = _rows(draw)
+    backs = []
+    for value in _forward_values(draw.ids, _SEARCH_FORWARD) if rows else []:
+        if _shape(value) != (rows[0], 1) or not _ids_of(value, rows[0]):
+            continue
+        if any(_ids_of(later, rows[0]) for later in _forward_values(value, _SEARCH_FORWARD)[1:]):
+            continue
+        element = ir.RankedTensorType(value.type).element_type
+        uses = list(value.uses)
+        with defining_op(value).location, ir.InsertionPoint.after(defining_op(value)):
+            squeezed = stablehlo.reshape(ir.RankedTensorType.get([rows[0]], element), value)
+            back = stablehlo.reshape(value.type, squeezed)
+        for use in uses:
+            use.owner.operands[use.operand_number] = back
+        backs.append(defining_op(back))
+    return backs
+
+
+def _ids_of(value: ir.Value, rows: int) -> bool:
+    """Whether `value` may be ids of `rows` rows: `rows` integers (not booleans), in any shape."""
+    if not isinstance(value.type, ir.RankedTensorType):
+        return False
+    element = ir.RankedTensorType(value.type).element_type
+    return isinstance(element, ir.IntegerType) and element.width > 1 and prod(_shape(value)) == rows
+
+
+def _unsqueeze_unfused(backs: list[ir.Operation]) -> None:
+    """Removes each reshape pair of `_squeeze_unit_ids` whose squeeze the site did not take (a site rooted there
+    replaced it by its composite's ids): the program's ids are read as they were."""
+    for back in backs:
+        squeeze = defining_op(back.operands[0])
+        if squeeze is None or squeeze.name != "stablehlo.reshape":
+            continue
+        back.results[0].replace_all_uses_with(squeeze.operands[0])
+        back.erase()
+        squeeze.erase()
 
 
 _FALLBACK_FORMS = ("temperature", "categorical")  # what a filter written another way fuses as (any draw)

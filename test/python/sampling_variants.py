@@ -449,6 +449,32 @@ def _multinomial(probs, key):
     return jnp.squeeze(jnp.array(rows), 1)
 
 
+def _multinomial_unsqueezed(probs, key):
+    """torch.multinomial(probs, 1) as torchax lowers it, its (B, 1) ids left as they are (nanoGPT, gpt-neox)."""
+    return jnp.array([jax.random.choice(key, probs.shape[-1], (1,), replace=False, p=probs[i, :])
+                      for i in range(probs.shape[0])])
+
+
+def nanogpt_multinomial_unsqueezed(x, key):
+    """nanoGPT's `generate` step: / T, softmax, torch.multinomial(probs, num_samples=1), its (B, 1) ids unsqueezed:
+    temperature_choice."""
+    return _multinomial_unsqueezed(jax.nn.softmax(x / 0.8, axis=-1), key)
+
+
+def nanogpt_top_k_multinomial_unsqueezed(x, key):
+    """nanoGPT's top-k (`logits[logits < v[:, [-1]]] = -inf`), softmax, torch.multinomial, (B, 1) ids: a top-k
+    mask drawn by choice."""
+    y = x / 0.8
+    kth = jax.lax.top_k(y, 16)[0][..., -1:]
+    return _multinomial_unsqueezed(jax.nn.softmax(jnp.where(y < kth, -jnp.inf, y), axis=-1), key)
+
+
+def llama_reference_top_p_unsqueezed(x, key):
+    """The llama reference's `sample_top_p` as its function returns it, the (B, 1) gathered ids (the caller's
+    `.reshape(-1)` left out): top_p_of_probs_torch."""
+    return llama_reference_top_p_through_torchax(x, key).reshape(-1, 1)
+
+
 def multinomial_temperature(x, key):
     return _multinomial(jax.nn.softmax(x / 0.7, axis=-1), key)
 
@@ -1466,6 +1492,12 @@ VARIANTS: list[Variant] = [
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.6, "eps": 0.0}),
     Variant("hand_written_top_k_top_p_by_argsort", hand_written_top_k_top_p_by_argsort,
             "top_k_top_p_of_probs_normalized", expect={"mode": "top_k+top_p", "k": 32, "p": 0.8, "temperature": 0.9}),
+    Variant("nanogpt_multinomial_unsqueezed", nanogpt_multinomial_unsqueezed, "temperature_choice",
+            expect={"temperature": 0.8}),
+    Variant("nanogpt_top_k_multinomial_unsqueezed", nanogpt_top_k_multinomial_unsqueezed, "top_k_mask_choice",
+            expect={"k": 16}),
+    Variant("llama_reference_top_p_unsqueezed", llama_reference_top_p_unsqueezed, "top_p_of_probs_torch",
+            expect={"p": 0.9, "temperature": 0.6}),
     Variant("llama_reference_top_p_through_torchax", llama_reference_top_p_through_torchax, "top_p_of_probs_torch",
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.6}),
     Variant("audiocraft_top_p_of_codebooks", audiocraft_top_p_of_codebooks, "top_p_of_probs_torch", shape=(B, 3, V),

@@ -326,3 +326,21 @@ def test_pax_temperature_per_request_given_as_an_argument() -> None:
         return (rng.choice([0.0, 0.5, 0.7, 1.3, -1.0], 3).astype(np.float32),)
 
     _assert_the_originals_ids(runs, 600, 43, rows)
+
+
+def test_the_unsqueezed_ids_of_an_unfused_draw_are_left_as_they_were() -> None:
+    """A draw made row by row whose (B, 1) ids the pass reshapes to (B,) for the `_choice` forms' roots, but that no
+    form takes (softmax(x) squared, drawn by torch.multinomial): the module reads as before, with no reshape pair."""
+    def squared_probs_multinomial(x: jax.Array, key: jax.Array) -> jax.Array:
+        probs = jax.nn.softmax(x, axis=-1) ** 2
+        return jax.numpy.array([jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs[i, :])
+                                for i in range(x.shape[0])])
+
+    specs = [jax.ShapeDtypeStruct((2, 64), np.float32), jax.ShapeDtypeStruct((2,), np.uint32)]
+    module = clone_module(jax.jit(squared_probs_multinomial).lower(*specs).compiler_ir("stablehlo"))
+    prepared = clone_module(module)
+    run_pipeline(prepared, "builtin.module(hlofuse-prepare)")
+    result = run_pipeline(module, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    assert count_composites(module, "hlofuse.sample") == 0
+    assert any("sampler not fused" in str(r) for r in result.remarks)
+    assert str(module) == str(prepared)
