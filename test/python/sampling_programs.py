@@ -115,8 +115,9 @@ HAND_NOISES = {"hand_sums": "logs_of_sums", "hand_clamps": "logs_of_clamps", "ha
                "hand_minus": "minus_logs_of_sums", "hand_unguarded": "unguarded_logs"}
 HAND_NOISE_EPS = 1e-20
 # How a rank-space form maps the drawn rank back to its id: take_along_axis, or gemma's ids[arange(B), rank]
-# ((B, k) candidates only)
-TAKES = ("along_axis", "batch_index")
+# ((B, k) candidates only), or torch's (`v, ix = torch.topk(y, k)`, `torch.gather(ix, -1, idx)` as torchax lowers
+# them: the top k's values sorted again and their ids taken along the argsort, then gathered by an iota of rows)
+TAKES = ("along_axis", "batch_index", "torch_gather")
 # What the draw samples from its scaled, filtered logits y: y itself, log_softmax(y), log(softmax(y)) (keras-hub),
 # or softmax(y) by jax.random.choice per row (torch.multinomial through torchax; (B, V) rows, or one row (V,) whose
 # (1,) ids litgpt's `sample` returns, for the forms that draw in vocabulary order). The form
@@ -479,6 +480,9 @@ class _Ctx:
             return jnp.squeeze(jnp.take_along_axis(ids, self._pick(values), axis=-1), -1)
         if self.spec.take == "batch_index":
             return ids[jnp.arange(ids.shape[0]), self.draw(values)]
+        if self.spec.take == "torch_gather":
+            picks = self.draw(values)[..., None].astype(jnp.int32)
+            return ids[(_rows(picks.shape), picks)][..., 0]
         return _take(ids, self.draw(values))
 
     def _pick(self, x: jax.Array) -> jax.Array:
@@ -535,6 +539,10 @@ class _Ctx:
         return jnp.argmax(x + g if self.spec.noise == "gumbel" else g + x, axis=-1)
 
     def top_k(self, x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+        if self.spec.take == "torch_gather":  # torch.topk through torchax: lax.top_k sorted again
+            values, ids = jax.lax.top_k(x, k)
+            values = jnp.sort(values, descending=True)
+            return values, jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
         if self.spec.top_k_style == "lax":
             return jax.lax.top_k(x, k)
         if self.spec.top_k_style == "sort":

@@ -469,6 +469,18 @@ def nanogpt_top_k_multinomial_unsqueezed(x, key):
     return _multinomial_unsqueezed(jax.nn.softmax(jnp.where(y < kth, -jnp.inf, y), axis=-1), key)
 
 
+def torch_top_k_candidates_multinomial(x, key):
+    """`v, ix = torch.topk(x / T, k)`, torch.multinomial(softmax(v), 1), `torch.gather(ix, -1, idx)`, as torchax lowers
+    them: lax.top_k with its values sorted again and its ids taken along their argsort, a choice per row, the ids
+    gathered by an iota of rows, (B, 1): temperature_top_k_choice."""
+    values, ids = jax.lax.top_k(x / 0.8, 20)
+    values = jnp.sort(values, descending=True)
+    ids = jnp.take_along_axis(ids, jnp.argsort(values, axis=-1, descending=True), axis=-1)
+    picks = _multinomial_unsqueezed(jax.nn.softmax(values, axis=-1), key)
+    rows = jnp.broadcast_to(jnp.arange(picks.shape[0]).reshape(-1, 1), picks.shape)
+    return ids[(rows, picks)]
+
+
 def llama_reference_top_p_unsqueezed(x, key):
     """The llama reference's `sample_top_p` as its function returns it, the (B, 1) gathered ids (the caller's
     `.reshape(-1)` left out): top_p_of_probs_torch."""
@@ -1496,6 +1508,8 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 0.8}),
     Variant("nanogpt_top_k_multinomial_unsqueezed", nanogpt_top_k_multinomial_unsqueezed, "top_k_mask_choice",
             expect={"k": 16}),
+    Variant("torch_top_k_candidates_multinomial", torch_top_k_candidates_multinomial, "temperature_top_k_choice",
+            expect={"k": 20, "temperature": 0.8}),
     Variant("llama_reference_top_p_unsqueezed", llama_reference_top_p_unsqueezed, "top_p_of_probs_torch",
             expect={"p": 0.9, "temperature": 0.6}),
     Variant("llama_reference_top_p_through_torchax", llama_reference_top_p_through_torchax, "top_p_of_probs_torch",

@@ -141,6 +141,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, square=draw(st.sampled_from(sorted(SQUARES))))
     if form in RANK_SPACE_TOP_KS and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
+        if spec.take == "torch_gather":  # torch's writing: torch.topk through torchax, on (B, V) rows
+            spec = dataclasses.replace(spec, top_k_style="lax", batch="b")
     if form in SEARCHED and spec.batch in ("b", "bt", "b1") and draw(st.integers(0, 2)) == 0:
         spec = dataclasses.replace(spec, search_sign=draw(st.sampled_from(SEARCH_SIGNS)),
                                    fill=draw(st.sampled_from(FILLS[:3])), take="along_axis")
@@ -404,6 +406,10 @@ FIXED_GAPS = {
     # The textbook `-log(-log(u))`, -inf where u = 0: not fused (a remark) until the kernels drew that -inf.
     "hand_unguarded_top_k_mask": SamplerSpec(form="top_k_mask", noise="hand_unguarded"),
     "hand_unguarded_classic_top_p": SamplerSpec(form="top_p_mask", top_p_style="classic", noise="hand_unguarded"),
+    # torch's rank-space top-k (torch.topk through torchax, its candidates' ids mapped back by torch.gather): not
+    # fused (a remark) until the rank-space forms took that writing.
+    "torch_gather_top_k_choice": SamplerSpec(form="temperature_top_k", take="torch_gather", draw="choice"),
+    "torch_gather_top_k_of_probs": SamplerSpec(form="top_k_of_probs", take="torch_gather"),
 }
 
 

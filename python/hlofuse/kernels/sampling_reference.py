@@ -92,6 +92,13 @@ def take_by_batch_index(indices: jax.Array, position: jax.Array) -> jax.Array:
     return indices[jnp.arange(indices.shape[0]), position]
 
 
+def take_by_torch_gather(indices: jax.Array, position: jax.Array) -> jax.Array:
+    """`torch.gather(indices, -1, position[..., None])[..., 0]` as torchax lowers it (`torch_gather`: an iota of each
+    leading dim beside the index), as torch samplers map the rank torch.multinomial drew among torch.topk's candidates
+    back to its id: the same ids as `_take`."""
+    return torch_gather(indices, position[..., None].astype(jnp.int32))[..., 0]
+
+
 TopK = Callable[[jax.Array, int], tuple[jax.Array, jax.Array]]
 
 
@@ -1213,9 +1220,12 @@ def _by_batch_index_of(writing: Writing) -> Writing:
 
 def _rank_space_writings(fn: Callable[..., jax.Array], markers: tuple[str, ...]) -> tuple[Writing, ...]:
     """The other writings of a top-k drawn in rank space (`fn` takes top_k_fn and take_fn): its top-k by a stable
-    descending argsort, its drawn rank mapped back by batch index, and both."""
+    descending argsort, its drawn rank mapped back by batch index, and both; and mapped back by torch.gather through
+    torchax (`v, ix = torch.topk(y, k)`, torch.multinomial of softmax(v), `torch.gather(ix, -1, idx)`)."""
     by_argsort = _by_argsort(fn, markers)
-    return by_argsort, _by_batch_index(fn, markers), _by_batch_index_of(by_argsort)
+    by_torch = Writing(functools.partial(fn, top_k_fn=top_k_as_torch, take_fn=take_by_torch_gather), markers,
+                       own_take=True)
+    return by_argsort, _by_batch_index(fn, markers), _by_batch_index_of(by_argsort), by_torch
 
 
 _TOP_K = _NOISE + ("chlo.top_k",)
