@@ -8,7 +8,7 @@ usage() {
   cat <<'EOF'
 usage: ./test.sh [--fast | --full] [--help]
 
-  (no flag), --full  the full suite, as CI runs it (.ci/run): 49 min on 2 cores (a clean clone, 2026-12-05);
+  (no flag), --full  the full suite, as CI runs it (.ci/run): 49 min on 2 cores (a clean clone, 2026-12-06);
                      it also installs the TPU and GPU compilers (.[accelerators]) and compiles every kernel
                      with them (test/python/test_compile_grid.py); a failed install stops it with a message
   --fast             the quick tier: the same lint, generator checks and lit, and pytest without the
