@@ -323,8 +323,8 @@ float GumbelBf16(uint32_t bits) {
 
 // Whether a noise `zero` at a zero uniform keeps the noise monotone in the mantissa (the bucket bounds hold): at most
 // the noise of mantissa 1, as every hand-written -log(-log(u + eps) + eps) whose eps leaves u > 0 alone is; and
-// finite (an unguarded -log(-log(0)) = -inf would make NaN of an infinite logit, which argmax would take).
-// -inf too: -log(-log(u)) with no guard, whose token of u = 0 scores -inf (NaN for a logit of +inf; `sample_row`).
+// finite, or -inf: -log(-log(u)) with no guard, whose token of u = 0 scores -inf, or NaN for a logit of +inf, which
+// argmax would take (the rows where that decides are left UNCERTIFIED, in `Sample`).
 bool ZeroNoiseFits(float zero) { return (std::isfinite(zero) || zero == kNegInf) && zero <= GumbelF32(1); }
 
 // Bounds of the noise, computed once with the same float steps as the noise itself.

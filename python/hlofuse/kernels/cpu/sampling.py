@@ -169,7 +169,7 @@ def _draws_minus_inf_at_zero(gumbel_at_zero: float | None) -> bool:
     """Whether a hand-written noise is -inf where the uniform is 0 (-log(-log(u)) with no guard): the kernel then
     leaves UNCERTIFIED the rows where that decides the draw (a +inf logit, or every candidate drawing u = 0), for the
     caller to draw by the program's own ops."""
-    return gumbel_at_zero is not None and gumbel_at_zero == -np.inf
+    return gumbel_at_zero == -np.inf
 
 
 def _nucleus_of_sorted_row(logits: jax.Array, key: jax.Array | None, form: str, params: dict[str, Any],
