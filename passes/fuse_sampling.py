@@ -1305,8 +1305,8 @@ def _unsqueeze_unfused(backs: list[ir.Operation]) -> None:
     """Removes each reshape pair of `_squeeze_unit_ids` whose squeeze the site did not take (a site rooted there
     replaced it by its composite's ids): the program's ids are read as they were."""
     for back in backs:
-        squeeze = defining_op(back.operands[0])
-        if squeeze is None or squeeze.name != "stablehlo.reshape":
+        squeeze = defining_op(back.operands[0])  # the site's ids, where it took the squeeze
+        if squeeze is None or squeeze.name != "stablehlo.reshape" or squeeze.operands[0].type != back.results[0].type:
             continue
         back.results[0].replace_all_uses_with(squeeze.operands[0])
         back.erase()
