@@ -455,6 +455,12 @@ def _multinomial_unsqueezed(probs, key):
                       for i in range(probs.shape[0])])
 
 
+def top_k_mask_filled_before_scale(x, key):
+    """The logits below the k-th largest filled with -1e9, then / T: top_k_mask with the fill (FILL_NOTE)."""
+    kth = jax.lax.top_k(x, 40)[0][:, -1:]
+    return jax.random.categorical(key, jnp.where(x < kth, -1e9, x) / 0.7)
+
+
 def nanogpt_multinomial_unsqueezed(x, key):
     """nanoGPT's `generate` step: / T, softmax, torch.multinomial(probs, num_samples=1), its (B, 1) ids unsqueezed:
     temperature_choice."""
@@ -1504,6 +1510,8 @@ VARIANTS: list[Variant] = [
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.6, "eps": 0.0}),
     Variant("hand_written_top_k_top_p_by_argsort", hand_written_top_k_top_p_by_argsort,
             "top_k_top_p_of_probs_normalized", expect={"mode": "top_k+top_p", "k": 32, "p": 0.8, "temperature": 0.9}),
+    Variant("top_k_mask_filled_before_scale", top_k_mask_filled_before_scale, "top_k_mask",
+            expect={"k": 40, "temperature": 0.7}),
     Variant("nanogpt_multinomial_unsqueezed", nanogpt_multinomial_unsqueezed, "temperature_choice",
             expect={"temperature": 0.8}),
     Variant("nanogpt_top_k_multinomial_unsqueezed", nanogpt_top_k_multinomial_unsqueezed, "top_k_mask_choice",

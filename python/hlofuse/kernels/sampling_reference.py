@@ -172,9 +172,9 @@ def last_as_torch_list_index(values: jax.Array) -> jax.Array:
 
 
 def mask_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k,
-                kth_fn: Callable[[jax.Array], jax.Array] = last_column) -> jax.Array:
+                kth_fn: Callable[[jax.Array], jax.Array] = last_column, fill: float | None = None) -> jax.Array:
     kth = kth_fn(top_k_fn(logits, k)[0])
-    return jnp.where(logits < kth, NEG_INF, logits)
+    return jnp.where(logits < kth, NEG_INF if fill is None else fill, logits)
 
 
 def top_k_of_probs(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
@@ -188,9 +188,11 @@ def top_k_of_probs(logits: jax.Array, key: jax.Array, *, temperature: float, k: 
 
 def top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, top_k_fn: TopK = jax.lax.top_k,
                categorical_fn: Categorical = jax.random.categorical,
-               kth_fn: Callable[[jax.Array], jax.Array] = last_column, **_: Any) -> jax.Array:
-    """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T."""
-    return categorical_fn(key, _scale(mask_top_k(logits, k, top_k_fn, kth_fn), temperature), axis=-1)
+               kth_fn: Callable[[jax.Array], jax.Array] = last_column, fill: float | None = None,
+               **_: Any) -> jax.Array:
+    """MaxText style: logits below the k-th largest become -inf (ties at the k-th all stay), then / T. (A `fill` is a
+    writing's: the dropped logits become that large negative number, not -inf; see FILL_NOTE.)"""
+    return categorical_fn(key, _scale(mask_top_k(logits, k, top_k_fn, kth_fn, fill), temperature), axis=-1)
 
 
 @dataclass(frozen=True)
@@ -1238,9 +1240,9 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("top_k", "top_k", top_k, ("temperature", "k"), _TOP_K, _rank_space_writings(top_k, _TOP_K)),
     Form("temperature_top_k", "top_k", temperature_top_k, ("temperature", "k"), _TOP_K,
          _rank_space_writings(temperature_top_k, _TOP_K)),
-    Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
-         (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K),
-          _by_resorted_top_k(top_k_mask, _TOP_K, last_as_torch_list_index))),
+    _with_fills(Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
+                     (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K),
+                      _by_resorted_top_k(top_k_mask, _TOP_K, last_as_torch_list_index)))),
     _with_fills(Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
                      (Writing(top_p_mask_by_top_k, _TOP_K),))),
     _with_fills(Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
