@@ -572,7 +572,13 @@ def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         kth = _torch_kth(x, c.spec.k)
     else:
         kth = c.top_k(x, c.spec.k)[0][..., -1:]
-    return jnp.where(x < kth, NEG_INF, x)
+    fill = _fill(c.spec.fill, x.dtype) if c.spec.form == "top_k_mask" else NEG_INF  # (top_k_top_p_mask: the nucleus's)
+    return jnp.where(x < kth, fill, x)
+
+
+def _fill(name: str, dtype: jnp.dtype) -> float:
+    """The value the spec's fill names, for logits of `dtype`."""
+    return {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(dtype).min), "-1e7": -1e7, "-1000": -1000.0}[name]
 
 
 def _classic_cut(x: jax.Array, p: float) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -644,8 +650,7 @@ def _nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     if c.spec.escape:
         c.escaped.append(cumulative)
     cutoff = jnp.take_along_axis(ordered, jnp.sum(cumulative < c.spec.p, axis=-1, keepdims=True), axis=-1)
-    fills = {"-inf": NEG_INF, "finfo_min": float(jnp.finfo(x.dtype).min), "-1e7": -1e7, "-1000": -1000.0}
-    return jnp.where(x < cutoff, fills[c.spec.fill], x)
+    return jnp.where(x < cutoff, _fill(c.spec.fill, x.dtype), x)
 
 
 def _rank_space_top_p(c: _Ctx, x: jax.Array) -> jax.Array:

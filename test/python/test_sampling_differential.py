@@ -102,7 +102,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         if form in USES_TOP_K else "lax",
         p=draw(st.sampled_from([0.5, 0.9])),
         top_p_style=draw(st.sampled_from(TOP_PS)) if form in USES_TOP_P else "sort",
-        fill=draw(st.sampled_from(FILLS if form == "top_p_mask" else FILLS[:3])) if form in USES_TOP_P else "-inf",
+        fill=draw(st.sampled_from(FILLS if form == "top_p_mask" else FILLS[:3]))
+        if form in (*USES_TOP_P, "top_k_mask") else "-inf",
         min_p=draw(st.sampled_from([0.05, 0.2])),
         key_kind=draw(st.sampled_from(KEY_KINDS)) if stochastic else "raw",
         key_op=draw(st.sampled_from(KEY_OPS)) if stochastic else "none",
@@ -410,6 +411,10 @@ FIXED_GAPS = {
     # fused (a remark) until the rank-space forms took that writing.
     "torch_gather_top_k_choice": SamplerSpec(form="temperature_top_k", take="torch_gather", draw="choice"),
     "torch_gather_top_k_of_probs": SamplerSpec(form="top_k_of_probs", take="torch_gather"),
+    # A top-k mask filled with a large negative number before the temperature: fused as `temperature`, the top-k in
+    # XLA, until top_k_mask took the fills (FILL_NOTE).
+    "top_k_mask_fill_before_scale": SamplerSpec(form="top_k_mask", fill="-1e7"),
+    "top_k_mask_fill_finfo_min": SamplerSpec(form="top_k_mask", fill="finfo_min"),
 }
 
 
