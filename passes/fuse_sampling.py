@@ -1229,12 +1229,12 @@ class FuseSamplingPass(ModulePass):
         for draw, top_ks, names, key_rows in list(_sites(module)):
             if draw.op in failed:
                 continue
-            squeezes = _squeeze_unit_ids(draw)
+            squeezes: list[ir.Operation] = []
             try:
                 if draw.unit_dims is None:
                     raise NoMatch(f"{draw.describe()}: every sampler form draws over the last dim (or one followed "
                                   "only by size-1 dims, as keras' categorical does)")
-                site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
+                site, squeezes = _analyze_squeezed(draw, top_ks, names, templates, key_rows)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 left = _parts_left_out(site, near_misses)
                 # (popped before the rewrite erases them: an erased op's handle no longer hashes as it did)
@@ -1267,20 +1267,45 @@ class FuseSamplingPass(ModulePass):
         return False
 
 
-def _squeeze_unit_ids(draw: Draw) -> list[ir.Operation]:
+def _analyze_squeezed(draw: Draw, top_ks: list[TopK], names: set[str], templates: Templates,
+                      key_rows: frozenset[int]) -> tuple[Site, list[ir.Operation]]:
+    """`analyze` with the draw's (B, 1) ids squeezed where they end (`_squeeze_unit_ids`); failing that, where its rows
+    are stacked too, a stack that what follows reads as (B, 1) (a take of rank-space candidates whose scaling no form
+    writes), so that a smaller form (the draw's own) finds its root there. Returns the site and the reshapes back to
+    remove (`_unsqueeze_unfused`); raises the first attempt's NoMatch, whose reason names the closest form."""
+    squeezes = _squeeze_unit_ids(draw)
+    try:
+        return with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates), squeezes
+    except NoMatch as first:
+        _unsqueeze_unfused(squeezes)
+        stacks = _squeeze_unit_ids(draw, stacks=True)
+        if not stacks:
+            raise
+        try:
+            return with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates), stacks
+        except NoMatch:
+            _unsqueeze_unfused(stacks)
+            raise first from None
+
+
+def _squeeze_unit_ids(draw: Draw, stacks: bool = False) -> list[ir.Operation]:
     """Where a draw made row by row leaves its ids (B, 1) (`torch.multinomial(probs, 1)` as nanoGPT and most torch
     samplers return it, unsqueezed), a reshape to (B,) and one back after them, so that the `_choice` forms, whose
     references end in that reshape (`.squeeze(1)`, `.reshape(-1)`), find their root there: the ids the draw's ids
     reach (`_forward_values`) that are (B, 1) integers, and from which no other B integers follow (the last of the
     chain: after a gather of the sorted ids, the gathered, not its index; none where the rows are reshaped back to
     (..., K, 1), `_unflattened_rows`). Returns the reshapes back
-    (`_unsqueeze_unfused` removes each pair the site did not take)."""
+    (`_unsqueeze_unfused` removes each pair the site did not take). With `stacks`: after the (B, 1) stack of the rows'
+    ids (their concatenate, or one row's ids reshaped) instead, whatever follows it."""
     rows = _rows(draw)
     backs = []
     for value in _forward_values(draw.ids, _SEARCH_FORWARD) if rows else []:
         if _shape(value) != (rows[0], 1) or not _ids_of(value, rows[0]):
             continue
-        if any(_ids_of(later, rows[0]) for later in _forward_values(value, _SEARCH_FORWARD)[1:]):
+        if stacks:  # the rows' stack, or one row's ids as they are
+            if defining_op(value).name != "stablehlo.concatenate" and not _reshaped_from(value, draw.ids):
+                continue
+        elif any(_ids_of(later, rows[0]) for later in _forward_values(value, _SEARCH_FORWARD)[1:]):
             continue
         element = ir.RankedTensorType(value.type).element_type
         uses = list(value.uses)

@@ -415,6 +415,12 @@ FIXED_GAPS = {
     # XLA, until top_k_mask took the fills (FILL_NOTE).
     "top_k_mask_fill_before_scale": SamplerSpec(form="top_k_mask", fill="-1e7"),
     "top_k_mask_fill_finfo_min": SamplerSpec(form="top_k_mask", fill="finfo_min"),
+    # The rank-space top-k scaled by a reciprocal after the top-k, drawn by choice: its candidates' (B, 1) stack read
+    # by the take as it is had no (B,) root for the draw's own form (a thorough run; unfused, with a remark).
+    "top_k_reciprocal_choice_one_row": SamplerSpec(form="top_k", vocab=16, rows=1, k=3, temperature_style="reciprocal",
+                                                   draw="choice"),
+    "top_k_reciprocal_choice_rows": SamplerSpec(form="top_k", rows=2, k=3, temperature_style="reciprocal",
+                                                draw="choice"),
 }
 
 
