@@ -24,7 +24,7 @@ def test_help_and_dry_run_need_no_device():
     lines = plan.stdout.splitlines()
     # The compile grid's f32 H = 256 prefill takes 16 x 32 Triton tiles on the H200, and no Mosaic GPU kernel.
     assert "- B1 T8192 S8192 N32 K8 H256 f32 causal: Triton 16x32, 4 warps, 2 stages; Mosaic GPU no" in lines
-    assert sum(line.startswith("- sample ") for line in lines) == 4
+    assert sum(line.startswith("- sample ") for line in lines) == 8
 
 
 def test_without_a_gpu_it_exits_2_with_a_message():
@@ -35,6 +35,6 @@ def test_without_a_gpu_it_exits_2_with_a_message():
 def test_cpu_smoke_checks_every_kernel_and_prints_the_table():
     result = run("--cpu-smoke", "--repeats", "1")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| B") or line.startswith("| sample")]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| B") or line.startswith("| sample ")]
     assert len(rows) == 5 and "FAIL" not in result.stdout, result.stdout
     assert "numerics ok" in result.stdout
