@@ -2,7 +2,8 @@
 
 Matches: `func.call`s of private, single-block functions (JAX outlines helpers such as `@_where` and
 `@tril`, which the upstream `inline` pass leaves in place), and `stablehlo.case`s whose index is a constant
-(`lax.cond` on a Python-level flag, as libraries guard each logits warper: canonicalize does not fold them), and
+(`lax.cond` on a Python-level flag, as libraries guard each logits warper, or on an `all` of a compare of
+constants, as Levanter skips its top-p at `jnp.all(p >= 1.0)`: canonicalize does not fold them), and
 `stablehlo.while` operands that start as a constant and that the body gives back unchanged (a decode loop's
 closed-over `jnp.array(temperature)`).
 Emits: the callee's body inlined at each call site, such a loop operand's uses reading the constant itself, the

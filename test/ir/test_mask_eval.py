@@ -66,3 +66,30 @@ def test_chunked_attention_is_not_a_band():
     t = np.arange(8)
     chunked = (t[:, None] // 4 == t[None, :] // 4) & (t[None, :] <= t[:, None])
     assert fit_band(chunked) is None
+
+
+REDUCTIONS = {
+    # Levanter-style guards on a p known when tracing: `lax.cond(jnp.all(p >= 1.0), ...)`, over no dims (a scalar p)
+    # or over rows (a p per row given as a constant).
+    "all_of_a_scalar": (lambda: jnp.all(jnp.asarray(0.9, jnp.float32) >= 1.0), False),
+    "all_of_rows": (lambda: jnp.all(jnp.asarray([0.9, 1.0], jnp.float32) >= 1.0), False),
+    "any_of_rows": (lambda: jnp.any(jnp.asarray([0.9, 1.0], jnp.float32) >= 1.0), True),
+    "integer_count": (lambda: jnp.sum(jnp.arange(T) < 4), 4),
+    "float_max": (lambda: jnp.max(jnp.asarray([0.25, 0.75, 0.5], jnp.float32)), 0.75),
+    "rows_of_a_table": (lambda: jnp.all(jnp.tril(jnp.ones((T, S), bool), 3), axis=1), [False] * 5 + [True]),
+}
+
+
+@pytest.mark.parametrize("name", REDUCTIONS)
+def test_reductions_of_constants_evaluate(name):
+    fn, expected = REDUCTIONS[name]
+    _module, value = _returned(fn)
+    result = evaluate(value)
+    assert result is not None
+    np.testing.assert_array_equal(result, np.asarray(expected))
+
+
+def test_a_float_sum_is_not_evaluated():
+    """Its rounding is the order the backend adds in, which the evaluator does not know."""
+    _module, value = _returned(lambda: jnp.sum(jnp.asarray([0.1, 0.2, 0.3], jnp.float32)) == 0.6)
+    assert evaluate(value) is None

@@ -80,6 +80,51 @@ func.func public @folds_an_out_of_range_index_to_the_last_branch(%arg0: tensor<4
 
 // -----
 
+// A guard on a p known when tracing, as Levanter's sampler skips its top-p (`lax.cond(jnp.all(p >= 1.0), ...)`): the
+// index is an `all` (a reduce over no dims) of a compare of constants, decided by evaluation.
+// CHECK-LABEL: func.func public @folds_a_case_on_an_all_of_constants
+// CHECK-NOT: stablehlo.case
+// CHECK: stablehlo.negate %arg0
+func.func public @folds_a_case_on_an_all_of_constants(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %p = stablehlo.constant dense<0.899999976> : tensor<f32>
+  %one = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+  %false = stablehlo.constant dense<false> : tensor<i1>
+  %true = stablehlo.constant dense<true> : tensor<i1>
+  %ge = stablehlo.compare GE, %p, %one, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+  %ne = stablehlo.compare NE, %ge, %false, UNSIGNED : (tensor<i1>, tensor<i1>) -> tensor<i1>
+  %all = stablehlo.reduce(%ne init: %true) applies stablehlo.and across dimensions = [] : (tensor<i1>, tensor<i1>) -> tensor<i1>
+  %index = stablehlo.convert %all : (tensor<i1>) -> tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }, {
+    stablehlo.return %arg0 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
+// Near miss: an `any` over a p per row, an argument: the case stays.
+// CHECK-LABEL: func.func public @no_match_case_on_an_any_of_an_argument
+// CHECK: stablehlo.case
+func.func public @no_match_case_on_an_any_of_an_argument(%arg0: tensor<4xf32>, %arg1: tensor<2xf32>) -> tensor<4xf32> {
+  %one = stablehlo.constant dense<1.000000e+00> : tensor<2xf32>
+  %false = stablehlo.constant dense<false> : tensor<i1>
+  %ge = stablehlo.compare GE, %arg1, %one, FLOAT : (tensor<2xf32>, tensor<2xf32>) -> tensor<2xi1>
+  %any = stablehlo.reduce(%ge init: %false) applies stablehlo.or across dimensions = [0] : (tensor<2xi1>, tensor<i1>) -> tensor<i1>
+  %index = stablehlo.convert %any : (tensor<i1>) -> tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }, {
+    stablehlo.return %arg0 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 // A data-dependent index: the case stays.
 // CHECK-LABEL: func.func public @no_match_case_on_an_argument
 // CHECK: stablehlo.case

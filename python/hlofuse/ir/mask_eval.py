@@ -4,7 +4,8 @@ time on its static shape, then compared element by element with the composite's 
 However the code writes a causal or sliding-window mask (`tril`, `triu`, iota compares, arange
 arithmetic, int64 iotas truncated to int32, a cumsum over ones), the pattern is the same (T, S) table,
 so evaluating it makes every writing the same thing. `evaluate` interprets the StableHLO ops such terms
-use (numpy, exact integer and boolean arithmetic); anything else (an argument, a data-dependent op)
+use (numpy, exact integer and boolean arithmetic, reductions whose result no order of evaluation changes: an
+`all`, an `any`, an integer sum, an extremum); anything else (an argument, a data-dependent op, a float sum)
 makes the term not constant. `fit_band` finds the causal / window / q_offset attributes whose visibility
 (hlofuse.kernels.reference.attention_visibility) is exactly the table, or says there are none.
 """
@@ -133,6 +134,8 @@ class _Evaluator:
             return np.concatenate(args, axis=ir.IntegerAttr(op.attributes["dimension"]).value)
         if name == "stablehlo.reduce_window":
             return _cumulative_sum(op, args)
+        if name == "stablehlo.reduce":
+            return _reduce(op, args)
         raise NotConstant(f"{name} is not evaluated")
 
 
@@ -143,6 +146,34 @@ def _convert(x: np.ndarray, value: ir.Value) -> np.ndarray:
     if np.issubdtype(x.dtype, np.floating) and np.issubdtype(target, np.integer):
         return np.trunc(x).astype(target)
     return x.astype(target)  # integer truncation wraps, as StableHLO's convert does
+
+
+# The reductions evaluated exactly whatever the order: of booleans and integers (an `any`, an `all`, a count), and the
+# extrema of any type. A float sum is not (its rounding depends on the order the backend adds in).
+_REDUCTIONS: dict[str, np.ufunc] = {
+    "stablehlo.and": np.logical_and, "stablehlo.or": np.logical_or, "stablehlo.maximum": np.maximum,
+    "stablehlo.minimum": np.minimum, "stablehlo.add": np.add,
+}
+
+
+def _reduce(op: ir.Operation, args: list[np.ndarray]) -> np.ndarray:
+    """`stablehlo.reduce` of one input whose body is one op of _REDUCTIONS over its two arguments (`jnp.all`,
+    `jnp.any`, a max, an integer sum; over some dims or none), combined with its init."""
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    if len(args) != 2 or len(body) != 2 or body[0].operation.name not in _REDUCTIONS:
+        raise NotConstant("a reduce that is not one op over one input")
+    combine = body[0].operation
+    if [v for v in combine.operands] != [block.arguments[0], block.arguments[1]]:
+        raise NotConstant("a reduce whose body is not its op of its two arguments")
+    if body[1].operation.operands[0] != combine.result:
+        raise NotConstant("a reduce that does not return its op")
+    x, init = args
+    ufunc = _REDUCTIONS[combine.name]
+    if ufunc is np.add and np.issubdtype(x.dtype, np.floating):
+        raise NotConstant("a float sum (its rounding is the backend's order)")
+    reduced = ufunc.reduce(x, axis=tuple(_attr_list(op, "dimensions")))
+    return ufunc(reduced, init)
 
 
 def _cumulative_sum(op: ir.Operation, args: list[np.ndarray]) -> np.ndarray:
