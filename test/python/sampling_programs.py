@@ -182,6 +182,9 @@ class SamplerSpec:
     enclosure: str = ""
     prelude: bool = False  # log_softmax of the logits before the sampler (axlearn's decoder): `<form>_of_log_probs`
     draw_rows: int = 0  # n > 0: the (R, V) rows drawn as (R / n, n, V) (axlearn's decodes per prompt), ids back to (R,)
+    # The (B, V) rows' choice or inverse-CDF ids left (B, 1), as `torch.multinomial(probs, 1)` gives them and nanoGPT's
+    # and the llama reference's samplers return them (vocabulary-space forms: no take reads them)
+    unit_ids: bool = False
 
     @property
     def stochastic(self) -> bool:
@@ -485,6 +488,11 @@ class _Ctx:
             return ids[(_rows(picks.shape), picks)][..., 0]
         return _take(ids, self.draw(values))
 
+    def _stacked(self, rows: list[jax.Array]) -> jax.Array:
+        """The rows' (1,) ids stacked: (B, 1) for spec.unit_ids, else squeezed to (B,)."""
+        stacked = jnp.array(rows)
+        return stacked if self.spec.unit_ids else jnp.squeeze(stacked, 1)
+
     def _pick(self, x: jax.Array) -> jax.Array:
         """The draw's ids: (...,), or (..., 1) for keras' categorical; rows drawn as (R / n, n, V) give (R,)."""
         if self.spec.draw_rows:  # the draw's function of the rows, then the categorical of them reshaped
@@ -501,13 +509,13 @@ class _Ctx:
             if x.ndim == 1:  # torch.multinomial of one row (litgpt's `sample`): (1,) ids
                 return jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs)
             rows = [jax.random.choice(key, x.shape[-1], (1,), replace=False, p=probs[i, :]) for i in range(x.shape[0])]
-            return jnp.squeeze(jnp.array(rows), 1)
+            return self._stacked(rows)
         if self.spec.draw == "inverse_cdf":  # jax.random.choice with replacement: an inverse-CDF draw
             probs = jax.nn.softmax(x, axis=-1)
             if x.ndim == 1:  # one row, its default replace=True: a () id
                 return jax.random.choice(key, x.shape[-1], p=probs)
             rows = [jax.random.choice(key, x.shape[-1], (1,), replace=True, p=probs[i, :]) for i in range(x.shape[0])]
-            return jnp.squeeze(jnp.array(rows), 1)  # torch.multinomial(replacement=True) through torchax
+            return self._stacked(rows)  # torch.multinomial(replacement=True) through torchax
         if self.spec.draw == "exponential_race":  # any rows (..., V), one key's noise over all of them
             probs = jax.nn.softmax(x, axis=-1)
             return jnp.argmax(probs / jax.random.exponential(key, probs.shape), axis=-1)

@@ -134,6 +134,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
             spec = dataclasses.replace(spec, draw=drawn, noise="categorical")
         elif drawn not in ("choice", "row_keys", "inverse_cdf", "exponential_race"):
             spec = dataclasses.replace(spec, draw=drawn)
+    # torch.multinomial's (B, 1) ids returned as they are, where nothing takes through them (vocabulary space)
+    if spec.draw in ("choice", "inverse_cdf") and spec.batch in ("b", "bt") and form not in RANK_SPACE_TOP_KS \
+            and not rank_space_p and draw(st.integers(0, 2)) == 0:
+        spec = dataclasses.replace(spec, unit_ids=True)
     # a Gumbel noise written by hand, for f32 logits drawn as they are
     if stochastic and spec.sampler_dtype == "float32" and spec.noise != "keras" \
             and spec.draw in ("categorical", "log_softmax", "log_of_softmax") and draw(st.integers(0, 3)) == 0:
@@ -494,6 +498,13 @@ DRAW_CASES = {
     "choice_one_row": SamplerSpec(form="temperature", draw="choice", rows=1),
     "choice_min_p_decode_slice": SamplerSpec(form="min_p", draw="choice", batch="bt"),
     "choice_top_k_mask_split_key": SamplerSpec(form="top_k_mask", draw="choice", key_op="split"),
+    # torch.multinomial's (B, 1) ids returned as they are (nanoGPT's, the llama reference's `sample_top_p`)
+    "choice_unit_ids_classic_top_p": SamplerSpec(form="top_p_mask", top_p_style="classic", draw="choice",
+                                                 unit_ids=True),
+    "choice_unit_ids_top_k_top_p_in_a_cond": SamplerSpec(form="top_k_top_p_mask", draw="choice", enclosure="cond",
+                                                         unit_ids=True),
+    "inverse_cdf_unit_ids_min_p_decode_slice": SamplerSpec(form="min_p", draw="inverse_cdf", batch="bt",
+                                                           unit_ids=True),
     "row_keys_temperature": SamplerSpec(form="temperature", draw="row_keys", rows=3),
     "row_keys_top_k_rank_space_typed": SamplerSpec(form="top_k", draw="row_keys", key_kind="typed"),
     "row_keys_top_p_mask_fold_in": SamplerSpec(form="top_p_mask", draw="row_keys", key_op="fold_in"),
