@@ -21,9 +21,11 @@ dims made a broadcast of the reshape's operand (`v[..., -1]` read as `v[..., -1:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 from jax._src.lib import jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import stablehlo
@@ -124,26 +126,38 @@ def erase_unreferenced_private_funcs(module: ir.Operation) -> None:
             op.erase()
 
 
-def _computes_a_float(value: ir.Value, limit: int = 64) -> bool:
-    """Whether the index term `value` rounds a float on its way (or is too long to tell)."""
+def _index_term_has(value: ir.Value, found: Callable[[ir.Operation], bool], limit: int = 64) -> bool:
+    """Whether an op of the index term `value` is `found` (or the term is too long to tell)."""
     stack, seen = [value], 0
     while stack:
         op = defining_op(stack.pop())
         seen += 1
         if op is None or seen > limit:
             return seen > limit
-        floats = any(isinstance(ir.RankedTensorType(r.type).element_type, ir.FloatType) for r in op.results)
-        if floats and op.name not in _FLOAT_EXACT:
+        if found(op):
             return True
         stack.extend(op.operands)
     return False
 
 
+def _rounds_a_float(op: ir.Operation) -> bool:
+    """Whether `op` computes a float otherwise than by moving constants (_FLOAT_EXACT)."""
+    floats = any(isinstance(ir.RankedTensorType(r.type).element_type, ir.FloatType) for r in op.results)
+    return floats and op.name not in _FLOAT_EXACT
+
+
+def _reduces_rows(op: ir.Operation) -> bool:
+    """Whether `op` reduces a vector (`jnp.any(k > 0)` over a batch's k per row). A guard on one is left: its rows are
+    a sampler's per-row parameters, which a template takes as operands, so folding it where a program gives them as
+    constants would hide the sampler from its form."""
+    return op.name == "stablehlo.reduce" and any(size != 1 for size in ir.RankedTensorType(op.operands[0].type).shape)
+
+
 def constant_branch(case: ir.Operation) -> int | None:
     """The branch a `stablehlo.case` takes when its index is a constant term (out of range: the last, as
-    StableHLO says), or None."""
+    StableHLO says), or None. Not where the index reduces a vector of rows (`_reduces_rows`)."""
     index = case.operands[0]
-    if _computes_a_float(index):
+    if _index_term_has(index, _rounds_a_float) or _index_term_has(index, _reduces_rows):
         return None
     value = evaluate(index)
     if value is None or value.size != 1:
@@ -313,6 +327,59 @@ def fold_float_scalar_extrema(module: ir.Operation) -> int:
     return folded
 
 
+_EXACT_FLOAT_ARITHMETIC = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
+                           "stablehlo.multiply": np.multiply}
+
+
+def _f32_splat(value: ir.Value) -> np.float32 | None:
+    """The number an f32 splat holds: a splat constant, or a broadcast of a 0-d constant; else None."""
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        value = op.operands[0]
+        op = defining_op(value)
+    if op is None or op.name != "stablehlo.constant" or not isinstance(value.type, ir.RankedTensorType):
+        return None
+    if not isinstance(value.type.element_type, ir.F32Type):
+        return None
+    attr = ir.DenseElementsAttr(op.attributes["value"])
+    return np.float32(ir.FloatAttr(attr.get_splat_value()).value) if attr.is_splat else None
+
+
+def fold_f32_splat_arithmetic(module: ir.Operation) -> int:
+    """Replaces each f32 add, subtract or multiply of two splats of constants by a broadcast of its constant, as a
+    library moves a Python threshold by a tolerance in jnp (Levanter's top-p: `clip(p, 0, 1)[..., None] - 1e-4`),
+    which canonicalize does not fold; returns how many. IEEE f32 rounds each of these to one value on every backend
+    (and XLA folds such constants on the host before any runs), so the constant is the program's own. Not a result
+    that is NaN, infinite or subnormal (a TPU flushes subnormals)."""
+    candidates: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in _EXACT_FLOAT_ARITHMETIC and isinstance(op.results[0].type, ir.RankedTensorType):
+            candidates.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    folded = 0
+    for op in candidates:  # in program order: an op's operands are folded before it
+        a, b = (_f32_splat(v) for v in op.operands)
+        if a is None or b is None:
+            continue
+        with np.errstate(all="ignore"):
+            value = np.float32(_EXACT_FLOAT_ARITHMETIC[op.name](a, b))
+        if not np.isfinite(value) or (value != 0 and abs(value) < np.finfo(np.float32).tiny):
+            continue
+        result_type = ir.RankedTensorType(op.results[0].type)
+        scalar_type = ir.RankedTensorType.get([], result_type.element_type)
+        with ir.InsertionPoint(op), op.location:
+            attr = ir.DenseElementsAttr.get_splat(scalar_type, ir.FloatAttr.get(result_type.element_type, float(value)))
+            constant = stablehlo.ConstantOp(attr)
+            broadcast = stablehlo.BroadcastInDimOp(result_type, constant.result, ir.DenseI64ArrayAttr.get([]))
+        op.results[0].replace_all_uses_with(broadcast.result)
+        op.erase()
+        folded += 1
+    return folded
+
+
 def _without_units(shape: list[int]) -> list[int]:
     return [size for size in shape if size != 1]
 
@@ -399,6 +466,7 @@ class PreparePass(ModulePass):
         state.count("fold_constant_case", fold_constant_cases(module))  # (calls inside branches: inlined above)
         state.count("fold_integer_scalar", fold_integer_scalars(module))
         state.count("fold_float_scalar_extremum", fold_float_scalar_extrema(module))
+        state.count("fold_f32_splat_arithmetic", fold_f32_splat_arithmetic(module))
         state.count("fold_unit_reshape_into_broadcast", fold_unit_reshapes_into_broadcasts(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

@@ -206,6 +206,38 @@ def test_mesh_transformer_jax_top_p_draws_are_the_programs() -> None:
                                       sample_reference(x.astype(dtype), key, form="top_p_mtj_mask", **params))
 
 
+def test_levanter_top_p_draws_are_the_programs() -> None:
+    """Levanter's nucleus of y = x / T, rank j kept where the cumsum before it is below p (a stable argsort reversed:
+    the higher id first among ties), is Flax's cut of y: its band vouches for a draw (p at an exact cumulative mass,
+    ties across the cut: the sorted row), and the lowering gives the program's ids on every row; in bf16, the kernel's
+    sort of the row."""
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        return sampling.nucleus_draw_by_band("", x / params["temperature"], key, params["p"], 1.0, from_below=False,
+                                             by_place=True)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.flax_top_p_lowering("top_p_levanter_mask", params)
+
+    assert _assert_certified_draws_are_the_programs("top_p_levanter_mask", by_band, lowering, from_below=False) \
+        < ROWS * 2
+    row, p = _row_and_p("coarse_ties", 5, from_below=False)
+    x = jnp.asarray(np.stack([np.roll(row, 37 * r) for r in range(8)])).astype(jnp.bfloat16)
+    key = jnp.array([3, 7], jnp.uint32)
+    params = form_params("top_p_levanter_mask", temperature=0.7, p=p)
+    np.testing.assert_array_equal(jax.jit(lowering(params))(x, key),
+                                  sample_reference(x, key, form="top_p_levanter_mask", **params))
+    # four equal logits across the cut (two of them kept: ids 3 and 2, the higher first), in f32 and bf16, many keys
+    ties = jnp.asarray(np.tile(np.array([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], np.float32), (16, 1)))
+    params = form_params("top_p_levanter_mask", temperature=1.0, p=0.3)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for seed in range(4):
+            key = jnp.array([seed, 11], jnp.uint32)
+            got = jax.jit(lowering(params))(ties.astype(dtype), key)
+            np.testing.assert_array_equal(got, sample_reference(ties.astype(dtype), key, form="top_p_levanter_mask",
+                                                                **params))
+            assert set(np.asarray(got).tolist()) <= {2, 3}
+
+
 @pytest.mark.parametrize("form", ["top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask",
                                   "top_p_shifted_logits_mask_choice"])
 def test_classic_top_p_draws_are_the_programs(form: str) -> None:

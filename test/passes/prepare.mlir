@@ -125,6 +125,28 @@ func.func public @no_match_case_on_an_any_of_an_argument(%arg0: tensor<4xf32>, %
 
 // -----
 
+// Near miss: an `any` over a k per row given as constants (eSurge's guard of its searched top-k: `lax.cond(jnp.any(k >
+// 0), ...)`): the rows are the sampler's per-row parameters, which a template takes as operands, so the case stays.
+// CHECK-LABEL: func.func public @no_match_case_on_an_any_of_constant_rows
+// CHECK: stablehlo.case
+func.func public @no_match_case_on_an_any_of_constant_rows(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %k = stablehlo.constant dense<16> : tensor<2xi32>
+  %zero = stablehlo.constant dense<0> : tensor<2xi32>
+  %false = stablehlo.constant dense<false> : tensor<i1>
+  %gt = stablehlo.compare GT, %k, %zero, SIGNED : (tensor<2xi32>, tensor<2xi32>) -> tensor<2xi1>
+  %any = stablehlo.reduce(%gt init: %false) applies stablehlo.or across dimensions = [0] : (tensor<2xi1>, tensor<i1>) -> tensor<i1>
+  %index = stablehlo.convert %any : (tensor<i1>) -> tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }, {
+    stablehlo.return %arg0 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 // A data-dependent index: the case stays.
 // CHECK-LABEL: func.func public @no_match_case_on_an_argument
 // CHECK: stablehlo.case
@@ -250,6 +272,46 @@ func.func public @no_match_float_extrema_of_zeros_or_an_argument(%arg0: tensor<f
   %0 = stablehlo.maximum %zero, %minus_zero : tensor<f32>
   %1 = stablehlo.maximum %arg0, %zero : tensor<f32>
   return %0, %1 : tensor<f32>, tensor<f32>
+}
+
+// -----
+
+// A threshold moved by a tolerance in jnp (Levanter's top-p: `clip(p, 0, 1)[..., None] - 1e-4`, f32) folds to one
+// constant, f32(0.9) - f32(1e-4) = 0.899899959, broadcast as the subtract was: the compare reads a constant.
+// CHECK-LABEL: func.func public @folds_f32_arithmetic_of_constants
+// CHECK-NOT: stablehlo.subtract
+// CHECK: %[[P:.*]] = stablehlo.constant dense<0.899899959> : tensor<f32>
+// CHECK: %[[B:.*]] = stablehlo.broadcast_in_dim %[[P]], dims = [] : (tensor<f32>) -> tensor<1xf32>
+// CHECK: stablehlo.compare LT, %arg0, %{{.*}}
+func.func public @folds_f32_arithmetic_of_constants(%arg0: tensor<2x8xf32>) -> tensor<2x8xi1> {
+  %p = stablehlo.constant dense<0.899999976> : tensor<f32>
+  %tol = stablehlo.constant dense<9.99999974E-5> : tensor<f32>
+  %0 = stablehlo.broadcast_in_dim %p, dims = [] : (tensor<f32>) -> tensor<1xf32>
+  %1 = stablehlo.broadcast_in_dim %tol, dims = [] : (tensor<f32>) -> tensor<1xf32>
+  %2 = stablehlo.subtract %0, %1 : tensor<1xf32>
+  %3 = stablehlo.broadcast_in_dim %2, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+  %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<2x8xf32>
+  %5 = stablehlo.compare LT, %arg0, %4, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  return %5 : tensor<2x8xi1>
+}
+
+// -----
+
+// Near miss: arithmetic that reads an argument, bf16 arithmetic (XLA rounds it through f32), and a result that is
+// subnormal (a TPU flushes it) stay.
+// CHECK-LABEL: func.func public @no_match_arithmetic_of_an_argument_bf16_or_subnormal
+// CHECK: stablehlo.subtract
+// CHECK: stablehlo.subtract
+// CHECK: stablehlo.multiply
+func.func public @no_match_arithmetic_of_an_argument_bf16_or_subnormal(%arg0: tensor<f32>) -> (tensor<f32>, tensor<bf16>, tensor<f32>) {
+  %tol = stablehlo.constant dense<9.99999974E-5> : tensor<f32>
+  %p16 = stablehlo.constant dense<8.984380e-01> : tensor<bf16>
+  %tol16 = stablehlo.constant dense<1.000980e-04> : tensor<bf16>
+  %tiny = stablehlo.constant dense<1.000000e-20> : tensor<f32>
+  %0 = stablehlo.subtract %arg0, %tol : tensor<f32>
+  %1 = stablehlo.subtract %p16, %tol16 : tensor<bf16>
+  %2 = stablehlo.multiply %tiny, %tiny : tensor<f32>
+  return %0, %1, %2 : tensor<f32>, tensor<bf16>, tensor<f32>
 }
 
 // -----

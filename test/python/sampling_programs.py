@@ -84,9 +84,11 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # in); classic: the classic filter of the scaled logits (Megatron-LM's, Hugging Face's old `top_k_top_p_filtering`,
 # through torchax: torch.sort descending, `cumsum > p` shifted a place later, the first never removed, scattered back);
 # xt: x-transformers' `top_p` of the logits (the same cut, shifted by F.pad, the sorted logits filled and scattered
-# back), then / T. hf takes (B, V) logits or one row (litgpt's), flax, mtj, classic and xt (B, V) logits; hf, flax,
-# classic and xt fill with -inf.
-TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt")
+# back), then / T; levanter: Levanter's (marin's) of the scaled logits, in f32 (a stable argsort reversed, the logits
+# taken along it, `cumsum < clip(p, 0, 1)[..., None] - 1e-4` shifted by a concatenate, -inf, back by a take along the
+# argsort of the order). hf takes (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and levanter (B, V)
+# logits; hf, flax, classic, xt and levanter fill with -inf.
+TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -97,9 +99,11 @@ RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_pr
 # a form; Flax's follows only its own exact top-k, so a top-k mask before it stays in XLA).
 HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None),
              "mtj": ("top_p_mtj_mask", None), "tvq": ("top_p_prob_sorted_mask", None),
-             "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None)}
+             "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None),
+             "levanter": ("top_p_levanter_mask", None)}
 # The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
-SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask"}
+SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask"}
+LEVANTER_TOLERANCE = 1e-4  # what Levanter's nucleus subtracts from its p (in f32, in jnp)
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
 # gumbel: argmax(x + g); gumbel_first: argmax(g + x); keras: keras' JAX random.categorical(x, 1), a categorical of
@@ -387,6 +391,8 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     the program divides by a constant right before it (the site's x / T; a division "before" the sampler is that too,
     unless a top-k mask lies between), else 1 (the scaling outside)."""
     p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "tvq" else _rounded(spec.p, dtype)
+    if spec.top_p_style == "levanter":  # its threshold p - 1e-4, one constant after hlofuse-prepare's fold
+        p = float(np.float32(spec.p) - np.float32(LEVANTER_TOLERANCE))
     attrs = {**attrs, "mode": "top_p", "p": p}
     if spec.form == "top_k_top_p_mask" and spec.top_p_style == "classic":
         # Hugging Face's old top_k_top_p_filtering: / T, then the top-k mask (a top-k writing: torch.topk's k-th through
@@ -629,6 +635,14 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)
         ordered = jnp.where(remove, NEG_INF, ordered)
         kept = ordered.at[(_rows(x.shape), ids)].set(ordered)
+    elif c.spec.top_p_style == "levanter":
+        order = jnp.argsort(x, axis=-1)[..., ::-1]
+        ordered = jnp.take_along_axis(x, order, axis=-1)
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+        threshold = jnp.clip(jnp.asarray(c.spec.p, dtype=jnp.float32), min=0.0, max=1.0)[..., None]
+        keep = cumulative < threshold - jnp.asarray(LEVANTER_TOLERANCE, dtype=cumulative.dtype)
+        keep = jnp.concatenate([jnp.ones_like(keep[..., :1], dtype=bool), keep[..., :-1]], axis=-1)
+        kept = jnp.take_along_axis(jnp.where(keep, ordered, NEG_INF), jnp.argsort(order, axis=-1), axis=-1)
     elif c.spec.top_p_style == "mtj":
         ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
         cumulative = jnp.cumsum(jax.nn.softmax(ordered), axis=-1)

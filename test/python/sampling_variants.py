@@ -1017,6 +1017,39 @@ def near_miss_mtj_removal_at_or_above(x, key):
     return jax.random.categorical(key, (x - 1e10 * jax.lax.sort_key_val(ids, remove)[1]) / 0.8, -1)
 
 
+def _levanter_nucleus(y, p, keep_at_or_below=False):
+    """Levanter's (marin's) `Sampler._apply_top_p` of y, written its way: a stable argsort reversed, the logits taken
+    along it, the cumsum of their softmax, `cumsum < clip(p, 0, 1)[..., None] - 1e-4` (a tolerance in jnp, f32)
+    shifted by a concatenate of ones, -inf, back by a take along the argsort of the order. `keep_at_or_below`: `<=`,
+    another cut."""
+    order = jnp.argsort(y, axis=-1)[..., ::-1]
+    ordered = jnp.take_along_axis(y, order, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    threshold = jnp.clip(jnp.asarray(p, dtype=jnp.float32), min=0.0, max=1.0)[..., None]
+    tolerance = jnp.asarray(1e-4, dtype=cumulative.dtype)
+    keep = cumulative <= threshold - tolerance if keep_at_or_below else cumulative < threshold - tolerance
+    keep = jnp.concatenate([jnp.ones_like(keep[..., :1], dtype=bool), keep[..., :-1]], axis=-1)
+    kept = jnp.where(keep, ordered, -jnp.inf)
+    return jnp.take_along_axis(kept, jnp.argsort(order, axis=-1), axis=-1)
+
+
+def _levanter_sample(x, key, keep_at_or_below=False):
+    """Levanter's `Sampler` at T = 0.7 and top_p = 0.9 (Python numbers): the logits in f32 over a T with 0 made 1, its
+    top-p under `lax.cond(jnp.all(p >= 1.0), ...)` (a constant guard), then the Gumbel argmax it draws by."""
+    y = x.astype(jnp.float32) / jnp.where(jnp.asarray(0.7) == 0, 1.0, 0.7)
+    y = jax.lax.cond(jnp.all(jnp.asarray(0.9) >= 1.0), lambda: y, lambda: _levanter_nucleus(y, 0.9, keep_at_or_below))
+    return jnp.argmax(y + jax.random.gumbel(key, y.shape, dtype=y.dtype), axis=-1).astype(jnp.int32)
+
+
+def levanter_top_p_sample(x, key):
+    return _levanter_sample(x, key)
+
+
+def near_miss_levanter_keep_at_or_below(x, key):
+    """Levanter's nucleus with `<=`: another cut (no form; a remark)."""
+    return _levanter_sample(x, key, keep_at_or_below=True)
+
+
 def _transformer_vq_nucleus(logits, p, strictly_above=True):
     """transformer_vq's `nucleus(logits, p)` (nn/prob.py), written its way: the softmax's values sorted ascending
     (jnp.sort) and their stable argsort, the cumsum of the sorted, `> 1 - (p - 1e-4)` or'ed with the last place
@@ -1584,6 +1617,11 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 1.0}),
     Variant("near_miss_transformer_vq_at_or_above", near_miss_transformer_vq_at_or_above, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
+    # (its p: 0.9 - 1e-4 in f32, one constant after hlofuse-prepare; its T, a select of constants, stays outside)
+    Variant("levanter_top_p_sample", levanter_top_p_sample, "top_p_levanter_mask",
+            expect={"p": float(np.float32(0.9) - np.float32(1e-4)), "temperature": 1.0}),
+    Variant("near_miss_levanter_keep_at_or_below", near_miss_levanter_keep_at_or_below, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("near_miss_mtj_removal_at_or_above", near_miss_mtj_removal_at_or_above, "temperature",
             remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",

@@ -120,8 +120,11 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
-    # Flax's, MTJ's and transformer_vq's nuclei draw by categorical only; top_k_of_probs by the log of its probabilities
-    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq")
+    # Flax's, MTJ's, transformer_vq's and Levanter's nuclei draw by categorical only; top_k_of_probs by the log of its
+    # probabilities
+    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter")
+    if form in USES_TOP_P and spec.top_p_style == "levanter":  # Levanter samples f32 logits
+        spec = dataclasses.replace(spec, upcast=spec.dtype != "float32")
     if stochastic and not rank_space_p and not flax_p and form != "top_k_of_probs":
         drawn = draw(st.sampled_from(DRAWS))
         one_row_choice = spec.batch == "v" and form not in RANK_SPACE_TOP_KS  # (1,) ids, no rank space
@@ -268,6 +271,12 @@ FIXED_GAPS = {
     # mesh-transformer-jax's (GPT-J's) nucleus: fused as `temperature` with its sorts in XLA until top_p_mtj_mask;
     # after a top-k mask, its nucleus of the masked logits (the top-k stays in XLA, as for Flax's)
     "top_p_mtj": SamplerSpec(form="top_p_mask", top_p_style="mtj"),
+    # Levanter's (marin's) nucleus of x / T (a reversed stable argsort, a take along it, `cumsum < p - 1e-4` with the
+    # tolerance in jnp, shifted, a take back): fused as `categorical` with its sorts in XLA until top_p_levanter_mask
+    # and hlofuse-prepare's fold of the f32 threshold; with ties, p at 0.5, the Gumbel argmax Levanter draws by
+    "top_p_levanter": SamplerSpec(form="top_p_mask", top_p_style="levanter"),
+    "top_p_levanter_ties_gumbel": SamplerSpec(form="top_p_mask", top_p_style="levanter", noise="gumbel", vocab=16,
+                                              p=0.5),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
                                            temperature_style="traced"),
     "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),

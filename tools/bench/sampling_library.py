@@ -69,7 +69,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "x_transformers_top_p_multinomial", "old_hugging_face_top_k_top_p_multinomial", "palm_gumbel_sample",
             "lucidrains_gumbel_top_k", "lucidrains_gumbel_top_p", "x_transformers_min_p_multinomial",
             "x_transformers_top_a_multinomial", "top_k_of_probs_at_t1", "nanogpt_top_k_multinomial_unsqueezed",
-            "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded")
+            "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -588,6 +588,29 @@ def top_p_mtj_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: 
     return categorical_fn(key, _scale(logits - MTJ_MASK * mtj_top_p_removed(logits, p), temperature), axis=-1)
 
 
+def levanter_top_p_kept(y: jax.Array, p: float) -> jax.Array:
+    """Levanter's (marin's) vocabulary-space nucleus of y (..., V): the order of a stable `jnp.argsort` reversed
+    (descending; equal values by the higher id first, NaN first), the sorted logits taken along it, the cumsum of their
+    softmax; rank 0 kept, and each rank whose cumsum before it is below p (`concatenate([True], (c < p)[..., :-1])`),
+    the others -inf; back to vocabulary order by `take_along_axis` with the argsort of the order. Its threshold is p as
+    a (1,) f32 array (`asarray(p)[..., None]`: Levanter writes `clip(p, 0, 1)[..., None] - 1e-4` in jnp, whose clip
+    JAX folds when tracing and whose subtraction hlofuse-prepare folds, to the one constant this p is)."""
+    order = jnp.argsort(y, axis=-1)[..., ::-1]
+    ordered = jnp.take_along_axis(y, order, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    keep = cumulative < jnp.asarray(p, dtype=jnp.float32)[..., None]
+    keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
+    kept = jnp.where(keep, ordered, jnp.full_like(ordered, NEG_INF))
+    return jnp.take_along_axis(kept, jnp.argsort(order, axis=-1), axis=-1)
+
+
+def top_p_levanter_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                        categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+    """Levanter's (marin's) `Sampler`: y = x / T, its nucleus (`levanter_top_p_kept`), then a categorical of what is
+    left (Levanter draws `argmax(y + gumbel)`, a writing of it). A cut by sorted place from the top, as Flax's."""
+    return categorical_fn(key, levanter_top_p_kept(_scale(logits, temperature), p), axis=-1)
+
+
 def sort_stable(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`jnp.sort(x)` and the stable `jnp.argsort(x)` (ascending; equal values by the lower id first, NaN last)."""
     return jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1)
@@ -1266,6 +1289,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          composes_draws=False),
     Form("top_p_mtj_mask", "top_p", top_p_mtj_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          composes_draws=False),
+    Form("top_p_levanter_mask", "top_p", top_p_levanter_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
+         composes_draws=False),
     # transformer_vq's nucleus writes its threshold 1 - (p - 1e-4) as one constant: it reads `one_minus_p`.
     Form("top_p_prob_sorted_mask", "top_p", top_p_prob_sorted_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
          (Writing(functools.partial(top_p_prob_sorted_mask, scatter_back=True),
@@ -1372,7 +1397,8 @@ FORMS.update({name: _searched_form(name, mode)
 _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p", "top_k_exact_mask",
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
-                  "top_p_mtj_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask", "top_p_shifted_logits_mask",
+                  "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
+                  "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "min_p_logits_mask", "top_a_logits_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",

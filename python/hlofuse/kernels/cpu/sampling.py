@@ -1274,6 +1274,17 @@ def _mtj_top_p_subtracted(logits: jax.Array, p: float) -> jax.Array:
     return logits - MTJ_MASK * _scattered(mtj_sorted_removal(ascending[:, ::-1], p), ids[:, ::-1])
 
 
+def _levanter_top_p_kept(y: jax.Array, p: float) -> jax.Array:
+    """Levanter's nucleus of y (sampling_reference.levanter_top_p_kept) with no sort in XLA: the kernel's stable
+    ascending order reversed (the program's argsort's, reversed), the logits taken along it, the program's softmax,
+    cumsum and keep on them, a scatter back (where the program's take along the argsort of the order puts them)."""
+    order = _sort_by_kernel(y)[1][:, ::-1]
+    ordered = jnp.take_along_axis(y, order, axis=-1)
+    keep = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) < jnp.asarray(p, dtype=jnp.float32)[..., None]
+    keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
+    return _scattered(jnp.where(keep, ordered, jnp.full_like(ordered, NEG_INF)), order)
+
+
 # mesh-transformer-jax's removed logits are x - 1e10, not -inf: its nucleus is drawn by the band (which drops them)
 # only where that gives -inf's ids, for T up to 1e8 (a removed token scores below -99 + 16.7 relative to the max's
 # x / T - 4.5) and logits under 1e12 in size (x - 1e10 then moves x by 1e10 up to its f32 rounding).
@@ -1294,9 +1305,10 @@ def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
 
 
 def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
-    """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw), min_p_sorted_removal (EasyDeL's min-p) or
-    top_p_mtj_mask (mesh-transformer-jax's nucleus) on the CPU: the top-k and the row's order by the kernel, the keep by
-    the program's ops, the draw by the kernel. Flax's and mesh-transformer-jax's top-p (f32; the latter's band
+    """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw), min_p_sorted_removal (EasyDeL's min-p),
+    top_p_mtj_mask (mesh-transformer-jax's nucleus) or top_p_levanter_mask (Levanter's, of x / T) on the CPU: the top-k
+    and the row's order by the kernel, the keep by the program's ops, the draw by the kernel. Flax's, Levanter's (the
+    same cut, of x / T, ties the other way) and mesh-transformer-jax's top-p (f32; the latter's band
     cuts by place from the top as Flax's, and holds its `<=` as Flax's `<`: the cut's slack covers either) are drawn by
     their nucleus's band first (`nucleus_draw_by_band`: no sort), and after
     Flax's exact top-k by the band among the top k (`top_k_nucleus_draw`), the sorted row only for the rows drawn in
@@ -1315,12 +1327,18 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
                                           by_place=True)
             small = jnp.max(jnp.abs(logits), axis=-1) < MTJ_BAND_LOGITS
             return reference_where_uncertified(jnp.where(small, tokens, UNCERTIFIED), lambda: sorted_row(logits, key))
+        if filters == "top_p_levanter_mask" and logits.dtype == jnp.float32:  # the cut of x / T, drawn at T = 1
+            tokens = nucleus_draw_by_band("", logits / params["temperature"], key, params["p"], 1.0, from_below=False,
+                                          by_place=True)
+            return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
         if filters == "top_k_exact_top_p_flax_mask" and logits.dtype == jnp.float32 and params["k"] < logits.shape[-1]:
             tokens = top_k_nucleus_draw("", logits, key, params, from_below=False, exact_k=True)
             return reference_where_uncertified(tokens, lambda: sorted_row(logits, key))
         return sorted_row(logits, key)
 
     def sorted_row(logits: jax.Array, key: jax.Array | None) -> jax.Array:
+        if filters == "top_p_levanter_mask":  # the nucleus of x / T (by the program's op), drawn at T = 1
+            return categorical_fn(key, _levanter_top_p_kept(logits / params["temperature"], params["p"]), axis=-1)
         if filters == "top_k_keep_mask":
             scores = _keep_top_k_by_kernel(logits, params["k"])
         elif filters == "min_p_sorted_removal":
@@ -1982,7 +2000,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if len(shape) != 2 or dtype not in ("f32", "bf16") or not attrs.temperature > 0 or attrs.k > shape[-1]:
             raise Unsupported("the classic top-p (Megatron-LM's) takes (B, V) f32 or bf16 logits, T > 0 and k <= V")
         return shifted_top_p_lowering(attrs.form, attrs.params(), hand)
-    if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask"):
+    if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask", "top_p_levanter_mask"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
             raise Unsupported("the Flax and EasyDeL warpers take (B, V) f32 or bf16 logits")
