@@ -393,6 +393,8 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "tvq" else _rounded(spec.p, dtype)
     if spec.top_p_style == "levanter":  # its threshold p - 1e-4, one constant after hlofuse-prepare's fold
         p = float(np.float32(spec.p) - np.float32(LEVANTER_TOLERANCE))
+    if spec.log_prob:  # Levanter's log-probability of the drawn token: the composite gives back its filtered logits
+        attrs = {**attrs, "scores": True, "fill": float("-inf")}
     attrs = {**attrs, "mode": "top_p", "p": p}
     if spec.form == "top_k_top_p_mask" and spec.top_p_style == "classic":
         # Hugging Face's old top_k_top_p_filtering: / T, then the top-k mask (a top-k writing: torch.topk's k-th through
@@ -851,7 +853,12 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
             y = c.scale(x)
             if form == "top_k_top_p_mask" and spec.top_p_style == "classic":  # the old top_k_top_p_filtering: / T first
                 y = _kth_mask(c, y)
-            return c.draw(_hf_nucleus_mask(c, y))
+            scores = _hf_nucleus_mask(c, y)
+            ids = c.draw(scores)
+            if spec.log_prob:  # Levanter's: the drawn token's filtered logit minus the logsumexp of them all
+                picked = jnp.take_along_axis(scores, ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
+                c.escaped.append(picked - jax.nn.logsumexp(scores, axis=-1))
+            return ids
         if spec.top_p_style in HF_TOP_PS:
             return c.draw(c.scale(_hf_nucleus_mask(c, x)))
         return c.draw(c.scale(_nucleus_mask(c, x)))

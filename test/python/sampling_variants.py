@@ -1045,6 +1045,16 @@ def levanter_top_p_sample(x, key):
     return _levanter_sample(x, key)
 
 
+def levanter_top_p_sample_with_log_prob(x, key):
+    """Levanter's `Sampler` as it runs by default (`return_log_probs=True`): the token and its log-probability under the
+    filtered logits, `take_along_axis(y, token) - logsumexp(y)`: the composite gives those logits back (`scores`)."""
+    y = x.astype(jnp.float32) / 0.7
+    y = _levanter_nucleus(y, 0.9)
+    token = jnp.argmax(y + jax.random.gumbel(key, y.shape, dtype=y.dtype), axis=-1).astype(jnp.int32)
+    picked = jnp.take_along_axis(y, token[:, None], axis=-1)[:, 0]
+    return token, picked - jax.nn.logsumexp(y, axis=-1)
+
+
 def near_miss_levanter_keep_at_or_below(x, key):
     """Levanter's nucleus with `<=`: another cut (no form; a remark)."""
     return _levanter_sample(x, key, keep_at_or_below=True)
@@ -1620,6 +1630,8 @@ VARIANTS: list[Variant] = [
     # (its p: 0.9 - 1e-4 in f32, one constant after hlofuse-prepare; its T, a select of constants, stays outside)
     Variant("levanter_top_p_sample", levanter_top_p_sample, "top_p_levanter_mask",
             expect={"p": float(np.float32(0.9) - np.float32(1e-4)), "temperature": 1.0}),
+    Variant("levanter_top_p_sample_with_log_prob", levanter_top_p_sample_with_log_prob, "top_p_levanter_mask",
+            expect={"p": float(np.float32(0.9) - np.float32(1e-4)), "temperature": 0.7, "scores": True}),
     Variant("near_miss_levanter_keep_at_or_below", near_miss_levanter_keep_at_or_below, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("near_miss_mtj_removal_at_or_above", near_miss_mtj_removal_at_or_above, "temperature",

@@ -156,6 +156,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
                                    fill=draw(st.sampled_from(FILLS[:3])), take="along_axis")
         if spec.draw == "categorical" and not spec.prelude:  # its drawn token's log-probability (T5X's) too
             spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
+    # Levanter's nucleus alone, then the drawn token's log-probability it returns by default (`return_log_probs`)
+    if form == "top_p_mask" and spec.top_p_style == "levanter" and spec.draw == "categorical" \
+            and spec.noise not in HAND_NOISES:
+        spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
     escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k", "hf", "flax"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
@@ -277,6 +281,9 @@ FIXED_GAPS = {
     "top_p_levanter": SamplerSpec(form="top_p_mask", top_p_style="levanter"),
     "top_p_levanter_ties_gumbel": SamplerSpec(form="top_p_mask", top_p_style="levanter", noise="gumbel", vocab=16,
                                               p=0.5),
+    # ... and the drawn token's log-probability it returns by default: fused at its draw, the nucleus in XLA for that
+    # read, until the composite gave back its filtered logits (SCORED_NUCLEI)
+    "top_p_levanter_log_prob": SamplerSpec(form="top_p_mask", top_p_style="levanter", noise="gumbel", log_prob=True),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
                                            temperature_style="traced"),
     "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),

@@ -2083,12 +2083,18 @@ def sample_reference(
                           categorical_fn=categorical_fn).astype(jnp.int32)
 
 
+# Vocabulary-space nuclei whose composite may give back its scores: Levanter's, whose sampler reads its filtered logits
+# again for the drawn token's log-probability (`take_along_axis(y, token) - logsumexp(y)`, `return_log_probs=True`).
+SCORED_NUCLEI = ("top_p_levanter_mask",)
+
+
 def gives_scores(form: str) -> bool:
     """Whether `form`'s composite may also give back the scores its draw perturbs (`scores = true`): the filtered logits
-    that T5X and axlearn read again for the drawn token's log-probability. The searched forms (and those with a
-    normalization in front), drawn by their own categorical: their function draws once, by `categorical_fn`, from
-    scores shaped as the logits, and the CPU kernel computes them as one masked copy of the logits."""
-    return form in FORMS and FORMS[form].filters in SEARCHED_FORMS and not FORMS[form].drawn_by
+    that T5X, axlearn and Levanter read again for the drawn token's log-probability. The searched forms (and those with
+    a normalization in front) and SCORED_NUCLEI, drawn by their own categorical: their function draws once, by
+    `categorical_fn`, from scores shaped as the logits, and the CPU kernel computes them as one masked copy of the
+    logits."""
+    return form in FORMS and FORMS[form].filters in (*SEARCHED_FORMS, *SCORED_NUCLEI) and not FORMS[form].drawn_by
 
 
 def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str, fill: float = NEG_INF,
@@ -2097,7 +2103,7 @@ def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str
     """(`sample_reference`'s token ids, the scores its draw perturbs): the meaning of a composite with `scores = true`.
     The scores are what the form's function hands its categorical, the dropped logits at `fill`."""
     if not gives_scores(form):
-        raise ValueError(f"'{form}' gives back no scores (only the searched forms do)")
+        raise ValueError(f"'{form}' gives back no scores (only the searched forms and SCORED_NUCLEI do)")
     drawn_from: list[jax.Array] = []
 
     def recording(draw_key: jax.Array, y: jax.Array, axis: int = -1, **options: Any) -> jax.Array:  # noqa: ANN401

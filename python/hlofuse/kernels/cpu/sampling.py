@@ -41,6 +41,7 @@ from hlofuse.kernels.sampling_reference import (
     exponential_race_scores,
     flax_top_p_keep,
     form_params,
+    gives_scores,
     inverse_cdf_draw,
     inverse_cdf_of_sorted,
     keep_exactly_top_k,
@@ -1304,7 +1305,7 @@ def _min_p_sorted_kept(logits: jax.Array, min_p: float) -> jax.Array:
     return jnp.where(removed, NEG_INF, logits)
 
 
-def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
+def flax_top_p_lowering(form: str, params: dict[str, Any], with_scores: bool = False) -> Callable[..., Any]:
     """A form of FLAX_TOP_P, top_k_keep_mask (EasyDeL's top-k; any draw), min_p_sorted_removal (EasyDeL's min-p),
     top_p_mtj_mask (mesh-transformer-jax's nucleus) or top_p_levanter_mask (Levanter's, of x / T) on the CPU: the top-k
     and the row's order by the kernel, the keep by the program's ops, the draw by the kernel. Flax's, Levanter's (the
@@ -1312,9 +1313,14 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
     cuts by place from the top as Flax's, and holds its `<=` as Flax's `<`: the cut's slack covers either) are drawn by
     their nucleus's band first (`nucleus_draw_by_band`: no sort), and after
     Flax's exact top-k by the band among the top k (`top_k_nucleus_draw`), the sorted row only for the rows drawn in
-    the band."""
+    the band. `with_scores` (Levanter's, whose program reads its filtered logits again): (ids, the filtered x / T), both
+    from the sorted row, no band."""
     filters = FORMS[form].filters
     categorical_fn = _draw_by_kernel(form)
+
+    def kept_and_drawn(logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        kept = _levanter_top_p_kept(logits / params["temperature"], params["p"])
+        return categorical_fn(key, kept, axis=-1), kept
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         if filters == "top_p_flax_mask" and logits.dtype == jnp.float32:  # its nucleus by its band first
@@ -1351,6 +1357,10 @@ def flax_top_p_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.
             scores = _flax_top_p_kept(logits, params["p"], params["k"] if filters != "top_p_flax_mask" else 0)
         return categorical_fn(key, scores / params["temperature"], axis=-1)
 
+    if with_scores:
+        if filters != "top_p_levanter_mask":
+            raise Unsupported(f"'{form}' gives back no scores")
+        return kept_and_drawn
     return kernel
 
 
@@ -1942,9 +1952,9 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     hand = attrs.gumbel_at_zero
     if (normalized := prelude_of(attrs.form)) is not None:
         return prelude_lowering(call, *normalized)
-    if attrs.scores and attrs.form not in SEARCHED_FORMS:
-        raise Unsupported(f"the CPU sampler gives back the scores it draws from for the searched forms only, not "
-                          f"'{attrs.form}'")
+    if attrs.scores and not gives_scores(attrs.form):
+        raise Unsupported(f"the CPU sampler gives back the scores it draws from for the searched forms and Levanter's "
+                          f"nucleus only, not '{attrs.form}'")
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         (shape, dtype), *_ = call.operand_types
@@ -2006,7 +2016,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             raise Unsupported("the Flax and EasyDeL warpers take (B, V) f32 or bf16 logits")
         if attrs.k > shape[-1]:
             raise Unsupported(f"k = {attrs.k} exceeds the vocabulary")
-        return flax_top_p_lowering(attrs.form, attrs.params())
+        return flax_top_p_lowering(attrs.form, attrs.params(), with_scores=attrs.scores)
     if filters in ("top_p_ascending_mask", "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask",
                    *MIN_P_REMOVALS, *TOP_P_CHAINS, *EPSILON_REMOVALS, *TYPICAL_MASKS):
         if len(call.operand_types[0][0]) == 1:  # one row (litgpt's `sample`): drawn as a batch of one
