@@ -164,7 +164,7 @@ def _reduce(op: ir.Operation, args: list[np.ndarray]) -> np.ndarray:
     if len(args) != 2 or len(body) != 2 or body[0].operation.name not in _REDUCTIONS:
         raise NotConstant("a reduce that is not one op over one input")
     combine = body[0].operation
-    if [v for v in combine.operands] != [block.arguments[0], block.arguments[1]]:
+    if list(combine.operands) != [block.arguments[0], block.arguments[1]]:
         raise NotConstant("a reduce whose body is not its op of its two arguments")
     if body[1].operation.operands[0] != combine.result:
         raise NotConstant("a reduce that does not return its op")

@@ -596,12 +596,17 @@ def levanter_top_p_kept(y: jax.Array, p: float) -> jax.Array:
     a (1,) f32 array (`asarray(p)[..., None]`: Levanter writes `clip(p, 0, 1)[..., None] - 1e-4` in jnp, whose clip
     JAX folds when tracing and whose subtraction hlofuse-prepare folds, to the one constant this p is)."""
     order = jnp.argsort(y, axis=-1)[..., ::-1]
-    ordered = jnp.take_along_axis(y, order, axis=-1)
+    kept = levanter_kept_in_rank_order(jnp.take_along_axis(y, order, axis=-1), p)
+    return jnp.take_along_axis(kept, jnp.argsort(order, axis=-1), axis=-1)
+
+
+def levanter_kept_in_rank_order(ordered: jax.Array, p: float) -> jax.Array:
+    """`levanter_top_p_kept`'s keep of the logits in rank order (descending): rank 0, and each rank whose cumsum of
+    the softmax before it is below p; the others -inf."""
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
     keep = cumulative < jnp.asarray(p, dtype=jnp.float32)[..., None]
     keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
-    kept = jnp.where(keep, ordered, jnp.full_like(ordered, NEG_INF))
-    return jnp.take_along_axis(kept, jnp.argsort(order, axis=-1), axis=-1)
+    return jnp.where(keep, ordered, jnp.full_like(ordered, NEG_INF))
 
 
 def top_p_levanter_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,

@@ -46,6 +46,7 @@ from hlofuse.kernels.sampling_reference import (
     inverse_cdf_of_sorted,
     keep_exactly_top_k,
     last_column,
+    levanter_kept_in_rank_order,
     log_floored,
     mask_top_k,
     merge_vocab_splits,
@@ -1280,10 +1281,7 @@ def _levanter_top_p_kept(y: jax.Array, p: float) -> jax.Array:
     ascending order reversed (the program's argsort's, reversed), the logits taken along it, the program's softmax,
     cumsum and keep on them, a scatter back (where the program's take along the argsort of the order puts them)."""
     order = _sort_by_kernel(y)[1][:, ::-1]
-    ordered = jnp.take_along_axis(y, order, axis=-1)
-    keep = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) < jnp.asarray(p, dtype=jnp.float32)[..., None]
-    keep = jnp.concatenate([jnp.ones_like(keep[..., :1]), keep[..., :-1]], axis=-1)
-    return _scattered(jnp.where(keep, ordered, jnp.full_like(ordered, NEG_INF)), order)
+    return _scattered(levanter_kept_in_rank_order(jnp.take_along_axis(y, order, axis=-1), p), order)
 
 
 # mesh-transformer-jax's removed logits are x - 1e10, not -inf: its nucleus is drawn by the band (which drops them)
