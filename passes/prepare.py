@@ -372,9 +372,11 @@ def fold_f32_splat_arithmetic(module: ir.Operation) -> int:
         scalar_type = ir.RankedTensorType.get([], result_type.element_type)
         with ir.InsertionPoint(op), op.location:
             attr = ir.DenseElementsAttr.get_splat(scalar_type, ir.FloatAttr.get(result_type.element_type, float(value)))
-            constant = stablehlo.ConstantOp(attr)
-            broadcast = stablehlo.BroadcastInDimOp(result_type, constant.result, ir.DenseI64ArrayAttr.get([]))
-        op.results[0].replace_all_uses_with(broadcast.result)
+            folded_value = stablehlo.ConstantOp(attr).result
+            if result_type.rank:  # (a 0-d result is the constant itself, as JAX writes a 0-d array's)
+                folded_value = stablehlo.BroadcastInDimOp(result_type, folded_value,
+                                                          ir.DenseI64ArrayAttr.get([])).result
+        op.results[0].replace_all_uses_with(folded_value)
         op.erase()
         folded += 1
     return folded

@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import RANK_NUCLEI, UNCERTIFIED, form_params, sample_reference
+from hlofuse.kernels.sampling_reference import (
+    RANK_NUCLEI,
+    UNCERTIFIED,
+    form_params,
+    rank_nucleus_scores,
+    sample_reference,
+)
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -348,6 +354,36 @@ def test_gemma_3_1_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
     _assert_no_sort(lowering)
 
 
+@pytest.mark.parametrize("p", [0.9, 0.5, 1e-7, 1.0], ids=["p_0.9", "p_0.5", "p_tiny", "p_1"])
+def test_haiku_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
+    """Haiku's and grok-1's nucleus (top_p_haiku_mask): the kernel's ascending sort of all V logits, the program's
+    softmax, cumsum, `argmax(cumsum >= 1 - p)` and cut by value on them. At p = 1 the cut is place 0 (every token
+    stays); a tiny p keeps the largest values and every logit tied with the cut's."""
+    form = "top_p_haiku_mask"
+    params = form_params(form, temperature=0.7, p=p)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), key_base=37)
+    _assert_no_sort(lowering)
+
+
+def test_haiku_top_p_keeps_every_logit_tied_with_the_cut() -> None:
+    """Four equal logits across the place where the cumsum reaches 1 - p: the cut is by value, so all four stay
+    whichever of them the sort put there, for (B, V) and (B, 1, V) logits, and the draws are the program's."""
+    form = "top_p_haiku_mask"
+    ties = np.tile(np.array([1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0], np.float32), (16, 1))
+    params = form_params(form, temperature=1.0, p=0.5)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    for shape in ((16, 8), (16, 1, 8)):
+        x = jnp.asarray(ties.reshape(shape))
+        seen: set[int] = set()
+        for seed in range(8):
+            key = jnp.array([seed, 13], jnp.uint32)
+            got = np.asarray(lowering(x, key))
+            np.testing.assert_array_equal(got, sample_reference(x, key, form=form, **params))
+            seen |= set(got.ravel().tolist())
+        assert seen == {0, 2, 4, 6}
+
+
 def test_gemma_3_1_top_p_is_drawn_with_no_sorted_row_and_vouches_only_for_kept_winners() -> None:
     """gemma 3.1.0's top-p by its mass bound (`_ascending_count_by_mass`): at p = 0.9 on LLM-like rows every draw is
     vouched for with no sorted row, and each is the program's; on flat rows at a high temperature the program removes
@@ -388,23 +424,29 @@ def test_tunix_nucleus_of_logits_gives_the_reference_ids_with_no_sort(form: str,
     _assert_no_sort(lowering, dtype)
 
 
+TORCH_NUCLEI = ("top_p_of_probs_torch", "top_p_of_probs_torch_unnormalized")
+
+
+@pytest.mark.parametrize("form", TORCH_NUCLEI)
 @pytest.mark.parametrize("p", [0.5, 0.9, 0.95])
-def test_llama_reference_top_p_gives_the_reference_ids(p: float) -> None:
-    """`top_p_of_probs_torch` (the llama reference's sample_top_p through torchax): the kernel's candidates and
-    draw where the winner's probability is unique in its row, the program's unstable sorts otherwise."""
-    params = form_params("top_p_of_probs_torch", temperature=0.7, p=p)
-    lowering = jax.jit(sampling.torch_nucleus_lowering("top_p_of_probs_torch", params))
-    _assert_gives_the_reference_ids(lowering, "top_p_of_probs_torch", params, CASES + ("many_nan",))
+def test_llama_reference_top_p_gives_the_reference_ids(p: float, form: str) -> None:
+    """`top_p_of_probs_torch` (the llama reference's sample_top_p through torchax), and xformers' fastgen `top_p`, its
+    kept probabilities not renormalised: the kernel's candidates and draw where the winner's probability is unique in
+    its row, the program's unstable sorts otherwise."""
+    params = form_params(form, temperature=0.7, p=p)
+    lowering = jax.jit(sampling.torch_nucleus_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, CASES + ("many_nan",))
 
 
+@pytest.mark.parametrize("form", TORCH_NUCLEI)
 @pytest.mark.parametrize("p", [0.999, 1.0])
-def test_llama_reference_top_p_wider_than_the_candidates_is_sorted_by_the_kernel(p: float) -> None:
+def test_llama_reference_top_p_wider_than_the_candidates_is_sorted_by_the_kernel(p: float, form: str) -> None:
     """A nucleus wider than the kernel's candidates (p at or near 1: a temperature-only config of the llama reference)
     is drawn on the row sorted by the kernel, the program's ids for every untied winner (no fallback to XLA's sorts)."""
-    params = form_params("top_p_of_probs_torch", temperature=0.7, p=p)
-    draw = jax.jit(lambda x, key: sampling.torch_nucleus_by_sort(x, key, params))
-    candidates = jax.jit(lambda x, key: sampling.torch_nucleus_by_candidates(x, key, params))
-    reference = jax.jit(lambda x, key: sample_reference(x, key, form="top_p_of_probs_torch", **params))
+    params = form_params(form, temperature=0.7, p=p)
+    draw = jax.jit(lambda x, key: sampling.torch_nucleus_by_sort(x, key, params, form))
+    candidates = jax.jit(lambda x, key: sampling.torch_nucleus_by_candidates(x, key, params, form))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
     for case in ("peaked", "normal", "flat"):
         logits = jnp.asarray(_logits(4, WIDE, case))
         for seed in range(3):
@@ -413,8 +455,37 @@ def test_llama_reference_top_p_wider_than_the_candidates_is_sorted_by_the_kernel
             np.testing.assert_array_equal(draw(logits, key), want, err_msg=f"{case} seed {seed}")
             if p == 1.0:  # the candidates cannot hold all V: that batch would run the program's sorts
                 assert bool(jnp.any(candidates(logits, key) == UNCERTIFIED)), f"{case} seed {seed}"
-    lowering = jax.jit(sampling.torch_nucleus_lowering("top_p_of_probs_torch", params))
-    _assert_gives_the_reference_ids(lowering, "top_p_of_probs_torch", params, CASES + ("many_nan",))
+    lowering = jax.jit(sampling.torch_nucleus_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, CASES + ("many_nan",))
+
+
+def test_torch_nucleus_scores_are_the_programs_logs_of_its_weights() -> None:
+    """The kernel draws the torch nucleus from `rank_nucleus_scores` of the sorted probabilities: bit for bit the logs
+    the program's choice adds its noise to, the renormalised probabilities' for the llama reference and the weights'
+    own for xformers' fastgen. The two differ in their bits (so a draw from the wrong one is another program), though
+    they rarely change a winner, which is why the ids alone cannot tell them apart."""
+    probs = jax.nn.softmax(jnp.asarray(_logits(4, 4096, "normal")) / 0.7, axis=-1)
+    values = jnp.sort(probs, axis=-1)[:, ::-1]
+    kept = jnp.where(jnp.cumsum(values, axis=-1) - values * 1 > 0.9, 0.0, values)
+    logs = {"top_p_of_probs_torch": jnp.log(kept / jnp.sum(kept, axis=-1, keepdims=True)),
+            "top_p_of_probs_torch_unnormalized": jnp.log(kept)}
+    for form, want in logs.items():
+        got = rank_nucleus_scores(values, 0.9, 0.0, sampling._torch_nucleus(form), values.shape[-1])
+        np.testing.assert_array_equal(got, want, err_msg=form)
+    finite = np.isfinite(np.asarray(logs["top_p_of_probs_torch"]))
+    assert np.any(np.asarray(logs["top_p_of_probs_torch"])[finite]
+                  != np.asarray(logs["top_p_of_probs_torch_unnormalized"])[finite])
+
+
+@pytest.mark.parametrize("form", ["top_k_of_probs_torch_unnormalized", "min_p_of_probs_torch",
+                                  "min_p_of_probs_torch_unnormalized"])
+def test_torch_weights_give_the_reference_ids_with_no_sort(form: str) -> None:
+    """A top-k or min-p of the probabilities drawn by torch.multinomial, renormalised or as weights: the program's
+    softmax, zeroing (and sum), the kernel's top-k and draw of their logs, every row with the one key's noise."""
+    params = form_params(form, temperature=0.7, k=40, min_p=0.1)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), key_base=43)
+    _assert_no_sort(lowering)
 
 
 def test_llama_reference_top_p_vouches_for_every_untied_winner() -> None:

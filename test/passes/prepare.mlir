@@ -297,6 +297,24 @@ func.func public @folds_f32_arithmetic_of_constants(%arg0: tensor<2x8xf32>) -> t
 
 // -----
 
+// A 0-d threshold of 0-d arrays (grok-1's `1 - top_p` of an f32 p) folds to the constant itself, with no broadcast of
+// it to its own type, so the compare reads it broadcast once, as JAX writes a Python float's.
+// CHECK-LABEL: func.func public @folds_0d_f32_arithmetic_to_the_constant
+// CHECK-NOT: stablehlo.subtract
+// CHECK: %[[C:.*]] = stablehlo.constant dense<0.100000024> : tensor<f32>
+// CHECK-NEXT: %[[B:.*]] = stablehlo.broadcast_in_dim %[[C]], dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+// CHECK-NEXT: stablehlo.compare GE, %arg0, %[[B]]
+func.func public @folds_0d_f32_arithmetic_to_the_constant(%arg0: tensor<2x8xf32>) -> tensor<2x8xi1> {
+  %one = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+  %p = stablehlo.constant dense<0.899999976> : tensor<f32>
+  %0 = stablehlo.subtract %one, %p : tensor<f32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %2 = stablehlo.compare GE, %arg0, %1, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  return %2 : tensor<2x8xi1>
+}
+
+// -----
+
 // Near miss: arithmetic that reads an argument, bf16 arithmetic (XLA rounds it through f32), and a result that is
 // subnormal (a TPU flushes it) stay.
 // CHECK-LABEL: func.func public @no_match_arithmetic_of_an_argument_bf16_or_subnormal

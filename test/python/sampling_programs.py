@@ -40,23 +40,27 @@ HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 # min-p of the logits' own softmax, then / T); top_a_logits, its `top_a` (the same with the square of the largest
 # probability, SQUARES: torch.pow(m, 2.0) through torchax, or `m ** 2` in JAX); top_k_of_probs, keras-hub's
 # TopKSampler (the top k of softmax(x / T), drawn by the log of their probabilities in rank space; nanoGPT-style code
-# takes it at T = 1).
-LIBRARY_FILTERS = ("min_p_logits", "top_a_logits", "top_k_of_probs")
+# takes it at T = 1); probs_weights, a filter of softmax(x / T) written in torch by hand (`weights_filter`: a min-p
+# `torch.where(probs < min_p * top, 0, probs)`, or a top-k `probs * (probs >= topk(probs)[0][..., -1:])`), renormalised
+# or not (`renormalize`: torch.multinomial takes weights), drawn by torch.multinomial through torchax ((B, V) rows).
+LIBRARY_FILTERS = ("min_p_logits", "top_a_logits", "top_k_of_probs", "probs_weights")
 LIBRARY_FORMS = {"min_p_logits": "min_p_logits_mask", "top_a_logits": "top_a_logits_mask",
                  "top_k_of_probs": "top_k_of_probs"}
+WEIGHTS_FILTERS = {"min_p": "min_p_of_probs_torch", "top_k": "top_k_of_probs_torch"}
 SQUARES = {"power": lambda m: jnp.power(m, 2.0), "squared": lambda m: m**2}
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
          "top_p_mask", "top_k_top_p_mask", "min_p", *HF_WARPERS, *LIBRARY_FILTERS)
 STOCHASTIC = FORMS[2:]
 READS_T = ("temperature", "top_k", "temperature_top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_p",
            *HF_WARPERS, *LIBRARY_FILTERS)
-USES_TOP_K = ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask", "top_k_of_probs")
+USES_TOP_K = ("top_k", "temperature_top_k", "top_k_mask", "top_k_top_p_mask", "top_k_of_probs", "probs_weights")
 RANK_SPACE_TOP_KS = ("top_k", "temperature_top_k", "top_k_of_probs")  # drawn among the top k, mapped back by their ids
 USES_TOP_P = ("top_p_mask", "top_k_top_p_mask")
 MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "temperature", "temperature": "temperature",
          "top_k": "top_k", "temperature_top_k": "top_k", "top_k_mask": "top_k", "top_p_mask": "top_p",
          "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p", "min_p_removal": "min_p", "epsilon_removal": "epsilon",
-         "typical_mask": "typical", "min_p_logits": "min_p", "top_a_logits": "min_p", "top_k_of_probs": "top_k"}
+         "typical_mask": "typical", "min_p_logits": "min_p", "top_a_logits": "min_p", "top_k_of_probs": "top_k",
+         "probs_weights": "min_p"}
 # How the min-p warper keeps its top token (min_tokens_to_keep = 1): transformers 5.x scatters False at
 # torch.topk(probs, 1)'s id; 4.x gathers the removal into a descending argsort of the scores, clears rank 0 and
 # scatters it back.
@@ -86,9 +90,11 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # xt: x-transformers' `top_p` of the logits (the same cut, shifted by F.pad, the sorted logits filled and scattered
 # back), then / T; levanter: Levanter's (marin's) of the scaled logits, in f32 (a stable argsort reversed, the logits
 # taken along it, `cumsum < clip(p, 0, 1)[..., None] - 1e-4` shifted by a concatenate, -inf, back by a take along the
-# argsort of the order). hf takes (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and levanter (B, V)
-# logits; hf, flax, classic, xt and levanter fill with -inf.
-TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter")
+# argsort of the order); haiku: the nucleus of DeepMind's Haiku samplers and grok-1 of the scaled logits, in f32 (the
+# values sorted ascending by lax.sort, the cut at `argmax(cumsum >= 1 - p)`, the logits at or above the sorted logit
+# there kept, the others at the spec's fill). hf takes (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and
+# levanter (B, V) logits, haiku any; hf, flax, classic, xt and levanter fill with -inf.
+TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter", "haiku")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -100,9 +106,10 @@ RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_pr
 HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None),
              "mtj": ("top_p_mtj_mask", None), "tvq": ("top_p_prob_sorted_mask", None),
              "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None),
-             "levanter": ("top_p_levanter_mask", None)}
+             "levanter": ("top_p_levanter_mask", None), "haiku": ("top_p_haiku_mask", None)}
 # The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
-SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask"}
+SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask",
+                 "haiku": "top_p_haiku_mask"}
 LEVANTER_TOLERANCE = 1e-4  # what Levanter's nucleus subtracts from its p (in f32, in jnp)
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
@@ -166,6 +173,8 @@ class SamplerSpec:
     fill: str = "-inf"
     min_p: float = 0.1
     square: str = "power"  # how top_a_logits squares the largest probability (SQUARES)
+    weights_filter: str = "min_p"  # probs_weights' filter (WEIGHTS_FILTERS)
+    renormalize: bool = False  # whether probs_weights divides its kept probabilities by their sum
     epsilon: float = 0.02
     warper_top_k: bool = False  # the TopKLogitsWarper (k) before a Hugging Face warper
     warper_top_p: bool = False  # the TopPLogitsWarper (p) before the min-p (5.x's keep only) or epsilon warper
@@ -248,7 +257,7 @@ def _scales_first(spec: SamplerSpec) -> bool:
     """A form whose function scales the logits before its filter, with the temperature written another way: the
     scaling is the program's, outside the site, and the rest is the form unscaled (T = 1; temperature_top_k
     unscaled is top_k)."""
-    return spec.form in ("temperature_top_k", "min_p", "top_k_of_probs", *HF_WARPERS) \
+    return spec.form in ("temperature_top_k", "min_p", "top_k_of_probs", "probs_weights", *HF_WARPERS) \
         and spec.temperature_style in ("reciprocal", "traced")
 
 
@@ -307,6 +316,9 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     if spec.form in HF_WARPERS:
         form, values = _hf_warper(spec, attrs, dtype)
         return form + suffix, values
+    if spec.form == "probs_weights":
+        form, values = _weights_form(spec, attrs, dtype)
+        return form + suffix, values
     form = LIBRARY_FORMS.get(spec.form, spec.form)
     if spec.form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:
         form = HF_TOP_PS[spec.top_p_style][spec.form == "top_k_top_p_mask"]
@@ -324,6 +336,21 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     if spec.form in ("min_p", "min_p_logits", "top_a_logits"):
         attrs["min_p"] = _rounded(spec.min_p, dtype)
     return form + suffix, attrs
+
+
+def _weights_form(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
+    """probs_weights fuses whole as its filter's torch form (`_unnormalized` where it draws the weights as they are),
+    its temperature read where the program divides by a constant right before its softmax (else 1: the scaling
+    outside)."""
+    form = WEIGHTS_FILTERS[spec.weights_filter] + ("" if spec.renormalize else "_unnormalized")
+    attrs = {**attrs, "mode": spec.weights_filter}
+    if spec.temperature_style in ("const", "before"):  # (a division right before its softmax is its own)
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    if spec.weights_filter == "min_p":
+        attrs["min_p"] = _rounded(spec.min_p, dtype)
+    else:
+        attrs["k"] = spec.k
+    return form, attrs
 
 
 def _searched(spec: SamplerSpec, attrs: dict[str, Any], dtype: str, suffix: str) -> tuple[str, dict[str, Any]]:
@@ -390,7 +417,7 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     before it stays in XLA), reading its threshold (transformer_vq's 1 - p; the classic p) and the temperature where
     the program divides by a constant right before it (the site's x / T; a division "before" the sampler is that too,
     unless a top-k mask lies between), else 1 (the scaling outside)."""
-    p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "tvq" else _rounded(spec.p, dtype)
+    p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style in ("tvq", "haiku") else _rounded(spec.p, dtype)
     if spec.top_p_style == "levanter":  # its threshold p - 1e-4, one constant after hlofuse-prepare's fold
         p = float(np.float32(spec.p) - np.float32(LEVANTER_TOLERANCE))
     if spec.log_prob:  # Levanter's log-probability of the drawn token: the composite gives back its filtered logits
@@ -500,6 +527,13 @@ class _Ctx:
         """The rows' (1,) ids stacked: (B, 1) for spec.unit_ids, else squeezed to (B,)."""
         stacked = jnp.array(rows)
         return stacked if self.spec.unit_ids else jnp.squeeze(stacked, 1)
+
+    def multinomial_of_weights(self, weights: jax.Array) -> jax.Array:
+        """torch.multinomial(weights, 1) of (B, V) rows through torchax: jax.random.choice per row with the one key, its
+        weights as they are; (B, 1) ids for spec.unit_ids, else squeezed."""
+        key = self.key()
+        return self._stacked([jax.random.choice(key, weights.shape[-1], (1,), replace=False, p=weights[i, :])
+                              for i in range(weights.shape[0])])
 
     def _pick(self, x: jax.Array) -> jax.Array:
         """The draw's ids: (...,), or (..., 1) for keras' categorical; rows drawn as (R / n, n, V) give (R,)."""
@@ -645,6 +679,12 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         keep = cumulative < threshold - jnp.asarray(LEVANTER_TOLERANCE, dtype=cumulative.dtype)
         keep = jnp.concatenate([jnp.ones_like(keep[..., :1], dtype=bool), keep[..., :-1]], axis=-1)
         kept = jnp.take_along_axis(jnp.where(keep, ordered, NEG_INF), jnp.argsort(order, axis=-1), axis=-1)
+    elif c.spec.top_p_style == "haiku":
+        ordered = jax.lax.sort(x, is_stable=False)
+        cumulative = jnp.cumsum(jax.nn.softmax(ordered), -1)
+        cut = jnp.argmax(cumulative >= 1 - c.spec.p, axis=-1)
+        kept = jnp.where(x >= jnp.take_along_axis(ordered, cut[..., jnp.newaxis], axis=-1), x,
+                         _fill(c.spec.fill, x.dtype))
     elif c.spec.top_p_style == "mtj":
         ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
         cumulative = jnp.cumsum(jax.nn.softmax(ordered), axis=-1)
@@ -829,6 +869,8 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     if form == "top_k_of_probs":
         values, ids = c.top_k(jax.nn.softmax(c.scale(x), axis=-1), spec.k)
         return c.draw_rank(jnp.log(values), ids)
+    if form == "probs_weights":
+        return c.multinomial_of_weights(_weights(spec, jax.nn.softmax(c.scale(x), axis=-1)))
     if form in HF_WARPERS:
         return _hf_warper_chain(c, x)
     if form == "temperature":
@@ -869,6 +911,15 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
         c.escaped.append(probs)
     keep = probs >= spec.min_p * jnp.max(probs, axis=-1, keepdims=True)
     return c.draw(jnp.where(keep, scaled, NEG_INF))
+
+
+def _weights(spec: SamplerSpec, probs: jax.Array) -> jax.Array:
+    """probs_weights' filter of the probabilities as torch code writes it, renormalised where spec.renormalize."""
+    if spec.weights_filter == "min_p":
+        kept = jnp.where(probs < spec.min_p * jnp.max(probs, axis=-1, keepdims=True), jnp.zeros_like(probs), probs)
+    else:
+        kept = probs * (probs >= jax.lax.top_k(probs, spec.k)[0][..., -1:]).astype(probs.dtype)
+    return kept / jnp.sum(kept, axis=-1, keepdims=True) if spec.renormalize else kept
 
 
 def _enclosed(c: _Ctx, x: jax.Array) -> jax.Array:

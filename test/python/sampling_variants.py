@@ -1060,6 +1060,36 @@ def near_miss_levanter_keep_at_or_below(x, key):
     return _levanter_sample(x, key, keep_at_or_below=True)
 
 
+def _haiku_top_p_filter(logits, top_p, fill=-1e10, cut_above=False):
+    """The nucleus of DeepMind's Haiku samplers (`nucleus_sample`) and grok-1's `top_p_filter`, written their way:
+    `lax.sort(logits, is_stable=False)`, the cumsum of its softmax, `argmax(cumsum >= 1 - top_p)` as the place of the
+    cut, the sorted logit there taken along the last axis, and `where(logits >= it, logits, fill)`. `cut_above`:
+    `>`, another cut."""
+    sorted_logits = jax.lax.sort(logits, is_stable=False)
+    sorted_probs = jax.nn.softmax(sorted_logits)
+    threshold_idx = jnp.argmax(jnp.cumsum(sorted_probs, -1) >= 1 - top_p, axis=-1)
+    threshold_largest_logits = jnp.take_along_axis(sorted_logits, threshold_idx[..., jnp.newaxis], axis=-1)
+    mask = logits > threshold_largest_logits if cut_above else logits >= threshold_largest_logits
+    return jnp.where(mask, logits, fill)
+
+
+def haiku_nucleus_sample(x, key):
+    """Haiku's `nucleus_sample(logits, top_p=0.9)`: no temperature, the dropped at -1e10 (`mask_logits`), then
+    `sample`: a categorical of the f32 logits, as int32."""
+    return jax.random.categorical(key, _haiku_top_p_filter(x, 0.9).astype(jnp.float32)).astype(jnp.int32)
+
+
+def haiku_nucleus_decode_rows(x, key):
+    """The same nucleus of (B, 1, V) decode logits over a temperature (grok-1's `top_p_filter` at a Python p, as a
+    one-request copy calls it), the dropped at -1e10, then a categorical."""
+    return jax.random.categorical(key, _haiku_top_p_filter(x[:, None, :] / 0.7, 0.95))
+
+
+def near_miss_haiku_cut_above(x, key):
+    """Haiku's nucleus with `>` at the cut: another cut (no form; a remark)."""
+    return jax.random.categorical(key, _haiku_top_p_filter(x / 0.8, 0.9, -jnp.inf, cut_above=True))
+
+
 def _transformer_vq_nucleus(logits, p, strictly_above=True):
     """transformer_vq's `nucleus(logits, p)` (nn/prob.py), written its way: the softmax's values sorted ascending
     (jnp.sort) and their stable argsort, the cumsum of the sorted, `> 1 - (p - 1e-4)` or'ed with the last place
@@ -1233,15 +1263,17 @@ def hand_written_top_k_top_p_by_argsort(x, key):
     return jnp.take_along_axis(order, pick[..., None], axis=-1)[..., 0]
 
 
-def llama_reference_top_p_through_torchax(x, key, p=0.9):
+def llama_reference_top_p_through_torchax(x, key, p=0.9, renormalize=True):
     """The llama reference's `sample_top_p(torch.softmax(x / T), p)` as torchax lowers it: torch.sort descending (an
-    unstable jnp.sort and jnp.argsort), `cumsum - v * 1 > p` at 0 (torch's sub, alpha 1), renormalised,
-    torch.multinomial (a choice per row with the one key), torch.gather by row indices, reshaped to (B,)."""
+    unstable jnp.sort and jnp.argsort), `cumsum - v * 1 > p` at 0 (torch's sub, alpha 1), renormalised (not by
+    xformers' fastgen `top_p`: `renormalize`), torch.multinomial (a choice per row with the one key), torch.gather by
+    row indices, reshaped to (B,)."""
     probs = jax.nn.softmax(x / 0.6, axis=-1)
     ordered = jnp.sort(probs, axis=-1, stable=False, descending=True)
     order = jnp.argsort(probs, axis=-1, stable=False, descending=True)
     kept = jnp.where(jnp.cumsum(ordered, axis=-1) - ordered * 1 > p, jnp.broadcast_to(0.0, ordered.shape), ordered)
-    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    if renormalize:
+        kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
     picks = jnp.array([jax.random.choice(key, kept.shape[-1], (1,), replace=False, p=kept[i, :])
                        for i in range(kept.shape[0])])
     rows = jnp.broadcast_to(jnp.arange(picks.shape[0]).reshape(picks.shape[0], 1), picks.shape)
@@ -1264,6 +1296,34 @@ def audiocraft_top_p_of_codebooks(x, key, p=0.9):
     b, c = (jnp.broadcast_to(jnp.arange(n).reshape(shape), picks.shape)
             for n, shape in ((picks.shape[0], (-1, 1, 1)), (picks.shape[1], (1, -1, 1))))
     return order[(b, c, picks)][..., 0]
+
+
+def fastgen_top_p_through_torchax(x, key):
+    """xformers' fastgen `top_p(torch.softmax(x / T), p)` as torchax lowers it: the llama reference's nucleus, its kept
+    probabilities drawn by torch.multinomial as weights, not renormalised."""
+    return llama_reference_top_p_through_torchax(x, key, renormalize=False)
+
+
+def top_k_of_probs_weights(x, key):
+    """A top-k of the probabilities as torch code writes it by hand: `probs * (probs >= torch.topk(probs, k)[0][...,
+    -1:])`, drawn by torch.multinomial as weights (not renormalised)."""
+    probs = jax.nn.softmax(x / 0.7, axis=-1)
+    return _multinomial(probs * (probs >= jax.lax.top_k(probs, 40)[0][..., -1:]).astype(jnp.float32), key)
+
+
+def min_p_of_probs_weights(x, key, renormalize=False):
+    """A min-p as torch code writes it by hand: `probs = softmax(x / T)`, `torch.where(probs < min_p * top, 0, probs)`
+    with top the row's largest, then torch.multinomial of the weights ((B, 1) ids, not squeezed); `renormalize`: the
+    weights divided by their sum first."""
+    probs = jax.nn.softmax(x / 0.7, axis=-1)
+    kept = jnp.where(probs < 0.1 * jnp.max(probs, axis=-1, keepdims=True), jnp.zeros_like(probs), probs)
+    if renormalize:
+        kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    return _multinomial_unsqueezed(kept, key)
+
+
+def min_p_of_probs_renormalized(x, key):
+    return min_p_of_probs_weights(x, key, renormalize=True)
 
 
 def audiocraft_top_k(x, key):
@@ -1568,6 +1628,15 @@ VARIANTS: list[Variant] = [
     Variant("audiocraft_top_p_of_codebooks", audiocraft_top_p_of_codebooks, "top_p_of_probs_torch", shape=(B, 3, V),
             expect={"mode": "top_p", "p": 0.9, "temperature": 0.8}),
     Variant("audiocraft_top_k", audiocraft_top_k, "top_k_of_probs_torch", expect={"mode": "top_k", "k": 12}),
+    # torch.multinomial of zeroed probabilities as weights, not renormalised: forms of their own (`_unnormalized`)
+    Variant("fastgen_top_p_through_torchax", fastgen_top_p_through_torchax, "top_p_of_probs_torch_unnormalized",
+            expect={"mode": "top_p", "p": 0.9, "temperature": 0.6}),
+    Variant("top_k_of_probs_weights", top_k_of_probs_weights, "top_k_of_probs_torch_unnormalized",
+            expect={"mode": "top_k", "k": 40, "temperature": float(np.float32(0.7))}),
+    Variant("min_p_of_probs_weights", min_p_of_probs_weights, "min_p_of_probs_torch_unnormalized",
+            expect={"mode": "min_p", "min_p": float(np.float32(0.1)), "temperature": float(np.float32(0.7))}),
+    Variant("min_p_of_probs_renormalized", min_p_of_probs_renormalized, "min_p_of_probs_torch",
+            expect={"mode": "min_p", "min_p": float(np.float32(0.1)), "temperature": float(np.float32(0.7))}),
     Variant("llama_reference_temperature_only_through_torchax", llama_reference_temperature_only_through_torchax,
             "top_p_of_probs_torch", expect={"mode": "top_p", "p": 1.0, "temperature": 0.6}),
     Variant("maxtext_top_p_fill", maxtext_top_p_fill, "top_p_mask", expect={"p": 0.9, "temperature": 0.8}),
@@ -1632,6 +1701,13 @@ VARIANTS: list[Variant] = [
             expect={"p": float(np.float32(0.9) - np.float32(1e-4)), "temperature": 1.0}),
     Variant("levanter_top_p_sample_with_log_prob", levanter_top_p_sample_with_log_prob, "top_p_levanter_mask",
             expect={"p": float(np.float32(0.9) - np.float32(1e-4)), "temperature": 0.7, "scores": True}),
+    # (Haiku's p: 1 - f32(1 - 0.9): its threshold 1 - p is a Python float)
+    Variant("haiku_nucleus_sample", haiku_nucleus_sample, "top_p_haiku_mask",
+            expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": 1.0}),
+    Variant("haiku_nucleus_decode_rows", haiku_nucleus_decode_rows, "top_p_haiku_mask",
+            expect={"p": 1 - float(np.float32(1 - 0.95)), "temperature": float(np.float32(0.7))}),
+    Variant("near_miss_haiku_cut_above", near_miss_haiku_cut_above, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("near_miss_levanter_keep_at_or_below", near_miss_levanter_keep_at_or_below, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("near_miss_mtj_removal_at_or_above", near_miss_mtj_removal_at_or_above, "temperature",

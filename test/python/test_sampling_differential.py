@@ -56,6 +56,7 @@ from sampling_programs import (
     TOP_PS,
     USES_TOP_K,
     USES_TOP_P,
+    WEIGHTS_FILTERS,
     SamplerSpec,
     build,
     expected,
@@ -117,15 +118,18 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         if (form == "min_p_removal" and spec.min_p_keep == "topk") or form == "epsilon_removal":
             spec = dataclasses.replace(spec, warper_top_p=draw(st.booleans()), top_p_style="hf")
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
-    if form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
+    if form in USES_TOP_P and spec.top_p_style == "haiku":  # any logits, f32 (Haiku asserts it), a large fill
+        fill = "-1e7" if spec.fill == "-1000" else spec.fill
+        spec = dataclasses.replace(spec, upcast=spec.dtype != "float32", fill=fill)
+    elif form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
-    # Flax's, MTJ's, transformer_vq's and Levanter's nuclei draw by categorical only; top_k_of_probs by the log of its
-    # probabilities
-    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter")
+    # Flax's, MTJ's, transformer_vq's, Levanter's and Haiku's nuclei draw by categorical only; top_k_of_probs by the log
+    # of its probabilities
+    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter", "haiku")
     if form in USES_TOP_P and spec.top_p_style == "levanter":  # Levanter samples f32 logits
         spec = dataclasses.replace(spec, upcast=spec.dtype != "float32")
-    if stochastic and not rank_space_p and not flax_p and form != "top_k_of_probs":
+    if stochastic and not rank_space_p and not flax_p and form not in ("top_k_of_probs", "probs_weights"):
         drawn = draw(st.sampled_from(DRAWS))
         one_row_choice = spec.batch == "v" and form not in RANK_SPACE_TOP_KS  # (1,) ids, no rank space
         if drawn in ("choice", "inverse_cdf") and (spec.batch in ("b", "bt") or one_row_choice):
@@ -147,6 +151,10 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, noise=draw(st.sampled_from(sorted(HAND_NOISES))))
     if form == "top_a_logits":
         spec = dataclasses.replace(spec, square=draw(st.sampled_from(sorted(SQUARES))))
+    if form == "probs_weights":  # torch.multinomial of (B, V) rows, its (B, 1) ids squeezed or not
+        spec = dataclasses.replace(spec, weights_filter=draw(st.sampled_from(sorted(WEIGHTS_FILTERS))),
+                                   renormalize=draw(st.booleans()), batch="b", unit_ids=draw(st.booleans()),
+                                   noise="categorical", top_k_style="lax")  # (its top-k: lax.top_k's last value)
     if form in RANK_SPACE_TOP_KS and spec.noise != "keras" and spec.batch in ("b", "bt"):
         spec = dataclasses.replace(spec, take=draw(st.sampled_from(TAKES)))
         if spec.take == "torch_gather":  # torch's writing: torch.topk through torchax, on (B, V) rows
@@ -173,7 +181,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if not spec.escape and not spec.log_prob and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, enclosure=draw(st.sampled_from(["cond", "loop"])))
     # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
-    vocabulary_space = form not in RANK_SPACE_TOP_KS and not rank_space_p
+    vocabulary_space = form not in (*RANK_SPACE_TOP_KS, "probs_weights") and not rank_space_p  # (its draw: its own)
     if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
             and spec.noise != "keras" and spec.noise not in HAND_NOISES and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, draw_rows=draw(st.sampled_from([1, spec.rows])))
@@ -284,6 +292,20 @@ FIXED_GAPS = {
     # ... and the drawn token's log-probability it returns by default: fused at its draw, the nucleus in XLA for that
     # read, until the composite gave back its filtered logits (SCORED_NUCLEI)
     "top_p_levanter_log_prob": SamplerSpec(form="top_p_mask", top_p_style="levanter", noise="gumbel", log_prob=True),
+    # Haiku's and grok-1's nucleus of x / T (an ascending lax.sort, the cut at `argmax(cumsum >= 1 - p)`, the logits at
+    # or above the sorted logit there): fused as `categorical` with its sort in XLA until top_p_haiku_mask; with ties
+    # and a large fill in a loop, and of (B, 1, V) decode logits
+    "top_p_haiku": SamplerSpec(form="top_p_mask", top_p_style="haiku"),
+    "top_p_haiku_ties_filled_in_a_loop": SamplerSpec(form="top_p_mask", top_p_style="haiku", vocab=16, p=0.5,
+                                                     fill="-1e7", enclosure="loop"),
+    "top_p_haiku_decode_rows_gumbel": SamplerSpec(form="top_p_mask", top_p_style="haiku", batch="b1", noise="gumbel"),
+    # torch samplers' filters of the probabilities drawn by torch.multinomial of the weights as they are (a min-p
+    # zeroed by torch.where, a top-k by a product): not fused at all, with a remark, until the `_unnormalized` forms;
+    # renormalised, the min-p had no form until min_p_of_probs_torch
+    "probs_weights_min_p": SamplerSpec(form="probs_weights", batch="b", unit_ids=True),
+    "probs_weights_min_p_renormalized_traced_t": SamplerSpec(form="probs_weights", batch="b", renormalize=True,
+                                                             temperature_style="traced"),
+    "probs_weights_top_k": SamplerSpec(form="probs_weights", batch="b", weights_filter="top_k"),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
                                            temperature_style="traced"),
     "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),

@@ -23,7 +23,9 @@ transformer_vq's nuclei, and Megatron-LM's classic top-p through torchax, with t
 categorical, and x-transformers' top-p of the logits, and transformers 2.x's top_k_top_p_filtering, through
 torchax, and PaLM-jax's and lucidrains' hand-written Gumbel noise, and x-transformers' min-p and top-a of the
 logits, and the top k of the probabilities at T = 1, and nanoGPT's top-k and the llama reference's `sample_top_p`
-with torch.multinomial's (B, 1) ids unsqueezed, and the textbook `-log(-log(u))` Gumbel-max).
+with torch.multinomial's (B, 1) ids unsqueezed, and the textbook `-log(-log(u))` Gumbel-max, and Levanter's top-p
+with and without the drawn token's log-probability, and the nucleus of Haiku's `nucleus_sample` and grok-1, and
+xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -69,7 +71,9 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "x_transformers_top_p_multinomial", "old_hugging_face_top_k_top_p_multinomial", "palm_gumbel_sample",
             "lucidrains_gumbel_top_k", "lucidrains_gumbel_top_p", "x_transformers_min_p_multinomial",
             "x_transformers_top_a_multinomial", "top_k_of_probs_at_t1", "nanogpt_top_k_multinomial_unsqueezed",
-            "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample")
+            "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample",
+            "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
+            "min_p_of_probs_weights")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -765,6 +765,35 @@ def top_p_ascending_count_mask(logits: jax.Array, key: jax.Array, *, temperature
     return categorical_fn(key, jnp.where(y < cutoff, jnp.finfo(y.dtype).min, y), axis=-1)
 
 
+def sort_values_unstable(x: jax.Array) -> jax.Array:
+    """`jax.lax.sort(x, is_stable=False)`: the values ascending along the last dim (NaN last). Equal values are equal
+    bits but for -0 and +0, so any ascending sort of the values gives the same row to every op that reads it."""
+    return jax.lax.sort(x, is_stable=False)
+
+
+def haiku_top_p_kept(y: jax.Array, one_minus_p: float,
+                     sort_fn: Callable[[jax.Array], jax.Array] = sort_values_unstable) -> jax.Array:
+    """The nucleus of DeepMind's Haiku samplers (`nucleus_sample`) and of grok-1's `top_p_filter`, of y (..., V): the
+    values sorted ascending (`sort_fn`), the cumsum of their softmax, the first place where it reaches 1 - p
+    (`argmax(cumsum >= 1 - p)`: place 0 where none does, so every token stays), and y kept where it is at or above
+    the value there. A cut by value from below: ties with the cut's value all stay, and no id order enters."""
+    ordered = sort_fn(y)
+    cut = jnp.argmax(jnp.cumsum(jax.nn.softmax(ordered), -1) >= one_minus_p, axis=-1)
+    return y >= jnp.take_along_axis(ordered, cut[..., jnp.newaxis], axis=-1)
+
+
+def top_p_haiku_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                     sort_fn: Callable[[jax.Array], jax.Array] = sort_values_unstable,
+                     categorical_fn: Categorical = jax.random.categorical, one_minus_p: float | None = None,
+                     fill: float | None = None, **_: Any) -> jax.Array:
+    """Haiku's `nucleus_sample` and grok-1's `sample_token` at its top-p: y = x / T, the tokens outside its nucleus
+    (`haiku_top_p_kept`) at -inf (their writings fill -1e10 or -1e30: FILL_NOTE), then a categorical. The program's
+    threshold is the constant 1 - p, read as `one_minus_p`. (..., V) logits; only the sorted values are read."""
+    y = _scale(logits, temperature)
+    kept = haiku_top_p_kept(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn)
+    return categorical_fn(key, jnp.where(kept, y, NEG_INF if fill is None else fill), axis=-1)
+
+
 def sort_descending_torch(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`torch.sort(x, descending=True)` as torchax lowers it: `sort_unstable`'s values and ids, each reversed (equal
     values in the reverse of the backend's ascending order; NaN first)."""
@@ -1332,6 +1361,9 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     # The program writes the threshold 1 - p: its writings read `one_minus_p` (fuse_sampling turns it into p).
     Form("top_p_ascending_mask", "top_p", top_p_ascending_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.scatter"), reads=("one_minus_p",)),
+    # Haiku's and grok-1's nucleus writes its threshold 1 - p as one constant (`one_minus_p`), its fill -1e10.
+    _with_fills(Form("top_p_haiku_mask", "top_p", top_p_haiku_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
+                     composes_draws=False, reads=("one_minus_p",))),
     Form("top_p_ascending_count_mask", "top_p", top_p_ascending_count_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.convert"), composes_draws=False),
     Form("top_k_top_p_ascending_mask", "top_k+top_p", top_k_top_p_ascending_mask, ("temperature", "k", "p"),
@@ -1405,6 +1437,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
                   "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
+                  "top_p_haiku_mask",
                   "min_p_logits_mask", "top_a_logits_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
@@ -1784,15 +1817,17 @@ def top_p_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: floa
                          sort_fn: Callable[[jax.Array], tuple[jax.Array, jax.Array]] = torch_sort_descending,
                          draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
                          zero_fn: Callable[[jax.Array, jax.Array], jax.Array] = zeroed_where,
-                         **_: Any) -> jax.Array:
+                         renormalize: bool = True, **_: Any) -> jax.Array:
     """The llama reference's `sample_top_p(torch.softmax(x / T), p)` through torchax, its (B, 1) ids reshaped to (B,)
     (audiocraft's of (B, K, V) codebook logits, its (B, K, 1) ids read as `[..., 0]`): top_p_of_probs_normalized's
     nucleus (`cumsum - v * 1 > p` is `cumsum - v > p`: torch's sub scales by alpha = 1) in torch's sort order, drawn
-    by torch.multinomial."""
+    by torch.multinomial. Without `renormalize` (xformers' fastgen `top_p`), the kept probabilities are drawn as they
+    are: torch.multinomial takes weights, and their logs are not the renormalised ones' bit for bit."""
     values, ids = sort_fn(nucleus_probs(logits, temperature))
     dropped = jnp.cumsum(values, axis=-1) - values * 1 > p
     kept = zero_fn(dropped, values)
-    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    if renormalize:
+        kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
     drawn = torch_gather(ids, torch_multinomial_of_rows(key, kept, draw_fn))
     return drawn.reshape(-1) if drawn.ndim == 2 else drawn[..., 0]
 
@@ -1818,15 +1853,16 @@ def last_as_torch_ellipsis_index(values: jax.Array) -> jax.Array:
 def top_k_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
                          top_k_fn: TopK = jax.lax.top_k, kth_fn: Callable[[jax.Array], jax.Array] = last_column,
                          draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
-                         **_: Any) -> jax.Array:
+                         renormalize: bool = True, **_: Any) -> jax.Array:
     """audiocraft's `sample_top_k(torch.softmax(x / T), k)` through torchax (MusicGen's sampler), its (..., 1) ids read
     as `[..., 0]`: the k-th largest probability, `probs *= (probs >= kth).float()` (every probability tied with the
-    k-th stays), renormalised, torch.multinomial of the rows in vocabulary order. (..., V) logits: MusicGen's are
-    (B, K, V), a row per codebook. Its writing as audiocraft's torch code is lowered reads the k-th of torch.topk's
-    values sorted again (`top_k_resorted`) at `[..., [-1]]`."""
+    k-th stays), renormalised (or not: `renormalize`), torch.multinomial of the rows in vocabulary order. (..., V)
+    logits: MusicGen's are (B, K, V), a row per codebook. Its writing as audiocraft's torch code is lowered reads the
+    k-th of torch.topk's values sorted again (`top_k_resorted`) at `[..., [-1]]`."""
     probs = nucleus_probs(logits, temperature)
     kept = probs * (probs >= kth_fn(top_k_fn(probs, k)[0])).astype(probs.dtype)
-    kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    if renormalize:
+        kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
     return torch_multinomial_of_rows(key, kept, draw_fn)[..., 0]
 
 
@@ -1839,6 +1875,42 @@ FORMS["top_k_of_probs_torch"] = Form("top_k_of_probs_torch", "top_k", top_k_of_p
                                      (_unscaled(_TORCH_TOP_K_PROBS), _TORCH_TOP_K_PROBS_AS_TORCH,
                                       _unscaled(_TORCH_TOP_K_PROBS_AS_TORCH)),
                                      draw="top_k", composes_draws=False)
+
+
+def min_p_of_probs_torch(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                         draw_fn: Callable[[jax.Array, jax.Array], jax.Array] = torch_multinomial,
+                         renormalize: bool = True, **_: Any) -> jax.Array:
+    """A min-p of the probabilities as torch samplers write it by hand, through torchax: `probs = softmax(x / T)`, those
+    below min_p times the row's largest set to 0 (`torch.where(probs < min_p * top, 0, probs)`: a NaN stays),
+    renormalised (or not: `renormalize`, torch.multinomial takes weights), torch.multinomial of the rows in vocabulary
+    order, its (..., 1) ids read as `[..., 0]`."""
+    probs = nucleus_probs(logits, temperature)
+    kept = zeroed_where(probs < min_p * jnp.max(probs, axis=-1, keepdims=True), probs)
+    if renormalize:
+        kept = kept / jnp.sum(kept, axis=-1, keepdims=True)
+    return torch_multinomial_of_rows(key, kept, draw_fn)[..., 0]
+
+
+_TORCH_MIN_P_PROBS = Writing(min_p_of_probs_torch, ("chlo.top_k", "stablehlo.exponential", "stablehlo.log"))
+FORMS["min_p_of_probs_torch"] = Form("min_p_of_probs_torch", "min_p", min_p_of_probs_torch, ("temperature", "min_p"),
+                                     _TORCH_MIN_P_PROBS.marker_ops, (_unscaled(_TORCH_MIN_P_PROBS),),
+                                     draw="top_k", composes_draws=False)
+
+
+def _unnormalized(form: Form) -> Form:
+    """`form` (a filter of the probabilities drawn by torch.multinomial) with the kept probabilities drawn as they
+    are, not renormalised, as torch code may write it since torch.multinomial takes weights: a form of its own, since
+    the logs of the weights are not those of the renormalised probabilities bit for bit."""
+    def without(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+        return functools.partial(fn, renormalize=False)
+
+    return dataclasses.replace(form, name=f"{form.name}_unnormalized", fn=without(form.fn),
+                               others=tuple(dataclasses.replace(w, fn=without(w.fn)) for w in form.others))
+
+
+# torch.multinomial of probabilities zeroed and not renormalised (xformers' fastgen `top_p`, hand-written min-p)
+TORCH_WEIGHT_FORMS = ("top_p_of_probs_torch", "top_k_of_probs_torch", "min_p_of_probs_torch")
+FORMS.update({f"{name}_unnormalized": _unnormalized(FORMS[name]) for name in TORCH_WEIGHT_FORMS})
 
 
 # gemma_pytorch's `Sampler.forward` (google/gemma_pytorch, gemma/model.py) after its logits: a temperature, a top-p and

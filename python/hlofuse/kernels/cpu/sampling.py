@@ -30,6 +30,7 @@ from hlofuse.kernels.sampling_reference import (
     NEG_INF,
     NOISE_SCALED,
     NOISE_SCALED_ROWS,
+    NORMALIZED_NUCLEUS,
     RANK_NUCLEI,
     ROW_KEY_DRAWS,
     SEARCHED_FORMS,
@@ -37,6 +38,7 @@ from hlofuse.kernels.sampling_reference import (
     TOP_P_CHAINS,
     UNCERTIFIED,
     Categorical,
+    RankNucleus,
     esurge_min_p_mask,
     exponential_race_scores,
     flax_top_p_keep,
@@ -339,14 +341,19 @@ def _descending_values_by_kernel(x: jax.Array) -> jax.Array:
 # jnp.sort's: ties are equal values.)
 # (x-transformers' min-p and top-a of the logits, then / T: the program's softmax and mask, elementwise, and the
 # kernel's draw.)
+# (Haiku's and grok-1's nucleus reads only the sorted values, a cut by value: the kernel's ascending sort.)
+# (audiocraft's top-k and a hand-written min-p of the probabilities, renormalised or not, drawn by torch.multinomial:
+# the program's softmax, zeroing and sum, the kernel's top-k and draw of their logs.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
                   "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch",
-                  "min_p_logits_mask", "top_a_logits_mask")
+                  "min_p_logits_mask", "top_a_logits_mask", "top_p_haiku_mask", "top_k_of_probs_torch_unnormalized",
+                  "min_p_of_probs_torch", "min_p_of_probs_torch_unnormalized")
 # A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
-BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask")
+BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask", "min_p_of_probs_torch",
+                                   "min_p_of_probs_torch_unnormalized")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
-WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask")
+WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_p_haiku_mask")
 
 
 def _whole_row_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -364,8 +371,9 @@ def _sorted_values_by_kernel(x: jax.Array) -> jax.Array:
 def function_form_lowering(form: str, params: dict[str, Any],
                            gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
-    of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), and gemma 3.1.0's top-p by its
-    count bound (`_ascending_count_by_mass`): the sorted row only for the batches those cannot vouch for. With a
+    of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), Haiku's too
+    (`_haiku_nucleus_by_band`), and gemma 3.1.0's top-p by its count bound (`_ascending_count_by_mass`): the sorted row
+    only for the batches those cannot vouch for. With a
     hand-written noise (`gumbel_at_zero`), its function without those bounds."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
@@ -386,9 +394,22 @@ def function_form_lowering(form: str, params: dict[str, Any],
         if (form == "top_p_ascending_count_mask" and logits.dtype == jnp.float32 and logits.ndim == 2
                 and 0.0 < params["p"] < 1.0):
             return reference_where_uncertified(_ascending_count_by_mass(logits, key, params), own)
+        if form == "top_p_haiku_mask" and logits.dtype == jnp.float32 and 0.0 < params["p"] < 1.0:
+            return reference_where_uncertified(_haiku_nucleus_by_band(logits, key, params), own)
         return own()
 
     return kernel
+
+
+def _haiku_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """Haiku's and grok-1's nucleus (`top_p_haiku_mask`) of (..., V) f32 logits with no sort: a cut by value from
+    below (the smallest values removed while their ascending cumsum is below 1 - p, every copy of the cut's value
+    kept), so the band of a nucleus from below by value holds it (its slack covers `>=` as `>`), of y = x / T by the
+    program's op, drawn at T = 1. UNCERTIFIED where the band could hold the winner, and for a row with a NaN or an
+    infinity."""
+    y = (logits / params["temperature"]).reshape(-1, logits.shape[-1])
+    tokens = nucleus_draw_by_band("", y, key, params["p"], 1.0, from_below=True, by_place=False)
+    return tokens.reshape(logits.shape[:-1])
 
 
 def _ascending_count_by_mass(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
@@ -490,7 +511,8 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 # computation): the llama reference's rank-space draw, Hugging Face's top-p (alone, after its top-k, after litgpt's
 # exact top-k: `top_p_ascending_lowering`'s own function) and its top-p then min-p or epsilon, and the classic top-p
 # (Megatron-LM's: `shifted_top_p_lowering`).
-XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "sorted_probs_inverse_cdf_rows", *TOP_P_CHAINS, "top_p_ascending_mask",
+XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "top_p_of_probs_torch_unnormalized", "sorted_probs_inverse_cdf_rows",
+                        *TOP_P_CHAINS, "top_p_ascending_mask",
                         "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask", "top_p_shifted_mask",
                         "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask")
 # The classic top-p (`shifted_top_p_lowering`): of x / T (Megatron-LM's; after a top-k mask, Hugging Face's old
@@ -547,16 +569,23 @@ def torch_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., j
         rows = logits.reshape(-1, logits.shape[-1])
 
         def by_sort() -> jax.Array:
-            return reference_where_uncertified(torch_nucleus_by_sort(rows, key, params),
+            return reference_where_uncertified(torch_nucleus_by_sort(rows, key, params, form),
                                                lambda: fn(rows, key, **params).astype(jnp.int32))
 
-        tokens = reference_where_uncertified(torch_nucleus_by_candidates(rows, key, params), by_sort)
+        tokens = reference_where_uncertified(torch_nucleus_by_candidates(rows, key, params, form), by_sort)
         return tokens.reshape(logits.shape[:-1])
 
     return kernel
 
 
-def torch_nucleus_by_sort(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+def _torch_nucleus(form: str) -> RankNucleus:
+    """The rank nucleus a torch.multinomial nucleus draws: the llama reference's renormalised, or xformers' fastgen's
+    weights as they are (`top_p_of_probs_torch_unnormalized`)."""
+    return dataclasses.replace(NORMALIZED_NUCLEUS, normalized=not form.endswith("_unnormalized"))
+
+
+def torch_nucleus_by_sort(logits: jax.Array, key: jax.Array, params: dict[str, Any],
+                          form: str = "top_p_of_probs_torch") -> jax.Array:
     """`top_p_of_probs_torch` of (B, V) f32 logits with the whole row sorted by the kernel's radix sort: the sorted
     values are the program's whatever its unstable sort does with ties (equal values are equal bits: probabilities are
     never -0), so the nucleus, its normalization and the draw over all V ranks are the program's; the drawn rank's id
@@ -565,12 +594,13 @@ def torch_nucleus_by_sort(logits: jax.Array, key: jax.Array, params: dict[str, A
     width = logits.shape[-1]
     probs = nucleus_probs(logits, params["temperature"])
     values, ids = _descending_by_kernel_sort(probs)
-    tokens = _nucleus_of_candidates(values, ids, key, width, "top_p_of_probs_normalized", params, shared_noise=True)
+    tokens = _nucleus_of_candidates(values, ids, key, width, _torch_nucleus(form), params, shared_noise=True)
     winner = jnp.take_along_axis(probs, jnp.maximum(tokens, 0)[:, None], axis=-1)
     return jnp.where(jnp.sum(probs == winner, axis=-1) == 1, tokens, UNCERTIFIED)
 
 
-def torch_nucleus_by_candidates(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+def torch_nucleus_by_candidates(logits: jax.Array, key: jax.Array, params: dict[str, Any],
+                                form: str = "top_p_of_probs_torch") -> jax.Array:
     """`top_p_of_probs_torch` of (B, V) f32 logits with no sort: the normalized rank-space nucleus of the kernel's top
     candidates by mass (their ranks' values are the program's, whatever its sort does with ties), drawn at the ranks'
     counters with every row on the one key's noise (torch.multinomial's choice per row). torch.sort is unstable: which
@@ -580,20 +610,20 @@ def torch_nucleus_by_candidates(logits: jax.Array, key: jax.Array, params: dict[
     width = logits.shape[-1]
     probs = nucleus_probs(logits, params["temperature"])
     values, ids = _top_mass_by_kernel(probs, min(width, NUCLEUS_CANDIDATES), params["p"] + 2 * NUCLEUS_MARGIN)
-    tokens = _nucleus_of_candidates(values, ids, key, width, "top_p_of_probs_normalized", params, shared_noise=True)
+    tokens = _nucleus_of_candidates(values, ids, key, width, _torch_nucleus(form), params, shared_noise=True)
     winner = jnp.take_along_axis(probs, jnp.maximum(tokens, 0)[:, None], axis=-1)
     unique = jnp.sum(probs == winner, axis=-1) == 1  # one pass over the row; a NaN row counts none
     return jnp.where(unique & _holds_nucleus(values, params["p"]), tokens, UNCERTIFIED)
 
 
-def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, width: int, form: str,
+def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, width: int, nucleus: RankNucleus,
                            params: dict[str, Any], shared_noise: bool = False) -> jax.Array:
     """The form's ids from the first ranks `values` (..., L) of `width` sorted probabilities and their `ids` (-1 for
     a zero past the row's candidates), when they hold the nucleus; a rank that wins without an id (only with a
     floor eps > 0) gives UNCERTIFIED. `shared_noise`: every row draws the one key's noise (`_rank_categorical`)."""
     candidates = values.shape[-1]
     eps = params.get("eps", 0.0)
-    scores = rank_nucleus_scores(values, params["p"], eps, RANK_NUCLEI[form], width)
+    scores = rank_nucleus_scores(values, params["p"], eps, nucleus, width)
     if not eps:  # log(0) = -inf: no rank outside the nucleus can win
         rank = _rank_categorical(width, shared_noise)(key, scores)
         return jnp.take_along_axis(ids, rank[..., None], axis=-1)[..., 0]
@@ -1635,7 +1665,8 @@ def rank_nucleus_lowering(form: str, params: dict[str, Any]) -> Callable[..., ja
             return _id_0_where_nan(probs, whole())
         values, ids = _top_mass_by_kernel(probs, NUCLEUS_CANDIDATES, params["p"] + 2 * NUCLEUS_MARGIN)
         tokens = jax.lax.cond(_holds_nucleus(values, params["p"]),
-                              lambda: _nucleus_of_candidates(values, ids, key, width, form, params), whole)
+                              lambda: _nucleus_of_candidates(values, ids, key, width, RANK_NUCLEI[form], params),
+                              whole)
         if params.get("eps"):  # a rank without an id won: the whole row
             tokens = reference_where_uncertified(tokens, whole)
         return _id_0_where_nan(probs, tokens)
@@ -2040,7 +2071,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if FORMS[attrs.form].draw == "top_k" and len(call.operand_types[0][0]) not in (1, 2):
             raise Unsupported("the choice draw takes (B, V) logits or one row (V,)")
         return drawn_form_lowering(attrs.form, attrs.params(), hand)
-    if attrs.form == "top_p_of_probs_torch":
+    if attrs.form in ("top_p_of_probs_torch", "top_p_of_probs_torch_unnormalized"):
         if len(call.operand_types[0][0]) < 2 or call.operand_types[0][1] != "f32":
             raise Unsupported("the llama reference's top-p through torchax is drawn by the kernel for (..., V) f32 "
                               "rows only: the kernel's candidates by mass take f32 probabilities")
