@@ -238,19 +238,19 @@ def test_levanter_top_p_draws_are_the_programs() -> None:
             assert set(np.asarray(got).tolist()) <= {2, 3}
 
 
-def test_haiku_top_p_draws_are_the_programs() -> None:
+@pytest.mark.parametrize("form", ["top_p_haiku_mask", "top_p_haiku_logits_mask"])
+def test_haiku_top_p_draws_are_the_programs(form: str) -> None:
     """Haiku's and grok-1's nucleus of y = x / T (the smallest values removed while their ascending cumsum is below
-    1 - p, every copy of the cut's value kept) is the band's nucleus from below by value: every draw the band vouches
-    for is the program's (1 - p at exact cumulative masses, ties), most rows are vouched for, and the lowering gives
-    the program's ids on every row."""
+    1 - p, every copy of the cut's value kept), and perceiver-ar's of the logits then / T, are the band's nucleus
+    from below by value: every draw the band vouches for is the program's (1 - p at exact cumulative masses, ties),
+    most rows are vouched for, and the lowering gives the program's ids on every row."""
     def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
-        return sampling._haiku_nucleus_by_band(x, key, params)
+        return sampling._haiku_nucleus_by_band(x, key, params, form)
 
     def lowering(params: dict) -> Callable[..., jax.Array]:
-        return sampling.function_form_lowering("top_p_haiku_mask", params)
+        return sampling.function_form_lowering(form, params)
 
-    assert _assert_certified_draws_are_the_programs("top_p_haiku_mask", by_band, lowering, from_below=True) \
-        < ROWS * 2
+    assert _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=True) < ROWS * 2
 
 
 @pytest.mark.parametrize("form", ["top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask",

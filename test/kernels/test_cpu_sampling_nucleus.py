@@ -354,12 +354,13 @@ def test_gemma_3_1_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
     _assert_no_sort(lowering)
 
 
+@pytest.mark.parametrize("form", ["top_p_haiku_mask", "top_p_haiku_logits_mask"])
 @pytest.mark.parametrize("p", [0.9, 0.5, 1e-7, 1.0], ids=["p_0.9", "p_0.5", "p_tiny", "p_1"])
-def test_haiku_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
-    """Haiku's and grok-1's nucleus (top_p_haiku_mask): the kernel's ascending sort of all V logits, the program's
-    softmax, cumsum, `argmax(cumsum >= 1 - p)` and cut by value on them. At p = 1 the cut is place 0 (every token
-    stays); a tiny p keeps the largest values and every logit tied with the cut's."""
-    form = "top_p_haiku_mask"
+def test_haiku_top_p_gives_the_reference_ids_with_no_sort(p: float, form: str) -> None:
+    """Haiku's and grok-1's nucleus (top_p_haiku_mask), and perceiver-ar's of the logits then / T: the band where it
+    vouches, else the kernel's ascending sort of all V logits with the program's softmax, cumsum, `argmax(cumsum >=
+    1 - p)` and cut by value on them. At p = 1 the cut is place 0 (every token stays); a tiny p keeps the largest
+    values and every logit tied with the cut's."""
     params = form_params(form, temperature=0.7, p=p)
     lowering = jax.jit(sampling.function_form_lowering(form, params))
     _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), key_base=37)

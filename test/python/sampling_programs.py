@@ -92,9 +92,11 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # taken along it, `cumsum < clip(p, 0, 1)[..., None] - 1e-4` shifted by a concatenate, -inf, back by a take along the
 # argsort of the order); haiku: the nucleus of DeepMind's Haiku samplers and grok-1 of the scaled logits, in f32 (the
 # values sorted ascending by lax.sort, the cut at `argmax(cumsum >= 1 - p)`, the logits at or above the sorted logit
-# there kept, the others at the spec's fill). hf takes (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and
-# levanter (B, V) logits, haiku any; hf, flax, classic, xt and levanter fill with -inf.
-TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter", "haiku")
+# there kept, the others at the spec's fill); haiku_logits: the same of the logits, then / T (perceiver-ar's). hf takes
+# (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and levanter (B, V) logits, haiku any; hf, flax, classic,
+# xt and levanter fill with -inf.
+TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter", "haiku",
+          "haiku_logits")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -106,7 +108,9 @@ RANK_SPACE_TOP_PS = {"gemma": "top_p_of_probs_normalized", "keras": "top_p_of_pr
 HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax": ("top_p_flax_mask", None),
              "mtj": ("top_p_mtj_mask", None), "tvq": ("top_p_prob_sorted_mask", None),
              "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None),
-             "levanter": ("top_p_levanter_mask", None), "haiku": ("top_p_haiku_mask", None)}
+             "levanter": ("top_p_levanter_mask", None), "haiku": ("top_p_haiku_mask", None),
+             "haiku_logits": ("top_p_haiku_logits_mask", None)}
+HAIKU_TOP_PS = ("haiku", "haiku_logits")  # any logits, f32 (Haiku asserts it), a large fill
 # The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
 SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask",
                  "haiku": "top_p_haiku_mask"}
@@ -307,6 +311,8 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         return _searched(spec, attrs, dtype, suffix)
     if spec.form in USES_TOP_P and spec.top_p_style in RANK_SPACE_TOP_PS:
         return _rank_space_nucleus(spec, attrs, dtype)
+    if spec.form == "top_p_mask" and spec.top_p_style == "haiku_logits" and spec.temperature_style == "before":
+        spec = dataclasses.replace(spec, top_p_style="haiku")  # scaled right before its cut: Haiku's nucleus of x / T
     if spec.form in USES_TOP_P and spec.top_p_style in SCALED_NUCLEI:
         form, values = _scaled_nucleus(spec, attrs, dtype)
         return form + suffix, values
@@ -409,7 +415,7 @@ def _hf_top_p_chain(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
 def _nucleus_p(spec: SamplerSpec, dtype: str) -> float:
     """The p a nucleus's composite carries: the program's constant, or, for Hugging Face's torch style, which writes
     1 - p, 1 minus it."""
-    return 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style == "hf" else _rounded(spec.p, dtype)
+    return 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style in ("hf", "haiku_logits") else _rounded(spec.p, dtype)
 
 
 def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
@@ -679,7 +685,7 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         keep = cumulative < threshold - jnp.asarray(LEVANTER_TOLERANCE, dtype=cumulative.dtype)
         keep = jnp.concatenate([jnp.ones_like(keep[..., :1], dtype=bool), keep[..., :-1]], axis=-1)
         kept = jnp.take_along_axis(jnp.where(keep, ordered, NEG_INF), jnp.argsort(order, axis=-1), axis=-1)
-    elif c.spec.top_p_style == "haiku":
+    elif c.spec.top_p_style in HAIKU_TOP_PS:
         ordered = jax.lax.sort(x, is_stable=False)
         cumulative = jnp.cumsum(jax.nn.softmax(ordered), -1)
         cut = jnp.argmax(cumulative >= 1 - c.spec.p, axis=-1)

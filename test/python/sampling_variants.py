@@ -1085,6 +1085,14 @@ def haiku_nucleus_decode_rows(x, key):
     return jax.random.categorical(key, _haiku_top_p_filter(x[:, None, :] / 0.7, 0.95))
 
 
+def perceiver_ar_nucleus_sample(x, key):
+    """perceiver-ar's `sample_position` at top_p = 0.9: the same nucleus of the logits themselves, the dropped at
+    -1e30, then `logits /= jnp.maximum(temperature, 1e-12)` at T = 0.8, then a categorical."""
+    logits = _haiku_top_p_filter(x, 0.9, -1e30)
+    logits /= jnp.maximum(0.8, 1e-12)
+    return jax.random.categorical(key, logits)
+
+
 def near_miss_haiku_cut_above(x, key):
     """Haiku's nucleus with `>` at the cut: another cut (no form; a remark)."""
     return jax.random.categorical(key, _haiku_top_p_filter(x / 0.8, 0.9, -jnp.inf, cut_above=True))
@@ -1706,6 +1714,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": 1.0}),
     Variant("haiku_nucleus_decode_rows", haiku_nucleus_decode_rows, "top_p_haiku_mask",
             expect={"p": 1 - float(np.float32(1 - 0.95)), "temperature": float(np.float32(0.7))}),
+    Variant("perceiver_ar_nucleus_sample", perceiver_ar_nucleus_sample, "top_p_haiku_logits_mask",
+            expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": float(np.float32(0.8))}),
     Variant("near_miss_haiku_cut_above", near_miss_haiku_cut_above, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("near_miss_levanter_keep_at_or_below", near_miss_levanter_keep_at_or_below, "categorical",

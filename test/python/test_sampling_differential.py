@@ -34,6 +34,7 @@ from sampling_programs import (
     EXTRAS,
     FILLS,
     FORMS,
+    HAIKU_TOP_PS,
     HAND_NOISES,
     HF_TOP_PS,
     HF_WARPERS,
@@ -118,7 +119,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         if (form == "min_p_removal" and spec.min_p_keep == "topk") or form == "epsilon_removal":
             spec = dataclasses.replace(spec, warper_top_p=draw(st.booleans()), top_p_style="hf")
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
-    if form in USES_TOP_P and spec.top_p_style == "haiku":  # any logits, f32 (Haiku asserts it), a large fill
+    if form in USES_TOP_P and spec.top_p_style in HAIKU_TOP_PS:  # any logits, f32 (Haiku asserts it), a large fill
         fill = "-1e7" if spec.fill == "-1000" else spec.fill
         spec = dataclasses.replace(spec, upcast=spec.dtype != "float32", fill=fill)
     elif form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
@@ -126,7 +127,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
     # Flax's, MTJ's, transformer_vq's, Levanter's and Haiku's nuclei draw by categorical only; top_k_of_probs by the log
     # of its probabilities
-    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter", "haiku")
+    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter", *HAIKU_TOP_PS)
     if form in USES_TOP_P and spec.top_p_style == "levanter":  # Levanter samples f32 logits
         spec = dataclasses.replace(spec, upcast=spec.dtype != "float32")
     if stochastic and not rank_space_p and not flax_p and form not in ("top_k_of_probs", "probs_weights"):
@@ -201,8 +202,10 @@ def _check_fusion(spec: SamplerSpec, fused: ir.Module, remarks: list[str]) -> No
     # passed over, and why (a temperature's divide is no filter: no remark).
     if spec.escape and spec.form in ESCAPES and spec.form != "temperature":
         assert any("not fused as" in r and "has a user outside it" in r for r in remarks), f"{spec}\n{remarks}"
-    # (at T = 1 the classic cut of x / T and that of the logits, then / T, are one function: the pass takes either)
-    of_logits = attrs.form.replace("top_p_shifted_mask", "top_p_shifted_logits_mask")
+    # (at T = 1 the classic cut of x / T and that of the logits, then / T, are one function, and so are Haiku's: the
+    # pass takes either)
+    of_logits = attrs.form.replace("top_p_shifted_mask", "top_p_shifted_logits_mask").replace(
+        "top_p_haiku_mask", "top_p_haiku_logits_mask")
     same_at_t1 = attrs.temperature == 1.0 and of_logits == form
     assert attrs.form == form or same_at_t1, f"{spec}\nfused as {attrs.form}, not {form}"
     for name, value in values.items():
@@ -306,6 +309,7 @@ FIXED_GAPS = {
     "probs_weights_min_p_renormalized_traced_t": SamplerSpec(form="probs_weights", batch="b", renormalize=True,
                                                              temperature_style="traced"),
     "probs_weights_top_k": SamplerSpec(form="probs_weights", batch="b", weights_filter="top_k"),
+    "top_p_haiku_of_logits_then_scaled": SamplerSpec(form="top_p_mask", top_p_style="haiku_logits", fill="finfo_min"),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
                                            temperature_style="traced"),
     "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),

@@ -785,13 +785,15 @@ def haiku_top_p_kept(y: jax.Array, one_minus_p: float,
 def top_p_haiku_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                      sort_fn: Callable[[jax.Array], jax.Array] = sort_values_unstable,
                      categorical_fn: Categorical = jax.random.categorical, one_minus_p: float | None = None,
-                     fill: float | None = None, **_: Any) -> jax.Array:
+                     fill: float | None = None, of_logits: bool = False, **_: Any) -> jax.Array:
     """Haiku's `nucleus_sample` and grok-1's `sample_token` at its top-p: y = x / T, the tokens outside its nucleus
-    (`haiku_top_p_kept`) at -inf (their writings fill -1e10 or -1e30: FILL_NOTE), then a categorical. The program's
-    threshold is the constant 1 - p, read as `one_minus_p`. (..., V) logits; only the sorted values are read."""
-    y = _scale(logits, temperature)
-    kept = haiku_top_p_kept(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn)
-    return categorical_fn(key, jnp.where(kept, y, NEG_INF if fill is None else fill), axis=-1)
+    (`haiku_top_p_kept`) at -inf (their writings fill -1e10 or -1e30: FILL_NOTE), then a categorical. `of_logits`
+    (perceiver-ar's `sample_position`): the nucleus of the logits themselves, then / T. The program's threshold is
+    the constant 1 - p, read as `one_minus_p`. (..., V) logits; only the sorted values are read."""
+    y = logits if of_logits else _scale(logits, temperature)
+    kept = jnp.where(haiku_top_p_kept(y, 1 - p if one_minus_p is None else one_minus_p, sort_fn), y,
+                     NEG_INF if fill is None else fill)
+    return categorical_fn(key, _scale(kept, temperature) if of_logits else kept, axis=-1)
 
 
 def sort_descending_torch(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -1364,6 +1366,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     # Haiku's and grok-1's nucleus writes its threshold 1 - p as one constant (`one_minus_p`), its fill -1e10.
     _with_fills(Form("top_p_haiku_mask", "top_p", top_p_haiku_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
                      composes_draws=False, reads=("one_minus_p",))),
+    _with_fills(Form("top_p_haiku_logits_mask", "top_p", functools.partial(top_p_haiku_mask, of_logits=True),
+                     ("temperature", "p"), _NOISE + ("stablehlo.sort",), composes_draws=False, reads=("one_minus_p",))),
     Form("top_p_ascending_count_mask", "top_p", top_p_ascending_count_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.convert"), composes_draws=False),
     Form("top_k_top_p_ascending_mask", "top_k+top_p", top_k_top_p_ascending_mask, ("temperature", "k", "p"),

@@ -346,14 +346,16 @@ def _descending_values_by_kernel(x: jax.Array) -> jax.Array:
 # the program's softmax, zeroing and sum, the kernel's top-k and draw of their logs.)
 FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask", "top_p_of_logits_exclusive",
                   "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch",
-                  "min_p_logits_mask", "top_a_logits_mask", "top_p_haiku_mask", "top_k_of_probs_torch_unnormalized",
+                  "min_p_logits_mask", "top_a_logits_mask", "top_p_haiku_mask", "top_p_haiku_logits_mask",
+                  "top_k_of_probs_torch_unnormalized",
                   "min_p_of_probs_torch", "min_p_of_probs_torch_unnormalized")
 # A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
 BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask", "min_p_of_probs_torch",
                                    "min_p_of_probs_torch_unnormalized")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
-WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_p_haiku_mask")
+WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_p_haiku_mask",
+                            "top_p_haiku_logits_mask")
 
 
 def _whole_row_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -394,21 +396,30 @@ def function_form_lowering(form: str, params: dict[str, Any],
         if (form == "top_p_ascending_count_mask" and logits.dtype == jnp.float32 and logits.ndim == 2
                 and 0.0 < params["p"] < 1.0):
             return reference_where_uncertified(_ascending_count_by_mass(logits, key, params), own)
-        if form == "top_p_haiku_mask" and logits.dtype == jnp.float32 and 0.0 < params["p"] < 1.0:
-            return reference_where_uncertified(_haiku_nucleus_by_band(logits, key, params), own)
+        if form in HAIKU_NUCLEI and logits.dtype == jnp.float32 and 0.0 < params["p"] < 1.0:
+            return reference_where_uncertified(_haiku_nucleus_by_band(logits, key, params, form), own)
         return own()
 
     return kernel
 
 
-def _haiku_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+HAIKU_NUCLEI = ("top_p_haiku_mask", "top_p_haiku_logits_mask")
+
+
+def _haiku_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any],
+                           form: str = "top_p_haiku_mask") -> jax.Array:
     """Haiku's and grok-1's nucleus (`top_p_haiku_mask`) of (..., V) f32 logits with no sort: a cut by value from
     below (the smallest values removed while their ascending cumsum is below 1 - p, every copy of the cut's value
     kept), so the band of a nucleus from below by value holds it (its slack covers `>=` as `>`), of y = x / T by the
-    program's op, drawn at T = 1. UNCERTIFIED where the band could hold the winner, and for a row with a NaN or an
-    infinity."""
-    y = (logits / params["temperature"]).reshape(-1, logits.shape[-1])
-    tokens = nucleus_draw_by_band("", y, key, params["p"], 1.0, from_below=True, by_place=False)
+    program's op, drawn at T = 1; perceiver-ar's (`top_p_haiku_logits_mask`) the band of the logits, drawn at T.
+    UNCERTIFIED where the band could hold the winner, and for a row with a NaN or an infinity."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    if form == "top_p_haiku_logits_mask":
+        tokens = nucleus_draw_by_band("", rows, key, params["p"], params["temperature"], from_below=True,
+                                      by_place=False)
+    else:
+        tokens = nucleus_draw_by_band("", rows / params["temperature"], key, params["p"], 1.0, from_below=True,
+                                      by_place=False)
     return tokens.reshape(logits.shape[:-1])
 
 
