@@ -25,7 +25,8 @@ torchax, and PaLM-jax's and lucidrains' hand-written Gumbel noise, and x-transfo
 logits, and the top k of the probabilities at T = 1, and nanoGPT's top-k and the llama reference's `sample_top_p`
 with torch.multinomial's (B, 1) ids unsqueezed, and the textbook `-log(-log(u))` Gumbel-max, and Levanter's top-p
 with and without the drawn token's log-probability, and the nucleus of Haiku's `nucleus_sample` and grok-1, and
-xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised).
+xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised, and
+perceiver-ar's nucleus of the logits, then / T).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -73,7 +74,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "x_transformers_top_a_multinomial", "top_k_of_probs_at_t1", "nanogpt_top_k_multinomial_unsqueezed",
             "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample",
             "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
-            "min_p_of_probs_weights")
+            "min_p_of_probs_weights", "perceiver_ar_nucleus_sample")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
