@@ -375,8 +375,8 @@ def function_form_lowering(form: str, params: dict[str, Any],
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
     of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), Haiku's too
     (`_haiku_nucleus_by_band`), and gemma 3.1.0's top-p by its count bound (`_ascending_count_by_mass`): the sorted row
-    only for the batches those cannot vouch for. With a
-    hand-written noise (`gumbel_at_zero`), its function without those bounds."""
+    only for the batches those cannot vouch for. With a hand-written noise (`gumbel_at_zero`), its function without
+    those bounds."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
     # (audiocraft's top-k draws by torch.multinomial of its probabilities: the kernel's draw of their logs)
