@@ -356,6 +356,8 @@ BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask", "mi
 # which the kernel's sorted row does not reproduce.
 WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_p_haiku_mask",
                             "top_p_haiku_logits_mask")
+# Haiku's and grok-1's nucleus, and perceiver-ar's of the logits: drawn by their band first (`_haiku_nucleus_by_band`).
+HAIKU_NUCLEI = ("top_p_haiku_mask", "top_p_haiku_logits_mask")
 
 
 def _whole_row_by_kernel(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
@@ -403,9 +405,6 @@ def function_form_lowering(form: str, params: dict[str, Any],
     return kernel
 
 
-HAIKU_NUCLEI = ("top_p_haiku_mask", "top_p_haiku_logits_mask")
-
-
 def _haiku_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any],
                            form: str = "top_p_haiku_mask") -> jax.Array:
     """Haiku's and grok-1's nucleus (`top_p_haiku_mask`) of (..., V) f32 logits with no sort: a cut by value from
@@ -414,12 +413,9 @@ def _haiku_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, 
     program's op, drawn at T = 1; perceiver-ar's (`top_p_haiku_logits_mask`) the band of the logits, drawn at T.
     UNCERTIFIED where the band could hold the winner, and for a row with a NaN or an infinity."""
     rows = logits.reshape(-1, logits.shape[-1])
-    if form == "top_p_haiku_logits_mask":
-        tokens = nucleus_draw_by_band("", rows, key, params["p"], params["temperature"], from_below=True,
-                                      by_place=False)
-    else:
-        tokens = nucleus_draw_by_band("", rows / params["temperature"], key, params["p"], 1.0, from_below=True,
-                                      by_place=False)
+    of_logits = form == "top_p_haiku_logits_mask"
+    y, temperature = (rows, params["temperature"]) if of_logits else (rows / params["temperature"], 1.0)
+    tokens = nucleus_draw_by_band("", y, key, params["p"], temperature, from_below=True, by_place=False)
     return tokens.reshape(logits.shape[:-1])
 
 
