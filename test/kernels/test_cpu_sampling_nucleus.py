@@ -20,6 +20,7 @@ from hlofuse.kernels.sampling_reference import (
     form_params,
     rank_nucleus_scores,
     sample_reference,
+    sample_reference_with_scores,
 )
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
@@ -383,6 +384,32 @@ def test_haiku_top_p_keeps_every_logit_tied_with_the_cut() -> None:
             np.testing.assert_array_equal(got, sample_reference(x, key, form=form, **params))
             seen |= set(got.ravel().tolist())
         assert seen == {0, 2, 4, 6}
+
+
+@pytest.mark.parametrize("form", ["top_p_haiku_rows", "top_p_haiku_rows_row_keys"])
+@pytest.mark.parametrize("lead", [(), (1,)], ids=["rows", "decode_rows"])
+def test_grok_nucleus_gives_the_reference_ids_and_scores_with_no_sort(form: str, lead: tuple[int, ...]) -> None:
+    """grok-1's sampler (top_p_haiku_rows: Haiku's nucleus with a p per row, p = 0.9, 0.5, tiny and 1 across the rows),
+    of (B, V) and (B, 1, V) logits, with one key or a key per row: the ids and the filtered logits it gives back (at
+    grok's -1e10) are `sample_reference_with_scores`'s bit for bit, and no sort or TopK is left to XLA."""
+    params = form_params(form, temperature=1.0)
+    lowering = jax.jit(sampling.haiku_rows_lowering(form, params, scores_fill=-1e10))
+    reference = jax.jit(lambda x, key, p: sample_reference_with_scores(x, key, form=form, fill=-1e10, rows=(p,),
+                                                                       **params))
+    p = jnp.array([0.9, 0.5, 1e-7, 1.0], jnp.float32)
+    for case in (*CASES, "many_nan"):
+        x = jnp.asarray(np.tile(_logits(2, 4096, case), (2, 1))).reshape(4, *lead, 4096)
+        for seed in range(3):
+            key = jax.random.key_data(jax.random.split(jax.random.key(seed), 4)) if form.endswith("_row_keys") \
+                else jnp.array([seed, 41 + seed], jnp.uint32)
+            (ids, scores), (want_ids, want_scores) = lowering(x, key, p), reference(x, key, p)
+            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
+            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
+                                          err_msg=f"{case} seed {seed}")
+    key = jax.ShapeDtypeStruct((4, 2) if form.endswith("_row_keys") else (2,), jnp.uint32)
+    hlo = lowering.lower(jax.ShapeDtypeStruct((4, *lead, WIDE), jnp.float32), key,
+                         jax.ShapeDtypeStruct((4,), jnp.float32)).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
 
 
 def test_gemma_3_1_top_p_is_drawn_with_no_sorted_row_and_vouches_only_for_kept_winners() -> None:

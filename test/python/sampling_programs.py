@@ -202,6 +202,9 @@ class SamplerSpec:
     # The (B, V) rows' choice or inverse-CDF ids left (B, 1), as `torch.multinomial(probs, 1)` gives them and nanoGPT's
     # and the llama reference's samplers return them (vocabulary-space forms: no take reads them)
     unit_ids: bool = False
+    # grok-1's `sample_token` settings (haiku style, (B, V) or (B, 1, V) logits): T and p per row, (B,) arguments with
+    # unit dims added up to the logits' rank, and a (B, V) int mask of allowed tokens applied after / T with -1e10
+    settings_rows: bool = False
 
     @property
     def stochastic(self) -> bool:
@@ -227,6 +230,8 @@ class SamplerSpec:
             names.append("step")
         if "take" in self.extras:
             names.append("index")
+        if self.settings_rows:
+            names += ["temperatures", "top_ps", "allowed"]
         return names
 
 
@@ -238,7 +243,9 @@ def arg_specs(spec: SamplerSpec) -> list[jax.ShapeDtypeStruct]:
     rows = spec.logits_shape[:-1] if spec.batch != "bt" else spec.logits_shape[:1]
     shapes: dict[str, tuple[tuple[int, ...], Any]] = {
         "logits": (spec.logits_shape, jnp.dtype(spec.dtype)), "key": ((2,), jnp.uint32),
-        "temperature": ((), jnp.float32), "step": ((), jnp.int32), "index": ((*rows, 1), jnp.int32)}
+        "temperature": ((), jnp.float32), "step": ((), jnp.int32), "index": ((*rows, 1), jnp.int32),
+        "temperatures": (rows[:1], jnp.float32), "top_ps": (rows[:1], jnp.float32),
+        "allowed": ((*rows[:1], spec.vocab), jnp.int32)}
     return [jax.ShapeDtypeStruct(*shapes[name]) for name in spec.arg_names]
 
 
@@ -247,6 +254,11 @@ def inputs(spec: SamplerSpec, logits: np.ndarray, seed: int) -> list[np.ndarray]
     values = {"logits": logits, "key": np.array([seed, 1000 + 7 * seed], np.uint32),
               "temperature": np.float32(spec.temperature), "step": np.int32(3 + seed),
               "index": np.full((*rows, 1), (5 * seed) % spec.vocab, np.int32)}
+    if spec.settings_rows:  # each row its own T and p (p = 1 keeps every token), about 1 token in 8 disallowed
+        batch = rows[0]
+        values["temperatures"] = (spec.temperature * (1.0 + 0.25 * np.arange(batch))).astype(np.float32)
+        values["top_ps"] = np.resize(np.array([spec.p, 1.0, 0.3, 1e-3], np.float32), batch)
+        values["allowed"] = (np.random.default_rng(seed).random((batch, spec.vocab)) > 0.125).astype(np.int32)
     return [np.asarray(values[name]) for name in spec.arg_names]
 
 
@@ -423,6 +435,9 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     before it stays in XLA), reading its threshold (transformer_vq's 1 - p; the classic p) and the temperature where
     the program divides by a constant right before it (the site's x / T; a division "before" the sampler is that too,
     unless a top-k mask lies between), else 1 (the scaling outside)."""
+    if spec.settings_rows:  # grok-1's: its T and p are operands, its scaling and mask in XLA, its scores at its fill
+        scored = {"scores": True, "fill": _fill(spec.fill, jnp.dtype(jnp.float32))} if spec.log_prob else {}
+        return "top_p_haiku_rows", {**attrs, **scored, "mode": "top_p"}
     p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style in ("tvq", "haiku") else _rounded(spec.p, dtype)
     if spec.top_p_style == "levanter":  # its threshold p - 1e-4, one constant after hlofuse-prepare's fold
         p = float(np.float32(spec.p) - np.float32(LEVANTER_TOLERANCE))
@@ -503,8 +518,16 @@ class _Ctx:
             key = jax.random.fold_in(key, self.args["step"])
         return key
 
+    def per_row(self, name: str, x: jax.Array) -> jax.Array:
+        """A (B,) settings argument with unit dims added up to x's rank, as grok-1 expands its SampleSettings."""
+        return jnp.expand_dims(self.args[name], tuple(range(1, x.ndim)))
+
     def scale(self, x: jax.Array) -> jax.Array:
         style, t = self.spec.temperature_style, self.spec.temperature
+        if self.spec.settings_rows:  # grok-1's: / T per row, then its disallowed tokens at -1e10
+            y = x / self.per_row("temperatures", x).astype(x.dtype)
+            allowed = self.args["allowed"]
+            return jnp.where(jnp.expand_dims(allowed, 1) if x.ndim == 3 else allowed, y, -1e10)
         if style == "before":
             return x  # scaled before the sampler (_sampler)
         if style == "reciprocal":
@@ -688,7 +711,8 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     elif c.spec.top_p_style in HAIKU_TOP_PS:
         ordered = jax.lax.sort(x, is_stable=False)
         cumulative = jnp.cumsum(jax.nn.softmax(ordered), -1)
-        cut = jnp.argmax(cumulative >= 1 - c.spec.p, axis=-1)
+        top_p = c.per_row("top_ps", x).astype(x.dtype) if c.spec.settings_rows else c.spec.p
+        cut = jnp.argmax(cumulative >= 1 - top_p, axis=-1)
         kept = jnp.where(x >= jnp.take_along_axis(ordered, cut[..., jnp.newaxis], axis=-1), x,
                          _fill(c.spec.fill, x.dtype))
     elif c.spec.top_p_style == "mtj":

@@ -33,6 +33,8 @@ class Variant:
     stochastic: bool = True
     remark: str | None = None  # a remark the variant must give (a near-miss's reason, or a part left unfused)
     platform: str | None = None  # lowered for this platform ("tpu", "cuda"), not the host
+    # TopKs the program takes of its own outside the sampler (grok-1's top 8 of its probabilities): XLA keeps them
+    program_top_ks: int = 0
 
 
 def lower(variant: Variant, platform: str | None = None) -> Any:  # noqa: ANN401
@@ -1085,6 +1087,28 @@ def haiku_nucleus_decode_rows(x, key):
     return jax.random.categorical(key, _haiku_top_p_filter(x[:, None, :] / 0.7, 0.95))
 
 
+def grok_sample_token(x, key):
+    """xai-org/grok-1's `sample_token` (runners.py) as written: its SampleSettings' T and p per row expanded to
+    (B, 1, 1) and its mask of allowed tokens to (B, 1, V) (here computed from the logits' spread and the ids, standing
+    in for the requests' settings), / T, the disallowed at -1e10, `top_p_filter`, `jax.vmap(jax.random.categorical)`
+    with a key per row, and the filtered logits read again: the drawn token's probability and the top 8 (the
+    composite gives them back)."""
+    rows, vocab = x.shape[0], x.shape[-1]
+    spread = jnp.std(x[:, 0, :], axis=-1)
+    temperature = jnp.expand_dims(0.5 + 0.5 * jax.nn.sigmoid(spread), (1, 2))
+    nucleus_p = jnp.expand_dims(0.6 + 0.35 * jax.nn.sigmoid(-spread), (1, 2))
+    allowed = jnp.broadcast_to(jnp.arange(vocab) % 11 != 0, (rows, vocab)).astype(jnp.int32)
+    mask = jnp.expand_dims(allowed, 1)
+    logits = x / temperature.astype(x.dtype)
+    logits = jnp.where(mask, logits, -1e10)
+    logits = _haiku_top_p_filter(logits, nucleus_p.astype(logits.dtype))
+    new_token = jax.vmap(jax.random.categorical)(jax.random.split(key, rows), logits)
+    probabilities = jax.nn.softmax(logits)
+    token_prob = jnp.squeeze(jnp.take_along_axis(probabilities, jnp.expand_dims(new_token, 1), axis=2), 1)
+    top_k_probs, top_k_token_ids = jax.lax.top_k(probabilities, 8)
+    return new_token, token_prob, jnp.squeeze(top_k_token_ids, 1), jnp.squeeze(top_k_probs, 1)
+
+
 def perceiver_ar_nucleus_sample(x, key):
     """perceiver-ar's `sample_position` at top_p = 0.9: the same nucleus of the logits themselves, the dropped at
     -1e30, then `logits /= jnp.maximum(temperature, 1e-12)` at T = 0.8, then a categorical."""
@@ -1714,6 +1738,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": 1.0}),
     Variant("haiku_nucleus_decode_rows", haiku_nucleus_decode_rows, "top_p_haiku_mask",
             expect={"p": 1 - float(np.float32(1 - 0.95)), "temperature": float(np.float32(0.7))}),
+    Variant("grok_sample_token", grok_sample_token, "top_p_haiku_rows_row_keys", shape=(B, 1, V),
+            expect={"scores": True, "fill": -1e10, "temperature": 1.0}, program_top_ks=1),
     Variant("perceiver_ar_nucleus_sample", perceiver_ar_nucleus_sample, "top_p_haiku_logits_mask",
             expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": float(np.float32(0.8))}),
     Variant("near_miss_haiku_cut_above", near_miss_haiku_cut_above, "categorical",

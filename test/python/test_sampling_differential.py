@@ -122,6 +122,12 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form in USES_TOP_P and spec.top_p_style in HAIKU_TOP_PS:  # any logits, f32 (Haiku asserts it), a large fill
         fill = "-1e7" if spec.fill == "-1000" else spec.fill
         spec = dataclasses.replace(spec, upcast=spec.dtype != "float32", fill=fill)
+    # grok-1's sample_token: T, p and a mask of allowed tokens per row, drawn with one key or a key per row (vmapped)
+    if form == "top_p_mask" and spec.top_p_style == "haiku" and draw(st.integers(0, 2)) == 0:
+        spec = dataclasses.replace(spec, settings_rows=True, batch=draw(st.sampled_from(["b", "b1"])),
+                                   temperature_style="const", noise=draw(st.sampled_from(["categorical", "gumbel"])))
+        if draw(st.booleans()):
+            spec = dataclasses.replace(spec, draw="row_keys", noise="categorical")
     elif form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
         one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
@@ -169,6 +175,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if form == "top_p_mask" and spec.top_p_style == "levanter" and spec.draw == "categorical" \
             and spec.noise not in HAND_NOISES:
         spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
+    if spec.settings_rows:  # grok-1 reads its filtered logits again: the drawn token's probability, the top 8
+        spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
     escapable = form in ESCAPES and (form not in USES_TOP_P or spec.top_p_style in ("sort", "top_k", "hf", "flax"))
     if form == "temperature":
         escapable = spec.temperature_style == "const"
@@ -183,6 +191,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, enclosure=draw(st.sampled_from(["cond", "loop"])))
     # rows drawn as (R / n, n, V): vocabulary-space draws of (B, V) rows
     vocabulary_space = form not in (*RANK_SPACE_TOP_KS, "probs_weights") and not rank_space_p  # (its draw: its own)
+    vocabulary_space = vocabulary_space and not spec.settings_rows  # (per-row operands: the rows as they are drawn)
     if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
             and spec.noise != "keras" and spec.noise not in HAND_NOISES and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, draw_rows=draw(st.sampled_from([1, spec.rows])))
@@ -310,6 +319,13 @@ FIXED_GAPS = {
                                                              temperature_style="traced"),
     "probs_weights_top_k": SamplerSpec(form="probs_weights", batch="b", weights_filter="top_k"),
     "top_p_haiku_of_logits_then_scaled": SamplerSpec(form="top_p_mask", top_p_style="haiku_logits", fill="finfo_min"),
+    # grok-1's sample_token: T, p and a mask of allowed tokens per row ((B,) and (B, V) arguments expanded to its
+    # (B, 1, V) logits), each row drawn with its own key by a vmapped categorical, the filtered logits read again (the
+    # drawn token's probability): fused at its draw, its sort in XLA, until top_p_haiku_rows gave back its scores
+    "grok_sample_token": SamplerSpec(form="top_p_mask", top_p_style="haiku", settings_rows=True, batch="b1",
+                                     draw="row_keys", fill="-1e7", log_prob=True),
+    "grok_sample_token_one_key_ties": SamplerSpec(form="top_p_mask", top_p_style="haiku", settings_rows=True, vocab=16,
+                                                  p=0.5, fill="-inf"),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,
                                            temperature_style="traced"),
     "top_k_then_top_p_mtj": SamplerSpec(form="top_k_top_p_mask", top_p_style="mtj"),

@@ -26,7 +26,8 @@ logits, and the top k of the probabilities at T = 1, and nanoGPT's top-k and the
 with torch.multinomial's (B, 1) ids unsqueezed, and the textbook `-log(-log(u))` Gumbel-max, and Levanter's top-p
 with and without the drawn token's log-probability, and the nucleus of Haiku's `nucleus_sample` and grok-1, and
 xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised, and
-perceiver-ar's nucleus of the logits, then / T).
+perceiver-ar's nucleus of the logits, then / T, and grok-1's `sample_token`, (B, 1, V) logits with T, p and a mask
+per row, a key per row, and the token's probability and the top 8 read from what it drew from).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -74,7 +75,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "x_transformers_top_a_multinomial", "top_k_of_probs_at_t1", "nanogpt_top_k_multinomial_unsqueezed",
             "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample",
             "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
-            "min_p_of_probs_weights", "perceiver_ar_nucleus_sample")
+            "min_p_of_probs_weights", "perceiver_ar_nucleus_sample", "grok_sample_token")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
@@ -103,6 +104,11 @@ def _median_ms(fns: dict[str, Any], x: jax.Array, iters: int) -> dict[str, float
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _shape_of(name: str) -> tuple[int, ...]:
+    """The logits' shape the catalogue's variant `name` takes."""
+    return next(v.shape for v in sampling_variants.VARIANTS if v.name == name)
+
+
 def _key(i: int) -> jax.Array:
     return jnp.array([7, 11 + i], jnp.uint32)
 
@@ -124,15 +130,18 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.samplers:
         fn = getattr(sampling_variants, name)
+        units = (1,) * (len(_shape_of(name)) - 2)  # (B, 1, V) decode logits where the variant takes them
         for batch in args.batch:
             for vocab in args.vocab:
-                x = args.scale * jax.random.normal(jax.random.key(0), (batch, vocab), jnp.float32)
+                x = args.scale * jax.random.normal(jax.random.key(0), (batch, *units, vocab), jnp.float32)
                 spec = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2,), jnp.uint32))
                 fns = {"original": jax.jit(fn),
                        "fused": jax.jit(fn, compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True}),
                        "argmax": jax.jit(lambda x, key: jnp.argmax(x, axis=-1))}
-                for i in range(args.iters):  # the ids of every key timed
-                    np.testing.assert_array_equal(fns["fused"](x, _key(i)), fns["original"](x, _key(i)), err_msg=name)
+                for i in range(args.iters):  # the ids (and what else it returns) of every key timed
+                    for got, want in zip(jax.tree.leaves(fns["fused"](x, _key(i))),
+                                         jax.tree.leaves(fns["original"](x, _key(i))), strict=True):
+                        np.testing.assert_array_equal(got, want, err_msg=name)
                 ms = _median_ms(fns, x, args.iters)
                 print(f"| {name} | {_fusion(fn, *spec)} | {batch} | {vocab} | {ms['original']:.3f} | "
                       f"{ms['fused']:.3f} | {ms['argmax']:.3f} | {ms['fused'] / ms['original']:.3f}x | "

@@ -796,6 +796,20 @@ def top_p_haiku_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p
     return categorical_fn(key, _scale(kept, temperature) if of_logits else kept, axis=-1)
 
 
+def top_p_haiku_rows(logits: jax.Array, key: jax.Array, *, temperature: float, p: jax.Array,
+                     sort_fn: Callable[[jax.Array], jax.Array] = sort_values_unstable,
+                     categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
+                     **_: Any) -> jax.Array:
+    """grok-1's `sample_token`: Haiku's nucleus (`haiku_top_p_kept`) of y = x / T with a p per row, (B,) with unit
+    dims added up to the logits' rank (`jnp.expand_dims(nucleus_p, (1, 2))` of its (B, 1, V) logits), the threshold
+    1 - p computed by the program; the dropped logits at -inf (grok fills -1e10: FILL_NOTE), then a categorical.
+    (grok divides by its per-row T and masks its disallowed tokens before the nucleus: T = 1 here, `_unscaled`.)"""
+    y = _scale(logits, temperature)
+    one_minus_p = 1 - jnp.expand_dims(p, tuple(range(1, y.ndim)))
+    kept = jnp.where(haiku_top_p_kept(y, one_minus_p, sort_fn), y, NEG_INF if fill is None else fill)
+    return categorical_fn(key, kept, axis=-1)
+
+
 def sort_descending_torch(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`torch.sort(x, descending=True)` as torchax lowers it: `sort_unstable`'s values and ids, each reversed (equal
     values in the reverse of the backend's ascending order; NaN first)."""
@@ -1482,10 +1496,12 @@ def choice_draw(categorical_fn: Categorical, key: jax.Array, y: jax.Array, axis:
 def row_keys_draw(categorical_fn: Categorical, keys: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
     """Each row drawn with a key of its own: `jax.vmap(jax.random.categorical)(keys, y)` of (B, n) rows and (B, 2)
     keys, as serving engines draw each request (a key split or folded in per row, penzai's nmap of a split key).
-    Row r's noise is that of counters 0..n-1 under keys[r]. Rows of (B, n) with (B, 2) keys only."""
+    Row r's noise is that of counters 0..n-1 under keys[r]. Rows of (B, n), or (B, 1, ..., 1, n) (grok-1's (B, 1, V)
+    logits: each row's ids (1, ..., 1)), with (B, 2) keys only."""
     del axis  # the rows' last
-    if y.ndim != 2 or keys.shape != (y.shape[0], 2):
-        raise ValueError(f"the per-row-key draw takes (B, n) rows and (B, 2) keys, not {y.shape} and {keys.shape}")
+    if y.ndim < 2 or any(size != 1 for size in y.shape[1:-1]) or keys.shape != (y.shape[0], 2):
+        raise ValueError(f"the per-row-key draw takes (B, n) or (B, 1, ..., 1, n) rows and (B, 2) keys, not {y.shape} "
+                         f"and {keys.shape}")
     return jax.vmap(lambda key, row: categorical_fn(key, row, axis=-1))(keys, y)
 
 
@@ -1743,6 +1759,13 @@ FORMS["esurge_searched_min_p_rows"] = Form("esurge_searched_min_p_rows", "top_k+
                                            _ESURGE_MARKERS, composes_draws=False,
                                            row_params=("temperature", "k", "p", "min_p"), row_columns=("temperature",))
 FORMS["esurge_searched_rows_row_keys"] = _with_draw(FORMS["esurge_searched_rows"], "row_keys")
+# grok-1's sampler: Haiku's nucleus with a p per row, drawn with a key per row (`jax.vmap(jax.random.categorical)`) or
+# one key. Its T and its mask of disallowed tokens come before the nucleus, in XLA (`_unscaled`).
+_HAIKU_ROWS = Writing(top_p_haiku_rows, _NOISE + ("stablehlo.sort",))
+FORMS["top_p_haiku_rows"] = _with_fills(Form("top_p_haiku_rows", "top_p", top_p_haiku_rows, ("temperature",),
+                                             _HAIKU_ROWS.marker_ops, (_unscaled(_HAIKU_ROWS),), composes_draws=False,
+                                             row_params=("p",)))
+FORMS["top_p_haiku_rows_row_keys"] = _with_draw(FORMS["top_p_haiku_rows"], "row_keys")
 FORMS["esurge_searched_min_p_rows_row_keys"] = _with_draw(FORMS["esurge_searched_min_p_rows"], "row_keys")
 # (its vmapped writing, EasyDeL's `vmaped_sample_top_p_efficient`, draws every row with the one key)
 FORMS["top_p_of_top_k_rows_same_key_rows"] = _with_draw(FORMS["top_p_of_top_k_rows"], "same_key_rows")
@@ -2166,7 +2189,7 @@ def sample_reference(
 
 # Vocabulary-space nuclei whose composite may give back its scores: Levanter's, whose sampler reads its filtered logits
 # again for the drawn token's log-probability (`take_along_axis(y, token) - logsumexp(y)`, `return_log_probs=True`).
-SCORED_NUCLEI = ("top_p_levanter_mask",)
+SCORED_NUCLEI = ("top_p_levanter_mask", "top_p_haiku_rows")
 
 
 def gives_scores(form: str) -> bool:
@@ -2174,8 +2197,10 @@ def gives_scores(form: str) -> bool:
     that T5X, axlearn and Levanter read again for the drawn token's log-probability. The searched forms (and those with
     a normalization in front) and SCORED_NUCLEI, drawn by their own categorical: their function draws once, by
     `categorical_fn`, from scores shaped as the logits, and the CPU kernel computes them as one masked copy of the
-    logits."""
-    return form in FORMS and FORMS[form].filters in (*SEARCHED_FORMS, *SCORED_NUCLEI) and not FORMS[form].drawn_by
+    logits; grok-1's, drawn with a key per row, too."""
+    if form not in FORMS or FORMS[form].filters not in (*SEARCHED_FORMS, *SCORED_NUCLEI):
+        return False
+    return not FORMS[form].drawn_by or (FORMS[form].filters in SCORED_NUCLEI and FORMS[form].drawn_by in ROW_KEY_DRAWS)
 
 
 def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str, fill: float = NEG_INF,
@@ -2191,7 +2216,11 @@ def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str
         drawn_from.append(y)
         return categorical_fn(draw_key, y, axis=axis, **options)
 
-    ids = sample_reference(logits, key, form=form, fill=fill, categorical_fn=recording, **params)
+    if FORMS[form].drawn_by:  # (a key per row: the draw is under a vmap, so the scores are its base form's, one key)
+        ids = sample_reference(logits, key, form=form, fill=fill, categorical_fn=categorical_fn, **params)
+        sample_reference(logits, key[0], form=FORMS[form].base, fill=fill, categorical_fn=recording, **params)
+    else:
+        ids = sample_reference(logits, key, form=form, fill=fill, categorical_fn=recording, **params)
     (scores,) = drawn_from  # one draw (a form that gives scores draws once)
     return ids, scores
 

@@ -1716,6 +1716,31 @@ def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.A
     return kernel
 
 
+def haiku_rows_lowering(form: str, params: dict[str, Any], scores_fill: float | None = None) -> Callable[..., Any]:
+    """grok-1's sampler (sampling_reference.top_p_haiku_rows: Haiku's nucleus with a p per row) of (B, 1, ..., 1, V)
+    f32 logits on the CPU: the form's function on the kernel's ascending radix sort (the program's sorted values; its
+    softmax, cumsum and cut are the program's ops), drawn by the kernel (with a key per row for its `row_keys` form).
+    With `scores_fill`: (ids, the filtered logits it drew from, the dropped at that fill), as grok reads them again
+    for the token's probability and its top 8; no sort in XLA either way."""
+    fn = FORMS[FORMS[form].filters].fn
+    categorical_fn = _draw_by_kernel(form)
+    scalars = _scalar_params(form, params)
+    fill = {} if scores_fill is None else {"fill": scores_fill}
+
+    def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> Any:  # noqa: ANN401
+        drawn_from: list[jax.Array] = []
+
+        def draw(draw_key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+            drawn_from.append(y)
+            return categorical_fn(draw_key, y, axis=axis)
+
+        ids = fn(logits, key, sort_fn=_sorted_values_by_kernel, categorical_fn=draw, **scalars, **fill,
+                 **row_values(form, rows))
+        return ids if scores_fill is None else (ids, drawn_from[0])
+
+    return kernel
+
+
 # tpu-inference's searched top-k and top-p (sampling_reference.threshold_search_rows) without the searches: the
 # top-k cutoff is the kernel's k-th value, the top-p threshold the first of the row's largest probabilities whose
 # mass (ties counted whole) passes p by more than any order of summing it can move it.
@@ -1989,9 +2014,15 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     if (normalized := prelude_of(attrs.form)) is not None:
         return prelude_lowering(call, *normalized)
     if attrs.scores and not gives_scores(attrs.form):
-        raise Unsupported(f"the CPU sampler gives back the scores it draws from for the searched forms and Levanter's "
-                          f"nucleus only, not '{attrs.form}'")
+        raise Unsupported(f"the CPU sampler gives back the scores it draws from for the searched forms, Levanter's "
+                          f"and grok-1's nuclei only, not '{attrs.form}'")
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
+    if attrs.form in FORMS and FORMS[attrs.form].filters == "top_p_haiku_rows":
+        (shape, dtype), *_ = call.operand_types
+        if len(shape) < 2 or any(size != 1 for size in shape[1:-1]) or dtype != "f32":
+            raise Unsupported(f"'{attrs.form}' (grok-1's nucleus) takes (B, V) or (B, 1, V) f32 logits: the softmax "
+                              "and cumsum of its whole sorted row round in bf16 as XLA fuses them next to its own sort")
+        return haiku_rows_lowering(attrs.form, attrs.params(), attrs.fill if attrs.scores else None)
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         (shape, dtype), *_ = call.operand_types
         k_attribute = "k" in FORMS[attrs.form].params
