@@ -412,6 +412,32 @@ def test_grok_nucleus_gives_the_reference_ids_and_scores_with_no_sort(form: str,
     assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
 
 
+@pytest.mark.parametrize("form", ["top_k_exact_mask", "top_p_simply_mask", "top_k_top_p_simply_mask"])
+def test_simply_filters_give_the_reference_ids_and_scores_with_no_sort(form: str) -> None:
+    """google-deepmind/simply's exact top-k (one-hot), nucleus (a stable descending argsort, put back by sort_key_val)
+    and nucleus of the top k, which its sampler reads again for the token's log-probability: the ids and the filtered
+    logits given back (at simply's -0.5 * finfo.max) are `sample_reference_with_scores`'s bit for bit, the argsort by
+    the kernel's stable sort and the put-back by a scatter (ties, -0 beside +0, NaN rows), and no sort or TopK is left
+    to XLA."""
+    fill = -0.5 * float(np.finfo(np.float32).max)
+    params = form_params(form, temperature=0.7, k=40, p=0.9)
+    lowering = jax.jit(sampling.function_form_lowering(form, params, scores_fill=fill))
+    reference = jax.jit(lambda x, key: sample_reference_with_scores(x, key, form=form, fill=fill, **params))
+    for case in (*CASES, "many_nan", "signed_zeros"):
+        x = _logits(3, 4096, "ties") if case == "signed_zeros" else _logits(3, 4096, case)
+        if case == "signed_zeros":  # the ties' zeros, every other one -0: equal to the argsort, other bits
+            x[:, ::2] = np.where(x[:, ::2] == 0, -0.0, x[:, ::2])
+        for seed in range(3):
+            key = jnp.array([seed, 43 + seed], jnp.uint32)
+            (ids, scores), (want_ids, want_scores) = lowering(jnp.asarray(x), key), reference(jnp.asarray(x), key)
+            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
+            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
+                                          err_msg=f"{case} seed {seed}")
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+
+
 def test_gemma_3_1_top_p_is_drawn_with_no_sorted_row_and_vouches_only_for_kept_winners() -> None:
     """gemma 3.1.0's top-p by its mass bound (`_ascending_count_by_mass`): at p = 0.9 on LLM-like rows every draw is
     vouched for with no sorted row, and each is the program's; on flat rows at a high temperature the program removes

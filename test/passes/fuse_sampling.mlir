@@ -20307,6 +20307,1189 @@ module @sample_grok_sample_token attributes {mhlo.num_partitions = 1 : i32, mhlo
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_simply_top_k_sample(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_exact_mask"
+// CHECK-SAME: scores = true
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_simply_top_k_sample attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_simply_top_k_sample(%arg0: tensor<4x1x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4x1xi32> {jax.result_info = "result[0]"}, tensor<4x1xf32> {jax.result_info = "result[1]"}) {
+    %c = stablehlo.constant dense<false> : tensor<i1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %0 = stablehlo.or %c, %c_0 : tensor<i1>
+    %1 = stablehlo.convert %0 : (tensor<i1>) -> tensor<i32>
+    %2:2 = "stablehlo.case"(%1) ({
+      %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+      %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+      %4 = stablehlo.divide %arg0, %3 : tensor<4x1x256xf32>
+      %c_1 = stablehlo.constant dense<true> : tensor<i1>
+      %c_2 = stablehlo.constant dense<false> : tensor<i1>
+      %5 = stablehlo.and %c_1, %c_2 : tensor<i1>
+      %6 = stablehlo.convert %5 : (tensor<i1>) -> tensor<i32>
+      %7 = "stablehlo.case"(%6) ({
+        %c_5 = stablehlo.constant dense<1> : tensor<i32>
+        %16 = "stablehlo.case"(%c_5) ({
+          %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+          %17 = stablehlo.reduce(%4 init: %cst_6) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+          %cst_7 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+          %18 = stablehlo.broadcast_in_dim %cst_7, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+          %19 = stablehlo.maximum %18, %17 : tensor<4x1xf32>
+          %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+          %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+          %22 = stablehlo.subtract %4, %21 : tensor<4x1x256xf32>
+          %23 = stablehlo.exponential %22 : tensor<4x1x256xf32>
+          %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+          %24 = stablehlo.reduce(%23 init: %cst_8) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+          %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+          %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+          %27 = stablehlo.divide %23, %26 : tensor<4x1x256xf32>
+          %28 = func.call @argsort(%4) : (tensor<4x1x256xf32>) -> tensor<4x1x256xi32>
+          %29 = func.call @take_along_axis(%27, %28) : (tensor<4x1x256xf32>, tensor<4x1x256xi32>) -> tensor<4x1x256xf32>
+          %30 = func.call @_cumsum_with_promotion(%29) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+          %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+          %31 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+          %32 = stablehlo.concatenate %31, %30, dim = 2 : (tensor<4x1x1xf32>, tensor<4x1x256xf32>) -> tensor<4x1x257xf32>
+          %33 = stablehlo.slice %32 [0:4, 0:1, 0:256] : (tensor<4x1x257xf32>) -> tensor<4x1x256xf32>
+          %cst_10 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+          %34 = stablehlo.broadcast_in_dim %cst_10, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+          %35 = stablehlo.compare LT, %33, %34, FLOAT : (tensor<4x1x256xf32>, tensor<4x1x256xf32>) -> tensor<4x1x256xi1>
+          %36:2 = "stablehlo.sort"(%28, %35) <{dimension = 2 : i64, is_stable = true}> ({
+          ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>, %arg4: tensor<i1>, %arg5: tensor<i1>):
+            %37 = stablehlo.compare LT, %arg2, %arg3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+            stablehlo.return %37 : tensor<i1>
+          }) : (tensor<4x1x256xi32>, tensor<4x1x256xi1>) -> (tensor<4x1x256xi32>, tensor<4x1x256xi1>)
+          stablehlo.return %36#1 : tensor<4x1x256xi1>
+        }, {
+          %values, %indices = chlo.top_k(%4, k = 40) : tensor<4x1x256xf32> -> (tensor<4x1x40xf32>, tensor<4x1x40xi32>)
+          %17 = func.call @_one_hot(%indices) : (tensor<4x1x40xi32>) -> tensor<4x1x40x256xi1>
+          %c_6 = stablehlo.constant dense<false> : tensor<i1>
+          %18 = stablehlo.reduce(%17 init: %c_6) applies stablehlo.or across dimensions = [2] : (tensor<4x1x40x256xi1>, tensor<i1>) -> tensor<4x1x256xi1>
+          stablehlo.return %18 : tensor<4x1x256xi1>
+        }) : (tensor<i32>) -> tensor<4x1x256xi1>
+        stablehlo.return %16 : tensor<4x1x256xi1>
+      }, {
+        %values, %indices = chlo.top_k(%4, k = 40) : tensor<4x1x256xf32> -> (tensor<4x1x40xf32>, tensor<4x1x40xi32>)
+        %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+        %16 = stablehlo.reduce(%values init: %cst_5) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x40xf32>, tensor<f32>) -> tensor<4x1xf32>
+        %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+        %17 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+        %18 = stablehlo.maximum %17, %16 : tensor<4x1xf32>
+        %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+        %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x40xf32>
+        %21 = stablehlo.subtract %values, %20 : tensor<4x1x40xf32>
+        %22 = stablehlo.exponential %21 : tensor<4x1x40xf32>
+        %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+        %23 = stablehlo.reduce(%22 init: %cst_7) applies stablehlo.add across dimensions = [2] : (tensor<4x1x40xf32>, tensor<f32>) -> tensor<4x1xf32>
+        %24 = stablehlo.broadcast_in_dim %23, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+        %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x40xf32>
+        %26 = stablehlo.divide %22, %25 : tensor<4x1x40xf32>
+        %27 = func.call @_cumsum_with_promotion_0(%26) : (tensor<4x1x40xf32>) -> tensor<4x1x40xf32>
+        %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+        %28 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+        %29 = stablehlo.concatenate %28, %27, dim = 2 : (tensor<4x1x1xf32>, tensor<4x1x40xf32>) -> tensor<4x1x41xf32>
+        %30 = func.call @_one_hot(%indices) : (tensor<4x1x40xi32>) -> tensor<4x1x40x256xi1>
+        %31 = stablehlo.slice %29 [0:4, 0:1, 0:40] : (tensor<4x1x41xf32>) -> tensor<4x1x40xf32>
+        %cst_9 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+        %32 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4x1x40xf32>
+        %33 = stablehlo.compare LT, %31, %32, FLOAT : (tensor<4x1x40xf32>, tensor<4x1x40xf32>) -> tensor<4x1x40xi1>
+        %34 = stablehlo.broadcast_in_dim %33, dims = [0, 1, 2] : (tensor<4x1x40xi1>) -> tensor<4x1x40x1xi1>
+        %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1, 2, 3] : (tensor<4x1x40x1xi1>) -> tensor<4x1x40x256xi1>
+        %36 = stablehlo.and %30, %35 : tensor<4x1x40x256xi1>
+        %c_10 = stablehlo.constant dense<false> : tensor<i1>
+        %37 = stablehlo.reduce(%36 init: %c_10) applies stablehlo.or across dimensions = [2] : (tensor<4x1x40x256xi1>, tensor<i1>) -> tensor<4x1x256xi1>
+        stablehlo.return %37 : tensor<4x1x256xi1>
+      }) : (tensor<i32>) -> tensor<4x1x256xi1>
+      %cst_3 = stablehlo.constant dense<-1.70141173E+38> : tensor<f32>
+      %8 = func.call @_where(%7, %4, %cst_3) : (tensor<4x1x256xi1>, tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1x256xf32>
+      %9 = func.call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<4x1x256xf32>
+      %10 = stablehlo.add %9, %8 : tensor<4x1x256xf32>
+      %11 = func.call @argmax(%10) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+      %12 = func.call @_one_hot_2(%11) : (tensor<4x1xi32>) -> tensor<4x1x256xf32>
+      %13 = func.call @log_softmax(%8) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+      %14 = stablehlo.multiply %12, %13 : tensor<4x1x256xf32>
+      %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %15 = stablehlo.reduce(%14 init: %cst_4) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+      stablehlo.return %11, %15 : tensor<4x1xi32>, tensor<4x1xf32>
+    }, {
+      %3 = func.call @argmax(%arg0) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %4 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+      stablehlo.return %3, %4 : tensor<4x1xi32>, tensor<4x1xf32>
+    }) : (tensor<i32>) -> (tensor<4x1xi32>, tensor<4x1xf32>)
+    return %2#0, %2#1 : tensor<4x1xi32>, tensor<4x1xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %1 = stablehlo.reverse %arg0, dims = [2] : tensor<4x1x256xf32>
+    %2 = stablehlo.reverse %0, dims = [2] : tensor<4x1x256xi32>
+    %3:2 = "stablehlo.sort"(%1, %2) <{dimension = 2 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %9 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+      %13 = stablehlo.compare LT, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %13 : tensor<i1>
+    }) : (tensor<4x1x256xf32>, tensor<4x1x256xi32>) -> (tensor<4x1x256xf32>, tensor<4x1x256xi32>)
+    %4 = stablehlo.reverse %3#1, dims = [2] : tensor<4x1x256xi32>
+    return %4 : tensor<4x1x256xi32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<4x1x256xf32>, %arg1: tensor<4x1x256xi32>) -> tensor<4x1x256xf32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1x256xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1x256xi1>, tensor<4x1x256xi32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1x256xi32>) -> tensor<4x256x1xi32>
+    %c_1 = stablehlo.constant dense<255> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x256x1xi32>
+    %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x256x1xi32>
+    %10 = stablehlo.compare LE, %5, %9, SIGNED : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x1xi1>
+    %11 = stablehlo.and %7, %10 : tensor<4x256x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %12 = stablehlo.reduce(%11 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x256x1xi1>, tensor<i1>) -> tensor<4x256xi1>
+    %13 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [2], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [2], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<4x1x256xf32>, tensor<4x256x1xi32>) -> tensor<4x1x256xf32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [0, 2] : (tensor<4x256xi1>) -> tensor<4x1x256xi1>
+    %cst = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %16 = stablehlo.select %14, %13, %15 : tensor<4x1x256xi1>, tensor<4x1x256xf32>
+    return %16 : tensor<4x1x256xf32>
+  }
+  func.func private @_cumsum_with_promotion(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %0 = call @cumsum(%arg0) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+    return %0 : tensor<4x1x256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [255, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 256>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1x256xf32>
+    return %1 : tensor<4x1x256xf32>
+  }
+  func.func private @_one_hot(%arg0: tensor<4x1x40xi32>) -> tensor<4x1x40x256xi1> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2] : (tensor<4x1x40xi32>) -> tensor<4x1x40x1xi32>
+    %1 = stablehlo.iota dim = 3 : tensor<1x1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2, 3] : (tensor<4x1x40x1xi32>) -> tensor<4x1x40x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2, 3] : (tensor<1x1x1x256xi32>) -> tensor<4x1x40x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x40x256xi32>, tensor<4x1x40x256xi32>) -> tensor<4x1x40x256xi1>
+    return %4 : tensor<4x1x40x256xi1>
+  }
+  func.func private @_cumsum_with_promotion_0(%arg0: tensor<4x1x40xf32>) -> tensor<4x1x40xf32> {
+    %0 = call @cumsum_1(%arg0) : (tensor<4x1x40xf32>) -> tensor<4x1x40xf32>
+    return %0 : tensor<4x1x40xf32>
+  }
+  func.func private @cumsum_1(%arg0: tensor<4x1x40xf32>) -> tensor<4x1x40xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [39, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 40>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x1x40xf32>, tensor<f32>) -> tensor<4x1x40xf32>
+    return %1 : tensor<4x1x40xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x1x256xi1>, %arg1: tensor<4x1x256xf32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.select %arg0, %arg1, %0 : tensor<4x1x256xi1>, tensor<4x1x256xf32>
+    return %1 : tensor<4x1x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x1x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x1x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x1x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x1x256xf32>
+    return %4 : tensor<4x1x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<4x1x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<4x1x256xui64>
+    %9 = stablehlo.iota dim = 2 : tensor<4x1x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %11 = stablehlo.multiply %10, %7 : tensor<4x1x256xui64>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %13 = stablehlo.multiply %12, %8 : tensor<4x1x256xui64>
+    %c_1 = stablehlo.constant dense<1> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %15 = stablehlo.multiply %14, %9 : tensor<4x1x256xui64>
+    %16 = stablehlo.add %11, %13 : tensor<4x1x256xui64>
+    %17 = stablehlo.add %16, %15 : tensor<4x1x256xui64>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui64>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %19 = stablehlo.shift_right_logical %17, %18 : tensor<4x1x256xui64>
+    %20 = stablehlo.convert %17 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %21 = stablehlo.convert %19 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %22:2 = call @threefry2x32(%4, %6, %21, %20) : (tensor<ui32>, tensor<ui32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>)
+    %23 = stablehlo.xor %22#0, %22#1 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<9> : tensor<ui32>
+    %24 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_right_logical %23, %24 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %26 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %27 = stablehlo.or %25, %26 : tensor<4x1x256xui32>
+    %28 = stablehlo.bitcast_convert %27 : (tensor<4x1x256xui32>) -> tensor<4x1x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %29 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %30 = stablehlo.subtract %28, %29 : tensor<4x1x256xf32>
+    %31 = stablehlo.subtract %2, %1 : tensor<1x1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %33 = stablehlo.multiply %30, %32 : tensor<4x1x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %35 = stablehlo.add %33, %34 : tensor<4x1x256xf32>
+    %36 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %37 = stablehlo.maximum %36, %35 : tensor<4x1x256xf32>
+    return %37 : tensor<4x1x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x1x256xui32>, tensor<4x1x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x1x256xui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x1x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x1x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x1x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x1x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x1x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x1x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x1x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x1x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x1x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x1x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x1x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x1x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x1x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x1x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x1x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x1x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x1x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x1x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x1x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [2] : (tensor<4x1x256xf32>, tensor<4x1x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4x1xf32>, tensor<4x1xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4x1xi32>
+  }
+  func.func private @_one_hot_2(%arg0: tensor<4x1xi32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %1 = stablehlo.iota dim = 2 : tensor<1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2] : (tensor<4x1x1xi32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x256xi32>) -> tensor<4x1x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %5 = stablehlo.convert %4 : (tensor<4x1x256xi1>) -> tensor<4x1x256xf32>
+    return %5 : tensor<4x1x256xf32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4x1xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x1x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x1x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x1x256xf32>
+    return %11 : tensor<4x1x256xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_simply_top_p_sample(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_simply_mask"
+// CHECK-SAME: scores = true
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_simply_top_p_sample attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_simply_top_p_sample(%arg0: tensor<4x1x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4x1xi32> {jax.result_info = "result[0]"}, tensor<4x1xf32> {jax.result_info = "result[1]"}) {
+    %c = stablehlo.constant dense<false> : tensor<i1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %0 = stablehlo.or %c, %c_0 : tensor<i1>
+    %1 = stablehlo.convert %0 : (tensor<i1>) -> tensor<i32>
+    %2:2 = "stablehlo.case"(%1) ({
+      %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+      %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+      %4 = stablehlo.divide %arg0, %3 : tensor<4x1x256xf32>
+      %c_1 = stablehlo.constant dense<false> : tensor<i1>
+      %c_2 = stablehlo.constant dense<true> : tensor<i1>
+      %5 = stablehlo.and %c_1, %c_2 : tensor<i1>
+      %6 = stablehlo.convert %5 : (tensor<i1>) -> tensor<i32>
+      %7 = "stablehlo.case"(%6) ({
+        %c_5 = stablehlo.constant dense<0> : tensor<i32>
+        %16 = "stablehlo.case"(%c_5) ({
+          %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+          %17 = stablehlo.reduce(%4 init: %cst_6) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+          %cst_7 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+          %18 = stablehlo.broadcast_in_dim %cst_7, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+          %19 = stablehlo.maximum %18, %17 : tensor<4x1xf32>
+          %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+          %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+          %22 = stablehlo.subtract %4, %21 : tensor<4x1x256xf32>
+          %23 = stablehlo.exponential %22 : tensor<4x1x256xf32>
+          %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+          %24 = stablehlo.reduce(%23 init: %cst_8) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+          %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+          %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+          %27 = stablehlo.divide %23, %26 : tensor<4x1x256xf32>
+          %28 = func.call @argsort(%4) : (tensor<4x1x256xf32>) -> tensor<4x1x256xi32>
+          %29 = func.call @take_along_axis(%27, %28) : (tensor<4x1x256xf32>, tensor<4x1x256xi32>) -> tensor<4x1x256xf32>
+          %30 = func.call @_cumsum_with_promotion(%29) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+          %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+          %31 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+          %32 = stablehlo.concatenate %31, %30, dim = 2 : (tensor<4x1x1xf32>, tensor<4x1x256xf32>) -> tensor<4x1x257xf32>
+          %33 = stablehlo.slice %32 [0:4, 0:1, 0:256] : (tensor<4x1x257xf32>) -> tensor<4x1x256xf32>
+          %cst_10 = stablehlo.constant dense<0.899999976> : tensor<f32>
+          %34 = stablehlo.broadcast_in_dim %cst_10, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+          %35 = stablehlo.compare LT, %33, %34, FLOAT : (tensor<4x1x256xf32>, tensor<4x1x256xf32>) -> tensor<4x1x256xi1>
+          %36:2 = "stablehlo.sort"(%28, %35) <{dimension = 2 : i64, is_stable = true}> ({
+          ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>, %arg4: tensor<i1>, %arg5: tensor<i1>):
+            %37 = stablehlo.compare LT, %arg2, %arg3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+            stablehlo.return %37 : tensor<i1>
+          }) : (tensor<4x1x256xi32>, tensor<4x1x256xi1>) -> (tensor<4x1x256xi32>, tensor<4x1x256xi1>)
+          stablehlo.return %36#1 : tensor<4x1x256xi1>
+        }, {
+          %values, %indices = chlo.top_k(%4, k = 1) : tensor<4x1x256xf32> -> (tensor<4x1x1xf32>, tensor<4x1x1xi32>)
+          %17 = func.call @_one_hot(%indices) : (tensor<4x1x1xi32>) -> tensor<4x1x1x256xi1>
+          %c_6 = stablehlo.constant dense<false> : tensor<i1>
+          %18 = stablehlo.reduce(%17 init: %c_6) applies stablehlo.or across dimensions = [2] : (tensor<4x1x1x256xi1>, tensor<i1>) -> tensor<4x1x256xi1>
+          stablehlo.return %18 : tensor<4x1x256xi1>
+        }) : (tensor<i32>) -> tensor<4x1x256xi1>
+        stablehlo.return %16 : tensor<4x1x256xi1>
+      }, {
+        %values, %indices = chlo.top_k(%4, k = 1) : tensor<4x1x256xf32> -> (tensor<4x1x1xf32>, tensor<4x1x1xi32>)
+        %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+        %16 = stablehlo.reduce(%values init: %cst_5) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x1xf32>, tensor<f32>) -> tensor<4x1xf32>
+        %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+        %17 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+        %18 = stablehlo.maximum %17, %16 : tensor<4x1xf32>
+        %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+        %20 = stablehlo.subtract %values, %19 : tensor<4x1x1xf32>
+        %21 = stablehlo.exponential %20 : tensor<4x1x1xf32>
+        %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+        %22 = stablehlo.reduce(%21 init: %cst_7) applies stablehlo.add across dimensions = [2] : (tensor<4x1x1xf32>, tensor<f32>) -> tensor<4x1xf32>
+        %23 = stablehlo.broadcast_in_dim %22, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+        %24 = stablehlo.divide %21, %23 : tensor<4x1x1xf32>
+        %25 = func.call @_cumsum_with_promotion_0(%24) : (tensor<4x1x1xf32>) -> tensor<4x1x1xf32>
+        %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+        %26 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+        %27 = stablehlo.concatenate %26, %25, dim = 2 : (tensor<4x1x1xf32>, tensor<4x1x1xf32>) -> tensor<4x1x2xf32>
+        %28 = func.call @_one_hot(%indices) : (tensor<4x1x1xi32>) -> tensor<4x1x1x256xi1>
+        %29 = stablehlo.slice %27 [0:4, 0:1, 0:1] : (tensor<4x1x2xf32>) -> tensor<4x1x1xf32>
+        %cst_9 = stablehlo.constant dense<0.899999976> : tensor<f32>
+        %30 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+        %31 = stablehlo.compare LT, %29, %30, FLOAT : (tensor<4x1x1xf32>, tensor<4x1x1xf32>) -> tensor<4x1x1xi1>
+        %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2] : (tensor<4x1x1xi1>) -> tensor<4x1x1x1xi1>
+        %33 = stablehlo.broadcast_in_dim %32, dims = [0, 1, 2, 3] : (tensor<4x1x1x1xi1>) -> tensor<4x1x1x256xi1>
+        %34 = stablehlo.and %28, %33 : tensor<4x1x1x256xi1>
+        %c_10 = stablehlo.constant dense<false> : tensor<i1>
+        %35 = stablehlo.reduce(%34 init: %c_10) applies stablehlo.or across dimensions = [2] : (tensor<4x1x1x256xi1>, tensor<i1>) -> tensor<4x1x256xi1>
+        stablehlo.return %35 : tensor<4x1x256xi1>
+      }) : (tensor<i32>) -> tensor<4x1x256xi1>
+      %cst_3 = stablehlo.constant dense<-1.70141173E+38> : tensor<f32>
+      %8 = func.call @_where(%7, %4, %cst_3) : (tensor<4x1x256xi1>, tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1x256xf32>
+      %9 = func.call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<4x1x256xf32>
+      %10 = stablehlo.add %9, %8 : tensor<4x1x256xf32>
+      %11 = func.call @argmax(%10) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+      %12 = func.call @_one_hot_2(%11) : (tensor<4x1xi32>) -> tensor<4x1x256xf32>
+      %13 = func.call @log_softmax(%8) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+      %14 = stablehlo.multiply %12, %13 : tensor<4x1x256xf32>
+      %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %15 = stablehlo.reduce(%14 init: %cst_4) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+      stablehlo.return %11, %15 : tensor<4x1xi32>, tensor<4x1xf32>
+    }, {
+      %3 = func.call @argmax(%arg0) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %4 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+      stablehlo.return %3, %4 : tensor<4x1xi32>, tensor<4x1xf32>
+    }) : (tensor<i32>) -> (tensor<4x1xi32>, tensor<4x1xf32>)
+    return %2#0, %2#1 : tensor<4x1xi32>, tensor<4x1xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %1 = stablehlo.reverse %arg0, dims = [2] : tensor<4x1x256xf32>
+    %2 = stablehlo.reverse %0, dims = [2] : tensor<4x1x256xi32>
+    %3:2 = "stablehlo.sort"(%1, %2) <{dimension = 2 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %9 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+      %13 = stablehlo.compare LT, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %13 : tensor<i1>
+    }) : (tensor<4x1x256xf32>, tensor<4x1x256xi32>) -> (tensor<4x1x256xf32>, tensor<4x1x256xi32>)
+    %4 = stablehlo.reverse %3#1, dims = [2] : tensor<4x1x256xi32>
+    return %4 : tensor<4x1x256xi32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<4x1x256xf32>, %arg1: tensor<4x1x256xi32>) -> tensor<4x1x256xf32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1x256xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1x256xi1>, tensor<4x1x256xi32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1x256xi32>) -> tensor<4x256x1xi32>
+    %c_1 = stablehlo.constant dense<255> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x256x1xi32>
+    %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x256x1xi32>
+    %10 = stablehlo.compare LE, %5, %9, SIGNED : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x1xi1>
+    %11 = stablehlo.and %7, %10 : tensor<4x256x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %12 = stablehlo.reduce(%11 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x256x1xi1>, tensor<i1>) -> tensor<4x256xi1>
+    %13 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [2], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [2], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<4x1x256xf32>, tensor<4x256x1xi32>) -> tensor<4x1x256xf32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [0, 2] : (tensor<4x256xi1>) -> tensor<4x1x256xi1>
+    %cst = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %16 = stablehlo.select %14, %13, %15 : tensor<4x1x256xi1>, tensor<4x1x256xf32>
+    return %16 : tensor<4x1x256xf32>
+  }
+  func.func private @_cumsum_with_promotion(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %0 = call @cumsum(%arg0) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+    return %0 : tensor<4x1x256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [255, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 256>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1x256xf32>
+    return %1 : tensor<4x1x256xf32>
+  }
+  func.func private @_one_hot(%arg0: tensor<4x1x1xi32>) -> tensor<4x1x1x256xi1> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2] : (tensor<4x1x1xi32>) -> tensor<4x1x1x1xi32>
+    %1 = stablehlo.iota dim = 3 : tensor<1x1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2, 3] : (tensor<4x1x1x1xi32>) -> tensor<4x1x1x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2, 3] : (tensor<1x1x1x256xi32>) -> tensor<4x1x1x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x1x256xi32>, tensor<4x1x1x256xi32>) -> tensor<4x1x1x256xi1>
+    return %4 : tensor<4x1x1x256xi1>
+  }
+  func.func private @_cumsum_with_promotion_0(%arg0: tensor<4x1x1xf32>) -> tensor<4x1x1xf32> {
+    %0 = call @cumsum_1(%arg0) : (tensor<4x1x1xf32>) -> tensor<4x1x1xf32>
+    return %0 : tensor<4x1x1xf32>
+  }
+  func.func private @cumsum_1(%arg0: tensor<4x1x1xf32>) -> tensor<4x1x1xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<0> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 1>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x1x1xf32>, tensor<f32>) -> tensor<4x1x1xf32>
+    return %1 : tensor<4x1x1xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x1x256xi1>, %arg1: tensor<4x1x256xf32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.select %arg0, %arg1, %0 : tensor<4x1x256xi1>, tensor<4x1x256xf32>
+    return %1 : tensor<4x1x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x1x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x1x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x1x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x1x256xf32>
+    return %4 : tensor<4x1x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<4x1x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<4x1x256xui64>
+    %9 = stablehlo.iota dim = 2 : tensor<4x1x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %11 = stablehlo.multiply %10, %7 : tensor<4x1x256xui64>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %13 = stablehlo.multiply %12, %8 : tensor<4x1x256xui64>
+    %c_1 = stablehlo.constant dense<1> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %15 = stablehlo.multiply %14, %9 : tensor<4x1x256xui64>
+    %16 = stablehlo.add %11, %13 : tensor<4x1x256xui64>
+    %17 = stablehlo.add %16, %15 : tensor<4x1x256xui64>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui64>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %19 = stablehlo.shift_right_logical %17, %18 : tensor<4x1x256xui64>
+    %20 = stablehlo.convert %17 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %21 = stablehlo.convert %19 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %22:2 = call @threefry2x32(%4, %6, %21, %20) : (tensor<ui32>, tensor<ui32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>)
+    %23 = stablehlo.xor %22#0, %22#1 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<9> : tensor<ui32>
+    %24 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_right_logical %23, %24 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %26 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %27 = stablehlo.or %25, %26 : tensor<4x1x256xui32>
+    %28 = stablehlo.bitcast_convert %27 : (tensor<4x1x256xui32>) -> tensor<4x1x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %29 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %30 = stablehlo.subtract %28, %29 : tensor<4x1x256xf32>
+    %31 = stablehlo.subtract %2, %1 : tensor<1x1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %33 = stablehlo.multiply %30, %32 : tensor<4x1x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %35 = stablehlo.add %33, %34 : tensor<4x1x256xf32>
+    %36 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %37 = stablehlo.maximum %36, %35 : tensor<4x1x256xf32>
+    return %37 : tensor<4x1x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x1x256xui32>, tensor<4x1x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x1x256xui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x1x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x1x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x1x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x1x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x1x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x1x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x1x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x1x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x1x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x1x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x1x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x1x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x1x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x1x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x1x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x1x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x1x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x1x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x1x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [2] : (tensor<4x1x256xf32>, tensor<4x1x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4x1xf32>, tensor<4x1xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4x1xi32>
+  }
+  func.func private @_one_hot_2(%arg0: tensor<4x1xi32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %1 = stablehlo.iota dim = 2 : tensor<1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2] : (tensor<4x1x1xi32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x256xi32>) -> tensor<4x1x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %5 = stablehlo.convert %4 : (tensor<4x1x256xi1>) -> tensor<4x1x256xf32>
+    return %5 : tensor<4x1x256xf32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4x1xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x1x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x1x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x1x256xf32>
+    return %11 : tensor<4x1x256xf32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_simply_top_k_top_p_sample(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_top_p_simply_mask"
+// CHECK-SAME: scores = true
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_simply_top_k_top_p_sample attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_simply_top_k_top_p_sample(%arg0: tensor<4x1x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4x1xi32> {jax.result_info = "result[0]"}, tensor<4x1xf32> {jax.result_info = "result[1]"}) {
+    %c = stablehlo.constant dense<false> : tensor<i1>
+    %c_0 = stablehlo.constant dense<false> : tensor<i1>
+    %0 = stablehlo.or %c, %c_0 : tensor<i1>
+    %1 = stablehlo.convert %0 : (tensor<i1>) -> tensor<i32>
+    %2:2 = "stablehlo.case"(%1) ({
+      %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+      %3 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+      %4 = stablehlo.divide %arg0, %3 : tensor<4x1x256xf32>
+      %c_1 = stablehlo.constant dense<true> : tensor<i1>
+      %c_2 = stablehlo.constant dense<true> : tensor<i1>
+      %5 = stablehlo.and %c_1, %c_2 : tensor<i1>
+      %6 = stablehlo.convert %5 : (tensor<i1>) -> tensor<i32>
+      %7 = "stablehlo.case"(%6) ({
+        %c_5 = stablehlo.constant dense<1> : tensor<i32>
+        %16 = "stablehlo.case"(%c_5) ({
+          %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+          %17 = stablehlo.reduce(%4 init: %cst_6) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+          %cst_7 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+          %18 = stablehlo.broadcast_in_dim %cst_7, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+          %19 = stablehlo.maximum %18, %17 : tensor<4x1xf32>
+          %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+          %21 = stablehlo.broadcast_in_dim %20, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+          %22 = stablehlo.subtract %4, %21 : tensor<4x1x256xf32>
+          %23 = stablehlo.exponential %22 : tensor<4x1x256xf32>
+          %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+          %24 = stablehlo.reduce(%23 init: %cst_8) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+          %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+          %26 = stablehlo.broadcast_in_dim %25, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+          %27 = stablehlo.divide %23, %26 : tensor<4x1x256xf32>
+          %28 = func.call @argsort(%4) : (tensor<4x1x256xf32>) -> tensor<4x1x256xi32>
+          %29 = func.call @take_along_axis(%27, %28) : (tensor<4x1x256xf32>, tensor<4x1x256xi32>) -> tensor<4x1x256xf32>
+          %30 = func.call @_cumsum_with_promotion(%29) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+          %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+          %31 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+          %32 = stablehlo.concatenate %31, %30, dim = 2 : (tensor<4x1x1xf32>, tensor<4x1x256xf32>) -> tensor<4x1x257xf32>
+          %33 = stablehlo.slice %32 [0:4, 0:1, 0:256] : (tensor<4x1x257xf32>) -> tensor<4x1x256xf32>
+          %cst_10 = stablehlo.constant dense<0.899999976> : tensor<f32>
+          %34 = stablehlo.broadcast_in_dim %cst_10, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+          %35 = stablehlo.compare LT, %33, %34, FLOAT : (tensor<4x1x256xf32>, tensor<4x1x256xf32>) -> tensor<4x1x256xi1>
+          %36:2 = "stablehlo.sort"(%28, %35) <{dimension = 2 : i64, is_stable = true}> ({
+          ^bb0(%arg2: tensor<i32>, %arg3: tensor<i32>, %arg4: tensor<i1>, %arg5: tensor<i1>):
+            %37 = stablehlo.compare LT, %arg2, %arg3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+            stablehlo.return %37 : tensor<i1>
+          }) : (tensor<4x1x256xi32>, tensor<4x1x256xi1>) -> (tensor<4x1x256xi32>, tensor<4x1x256xi1>)
+          stablehlo.return %36#1 : tensor<4x1x256xi1>
+        }, {
+          %values, %indices = chlo.top_k(%4, k = 40) : tensor<4x1x256xf32> -> (tensor<4x1x40xf32>, tensor<4x1x40xi32>)
+          %17 = func.call @_one_hot(%indices) : (tensor<4x1x40xi32>) -> tensor<4x1x40x256xi1>
+          %c_6 = stablehlo.constant dense<false> : tensor<i1>
+          %18 = stablehlo.reduce(%17 init: %c_6) applies stablehlo.or across dimensions = [2] : (tensor<4x1x40x256xi1>, tensor<i1>) -> tensor<4x1x256xi1>
+          stablehlo.return %18 : tensor<4x1x256xi1>
+        }) : (tensor<i32>) -> tensor<4x1x256xi1>
+        stablehlo.return %16 : tensor<4x1x256xi1>
+      }, {
+        %values, %indices = chlo.top_k(%4, k = 40) : tensor<4x1x256xf32> -> (tensor<4x1x40xf32>, tensor<4x1x40xi32>)
+        %cst_5 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+        %16 = stablehlo.reduce(%values init: %cst_5) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x40xf32>, tensor<f32>) -> tensor<4x1xf32>
+        %cst_6 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+        %17 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+        %18 = stablehlo.maximum %17, %16 : tensor<4x1xf32>
+        %19 = stablehlo.broadcast_in_dim %18, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+        %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x40xf32>
+        %21 = stablehlo.subtract %values, %20 : tensor<4x1x40xf32>
+        %22 = stablehlo.exponential %21 : tensor<4x1x40xf32>
+        %cst_7 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+        %23 = stablehlo.reduce(%22 init: %cst_7) applies stablehlo.add across dimensions = [2] : (tensor<4x1x40xf32>, tensor<f32>) -> tensor<4x1xf32>
+        %24 = stablehlo.broadcast_in_dim %23, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+        %25 = stablehlo.broadcast_in_dim %24, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x40xf32>
+        %26 = stablehlo.divide %22, %25 : tensor<4x1x40xf32>
+        %27 = func.call @_cumsum_with_promotion_0(%26) : (tensor<4x1x40xf32>) -> tensor<4x1x40xf32>
+        %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+        %28 = stablehlo.broadcast_in_dim %cst_8, dims = [] : (tensor<f32>) -> tensor<4x1x1xf32>
+        %29 = stablehlo.concatenate %28, %27, dim = 2 : (tensor<4x1x1xf32>, tensor<4x1x40xf32>) -> tensor<4x1x41xf32>
+        %30 = func.call @_one_hot(%indices) : (tensor<4x1x40xi32>) -> tensor<4x1x40x256xi1>
+        %31 = stablehlo.slice %29 [0:4, 0:1, 0:40] : (tensor<4x1x41xf32>) -> tensor<4x1x40xf32>
+        %cst_9 = stablehlo.constant dense<0.899999976> : tensor<f32>
+        %32 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<4x1x40xf32>
+        %33 = stablehlo.compare LT, %31, %32, FLOAT : (tensor<4x1x40xf32>, tensor<4x1x40xf32>) -> tensor<4x1x40xi1>
+        %34 = stablehlo.broadcast_in_dim %33, dims = [0, 1, 2] : (tensor<4x1x40xi1>) -> tensor<4x1x40x1xi1>
+        %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1, 2, 3] : (tensor<4x1x40x1xi1>) -> tensor<4x1x40x256xi1>
+        %36 = stablehlo.and %30, %35 : tensor<4x1x40x256xi1>
+        %c_10 = stablehlo.constant dense<false> : tensor<i1>
+        %37 = stablehlo.reduce(%36 init: %c_10) applies stablehlo.or across dimensions = [2] : (tensor<4x1x40x256xi1>, tensor<i1>) -> tensor<4x1x256xi1>
+        stablehlo.return %37 : tensor<4x1x256xi1>
+      }) : (tensor<i32>) -> tensor<4x1x256xi1>
+      %cst_3 = stablehlo.constant dense<-1.70141173E+38> : tensor<f32>
+      %8 = func.call @_where(%7, %4, %cst_3) : (tensor<4x1x256xi1>, tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1x256xf32>
+      %9 = func.call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<4x1x256xf32>
+      %10 = stablehlo.add %9, %8 : tensor<4x1x256xf32>
+      %11 = func.call @argmax(%10) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+      %12 = func.call @_one_hot_2(%11) : (tensor<4x1xi32>) -> tensor<4x1x256xf32>
+      %13 = func.call @log_softmax(%8) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+      %14 = stablehlo.multiply %12, %13 : tensor<4x1x256xf32>
+      %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %15 = stablehlo.reduce(%14 init: %cst_4) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+      stablehlo.return %11, %15 : tensor<4x1xi32>, tensor<4x1xf32>
+    }, {
+      %3 = func.call @argmax(%arg0) : (tensor<4x1x256xf32>) -> tensor<4x1xi32>
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %4 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+      stablehlo.return %3, %4 : tensor<4x1xi32>, tensor<4x1xf32>
+    }) : (tensor<i32>) -> (tensor<4x1xi32>, tensor<4x1xf32>)
+    return %2#0, %2#1 : tensor<4x1xi32>, tensor<4x1xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %1 = stablehlo.reverse %arg0, dims = [2] : tensor<4x1x256xf32>
+    %2 = stablehlo.reverse %0, dims = [2] : tensor<4x1x256xi32>
+    %3:2 = "stablehlo.sort"(%1, %2) <{dimension = 2 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %9 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+      %13 = stablehlo.compare LT, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %13 : tensor<i1>
+    }) : (tensor<4x1x256xf32>, tensor<4x1x256xi32>) -> (tensor<4x1x256xf32>, tensor<4x1x256xi32>)
+    %4 = stablehlo.reverse %3#1, dims = [2] : tensor<4x1x256xi32>
+    return %4 : tensor<4x1x256xi32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<4x1x256xf32>, %arg1: tensor<4x1x256xi32>) -> tensor<4x1x256xf32> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1x256xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1x256xi1>, tensor<4x1x256xi32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1x256xi32>) -> tensor<4x256x1xi32>
+    %c_1 = stablehlo.constant dense<255> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x256x1xi32>
+    %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x1xi1>
+    %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x256x1xi32>
+    %10 = stablehlo.compare LE, %5, %9, SIGNED : (tensor<4x256x1xi32>, tensor<4x256x1xi32>) -> tensor<4x256x1xi1>
+    %11 = stablehlo.and %7, %10 : tensor<4x256x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %12 = stablehlo.reduce(%11 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x256x1xi1>, tensor<i1>) -> tensor<4x256xi1>
+    %13 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [2], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [2], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<4x1x256xf32>, tensor<4x256x1xi32>) -> tensor<4x1x256xf32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [0, 2] : (tensor<4x256xi1>) -> tensor<4x1x256xi1>
+    %cst = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %16 = stablehlo.select %14, %13, %15 : tensor<4x1x256xi1>, tensor<4x1x256xf32>
+    return %16 : tensor<4x1x256xf32>
+  }
+  func.func private @_cumsum_with_promotion(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %0 = call @cumsum(%arg0) : (tensor<4x1x256xf32>) -> tensor<4x1x256xf32>
+    return %0 : tensor<4x1x256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [255, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 256>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1x256xf32>
+    return %1 : tensor<4x1x256xf32>
+  }
+  func.func private @_one_hot(%arg0: tensor<4x1x40xi32>) -> tensor<4x1x40x256xi1> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2] : (tensor<4x1x40xi32>) -> tensor<4x1x40x1xi32>
+    %1 = stablehlo.iota dim = 3 : tensor<1x1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2, 3] : (tensor<4x1x40x1xi32>) -> tensor<4x1x40x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2, 3] : (tensor<1x1x1x256xi32>) -> tensor<4x1x40x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x40x256xi32>, tensor<4x1x40x256xi32>) -> tensor<4x1x40x256xi1>
+    return %4 : tensor<4x1x40x256xi1>
+  }
+  func.func private @_cumsum_with_promotion_0(%arg0: tensor<4x1x40xf32>) -> tensor<4x1x40xf32> {
+    %0 = call @cumsum_1(%arg0) : (tensor<4x1x40xf32>) -> tensor<4x1x40xf32>
+    return %0 : tensor<4x1x40xf32>
+  }
+  func.func private @cumsum_1(%arg0: tensor<4x1x40xf32>) -> tensor<4x1x40xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [39, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 40>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x1x40xf32>, tensor<f32>) -> tensor<4x1x40xf32>
+    return %1 : tensor<4x1x40xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x1x256xi1>, %arg1: tensor<4x1x256xf32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.select %arg0, %arg1, %0 : tensor<4x1x256xi1>, tensor<4x1x256xf32>
+    return %1 : tensor<4x1x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x1x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x1x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x1x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x1x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x1x256xf32>
+    return %4 : tensor<4x1x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x1x1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<4x1x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<4x1x256xui64>
+    %9 = stablehlo.iota dim = 2 : tensor<4x1x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %11 = stablehlo.multiply %10, %7 : tensor<4x1x256xui64>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui64>
+    %12 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %13 = stablehlo.multiply %12, %8 : tensor<4x1x256xui64>
+    %c_1 = stablehlo.constant dense<1> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %15 = stablehlo.multiply %14, %9 : tensor<4x1x256xui64>
+    %16 = stablehlo.add %11, %13 : tensor<4x1x256xui64>
+    %17 = stablehlo.add %16, %15 : tensor<4x1x256xui64>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui64>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui64>) -> tensor<4x1x256xui64>
+    %19 = stablehlo.shift_right_logical %17, %18 : tensor<4x1x256xui64>
+    %20 = stablehlo.convert %17 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %21 = stablehlo.convert %19 : (tensor<4x1x256xui64>) -> tensor<4x1x256xui32>
+    %22:2 = call @threefry2x32(%4, %6, %21, %20) : (tensor<ui32>, tensor<ui32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>)
+    %23 = stablehlo.xor %22#0, %22#1 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<9> : tensor<ui32>
+    %24 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_right_logical %23, %24 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %26 = stablehlo.broadcast_in_dim %c_4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %27 = stablehlo.or %25, %26 : tensor<4x1x256xui32>
+    %28 = stablehlo.bitcast_convert %27 : (tensor<4x1x256xui32>) -> tensor<4x1x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %29 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x1x256xf32>
+    %30 = stablehlo.subtract %28, %29 : tensor<4x1x256xf32>
+    %31 = stablehlo.subtract %2, %1 : tensor<1x1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %33 = stablehlo.multiply %30, %32 : tensor<4x1x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %35 = stablehlo.add %33, %34 : tensor<4x1x256xf32>
+    %36 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<4x1x256xf32>
+    %37 = stablehlo.maximum %36, %35 : tensor<4x1x256xf32>
+    return %37 : tensor<4x1x256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<4x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4x1x256xui32>, tensor<4x1x256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4x1x256xui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x1x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x1x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x1x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x1x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x1x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x1x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x1x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x1x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x1x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x1x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x1x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x1x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x1x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x1x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x1x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x1x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x1x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x1x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x1x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [2] : (tensor<4x1x256xf32>, tensor<4x1x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4x1xf32>, tensor<4x1xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4x1xi32>
+  }
+  func.func private @_one_hot_2(%arg0: tensor<4x1xi32>) -> tensor<4x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %1 = stablehlo.iota dim = 2 : tensor<1x1x256xi32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2] : (tensor<4x1x1xi32>) -> tensor<4x1x256xi32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2] : (tensor<1x1x256xi32>) -> tensor<4x1x256xi32>
+    %4 = stablehlo.compare EQ, %2, %3, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %5 = stablehlo.convert %4 : (tensor<4x1x256xi1>) -> tensor<4x1x256xf32>
+    return %5 : tensor<4x1x256xf32>
+  }
+  func.func private @log_softmax(%arg0: tensor<4x1x256xf32>) -> tensor<4x1x256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %2 = stablehlo.maximum %1, %0 : tensor<4x1xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x1x256xf32>
+    %6 = stablehlo.exponential %5 : tensor<4x1x256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %7 = stablehlo.reduce(%6 init: %cst_1) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %9 = stablehlo.log %8 : tensor<4x1x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1, 2] : (tensor<4x1x1xf32>) -> tensor<4x1x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<4x1x256xf32>
+    return %11 : tensor<4x1x256xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_perceiver_ar_nucleus_sample(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_haiku_logits_mask"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

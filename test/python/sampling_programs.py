@@ -94,9 +94,11 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # values sorted ascending by lax.sort, the cut at `argmax(cumsum >= 1 - p)`, the logits at or above the sorted logit
 # there kept, the others at the spec's fill); haiku_logits: the same of the logits, then / T (perceiver-ar's). hf takes
 # (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and levanter (B, V) logits, haiku any; hf, flax, classic,
-# xt and levanter fill with -inf.
+# xt and levanter fill with -inf; simply: google-deepmind/simply's of the scaled logits, in f32 (softmax in id order
+# taken along a stable descending argsort, its exclusive cumsum below p, put back by sort_key_val; after a top-k, its
+# fused nucleus of lax.top_k's k, the kept ids as a one-hot mask), any logits, the spec's fill.
 TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter", "haiku",
-          "haiku_logits")
+          "haiku_logits", "simply")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -109,11 +111,13 @@ HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax
              "mtj": ("top_p_mtj_mask", None), "tvq": ("top_p_prob_sorted_mask", None),
              "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None),
              "levanter": ("top_p_levanter_mask", None), "haiku": ("top_p_haiku_mask", None),
-             "haiku_logits": ("top_p_haiku_logits_mask", None)}
+             "haiku_logits": ("top_p_haiku_logits_mask", None),
+             "simply": ("top_p_simply_mask", "top_k_top_p_simply_mask")}
 HAIKU_TOP_PS = ("haiku", "haiku_logits")  # any logits, f32 (Haiku asserts it), a large fill
+F32_ANY_SHAPE_TOP_PS = (*HAIKU_TOP_PS, "simply")  # any logits, upcast to f32, a large fill
 # The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
 SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask",
-                 "haiku": "top_p_haiku_mask"}
+                 "haiku": "top_p_haiku_mask", "simply": "top_p_simply_mask"}
 LEVANTER_TOLERANCE = 1e-4  # what Levanter's nucleus subtracts from its p (in f32, in jnp)
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
@@ -441,9 +445,15 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style in ("tvq", "haiku") else _rounded(spec.p, dtype)
     if spec.top_p_style == "levanter":  # its threshold p - 1e-4, one constant after hlofuse-prepare's fold
         p = float(np.float32(spec.p) - np.float32(LEVANTER_TOLERANCE))
-    if spec.log_prob:  # Levanter's log-probability of the drawn token: the composite gives back its filtered logits
-        attrs = {**attrs, "scores": True, "fill": float("-inf")}
+    if spec.log_prob:  # the drawn token's log-probability (Levanter's, simply's): the composite gives back its scores
+        fill = _fill(spec.fill, jnp.dtype(jnp.float32)) if spec.top_p_style == "simply" else float("-inf")
+        attrs = {**attrs, "scores": True, "fill": fill}
     attrs = {**attrs, "mode": "top_p", "p": p}
+    if spec.form == "top_k_top_p_mask" and spec.top_p_style == "simply":  # its nucleus of the top k, fused
+        attrs = {**attrs, "mode": "top_k+top_p", "k": spec.k}
+        if spec.temperature_style in ("const", "before"):
+            attrs["temperature"] = _rounded(spec.temperature, dtype)
+        return "top_k_top_p_simply_mask", attrs
     if spec.form == "top_k_top_p_mask" and spec.top_p_style == "classic":
         # Hugging Face's old top_k_top_p_filtering: / T, then the top-k mask (a top-k writing: torch.topk's k-th through
         # torchax, lax.top_k's, a stable argsort's), then the classic cut; the negated argsort is none, so the mask
@@ -715,6 +725,17 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         cut = jnp.argmax(cumulative >= 1 - top_p, axis=-1)
         kept = jnp.where(x >= jnp.take_along_axis(ordered, cut[..., jnp.newaxis], axis=-1), x,
                          _fill(c.spec.fill, x.dtype))
+    elif c.spec.top_p_style == "simply" and c.spec.form == "top_k_top_p_mask":  # its `_fused_top_k_top_p_mask`
+        values, ids = jax.lax.top_k(x, max(min(c.spec.k, x.shape[-1]), 1))
+        cumulative = jnp.cumulative_sum(jax.nn.softmax(values, axis=-1), axis=-1, include_initial=True)
+        picked = jax.nn.one_hot(ids, x.shape[-1], dtype=jnp.bool_) & (cumulative[..., :-1] < c.spec.p)[..., None]
+        kept = jnp.where(jnp.any(picked, axis=-2), x, _fill(c.spec.fill, x.dtype))
+    elif c.spec.top_p_style == "simply":  # its `top_p_mask`, then MaskedCategorical's fill
+        order = jnp.argsort(x, axis=-1, descending=True)
+        cumulative = jnp.cumulative_sum(jnp.take_along_axis(jax.nn.softmax(x, axis=-1), order, axis=-1), axis=-1,
+                                        include_initial=True)
+        keep = jax.lax.sort_key_val(order, cumulative[..., :-1] < c.spec.p, dimension=-1)[1]
+        kept = jnp.where(keep, x, _fill(c.spec.fill, x.dtype))
     elif c.spec.top_p_style == "mtj":
         ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
         cumulative = jnp.cumsum(jax.nn.softmax(ordered), axis=-1)
@@ -917,7 +938,7 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     if form == "top_k_mask":
         return c.draw(c.scale(_kth_mask(c, x)))
     if form in USES_TOP_P:
-        if form == "top_k_top_p_mask" and spec.top_p_style != "classic":
+        if form == "top_k_top_p_mask" and spec.top_p_style not in ("classic", "simply"):  # (simply's: fused)
             x = _kth_mask(c, x)
         if spec.top_p_style in ("gemma", "keras"):
             return _rank_space_top_p(c, x)
@@ -927,7 +948,7 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
                 y = _kth_mask(c, y)
             scores = _hf_nucleus_mask(c, y)
             ids = c.draw(scores)
-            if spec.log_prob:  # Levanter's: the drawn token's filtered logit minus the logsumexp of them all
+            if spec.log_prob:  # Levanter's and simply's: the drawn token's filtered logit minus their logsumexp
                 picked = jnp.take_along_axis(scores, ids[..., None].astype(jnp.int32), axis=-1)[..., 0]
                 c.escaped.append(picked - jax.nn.logsumexp(scores, axis=-1))
             return ids

@@ -1109,6 +1109,65 @@ def grok_sample_token(x, key):
     return new_token, token_prob, jnp.squeeze(top_k_token_ids, 1), jnp.squeeze(top_k_probs, 1)
 
 
+_SIMPLY_NEG_INF = float(-0.5 * np.finfo(np.float32).max)  # simply's `common.neg_inf(float32)`
+
+
+def _simply_top_p_mask(logits, top_p):
+    probs = jax.nn.softmax(logits, axis=-1)
+    indices = jnp.argsort(logits, axis=-1, descending=True)
+    cumsum = jnp.cumulative_sum(jnp.take_along_axis(probs, indices, axis=-1), axis=-1, include_initial=True)
+    return jax.lax.sort_key_val(indices, cumsum[..., :-1] < top_p, dimension=-1)[1]
+
+
+def _simply_top_k_top_p_mask(logits, top_k, top_p):
+    values, ids = jax.lax.top_k(logits, max(min(top_k, logits.shape[-1]), 1))
+    cumsum = jnp.cumulative_sum(jax.nn.softmax(values, axis=-1), axis=-1, include_initial=True)
+    picked = jax.nn.one_hot(ids, logits.shape[-1], dtype=jnp.bool_) & (cumsum[..., :-1] < top_p)[..., None]
+    return jnp.any(picked, axis=-2)
+
+
+def _simply_sample(x, key, temperature, top_k=-1, top_p=1.0):
+    """google-deepmind/simply's `sample_from_logits` as written: its lax.conds on the Python settings (folded by
+    hlofuse-prepare), y = f32 x / T, the mask of the branch taken (a top-k as a one-hot of lax.top_k's ids, the
+    nucleus put back by sort_key_val, or both fused over the top k), `MaskedCategorical`'s `where(mask, y,
+    -0.5 * finfo.max)` drawn by jax.random.categorical, and the token's log-probability under the masked logits (a
+    one-hot gather of their log_softmax): the composite gives those back (`scores`)."""
+    def masked_sample(y):
+        y = y / temperature
+        mask = jax.lax.cond(
+            jnp.logical_and(top_k > 0, top_p < 1), lambda: _simply_top_k_top_p_mask(y, top_k, top_p),
+            lambda: jax.lax.cond(
+                top_k > 0,
+                lambda: jnp.any(jax.nn.one_hot(jax.lax.top_k(y, max(min(top_k, y.shape[-1]), 1))[1], y.shape[-1],
+                                               dtype=jnp.bool_), axis=-2),
+                lambda: _simply_top_p_mask(y, top_p)))
+        masked = jnp.where(mask, y, jnp.astype(_SIMPLY_NEG_INF, y.dtype))
+        tokens = jax.random.categorical(key, masked)
+        one_hot = jax.nn.one_hot(tokens, masked.shape[-1], dtype=masked.dtype)
+        return tokens, jnp.sum(one_hot * jax.nn.log_softmax(masked, axis=-1), axis=-1)
+
+    def greedy(y):
+        return jnp.argmax(y, axis=-1), jnp.zeros(y.shape[:-1], y.dtype)
+
+    return jax.lax.cond(jnp.logical_or(temperature == 0, top_k == 1), greedy, masked_sample, jnp.astype(x, jnp.float32))
+
+
+def simply_top_k_sample(x, key):
+    """simply's sampler at T = 0.7 with top_k = 40: an exact top-k (the k ids lax.top_k picks, ties by the lower id),
+    of (B, 1, V) logits as its decode step samples them."""
+    return _simply_sample(x, key, 0.7, top_k=40)
+
+
+def simply_top_p_sample(x, key):
+    """simply's sampler at T = 0.7 with top_p = 0.9."""
+    return _simply_sample(x, key, 0.7, top_p=0.9)
+
+
+def simply_top_k_top_p_sample(x, key):
+    """simply's sampler at T = 0.7 with top_k = 40 and top_p = 0.9: its nucleus of the top k."""
+    return _simply_sample(x, key, 0.7, top_k=40, top_p=0.9)
+
+
 def perceiver_ar_nucleus_sample(x, key):
     """perceiver-ar's `sample_position` at top_p = 0.9: the same nucleus of the logits themselves, the dropped at
     -1e30, then `logits /= jnp.maximum(temperature, 1e-12)` at T = 0.8, then a categorical."""
@@ -1740,6 +1799,14 @@ VARIANTS: list[Variant] = [
             expect={"p": 1 - float(np.float32(1 - 0.95)), "temperature": float(np.float32(0.7))}),
     Variant("grok_sample_token", grok_sample_token, "top_p_haiku_rows_row_keys", shape=(B, 1, V),
             expect={"scores": True, "fill": -1e10, "temperature": 1.0}, program_top_ks=1),
+    # (simply's p: 0.9 as an f32 constant; its T before the top-k's mask, outside)
+    Variant("simply_top_k_sample", simply_top_k_sample, "top_k_exact_mask",
+            shape=(B, 1, V), expect={"k": 40, "temperature": 1.0, "scores": True,
+                                      "fill": -0.5 * float(np.finfo(np.float32).max)}),
+    Variant("simply_top_p_sample", simply_top_p_sample, "top_p_simply_mask", shape=(B, 1, V),
+            expect={"p": float(np.float32(0.9)), "temperature": float(np.float32(0.7)), "scores": True}),
+    Variant("simply_top_k_top_p_sample", simply_top_k_top_p_sample, "top_k_top_p_simply_mask", shape=(B, 1, V),
+            expect={"k": 40, "p": float(np.float32(0.9)), "temperature": float(np.float32(0.7)), "scores": True}),
     Variant("perceiver_ar_nucleus_sample", perceiver_ar_nucleus_sample, "top_p_haiku_logits_mask",
             expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": float(np.float32(0.8))}),
     Variant("near_miss_haiku_cut_above", near_miss_haiku_cut_above, "categorical",

@@ -32,9 +32,9 @@ from sampling_programs import (
     DRAWS,
     ESCAPES,
     EXTRAS,
+    F32_ANY_SHAPE_TOP_PS,
     FILLS,
     FORMS,
-    HAIKU_TOP_PS,
     HAND_NOISES,
     HF_TOP_PS,
     HF_WARPERS,
@@ -119,7 +119,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         if (form == "min_p_removal" and spec.min_p_keep == "topk") or form == "epsilon_removal":
             spec = dataclasses.replace(spec, warper_top_p=draw(st.booleans()), top_p_style="hf")
     rank_space_p = form in USES_TOP_P and spec.top_p_style in ("gemma", "keras")
-    if form in USES_TOP_P and spec.top_p_style in HAIKU_TOP_PS:  # any logits, f32 (Haiku asserts it), a large fill
+    if form in USES_TOP_P and spec.top_p_style in F32_ANY_SHAPE_TOP_PS:  # any logits, upcast to f32, a large fill
         fill = "-1e7" if spec.fill == "-1000" else spec.fill
         spec = dataclasses.replace(spec, upcast=spec.dtype != "float32", fill=fill)
     # grok-1's sample_token: T, p and a mask of allowed tokens per row, drawn with one key or a key per row (vmapped)
@@ -133,7 +133,7 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
     # Flax's, MTJ's, transformer_vq's, Levanter's and Haiku's nuclei draw by categorical only; top_k_of_probs by the log
     # of its probabilities
-    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter", *HAIKU_TOP_PS)
+    flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter", *F32_ANY_SHAPE_TOP_PS)
     if form in USES_TOP_P and spec.top_p_style == "levanter":  # Levanter samples f32 logits
         spec = dataclasses.replace(spec, upcast=spec.dtype != "float32")
     if stochastic and not rank_space_p and not flax_p and form not in ("top_k_of_probs", "probs_weights"):
@@ -174,6 +174,9 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     # Levanter's nucleus alone, then the drawn token's log-probability it returns by default (`return_log_probs`)
     if form == "top_p_mask" and spec.top_p_style == "levanter" and spec.draw == "categorical" \
             and spec.noise not in HAND_NOISES:
+        spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
+    if form in USES_TOP_P and spec.top_p_style == "simply" and spec.draw == "categorical" \
+            and spec.noise not in HAND_NOISES:  # simply's sampler returns the token's log-probability too
         spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
     if spec.settings_rows:  # grok-1 reads its filtered logits again: the drawn token's probability, the top 8
         spec = dataclasses.replace(spec, log_prob=draw(st.booleans()))
@@ -302,7 +305,7 @@ FIXED_GAPS = {
     "top_p_levanter_ties_gumbel": SamplerSpec(form="top_p_mask", top_p_style="levanter", noise="gumbel", vocab=16,
                                               p=0.5),
     # ... and the drawn token's log-probability it returns by default: fused at its draw, the nucleus in XLA for that
-    # read, until the composite gave back its filtered logits (SCORED_NUCLEI)
+    # read, until the composite gave back its filtered logits (SCORED_FILTERS)
     "top_p_levanter_log_prob": SamplerSpec(form="top_p_mask", top_p_style="levanter", noise="gumbel", log_prob=True),
     # Haiku's and grok-1's nucleus of x / T (an ascending lax.sort, the cut at `argmax(cumsum >= 1 - p)`, the logits at
     # or above the sorted logit there): fused as `categorical` with its sort in XLA until top_p_haiku_mask; with ties
@@ -324,6 +327,12 @@ FIXED_GAPS = {
     # drawn token's probability): fused at its draw, its sort in XLA, until top_p_haiku_rows gave back its scores
     "grok_sample_token": SamplerSpec(form="top_p_mask", top_p_style="haiku", settings_rows=True, batch="b1",
                                      draw="row_keys", fill="-1e7", log_prob=True),
+    # google-deepmind/simply's nucleus (softmax in id order along a stable descending argsort, exclusive cumsum, put
+    # back by sort_key_val) and its fused nucleus of the top k (one-hot ids), with the drawn token's log-probability:
+    # fused as `categorical` with the filters in XLA until top_p_simply_mask and top_k_top_p_simply_mask (scores)
+    "top_p_simply_log_prob": SamplerSpec(form="top_p_mask", top_p_style="simply", fill="finfo_min", log_prob=True),
+    "top_k_top_p_simply_ties": SamplerSpec(form="top_k_top_p_mask", top_p_style="simply", vocab=16, k=8, p=0.5,
+                                           fill="-1e7"),
     "grok_sample_token_one_key_ties": SamplerSpec(form="top_p_mask", top_p_style="haiku", settings_rows=True, vocab=16,
                                                   p=0.5, fill="-inf"),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,

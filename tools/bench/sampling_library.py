@@ -27,7 +27,8 @@ with torch.multinomial's (B, 1) ids unsqueezed, and the textbook `-log(-log(u))`
 with and without the drawn token's log-probability, and the nucleus of Haiku's `nucleus_sample` and grok-1, and
 xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised, and
 perceiver-ar's nucleus of the logits, then / T, and grok-1's `sample_token`, (B, 1, V) logits with T, p and a mask
-per row, a key per row, and the token's probability and the top 8 read from what it drew from).
+per row, a key per row, and the token's probability and the top 8 read from what it drew from, and
+google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -75,7 +76,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "x_transformers_top_a_multinomial", "top_k_of_probs_at_t1", "nanogpt_top_k_multinomial_unsqueezed",
             "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample",
             "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
-            "min_p_of_probs_weights", "perceiver_ar_nucleus_sample", "grok_sample_token")
+            "min_p_of_probs_weights", "perceiver_ar_nucleus_sample", "grok_sample_token", "simply_top_k_sample",
+            "simply_top_p_sample", "simply_top_k_top_p_sample")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

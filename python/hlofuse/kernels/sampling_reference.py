@@ -510,7 +510,8 @@ def _unfloored(writing: Writing) -> Writing:
     return dataclasses.replace(writing, fn=fn)
 
 
-def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k, by_rows: bool = False) -> jax.Array:
+def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k, by_rows: bool = False,
+                       dropped: float = NEG_INF) -> jax.Array:
     """The k logits lax.top_k picks (ties by the lower id: exactly k, unlike `mask_top_k`) scattered into a row of
     -inf, as Hugging Face's FlaxTopKLogitsWarper writes it: flat ids (row * V + id) set into a flat (B * V,) row; of
     one row (V,), the ids set into a row of -inf, as litgpt's `full_like(-inf).scatter_(-1, i, v)` is lowered; with
@@ -518,25 +519,35 @@ def keep_exactly_top_k(logits: jax.Array, k: int, top_k_fn: TopK = jax.lax.top_k
     (x-transformers' `top_k`). (B, V) or (V,) logits only: other shapes raise ValueError, so no template is made."""
     values, ids = top_k_fn(logits, k)
     if logits.ndim == 1:
-        return jnp.full_like(logits, NEG_INF).at[ids].set(values)
+        return jnp.full_like(logits, dropped).at[ids].set(values)
     if logits.ndim != 2:
         raise ValueError(f"the exact top-k scatter takes (B, V) logits or one row, not {logits.shape}")
     batch, vocab = logits.shape
     if by_rows:
         rows = jnp.broadcast_to(jnp.arange(batch).reshape(batch, 1), (batch, k))
-        return jnp.full_like(logits, NEG_INF).at[(rows, ids)].set(values[0:batch, 0:k])
+        return jnp.full_like(logits, dropped).at[(rows, ids)].set(values[0:batch, 0:k])
     rows = jnp.broadcast_to((jnp.arange(batch) * vocab)[:, None], (batch, k)).flatten()
-    kept = jnp.full(batch * vocab, NEG_INF).at[ids.flatten() + rows].set(values.flatten())
+    kept = jnp.full(batch * vocab, dropped).at[ids.flatten() + rows].set(values.flatten())
     return kept.reshape(batch, vocab)
 
 
 def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
                      top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                     by_rows: bool = False, **_: Any) -> jax.Array:
+                     by_rows: bool = False, fill: float | None = None, by_one_hot: bool = False,
+                     **_: Any) -> jax.Array:
     """Exactly the top k logits kept (lax.top_k's, ties by the lower id), the rest -inf, then / T, a categorical over
     the vocabulary (noise by id): Hugging Face's Flax generate() with its TopK warper (litgpt's and x-transformers'
-    top-k through torchax are writings)."""
-    return categorical_fn(key, _scale(keep_exactly_top_k(logits, k, top_k_fn, by_rows), temperature), axis=-1)
+    top-k through torchax are writings). `by_one_hot` (google-deepmind/simply's `top_k_mask`), and any logits of more
+    than two dims (simply's are (B, 1, V)): the kept ids as a mask, `any(one_hot(ids, V), axis=-2)`, and
+    `where(mask, logits, fill)`: the same row, the dropped at `fill` (FILL_NOTE; the scores a composite gives back
+    are at it)."""
+    dropped = NEG_INF if fill is None else fill
+    if by_one_hot or logits.ndim > 2:
+        _, ids = top_k_fn(logits, k)
+        kept = jnp.where(jnp.any(jax.nn.one_hot(ids, logits.shape[-1], dtype=jnp.bool_), axis=-2), logits, dropped)
+    else:
+        kept = keep_exactly_top_k(logits, k, top_k_fn, by_rows, dropped)
+    return categorical_fn(key, _scale(kept, temperature), axis=-1)
 
 
 def flax_top_p_keep(values: jax.Array, p: float) -> jax.Array:
@@ -807,6 +818,61 @@ def top_p_haiku_rows(logits: jax.Array, key: jax.Array, *, temperature: float, p
     y = _scale(logits, temperature)
     one_minus_p = 1 - jnp.expand_dims(p, tuple(range(1, y.ndim)))
     kept = jnp.where(haiku_top_p_kept(y, one_minus_p, sort_fn), y, NEG_INF if fill is None else fill)
+    return categorical_fn(key, kept, axis=-1)
+
+
+def argsort_descending_stable(x: jax.Array) -> jax.Array:
+    """`jnp.argsort(x, axis=-1, descending=True)` (stable: equal values by the lower id first; -0 and +0 equal, NaN
+    largest, as lax.sort compares)."""
+    return jnp.argsort(x, axis=-1, descending=True)
+
+
+def put_back_by_sort(order: jax.Array, values: jax.Array) -> jax.Array:
+    """`lax.sort_key_val(order, values)[1]`: `values`, given in the places `order` (a permutation of each row's ids)
+    lists, back in id order."""
+    return jax.lax.sort_key_val(order, values, dimension=-1)[1]
+
+
+def simply_top_p_keep(y: jax.Array, p: float,
+                      argsort_fn: Callable[[jax.Array], jax.Array] = argsort_descending_stable,
+                      put_back_fn: Callable[[jax.Array, jax.Array], jax.Array] = put_back_by_sort) -> jax.Array:
+    """google-deepmind/simply's `top_p_mask` of y (..., V): softmax(y) in id order, taken along the stable descending
+    argsort of y, its exclusive cumsum (`cumulative_sum(include_initial=True)[..., :-1]`) below p, put back in id
+    order by `sort_key_val` of the argsort. The place of rank 0 always stays (its exclusive mass is 0)."""
+    order = argsort_fn(y)
+    mass = jnp.cumulative_sum(jnp.take_along_axis(jax.nn.softmax(y, axis=-1), order, axis=-1), axis=-1,
+                              include_initial=True)
+    return put_back_fn(order, mass[..., :-1] < p)
+
+
+def top_p_simply_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                      categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
+                      argsort_fn: Callable[[jax.Array], jax.Array] = argsort_descending_stable,
+                      put_back_fn: Callable[[jax.Array, jax.Array], jax.Array] = put_back_by_sort,
+                      **_: Any) -> jax.Array:
+    """google-deepmind/simply's `sample_from_logits` with a top-p: y = x / T, `where(simply_top_p_keep(y), y, fill)`
+    (simply's `-0.5 * finfo.max`: FILL_NOTE), then a categorical."""
+    y = _scale(logits, temperature)
+    kept = jnp.where(simply_top_p_keep(y, p, argsort_fn, put_back_fn), y, NEG_INF if fill is None else fill)
+    return categorical_fn(key, kept, axis=-1)
+
+
+def simply_top_k_top_p_keep(y: jax.Array, k: int, p: float, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+    """google-deepmind/simply's `_fused_top_k_top_p_mask` of y (..., V): lax.top_k's k, the softmax of their values,
+    its exclusive cumsum below p, and the ids of those kept as a mask (`any(one_hot(ids) & keep, axis=-2)`)."""
+    values, ids = top_k_fn(y, k)
+    mass = jnp.cumulative_sum(jax.nn.softmax(values, axis=-1), axis=-1, include_initial=True)
+    picked = jax.nn.one_hot(ids, y.shape[-1], dtype=jnp.bool_) & (mass[..., :-1] < p)[..., None]
+    return jnp.any(picked, axis=-2)
+
+
+def top_k_top_p_simply_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
+                            top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                            fill: float | None = None, **_: Any) -> jax.Array:
+    """google-deepmind/simply's `sample_from_logits` with a top-k and a top-p: y = x / T,
+    `where(simply_top_k_top_p_keep(y), y, fill)`, then a categorical."""
+    y = _scale(logits, temperature)
+    kept = jnp.where(simply_top_k_top_p_keep(y, k, p, top_k_fn), y, NEG_INF if fill is None else fill)
     return categorical_fn(key, kept, axis=-1)
 
 
@@ -1334,7 +1400,14 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch),
                   _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),
           Writing(functools.partial(top_k_exact_mask, top_k_fn=top_k_as_torch, by_rows=True),
-                  _TOP_K + ("stablehlo.scatter", "stablehlo.sort")))),
+                  _TOP_K + ("stablehlo.scatter", "stablehlo.sort")),
+          # (simply's: the kept ids as a one-hot mask, its fill -0.5 * finfo.max)
+          Writing(functools.partial(top_k_exact_mask, by_one_hot=True), _TOP_K, reads=("fill",)))),
+    # google-deepmind/simply's nuclei: its fill -0.5 * finfo.max
+    _with_fills(Form("top_p_simply_mask", "top_p", top_p_simply_mask, ("temperature", "p"),
+                     _NOISE + ("stablehlo.sort", "stablehlo.reduce_window"), composes_draws=False)),
+    _with_fills(Form("top_k_top_p_simply_mask", "top_k+top_p", top_k_top_p_simply_mask, ("temperature", "k", "p"),
+                     _TOP_K + ("stablehlo.reduce_window",), composes_draws=False)),
     Form("top_p_flax_mask", "top_p", top_p_flax_mask, ("temperature", "p"), _TOP_K + ("stablehlo.sort",),
          composes_draws=False),
     Form("top_p_mtj_mask", "top_p", top_p_mtj_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
@@ -1455,7 +1528,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
                   "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
-                  "top_p_haiku_mask",
+                  "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
                   "min_p_logits_mask", "top_a_logits_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
@@ -2187,20 +2260,24 @@ def sample_reference(
                           categorical_fn=categorical_fn).astype(jnp.int32)
 
 
-# Vocabulary-space nuclei whose composite may give back its scores: Levanter's, whose sampler reads its filtered logits
-# again for the drawn token's log-probability (`take_along_axis(y, token) - logsumexp(y)`, `return_log_probs=True`).
-SCORED_NUCLEI = ("top_p_levanter_mask", "top_p_haiku_rows")
+# Vocabulary-space filters whose composite may give back its scores: Levanter's nucleus, whose sampler reads its
+# filtered logits again for the drawn token's log-probability (`take_along_axis(y, token) - logsumexp(y)`,
+# `return_log_probs=True`); grok-1's, for the token's probability and the top 8; google-deepmind/simply's top-k (an
+# exact top-k), top-p and top-k + top-p, for the drawn token's log-probability (`MaskedCategorical.log_prob`).
+SCORED_FILTERS = ("top_p_levanter_mask", "top_p_haiku_rows", "top_k_exact_mask", "top_p_simply_mask",
+                  "top_k_top_p_simply_mask")
 
 
 def gives_scores(form: str) -> bool:
     """Whether `form`'s composite may also give back the scores its draw perturbs (`scores = true`): the filtered logits
     that T5X, axlearn and Levanter read again for the drawn token's log-probability. The searched forms (and those with
-    a normalization in front) and SCORED_NUCLEI, drawn by their own categorical: their function draws once, by
+    a normalization in front) and SCORED_FILTERS, drawn by their own categorical: their function draws once, by
     `categorical_fn`, from scores shaped as the logits, and the CPU kernel computes them as one masked copy of the
     logits; grok-1's, drawn with a key per row, too."""
-    if form not in FORMS or FORMS[form].filters not in (*SEARCHED_FORMS, *SCORED_NUCLEI):
+    if form not in FORMS or FORMS[form].filters not in (*SEARCHED_FORMS, *SCORED_FILTERS):
         return False
-    return not FORMS[form].drawn_by or (FORMS[form].filters in SCORED_NUCLEI and FORMS[form].drawn_by in ROW_KEY_DRAWS)
+    grok = FORMS[form].filters == "top_p_haiku_rows" and FORMS[form].drawn_by in ROW_KEY_DRAWS
+    return not FORMS[form].drawn_by or grok
 
 
 def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str, fill: float = NEG_INF,
@@ -2209,7 +2286,7 @@ def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str
     """(`sample_reference`'s token ids, the scores its draw perturbs): the meaning of a composite with `scores = true`.
     The scores are what the form's function hands its categorical, the dropped logits at `fill`."""
     if not gives_scores(form):
-        raise ValueError(f"'{form}' gives back no scores (only the searched forms and SCORED_NUCLEI do)")
+        raise ValueError(f"'{form}' gives back no scores (only the searched forms and SCORED_FILTERS do)")
     drawn_from: list[jax.Array] = []
 
     def recording(draw_key: jax.Array, y: jax.Array, axis: int = -1, **options: Any) -> jax.Array:  # noqa: ANN401

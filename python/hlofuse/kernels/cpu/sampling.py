@@ -348,14 +348,15 @@ FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask",
                   "top_k_top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_k_of_probs_torch",
                   "min_p_logits_mask", "top_a_logits_mask", "top_p_haiku_mask", "top_p_haiku_logits_mask",
                   "top_k_of_probs_torch_unnormalized",
-                  "min_p_of_probs_torch", "min_p_of_probs_torch_unnormalized")
+                  "min_p_of_probs_torch", "min_p_of_probs_torch_unnormalized", "top_p_simply_mask",
+                  "top_k_top_p_simply_mask")
 # A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
 BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask", "min_p_of_probs_torch",
                                    "min_p_of_probs_torch_unnormalized")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
 WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_p_haiku_mask",
-                            "top_p_haiku_logits_mask")
+                            "top_p_haiku_logits_mask", "top_p_simply_mask")
 # Haiku's and grok-1's nucleus, and perceiver-ar's of the logits: drawn by their band first (`_haiku_nucleus_by_band`).
 HAIKU_NUCLEI = ("top_p_haiku_mask", "top_p_haiku_logits_mask")
 
@@ -372,22 +373,56 @@ def _sorted_values_by_kernel(x: jax.Array) -> jax.Array:
     return _sort_by_kernel(x.reshape(-1, x.shape[-1]))[0].reshape(x.shape)
 
 
-def function_form_lowering(form: str, params: dict[str, Any],
-                           gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
+def _argsort_descending_by_kernel(x: jax.Array) -> jax.Array:
+    """sampling_reference.argsort_descending_stable (`jnp.argsort(x, descending=True)`) of x (..., V) as JAX computes
+    it, by the kernel's stable ascending sort: of the row reversed, its ids mapped back and reversed (equal values by
+    the lower id first; -0 and +0 equal, NaN largest)."""
+    vocab = x.shape[-1]
+    ids = _sort_by_kernel(x.reshape(-1, vocab)[:, ::-1])[1]
+    return (vocab - 1 - ids)[:, ::-1].reshape(x.shape)
+
+
+def _put_back_by_scatter(order: jax.Array, values: jax.Array) -> jax.Array:
+    """sampling_reference.put_back_by_sort (`lax.sort_key_val(order, values)[1]`) with no sort: each value set at the
+    id `order` lists for its place."""
+    vocab = order.shape[-1]
+    return _scattered(values.reshape(-1, vocab), order.reshape(-1, vocab)).reshape(values.shape)
+
+
+def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: float | None = None,
+                           scores_fill: float | None = None) -> Callable[..., Any]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
     of all V sorted logits (f32) is drawn by its band first (`_rank_nucleus_by_band`), Haiku's too
     (`_haiku_nucleus_by_band`), and gemma 3.1.0's top-p by its count bound (`_ascending_count_by_mass`): the sorted row
     only for the batches those cannot vouch for. With a hand-written noise (`gumbel_at_zero`), its function without
-    those bounds."""
+    those bounds. With `scores_fill` (a form that `gives_scores`): (ids, the filtered logits its categorical drew
+    from, the dropped at that fill), both from its function."""
     fn = FORMS[form].fn
     top_k_fn = _whole_row_by_kernel if form == "top_p_of_logits_exclusive" else _top_k_by_kernel
     # (audiocraft's top-k draws by torch.multinomial of its probabilities: the kernel's draw of their logs)
     draws = {"draw_fn": _multinomial_by_kernel} if FORMS[form].draw == "top_k" else {}
+    # (simply's nucleus: its argsort and its sort_key_val back by the kernel's sort and a scatter)
+    orders = {"argsort_fn": _argsort_descending_by_kernel, "put_back_fn": _put_back_by_scatter}
+    categorical_fn = _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)
+
+    def with_scores(logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
+        drawn_from: list[jax.Array] = []
+
+        def draw(draw_key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
+            drawn_from.append(y)
+            return categorical_fn(draw_key, y, axis=axis)
+
+        ids = fn(logits, key, categorical_fn=draw, top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel, **orders,
+                 fill=scores_fill, **params)
+        return ids, drawn_from[0]
+
+    if scores_fill is not None:
+        return with_scores
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
-            return fn(logits, key, categorical_fn=_kernel_categorical(False, gumbel_at_zero=gumbel_at_zero),
-                      top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel, **draws, **params)
+            return fn(logits, key, categorical_fn=categorical_fn, top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel,
+                      **orders, **draws, **params)
 
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
@@ -2125,7 +2160,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if attrs.form in BF16_UNSUPPORTED_FUNCTION_FORMS and call.operand_types[0][1] == "bf16":
             raise Unsupported(f"'{attrs.form}' on bf16 logits thresholds bf16-rounded probabilities, which the CPU "
                               "sampler does not reproduce")
-        return function_form_lowering(attrs.form, attrs.params(), hand)
+        return function_form_lowering(attrs.form, attrs.params(), hand, attrs.fill if attrs.scores else None)
     if attrs.form not in FORM_CODES:
         raise Unsupported(f"the CPU sampler has no form '{attrs.form}'")
     dtype = call.operand_types[0][1]
