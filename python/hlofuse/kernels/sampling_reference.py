@@ -537,14 +537,17 @@ def top_k_exact_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k
                      **_: Any) -> jax.Array:
     """Exactly the top k logits kept (lax.top_k's, ties by the lower id), the rest -inf, then / T, a categorical over
     the vocabulary (noise by id): Hugging Face's Flax generate() with its TopK warper (litgpt's and x-transformers'
-    top-k through torchax are writings). `by_one_hot` (google-deepmind/simply's `top_k_mask`), and any logits of more
-    than two dims (simply's are (B, 1, V)): the kept ids as a mask, `any(one_hot(ids, V), axis=-2)`, and
-    `where(mask, logits, fill)`: the same row, the dropped at `fill` (FILL_NOTE; the scores a composite gives back
-    are at it)."""
+    top-k through torchax are writings). `by_one_hot` (google-deepmind/simply's `top_k_mask`, of any (..., V) logits:
+    simply's are (B, 1, V)): the kept ids as a mask, `any(one_hot(ids, V), axis=-2)`, and `where(mask, logits,
+    fill)`: the same row, the dropped at `fill` (FILL_NOTE; the scores a composite gives back are at it). Logits of
+    more than two dims are kept as their rows, (R, V)."""
     dropped = NEG_INF if fill is None else fill
-    if by_one_hot or logits.ndim > 2:
+    if by_one_hot:
         _, ids = top_k_fn(logits, k)
         kept = jnp.where(jnp.any(jax.nn.one_hot(ids, logits.shape[-1], dtype=jnp.bool_), axis=-2), logits, dropped)
+    elif logits.ndim > 2:
+        rows = logits.reshape(-1, logits.shape[-1])
+        kept = keep_exactly_top_k(rows, k, top_k_fn, by_rows, dropped).reshape(logits.shape)
     else:
         kept = keep_exactly_top_k(logits, k, top_k_fn, by_rows, dropped)
     return categorical_fn(key, _scale(kept, temperature), axis=-1)
@@ -857,22 +860,31 @@ def top_p_simply_mask(logits: jax.Array, key: jax.Array, *, temperature: float, 
     return categorical_fn(key, kept, axis=-1)
 
 
-def simply_top_k_top_p_keep(y: jax.Array, k: int, p: float, top_k_fn: TopK = jax.lax.top_k) -> jax.Array:
+def kept_ids_by_one_hot(ids: jax.Array, keep: jax.Array, vocab: int) -> jax.Array:
+    """The (..., V) mask of the ids (..., k), each distinct, whose `keep` is set: `any(one_hot(ids, V) & keep,
+    axis=-2)`, as simply writes it."""
+    return jnp.any(jax.nn.one_hot(ids, vocab, dtype=jnp.bool_) & keep[..., None], axis=-2)
+
+
+def simply_top_k_top_p_keep(y: jax.Array, k: int, p: float, top_k_fn: TopK = jax.lax.top_k,
+                            mask_fn: Callable[[jax.Array, jax.Array, int], jax.Array] = kept_ids_by_one_hot
+                            ) -> jax.Array:
     """google-deepmind/simply's `_fused_top_k_top_p_mask` of y (..., V): lax.top_k's k, the softmax of their values,
-    its exclusive cumsum below p, and the ids of those kept as a mask (`any(one_hot(ids) & keep, axis=-2)`)."""
+    its exclusive cumsum below p, and the ids of those kept as a mask (`mask_fn`)."""
     values, ids = top_k_fn(y, k)
     mass = jnp.cumulative_sum(jax.nn.softmax(values, axis=-1), axis=-1, include_initial=True)
-    picked = jax.nn.one_hot(ids, y.shape[-1], dtype=jnp.bool_) & (mass[..., :-1] < p)[..., None]
-    return jnp.any(picked, axis=-2)
+    return mask_fn(ids, mass[..., :-1] < p, y.shape[-1])
 
 
 def top_k_top_p_simply_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
                             top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
-                            fill: float | None = None, **_: Any) -> jax.Array:
+                            fill: float | None = None,
+                            mask_fn: Callable[[jax.Array, jax.Array, int], jax.Array] = kept_ids_by_one_hot,
+                            **_: Any) -> jax.Array:
     """google-deepmind/simply's `sample_from_logits` with a top-k and a top-p: y = x / T,
     `where(simply_top_k_top_p_keep(y), y, fill)`, then a categorical."""
     y = _scale(logits, temperature)
-    kept = jnp.where(simply_top_k_top_p_keep(y, k, p, top_k_fn), y, NEG_INF if fill is None else fill)
+    kept = jnp.where(simply_top_k_top_p_keep(y, k, p, top_k_fn, mask_fn), y, NEG_INF if fill is None else fill)
     return categorical_fn(key, kept, axis=-1)
 
 

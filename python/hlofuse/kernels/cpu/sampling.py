@@ -389,6 +389,15 @@ def _put_back_by_scatter(order: jax.Array, values: jax.Array) -> jax.Array:
     return _scattered(values.reshape(-1, vocab), order.reshape(-1, vocab)).reshape(values.shape)
 
 
+def _kept_ids_by_scatter(ids: jax.Array, keep: jax.Array, vocab: int) -> jax.Array:
+    """sampling_reference.kept_ids_by_one_hot with no (..., k, V) one-hot: `keep` set at each row's (distinct) ids in
+    a row of False."""
+    rows = keep.reshape(-1, keep.shape[-1])
+    return _scattered(jnp.pad(rows, ((0, 0), (0, vocab - rows.shape[-1]))),
+                      jnp.pad(ids.reshape(rows.shape), ((0, 0), (0, vocab - rows.shape[-1])),
+                              constant_values=vocab)).reshape((*keep.shape[:-1], vocab))
+
+
 def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: float | None = None,
                            scores_fill: float | None = None) -> Callable[..., Any]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
@@ -402,7 +411,8 @@ def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: fl
     # (audiocraft's top-k draws by torch.multinomial of its probabilities: the kernel's draw of their logs)
     draws = {"draw_fn": _multinomial_by_kernel} if FORMS[form].draw == "top_k" else {}
     # (simply's nucleus: its argsort and its sort_key_val back by the kernel's sort and a scatter)
-    orders = {"argsort_fn": _argsort_descending_by_kernel, "put_back_fn": _put_back_by_scatter}
+    orders = {"argsort_fn": _argsort_descending_by_kernel, "put_back_fn": _put_back_by_scatter,
+              "mask_fn": _kept_ids_by_scatter}
     categorical_fn = _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)
 
     def with_scores(logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
