@@ -1119,6 +1119,16 @@ def _simply_top_p_mask(logits, top_p):
     return jax.lax.sort_key_val(indices, cumsum[..., :-1] < top_p, dimension=-1)[1]
 
 
+def near_miss_simply_top_p_inclusive(x, key):
+    """simply's nucleus with `<=` for its `<`: another cut (no form), fused at its draw with a remark."""
+    y = x / 0.7
+    probs = jax.nn.softmax(y, axis=-1)
+    indices = jnp.argsort(y, axis=-1, descending=True)
+    cumsum = jnp.cumulative_sum(jnp.take_along_axis(probs, indices, axis=-1), axis=-1, include_initial=True)
+    keep = jax.lax.sort_key_val(indices, cumsum[..., :-1] <= 0.9, dimension=-1)[1]
+    return jax.random.categorical(key, jnp.where(keep, y, _SIMPLY_NEG_INF))
+
+
 def _simply_top_k_top_p_mask(logits, top_k, top_p):
     values, ids = jax.lax.top_k(logits, max(min(top_k, logits.shape[-1]), 1))
     cumsum = jnp.cumulative_sum(jax.nn.softmax(values, axis=-1), axis=-1, include_initial=True)
@@ -1807,6 +1817,8 @@ VARIANTS: list[Variant] = [
             expect={"p": float(np.float32(0.9)), "temperature": float(np.float32(0.7)), "scores": True}),
     Variant("simply_top_k_top_p_sample", simply_top_k_top_p_sample, "top_k_top_p_simply_mask", shape=(B, 1, V),
             expect={"k": 40, "p": float(np.float32(0.9)), "temperature": float(np.float32(0.7)), "scores": True}),
+    Variant("near_miss_simply_top_p_inclusive", near_miss_simply_top_p_inclusive, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("perceiver_ar_nucleus_sample", perceiver_ar_nucleus_sample, "top_p_haiku_logits_mask",
             expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": float(np.float32(0.8))}),
     Variant("near_miss_haiku_cut_above", near_miss_haiku_cut_above, "categorical",
