@@ -20307,6 +20307,573 @@ module @sample_grok_sample_token attributes {mhlo.num_partitions = 1 : i32, mhlo
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_grok_sample_token_bf16(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_haiku_rows_row_keys"
+// CHECK-SAME: scores = true
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_grok_sample_token_bf16 attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_grok_sample_token_bf16(%arg0: tensor<4x1x256xbf16>, %arg1: tensor<2xui32>) -> (tensor<4x1xi32> {jax.result_info = "result[0]"}, tensor<4x1xbf16> {jax.result_info = "result[1]"}, tensor<4x8xi32> {jax.result_info = "result[2]"}, tensor<4x8xbf16> {jax.result_info = "result[3]"}) {
+    %0 = stablehlo.reshape %arg0 : (tensor<4x1x256xbf16>) -> tensor<4x256xbf16>
+    %1 = stablehlo.convert %0 : (tensor<4x256xbf16>) -> tensor<4x256xf32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %2 = call @_std(%1, %c) : (tensor<4x256xf32>, tensor<i32>) -> tensor<4xf32>
+    %3 = stablehlo.negate %2 : tensor<4xf32>
+    %4 = stablehlo.exponential %3 : tensor<4xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %6 = stablehlo.add %5, %4 : tensor<4xf32>
+    %cst_0 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %8 = stablehlo.divide %7, %6 : tensor<4xf32>
+    %cst_1 = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %10 = stablehlo.multiply %9, %8 : tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<5.000000e-01> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %12 = stablehlo.add %11, %10 : tensor<4xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0] : (tensor<4xf32>) -> tensor<4x1x1xf32>
+    %14 = stablehlo.negate %2 : tensor<4xf32>
+    %15 = stablehlo.negate %14 : tensor<4xf32>
+    %16 = stablehlo.exponential %15 : tensor<4xf32>
+    %cst_3 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %17 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %18 = stablehlo.add %17, %16 : tensor<4xf32>
+    %cst_4 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %19 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %20 = stablehlo.divide %19, %18 : tensor<4xf32>
+    %cst_5 = stablehlo.constant dense<3.500000e-01> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %22 = stablehlo.multiply %21, %20 : tensor<4xf32>
+    %cst_6 = stablehlo.constant dense<6.000000e-01> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %24 = stablehlo.add %23, %22 : tensor<4xf32>
+    %25 = stablehlo.broadcast_in_dim %24, dims = [0] : (tensor<4xf32>) -> tensor<4x1x1xf32>
+    %26 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %c_7 = stablehlo.constant dense<11> : tensor<i32>
+    %27 = call @remainder(%26, %c_7) : (tensor<256xi32>, tensor<i32>) -> tensor<256xi32>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %28 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %29 = stablehlo.compare NE, %27, %28, SIGNED : (tensor<256xi32>, tensor<256xi32>) -> tensor<256xi1>
+    %30 = stablehlo.broadcast_in_dim %29, dims = [1] : (tensor<256xi1>) -> tensor<4x256xi1>
+    %31 = stablehlo.convert %30 : (tensor<4x256xi1>) -> tensor<4x256xi32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 2] : (tensor<4x256xi32>) -> tensor<4x1x256xi32>
+    %33 = stablehlo.convert %13 : (tensor<4x1x1xf32>) -> tensor<4x1x1xbf16>
+    %34 = stablehlo.broadcast_in_dim %33, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %35 = stablehlo.divide %arg0, %34 : tensor<4x1x256xbf16>
+    %cst_9 = stablehlo.constant dense<-1.000000e+10> : tensor<f32>
+    %36 = call @_where_1(%32, %35, %cst_9) : (tensor<4x1x256xi32>, tensor<4x1x256xbf16>, tensor<f32>) -> tensor<4x1x256xbf16>
+    %37 = stablehlo.convert %25 : (tensor<4x1x1xf32>) -> tensor<4x1x1xbf16>
+    %38 = "stablehlo.sort"(%36) <{dimension = 2 : i64, is_stable = false}> ({
+    ^bb0(%arg2: tensor<bf16>, %arg3: tensor<bf16>):
+      %cst_18 = stablehlo.constant dense<0.000000e+00> : tensor<bf16>
+      %85 = stablehlo.compare EQ, %arg2, %cst_18, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %cst_19 = stablehlo.constant dense<0.000000e+00> : tensor<bf16>
+      %86 = stablehlo.select %85, %cst_19, %arg2 : tensor<i1>, tensor<bf16>
+      %87 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %cst_20 = stablehlo.constant dense<0x7FC0> : tensor<bf16>
+      %88 = stablehlo.select %87, %cst_20, %86 : tensor<i1>, tensor<bf16>
+      %cst_21 = stablehlo.constant dense<0.000000e+00> : tensor<bf16>
+      %89 = stablehlo.compare EQ, %arg3, %cst_21, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %cst_22 = stablehlo.constant dense<0.000000e+00> : tensor<bf16>
+      %90 = stablehlo.select %89, %cst_22, %arg3 : tensor<i1>, tensor<bf16>
+      %91 = stablehlo.compare NE, %arg3, %arg3, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %cst_23 = stablehlo.constant dense<0x7FC0> : tensor<bf16>
+      %92 = stablehlo.select %91, %cst_23, %90 : tensor<i1>, tensor<bf16>
+      %93 = stablehlo.compare LT, %88, %92, TOTALORDER : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      stablehlo.return %93 : tensor<i1>
+    }) : (tensor<4x1x256xbf16>) -> tensor<4x1x256xbf16>
+    %cst_10 = stablehlo.constant dense<0xFF80> : tensor<bf16>
+    %39 = stablehlo.reduce(%38 init: %cst_10) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xbf16>, tensor<bf16>) -> tensor<4x1xbf16>
+    %cst_11 = stablehlo.constant dense<0xFF80> : tensor<bf16>
+    %40 = stablehlo.broadcast_in_dim %cst_11, dims = [] : (tensor<bf16>) -> tensor<4x1xbf16>
+    %41 = stablehlo.maximum %40, %39 : tensor<4x1xbf16>
+    %42 = stablehlo.broadcast_in_dim %41, dims = [0, 1] : (tensor<4x1xbf16>) -> tensor<4x1x1xbf16>
+    %43 = stablehlo.broadcast_in_dim %42, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %44 = stablehlo.subtract %38, %43 : tensor<4x1x256xbf16>
+    %45 = stablehlo.exponential %44 : tensor<4x1x256xbf16>
+    %46 = stablehlo.convert %45 : (tensor<4x1x256xbf16>) -> tensor<4x1x256xf32>
+    %cst_12 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %47 = stablehlo.reduce(%46 init: %cst_12) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %48 = stablehlo.broadcast_in_dim %47, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %49 = stablehlo.convert %48 : (tensor<4x1x1xf32>) -> tensor<4x1x1xbf16>
+    %50 = stablehlo.broadcast_in_dim %49, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %51 = stablehlo.divide %45, %50 : tensor<4x1x256xbf16>
+    %52 = call @cumsum(%51) : (tensor<4x1x256xbf16>) -> tensor<4x1x256xbf16>
+    %cst_13 = stablehlo.constant dense<1.000000e+00> : tensor<bf16>
+    %53 = stablehlo.broadcast_in_dim %cst_13, dims = [] : (tensor<bf16>) -> tensor<4x1x1xbf16>
+    %54 = stablehlo.subtract %53, %37 : tensor<4x1x1xbf16>
+    %55 = stablehlo.broadcast_in_dim %54, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %56 = stablehlo.compare GE, %52, %55, FLOAT : (tensor<4x1x256xbf16>, tensor<4x1x256xbf16>) -> tensor<4x1x256xi1>
+    %57 = call @argmax(%56) : (tensor<4x1x256xi1>) -> tensor<4x1xi32>
+    %58 = stablehlo.broadcast_in_dim %57, dims = [0, 1] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %59 = call @take_along_axis(%38, %58) : (tensor<4x1x256xbf16>, tensor<4x1x1xi32>) -> tensor<4x1x1xbf16>
+    %60 = stablehlo.broadcast_in_dim %59, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %61 = stablehlo.compare GE, %36, %60, FLOAT : (tensor<4x1x256xbf16>, tensor<4x1x256xbf16>) -> tensor<4x1x256xi1>
+    %cst_14 = stablehlo.constant dense<-1.000000e+10> : tensor<f32>
+    %62 = call @_where_3(%61, %36, %cst_14) : (tensor<4x1x256xi1>, tensor<4x1x256xbf16>, tensor<f32>) -> tensor<4x1x256xbf16>
+    %63 = call @_threefry_split(%arg1) : (tensor<2xui32>) -> tensor<4x2xui32>
+    %64 = call @_gumbel(%63) : (tensor<4x2xui32>) -> tensor<4x1x256xbf16>
+    %65 = stablehlo.add %64, %62 : tensor<4x1x256xbf16>
+    %66 = call @argmax_6(%65) : (tensor<4x1x256xbf16>) -> tensor<4x1xi32>
+    %cst_15 = stablehlo.constant dense<0xFF80> : tensor<bf16>
+    %67 = stablehlo.reduce(%62 init: %cst_15) applies stablehlo.maximum across dimensions = [2] : (tensor<4x1x256xbf16>, tensor<bf16>) -> tensor<4x1xbf16>
+    %cst_16 = stablehlo.constant dense<0xFF80> : tensor<bf16>
+    %68 = stablehlo.broadcast_in_dim %cst_16, dims = [] : (tensor<bf16>) -> tensor<4x1xbf16>
+    %69 = stablehlo.maximum %68, %67 : tensor<4x1xbf16>
+    %70 = stablehlo.broadcast_in_dim %69, dims = [0, 1] : (tensor<4x1xbf16>) -> tensor<4x1x1xbf16>
+    %71 = stablehlo.broadcast_in_dim %70, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %72 = stablehlo.subtract %62, %71 : tensor<4x1x256xbf16>
+    %73 = stablehlo.exponential %72 : tensor<4x1x256xbf16>
+    %74 = stablehlo.convert %73 : (tensor<4x1x256xbf16>) -> tensor<4x1x256xf32>
+    %cst_17 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %75 = stablehlo.reduce(%74 init: %cst_17) applies stablehlo.add across dimensions = [2] : (tensor<4x1x256xf32>, tensor<f32>) -> tensor<4x1xf32>
+    %76 = stablehlo.broadcast_in_dim %75, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %77 = stablehlo.convert %76 : (tensor<4x1x1xf32>) -> tensor<4x1x1xbf16>
+    %78 = stablehlo.broadcast_in_dim %77, dims = [0, 1, 2] : (tensor<4x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %79 = stablehlo.divide %73, %78 : tensor<4x1x256xbf16>
+    %80 = stablehlo.broadcast_in_dim %66, dims = [0, 2] : (tensor<4x1xi32>) -> tensor<4x1x1xi32>
+    %81 = call @take_along_axis_7(%79, %80) : (tensor<4x1x256xbf16>, tensor<4x1x1xi32>) -> tensor<4x1x1xbf16>
+    %82 = stablehlo.reshape %81 : (tensor<4x1x1xbf16>) -> tensor<4x1xbf16>
+    %values, %indices = chlo.top_k(%79, k = 8) : tensor<4x1x256xbf16> -> (tensor<4x1x8xbf16>, tensor<4x1x8xi32>)
+    %83 = stablehlo.reshape %indices : (tensor<4x1x8xi32>) -> tensor<4x8xi32>
+    %84 = stablehlo.reshape %values : (tensor<4x1x8xbf16>) -> tensor<4x8xbf16>
+    return %66, %82, %83, %84 : tensor<4x1xi32>, tensor<4x1xbf16>, tensor<4x8xi32>, tensor<4x8xbf16>
+  }
+  func.func private @_std(%arg0: tensor<4x256xf32>, %arg1: tensor<i32>) -> tensor<4xf32> {
+    %0 = call @_var(%arg0, %arg1) : (tensor<4x256xf32>, tensor<i32>) -> tensor<4xf32>
+    %1 = stablehlo.sqrt %0 : tensor<4xf32>
+    return %1 : tensor<4xf32>
+  }
+  func.func private @_var(%arg0: tensor<4x256xf32>, %arg1: tensor<i32>) -> tensor<4xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %cst_0 = stablehlo.constant dense<2.560000e+02> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<4x1xf32>
+    %3 = stablehlo.divide %1, %2 : tensor<4x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %5 = stablehlo.subtract %arg0, %4 : tensor<4x256xf32>
+    %6 = chlo.square %5 : tensor<4x256xf32> -> tensor<4x256xf32>
+    %7 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<f32>
+    %cst_1 = stablehlo.constant dense<2.560000e+02> : tensor<f32>
+    %8 = stablehlo.subtract %cst_1, %7 : tensor<f32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.reduce(%6 init: %cst_2) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %10 = stablehlo.broadcast_in_dim %8, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %11 = stablehlo.divide %9, %10 : tensor<4xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %12 = stablehlo.compare GT, %8, %cst_3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %13 = call @_where(%12, %11, %cst_4) : (tensor<i1>, tensor<4xf32>, tensor<f32>) -> tensor<4xf32>
+    return %13 : tensor<4xf32>
+  }
+  func.func private @_where(%arg0: tensor<i1>, %arg1: tensor<4xf32>, %arg2: tensor<f32>) -> tensor<4xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<i1>, tensor<4xf32>
+    return %2 : tensor<4xf32>
+  }
+  func.func private @remainder(%arg0: tensor<256xi32>, %arg1: tensor<i32>) -> tensor<256xi32> {
+    %0 = stablehlo.convert %arg1 : tensor<i32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1 = stablehlo.compare EQ, %0, %c, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %c_0 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = call @_where_0(%1, %c_0, %0) : (tensor<i1>, tensor<i32>, tensor<i32>) -> tensor<i32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %4 = stablehlo.remainder %arg0, %3 : tensor<256xi32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %6 = stablehlo.compare NE, %4, %5, SIGNED : (tensor<256xi32>, tensor<256xi32>) -> tensor<256xi1>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %7 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %8 = stablehlo.compare LT, %4, %7, SIGNED : (tensor<256xi32>, tensor<256xi32>) -> tensor<256xi1>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.compare LT, %2, %c_3, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [] : (tensor<i1>) -> tensor<256xi1>
+    %11 = stablehlo.compare NE, %8, %10, UNSIGNED : (tensor<256xi1>, tensor<256xi1>) -> tensor<256xi1>
+    %12 = stablehlo.and %11, %6 : tensor<256xi1>
+    %13 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %14 = stablehlo.add %4, %13 : tensor<256xi32>
+    %15 = stablehlo.select %12, %14, %4 : tensor<256xi1>, tensor<256xi32>
+    return %15 : tensor<256xi32>
+  }
+  func.func private @_where_0(%arg0: tensor<i1>, %arg1: tensor<i32>, %arg2: tensor<i32>) -> tensor<i32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<i1>, tensor<i32>
+    return %0 : tensor<i32>
+  }
+  func.func private @_where_1(%arg0: tensor<4x1x256xi32>, %arg1: tensor<4x1x256xbf16>, %arg2: tensor<f32>) -> tensor<4x1x256xbf16> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1x256xi32>
+    %1 = stablehlo.compare NE, %arg0, %0, SIGNED : (tensor<4x1x256xi32>, tensor<4x1x256xi32>) -> tensor<4x1x256xi1>
+    %2 = stablehlo.convert %arg2 : (tensor<f32>) -> tensor<bf16>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<bf16>) -> tensor<4x1x256xbf16>
+    %4 = stablehlo.select %1, %arg1, %3 : tensor<4x1x256xi1>, tensor<4x1x256xbf16>
+    return %4 : tensor<4x1x256xbf16>
+  }
+  func.func private @cumsum(%arg0: tensor<4x1x256xbf16>) -> tensor<4x1x256xbf16> {
+    %0 = call @cumsum_2(%arg0) : (tensor<4x1x256xbf16>) -> tensor<4x1x256xbf16>
+    return %0 : tensor<4x1x256xbf16>
+  }
+  func.func private @cumsum_2(%arg0: tensor<4x1x256xbf16>) -> tensor<4x1x256xbf16> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<bf16>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<bf16>) -> tensor<bf16>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1, 1>, padding = dense<[[0, 0], [0, 0], [255, 0]]> : tensor<3x2xi64>, window_dilations = array<i64: 1, 1, 1>, window_dimensions = array<i64: 1, 1, 256>, window_strides = array<i64: 1, 1, 1>}> ({
+    ^bb0(%arg1: tensor<bf16>, %arg2: tensor<bf16>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<bf16>
+      stablehlo.return %2 : tensor<bf16>
+    }) : (tensor<4x1x256xbf16>, tensor<bf16>) -> tensor<4x1x256xbf16>
+    return %1 : tensor<4x1x256xbf16>
+  }
+  func.func private @argmax(%arg0: tensor<4x1x256xi1>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %c = stablehlo.constant dense<false> : tensor<i1>
+    %c_0 = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %c), (%0 init: %c_0) across dimensions = [2] : (tensor<4x1x256xi1>, tensor<4x1x256xi32>, tensor<i1>, tensor<i32>) -> (tensor<4x1xi1>, tensor<4x1xi32>)
+     reducer(%arg1: tensor<i1>, %arg3: tensor<i1>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, UNSIGNED : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, UNSIGNED : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, UNSIGNED : (tensor<i1>, tensor<i1>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<i1>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<i1>, tensor<i32>
+    }
+    return %1#1 : tensor<4x1xi32>
+  }
+  func.func private @take_along_axis(%arg0: tensor<4x1x256xbf16>, %arg1: tensor<4x1x1xi32>) -> tensor<4x1x1xbf16> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1x1xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1x1xi1>, tensor<4x1x1xi32>
+    %c_1 = stablehlo.constant dense<255> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %6 = stablehlo.compare GE, %4, %5, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %7 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x1x1xi32>
+    %9 = stablehlo.compare LE, %4, %8, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %10 = stablehlo.and %6, %9 : tensor<4x1x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %11 = stablehlo.reduce(%10 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x1x1xi1>, tensor<i1>) -> tensor<4x1xi1>
+    %12 = "stablehlo.gather"(%arg0, %4) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [2], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [2], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<4x1x256xbf16>, tensor<4x1x1xi32>) -> tensor<4x1x1xbf16>
+    %13 = stablehlo.broadcast_in_dim %11, dims = [0, 2] : (tensor<4x1xi1>) -> tensor<4x1x1xi1>
+    %cst = stablehlo.constant dense<0x7FC0> : tensor<bf16>
+    %14 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<bf16>) -> tensor<4x1x1xbf16>
+    %15 = stablehlo.select %13, %12, %14 : tensor<4x1x1xi1>, tensor<4x1x1xbf16>
+    return %15 : tensor<4x1x1xbf16>
+  }
+  func.func private @_where_3(%arg0: tensor<4x1x256xi1>, %arg1: tensor<4x1x256xbf16>, %arg2: tensor<f32>) -> tensor<4x1x256xbf16> {
+    %0 = stablehlo.convert %arg2 : (tensor<f32>) -> tensor<bf16>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<bf16>) -> tensor<4x1x256xbf16>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<4x1x256xi1>, tensor<4x1x256xbf16>
+    return %2 : tensor<4x1x256xbf16>
+  }
+  func.func private @_threefry_split(%arg0: tensor<2xui32>) -> tensor<4x2xui32> {
+    %0 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %1 = stablehlo.reshape %0 : (tensor<1xui32>) -> tensor<ui32>
+    %2 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.iota dim = 0 : tensor<4xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %5 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4xui64>
+    %6 = stablehlo.multiply %5, %4 : tensor<4xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %7 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4xui64>
+    %8 = stablehlo.shift_right_logical %6, %7 : tensor<4xui64>
+    %9 = stablehlo.convert %6 : (tensor<4xui64>) -> tensor<4xui32>
+    %10 = stablehlo.convert %8 : (tensor<4xui64>) -> tensor<4xui32>
+    %11:2 = call @threefry2x32(%1, %3, %10, %9) : (tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>)
+    %12 = stablehlo.broadcast_in_dim %11#0, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %13 = stablehlo.broadcast_in_dim %11#1, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %14 = stablehlo.concatenate %12, %13, dim = 1 : (tensor<4x1xui32>, tensor<4x1xui32>) -> tensor<4x2xui32>
+    return %14 : tensor<4x2xui32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4xui32>, %arg3: tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4xui32>, %arg2: tensor<4xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @_gumbel(%arg0: tensor<4x2xui32>) -> tensor<4x1x256xbf16> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.175490e-38> : tensor<bf16>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<4x2xui32>, tensor<f32>, tensor<bf16>) -> tensor<4x1x256xbf16>
+    %1 = stablehlo.log %0 : tensor<4x1x256xbf16>
+    %2 = stablehlo.negate %1 : tensor<4x1x256xbf16>
+    %3 = stablehlo.log %2 : tensor<4x1x256xbf16>
+    %4 = stablehlo.negate %3 : tensor<4x1x256xbf16>
+    return %4 : tensor<4x1x256xbf16>
+  }
+  func.func private @_uniform(%arg0: tensor<4x2xui32>, %arg1: tensor<f32>, %arg2: tensor<bf16>) -> tensor<4x1x256xbf16> {
+    %0 = stablehlo.convert %arg1 : (tensor<f32>) -> tensor<bf16>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<bf16>) -> tensor<1x1xbf16>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<bf16>) -> tensor<1x1xbf16>
+    %3 = stablehlo.slice %arg0 [0:4, 0:1] : (tensor<4x2xui32>) -> tensor<4x1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<4x1xui32>) -> tensor<4xui32>
+    %5 = stablehlo.slice %arg0 [0:4, 1:2] : (tensor<4x2xui32>) -> tensor<4x1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<4x1xui32>) -> tensor<4xui32>
+    %7 = stablehlo.iota dim = 0 : tensor<1x256xui64>
+    %8 = stablehlo.iota dim = 1 : tensor<1x256xui64>
+    %c = stablehlo.constant dense<256> : tensor<ui64>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<1x256xui64>
+    %10 = stablehlo.multiply %9, %7 : tensor<1x256xui64>
+    %c_0 = stablehlo.constant dense<1> : tensor<ui64>
+    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<1x256xui64>
+    %12 = stablehlo.multiply %11, %8 : tensor<1x256xui64>
+    %13 = stablehlo.add %10, %12 : tensor<1x256xui64>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui64>
+    %14 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui64>) -> tensor<1x256xui64>
+    %15 = stablehlo.shift_right_logical %13, %14 : tensor<1x256xui64>
+    %16 = stablehlo.convert %13 : (tensor<1x256xui64>) -> tensor<1x256xui32>
+    %17 = stablehlo.convert %15 : (tensor<1x256xui64>) -> tensor<1x256xui32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [1, 2] : (tensor<1x256xui32>) -> tensor<1x1x256xui32>
+    %19 = stablehlo.broadcast_in_dim %16, dims = [1, 2] : (tensor<1x256xui32>) -> tensor<1x1x256xui32>
+    %20 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xui32>) -> tensor<4x1x1xui32>
+    %21 = stablehlo.broadcast_in_dim %6, dims = [0] : (tensor<4xui32>) -> tensor<4x1x1xui32>
+    %22:2 = call @threefry2x32_4(%20, %21, %18, %19) : (tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<1x1x256xui32>, tensor<1x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>)
+    %23 = stablehlo.xor %22#0, %22#1 : tensor<4x1x256xui32>
+    %24 = stablehlo.convert %23 : (tensor<4x1x256xui32>) -> tensor<4x1x256xui8>
+    %25 = stablehlo.convert %24 : (tensor<4x1x256xui8>) -> tensor<4x1x256xui16>
+    %c_2 = stablehlo.constant dense<1> : tensor<ui16>
+    %26 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui16>) -> tensor<4x1x256xui16>
+    %27 = stablehlo.shift_right_logical %25, %26 : tensor<4x1x256xui16>
+    %c_3 = stablehlo.constant dense<16256> : tensor<ui16>
+    %28 = stablehlo.broadcast_in_dim %c_3, dims = [] : (tensor<ui16>) -> tensor<4x1x256xui16>
+    %29 = stablehlo.or %27, %28 : tensor<4x1x256xui16>
+    %30 = stablehlo.bitcast_convert %29 : (tensor<4x1x256xui16>) -> tensor<4x1x256xbf16>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<bf16>
+    %31 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<bf16>) -> tensor<4x1x256xbf16>
+    %32 = stablehlo.subtract %30, %31 : tensor<4x1x256xbf16>
+    %33 = stablehlo.subtract %2, %1 : tensor<1x1xbf16>
+    %34 = stablehlo.broadcast_in_dim %33, dims = [1, 2] : (tensor<1x1xbf16>) -> tensor<1x1x1xbf16>
+    %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1, 2] : (tensor<1x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %36 = stablehlo.multiply %32, %35 : tensor<4x1x256xbf16>
+    %37 = stablehlo.broadcast_in_dim %1, dims = [1, 2] : (tensor<1x1xbf16>) -> tensor<1x1x1xbf16>
+    %38 = stablehlo.broadcast_in_dim %37, dims = [0, 1, 2] : (tensor<1x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %39 = stablehlo.add %36, %38 : tensor<4x1x256xbf16>
+    %40 = stablehlo.broadcast_in_dim %1, dims = [1, 2] : (tensor<1x1xbf16>) -> tensor<1x1x1xbf16>
+    %41 = stablehlo.broadcast_in_dim %40, dims = [0, 1, 2] : (tensor<1x1x1xbf16>) -> tensor<4x1x256xbf16>
+    %42 = stablehlo.maximum %41, %39 : tensor<4x1x256xbf16>
+    return %42 : tensor<4x1x256xbf16>
+  }
+  func.func private @threefry2x32_4(%arg0: tensor<4x1x1xui32>, %arg1: tensor<4x1x1xui32>, %arg2: tensor<1x1x256xui32>, %arg3: tensor<1x1x256xui32>) -> (tensor<4x1x256xui32>, tensor<4x1x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<4x1x1xui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<4x1x1xui32>
+    %2 = stablehlo.xor %0, %1 : tensor<4x1x1xui32>
+    %3 = stablehlo.broadcast_in_dim %arg2, dims = [0, 1, 2] : (tensor<1x1x256xui32>) -> tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1, 2] : (tensor<4x1x1xui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.add %3, %4 : tensor<4x1x256xui32>
+    %6 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1, 2] : (tensor<1x1x256xui32>) -> tensor<4x1x256xui32>
+    %7 = stablehlo.broadcast_in_dim %arg1, dims = [0, 1, 2] : (tensor<4x1x1xui32>) -> tensor<4x1x256xui32>
+    %8 = stablehlo.add %6, %7 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %9:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %5, %iterArg_6 = %8, %iterArg_7 = %arg1, %iterArg_8 = %2, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %10 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    } do {
+      %10:8 = func.call @closed_call_5(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %11 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %11, %10#0, %10#1, %10#2, %10#3, %10#4, %10#5, %10#6, %10#7 : tensor<i32>, tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %9#2, %9#3 : tensor<4x1x256xui32>, tensor<4x1x256xui32>
+  }
+  func.func private @closed_call_5(%arg0: tensor<i32>, %arg1: tensor<4x1x256xui32>, %arg2: tensor<4x1x256xui32>, %arg3: tensor<4x1x1xui32>, %arg4: tensor<4x1x1xui32>, %arg5: tensor<4x1x1xui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x1x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x1x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x1x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x1x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x1x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x1x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x1x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x1x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x1x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x1x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x1x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x1x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x1x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x1x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x1x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x1x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x1x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x1x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x1x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1, 2] : (tensor<4x1x1xui32>) -> tensor<4x1x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x1x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [0, 1, 2] : (tensor<4x1x1xui32>) -> tensor<4x1x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x1x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x1x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x1x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x1x256xui32>, tensor<4x1x256xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4x1x1xui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax_6(%arg0: tensor<4x1x256xbf16>) -> tensor<4x1xi32> {
+    %0 = stablehlo.iota dim = 2 : tensor<4x1x256xi32>
+    %cst = stablehlo.constant dense<0xFF80> : tensor<bf16>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [2] : (tensor<4x1x256xbf16>, tensor<4x1x256xi32>, tensor<bf16>, tensor<i32>) -> (tensor<4x1xbf16>, tensor<4x1xi32>)
+     reducer(%arg1: tensor<bf16>, %arg3: tensor<bf16>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<bf16>, tensor<bf16>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<bf16>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<bf16>, tensor<i32>
+    }
+    return %1#1 : tensor<4x1xi32>
+  }
+  func.func private @take_along_axis_7(%arg0: tensor<4x1x256xbf16>, %arg1: tensor<4x1x1xi32>) -> tensor<4x1x1xbf16> {
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %3 = stablehlo.add %arg1, %2 : tensor<4x1x1xi32>
+    %4 = stablehlo.select %1, %3, %arg1 : tensor<4x1x1xi1>, tensor<4x1x1xi32>
+    %c_1 = stablehlo.constant dense<255> : tensor<1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %5 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<4x1x1xi32>
+    %6 = stablehlo.compare GE, %4, %5, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %7 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<1x1x1xi32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0, 1, 2] : (tensor<1x1x1xi32>) -> tensor<4x1x1xi32>
+    %9 = stablehlo.compare LE, %4, %8, SIGNED : (tensor<4x1x1xi32>, tensor<4x1x1xi32>) -> tensor<4x1x1xi1>
+    %10 = stablehlo.and %6, %9 : tensor<4x1x1xi1>
+    %c_3 = stablehlo.constant dense<true> : tensor<i1>
+    %11 = stablehlo.reduce(%10 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<4x1x1xi1>, tensor<i1>) -> tensor<4x1xi1>
+    %12 = "stablehlo.gather"(%arg0, %4) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [2], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [2], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<4x1x256xbf16>, tensor<4x1x1xi32>) -> tensor<4x1x1xbf16>
+    %13 = stablehlo.broadcast_in_dim %11, dims = [0, 2] : (tensor<4x1xi1>) -> tensor<4x1x1xi1>
+    %cst = stablehlo.constant dense<0x7FC0> : tensor<bf16>
+    %14 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<bf16>) -> tensor<4x1x1xbf16>
+    %15 = stablehlo.select %13, %12, %14 : tensor<4x1x1xi1>, tensor<4x1x1xbf16>
+    return %15 : tensor<4x1x1xbf16>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_simply_top_k_sample(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_exact_mask"
 // CHECK-SAME: scores = true

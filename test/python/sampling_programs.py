@@ -440,7 +440,8 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
     the program divides by a constant right before it (the site's x / T; a division "before" the sampler is that too,
     unless a top-k mask lies between), else 1 (the scaling outside)."""
     if spec.settings_rows:  # grok-1's: its T and p are operands, its scaling and mask in XLA, its scores at its fill
-        scored = {"scores": True, "fill": _fill(spec.fill, jnp.dtype(jnp.float32))} if spec.log_prob else {}
+        fill = _fill(spec.fill, jnp.dtype(dtype))  # (grok's bf16: its finfo.min is bf16's)
+        scored = {"scores": True, "fill": fill} if spec.log_prob else {}
         return "top_p_haiku_rows", {**attrs, **scored, "mode": "top_p"}
     p = 1 - _rounded(1 - spec.p, dtype) if spec.top_p_style in ("tvq", "haiku") else _rounded(spec.p, dtype)
     if spec.top_p_style == "levanter":  # its threshold p - 1e-4, one constant after hlofuse-prepare's fold

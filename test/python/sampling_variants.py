@@ -1094,7 +1094,7 @@ def grok_sample_token(x, key):
     with a key per row, and the filtered logits read again: the drawn token's probability and the top 8 (the
     composite gives them back)."""
     rows, vocab = x.shape[0], x.shape[-1]
-    spread = jnp.std(x[:, 0, :], axis=-1)
+    spread = jnp.std(x[:, 0, :].astype(jnp.float32), axis=-1)  # (f32 settings, as grok's SampleSettings are)
     temperature = jnp.expand_dims(0.5 + 0.5 * jax.nn.sigmoid(spread), (1, 2))
     nucleus_p = jnp.expand_dims(0.6 + 0.35 * jax.nn.sigmoid(-spread), (1, 2))
     allowed = jnp.broadcast_to(jnp.arange(vocab) % 11 != 0, (rows, vocab)).astype(jnp.int32)
@@ -1176,6 +1176,12 @@ def simply_top_p_sample(x, key):
 def simply_top_k_top_p_sample(x, key):
     """simply's sampler at T = 0.7 with top_k = 40 and top_p = 0.9: its nucleus of the top k."""
     return _simply_sample(x, key, 0.7, top_k=40, top_p=0.9)
+
+
+def grok_sample_token_bf16(x, key):
+    """grok-1's `sample_token` on its model's bf16 logits (its `fprop_dtype`): / T, the mask, the nucleus, the draw and
+    the reads all in bf16."""
+    return grok_sample_token(x, key)
 
 
 def perceiver_ar_nucleus_sample(x, key):
@@ -1809,6 +1815,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 1 - float(np.float32(1 - 0.95)), "temperature": float(np.float32(0.7))}),
     Variant("grok_sample_token", grok_sample_token, "top_p_haiku_rows_row_keys", shape=(B, 1, V),
             expect={"scores": True, "fill": -1e10, "temperature": 1.0}, program_top_ks=1),
+    Variant("grok_sample_token_bf16", grok_sample_token_bf16, "top_p_haiku_rows_row_keys", shape=(B, 1, V),
+            dtype=jnp.bfloat16, expect={"scores": True, "temperature": 1.0}, program_top_ks=1),
     # (simply's p: 0.9 as an f32 constant; its T before the top-k's mask, outside)
     Variant("simply_top_k_sample", simply_top_k_sample, "top_k_exact_mask",
             shape=(B, 1, V), expect={"k": 40, "temperature": 1.0, "scores": True,

@@ -125,7 +125,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     # grok-1's sample_token: T, p and a mask of allowed tokens per row, drawn with one key or a key per row (vmapped)
     if form == "top_p_mask" and spec.top_p_style == "haiku" and draw(st.integers(0, 2)) == 0:
         spec = dataclasses.replace(spec, settings_rows=True, batch=draw(st.sampled_from(["b", "b1"])),
-                                   temperature_style="const", noise=draw(st.sampled_from(["categorical", "gumbel"])))
+                                   temperature_style="const", noise=draw(st.sampled_from(["categorical", "gumbel"])),
+                                   upcast=spec.upcast and draw(st.booleans()))  # (grok's logits are bf16)
         if draw(st.booleans()):
             spec = dataclasses.replace(spec, draw="row_keys", noise="categorical")
     elif form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
@@ -333,6 +334,8 @@ FIXED_GAPS = {
     "top_p_simply_log_prob": SamplerSpec(form="top_p_mask", top_p_style="simply", fill="finfo_min", log_prob=True),
     "top_k_top_p_simply_ties": SamplerSpec(form="top_k_top_p_mask", top_p_style="simply", vocab=16, k=8, p=0.5,
                                            fill="-1e7"),
+    "grok_sample_token_bf16": SamplerSpec(form="top_p_mask", top_p_style="haiku", settings_rows=True, batch="b1",
+                                          draw="row_keys", fill="-1e7", log_prob=True, dtype="bfloat16"),
     "grok_sample_token_one_key_ties": SamplerSpec(form="top_p_mask", top_p_style="haiku", settings_rows=True, vocab=16,
                                                   p=0.5, fill="-inf"),
     "top_p_mtj_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="mtj", vocab=16, p=0.5,

@@ -27,7 +27,8 @@ with torch.multinomial's (B, 1) ids unsqueezed, and the textbook `-log(-log(u))`
 with and without the drawn token's log-probability, and the nucleus of Haiku's `nucleus_sample` and grok-1, and
 xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised, and
 perceiver-ar's nucleus of the logits, then / T, and grok-1's `sample_token`, (B, 1, V) logits with T, p and a mask
-per row, a key per row, and the token's probability and the top 8 read from what it drew from, and
+per row, a key per row, and the token's probability and the top 8 read from what it drew from, in f32 and on its
+model's bf16 logits, and
 google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
@@ -77,7 +78,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample",
             "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
             "min_p_of_probs_weights", "perceiver_ar_nucleus_sample", "grok_sample_token", "simply_top_k_sample",
-            "simply_top_p_sample", "simply_top_k_top_p_sample")
+            "simply_top_p_sample", "simply_top_k_top_p_sample", "grok_sample_token_bf16")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
@@ -106,9 +107,9 @@ def _median_ms(fns: dict[str, Any], x: jax.Array, iters: int) -> dict[str, float
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def _shape_of(name: str) -> tuple[int, ...]:
-    """The logits' shape the catalogue's variant `name` takes."""
-    return next(v.shape for v in sampling_variants.VARIANTS if v.name == name)
+def _variant(name: str) -> sampling_variants.Variant:
+    """The catalogue's variant `name` (its logits' shape and dtype)."""
+    return next(v for v in sampling_variants.VARIANTS if v.name == name)
 
 
 def _key(i: int) -> jax.Array:
@@ -132,10 +133,12 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.samplers:
         fn = getattr(sampling_variants, name)
-        units = (1,) * (len(_shape_of(name)) - 2)  # (B, 1, V) decode logits where the variant takes them
+        variant = _variant(name)
+        units = (1,) * (len(variant.shape) - 2)  # (B, 1, V) decode logits where the variant takes them
         for batch in args.batch:
             for vocab in args.vocab:
                 x = args.scale * jax.random.normal(jax.random.key(0), (batch, *units, vocab), jnp.float32)
+                x = x.astype(variant.dtype)  # (grok's bf16 logits)
                 spec = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2,), jnp.uint32))
                 fns = {"original": jax.jit(fn),
                        "fused": jax.jit(fn, compiler_options={"hlofuse_pipeline": "default", "hlofuse_strict": True}),

@@ -815,11 +815,12 @@ def top_p_haiku_rows(logits: jax.Array, key: jax.Array, *, temperature: float, p
                      categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
                      **_: Any) -> jax.Array:
     """grok-1's `sample_token`: Haiku's nucleus (`haiku_top_p_kept`) of y = x / T with a p per row, (B,) with unit
-    dims added up to the logits' rank (`jnp.expand_dims(nucleus_p, (1, 2))` of its (B, 1, V) logits), the threshold
-    1 - p computed by the program; the dropped logits at -inf (grok fills -1e10: FILL_NOTE), then a categorical.
+    dims added up to the logits' rank and cast to their dtype (`jnp.expand_dims(nucleus_p, (1, 2))` of its (B, 1, V)
+    logits, then `.astype(logits.dtype)`), the threshold 1 - p computed by the program; the dropped logits at -inf
+    (grok fills -1e10: FILL_NOTE), then a categorical.
     (grok divides by its per-row T and masks its disallowed tokens before the nucleus: T = 1 here, `_unscaled`.)"""
     y = _scale(logits, temperature)
-    one_minus_p = 1 - jnp.expand_dims(p, tuple(range(1, y.ndim)))
+    one_minus_p = 1 - jnp.expand_dims(p, tuple(range(1, y.ndim))).astype(y.dtype)
     kept = jnp.where(haiku_top_p_kept(y, one_minus_p, sort_fn), y, NEG_INF if fill is None else fill)
     return categorical_fn(key, kept, axis=-1)
 

@@ -1763,8 +1763,12 @@ def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.A
 
 def haiku_rows_lowering(form: str, params: dict[str, Any], scores_fill: float | None = None) -> Callable[..., Any]:
     """grok-1's sampler (sampling_reference.top_p_haiku_rows: Haiku's nucleus with a p per row) of (B, 1, ..., 1, V)
-    f32 logits on the CPU: the form's function on the kernel's ascending radix sort (the program's sorted values; its
-    softmax, cumsum and cut are the program's ops), drawn by the kernel (with a key per row for its `row_keys` form).
+    f32 or bf16 logits on the CPU: the form's function on the kernel's ascending radix sort (the program's sorted
+    values; its softmax, cumsum and cut are the program's ops), drawn by the kernel (with a key per row for its
+    `row_keys` form). In bf16 too: XLA's CPU sort of the program's bf16 row sorts it widened to f32 and converts the
+    result back, as this lowering converts the kernel's f32 row, so the program's bf16 ops after the sort meet the
+    same values through the same converts (grok's logits are bf16; checked bit for bit by the generator's bf16
+    `settings_rows` and variant `grok_sample_token_bf16`).
     With `scores_fill`: (ids, the filtered logits it drew from, the dropped at that fill), as grok reads them again
     for the token's probability and its top 8; no sort in XLA either way."""
     fn = FORMS[FORMS[form].filters].fn
@@ -2064,9 +2068,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     filters = FORMS[attrs.form].filters if attrs.form in FORMS else ""
     if attrs.form in FORMS and FORMS[attrs.form].filters == "top_p_haiku_rows":
         (shape, dtype), *_ = call.operand_types
-        if len(shape) < 2 or any(size != 1 for size in shape[1:-1]) or dtype != "f32":
-            raise Unsupported(f"'{attrs.form}' (grok-1's nucleus) takes (B, V) or (B, 1, V) f32 logits: the softmax "
-                              "and cumsum of its whole sorted row round in bf16 as XLA fuses them next to its own sort")
+        if len(shape) < 2 or any(size != 1 for size in shape[1:-1]) or dtype not in ("f32", "bf16"):
+            raise Unsupported(f"'{attrs.form}' (grok-1's nucleus) takes (B, V) or (B, 1, V) f32 or bf16 logits")
         return haiku_rows_lowering(attrs.form, attrs.params(), attrs.fill if attrs.scores else None)
     if attrs.form in FORMS and FORMS[attrs.form].row_params:
         (shape, dtype), *_ = call.operand_types
