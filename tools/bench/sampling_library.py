@@ -28,8 +28,7 @@ with and without the drawn token's log-probability, and the nucleus of Haiku's `
 xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised, and
 perceiver-ar's nucleus of the logits, then / T, and grok-1's `sample_token`, (B, 1, V) logits with T, p and a mask
 per row, a key per row, and the token's probability and the top 8 read from what it drew from, in f32 and on its
-model's bf16 logits, and
-google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability).
+model's bf16 logits, and google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared

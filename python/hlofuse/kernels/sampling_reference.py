@@ -2293,6 +2293,18 @@ def gives_scores(form: str) -> bool:
     return not FORMS[form].drawn_by or grok
 
 
+def recording_draw(categorical_fn: Categorical) -> tuple[Categorical, list[jax.Array]]:
+    """`categorical_fn`, and the list each of its calls appends the scores it draws from to: a form that gives
+    scores draws once, so they are the list's one element."""
+    drawn_from: list[jax.Array] = []
+
+    def draw(key: jax.Array, y: jax.Array, axis: int = -1, **options: Any) -> jax.Array:  # noqa: ANN401
+        drawn_from.append(y)
+        return categorical_fn(key, y, axis=axis, **options)
+
+    return draw, drawn_from
+
+
 def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str, fill: float = NEG_INF,
                                  categorical_fn: Categorical = jax.random.categorical,
                                  **params: Any) -> tuple[jax.Array, jax.Array]:
@@ -2300,12 +2312,7 @@ def sample_reference_with_scores(logits: jax.Array, key: jax.Array, *, form: str
     The scores are what the form's function hands its categorical, the dropped logits at `fill`."""
     if not gives_scores(form):
         raise ValueError(f"'{form}' gives back no scores (only the searched forms and SCORED_FILTERS do)")
-    drawn_from: list[jax.Array] = []
-
-    def recording(draw_key: jax.Array, y: jax.Array, axis: int = -1, **options: Any) -> jax.Array:  # noqa: ANN401
-        drawn_from.append(y)
-        return categorical_fn(draw_key, y, axis=axis, **options)
-
+    recording, drawn_from = recording_draw(categorical_fn)
     if FORMS[form].drawn_by:  # (a key per row: the draw is under a vmap, so the scores are its base form's, one key)
         ids = sample_reference(logits, key, form=form, fill=fill, categorical_fn=categorical_fn, **params)
         sample_reference(logits, key[0], form=FORMS[form].base, fill=fill, categorical_fn=recording, **params)
@@ -2372,5 +2379,5 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
 __all__ = ["DRAWS", "FORMS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
            "RankNucleus", "Writing", "form_params", "gives_scores", "keras_categorical_draw", "log_floored",
            "merge_vocab_splits", "nucleus_cut_slack", "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores",
-           "reference_where_uncertified", "sample_reference", "sample_reference_with_scores", "sort_unstable",
-           "take_by_batch_index", "top_k_by_argsort", "top_p_removal"]
+           "recording_draw", "reference_where_uncertified", "sample_reference", "sample_reference_with_scores",
+           "sort_unstable", "take_by_batch_index", "top_k_by_argsort", "top_p_removal"]

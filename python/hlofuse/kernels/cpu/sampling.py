@@ -61,6 +61,7 @@ from hlofuse.kernels.sampling_reference import (
     probs_of_rows,
     rank_masks,
     rank_nucleus_scores,
+    recording_draw,
     reference_where_uncertified,
     row_values,
     sample_reference,
@@ -416,12 +417,7 @@ def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: fl
     categorical_fn = _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)
 
     def with_scores(logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
-        drawn_from: list[jax.Array] = []
-
-        def draw(draw_key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
-            drawn_from.append(y)
-            return categorical_fn(draw_key, y, axis=axis)
-
+        draw, drawn_from = recording_draw(categorical_fn)
         ids = fn(logits, key, categorical_fn=draw, top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel, **orders,
                  fill=scores_fill, **params)
         return ids, drawn_from[0]
@@ -1777,12 +1773,7 @@ def haiku_rows_lowering(form: str, params: dict[str, Any], scores_fill: float | 
     fill = {} if scores_fill is None else {"fill": scores_fill}
 
     def kernel(logits: jax.Array, key: jax.Array, *rows: jax.Array) -> Any:  # noqa: ANN401
-        drawn_from: list[jax.Array] = []
-
-        def draw(draw_key: jax.Array, y: jax.Array, axis: int = -1) -> jax.Array:
-            drawn_from.append(y)
-            return categorical_fn(draw_key, y, axis=axis)
-
+        draw, drawn_from = recording_draw(categorical_fn)
         ids = fn(logits, key, sort_fn=_sorted_values_by_kernel, categorical_fn=draw, **scalars, **fill,
                  **row_values(form, rows))
         return ids if scores_fill is None else (ids, drawn_from[0])
