@@ -21,6 +21,7 @@ from hlofuse.kernels.sampling_reference import (
     rank_nucleus_scores,
     sample_reference,
     sample_reference_with_scores,
+    simply_top_p_keep,
 )
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
@@ -436,6 +437,61 @@ def test_simply_filters_give_the_reference_ids_and_scores_with_no_sort(form: str
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+
+
+def test_simply_nucleus_of_wide_rows_is_the_programs_from_the_candidates() -> None:
+    """simply's nucleus of rows wider than the candidates: from the kernel's top candidates by mass, vouched for on
+    peaked and normal rows (no sorted row at all) and not on flat ones (a nucleus past the candidates) or NaN rows;
+    the keep where vouched, and the lowering's ids and scores everywhere, are the reference's bit for bit."""
+    form = "top_p_simply_mask"
+    fill = -0.5 * float(np.finfo(np.float32).max)
+    params = form_params(form, temperature=0.7, p=0.9)
+    lowering = jax.jit(sampling.function_form_lowering(form, params, scores_fill=fill))
+    reference = jax.jit(lambda x, key: sample_reference_with_scores(x, key, form=form, fill=fill, **params))
+    of_candidates = jax.jit(lambda y: sampling._simply_keep_of_candidates(y, 0.9))
+    want_vouched = {"peaked": True, "normal": True, "flat": False, "nan": False}
+    for case in (*CASES, "many_nan"):
+        x = jnp.asarray(_logits(3, WIDE, case).reshape(3, 1, WIDE))  # simply's (B, 1, V) decode rows
+        keep, vouched = of_candidates(x / 0.7)
+        want_keep = simply_top_p_keep(x / 0.7, 0.9)
+        np.testing.assert_array_equal(np.asarray(keep)[vouched], np.asarray(want_keep)[vouched], err_msg=case)
+        if case in want_vouched:
+            assert np.all(vouched[1:]) == want_vouched[case], case  # (the nan case's row 0 holds the NaN)
+        for seed in range(2):
+            key = jnp.array([seed, 47 + seed], jnp.uint32)
+            (ids, scores), (want_ids, want_scores) = lowering(x, key), reference(x, key)
+            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
+            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
+                                          err_msg=f"{case} seed {seed}")
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, 1, WIDE), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
+    entry = hlo[hlo.index("ENTRY"):]
+    entry = entry[:entry.index("\n}")]  # the whole row's sort only in a conditional's branch, not run when vouched
+    assert "hlofuse_sample_top_mass" in entry and "conditional(" in entry and "hlofuse_sample_sort" not in entry
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+
+
+def test_simply_nucleus_leaves_equal_probabilities_across_the_cut_to_the_whole_row() -> None:
+    """Two logits one ulp apart near the top have one probability; simply's argsort ranks the larger (the higher id
+    here) first, the kernel's candidates the lower id first. With p at the exact mass before the second of them, the
+    cut falls between the two: the candidates' keep (every token at or above the last kept probability) would keep
+    both, so the row is not vouched for, and the keep on the whole row is the program's."""
+    y = np.full((1, WIDE), -20.0, np.float32)
+    y[0, 100] = 0.0
+    y[0, 7] = np.float32(-1e-6)
+    y[0, 9] = np.nextafter(np.float32(-1e-6), np.float32(1))  # the higher id, the larger logit
+    y = jnp.asarray(y)
+    probs = jax.nn.softmax(y, axis=-1)
+    assert probs[0, 7] == probs[0, 9]
+    order = jnp.argsort(y, axis=-1, descending=True)
+    mass = jnp.cumulative_sum(jnp.take_along_axis(probs, order, axis=-1), axis=-1, include_initial=True)
+    p = float(mass[0, 2])  # rank 1 (id 9) kept, rank 2 (id 7) dropped
+    want = np.asarray(simply_top_p_keep(y, p))
+    assert want[0, 9] and not want[0, 7]
+    keep, vouched = sampling._simply_keep_of_candidates(y, p)
+    assert keep[0, 7] and keep[0, 9]  # one probability: the candidates cannot tell them apart
+    assert not vouched[0]
+    np.testing.assert_array_equal(sampling.simply_top_p_keep_by_candidates(y, p), want)
 
 
 def test_gemma_3_1_top_p_is_drawn_with_no_sorted_row_and_vouches_only_for_kept_winners() -> None:

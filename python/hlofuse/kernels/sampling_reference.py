@@ -853,11 +853,13 @@ def top_p_simply_mask(logits: jax.Array, key: jax.Array, *, temperature: float, 
                       categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
                       argsort_fn: Callable[[jax.Array], jax.Array] = argsort_descending_stable,
                       put_back_fn: Callable[[jax.Array, jax.Array], jax.Array] = put_back_by_sort,
-                      **_: Any) -> jax.Array:
+                      keep_fn: Callable[[jax.Array, float], jax.Array] | None = None, **_: Any) -> jax.Array:
     """google-deepmind/simply's `sample_from_logits` with a top-p: y = x / T, `where(simply_top_p_keep(y), y, fill)`
-    (simply's `-0.5 * finfo.max`: FILL_NOTE), then a categorical."""
+    (simply's `-0.5 * finfo.max`: FILL_NOTE), then a categorical. `keep_fn(y, p)`: the same keep computed another way
+    (a kernel's)."""
     y = _scale(logits, temperature)
-    kept = jnp.where(simply_top_p_keep(y, p, argsort_fn, put_back_fn), y, NEG_INF if fill is None else fill)
+    keep = simply_top_p_keep(y, p, argsort_fn, put_back_fn) if keep_fn is None else keep_fn(y, p)
+    kept = jnp.where(keep, y, NEG_INF if fill is None else fill)
     return categorical_fn(key, kept, axis=-1)
 
 

@@ -67,6 +67,7 @@ from hlofuse.kernels.sampling_reference import (
     sample_reference,
     sample_reference_with_scores,
     scale_rows,
+    simply_top_p_keep,
     sorted_top_p_removal,
     top_p_removal,
     top_p_removed,
@@ -399,6 +400,38 @@ def _kept_ids_by_scatter(ids: jax.Array, keep: jax.Array, vocab: int) -> jax.Arr
                               constant_values=vocab)).reshape((*keep.shape[:-1], vocab))
 
 
+def simply_top_p_keep_by_candidates(y: jax.Array, p: float) -> jax.Array:
+    """simply_top_p_keep (google-deepmind/simply's nucleus) of f32 y (..., V) with no sorted row
+    (`_simply_keep_of_candidates`). A batch the candidates cannot vouch for, bf16, a row no wider than the candidates
+    and p outside (0, 1) run the keep on the kernel's stable argsort of the whole row, in a conditional's branch."""
+    def whole() -> jax.Array:  # (the conditional's result as rows: simply's (B, 1, V) gave its branches two layouts)
+        return simply_top_p_keep(y, p, _argsort_descending_by_kernel, _put_back_by_scatter).reshape(-1, y.shape[-1])
+
+    if y.dtype != jnp.float32 or y.shape[-1] <= NUCLEUS_CANDIDATES or not 0.0 < p < 1.0:
+        return whole().reshape(y.shape)
+    keep, vouched = _simply_keep_of_candidates(y, p)  # (the program's softmax of y as the program shapes it)
+    return jax.lax.cond(jnp.all(vouched), lambda: keep.reshape(-1, y.shape[-1]), whole).reshape(y.shape)
+
+
+def _simply_keep_of_candidates(y: jax.Array, p: float) -> tuple[jax.Array, jax.Array]:
+    """simply_top_p_keep of f32 y (..., V) from the kernel's top candidates by mass, and whether each row's is vouched
+    for. The program's probabilities are softmax(y) in id order (its op, so its values), and the candidates
+    (`hlofuse_sample_top_mass`: by probability, lower id first among equal ones) are the first ranks of its argsort's
+    row: the same values in the same places as by y, as a larger y never has a smaller probability. The program's
+    exclusive cumsum over them is the first ranks of its cumsum over the row (as for the rank-space nuclei), and a
+    rank past them is dropped (their mass passes p by the margin). So the program keeps its first j ranks, and those
+    are the tokens whose probability is at least the last kept one's, when no more tokens than j have one: which of
+    equal probabilities takes a rank is the argsort's (by y), so a row where another token ties the last kept one is
+    not vouched for (nor one whose candidates do not hold its nucleus, or a NaN)."""
+    probs = jax.nn.softmax(y, axis=-1)
+    values, _ = _top_mass_by_kernel(probs, NUCLEUS_CANDIDATES, p + 2 * NUCLEUS_MARGIN)
+    keep = jnp.cumulative_sum(values, axis=-1, include_initial=True)[..., :-1] < p
+    last_kept = jnp.min(jnp.where(keep, values, jnp.inf), axis=-1, keepdims=True)
+    kept = probs >= last_kept
+    vouched = _rows_holding_nucleus(values, p) & (jnp.sum(kept, axis=-1) == jnp.sum(keep, axis=-1))
+    return kept, vouched
+
+
 def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: float | None = None,
                            scores_fill: float | None = None) -> Callable[..., Any]:
     """A form of FUNCTION_FORMS: its function with the kernel's top-k (or sort) and categorical draw. tunix's nucleus
@@ -414,6 +447,8 @@ def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: fl
     # (simply's nucleus: its argsort and its sort_key_val back by the kernel's sort and a scatter)
     orders = {"argsort_fn": _argsort_descending_by_kernel, "put_back_fn": _put_back_by_scatter,
               "mask_fn": _kept_ids_by_scatter}
+    if form == "top_p_simply_mask":  # (its nucleus from the kernel's top candidates by mass: no sorted row)
+        orders["keep_fn"] = simply_top_p_keep_by_candidates
     categorical_fn = _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)
 
     def with_scores(logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -684,10 +719,15 @@ def _nucleus_of_candidates(values: jax.Array, ids: jax.Array, key: jax.Array, wi
     return jnp.where((rank < candidates) & (inside >= 0), inside, UNCERTIFIED)
 
 
+def _rows_holding_nucleus(values: jax.Array, p: float) -> jax.Array:
+    """Whether the first ranks `values` (..., L) of each row hold its nucleus: their cumsum passes p by the margin
+    (False for NaN)."""
+    return jnp.cumsum(values, axis=-1)[..., -1] > jnp.float32(p + NUCLEUS_MARGIN)
+
+
 def _holds_nucleus(values: jax.Array, p: float) -> jax.Array:
-    """Whether the first ranks `values` of every row hold its nucleus: their cumsum passes p by the margin (False
-    for NaN)."""
-    return jnp.all(jnp.cumsum(values, axis=-1)[..., -1] > jnp.float32(p + NUCLEUS_MARGIN))
+    """Whether the first ranks `values` of every row hold its nucleus (`_rows_holding_nucleus`)."""
+    return jnp.all(_rows_holding_nucleus(values, p))
 
 
 #===--- gemma_pytorch's sampler: masks in rank space, an inverse-CDF draw in vocabulary order ---===#
