@@ -165,8 +165,8 @@ def test_exact_paths_take_one_rows_memory() -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="KNOWN GAP: XLA's CPU reductions round a row alone otherwise than the same row "
-                   "in its batch at V = 128256, so the exact paths' row-by-row redraw (their memory bound above) is not "
-                   "the program's bit for bit where the band could not vouch")
+                   "in its batch at V = 128256, so the exact paths' row-by-row redraw (their memory bound above) is "
+                   "not the program's bit for bit where the band could not vouch")
 def test_a_row_alone_renormalises_and_sums_as_in_its_batch() -> None:
     # what the exact paths rest on when they redraw one (1, V) row of a (B, V) program: the same renormalised cumsum
     rows, vocab = 8, 128256
