@@ -5,12 +5,14 @@ A kernel change is measured against the code it replaces, not against a number f
 python/hlofuse/kernels/cpu/sampling.cc (and its sampling_simd.h) of `--base` and of the working tree into two
 libraries with the same flags, registers under its own FFI name each one's nucleus band
 (`hlofuse_sample_nucleus_band`, the certified nucleus's pass over the row: max, exp, the mass by bin, the cut's
-search) or, with --form, its whole draw (`hlofuse_sample` with that form), checks that both give the same result
-to the bit, and times them interleaved, with XLA's argmax of the same logits beside them:
+search), with --form its whole draw (`hlofuse_sample` with that form), or with --sort its ascending radix sort of
+the row (`hlofuse_sample_sort`: values and ids), checks that both give the same result to the bit, and times them
+interleaved, with XLA's argmax of the same logits beside them:
 
     python tools/bench/sampling_kernel_ab.py                          # HEAD against the working tree
     python tools/bench/sampling_kernel_ab.py --base HEAD~3 --batch 1 8 --vocab 128256 262144
     python tools/bench/sampling_kernel_ab.py --form temperature --temperature 0.7
+    python tools/bench/sampling_kernel_ab.py --sort
 
 Times are medians of --iters interleaved calls in milliseconds; on 2 shared cores the ratio is the number to read.
 Needs g++ and jaxlib's FFI headers (installed with jax).
@@ -85,6 +87,14 @@ def _draw(target: str, form: str, temperature: float, p: float, k: int) -> objec
     return jax.jit(draw)
 
 
+def _sort(target: str) -> object:
+    def sort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+        out = [jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
+        return jax.ffi.ffi_call(target, out, vmap_method="sequential")(x)
+
+    return jax.jit(sort)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="HEAD", help="the git revision to compare against (default HEAD)")
@@ -97,13 +107,18 @@ def main() -> None:
                         "top_p_mask_log_prob, ...; sampling.py's form codes) instead of the nucleus band")
     parser.add_argument("--temperature", type=float, default=1.0, help="the draw's temperature (with --form)")
     parser.add_argument("--k", type=int, default=50, help="the top-k forms' k (with --form; Hugging Face's default)")
+    parser.add_argument("--sort", action="store_true", help="time the ascending radix sort of the row instead")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         fns = {}
         for name, revision in (("base", args.base), ("tree", None)):
             library = ctypes.cdll.LoadLibrary(str(_build(name, revision, Path(tmp))))
-            if args.form is None:
+            if args.sort:
+                target = f"hlofuse_ab_{name}_sort"
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.hlofuse_sample_sort), platform="cpu")
+                fns[name] = _sort(target)
+            elif args.form is None:
                 target = f"hlofuse_ab_{name}_nucleus_band"
                 jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.hlofuse_sample_nucleus_band),
                                             platform="cpu")
