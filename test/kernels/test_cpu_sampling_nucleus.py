@@ -18,6 +18,7 @@ from hlofuse.kernels.sampling_reference import (
     RANK_NUCLEI,
     UNCERTIFIED,
     form_params,
+    levanter_top_p_kept,
     rank_nucleus_scores,
     sample_reference,
     sample_reference_with_scores,
@@ -468,6 +469,47 @@ def test_simply_nucleus_of_wide_rows_is_the_programs_from_the_candidates() -> No
     entry = hlo[hlo.index("ENTRY"):]
     entry = entry[:entry.index("\n}")]  # the whole row's sort only in a conditional's branch, not run when vouched
     assert "hlofuse_sample_top_mass" in entry and "conditional(" in entry and "hlofuse_sample_sort" not in entry
+    assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
+
+
+def test_levanter_nucleus_with_scores_of_wide_rows_sums_only_the_candidates() -> None:
+    """Levanter's nucleus when its program reads the filtered logits again (its log-probability): of rows wider than
+    the candidates, the kept logits from the sorted row's softmax and the cumsum of its first ranks only, vouched for
+    on peaked, normal and -inf rows and not on flat or NaN ones, nor where equal logits straddle the cut; the ids and
+    the scores are the reference's bit for bit either way, with no sort or TopK left to XLA."""
+    form = "top_p_levanter_mask"
+    p = float(np.float32(0.9) - np.float32(1e-4))  # Levanter's p less its tolerance, folded (hlofuse-prepare)
+    params = form_params(form, temperature=0.7, p=p)
+    lowering = jax.jit(sampling.flax_top_p_lowering(form, params, with_scores=True))
+    reference = jax.jit(lambda x, key: sample_reference_with_scores(x, key, form=form, **params))
+    of_candidates = jax.jit(lambda y: sampling._levanter_keep_of_candidates(y, p))
+    want_vouched = {"peaked": True, "normal": True, "neg_inf": True, "flat": False, "nan": False}
+    for case in (*CASES, "many_nan"):
+        x = jnp.asarray(_logits(3, WIDE, case))
+        kept, vouched = of_candidates(x / 0.7)
+        want_kept = np.isfinite(np.asarray(levanter_top_p_kept(x / 0.7, p)))
+        np.testing.assert_array_equal(np.asarray(kept)[vouched], want_kept[vouched], err_msg=case)
+        if case in want_vouched:
+            assert np.all(vouched) == want_vouched[case], case
+        for seed in range(2):
+            key = jnp.array([seed, 53 + seed], jnp.uint32)
+            (ids, scores), (want_ids, want_scores) = lowering(x, key), reference(x, key)
+            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
+            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
+                                          err_msg=f"{case} seed {seed}")
+    # two equal logits at the cut: the argsort keeps the higher id, and no compare with the last kept logit can
+    ties = np.full((2, WIDE), -30.0, np.float32)
+    ties[:, [5, 9]] = 1.0
+    ties[:, 100] = 1.5
+    ordered = -jnp.sort(-jnp.asarray(ties), axis=-1)
+    tie_p = float(jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)[0, 1])  # ranks 0 (id 100) and 1 (id 9) kept
+    kept, vouched = sampling._levanter_keep_of_candidates(jnp.asarray(ties), tie_p)
+    want = np.isfinite(np.asarray(levanter_top_p_kept(jnp.asarray(ties), tie_p)))
+    assert want[0, 9] and want[0, 100] and not want[0, 5] and kept[0, 5] and not np.any(vouched)
+    np.testing.assert_array_equal(np.isfinite(sampling._levanter_top_p_kept_by_candidates(jnp.asarray(ties), tie_p)),
+                                  want)
+    hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
 
 

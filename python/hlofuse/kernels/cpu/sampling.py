@@ -1402,6 +1402,34 @@ def _levanter_top_p_kept(y: jax.Array, p: float) -> jax.Array:
     return _scattered(levanter_kept_in_rank_order(jnp.take_along_axis(y, order, axis=-1), p), order)
 
 
+def _levanter_top_p_kept_by_candidates(y: jax.Array, p: float) -> jax.Array:
+    """`_levanter_top_p_kept` of f32 (B, V) y with no take, cumsum or scatter over the row
+    (`_levanter_keep_of_candidates`); a batch those cannot vouch for, bf16 and rows no wider than the candidates: the
+    whole row's, in a conditional's branch."""
+    if y.dtype != jnp.float32 or y.ndim != 2 or y.shape[-1] <= NUCLEUS_CANDIDATES:
+        return _levanter_top_p_kept(y, p)
+    kept, vouched = _levanter_keep_of_candidates(y, p)
+    return jax.lax.cond(jnp.all(vouched), lambda: jnp.where(kept, y, NEG_INF), lambda: _levanter_top_p_kept(y, p))
+
+
+def _levanter_keep_of_candidates(y: jax.Array, p: float) -> tuple[jax.Array, jax.Array]:
+    """Which of f32 (B, V) y Levanter's nucleus keeps, and whether each row's is vouched for. Its softmax sums the
+    whole row in its order, so the row stays sorted (the kernel's ascending sort reversed: the program's values in
+    the program's places, as `_levanter_top_p_kept` takes them), but only the first ranks are summed up: the program's
+    cumsum of its probabilities there is the first ranks of its cumsum (as for the rank-space nuclei), and a rank past
+    them is dropped (their mass passes p by the margin). It keeps its first j ranks, which are the logits at or above
+    the j-th when no other logit equals it (which of equal logits it keeps is its argsort's): a row with such a tie
+    across the cut, whose candidates do not hold its nucleus, or with a NaN is not vouched for."""
+    ordered = _sort_by_kernel(y)[0][:, ::-1]
+    head = jax.nn.softmax(ordered, axis=-1)[:, :NUCLEUS_CANDIDATES]
+    below = jnp.cumsum(head, axis=-1) < jnp.asarray(p, dtype=jnp.float32)[..., None]
+    keep = jnp.concatenate([jnp.ones_like(below[:, :1]), below[:, :-1]], axis=-1)  # (levanter_kept_in_rank_order)
+    count = jnp.sum(keep, axis=-1, keepdims=True)
+    prefix = jnp.all(keep == (jnp.arange(NUCLEUS_CANDIDATES) < count), axis=-1)
+    kept = y >= jnp.take_along_axis(ordered, count - 1, axis=-1)
+    return kept, prefix & _rows_holding_nucleus(head, p) & (jnp.sum(kept, axis=-1) == count[:, 0])
+
+
 # mesh-transformer-jax's removed logits are x - 1e10, not -inf: its nucleus is drawn by the band (which drops them)
 # only where that gives -inf's ids, for T up to 1e8 (a removed token scores below -99 + 16.7 relative to the max's
 # x / T - 4.5) and logits under 1e12 in size (x - 1e10 then moves x by 1e10 up to its f32 rounding).
@@ -1435,7 +1463,7 @@ def flax_top_p_lowering(form: str, params: dict[str, Any], with_scores: bool = F
     categorical_fn = _draw_by_kernel(form)
 
     def kept_and_drawn(logits: jax.Array, key: jax.Array) -> tuple[jax.Array, jax.Array]:
-        kept = _levanter_top_p_kept(logits / params["temperature"], params["p"])
+        kept = _levanter_top_p_kept_by_candidates(logits / params["temperature"], params["p"])
         return categorical_fn(key, kept, axis=-1), kept
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
