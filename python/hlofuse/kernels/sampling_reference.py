@@ -2052,16 +2052,22 @@ def probs_of_rows(logits: jax.Array, temperature: jax.Array) -> jax.Array:
     return jax.nn.softmax(logits / jnp.expand_dims(temperature, axis=1), axis=-1)
 
 
+def row_sums(values: jax.Array) -> jax.Array:
+    """`jnp.sum(values, axis=-1, keepdims=True)`."""
+    return jnp.sum(values, axis=-1, keepdims=True)
+
+
 def inverse_cdf_of_sorted(values: jax.Array, ids: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
                           unsort_fn: Callable[[jax.Array, jax.Array], jax.Array] = by_argsort_of_ids,
                           draw_fn: Callable[[jax.Array, jax.Array], jax.Array]
-                          = torch_multinomial_with_replacement) -> jax.Array:
+                          = torch_multinomial_with_replacement,
+                          sum_fn: Callable[[jax.Array], jax.Array] = row_sums) -> jax.Array:
     """gemma_pytorch's sampler after its sort: the (B, V) probabilities sorted descending with their ids, masked
-    (`rank_masks`), renormalised by the row's sum, put back in vocabulary order (`unsort_fn`) and drawn by
+    (`rank_masks`), renormalised by the row's sum (`sum_fn`), put back in vocabulary order (`unsort_fn`) and drawn by
     torch.multinomial with replacement. (B,) ids."""
     by_mass, by_rank = rank_masks(values, p, k)
     values = zeroed_where(by_rank, zeroed_where(by_mass, values))
-    values = values / jnp.sum(values, axis=-1, keepdims=True)
+    values = values / sum_fn(values)
     return draw_fn(key, unsort_fn(values, ids))[:, 0]
 
 

@@ -63,6 +63,7 @@ from hlofuse.kernels.sampling_reference import (
     rank_nucleus_scores,
     recording_draw,
     reference_where_uncertified,
+    row_sums,
     row_values,
     sample_reference,
     sample_reference_with_scores,
@@ -71,6 +72,7 @@ from hlofuse.kernels.sampling_reference import (
     sorted_top_p_removal,
     top_p_removal,
     top_p_removed,
+    torch_sort_descending,
     typical_removal,
 )
 from hlofuse.kernels.target import CompositeCall, KernelSpec, Lowered, Partitioning, Unsupported, lowered
@@ -787,12 +789,13 @@ def inverse_cdf_rows_vouched(values: jax.Array, p: jax.Array, k: jax.Array, voca
 
 
 def inverse_cdf_rows_drawn(probs: jax.Array, key: jax.Array, p: jax.Array, k: jax.Array,
-                           candidates: int | None) -> jax.Array:
+                           candidates: int | None, sum_fn: Callable[[jax.Array], jax.Array] = row_sums) -> jax.Array:
     """gemma_pytorch's draw from (B, V) f32 probabilities (`sampling_reference.inverse_cdf_of_sorted`) with the kernel's
     top `candidates` in place of the sort (None: the kernel's radix sort of the whole row) and a scatter in place of
-    the argsort: the program's ids, or UNCERTIFIED for the batch where `inverse_cdf_rows_vouched` cannot say so."""
+    the argsort: the program's ids, or UNCERTIFIED for the batch where `inverse_cdf_rows_vouched` cannot say so.
+    (`sum_fn`: the renormalising sum, `_sums_as_in_a_batch` for a row redrawn alone.)"""
     values, ids = _descending_by_kernel_sort(probs) if candidates is None else _padded_candidates(probs, candidates)
-    tokens = inverse_cdf_of_sorted(values, ids, key, p, k, unsort_fn=_scattered)
+    tokens = inverse_cdf_of_sorted(values, ids, key, p, k, unsort_fn=_scattered, sum_fn=sum_fn)
     vocab = None if candidates is None else probs.shape[-1]
     vouched = inverse_cdf_rows_vouched(values[:, :candidates], p, k, vocab)
     return jnp.where(jnp.all(vouched), tokens, UNCERTIFIED)
@@ -892,31 +895,42 @@ def _redrawn_row_by_row(tokens: jax.Array, redraw: Callable[[jax.Array], jax.Arr
                         lambda: jax.lax.fori_loop(0, tokens.shape[0], one, tokens), lambda: tokens)
 
 
+def _sums_as_in_a_batch(values: jax.Array, batch: int) -> jax.Array:
+    """`row_sums` of one row (1, V) as the program sums it within its (batch, V) batch. XLA's CPU reduction rounds a row
+    alone otherwise (its strategy depends on the batch: at 8 x 128256, 6 rows in 8 differ), but a row in a batch of
+    zeros as in its own batch, wherever it lies (`test_a_row_in_a_batch_of_zeros_sums_as_in_its_batch`)."""
+    rows = jax.lax.broadcasted_iota(jnp.int32, (batch, values.shape[-1]), 0)
+    return row_sums(jnp.where(rows == 0, values, jnp.zeros_like(values)))[:1]
+
+
 def inverse_cdf_rows_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """gemma_pytorch's sampler on the CPU (f32): drawn in a band on the kernel's top candidates where every row's
     decisions are certain; any other row alone (its rows independent: one key, per-row masks, a per-row draw) exactly
     from those candidates where they hold every kept rank, else from the row sorted by the kernel's radix sort, else
     (ties at the cut, a NaN) by the form's own function, XLA's sorts in a conditional's branch."""
     del params  # the form's parameters are all per row
-    fn = FORMS[form].fn
+    if form != "sorted_probs_inverse_cdf_rows":
+        raise Unsupported(f"'{form}' is not gemma_pytorch's sampler")
 
     def kernel(logits: jax.Array, key: jax.Array, temperature: jax.Array, p: jax.Array, k: jax.Array) -> jax.Array:
-        probs = probs_of_rows(logits, temperature)
+        probs = probs_of_rows(logits, temperature)  # (the batch's: a row's alone would round otherwise)
+        sum_fn = functools.partial(_sums_as_in_a_batch, batch=logits.shape[0])
 
         def exactly(i: jax.Array) -> jax.Array:
-            row_logits, row_probs, row_t, row_p, row_k = (jax.lax.dynamic_slice_in_dim(a, i, 1)
-                                                          for a in (logits, probs, temperature, p, k))
+            row_probs, row_p, row_k = (jax.lax.dynamic_slice_in_dim(a, i, 1) for a in (probs, p, k))
 
-            def own() -> jax.Array:
-                return fn(row_logits, key, temperature=row_t, p=row_p, k=row_k).astype(jnp.int32)
+            def own() -> jax.Array:  # the form's function on the batch's probabilities: XLA's sort (ties), its sums
+                return inverse_cdf_of_sorted(*torch_sort_descending(row_probs), key, row_p, row_k,
+                                             sum_fn=sum_fn).astype(jnp.int32)
 
             def by_sort() -> jax.Array:
-                return reference_where_uncertified(inverse_cdf_rows_drawn(row_probs, key, row_p, row_k, None), own)
+                return reference_where_uncertified(
+                    inverse_cdf_rows_drawn(row_probs, key, row_p, row_k, None, sum_fn), own)
 
             if logits.shape[-1] <= INVERSE_CDF_CANDIDATES:
                 return by_sort()
             return reference_where_uncertified(
-                inverse_cdf_rows_drawn(row_probs, key, row_p, row_k, INVERSE_CDF_CANDIDATES), by_sort)
+                inverse_cdf_rows_drawn(row_probs, key, row_p, row_k, INVERSE_CDF_CANDIDATES, sum_fn), by_sort)
 
         tokens = inverse_cdf_rows_banded(probs, key, p, k, min(INVERSE_CDF_CANDIDATES, logits.shape[-1]))
         return _redrawn_row_by_row(tokens, exactly)
