@@ -610,8 +610,13 @@ def _rows(draw: Draw) -> tuple[int, ...]:
         if op is not None and op.name == "stablehlo.concatenate":
             return _shape(value)[:1]
     # one row stacked: its (1,) ids reshaped to (1, 1) as they are (not an index computed from them, which the
-    # program's other readers of the token may reshape so: a gather of its log-probability)
-    one = [value for value in stacked if _shape(value)[0] == 1 and _reshaped_from(value, draw.ids)]
+    # program's other readers of the token may reshape so: a gather of its log-probability); an inverse-CDF draw's ids
+    # are what its search of the quantile finds (the integer results of the loop the quantile enters)
+    found = [draw.ids]
+    if draw.inverse is not None:
+        found += [result for use in draw.ids.uses if use.owner.name == "stablehlo.while"
+                  for result in use.owner.results if _element(result) in ("i32", "i64", "ui32", "ui64")]
+    one = [value for value in stacked if _shape(value)[0] == 1 and any(_reshaped_from(value, f) for f in found)]
     return (1,) if one else ()
 
 

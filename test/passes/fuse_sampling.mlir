@@ -14661,6 +14661,398 @@ module @sample_gemma_pytorch_sampler attributes {mhlo.num_partitions = 1 : i32, 
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_gemma_pytorch_sampler_one_row(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "sorted_probs_inverse_cdf_rows"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_gemma_pytorch_sampler_one_row attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_gemma_pytorch_sampler_one_row(%arg0: tensor<1x256xf32>, %arg1: tensor<2xui32>) -> (tensor<1xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<[8.000000e-01, 1.300000e+00]> : tensor<2xf32>
+    %cst_0 = stablehlo.constant dense<[0.949999988, 6.000000e-01]> : tensor<2xf32>
+    %c = stablehlo.constant dense<[64, 7]> : tensor<2xi32>
+    %0 = call @resize(%cst) : (tensor<2xf32>) -> tensor<1xf32>
+    %1 = call @resize(%cst_0) : (tensor<2xf32>) -> tensor<1xf32>
+    %2 = call @resize_0(%c) : (tensor<2xi32>) -> tensor<1xi32>
+    %3 = stablehlo.broadcast_in_dim %0, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %5 = stablehlo.divide %arg0, %4 : tensor<1x256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %6 = stablehlo.reduce(%5 init: %cst_1) applies stablehlo.maximum across dimensions = [1] : (tensor<1x256xf32>, tensor<f32>) -> tensor<1xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %8 = stablehlo.maximum %7, %6 : tensor<1xf32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %11 = stablehlo.subtract %5, %10 : tensor<1x256xf32>
+    %12 = stablehlo.exponential %11 : tensor<1x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.reduce(%12 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<1x256xf32>, tensor<f32>) -> tensor<1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %16 = stablehlo.divide %12, %15 : tensor<1x256xf32>
+    %17 = call @sort(%16) : (tensor<1x256xf32>) -> tensor<1x256xf32>
+    %18 = call @argsort(%16) : (tensor<1x256xf32>) -> tensor<1x256xi32>
+    %19 = call @cumsum(%17) : (tensor<1x256xf32>) -> tensor<1x256xf32>
+    %cst_4 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %20 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1x256xf32>
+    %21 = stablehlo.multiply %17, %20 : tensor<1x256xf32>
+    %22 = stablehlo.subtract %19, %21 : tensor<1x256xf32>
+    %23 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %25 = stablehlo.compare GT, %22, %24, FLOAT : (tensor<1x256xf32>, tensor<1x256xf32>) -> tensor<1x256xi1>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %26 = call @_where(%25, %cst_5, %17) : (tensor<1x256xi1>, tensor<f32>, tensor<1x256xf32>) -> tensor<1x256xf32>
+    %27 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %c_6 = stablehlo.constant dense<1> : tensor<i32>
+    %28 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %29 = stablehlo.multiply %28, %27 : tensor<256xi32>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %30 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %31 = stablehlo.add %30, %29 : tensor<256xi32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [1] : (tensor<256xi32>) -> tensor<1x256xi32>
+    %33 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %34 = stablehlo.broadcast_in_dim %33, dims = [0, 1] : (tensor<1x1xi32>) -> tensor<1x256xi32>
+    %35 = stablehlo.compare GE, %32, %34, SIGNED : (tensor<1x256xi32>, tensor<1x256xi32>) -> tensor<1x256xi1>
+    %cst_8 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %36 = call @_where(%35, %cst_8, %26) : (tensor<1x256xi1>, tensor<f32>, tensor<1x256xf32>) -> tensor<1x256xf32>
+    %cst_9 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %37 = stablehlo.reduce(%36 init: %cst_9) applies stablehlo.add across dimensions = [1] : (tensor<1x256xf32>, tensor<f32>) -> tensor<1xf32>
+    %38 = stablehlo.broadcast_in_dim %37, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %39 = stablehlo.broadcast_in_dim %38, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %40 = stablehlo.divide %36, %39 : tensor<1x256xf32>
+    %41 = stablehlo.iota dim = 0 : tensor<1xi32>
+    %42 = stablehlo.reshape %41 : (tensor<1xi32>) -> tensor<1x1xi32>
+    %43 = stablehlo.broadcast_in_dim %42, dims = [0, 1] : (tensor<1x1xi32>) -> tensor<1x256xi32>
+    %44 = call @argsort_2(%18) : (tensor<1x256xi32>) -> tensor<1x256xi32>
+    %c_10 = stablehlo.constant dense<0> : tensor<i32>
+    %45 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<1x256xi32>
+    %46 = stablehlo.compare LT, %43, %45, SIGNED : (tensor<1x256xi32>, tensor<1x256xi32>) -> tensor<1x256xi1>
+    %c_11 = stablehlo.constant dense<1> : tensor<i32>
+    %47 = stablehlo.broadcast_in_dim %c_11, dims = [] : (tensor<i32>) -> tensor<1x256xi32>
+    %48 = stablehlo.add %43, %47 : tensor<1x256xi32>
+    %49 = stablehlo.select %46, %48, %43 : tensor<1x256xi1>, tensor<1x256xi32>
+    %c_12 = stablehlo.constant dense<0> : tensor<i32>
+    %50 = stablehlo.broadcast_in_dim %c_12, dims = [] : (tensor<i32>) -> tensor<1x256xi32>
+    %51 = stablehlo.compare LT, %44, %50, SIGNED : (tensor<1x256xi32>, tensor<1x256xi32>) -> tensor<1x256xi1>
+    %c_13 = stablehlo.constant dense<256> : tensor<i32>
+    %52 = stablehlo.broadcast_in_dim %c_13, dims = [] : (tensor<i32>) -> tensor<1x256xi32>
+    %53 = stablehlo.add %44, %52 : tensor<1x256xi32>
+    %54 = stablehlo.select %51, %53, %44 : tensor<1x256xi1>, tensor<1x256xi32>
+    %55 = stablehlo.broadcast_in_dim %49, dims = [0, 1] : (tensor<1x256xi32>) -> tensor<1x256x1xi32>
+    %56 = stablehlo.broadcast_in_dim %54, dims = [0, 1] : (tensor<1x256xi32>) -> tensor<1x256x1xi32>
+    %57 = stablehlo.concatenate %55, %56, dim = 2 : (tensor<1x256x1xi32>, tensor<1x256x1xi32>) -> tensor<1x256x2xi32>
+    %58 = "stablehlo.gather"(%40, %57) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0, 1], start_index_map = [0, 1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<1x256xf32>, tensor<1x256x2xi32>) -> tensor<1x256xf32>
+    %59 = stablehlo.reshape %58 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %60 = call @cumsum_3(%59) : (tensor<256xf32>) -> tensor<256xf32>
+    %61 = stablehlo.slice %60 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %62 = stablehlo.reshape %61 : (tensor<1xf32>) -> tensor<f32>
+    %cst_14 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_15 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %63 = call @_uniform(%arg1, %cst_14, %cst_15) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<1xf32>
+    %cst_16 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %64 = stablehlo.broadcast_in_dim %cst_16, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %65 = stablehlo.subtract %64, %63 : tensor<1xf32>
+    %66 = stablehlo.broadcast_in_dim %62, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %67 = stablehlo.multiply %66, %65 : tensor<1xf32>
+    %68 = call @searchsorted(%60, %67) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    %69 = stablehlo.broadcast_in_dim %68, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %70 = stablehlo.reshape %69 : (tensor<1x1xi32>) -> tensor<1xi32>
+    return %70 : tensor<1xi32>
+  }
+  func.func private @resize(%arg0: tensor<2xf32>) -> tensor<1xf32> {
+    %0 = stablehlo.reshape %arg0 : (tensor<2xf32>) -> tensor<1x2xf32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<1x2xf32>) -> tensor<1x2xf32>
+    %2 = stablehlo.reshape %1 : (tensor<1x2xf32>) -> tensor<2xf32>
+    %3 = stablehlo.slice %2 [0:1] : (tensor<2xf32>) -> tensor<1xf32>
+    return %3 : tensor<1xf32>
+  }
+  func.func private @resize_0(%arg0: tensor<2xi32>) -> tensor<1xi32> {
+    %0 = stablehlo.reshape %arg0 : (tensor<2xi32>) -> tensor<1x2xi32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<1x2xi32>) -> tensor<1x2xi32>
+    %2 = stablehlo.reshape %1 : (tensor<1x2xi32>) -> tensor<2xi32>
+    %3 = stablehlo.slice %2 [0:1] : (tensor<2xi32>) -> tensor<1xi32>
+    return %3 : tensor<1xi32>
+  }
+  func.func private @sort(%arg0: tensor<1x256xf32>) -> tensor<1x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<1x256xf32>) -> tensor<1x256xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<1x256xf32>
+    return %1 : tensor<1x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<1x256xf32>) -> tensor<1x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<1x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %5 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_1, %4 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_4, %8 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare LT, %6, %10, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %11 : tensor<i1>
+    }) : (tensor<1x256xf32>, tensor<1x256xi32>) -> (tensor<1x256xf32>, tensor<1x256xi32>)
+    %2 = stablehlo.reverse %1#1, dims = [1] : tensor<1x256xi32>
+    return %2 : tensor<1x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<1x256xf32>) -> tensor<1x256xf32> {
+    %0 = call @cumsum_1(%arg0) : (tensor<1x256xf32>) -> tensor<1x256xf32>
+    return %0 : tensor<1x256xf32>
+  }
+  func.func private @cumsum_1(%arg0: tensor<1x256xf32>) -> tensor<1x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<1x256xf32>, tensor<f32>) -> tensor<1x256xf32>
+    return %1 : tensor<1x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<1x256xi1>, %arg1: tensor<f32>, %arg2: tensor<1x256xf32>) -> tensor<1x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1x256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<1x256xi1>, tensor<1x256xf32>
+    return %2 : tensor<1x256xf32>
+  }
+  func.func private @argsort_2(%arg0: tensor<1x256xi32>) -> tensor<1x256xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<1x256xi32>
+    %1:2 = "stablehlo.sort"(%arg0, %0) <{dimension = 1 : i64, is_stable = false}> ({
+    ^bb0(%arg1: tensor<i32>, %arg2: tensor<i32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %2 = stablehlo.compare LT, %arg1, %arg2, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %2 : tensor<i1>
+    }) : (tensor<1x256xi32>, tensor<1x256xi32>) -> (tensor<1x256xi32>, tensor<1x256xi32>)
+    return %1#1 : tensor<1x256xi32>
+  }
+  func.func private @cumsum_3(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_4(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_4(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<1xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %4 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %6 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %7 = stablehlo.reshape %6 : (tensor<1xui32>) -> tensor<ui32>
+    %8 = stablehlo.iota dim = 0 : tensor<1xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<1xui64>
+    %10 = stablehlo.multiply %9, %8 : tensor<1xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %11 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<1xui64>
+    %12 = stablehlo.shift_right_logical %10, %11 : tensor<1xui64>
+    %13 = stablehlo.convert %10 : (tensor<1xui64>) -> tensor<1xui32>
+    %14 = stablehlo.convert %12 : (tensor<1xui64>) -> tensor<1xui32>
+    %15:2 = call @threefry2x32(%5, %7, %14, %13) : (tensor<ui32>, tensor<ui32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
+    %16 = stablehlo.xor %15#0, %15#1 : tensor<1xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %18 = stablehlo.shift_right_logical %16, %17 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %19 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %20 = stablehlo.or %18, %19 : tensor<1xui32>
+    %21 = stablehlo.bitcast_convert %20 : (tensor<1xui32>) -> tensor<1xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %22 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %23 = stablehlo.subtract %21, %22 : tensor<1xf32>
+    %24 = stablehlo.subtract %3, %2 : tensor<1xf32>
+    %25 = stablehlo.multiply %23, %24 : tensor<1xf32>
+    %26 = stablehlo.add %25, %2 : tensor<1xf32>
+    %27 = stablehlo.maximum %2, %26 : tensor<1xf32>
+    return %27 : tensor<1xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<1xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<1xui32>, tensor<1xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<1xui32>, %arg2: tensor<1xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<1xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<1xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<1xui32>
+    %9 = stablehlo.or %5, %8 : tensor<1xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<1xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<1xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<1xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<1xui32>
+    %19 = stablehlo.or %15, %18 : tensor<1xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<1xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<1xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<1xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<1xui32>
+    %29 = stablehlo.or %25, %28 : tensor<1xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<1xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<1xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<1xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<1xui32>
+    %39 = stablehlo.or %35, %38 : tensor<1xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<1xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %42 = stablehlo.add %33, %41 : tensor<1xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %44 = stablehlo.add %40, %43 : tensor<1xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %48 = stablehlo.add %44, %47 : tensor<1xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<1xui32>, tensor<1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    return %0 : tensor<1xi32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %0 = call @_searchsorted_scan_impl_5(%arg0, %arg1) : (tensor<256xf32>, tensor<1xf32>) -> tensor<1xi32>
+    return %0 : tensor<1xi32>
+  }
+  func.func private @_searchsorted_scan_impl_5(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>) -> tensor<1xi32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %2:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %0, %iterArg_5 = %1) : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %4 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %4 : tensor<i1>
+    } do {
+      %4:2 = func.call @closed_call_6(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<1xf32>, tensor<1xui32>, tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %5 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %5, %4#0, %4#1 : tensor<256xf32>, tensor<1xf32>, tensor<i32>, tensor<1xui32>, tensor<1xui32>
+    }
+    %3 = stablehlo.convert %2#4 : (tensor<1xui32>) -> tensor<1xi32>
+    return %3 : tensor<1xi32>
+  }
+  func.func private @closed_call_6(%arg0: tensor<256xf32>, %arg1: tensor<1xf32>, %arg2: tensor<1xui32>, %arg3: tensor<1xui32>) -> (tensor<1xui32>, tensor<1xui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<1xui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<1xui32>, tensor<i32>) -> tensor<1xui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<1xui32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %4 = "stablehlo.gather"(%arg0, %3) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1>}> : (tensor<256xf32>, tensor<1x1xui32>) -> tensor<1x1xf32>
+    %5 = stablehlo.reshape %4 : (tensor<1x1xf32>) -> tensor<1xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %7 = stablehlo.compare EQ, %arg1, %6, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %8 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %9 = stablehlo.select %7, %8, %arg1 : tensor<1xi1>, tensor<1xf32>
+    %10 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %11 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %12 = stablehlo.select %10, %11, %9 : tensor<1xi1>, tensor<1xf32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %14 = stablehlo.compare EQ, %5, %13, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %15 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %16 = stablehlo.select %14, %15, %5 : tensor<1xi1>, tensor<1xf32>
+    %17 = stablehlo.compare NE, %5, %5, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %19 = stablehlo.select %17, %18, %16 : tensor<1xi1>, tensor<1xf32>
+    %20 = stablehlo.compare LE, %12, %19, TOTALORDER : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %21 = stablehlo.select %20, %arg2, %2 : tensor<1xi1>, tensor<1xui32>
+    %22 = stablehlo.select %20, %2, %arg3 : tensor<1xi1>, tensor<1xui32>
+    return %21, %22 : tensor<1xui32>, tensor<1xui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<1xui32>, %arg1: tensor<i32>) -> tensor<1xui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<1xui32>
+    return %2 : tensor<1xui32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_multinomial_with_replacement_temperature(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "temperature_inverse_cdf"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

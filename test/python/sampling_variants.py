@@ -1774,6 +1774,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("sglang_jax_sorted_probs", sglang_jax_sorted_probs, "sorted_probs_rows"),
     Variant("gemma_pytorch_sampler", gemma_pytorch_sampler, "sorted_probs_inverse_cdf_rows"),
+    # one prompt: the one row's draw stacked to (1, 1) with no concatenate, from its search's index
+    Variant("gemma_pytorch_sampler_one_row", gemma_pytorch_sampler, "sorted_probs_inverse_cdf_rows", shape=(1, V)),
     Variant("multinomial_with_replacement_temperature", multinomial_with_replacement_temperature,
             "temperature_inverse_cdf", expect={"temperature": 0.7}),
     Variant("multinomial_with_replacement_top_k_mask", multinomial_with_replacement_top_k_mask,
