@@ -7,6 +7,7 @@ with zeros after L is the program's sum of the same values."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -414,6 +415,17 @@ def test_grok_nucleus_gives_the_reference_ids_and_scores_with_no_sort(form: str,
     assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
 
 
+def _assert_gives_the_reference_ids_and_score_bits(lowering: Callable[..., Any], reference: Callable[..., Any],
+                                                   x: jax.Array, case: str, key_base: int, seeds: int = 2) -> None:
+    """`lowering` returns `reference`'s ids and scores (compared as bits) for `seeds` keys [seed, key_base + seed]."""
+    for seed in range(seeds):
+        key = jnp.array([seed, key_base + seed], jnp.uint32)
+        (ids, scores), (want_ids, want_scores) = lowering(x, key), reference(x, key)
+        np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
+        np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
+                                      err_msg=f"{case} seed {seed}")
+
+
 @pytest.mark.parametrize("form", ["top_k_exact_mask", "top_p_simply_mask", "top_k_top_p_simply_mask"])
 def test_simply_filters_give_the_reference_ids_and_scores_with_no_sort(form: str) -> None:
     """google-deepmind/simply's exact top-k (one-hot), nucleus (a stable descending argsort, put back by sort_key_val)
@@ -429,12 +441,7 @@ def test_simply_filters_give_the_reference_ids_and_scores_with_no_sort(form: str
         x = _logits(3, 4096, "ties") if case == "signed_zeros" else _logits(3, 4096, case)
         if case == "signed_zeros":  # the ties' zeros, every other one -0: equal to the argsort, other bits
             x[:, ::2] = np.where(x[:, ::2] == 0, -0.0, x[:, ::2])
-        for seed in range(3):
-            key = jnp.array([seed, 43 + seed], jnp.uint32)
-            (ids, scores), (want_ids, want_scores) = lowering(jnp.asarray(x), key), reference(jnp.asarray(x), key)
-            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
-            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
-                                          err_msg=f"{case} seed {seed}")
+        _assert_gives_the_reference_ids_and_score_bits(lowering, reference, jnp.asarray(x), case, 43, seeds=3)
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, WIDE), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     assert " sort(" not in hlo and " topk(" not in hlo and "TopK" not in hlo
@@ -458,12 +465,7 @@ def test_simply_nucleus_of_wide_rows_is_the_programs_from_the_candidates() -> No
         np.testing.assert_array_equal(np.asarray(keep)[vouched], np.asarray(want_keep)[vouched], err_msg=case)
         if case in want_vouched:
             assert np.all(vouched[1:]) == want_vouched[case], case  # (the nan case's row 0 holds the NaN)
-        for seed in range(2):
-            key = jnp.array([seed, 47 + seed], jnp.uint32)
-            (ids, scores), (want_ids, want_scores) = lowering(x, key), reference(x, key)
-            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
-            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
-                                          err_msg=f"{case} seed {seed}")
+        _assert_gives_the_reference_ids_and_score_bits(lowering, reference, x, case, 47)
     hlo = lowering.lower(jax.ShapeDtypeStruct((2, 1, WIDE), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     entry = hlo[hlo.index("ENTRY"):]
@@ -491,12 +493,7 @@ def test_levanter_nucleus_with_scores_of_wide_rows_sums_only_the_candidates() ->
         np.testing.assert_array_equal(np.asarray(kept)[vouched], want_kept[vouched], err_msg=case)
         if case in want_vouched:
             assert np.all(vouched) == want_vouched[case], case
-        for seed in range(2):
-            key = jnp.array([seed, 53 + seed], jnp.uint32)
-            (ids, scores), (want_ids, want_scores) = lowering(x, key), reference(x, key)
-            np.testing.assert_array_equal(ids, want_ids, err_msg=f"{case} seed {seed}")
-            np.testing.assert_array_equal(np.asarray(scores).view(np.uint32), np.asarray(want_scores).view(np.uint32),
-                                          err_msg=f"{case} seed {seed}")
+        _assert_gives_the_reference_ids_and_score_bits(lowering, reference, x, case, 53)
     # two equal logits at the cut: the argsort keeps the higher id, and no compare with the last kept logit can
     ties = np.full((2, WIDE), -30.0, np.float32)
     ties[:, [5, 9]] = 1.0
