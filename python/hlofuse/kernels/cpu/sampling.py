@@ -897,8 +897,8 @@ def _redrawn_row_by_row(tokens: jax.Array, redraw: Callable[[jax.Array], jax.Arr
 
 def _sums_as_in_a_batch(values: jax.Array, batch: int) -> jax.Array:
     """`row_sums` of one row (1, V) as the program sums it within its (batch, V) batch. XLA's CPU reduction rounds a row
-    alone otherwise (its strategy depends on the batch: at 8 x 128256, 6 rows in 8 differ), but a row in a batch of
-    zeros as in its own batch, wherever it lies (`test_a_row_in_a_batch_of_zeros_sums_as_in_its_batch`)."""
+    alone otherwise (its strategy depends on the batch: `test_a_row_alone_sums_as_in_its_batch`), but a row in a
+    batch of zeros as in its own batch, wherever it lies (`test_a_row_in_a_batch_of_zeros_sums_as_in_its_batch`)."""
     rows = jax.lax.broadcasted_iota(jnp.int32, (batch, values.shape[-1]), 0)
     return row_sums(jnp.where(rows == 0, values, jnp.zeros_like(values)))[:1]
 
