@@ -12,7 +12,12 @@ private functions erased, identity converts (`convert` to its own type, as JAX w
 scalar: `where(m, x, 0.0)`) dropped, integer scalar arithmetic on constants folded (an index normalised at a
 constant, `select(i < 0, i + n, i)`), a float scalar maximum or minimum of constants folded to the one it picks
 (a temperature bounded below, `x / jnp.maximum(T, 1e-4)`), a broadcast of a reshape that only drops or adds unit
-dims made a broadcast of the reshape's operand (`v[..., -1]` read as `v[..., -1:]`), then `canonicalize` and `cse`.
+dims made a broadcast of the reshape's operand (`v[..., -1]` read as `v[..., -1:]`); then the normal forms of takes
+along an argsort's ids (hlofuse.ir.orders: such ids lie in [0, n), so the bounds checks `take_along_axis` wraps around
+its gather fold away; a take of the sort's own operand is the sort's output, reversed as the ids are; a take along the
+ascending argsort of such ids is `lax.sort_key_val(ids, values)`), and of a shift by one (a scatter setting exactly one
+part of a concatenate, `jnp.roll(m, 1).at[:, 0].set(False)`, sets that part; a two-part concatenate of a splat
+constant and a value is a pad, as `jnp.pad` writes it); then `canonicalize` and `cse`.
 
     %m = call @tril(%c) : (tensor<16x16xi1>) -> tensor<16x16xi1>
   becomes
@@ -30,8 +35,10 @@ from jax._src.lib import jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import stablehlo
 
+from hlofuse.ir.layout import static_shape
 from hlofuse.ir.mask_eval import evaluate
 from hlofuse.ir.match import defining_op
+from hlofuse.ir.orders import decided_compare, inverse_of, reads_an_order, sorted_operand
 from hlofuse.pipeline import ModulePass, PassState
 
 # Ops an index may be computed through that compute no float: a float index term is decided only by comparing
@@ -453,6 +460,280 @@ def fold_unit_reshapes_into_broadcasts(module: ir.Operation) -> int:
     return folded
 
 
+def _ops_named(module: ir.Operation, *names: str) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in names:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+def _splat(result_type: ir.RankedTensorType, attr: ir.Attribute) -> ir.Value:
+    """A splat of the scalar `attr` of `result_type` as JAX writes one: a 0-d constant broadcast."""
+    scalar = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(ir.RankedTensorType.get([], result_type.element_type),
+                                                                 attr)).result
+    if not result_type.rank:
+        return scalar
+    return stablehlo.BroadcastInDimOp(result_type, scalar, ir.DenseI64ArrayAttr.get([])).result
+
+
+def fold_decided_index_checks(module: ir.Operation) -> int:
+    """Folds the bounds checks a take wraps around its gather where its ids are an argsort's (`take_along_axis`
+    along an order: its ids lie in [0, n)), in program order; returns how many ops it folded. An integer compare of
+    an order's ids that `orders.decided_compare` decides becomes a splat of its value; then, for those splats only
+    (a program's own constants stay as its templates have them), a select on one gives the operand it picks, an
+    `and` / `or` with one gives it or the other operand, and a `reduce` by `and` / `or` of one whose init is the same
+    value gives a splat of it (canonicalize folds none of these through a broadcast)."""
+    decided: dict[ir.Value, bool] = {}
+    folded = 0
+    for op in _ops_named(module, "stablehlo.compare", "stablehlo.select", "stablehlo.and", "stablehlo.or",
+                         "stablehlo.reduce"):
+        value = _decided_check(op, decided)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            with ir.InsertionPoint(op), op.location:
+                splat = _splat(ir.RankedTensorType(op.results[0].type), ir.BoolAttr.get(value))
+            decided[splat] = value
+            value = splat
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+        folded += 1
+    return folded
+
+
+def _decided_check(op: ir.Operation, decided: dict[ir.Value, bool]) -> ir.Value | bool | None:
+    """What `op` folds to in `fold_decided_index_checks`, given the splats it `decided` so far: a value it gives
+    back, a boolean it is everywhere, or None."""
+    if op.name == "stablehlo.compare":
+        return decided_compare(op) if any(reads_an_order(v) for v in op.operands) else None
+    if op.name == "stablehlo.select":
+        predicate = decided.get(op.operands[0])
+        return None if predicate is None else op.operands[1 if predicate else 2]
+    if op.name in ("stablehlo.and", "stablehlo.or"):
+        absorbing = op.name == "stablehlo.or"  # x or True is True; x and False is False
+        for i, operand in enumerate(op.operands):
+            splat = decided.get(operand)
+            if splat is not None:
+                return absorbing if splat == absorbing else op.operands[1 - i]
+        return None
+    body = [o.operation.name for o in op.regions[0].blocks[0].operations]
+    if len(op.operands) != 2 or len(body) != 2 or body[0] not in ("stablehlo.and", "stablehlo.or"):
+        return None
+    value = decided.get(op.operands[0])
+    return value if value is not None and _bool_splat(op.operands[1]) == value else None
+
+
+def _is_bool(element_type: ir.Type) -> bool:
+    return isinstance(element_type, ir.IntegerType) and ir.IntegerType(element_type).width == 1
+
+
+def _bool_splat(value: ir.Value) -> bool | None:
+    """The boolean a splat of a constant (or a broadcast of one) holds, else None."""
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        value, op = op.operands[0], defining_op(op.operands[0])
+    if op is None or op.name != "stablehlo.constant" or not _is_bool(ir.RankedTensorType(value.type).element_type):
+        return None
+    attr = ir.DenseElementsAttr(op.attributes["value"])
+    return bool(ir.BoolAttr(attr.get_splat_value()).value) if attr.is_splat else None
+
+
+def take_sorted_operands(module: ir.Operation) -> int:
+    """Replaces each take of a sort's operand along that sort's own argsort (`take_along_axis(y, argsort(y))`, also
+    reversed: `argsort(y)[..., ::-1]`) by the sort's sorted output of that operand, reversed the same way: the same
+    entries in the same places, as `jnp.sort` or `lax.sort_key_val` gives them. Returns how many."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.gather"):
+        found = sorted_operand(op)
+        if found is None:
+            continue
+        order, i = found
+        value = order.sort.results[i]
+        if order.reversed:
+            with ir.InsertionPoint(op), op.location:
+                value = stablehlo.ReverseOp(value, ir.DenseI64ArrayAttr.get([order.dim])).result
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+        folded += 1
+    return folded
+
+
+def put_back_by_sort_key_val(module: ir.Operation) -> int:
+    """Replaces each take along the argsort of an order (`take_along_axis(v, argsort(order))`: v, listed in the
+    order's places, back in id order) by `lax.sort_key_val(order, v)`'s values, the writing the library nuclei use
+    (simply's, Flax's); returns how many. The order's entries are distinct, so both put each entry at its id."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.gather"):
+        found = inverse_of(op)
+        if found is None:
+            continue
+        order, values, dim = found
+        with ir.InsertionPoint(op), op.location:
+            put_back = _sort_key_val(order, values, dim)
+        op.results[0].replace_all_uses_with(put_back)
+        op.erase()
+        folded += 1
+    return folded
+
+
+def _sort_key_val(keys: ir.Value, values: ir.Value, dim: int) -> ir.Value:
+    """`lax.sort_key_val(keys, values, dimension=dim)[1]` for integer keys, as JAX lowers it (a stable sort whose
+    comparator is `lhs < rhs` of the keys)."""
+    key_type, value_type = (ir.RankedTensorType(v.type) for v in (keys, values))
+    sort = stablehlo.SortOp([key_type, value_type], [keys, values], dimension=dim, is_stable=True)
+    scalars = [ir.RankedTensorType.get([], t.element_type) for t in (key_type, key_type, value_type, value_type)]
+    block = sort.comparator.blocks.append(*scalars)
+    signed = "UNSIGNED" if ir.IntegerType(key_type.element_type).is_unsigned else "SIGNED"
+    with ir.InsertionPoint(block):
+        less = stablehlo.CompareOp(block.arguments[0], block.arguments[1],
+                                   stablehlo.ComparisonDirectionAttr.get("LT"),
+                                   compare_type=stablehlo.ComparisonTypeAttr.get(signed)).result
+        stablehlo.ReturnOp([less])
+    return sort.results[1]
+
+
+def fold_scatters_over_concatenated_parts(module: ir.Operation) -> int:
+    """Replaces each scatter that sets exactly one part of a concatenate (`jnp.roll(m, 1).at[:, 0].set(False)`: the
+    rolled-in column overwritten) by the concatenate with that part given the scatter's updates; returns how many.
+    Only a set (the body returns the update) at one constant index whose window spans every other dim whole."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.scatter"):
+        found = _concatenated_part_set(op)
+        if found is None:
+            continue
+        concat, part, updates = found
+        parts = list(concat.operands)
+        with ir.InsertionPoint(op), op.location:
+            part_type = ir.RankedTensorType(parts[part].type)
+            if (scalar := _splat_scalar_constant(updates)) is not None:  # (a splat: broadcast its scalar)
+                updates = stablehlo.BroadcastInDimOp(part_type, scalar, []).result
+            elif updates.type != part_type:
+                dim = ir.IntegerAttr(concat.attributes["dimension"]).value
+                updates = stablehlo.BroadcastInDimOp(part_type, updates, [d for d in range(part_type.rank)
+                                                                          if d != dim]).result
+            parts[part] = updates
+            replaced = stablehlo.ConcatenateOp(parts, concat.attributes["dimension"]).result
+        op.results[0].replace_all_uses_with(replaced)
+        op.erase()
+        folded += 1
+    return folded
+
+
+def _concatenated_part_set(op: ir.Operation) -> tuple[ir.Operation, int, ir.Value] | None:
+    """(concatenate, i, updates) where the scatter `op` sets exactly part i of the concatenate it scatters into."""
+    if len(op.operands) != 3 or not _returns_update(op):
+        return None
+    concat, index = defining_op(op.operands[0]), evaluate(op.operands[1])
+    if concat is None or concat.name != "stablehlo.concatenate" or index is None or np.size(index) != 1:
+        return None
+    numbers = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    shape, update_shape = static_shape(op.operands[0]), static_shape(op.operands[2])
+    dim = ir.IntegerAttr(concat.attributes["dimension"]).value
+    inserted = list(numbers.inserted_window_dims)
+    if (list(numbers.scattered_dims_to_operand_dims) != [dim] or list(numbers.input_batching_dims)
+            or static_shape(op.operands[1]) != (1,) or numbers.index_vector_dim != 0 or inserted not in ([], [dim])
+            or shape is None or update_shape is None
+            or list(numbers.update_window_dims) != list(range(len(update_shape)))):
+        return None
+    window = list(update_shape)
+    if inserted:
+        window.insert(dim, 1)
+    start = int(np.ravel(index)[0])
+    if [w for d, w in enumerate(window) if d != dim] != [n for d, n in enumerate(shape) if d != dim]:
+        return None
+    offset = 0
+    for i, part in enumerate(concat.operands):
+        width = ir.RankedTensorType(part.type).shape[dim]
+        if (offset, width) == (start, window[dim]):
+            return concat, i, op.operands[2]
+        offset += width
+    return None
+
+
+def _returns_update(op: ir.Operation) -> bool:
+    """Whether a scatter's body gives back its update (`.at[...].set`)."""
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    return len(body) == 1 and body[0].operation.operands[0] == block.arguments[1]
+
+
+def pad_splat_ends(module: ir.Operation) -> int:
+    """Replaces each two-part concatenate of a splat of a constant and another value (`concatenate([zeros((B, 1)),
+    m[:, :-1]])`: a shift along the dim) by a pad of that value with the constant, as `jnp.pad` and torch's `F.pad`
+    write it; returns how many. A pad's value computed from constants alone is made that constant."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.concatenate", "stablehlo.pad"):
+        if op.name == "stablehlo.pad":
+            folded += _constant_pad_value(op)
+            continue
+        if len(op.operands) != 2:
+            continue
+        dim = ir.IntegerAttr(op.attributes["dimension"]).value
+        for i, part in enumerate(op.operands):
+            value = _splat_scalar_constant(part)
+            if value is None:
+                continue
+            rank = ir.RankedTensorType(part.type).rank
+            width = [ir.RankedTensorType(part.type).shape[dim] if d == dim else 0 for d in range(rank)]
+            zeros = [0] * rank
+            low, high = (width, zeros) if i == 0 else (zeros, width)
+            with ir.InsertionPoint(op), op.location:
+                padded = stablehlo.PadOp(op.operands[1 - i], value, low, high, zeros).result
+            op.results[0].replace_all_uses_with(padded)
+            op.erase()
+            folded += 1
+            break
+    return folded
+
+
+def _splat_scalar_constant(value: ir.Value) -> ir.Value | None:
+    """The 0-d constant a splat of a constant holds (a broadcast of one, or a splat constant, whose 0-d constant is
+    made beside it), else None."""
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        scalar = defining_op(op.operands[0])
+        if scalar is not None and scalar.name == "stablehlo.constant" and not ir.RankedTensorType(
+                op.operands[0].type).rank:
+            return op.operands[0]
+        return None
+    if op is None or op.name != "stablehlo.constant":
+        return None
+    attr = ir.DenseElementsAttr(op.attributes["value"])
+    if not attr.is_splat:
+        return None
+    scalar_type = ir.RankedTensorType.get([], ir.RankedTensorType(value.type).element_type)
+    with ir.InsertionPoint(op), op.location:
+        return stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(scalar_type, attr.get_splat_value())).result
+
+
+def _constant_pad_value(op: ir.Operation) -> int:
+    """Makes a pad's value a constant where it is computed from constants alone (jnp.pad's `False` of a bool array,
+    written as a compare of two integer constants); 1 if it did."""
+    value = op.operands[1]
+    if (defining := defining_op(value)) is None or defining.name == "stablehlo.constant":
+        return 0
+    array = evaluate(value)
+    if array is None:
+        return 0
+    scalar_type = ir.RankedTensorType(value.type)
+    element = scalar_type.element_type
+    if _is_bool(element):
+        attr = ir.BoolAttr.get(bool(array))
+    elif isinstance(element, ir.IntegerType):
+        attr = ir.IntegerAttr.get(element, int(array))
+    else:
+        return 0  # (a float pad value: evaluate reads floats as f64)
+    with ir.InsertionPoint(op), op.location:
+        constant = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(scalar_type, attr)).result
+    op.operands[1] = constant
+    return 1
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -470,5 +751,12 @@ class PreparePass(ModulePass):
         state.count("fold_float_scalar_extremum", fold_float_scalar_extrema(module))
         state.count("fold_f32_splat_arithmetic", fold_f32_splat_arithmetic(module))
         state.count("fold_unit_reshape_into_broadcast", fold_unit_reshapes_into_broadcasts(module))
+        # takes along an argsort: their bounds checks decided, then read as the sort's outputs
+        state.count("fold_decided_index_check", fold_decided_index_checks(module))
+        state.count("take_sorted_operand", take_sorted_operands(module))
+        state.count("put_back_by_sort_key_val", put_back_by_sort_key_val(module))
+        # shifts along a dim: a rolled-in place overwritten, a constant concatenated, both as a pad
+        state.count("fold_scatter_over_concatenated_part", fold_scatters_over_concatenated_parts(module))
+        state.count("pad_splat_end", pad_splat_ends(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

@@ -473,3 +473,198 @@ func.func public @fold_keeps_the_broadcasts_sharding(%arg0: tensor<2x8xf32>, %ar
   %2 = stablehlo.compare LT, %arg0, %1, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
   return %2 : tensor<2x8xi1>
 }
+
+// -----
+
+// take_along_axis(x, argsort(x)[:, ::-1]): its bounds checks decided (an argsort's ids lie in [0, 8)), then the
+// take read as the sort's own values, reversed as the ids are.
+// CHECK-LABEL: func.func public @takes_values_along_their_own_argsort
+// CHECK: %[[S:.*]]:2 = "stablehlo.sort"(%arg0, %{{.*}})
+// CHECK: %[[R:.*]] = stablehlo.reverse %[[S]]#0, dims = [1]
+// CHECK-NOT: stablehlo.gather
+// CHECK: return %[[R]]
+func.func public @takes_values_along_their_own_argsort(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  %ids = stablehlo.reverse %s#1, dims = [1] : tensor<2x8xi32>
+  %0 = call @take_along_axis(%arg0, %ids) : (tensor<2x8xf32>, tensor<2x8xi32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+func.func private @take_along_axis(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xi32>) -> tensor<2x8xf32> {
+  %c = stablehlo.constant dense<0> : tensor<i32>
+  %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<2x8xi32>
+  %1 = stablehlo.compare LT, %arg1, %0, SIGNED : (tensor<2x8xi32>, tensor<2x8xi32>) -> tensor<2x8xi1>
+  %c_0 = stablehlo.constant dense<8> : tensor<i32>
+  %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<2x8xi32>
+  %3 = stablehlo.add %arg1, %2 : tensor<2x8xi32>
+  %4 = stablehlo.select %1, %3, %arg1 : tensor<2x8xi1>, tensor<2x8xi32>
+  %5 = stablehlo.reshape %4 : (tensor<2x8xi32>) -> tensor<2x8x1xi32>
+  %c_1 = stablehlo.constant dense<7> : tensor<1xi32>
+  %6 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<2x8x1xi32>
+  %7 = stablehlo.compare GE, %5, %6, SIGNED : (tensor<2x8x1xi32>, tensor<2x8x1xi32>) -> tensor<2x8x1xi1>
+  %8 = stablehlo.broadcast_in_dim %c_1, dims = [2] : (tensor<1xi32>) -> tensor<2x8x1xi32>
+  %9 = stablehlo.compare LE, %5, %8, SIGNED : (tensor<2x8x1xi32>, tensor<2x8x1xi32>) -> tensor<2x8x1xi1>
+  %10 = stablehlo.and %7, %9 : tensor<2x8x1xi1>
+  %c_3 = stablehlo.constant dense<true> : tensor<i1>
+  %11 = stablehlo.reduce(%10 init: %c_3) applies stablehlo.and across dimensions = [2] : (tensor<2x8x1xi1>, tensor<i1>) -> tensor<2x8xi1>
+  %12 = "stablehlo.gather"(%arg0, %5) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<2x8xf32>, tensor<2x8x1xi32>) -> tensor<2x8xf32>
+  %cst = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+  %13 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %14 = stablehlo.select %11, %12, %13 : tensor<2x8xi1>, tensor<2x8xf32>
+  return %14 : tensor<2x8xf32>
+}
+
+// -----
+
+// A take of another array along x's argsort: its bounds checks are decided, but its values are no sort's output.
+// CHECK-LABEL: func.func public @no_match_take_of_another_array
+// CHECK-NOT: SIGNED
+// CHECK: %[[G:.*]] = "stablehlo.gather"(%arg1,
+// CHECK: return %[[G]]
+func.func public @no_match_take_of_another_array(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  %c = stablehlo.constant dense<0> : tensor<i32>
+  %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<2x8xi32>
+  %1 = stablehlo.compare LT, %s#1, %0, SIGNED : (tensor<2x8xi32>, tensor<2x8xi32>) -> tensor<2x8xi1>
+  %c_0 = stablehlo.constant dense<8> : tensor<i32>
+  %2 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<2x8xi32>
+  %3 = stablehlo.add %s#1, %2 : tensor<2x8xi32>
+  %4 = stablehlo.select %1, %3, %s#1 : tensor<2x8xi1>, tensor<2x8xi32>
+  %5 = stablehlo.reshape %4 : (tensor<2x8xi32>) -> tensor<2x8x1xi32>
+  %6 = "stablehlo.gather"(%arg1, %5) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<2x8xf32>, tensor<2x8x1xi32>) -> tensor<2x8xf32>
+  return %6 : tensor<2x8xf32>
+}
+
+// -----
+
+// take_along_axis(v, argsort(order)), order an argsort's ids: v put back in id order, as sort_key_val(order, v).
+// CHECK-LABEL: func.func public @puts_back_along_the_inverse_of_an_argsort
+// CHECK: %[[S:.*]]:2 = "stablehlo.sort"(%arg0, %{{.*}})
+// CHECK: %[[B:.*]]:2 = "stablehlo.sort"(%[[S]]#1, %arg1) <{dimension = 1 : i64, is_stable = true}>
+// CHECK: stablehlo.compare LT, %{{.*}}, %{{.*}}, SIGNED
+// CHECK-NOT: stablehlo.gather
+// CHECK: return %[[B]]#1
+func.func public @puts_back_along_the_inverse_of_an_argsort(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  %inv:2 = "stablehlo.sort"(%s#1, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<i32>, %b: tensor<i32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xi32>, tensor<2x8xi32>) -> (tensor<2x8xi32>, tensor<2x8xi32>)
+  %0 = stablehlo.reshape %inv#1 : (tensor<2x8xi32>) -> tensor<2x8x1xi32>
+  %1 = "stablehlo.gather"(%arg1, %0) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<2x8xi1>, tensor<2x8x1xi32>) -> tensor<2x8xi1>
+  return %1 : tensor<2x8xi1>
+}
+
+// -----
+
+// The argsort of an order sorted descending (`argsort(-order)`) is no inverse: the take stays.
+// CHECK-LABEL: func.func public @no_match_take_along_a_descending_argsort_of_an_order
+// CHECK: stablehlo.gather
+func.func public @no_match_take_along_a_descending_argsort_of_an_order(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  %inv:2 = "stablehlo.sort"(%s#1, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<i32>, %b: tensor<i32>, %c: tensor<i32>, %d: tensor<i32>):
+    %gt = stablehlo.compare GT, %a, %b, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    stablehlo.return %gt : tensor<i1>
+  }) : (tensor<2x8xi32>, tensor<2x8xi32>) -> (tensor<2x8xi32>, tensor<2x8xi32>)
+  %0 = stablehlo.reshape %inv#1 : (tensor<2x8xi32>) -> tensor<2x8x1xi32>
+  %1 = "stablehlo.gather"(%arg1, %0) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<2x8xi1>, tensor<2x8x1xi32>) -> tensor<2x8xi1>
+  return %1 : tensor<2x8xi1>
+}
+
+// -----
+
+// jnp.roll(m, 1).at[:, 0].set(False): the rolled-in column set, so a shift by one with False, as a pad.
+// CHECK-LABEL: func.func public @shifts_a_roll_whose_rolled_in_place_is_set
+// CHECK: %[[F:.*]] = stablehlo.constant dense<false> : tensor<i1>
+// CHECK: %[[M:.*]] = stablehlo.slice %arg0 [0:2, 0:7]
+// CHECK: %[[P:.*]] = stablehlo.pad %[[M]], %[[F]], low = [0, 1], high = [0, 0], interior = [0, 0]
+// CHECK-NOT: stablehlo.scatter
+// CHECK: return %[[P]]
+func.func public @shifts_a_roll_whose_rolled_in_place_is_set(%arg0: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %0 = stablehlo.slice %arg0 [0:2, 7:8] : (tensor<2x8xi1>) -> tensor<2x1xi1>
+  %1 = stablehlo.slice %arg0 [0:2, 0:7] : (tensor<2x8xi1>) -> tensor<2x7xi1>
+  %2 = stablehlo.concatenate %0, %1, dim = 1 : (tensor<2x1xi1>, tensor<2x7xi1>) -> tensor<2x8xi1>
+  %c = stablehlo.constant dense<0> : tensor<i32>
+  %3 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1xi32>
+  %f = stablehlo.constant dense<false> : tensor<i1>
+  %4 = stablehlo.broadcast_in_dim %f, dims = [] : (tensor<i1>) -> tensor<2xi1>
+  %5 = "stablehlo.scatter"(%2, %3, %4) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0], inserted_window_dims = [1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+  ^bb0(%a: tensor<i1>, %b: tensor<i1>):
+    stablehlo.return %b : tensor<i1>
+  }) : (tensor<2x8xi1>, tensor<1xi32>, tensor<2xi1>) -> tensor<2x8xi1>
+  return %5 : tensor<2x8xi1>
+}
+
+// -----
+
+// The set at column 1 overwrites part of the rolled row, not the rolled-in column: no shift, the scatter stays.
+// CHECK-LABEL: func.func public @no_match_set_beside_the_rolled_in_place
+// CHECK: stablehlo.concatenate
+// CHECK: stablehlo.scatter
+func.func public @no_match_set_beside_the_rolled_in_place(%arg0: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %0 = stablehlo.slice %arg0 [0:2, 7:8] : (tensor<2x8xi1>) -> tensor<2x1xi1>
+  %1 = stablehlo.slice %arg0 [0:2, 0:7] : (tensor<2x8xi1>) -> tensor<2x7xi1>
+  %2 = stablehlo.concatenate %0, %1, dim = 1 : (tensor<2x1xi1>, tensor<2x7xi1>) -> tensor<2x8xi1>
+  %c = stablehlo.constant dense<1> : tensor<i32>
+  %3 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1xi32>
+  %f = stablehlo.constant dense<false> : tensor<i1>
+  %4 = stablehlo.broadcast_in_dim %f, dims = [] : (tensor<i1>) -> tensor<2xi1>
+  %5 = "stablehlo.scatter"(%2, %3, %4) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0], inserted_window_dims = [1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+  ^bb0(%a: tensor<i1>, %b: tensor<i1>):
+    stablehlo.return %b : tensor<i1>
+  }) : (tensor<2x8xi1>, tensor<1xi32>, tensor<2xi1>) -> tensor<2x8xi1>
+  return %5 : tensor<2x8xi1>
+}
+
+// -----
+
+// concatenate([zeros((2, 1)), m[:, :-1]]): a shift, as a pad.
+// CHECK-LABEL: func.func public @pads_a_concatenated_splat
+// CHECK: stablehlo.pad %{{.*}}, %{{.*}}, low = [0, 1], high = [0, 0]
+// CHECK-NOT: stablehlo.concatenate
+func.func public @pads_a_concatenated_splat(%arg0: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %f = stablehlo.constant dense<false> : tensor<i1>
+  %0 = stablehlo.broadcast_in_dim %f, dims = [] : (tensor<i1>) -> tensor<2x1xi1>
+  %1 = stablehlo.slice %arg0 [0:2, 0:7] : (tensor<2x8xi1>) -> tensor<2x7xi1>
+  %2 = stablehlo.concatenate %0, %1, dim = 1 : (tensor<2x1xi1>, tensor<2x7xi1>) -> tensor<2x8xi1>
+  return %2 : tensor<2x8xi1>
+}
+
+// -----
+
+// A compare of constants alone is no take's bounds check: it stays (the program's settings, as its templates read
+// them), and so does a compare of an iota (a position, not an argsort's ids).
+// CHECK-LABEL: func.func public @no_match_compares_of_no_argsort
+// CHECK: stablehlo.compare GT
+// CHECK: stablehlo.compare GE
+func.func public @no_match_compares_of_no_argsort(%arg0: tensor<4xi32>) -> (tensor<4xi1>, tensor<4xi1>) {
+  %c = stablehlo.constant dense<16> : tensor<i32>
+  %z = stablehlo.constant dense<0> : tensor<i32>
+  %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4xi32>
+  %1 = stablehlo.broadcast_in_dim %z, dims = [] : (tensor<i32>) -> tensor<4xi32>
+  %2 = stablehlo.compare GT, %0, %1, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+  %iota = stablehlo.iota dim = 0 : tensor<4xi32>
+  %3 = stablehlo.compare GE, %iota, %1, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
+  return %2, %3 : tensor<4xi1>, tensor<4xi1>
+}

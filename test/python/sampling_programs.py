@@ -96,9 +96,13 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # (B, V) logits or one row (litgpt's), flax, mtj, classic, xt and levanter (B, V) logits, haiku any; hf, flax, classic,
 # xt and levanter fill with -inf; simply: google-deepmind/simply's of the scaled logits, in f32 (softmax in id order
 # taken along a stable descending argsort, its exclusive cumsum below p, put back by sort_key_val; after a top-k, its
-# fused nucleus of lax.top_k's k, the kept ids as a one-hot mask), any logits, the spec's fill.
+# fused nucleus of lax.top_k's k, the kept ids as a one-hot mask), any logits, the spec's fill; jax: the classic filter
+# of the scaled logits as JAX engines write it ((B, V) logits, -inf: `argsort(y)[:, ::-1]` or `jnp.flip`, the logits
+# taken along it, the shift by `jnp.roll(...).at[:, 0].set(False)`, a concatenate or `jnp.pad`, the mask or the
+# filled sorted logits put back by a take along the order's argsort or by sort_key_val; `_jax_classic_writing` picks
+# one of each from the spec's p, so that generated programs meet every writing).
 TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter", "haiku",
-          "haiku_logits", "simply")
+          "haiku_logits", "simply", "jax")
 # What the sort / top_k styles of the nucleus fill dropped logits with: -inf, or a large negative number (gemma's
 # finfo.min, MaxText's -1e7: writings of the form, FILL_NOTE), or -1000, which a kept logit may come near, so no
 # writing of it (top_p_mask only: it fuses as the fallback of its output).
@@ -112,12 +116,12 @@ HF_TOP_PS = {"hf": ("top_p_ascending_mask", "top_k_top_p_ascending_mask"), "flax
              "classic": ("top_p_shifted_mask", None), "xt": ("top_p_shifted_logits_mask", None),
              "levanter": ("top_p_levanter_mask", None), "haiku": ("top_p_haiku_mask", None),
              "haiku_logits": ("top_p_haiku_logits_mask", None),
-             "simply": ("top_p_simply_mask", "top_k_top_p_simply_mask")}
+             "simply": ("top_p_simply_mask", "top_k_top_p_simply_mask"), "jax": ("top_p_flipped_mask", None)}
 HAIKU_TOP_PS = ("haiku", "haiku_logits")  # any logits, f32 (Haiku asserts it), a large fill
 F32_ANY_SHAPE_TOP_PS = (*HAIKU_TOP_PS, "simply")  # any logits, upcast to f32, a large fill
 # The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
 SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask",
-                 "haiku": "top_p_haiku_mask", "simply": "top_p_simply_mask"}
+                 "haiku": "top_p_haiku_mask", "simply": "top_p_simply_mask", "jax": "top_p_flipped_mask"}
 LEVANTER_TOLERANCE = 1e-4  # what Levanter's nucleus subtracts from its p (in f32, in jnp)
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
@@ -679,6 +683,32 @@ def _classic_cut(x: jax.Array, p: float) -> tuple[jax.Array, jax.Array, jax.Arra
     return ordered, ids, jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
 
 
+def _jax_classic_writing(p: float) -> tuple[str, str, str]:
+    """The order, shift and put-back writings of the jax style's classic top-p, picked by p."""
+    pick = round(p * 1000)
+    return (("slice", "flip")[pick % 2], ("roll", "concatenate", "pad")[pick % 3],
+            ("mask_take", "mask_sort_key_val", "logits_take")[(pick // 6) % 3])
+
+
+def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
+    """The jax style: the classic top-p of x as a JAX engine writes it (`_jax_classic_writing`), the dropped at -inf."""
+    order_how, shift_how, back_how = _jax_classic_writing(p)
+    order = jnp.argsort(x, axis=-1)[:, ::-1] if order_how == "slice" else jnp.flip(jnp.argsort(x, axis=-1), axis=-1)
+    ordered = jnp.take_along_axis(x, order, axis=-1)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
+    if shift_how == "roll":
+        remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
+    elif shift_how == "concatenate":
+        remove = jnp.concatenate([jnp.zeros((x.shape[0], 1), dtype=bool), remove[:, :-1]], axis=-1)
+    else:
+        remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)))
+    if back_how == "logits_take":
+        return jnp.take_along_axis(jnp.where(remove, NEG_INF, ordered), jnp.argsort(order, axis=-1), axis=-1)
+    if back_how == "mask_take":
+        return jnp.where(jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1), NEG_INF, x)
+    return jnp.where(jax.lax.sort_key_val(order, remove, dimension=-1)[1], NEG_INF, x)
+
+
 def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     """hf / flax / mtj styles: Hugging Face's top-p warpers, torch's through torchax or Flax's, the dropped at -inf;
     mesh-transformer-jax's, 1e10 below."""
@@ -706,6 +736,8 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         remove = remove.astype(jnp.int32).at[..., 0].set(jnp.zeros(x.shape[:-1], jnp.int32)) != 0
         batch, vocab = x.shape
         kept = jnp.where(remove.at[(_rows((batch, vocab)), ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
+    elif c.spec.top_p_style == "jax":
+        kept = _jax_classic_kept(x, c.spec.p)
     elif c.spec.top_p_style == "xt":
         ordered, ids, remove = _classic_cut(x, c.spec.p)
         remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)

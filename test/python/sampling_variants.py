@@ -726,6 +726,60 @@ def old_hugging_face_top_k_top_p_multinomial(x, key):
     return _torchax_multinomial(_torchax_classic_top_p(jnp.where(y < kth, -jnp.inf, y), 0.9), key)
 
 
+def _jax_classic_removal(y, p, shift):
+    """The classic top-p's removal in rank order as JAX code writes it: `argsort(y)[:, ::-1]` (or `jnp.flip`), the
+    values by take_along_axis, `cumsum(softmax) > p`, shifted one place later by `shift`."""
+    order = jnp.flip(jnp.argsort(y, axis=-1), axis=-1) if shift == "pad" else jnp.argsort(y, axis=-1)[:, ::-1]
+    ordered = jnp.take_along_axis(y, order, axis=-1)
+    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
+    if shift == "roll":
+        remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
+    elif shift == "concatenate":
+        remove = jnp.concatenate([jnp.zeros((y.shape[0], 1), dtype=bool), remove[:, :-1]], axis=-1)
+    else:
+        remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)))
+    return remove, ordered, order
+
+
+def jax_classic_top_p_roll(x, key):
+    """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
+    `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
+    top_p_flipped_mask."""
+    y = x / 0.7
+    remove, _, order = _jax_classic_removal(y, 0.9, "roll")
+    inverse = jnp.argsort(order, axis=-1)
+    return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, inverse, axis=-1), -jnp.inf, y))
+
+
+def jax_classic_top_p_sorted_logits(x, key):
+    """The classic top-p with the shift as a concatenate of False, the sorted logits filled with -1e9 and put back by
+    the argsort of the order: top_p_flipped_mask with its fill, by the logits."""
+    y = x / 0.8
+    remove, ordered, order = _jax_classic_removal(y, 0.85, "concatenate")
+    filtered = jnp.where(remove, -1e9, ordered)
+    return jax.random.categorical(key, jnp.take_along_axis(filtered, jnp.argsort(order, axis=-1), axis=-1))
+
+
+def jax_classic_top_p_pad(x, key):
+    """The classic top-p by `jnp.flip(argsort)`, the shift by `jnp.pad`, at T = 1 of logits scaled before it:
+    top_p_flipped_mask."""
+    y = x / 0.9
+    remove, _, order = _jax_classic_removal(y, 0.95, "pad")
+    return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, jnp.argsort(order), axis=-1),
+                                                 -jnp.inf, y))
+
+
+def near_miss_jax_classic_top_p_descending_argsort(x, key):
+    """The JAX classic top-p with `argsort(y, descending=True)` (equal values by the lower id first): no form orders
+    ties so, so only the draw fuses."""
+    y = x / 0.7
+    order = jnp.argsort(y, axis=-1, descending=True)
+    remove = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(y, order, axis=-1), axis=-1), axis=-1) > 0.9
+    remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
+    return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, jnp.argsort(order), axis=-1),
+                                                 -jnp.inf, y))
+
+
 def _x_transformers_top_p(x, p):
     """x-transformers' `top_p` filter through torchax: torch.sort(descending=True), `cumsum > p`, `F.pad(..., (1, -1),
     value=False)` (a slice and a pad), the sorted logits set to -inf there and scattered back by the sorted ids."""
@@ -1866,6 +1920,16 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("classic_top_p_categorical", classic_top_p_categorical, "top_p_shifted_mask",
             expect={"p": 0.85, "temperature": 0.8}),
+    Variant("jax_classic_top_p_roll", jax_classic_top_p_roll, "top_p_flipped_mask",
+            expect={"p": 0.9, "temperature": 0.7}),
+    Variant("jax_classic_top_p_roll_one_row", jax_classic_top_p_roll, "top_p_flipped_mask", shape=(1, V),
+            expect={"p": 0.9, "temperature": 0.7}),
+    Variant("jax_classic_top_p_sorted_logits", jax_classic_top_p_sorted_logits, "top_p_flipped_mask",
+            expect={"p": 0.85, "temperature": 0.8}),
+    Variant("jax_classic_top_p_pad", jax_classic_top_p_pad, "top_p_flipped_mask",
+            expect={"p": 0.95}),
+    Variant("near_miss_jax_classic_top_p_descending_argsort", near_miss_jax_classic_top_p_descending_argsort,
+            "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("old_hugging_face_top_k_top_p_multinomial", old_hugging_face_top_k_top_p_multinomial,
             "top_k_top_p_shifted_mask_choice", expect={"k": 40, "p": 0.9, "temperature": 0.7}),
     Variant("x_transformers_top_p_multinomial", x_transformers_top_p_multinomial, "top_p_shifted_logits_mask_choice",

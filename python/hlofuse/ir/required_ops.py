@@ -7,11 +7,13 @@ transpose. Their jaxpr, which the lowering needs anyway, says so at a twentieth 
 
 A primitive implies its op only where no simplification can take the op away: it is live (a result reaches an
 output), it reads the function's arguments (an op on constants folds; an indexing op must read them through its
-indices, as one at constant indices may become a slice), and its op is no identity at these shapes (a transpose
-that moves only unit dims is a reshape, a concatenate of one non-empty operand is that operand, a reverse of unit
-dims is its operand, a scan unrolled whole is no loop). The branches of a `cond` imply nothing (hlofuse-prepare
-inlines the taken one), nor do a loop's bodies (the loop itself does). test_sampling_templates checks that every
-template holds the ops its jaxpr implies.
+indices, as one at constant indices may become a slice), its op is no identity at these shapes (a transpose that
+moves only unit dims is a reshape, a reverse of unit dims is its operand, a scan unrolled whole is no loop), and no
+normal form of hlofuse-prepare rewrites it: a gather may be a take along an argsort, read as the sort's output or
+put back by one; a concatenate may be a shift, made a pad; a scatter into the result of a concatenate (or of a call:
+`jnp.roll`) may set one of its parts (so neither a gather nor a concatenate implies its op). The branches of a
+`cond` imply nothing (hlofuse-prepare inlines the taken one), nor do a loop's bodies (the loop itself does).
+test_sampling_templates checks that every template holds the ops its jaxpr implies.
 """
 
 from __future__ import annotations
@@ -24,11 +26,9 @@ __all__ = ["IMPLIED_OP", "required_ops"]
 IMPLIED_OP = {
     "sort": "stablehlo.sort",
     "transpose": "stablehlo.transpose",
-    "concatenate": "stablehlo.concatenate",
     "scatter": "stablehlo.scatter",
     "scatter-add": "stablehlo.scatter",
     "scatter_add": "stablehlo.scatter",
-    "gather": "stablehlo.gather",
     "rev": "stablehlo.reverse",
     "while": "stablehlo.while",
     "scan": "stablehlo.while",
@@ -36,7 +36,7 @@ IMPLIED_OP = {
 }
 
 # Indexing primitives: their operands from the first index on.
-_INDICES = {"gather": 1, "scatter": 1, "scatter-add": 1, "scatter_add": 1, "dynamic_slice": 1}
+_INDICES = {"scatter": 1, "scatter-add": 1, "scatter_add": 1, "dynamic_slice": 1}
 
 # Call-like primitives whose body is lowered in place (inlined by hlofuse-prepare where JAX outlines it).
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call")
@@ -57,8 +57,6 @@ def _is_identity(eqn: core.JaxprEqn) -> bool:
         shape = eqn.invars[0].aval.shape
         moved = [d for d in eqn.params["permutation"] if shape[d] != 1]
         return moved == sorted(moved)
-    if name == "concatenate":
-        return sum(1 for v in eqn.invars if v.aval.size) < 2
     if name == "rev":
         return all(eqn.invars[0].aval.shape[d] == 1 for d in eqn.params["dimensions"])
     if name == "scan":
@@ -85,6 +83,7 @@ def required_ops(jaxpr: core.Jaxpr, reads: list[bool] | None = None, outputs: li
     """The ops every lowering of `jaxpr` holds: `reads` says which of its inputs carry the function's arguments,
     `outputs` which of its results are used (all where None)."""
     carried = {v for i, v in enumerate(jaxpr.invars) if reads is None or reads[i]}
+    produced_by = {v: eqn.primitive.name for eqn in jaxpr.eqns for v in eqn.outvars}
     ops: set[str] = set()
     for eqn, results in _live(jaxpr, outputs):
         operands = [isinstance(v, core.Var) and v in carried for v in eqn.invars]
@@ -94,6 +93,7 @@ def required_ops(jaxpr: core.Jaxpr, reads: list[bool] | None = None, outputs: li
         name, body = eqn.primitive.name, _body(eqn)
         if name in _CALLS and body is not None:
             ops |= required_ops(body, operands, results)
-        elif name in IMPLIED_OP and any(operands[_INDICES.get(name, 0):]) and not _is_identity(eqn):
+        elif name in IMPLIED_OP and any(operands[_INDICES.get(name, 0):]) and not _is_identity(eqn) and not (
+                IMPLIED_OP[name] == "stablehlo.scatter" and produced_by.get(eqn.invars[0]) in ("concatenate", *_CALLS)):
             ops.add(IMPLIED_OP[name])
     return frozenset(ops)

@@ -595,14 +595,17 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 # batch that meets such a tie runs the program's own sorts, in a conditional's branch (never in the compiled entry
 # computation): the llama reference's rank-space draw, Hugging Face's top-p (alone, after its top-k, after litgpt's
 # exact top-k: `top_p_ascending_lowering`'s own function) and its top-p then min-p or epsilon, and the classic top-p
-# (Megatron-LM's: `shifted_top_p_lowering`).
+# (Megatron-LM's: `shifted_top_p_lowering`; and as JAX code writes it, whose stable sort's order of ties is known, but
+# whose own function still sorts in that branch).
 XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "top_p_of_probs_torch_unnormalized", "sorted_probs_inverse_cdf_rows",
                         *TOP_P_CHAINS, "top_p_ascending_mask",
                         "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask", "top_p_shifted_mask",
-                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask")
+                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask", "top_p_flipped_mask")
 # The classic top-p (`shifted_top_p_lowering`): of x / T (Megatron-LM's; after a top-k mask, Hugging Face's old
-# `top_k_top_p_filtering`), and of the logits, then / T (x-transformers').
-SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shifted_logits_mask")
+# `top_k_top_p_filtering`; as JAX code writes it, by a flipped argsort), and of the logits, then / T
+# (x-transformers').
+SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shifted_logits_mask",
+                  "top_p_flipped_mask")
 
 
 def shifted_top_p_lowering(form: str, params: dict[str, Any],

@@ -1,0 +1,229 @@
+"""Orders: which values list each row's ids in some order, and what a take along such a value reads.
+
+An order is what an argsort gives: an iota along a dim carried through a `stablehlo.sort` along that dim
+(`jnp.argsort`, `lax.sort_key_val(x, iota)`), reversed along it or not (`argsort(x)[..., ::-1]`, `flip`). Whatever
+the sort compares, its iota comes out a permutation of [0, n) along the dim. Three facts follow, which
+hlofuse-prepare uses to make the writings of a take along an order one program:
+- its entries lie in [0, n), so the bounds checks a take wraps around its gather (`take_along_axis`'s default `fill`
+  mode: negative ids wrapped, out-of-range ones filled) are decided (`index_range`, `decided_compare`);
+- a take of one of the sort's own operands along it is that operand's sorted output (`sorted_operand`);
+- a take along the ascending argsort of an order puts values back in id order: `sort_key_val(order, values)`
+  (`inverse_of`).
+
+    %s:2 = stablehlo.sort(%y, %iota) ...        %r = stablehlo.reverse %s#1
+    %v = stablehlo.gather(%y, reshape(%r))      -- sorted_operand: stablehlo.reverse %s#0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
+
+from hlofuse.ir.layout import static_shape
+from hlofuse.ir.match import defining_op, dense_values
+
+_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
+            "GE": np.greater_equal}
+
+
+@dataclass(frozen=True)
+class Order:
+    """A permutation of [0, n) along `dim`: result `result` of `sort` (the iota it carries), `reversed` along dim."""
+
+    sort: ir.Operation
+    result: int
+    dim: int
+    reversed: bool
+
+
+def _direction(compare: ir.Operation) -> str:
+    return stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value
+
+
+def _ints(op: ir.Operation, name: str) -> list[int]:
+    return list(ir.DenseI64ArrayAttr(op.attributes[name]))
+
+
+def _iota_along(value: ir.Value, dim: int) -> bool:
+    op = defining_op(value)
+    return (op is not None and op.name == "stablehlo.iota"
+            and ir.IntegerAttr(op.attributes["iota_dimension"]).value == dim)
+
+
+def order_of(value: ir.Value) -> Order | None:
+    """The order `value` is (a sort's iota along its own dim, reversed along that dim or not), or None."""
+    op = defining_op(value)
+    reversed_ = False
+    if op is not None and op.name == "stablehlo.reverse":
+        dims = _ints(op, "dimensions")
+        value, op, reversed_ = op.operands[0], defining_op(op.operands[0]), True
+        if op is None or op.name != "stablehlo.sort" or dims != [ir.IntegerAttr(op.attributes["dimension"]).value]:
+            return None
+    if op is None or op.name != "stablehlo.sort":
+        return None
+    dim = ir.IntegerAttr(op.attributes["dimension"]).value
+    result = ir.OpResult(value).result_number
+    if not _iota_along(op.operands[result], dim):
+        return None
+    return Order(op, result, dim, reversed_)
+
+
+def index_range(value: ir.Value, depth: int = 8) -> tuple[int, int] | None:
+    """Bounds [lo, hi] of every entry of an integer `value`: an order's or an iota's [0, n - 1], a constant's, through
+    ops that only move entries (reshape, broadcast, slice, reverse, transpose, a widening convert), a select of two
+    bounded values, and a sum with a constant. None where it is not known."""
+    shape = static_shape(value)
+    if shape is None or depth == 0 or not isinstance(ir.RankedTensorType(value.type).element_type, ir.IntegerType):
+        return None
+    op = defining_op(value)
+    if op is None:
+        return None
+    if op.name == "stablehlo.constant":
+        array = dense_values(value)
+        return None if array is None or array.size == 0 else (int(np.min(array)), int(np.max(array)))
+    if op.name == "stablehlo.iota":
+        return 0, shape[ir.IntegerAttr(op.attributes["iota_dimension"]).value] - 1
+    if op.name in ("stablehlo.sort", "stablehlo.reverse") and (order := order_of(value)) is not None:
+        return 0, static_shape(order.sort.operands[0])[order.dim] - 1
+    if op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice", "stablehlo.reverse",
+                   "stablehlo.transpose") or (op.name == "stablehlo.convert" and _widens(op)):
+        return index_range(op.operands[0], depth - 1)
+    if op.name == "stablehlo.select":
+        predicate = dense_values(op.operands[0])
+        if predicate is not None and predicate.size and np.all(predicate == predicate.flat[0]):
+            return index_range(op.operands[1 if predicate.flat[0] else 2], depth - 1)
+        on_true, on_false = (index_range(v, depth - 1) for v in op.operands[1:])
+        return None if on_true is None or on_false is None else (min(on_true[0], on_false[0]),
+                                                                  max(on_true[1], on_false[1]))
+    if op.name == "stablehlo.add":
+        a, b = (index_range(v, depth - 1) for v in op.operands)
+        if a is None or b is None:
+            return None
+        lo, hi = a[0] + b[0], a[1] + b[1]
+        return (lo, hi) if _fits(lo, hi, ir.RankedTensorType(value.type).element_type) else None
+    return None
+
+
+def reads_an_order(value: ir.Value, depth: int = 8) -> bool:
+    """Whether `value` is an order's entries, through the ops `index_range` reads through (a take's wrapped ids)."""
+    op = defining_op(value)
+    if op is None or depth == 0:
+        return False
+    if order_of(value) is not None:
+        return True
+    if op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice", "stablehlo.reverse",
+                   "stablehlo.transpose", "stablehlo.convert", "stablehlo.add", "stablehlo.select"):
+        return any(reads_an_order(v, depth - 1) for v in op.operands)
+    return False
+
+
+def _fits(lo: int, hi: int, etype: ir.IntegerType) -> bool:
+    """Whether [lo, hi] fits the integer type (no wrap-around in the sum)."""
+    etype = ir.IntegerType(etype)
+    if etype.is_unsigned:
+        return 0 <= lo and hi < (1 << etype.width)
+    return -(1 << (etype.width - 1)) <= lo and hi < (1 << (etype.width - 1))
+
+
+def _widens(op: ir.Operation) -> bool:
+    """A convert between integer types that keeps every value of the operand's bounds (checked by the caller's range:
+    a narrowing or sign-changing convert is taken only where the bounds fit the result type)."""
+    source, target = (ir.RankedTensorType(v.type).element_type for v in (op.operands[0], op.results[0]))
+    if not (isinstance(source, ir.IntegerType) and isinstance(target, ir.IntegerType)):
+        return False
+    bounds = index_range(op.operands[0], 4)
+    return bounds is not None and _fits(*bounds, target)
+
+
+def decided_compare(op: ir.Operation) -> bool | None:
+    """The one value an integer `stablehlo.compare` gives everywhere, where its operands' bounds decide it (an order's
+    entries against 0 or n - 1: `i < 0`, `i >= 0`, `i <= n - 1`); else None."""
+    direction = _direction(op)
+    a, b = (index_range(v) for v in op.operands)
+    if a is None or b is None or direction not in _COMPARE:
+        return None
+    # an ordering of two intervals holds everywhere (or nowhere) exactly when it does at all four pairs of their ends
+    at_extremes = {bool(_COMPARE[direction](x, y)) for x in a for y in b}
+    if direction in ("EQ", "NE"):
+        if a[0] == a[1] and b[0] == b[1]:
+            return at_extremes.pop()
+        return direction == "NE" if a[1] < b[0] or b[1] < a[0] else None
+    return at_extremes.pop() if len(at_extremes) == 1 else None
+
+
+def take_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
+    """(operand, ids, dim) of a `stablehlo.gather` that is `take_along_axis(operand, ids, axis=dim)`: one entry per
+    index, the index (with a trailing unit dim for its vector) naming the place along `dim` and every other dim
+    taken as a batch dim of its own place. None for any other gather."""
+    if op.name != "stablehlo.gather":
+        return None
+    operand, indices = op.operands
+    shape, index_shape = static_shape(operand), static_shape(indices)
+    if shape is None or index_shape is None or len(index_shape) != len(shape) + 1 or index_shape[-1] != 1:
+        return None
+    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    rank = len(shape)
+    if any(s != 1 for s in _ints(op, "slice_sizes")) or static_shape(op.results[0]) != index_shape[:-1]:
+        return None
+    if list(numbers.offset_dims) or list(numbers.collapsed_slice_dims) != list(numbers.start_index_map) or (
+            len(numbers.start_index_map) != 1 or numbers.index_vector_dim != rank):
+        return None
+    dim = numbers.start_index_map[0]
+    batch = [d for d in range(rank) if d != dim]
+    if list(numbers.operand_batching_dims) != batch or list(numbers.start_indices_batching_dims) != batch:
+        return None
+    reshape = defining_op(indices)
+    if reshape is None or reshape.name != "stablehlo.reshape":
+        return None
+    return operand, reshape.operands[0], dim
+
+
+def sorted_operand(op: ir.Operation) -> tuple[Order, int] | None:
+    """(order, i) where `op` is a take along an order (`take_along`) of the order's sort's operand i (not its iota)
+    along the sort's dim: the take is that sort's result i, reversed as the order is."""
+    taken = take_along(op)
+    if taken is None:
+        return None
+    operand, ids, dim = taken
+    order = order_of(ids)
+    if order is None or order.dim != dim:
+        return None
+    for i, sorted_in in enumerate(order.sort.operands):
+        if sorted_in == operand and i != order.result:
+            return order, i
+    return None
+
+
+def _ascending_by_first(sort: ir.Operation) -> bool:
+    """Whether `sort`'s comparator is `lhs0 < rhs0` of integers alone (jnp.argsort of integers, sort_key_val by
+    integer keys)."""
+    body = list(sort.regions[0].blocks[0].operations)
+    args = list(sort.regions[0].blocks[0].arguments)
+    if len(body) != 2 or body[0].operation.name != "stablehlo.compare":
+        return False
+    compare = body[0].operation
+    direction = _direction(compare)
+    return (direction == "LT" and list(compare.operands) == [args[0], args[1]]
+            and body[1].operation.operands[0] == compare.results[0]
+            and isinstance(ir.RankedTensorType(sort.operands[0].type).element_type, ir.IntegerType))
+
+
+def inverse_of(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
+    """(order, values, dim) where `op` takes `values` along the ascending argsort of an order (`jnp.argsort(order)`,
+    the order's inverse permutation) along the order's dim: `values` put back in id order, as
+    `sort_key_val(order, values)` puts them."""
+    taken = take_along(op)
+    if taken is None:
+        return None
+    values, ids, dim = taken
+    inverse = order_of(ids)
+    if inverse is None or inverse.reversed or inverse.dim != dim or len(inverse.sort.operands) != 2:
+        return None
+    keys = inverse.sort.operands[1 - inverse.result]
+    order = order_of(keys)
+    if order is None or order.dim != dim or inverse.result != 1 or not _ascending_by_first(inverse.sort):
+        return None
+    return keys, values, dim

@@ -1,0 +1,183 @@
+"""hlofuse.ir.orders and the normal forms of hlofuse-prepare built on it: an argsort's ids are a permutation, so a
+take along them is decided, read as the sort's values, or put back by a sort_key_val; a shift by one is a pad
+however it is written. Every writing of the classic top-p's parts prepares to one program, and preparing changes no
+result."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hlofuse.passes.prepare import fold_decided_index_checks, inline_private_calls
+from jaxlib.mlir import ir
+
+from hlofuse.ir.orders import decided_compare, index_range, inverse_of, order_of, sorted_operand, take_along
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing import clone_module
+from hlofuse.testing.modules import main_func
+
+ROWS = jax.ShapeDtypeStruct((2, 8), jnp.float32)
+
+
+def _ops(fn, *args) -> tuple[ir.Module, list[ir.Operation]]:  # noqa: ANN001
+    """fn lowered with its helpers inlined and its takes' bounds checks folded (hlofuse-prepare's first steps), and
+    the ops of its main function in order."""
+    module = clone_module(jax.jit(fn).lower(*(args or (ROWS,))).compiler_ir("stablehlo"))
+    inline_private_calls(module.operation)
+    fold_decided_index_checks(module.operation)
+    return module, [op.operation for op in main_func(module).regions[0].blocks[0].operations]
+
+
+def _named(ops: list[ir.Operation], name: str) -> list[ir.Operation]:
+    return [op for op in ops if op.name == name]
+
+
+def _returned(ops: list[ir.Operation]) -> ir.Value:
+    return ops[-1].operands[0]
+
+
+@pytest.mark.parametrize(("writing", "reversed_"), [
+    (lambda x: jnp.argsort(x, axis=-1), False),
+    (lambda x: jnp.argsort(x, axis=-1)[:, ::-1], True),
+    (lambda x: jnp.flip(jnp.argsort(x, axis=-1), axis=-1), True),
+    (lambda x: jax.lax.sort_key_val(x, jax.lax.broadcasted_iota(jnp.int32, x.shape, 1), dimension=1)[1], False),
+])
+def test_an_argsorts_ids_are_an_order(writing, reversed_: bool) -> None:  # noqa: ANN001
+    _, ops = _ops(writing)
+    order = order_of(_returned(ops))
+    assert order is not None and order.reversed == reversed_ and order.dim == 1
+    assert index_range(_returned(ops)) == (0, 7)
+
+
+@pytest.mark.parametrize("writing", [
+    lambda x: jnp.sort(x, axis=-1),  # the sorted values, not the ids
+    lambda x: jnp.argsort(x, axis=0),  # ids along another dim than the iota is taken along (rows: 0..1)
+    lambda x: jnp.argsort(x, axis=-1)[:, ::-1][::-1],  # reversed along the rows too
+])
+def test_no_other_value_is_an_order(writing) -> None:  # noqa: ANN001
+    _, ops = _ops(writing)
+    order = order_of(_returned(ops))
+    assert order is None or order.dim != 1
+
+
+def _compare(direction: str, bound: int):  # noqa: ANN202
+    def fn(x):  # noqa: ANN001, ANN202
+        ids = jnp.argsort(x, axis=-1)
+        return {"LT": ids < bound, "GE": ids >= bound, "LE": ids <= bound, "EQ": ids == bound,
+                "NE": ids != bound}[direction]
+    return fn
+
+
+@pytest.mark.parametrize(("direction", "bound", "decided"), [
+    ("LT", 0, False), ("GE", 0, True), ("LE", 7, True), ("LT", 8, True), ("NE", -1, True), ("EQ", 9, False),
+    ("LT", 7, None), ("GE", 1, None), ("EQ", 3, None), ("NE", 0, None),
+])
+def test_a_compare_of_an_argsorts_ids_is_decided_by_their_bounds(direction: str, bound: int,
+                                                                  decided: bool | None) -> None:
+    module = clone_module(jax.jit(_compare(direction, bound)).lower(ROWS).compiler_ir("stablehlo"))
+    inline_private_calls(module.operation)
+    compares = [op.operation for op in main_func(module).regions[0].blocks[0].operations
+                if op.operation.name == "stablehlo.compare"]
+    assert [decided_compare(op) for op in compares] == [decided]
+
+
+@pytest.mark.parametrize("mode", [None, "clip", "fill", "promise_in_bounds"])
+def test_a_take_along_an_argsort_of_its_operand_is_the_sorts_values(mode: str | None) -> None:
+    _, ops = _ops(lambda x: jnp.take_along_axis(x, jnp.argsort(x, axis=-1)[:, ::-1], axis=-1, mode=mode))
+    (gather,) = _named(ops, "stablehlo.gather")
+    assert take_along(gather) is not None
+    found = sorted_operand(gather)
+    assert found is not None and found[1] == 0 and found[0].reversed
+
+
+def test_a_take_of_another_array_is_no_sorts_values() -> None:
+    _, ops = _ops(lambda x, y: jnp.take_along_axis(y, jnp.argsort(x, axis=-1), axis=-1), ROWS, ROWS)
+    (gather,) = _named(ops, "stablehlo.gather")
+    assert take_along(gather) is not None and sorted_operand(gather) is None
+
+
+def test_a_take_along_the_argsort_of_an_order_is_its_inverse() -> None:
+    def put_back(x):  # noqa: ANN001, ANN202
+        order = jnp.argsort(x, axis=-1)[:, ::-1]
+        return jnp.take_along_axis(x * 2, jnp.argsort(order, axis=-1), axis=-1)
+
+    _, ops = _ops(put_back)
+    (gather,) = _named(ops, "stablehlo.gather")
+    found = inverse_of(gather)
+    assert found is not None and order_of(found[0]) is not None
+
+
+@pytest.mark.parametrize("writing", [
+    lambda x: jnp.take_along_axis(x * 2, jnp.argsort(jnp.argsort(x, axis=-1), axis=-1, descending=True), axis=-1),
+    lambda x: jnp.take_along_axis(x * 2, jnp.argsort(jnp.round(x).astype(jnp.int32), axis=-1), axis=-1),
+    lambda x: jnp.take(x, jnp.argsort(jnp.argsort(x, axis=-1), axis=-1), axis=0),
+])
+def test_no_other_take_is_a_put_back(writing) -> None:  # noqa: ANN001
+    """A descending argsort of an order, the argsort of integers that are no order, a take along another dim."""
+    _, ops = _ops(writing)
+    assert all(inverse_of(op) is None for op in _named(ops, "stablehlo.gather"))
+
+
+# --- the normal forms: every writing of the classic top-p's parts prepares to one program --------------------------
+
+
+def _order(y, how: str):  # noqa: ANN001, ANN202
+    return jnp.argsort(y, axis=-1)[:, ::-1] if how == "slice" else jnp.flip(jnp.argsort(y, axis=-1), axis=-1)
+
+
+def _shift(m, how: str):  # noqa: ANN001, ANN202
+    if how == "roll":
+        return jnp.roll(m, 1, axis=-1).at[:, 0].set(False)
+    if how == "concatenate":
+        return jnp.concatenate([jnp.zeros((m.shape[0], 1), bool), m[:, :-1]], axis=-1)
+    return jnp.pad(m[:, :-1], ((0, 0), (1, 0)))
+
+
+def _put_back(order, values, how: str):  # noqa: ANN001, ANN202
+    if how == "take":
+        return jnp.take_along_axis(values, jnp.argsort(order, axis=-1), axis=-1)
+    return jax.lax.sort_key_val(order, values, dimension=-1)[1]
+
+
+WRITINGS = list(itertools.product(["slice", "flip"], ["roll", "concatenate", "pad"], ["take", "sort_key_val"]))
+
+
+def _classic_top_p(writing: tuple[str, str, str]):  # noqa: ANN202
+    order_how, shift_how, back_how = writing
+
+    def fn(x):  # noqa: ANN001, ANN202
+        order = _order(x, order_how)
+        ordered = jnp.take_along_axis(x, order, axis=-1)
+        remove = _shift(jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > 0.6, shift_how)
+        return jnp.where(_put_back(order, remove, back_how), -jnp.inf, x)
+
+    return fn
+
+
+def _prepared_text(fn) -> str:  # noqa: ANN001
+    module = clone_module(jax.jit(fn).lower(ROWS).compiler_ir("stablehlo"))
+    run_pipeline(module, "builtin.module(hlofuse-prepare)")
+    return re.sub(r"module @\S+", "module", re.sub(r"loc\([^)]*\)", "", str(module)))
+
+
+def test_every_writing_of_the_classic_top_p_prepares_to_one_program() -> None:
+    texts = {writing: _prepared_text(_classic_top_p(writing)) for writing in WRITINGS}
+    assert len(set(texts.values())) == 1
+    assert "stablehlo.gather" not in texts[WRITINGS[0]] and "stablehlo.concatenate" not in texts[WRITINGS[0]]
+
+
+@pytest.mark.parametrize("writing", WRITINGS[::3], ids=lambda w: "-".join(w))
+def test_preparing_the_classic_top_p_changes_no_result(writing: tuple[str, str, str]) -> None:
+    fn = _classic_top_p(writing)
+    prepared = jax.jit(fn, compiler_options={"hlofuse_pipeline": "builtin.module(hlofuse-prepare)",
+                                             "hlofuse_strict": True})
+    rng = np.random.default_rng(7)
+    for trial in range(6):
+        x = rng.standard_normal((2, 8)).astype(np.float32) * (1 + trial)
+        if trial % 2:
+            x = np.round(x)  # ties, whose order the argsort decides
+        np.testing.assert_array_equal(np.asarray(prepared(x)), np.asarray(jax.jit(fn)(x)))
