@@ -268,6 +268,9 @@ _LOWERING_CLASSES = tuple(dict.fromkeys(LOWERS_LIKE[p] for p in PLATFORMS))
 # (test_sampling_templates checks it for every form and writing). A template that lacks any other op of the program
 # lacks it on every platform, so a site lowers no other class of that writing.
 PLATFORM_VARIANT_OPS = frozenset({"stablehlo.while", "stablehlo.compare", "stablehlo.reshape"})
+# Ops a writing's marker names that hlofuse-prepare's normal forms may take away from the program (a put-back by a
+# scatter or a take becomes a sort_key_val; a shift's concatenate a pad): a marker of one is no requirement.
+NORMALISED_AWAY_OPS = frozenset({"stablehlo.scatter", "stablehlo.gather", "stablehlo.concatenate"})
 _OP_NAME = re.compile(r'(?:^|= )"?((?:stablehlo|chlo)\.\w+)', re.MULTILINE)
 
 
@@ -725,7 +728,8 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
     for form, writing, w in sorted(writings, key=specific):
         # (an op that only some platforms' lowerings have, the CPU's threefry loop, marks no writing: the same forms
         # are tried, and named in a remark, for a program lowered for any platform)
-        if form.stochastic != noisy or not set(w.marker_ops) - PLATFORM_VARIANT_OPS <= ops_present:
+        required = set(w.marker_ops) - PLATFORM_VARIANT_OPS - NORMALISED_AWAY_OPS
+        if form.stochastic != noisy or not required <= ops_present:
             continue
         # the rows as the program filtered them, reshaped before the draw (vocabulary-space draws of the rows only),
         # first: a form that fuses either way then takes the rows, and what computed them can be taken in too

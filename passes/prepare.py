@@ -38,7 +38,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.ir.layout import static_shape
 from hlofuse.ir.mask_eval import evaluate
 from hlofuse.ir.match import defining_op
-from hlofuse.ir.orders import decided_compare, inverse_of, reads_an_order, sorted_operand
+from hlofuse.ir.orders import decided_compare, inverse_of, reads_an_order, scattered_along, sorted_operand
 from hlofuse.pipeline import ModulePass, PassState
 
 # Ops an index may be computed through that compute no float: a float index term is decided only by comparing
@@ -564,12 +564,14 @@ def take_sorted_operands(module: ir.Operation) -> int:
 
 
 def put_back_by_sort_key_val(module: ir.Operation) -> int:
-    """Replaces each take along the argsort of an order (`take_along_axis(v, argsort(order))`: v, listed in the
-    order's places, back in id order) by `lax.sort_key_val(order, v)`'s values, the writing the library nuclei use
-    (simply's, Flax's); returns how many. The order's entries are distinct, so both put each entry at its id."""
+    """Replaces each put-back of values listed in an order's places by `lax.sort_key_val(order, values)`'s values, the
+    writing the library nuclei use (simply's, Flax's); returns how many. A put-back is a take along the argsort of an
+    order (`take_along_axis(v, argsort(order))`: `orders.inverse_of`) or a scatter of each row's values to the order's
+    places (`zeros_like(v).at[rows, order].set(v)`, torch's `scatter` through torchax: `orders.scattered_along`). The
+    order's entries are distinct, so each puts every entry at its id."""
     folded = 0
-    for op in _ops_named(module, "stablehlo.gather"):
-        found = inverse_of(op)
+    for op in _ops_named(module, "stablehlo.gather", "stablehlo.scatter"):
+        found = inverse_of(op) if op.name == "stablehlo.gather" else scattered_along(op)
         if found is None:
             continue
         order, values, dim = found

@@ -1,5 +1,6 @@
 """hlofuse.ir.orders and the normal forms of hlofuse-prepare built on it: an argsort's ids are a permutation, so a
-take along them is decided, read as the sort's values, or put back by a sort_key_val; a shift by one is a pad
+take along them is decided, read as the sort's values, or put back by a sort_key_val (as a scatter of the rows to
+its places is); a shift by one is a pad
 however it is written. Every writing of the classic top-p's parts prepares to one program, and preparing changes no
 result."""
 
@@ -15,7 +16,15 @@ import pytest
 from hlofuse.passes.prepare import fold_decided_index_checks, inline_private_calls
 from jaxlib.mlir import ir
 
-from hlofuse.ir.orders import decided_compare, index_range, inverse_of, order_of, sorted_operand, take_along
+from hlofuse.ir.orders import (
+    decided_compare,
+    index_range,
+    inverse_of,
+    order_of,
+    scattered_along,
+    sorted_operand,
+    take_along,
+)
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing import clone_module
 from hlofuse.testing.modules import main_func
@@ -122,6 +131,33 @@ def test_no_other_take_is_a_put_back(writing) -> None:  # noqa: ANN001
     assert all(inverse_of(op) is None for op in _named(ops, "stablehlo.gather"))
 
 
+@pytest.mark.parametrize("writing", [
+    lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)[:, ::-1]].set(x * 2),
+    lambda x: jnp.full_like(x[0], -jnp.inf).at[jnp.argsort(x[0])[::-1]].set(x[1]),
+    lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)].set(x * 2, mode="drop"),
+])
+def test_a_scatter_of_the_rows_to_an_orders_places_is_a_put_back(writing) -> None:  # noqa: ANN001
+    _, ops = _ops(writing)
+    (scatter,) = _named(ops, "stablehlo.scatter")
+    found = scattered_along(scatter)
+    assert found is not None and order_of(found[0]) is not None
+
+
+@pytest.mark.parametrize("writing", [
+    # each row's values into the other row
+    lambda x: jnp.zeros_like(x).at[jnp.arange(2)[::-1, None], jnp.argsort(x, axis=-1)].set(x * 2),
+    # an add, not a set
+    lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)].add(x * 2),
+    # fewer values than places (the top 4 only): the other places keep what they held
+    lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)[:, :4]].set(x[:, :4]),
+    # places from no order
+    lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.round(x).astype(jnp.int32) % 8].set(x * 2),
+])
+def test_no_other_scatter_is_a_put_back(writing) -> None:  # noqa: ANN001
+    _, ops = _ops(writing)
+    assert all(scattered_along(op) is None for op in _named(ops, "stablehlo.scatter"))
+
+
 # --- the normal forms: every writing of the classic top-p's parts prepares to one program --------------------------
 
 
@@ -140,10 +176,13 @@ def _shift(m, how: str):  # noqa: ANN001, ANN202
 def _put_back(order, values, how: str):  # noqa: ANN001, ANN202
     if how == "take":
         return jnp.take_along_axis(values, jnp.argsort(order, axis=-1), axis=-1)
+    if how == "scatter":
+        return jnp.zeros_like(values).at[jnp.arange(values.shape[0])[:, None], order].set(values)
     return jax.lax.sort_key_val(order, values, dimension=-1)[1]
 
 
-WRITINGS = list(itertools.product(["slice", "flip"], ["roll", "concatenate", "pad"], ["take", "sort_key_val"]))
+WRITINGS = list(itertools.product(["slice", "flip"], ["roll", "concatenate", "pad"],
+                                  ["take", "sort_key_val", "scatter"]))
 
 
 def _classic_top_p(writing: tuple[str, str, str]):  # noqa: ANN202
@@ -167,7 +206,8 @@ def _prepared_text(fn) -> str:  # noqa: ANN001
 def test_every_writing_of_the_classic_top_p_prepares_to_one_program() -> None:
     texts = {writing: _prepared_text(_classic_top_p(writing)) for writing in WRITINGS}
     assert len(set(texts.values())) == 1
-    assert "stablehlo.gather" not in texts[WRITINGS[0]] and "stablehlo.concatenate" not in texts[WRITINGS[0]]
+    for absent in ("stablehlo.gather", "stablehlo.concatenate", "stablehlo.scatter"):
+        assert absent not in texts[WRITINGS[0]]
 
 
 @pytest.mark.parametrize("writing", WRITINGS[::3], ids=lambda w: "-".join(w))

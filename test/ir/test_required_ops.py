@@ -37,7 +37,9 @@ def _nucleus(x, key):  # noqa: ANN001, ANN202
 
 
 IMPLIED = {
-    "a sort and a scatter of the logits": (_nucleus, {"stablehlo.sort", "stablehlo.scatter"}),
+    "a sort of the logits": (_nucleus, {"stablehlo.sort"}),
+    "a scatter at the argmax": (lambda x, key: jnp.zeros_like(x).at[jnp.arange(x.shape[0]), jnp.argmax(x, axis=-1)]
+                                .set(1.0) + x, {"stablehlo.scatter"}),
     "a transpose of the logits": (lambda x, key: jnp.argmax(x.T, axis=0), {"stablehlo.transpose"}),
     "a reverse": (lambda x, key: jnp.concatenate([x[:, ::-1], x], axis=-1).sum(-1), {"stablehlo.reverse"}),
     "a scan over the rows": (lambda x, key: jax.lax.scan(lambda c, r: (c + r.max(), r.argmax()), 0.0, x)[1],
@@ -77,7 +79,8 @@ NOT_IMPLIED = {
 
 
 # hlofuse-prepare's normal forms take these ops away: a take along an argsort (the sort's values), one along the
-# argsort of an argsort (a sort_key_val), a shift written as a concatenate (a pad), a roll's rolled-in place set (a pad)
+# argsort of an argsort (a sort_key_val), a shift written as a concatenate (a pad), a roll's rolled-in place set (a
+# pad), a scatter of the rows to an argsort's places (a sort_key_val)
 NORMALISED_AWAY = {
     "a take along an argsort": (lambda x, key: jnp.take_along_axis(x, jnp.argsort(x, axis=-1), axis=-1)[:, 0],
                                 "stablehlo.gather"),
@@ -86,6 +89,7 @@ NORMALISED_AWAY = {
     "a shift by a concatenate": (lambda x, key: jnp.concatenate([jnp.zeros_like(x[:, :1]), x[:, :-1]], axis=-1),
                                  "stablehlo.concatenate"),
     "a roll's first place set": (lambda x, key: jnp.roll(x, 1, axis=-1).at[:, 0].set(0.0), "stablehlo.scatter"),
+    "a put-back by a scatter": (_nucleus, "stablehlo.scatter"),
 }
 
 

@@ -668,3 +668,56 @@ func.func public @no_match_compares_of_no_argsort(%arg0: tensor<4xi32>) -> (tens
   %3 = stablehlo.compare GE, %iota, %1, SIGNED : (tensor<4xi32>, tensor<4xi32>) -> tensor<4xi1>
   return %2, %3 : tensor<4xi1>, tensor<4xi1>
 }
+
+// -----
+
+// zeros_like(v).at[rows, order].set(v), order an argsort's ids: every place set once, so v put back in id order, as
+// sort_key_val(order, v), whatever the zeros held.
+// CHECK-LABEL: func.func public @puts_back_a_scatter_of_the_rows_to_an_orders_places
+// CHECK: %[[S:.*]]:2 = "stablehlo.sort"(%arg0, %{{.*}})
+// CHECK: %[[B:.*]]:2 = "stablehlo.sort"(%[[S]]#1, %arg1)
+// CHECK-NOT: stablehlo.scatter
+// CHECK: return %[[B]]#1
+func.func public @puts_back_a_scatter_of_the_rows_to_an_orders_places(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  %rows = stablehlo.iota dim = 0 : tensor<2x8x1xi32>
+  %ids = stablehlo.broadcast_in_dim %s#1, dims = [0, 1] : (tensor<2x8xi32>) -> tensor<2x8x1xi32>
+  %indices = stablehlo.concatenate %rows, %ids, dim = 2 : (tensor<2x8x1xi32>, tensor<2x8x1xi32>) -> tensor<2x8x2xi32>
+  %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %zeros = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %0 = "stablehlo.scatter"(%zeros, %indices, %arg1) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    stablehlo.return %b : tensor<f32>
+  }) : (tensor<2x8xf32>, tensor<2x8x2xi32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+// -----
+
+// The same scatter adding into the zeros (`.at[rows, order].add(v)`): no put-back, it stays.
+// CHECK-LABEL: func.func public @no_match_scatter_add_to_an_orders_places
+// CHECK: stablehlo.scatter
+func.func public @no_match_scatter_add_to_an_orders_places(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  %rows = stablehlo.iota dim = 0 : tensor<2x8x1xi32>
+  %ids = stablehlo.broadcast_in_dim %s#1, dims = [0, 1] : (tensor<2x8xi32>) -> tensor<2x8x1xi32>
+  %indices = stablehlo.concatenate %rows, %ids, dim = 2 : (tensor<2x8x1xi32>, tensor<2x8x1xi32>) -> tensor<2x8x2xi32>
+  %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %zeros = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %0 = "stablehlo.scatter"(%zeros, %indices, %arg1) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0, 1], scatter_dims_to_operand_dims = [0, 1], index_vector_dim = 2>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %sum = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %sum : tensor<f32>
+  }) : (tensor<2x8xf32>, tensor<2x8x2xi32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}

@@ -99,7 +99,8 @@ MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (i
 # fused nucleus of lax.top_k's k, the kept ids as a one-hot mask), any logits, the spec's fill; jax: the classic filter
 # of the scaled logits as JAX engines write it ((B, V) logits, -inf: `argsort(y)[:, ::-1]` or `jnp.flip`, the logits
 # taken along it, the shift by `jnp.roll(...).at[:, 0].set(False)`, a concatenate or `jnp.pad`, the mask or the
-# filled sorted logits put back by a take along the order's argsort or by sort_key_val; `_jax_classic_writing` picks
+# filled sorted logits put back by a take along the order's argsort, by sort_key_val or (the logits) by a scatter to
+# the order's places; `_jax_classic_writing` picks
 # one of each from the spec's p, so that generated programs meet every writing).
 TOP_PS = ("sort", "top_k", "gemma", "keras", "hf", "flax", "mtj", "tvq", "classic", "xt", "levanter", "haiku",
           "haiku_logits", "simply", "jax")
@@ -687,7 +688,7 @@ def _jax_classic_writing(p: float) -> tuple[str, str, str]:
     """The order, shift and put-back writings of the jax style's classic top-p, picked by p."""
     pick = round(p * 1000)
     return (("slice", "flip")[pick % 2], ("roll", "concatenate", "pad")[pick % 3],
-            ("mask_take", "mask_sort_key_val", "logits_take")[(pick // 6) % 3])
+            ("mask_take", "mask_sort_key_val", "logits_take", "logits_scatter")[(pick // 6) % 4])
 
 
 def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
@@ -704,6 +705,9 @@ def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
         remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)))
     if back_how == "logits_take":
         return jnp.take_along_axis(jnp.where(remove, NEG_INF, ordered), jnp.argsort(order, axis=-1), axis=-1)
+    if back_how == "logits_scatter":
+        rows = jnp.arange(x.shape[0])[:, None]
+        return jnp.full_like(x, NEG_INF).at[rows, order].set(jnp.where(remove, NEG_INF, ordered))
     if back_how == "mask_take":
         return jnp.where(jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1), NEG_INF, x)
     return jnp.where(jax.lax.sort_key_val(order, remove, dimension=-1)[1], NEG_INF, x)

@@ -769,6 +769,16 @@ def jax_classic_top_p_pad(x, key):
                                                  -jnp.inf, y))
 
 
+def jax_classic_top_p_scattered_back(x, key):
+    """The classic top-p with the sorted logits filled and scattered back to the order's places
+    (`full_like(y, -inf).at[rows, order].set(...)`): top_p_flipped_mask by the logits."""
+    y = x / 0.7
+    remove, ordered, order = _jax_classic_removal(y, 0.9, "roll")
+    rows = jnp.arange(y.shape[0])[:, None]
+    return jax.random.categorical(key, jnp.full_like(y, -jnp.inf).at[rows, order].set(
+        jnp.where(remove, -jnp.inf, ordered)))
+
+
 def near_miss_jax_classic_top_p_descending_argsort(x, key):
     """The JAX classic top-p with `argsort(y, descending=True)` (equal values by the lower id first): no form orders
     ties so, so only the draw fuses."""
@@ -1928,6 +1938,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.85, "temperature": 0.8}),
     Variant("jax_classic_top_p_pad", jax_classic_top_p_pad, "top_p_flipped_mask",
             expect={"p": 0.95}),
+    Variant("jax_classic_top_p_scattered_back", jax_classic_top_p_scattered_back, "top_p_flipped_mask",
+            expect={"p": 0.9, "temperature": 0.7}),
     Variant("near_miss_jax_classic_top_p_descending_argsort", near_miss_jax_classic_top_p_descending_argsort,
             "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("old_hugging_face_top_k_top_p_multinomial", old_hugging_face_top_k_top_p_multinomial,

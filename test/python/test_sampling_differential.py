@@ -368,13 +368,14 @@ FIXED_GAPS = {
     # the order's argsort or by sort_key_val: `_jax_classic_writing` picks by p): fused as its draw with the sorts in
     # XLA until hlofuse-prepare's normal forms and top_p_flipped_mask; ties with T traced in front; by torch-style
     # choice; by a key per row; after a top-k mask (which stays in XLA)
-    "top_p_jax": SamplerSpec(form="top_p_mask", top_p_style="jax"),  # (slice, roll, mask_take)
-    "top_p_jax_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="jax", vocab=16, p=0.5,  # (pad, logits)
+    "top_p_jax": SamplerSpec(form="top_p_mask", top_p_style="jax"),  # (slice, roll, logits_take)
+    "top_p_jax_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="jax", vocab=16, p=0.5,  # (pad, scatter)
                                            temperature_style="traced"),
     "top_p_jax_flip_concatenate_sort_key_val": SamplerSpec(form="top_p_mask", top_p_style="jax", p=0.871),
     "top_p_jax_choice_flip_pad": SamplerSpec(form="top_p_mask", top_p_style="jax", draw="choice", p=0.815),
-    "top_p_jax_row_keys": SamplerSpec(form="top_p_mask", top_p_style="jax", draw="row_keys", p=0.85),
+    "top_p_jax_row_keys_mask_take": SamplerSpec(form="top_p_mask", top_p_style="jax", draw="row_keys", p=0.6),
     "top_k_then_top_p_jax": SamplerSpec(form="top_k_top_p_mask", top_p_style="jax", p=0.757),
+    "top_p_jax_scattered_back": SamplerSpec(form="top_p_mask", top_p_style="jax", p=0.93),
     # x-transformers' top-p of the logits (the classic cut, its sorted logits filled and scattered back), then / T
     "top_p_x_transformers": SamplerSpec(form="top_p_mask", top_p_style="xt"),
     # (a top-k mask no form reads, then x-transformers' cut at T = 1: either classic form)

@@ -28,7 +28,9 @@ with and without the drawn token's log-probability, and the nucleus of Haiku's `
 xformers' fastgen top-p and a hand-written min-p, drawn by torch.multinomial of their weights, not renormalised, and
 perceiver-ar's nucleus of the logits, then / T, and grok-1's `sample_token`, (B, 1, V) logits with T, p and a mask
 per row, a key per row, and the token's probability and the top 8 read from what it drew from, in f32 and on its
-model's bf16 logits, and google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability).
+model's bf16 logits, and google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability, and
+the classic top-p as small JAX engines write it: a flipped argsort, a roll, the mask put back by the order's argsort or
+the filled logits scattered back).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -77,7 +79,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "llama_reference_top_p_unsqueezed", "hand_gumbel_unguarded", "levanter_top_p_sample",
             "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
             "min_p_of_probs_weights", "perceiver_ar_nucleus_sample", "grok_sample_token", "simply_top_k_sample",
-            "simply_top_p_sample", "simply_top_k_top_p_sample", "grok_sample_token_bf16")
+            "simply_top_p_sample", "simply_top_k_top_p_sample", "grok_sample_token_bf16", "jax_classic_top_p_roll",
+            "jax_classic_top_p_scattered_back")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

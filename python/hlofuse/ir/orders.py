@@ -8,7 +8,9 @@ hlofuse-prepare uses to make the writings of a take along an order one program:
   mode: negative ids wrapped, out-of-range ones filled) are decided (`index_range`, `decided_compare`);
 - a take of one of the sort's own operands along it is that operand's sorted output (`sorted_operand`);
 - a take along the ascending argsort of an order puts values back in id order: `sort_key_val(order, values)`
-  (`inverse_of`).
+  (`inverse_of`), and so does a scatter that sets each row's values at the order's places (`zeros_like(x).at[rows,
+  order].set(values)`, torch's `scatter(1, order, values)` through torchax: every place is set once, whatever the
+  array set into held; `scattered_along`).
 
     %s:2 = stablehlo.sort(%y, %iota) ...        %r = stablehlo.reverse %s#1
     %v = stablehlo.gather(%y, reshape(%r))      -- sorted_operand: stablehlo.reverse %s#0
@@ -23,6 +25,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.ir.layout import static_shape
+from hlofuse.ir.mask_eval import evaluate
 from hlofuse.ir.match import defining_op, dense_values
 
 _COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
@@ -227,3 +230,71 @@ def inverse_of(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     if order is None or order.dim != dim or inverse.result != 1 or not _ascending_by_first(inverse.sort):
         return None
     return keys, values, dim
+
+
+def scattered_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
+    """(order, values, dim) where the scatter `op` sets `values` (the operand's shape) at the places an order along
+    the last dim lists, each row into its own row: its indices give each entry its coordinates, those before the last
+    its own (iotas, however wrapped: decided by evaluation) and the last the order's entry. Every place is set once,
+    so the result is `sort_key_val(order, values)`'s, whatever the scattered-into array held. None for any other
+    scatter."""
+    if op.name != "stablehlo.scatter" or len(op.operands) != 3 or not _sets(op):
+        return None
+    _, indices, values = op.operands
+    shape, index_shape = static_shape(op.operands[0]), static_shape(indices)
+    if shape is None or static_shape(values) != shape or index_shape != (*shape, len(shape)):
+        return None
+    numbers = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    every = list(range(len(shape)))
+    if (list(numbers.update_window_dims) or list(numbers.inserted_window_dims) != every
+            or list(numbers.scattered_dims_to_operand_dims) != every or numbers.index_vector_dim != len(shape)
+            or list(numbers.input_batching_dims)):
+        return None
+    columns = _index_columns(indices, len(shape))
+    if columns is None:
+        return None
+    for dim, column in enumerate(columns[:-1]):
+        coordinate = evaluate(column)
+        if coordinate is None or not np.array_equal(np.reshape(coordinate, shape),
+                                                    np.broadcast_to(np.arange(shape[dim]).reshape(
+                                                        [-1 if d == dim else 1 for d in every]), shape)):
+            return None
+    order = _without_unit_dim(columns[-1])
+    found = None if order is None else order_of(order)
+    if found is None or found.dim != len(shape) - 1:
+        return None
+    return order, values, found.dim
+
+
+def _sets(op: ir.Operation) -> bool:
+    """Whether a scatter's body gives back its update (`.at[...].set`)."""
+    block = op.regions[0].blocks[0]
+    body = list(block.operations)
+    return len(body) == 1 and body[0].operation.operands[0] == block.arguments[1]
+
+
+def _index_columns(indices: ir.Value, rank: int) -> list[ir.Value] | None:
+    """The (..., 1) columns of an index array (..., n): the parts of a concatenate of `rank` of them along the last
+    dim, or the array itself for a rank-1 operand."""
+    if rank == 1:
+        return [indices]
+    op = defining_op(indices)
+    if op is not None and op.name == "stablehlo.concatenate" and len(op.operands) == rank and (
+            ir.IntegerAttr(op.attributes["dimension"]).value == rank):
+        return list(op.operands)
+    return None
+
+
+def _without_unit_dim(column: ir.Value) -> ir.Value | None:
+    """The value a (..., 1) column is a broadcast or reshape of, with that trailing unit dim added, else None."""
+    adds = defining_op(column)
+    if adds is None or adds.name not in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
+        return None
+    source = adds.operands[0]
+    if static_shape(source) != static_shape(column)[:-1]:
+        return None
+    rank = len(static_shape(source))
+    if adds.name == "stablehlo.broadcast_in_dim" and list(ir.DenseI64ArrayAttr(
+            adds.attributes["broadcast_dimensions"])) != list(range(rank)):
+        return None
+    return source

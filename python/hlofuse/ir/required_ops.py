@@ -11,7 +11,8 @@ indices, as one at constant indices may become a slice), its op is no identity a
 moves only unit dims is a reshape, a reverse of unit dims is its operand, a scan unrolled whole is no loop), and no
 normal form of hlofuse-prepare rewrites it: a gather may be a take along an argsort, read as the sort's output or
 put back by one; a concatenate may be a shift, made a pad; a scatter into the result of a concatenate (or of a call:
-`jnp.roll`) may set one of its parts (so neither a gather nor a concatenate implies its op). The branches of a
+`jnp.roll`) may set one of its parts, and one at indices computed from a sort (or a call's result) may put values
+back in id order (so neither a gather nor a concatenate implies its op, nor such a scatter). The branches of a
 `cond` imply nothing (hlofuse-prepare inlines the taken one), nor do a loop's bodies (the loop itself does).
 test_sampling_templates checks that every template holds the ops its jaxpr implies.
 """
@@ -78,12 +79,31 @@ def _live(jaxpr: core.Jaxpr, outputs: list[bool] | None) -> list[tuple[core.Jaxp
     return live[::-1]
 
 
+def _may_be_normalised_away(scatter: core.JaxprEqn, producers: dict[core.Var, core.JaxprEqn]) -> bool:
+    """Whether hlofuse-prepare may rewrite a scatter away: it sets into a concatenate's (or a call's) result, or its
+    indices come from a sort or a call (within this jaxpr, through any ops)."""
+    into = producers.get(scatter.invars[0])
+    if into is not None and into.primitive.name in ("concatenate", *_CALLS):
+        return True
+    pending, seen = [v for v in scatter.invars[1:2] if isinstance(v, core.Var)], set()
+    while pending:
+        var = pending.pop()
+        eqn = producers.get(var)
+        if eqn is None or id(eqn) in seen:
+            continue
+        seen.add(id(eqn))
+        if eqn.primitive.name in ("sort", *_CALLS):
+            return True
+        pending.extend(v for v in eqn.invars if isinstance(v, core.Var))
+    return False
+
+
 def required_ops(jaxpr: core.Jaxpr, reads: list[bool] | None = None, outputs: list[bool] | None = None
                  ) -> frozenset[str]:
     """The ops every lowering of `jaxpr` holds: `reads` says which of its inputs carry the function's arguments,
     `outputs` which of its results are used (all where None)."""
     carried = {v for i, v in enumerate(jaxpr.invars) if reads is None or reads[i]}
-    produced_by = {v: eqn.primitive.name for eqn in jaxpr.eqns for v in eqn.outvars}
+    producers = {v: eqn for eqn in jaxpr.eqns for v in eqn.outvars}
     ops: set[str] = set()
     for eqn, results in _live(jaxpr, outputs):
         operands = [isinstance(v, core.Var) and v in carried for v in eqn.invars]
@@ -94,6 +114,6 @@ def required_ops(jaxpr: core.Jaxpr, reads: list[bool] | None = None, outputs: li
         if name in _CALLS and body is not None:
             ops |= required_ops(body, operands, results)
         elif name in IMPLIED_OP and any(operands[_INDICES.get(name, 0):]) and not _is_identity(eqn) and not (
-                IMPLIED_OP[name] == "stablehlo.scatter" and produced_by.get(eqn.invars[0]) in ("concatenate", *_CALLS)):
+                IMPLIED_OP[name] == "stablehlo.scatter" and _may_be_normalised_away(eqn, producers)):
             ops.add(IMPLIED_OP[name])
     return frozenset(ops)
