@@ -54,6 +54,7 @@ def _returned(ops: list[ir.Operation]) -> ir.Value:
     (lambda x: jnp.argsort(x, axis=-1)[:, ::-1], True),
     (lambda x: jnp.flip(jnp.argsort(x, axis=-1), axis=-1), True),
     (lambda x: jax.lax.sort_key_val(x, jax.lax.broadcasted_iota(jnp.int32, x.shape, 1), dimension=1)[1], False),
+    (lambda x: jnp.argsort(x, axis=-1, descending=True), True),  # (sort(rev(x), rev(iota)), then reversed)
 ])
 def test_an_argsorts_ids_are_an_order(writing, reversed_: bool) -> None:  # noqa: ANN001
     _, ops = _ops(writing)
@@ -95,12 +96,30 @@ def test_a_compare_of_an_argsorts_ids_is_decided_by_their_bounds(direction: str,
 
 
 @pytest.mark.parametrize("mode", [None, "clip", "fill", "promise_in_bounds"])
-def test_a_take_along_an_argsort_of_its_operand_is_the_sorts_values(mode: str | None) -> None:
-    _, ops = _ops(lambda x: jnp.take_along_axis(x, jnp.argsort(x, axis=-1)[:, ::-1], axis=-1, mode=mode))
+@pytest.mark.parametrize("descending", [False, True])
+def test_a_take_along_an_argsort_of_its_operand_is_the_sorts_values(mode: str | None, descending: bool) -> None:
+    def order(x):  # noqa: ANN001, ANN202
+        return jnp.argsort(x, axis=-1, descending=True) if descending else jnp.argsort(x, axis=-1)[:, ::-1]
+
+    _, ops = _ops(lambda x: jnp.take_along_axis(x, order(x), axis=-1, mode=mode))
     (gather,) = _named(ops, "stablehlo.gather")
     assert take_along(gather) is not None
     found = sorted_operand(gather)
     assert found is not None and found[1] == 0 and found[0].reversed
+
+
+@pytest.mark.parametrize("descending", [False, True])
+def test_reading_a_take_along_an_argsort_as_the_sorts_values_changes_no_result(descending: bool) -> None:
+    def fn(x):  # noqa: ANN001, ANN202
+        order = jnp.argsort(x, axis=-1, descending=descending)
+        return jnp.take_along_axis(x, order, axis=-1), order
+
+    prepared = jax.jit(fn, compiler_options={"hlofuse_pipeline": "builtin.module(hlofuse-prepare)",
+                                             "hlofuse_strict": True})
+    assert "stablehlo.gather" not in _prepared_text(lambda x: fn(x)[0])
+    x = np.array([[0.0, -0.0, 1.0, np.nan, 1.0, -np.inf, 0.0, -0.0]] * 2, np.float32)
+    for got, want in zip(prepared(x), jax.jit(fn)(x), strict=True):
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
 
 
 def test_a_take_of_another_array_is_no_sorts_values() -> None:
@@ -221,3 +240,16 @@ def test_preparing_the_classic_top_p_changes_no_result(writing: tuple[str, str, 
         if trial % 2:
             x = np.round(x)  # ties, whose order the argsort decides
         np.testing.assert_array_equal(np.asarray(prepared(x)), np.asarray(jax.jit(fn)(x)))
+
+
+def test_a_take_along_an_ascending_sort_carrying_reversed_ids_is_no_put_back() -> None:
+    """sort(order, rev(iota)) lists rev(iota)'s entries, not the order's inverse: taking along it puts nothing back."""
+    def fn(x):  # noqa: ANN001, ANN202
+        order = jnp.argsort(x, axis=-1)
+        reversed_ids = jnp.flip(jax.lax.broadcasted_iota(jnp.int32, order.shape, 1), axis=-1)
+        carried = jax.lax.sort_key_val(order, reversed_ids, dimension=-1)[1]
+        return jnp.take_along_axis(x * 2, carried, axis=-1)
+
+    _, ops = _ops(fn)
+    (gather,) = _named(ops, "stablehlo.gather")
+    assert inverse_of(gather) is None

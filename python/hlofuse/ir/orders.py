@@ -1,7 +1,8 @@
 """Orders: which values list each row's ids in some order, and what a take along such a value reads.
 
-An order is what an argsort gives: an iota along a dim carried through a `stablehlo.sort` along that dim
-(`jnp.argsort`, `lax.sort_key_val(x, iota)`), reversed along it or not (`argsort(x)[..., ::-1]`, `flip`). Whatever
+An order is what an argsort gives: an iota along a dim (or its reverse, as `jnp.argsort(x, descending=True)` carries
+it) carried through a `stablehlo.sort` along that dim (`jnp.argsort`, `lax.sort_key_val(x, iota)`), reversed along
+it or not (`argsort(x)[..., ::-1]`, `flip`). Whatever
 the sort compares, its iota comes out a permutation of [0, n) along the dim. Three facts follow, which
 hlofuse-prepare uses to make the writings of a take along an order one program:
 - its entries lie in [0, n), so the bounds checks a take wraps around its gather (`take_along_axis`'s default `fill`
@@ -56,6 +57,23 @@ def _iota_along(value: ir.Value, dim: int) -> bool:
             and ir.IntegerAttr(op.attributes["iota_dimension"]).value == dim)
 
 
+def _reversed_along(value: ir.Value, dim: int) -> ir.Value | None:
+    """What `value` is a reverse of along `dim` alone, else None."""
+    op = defining_op(value)
+    if op is None or op.name != "stablehlo.reverse" or _ints(op, "dimensions") != [dim]:
+        return None
+    return op.operands[0]
+
+
+def _carried_ids(value: ir.Value, dim: int) -> bool | None:
+    """Whether a sort's operand is the ids it carries along `dim`: an iota (False) or one reversed along the dim, as
+    `jnp.argsort(x, descending=True)` sorts `rev(x)` with `rev(iota)` (True); None for any other."""
+    if _iota_along(value, dim):
+        return False
+    reversed_ = _reversed_along(value, dim)
+    return True if reversed_ is not None and _iota_along(reversed_, dim) else None
+
+
 def order_of(value: ir.Value) -> Order | None:
     """The order `value` is (a sort's iota along its own dim, reversed along that dim or not), or None."""
     op = defining_op(value)
@@ -69,7 +87,7 @@ def order_of(value: ir.Value) -> Order | None:
         return None
     dim = ir.IntegerAttr(op.attributes["dimension"]).value
     result = ir.OpResult(value).result_number
-    if not _iota_along(op.operands[result], dim):
+    if _carried_ids(op.operands[result], dim) is None:
         return None
     return Order(op, result, dim, reversed_)
 
@@ -186,7 +204,9 @@ def take_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
 
 def sorted_operand(op: ir.Operation) -> tuple[Order, int] | None:
     """(order, i) where `op` is a take along an order (`take_along`) of the order's sort's operand i (not its iota)
-    along the sort's dim: the take is that sort's result i, reversed as the order is."""
+    along the sort's dim: the take is that sort's result i, reversed as the order is. (Where the sort carries its ids
+    reversed, `jnp.argsort(x, descending=True)`'s `sort(rev(x), rev(iota))`, operand i is rev(x): the sort keeps each
+    id with its own value either way.)"""
     taken = take_along(op)
     if taken is None:
         return None
@@ -194,8 +214,9 @@ def sorted_operand(op: ir.Operation) -> tuple[Order, int] | None:
     order = order_of(ids)
     if order is None or order.dim != dim:
         return None
+    ids_reversed = _carried_ids(order.sort.operands[order.result], dim)
     for i, sorted_in in enumerate(order.sort.operands):
-        if sorted_in == operand and i != order.result:
+        if i != order.result and (_reversed_along(sorted_in, dim) if ids_reversed else sorted_in) == operand:
             return order, i
     return None
 
@@ -228,6 +249,8 @@ def inverse_of(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     keys = inverse.sort.operands[1 - inverse.result]
     order = order_of(keys)
     if order is None or order.dim != dim or inverse.result != 1 or not _ascending_by_first(inverse.sort):
+        return None
+    if _carried_ids(inverse.sort.operands[1], dim):  # (ids carried reversed: the argsort's ids are not the inverse)
         return None
     return keys, values, dim
 
