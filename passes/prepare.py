@@ -539,8 +539,16 @@ def _bool_splat(value: ir.Value) -> bool | None:
         value, op = op.operands[0], defining_op(op.operands[0])
     if op is None or op.name != "stablehlo.constant" or not _is_bool(ir.RankedTensorType(value.type).element_type):
         return None
-    attr = ir.DenseElementsAttr(op.attributes["value"])
-    return bool(ir.BoolAttr(attr.get_splat_value()).value) if attr.is_splat else None
+    attr = _dense(op)
+    return bool(ir.BoolAttr(attr.get_splat_value()).value) if attr is not None and attr.is_splat else None
+
+
+def _dense(constant: ir.Operation) -> ir.DenseElementsAttr | None:
+    """A constant's elements, or None where it holds them otherwise (a `dense_resource` blob)."""
+    try:
+        return ir.DenseElementsAttr(constant.attributes["value"])
+    except ValueError:
+        return None
 
 
 def take_sorted_operands(module: ir.Operation) -> int:
@@ -705,8 +713,8 @@ def _splat_scalar_constant(value: ir.Value) -> ir.Value | None:
         return None
     if op is None or op.name != "stablehlo.constant":
         return None
-    attr = ir.DenseElementsAttr(op.attributes["value"])
-    if not attr.is_splat:
+    attr = _dense(op)
+    if attr is None or not attr.is_splat:
         return None
     scalar_type = ir.RankedTensorType.get([], ir.RankedTensorType(value.type).element_type)
     with ir.InsertionPoint(op), op.location:

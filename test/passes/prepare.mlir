@@ -721,3 +721,23 @@ func.func public @no_match_scatter_add_to_an_orders_places(%arg0: tensor<2x8xf32
   }) : (tensor<2x8xf32>, tensor<2x8x2xi32>, tensor<2x8xf32>) -> tensor<2x8xf32>
   return %0 : tensor<2x8xf32>
 }
+
+// -----
+
+// A concatenate of a constant held as a resource blob (a large weight): no splat to read, the concatenate stays and
+// the pass goes on.
+// CHECK-LABEL: func.func public @no_match_concatenate_of_a_resource_constant
+// CHECK: stablehlo.concatenate
+func.func public @no_match_concatenate_of_a_resource_constant(%arg0: tensor<2x7xf32>) -> tensor<2x8xf32> {
+  %c = stablehlo.constant dense_resource<blob1> : tensor<2x1xf32>
+  %0 = stablehlo.concatenate %c, %arg0, dim = 1 : (tensor<2x1xf32>, tensor<2x7xf32>) -> tensor<2x8xf32>
+  return %0 : tensor<2x8xf32>
+}
+
+{-#
+  dialect_resources: {
+    builtin: {
+      blob1: "0x040000000000803F0000803F"
+    }
+  }
+#-}
