@@ -681,7 +681,7 @@ def pad_splat_ends(module: ir.Operation) -> int:
         if op.name == "stablehlo.pad":
             folded += _constant_pad_value(op)
             continue
-        if len(op.operands) != 2:
+        if len(op.operands) != 2 or any(static_shape(v) is None for v in (*op.operands, op.results[0])):
             continue
         dim = ir.IntegerAttr(op.attributes["dimension"]).value
         for i, part in enumerate(op.operands):
