@@ -512,20 +512,33 @@ def _decided_check(op: ir.Operation, decided: dict[ir.Value, bool]) -> ir.Value 
     if op.name == "stablehlo.compare":
         return decided_compare(op) if any(reads_an_order(v) for v in op.operands) else None
     if op.name == "stablehlo.select":
-        predicate = decided.get(op.operands[0])
+        predicate = _decided_through_broadcasts(op.operands[0], decided)
         return None if predicate is None else op.operands[1 if predicate else 2]
     if op.name in ("stablehlo.and", "stablehlo.or"):
         absorbing = op.name == "stablehlo.or"  # x or True is True; x and False is False
         for i, operand in enumerate(op.operands):
-            splat = decided.get(operand)
+            splat = _decided_through_broadcasts(operand, decided)
             if splat is not None:
                 return absorbing if splat == absorbing else op.operands[1 - i]
         return None
     body = [o.operation.name for o in op.regions[0].blocks[0].operations]
     if len(op.operands) != 2 or len(body) != 2 or body[0] not in ("stablehlo.and", "stablehlo.or"):
         return None
-    value = decided.get(op.operands[0])
+    value = _decided_through_broadcasts(op.operands[0], decided)
     return value if value is not None and _bool_splat(op.operands[1]) == value else None
+
+
+def _decided_through_broadcasts(value: ir.Value, decided: dict[ir.Value, bool]) -> bool | None:
+    """The value of one of the `decided` splats, or of a broadcast or reshape of one (one row's bounds checks are
+    broadcast to its (1, V) shape), else None."""
+    for _ in range(4):
+        if value in decided:
+            return decided[value]
+        op = defining_op(value)
+        if op is None or op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
+            return None
+        value = op.operands[0]
+    return None
 
 
 def _is_bool(element_type: ir.Type) -> bool:

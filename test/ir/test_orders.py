@@ -122,6 +122,17 @@ def test_reading_a_take_along_an_argsort_as_the_sorts_values_changes_no_result(d
         np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.asarray(want).view(np.uint8))
 
 
+@pytest.mark.parametrize("shape", [(1, 8), (1, 1, 8), (8,)])
+def test_a_take_along_one_rows_argsort_is_the_sorts_values(shape: tuple[int, ...]) -> None:
+    """One row (B = 1): JAX lowers the take as a gather whose unit dims are slices, not batch dims."""
+    _, ops = _ops(lambda x: jnp.take_along_axis(x, jnp.argsort(x, axis=-1)[..., ::-1], axis=-1),
+                  jax.ShapeDtypeStruct(shape, jnp.float32))
+    (gather,) = _named(ops, "stablehlo.gather")
+    assert take_along(gather) is not None and _named(ops, "stablehlo.select") == []
+    found = sorted_operand(gather)
+    assert found is not None and found[0].reversed
+
+
 def test_a_take_of_another_array_is_no_sorts_values() -> None:
     _, ops = _ops(lambda x, y: jnp.take_along_axis(y, jnp.argsort(x, axis=-1), axis=-1), ROWS, ROWS)
     (gather,) = _named(ops, "stablehlo.gather")

@@ -1940,6 +1940,9 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.95}),
     Variant("jax_classic_top_p_scattered_back", jax_classic_top_p_scattered_back, "top_p_flipped_mask",
             expect={"p": 0.9, "temperature": 0.7}),
+    # (one prompt: JAX lowers a take along the last dim of (1, V) as a gather of one row, with no batch dims)
+    Variant("jax_classic_top_p_scattered_back_one_row", jax_classic_top_p_scattered_back, "top_p_flipped_mask",
+            shape=(1, V), expect={"p": 0.9, "temperature": 0.7}),
     Variant("near_miss_jax_classic_top_p_descending_argsort", near_miss_jax_classic_top_p_descending_argsort,
             "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("old_hugging_face_top_k_top_p_multinomial", old_hugging_face_top_k_top_p_multinomial,

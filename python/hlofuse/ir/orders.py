@@ -178,28 +178,37 @@ def decided_compare(op: ir.Operation) -> bool | None:
 def take_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     """(operand, ids, dim) of a `stablehlo.gather` that is `take_along_axis(operand, ids, axis=dim)`: one entry per
     index, the index (with a trailing unit dim for its vector) naming the place along `dim` and every other dim
-    taken as a batch dim of its own place. None for any other gather."""
+    taken as a batch dim of its own place, or (one row: every other dim of size 1, as JAX lowers B = 1) as a slice of
+    the gather. None for any other gather."""
     if op.name != "stablehlo.gather":
         return None
     operand, indices = op.operands
     shape, index_shape = static_shape(operand), static_shape(indices)
-    if shape is None or index_shape is None or len(index_shape) != len(shape) + 1 or index_shape[-1] != 1:
+    if shape is None or index_shape is None or index_shape[-1:] != (1,):
         return None
     numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
     rank = len(shape)
-    if any(s != 1 for s in _ints(op, "slice_sizes")) or static_shape(op.results[0]) != index_shape[:-1]:
-        return None
-    if list(numbers.offset_dims) or list(numbers.collapsed_slice_dims) != list(numbers.start_index_map) or (
-            len(numbers.start_index_map) != 1 or numbers.index_vector_dim != rank):
+    if any(s != 1 for s in _ints(op, "slice_sizes")) or list(numbers.collapsed_slice_dims) != list(
+            numbers.start_index_map) or len(numbers.start_index_map) != 1 or numbers.index_vector_dim != len(
+            index_shape) - 1:
         return None
     dim = numbers.start_index_map[0]
-    batch = [d for d in range(rank) if d != dim]
-    if list(numbers.operand_batching_dims) != batch or list(numbers.start_indices_batching_dims) != batch:
-        return None
+    others = [d for d in range(rank) if d != dim]
     reshape = defining_op(indices)
     if reshape is None or reshape.name != "stablehlo.reshape":
         return None
-    return operand, reshape.operands[0], dim
+    ids = reshape.operands[0]
+    if static_shape(op.results[0]) != static_shape(ids):
+        return None
+    if list(numbers.operand_batching_dims) == others and list(numbers.start_indices_batching_dims) == others and (
+            not list(numbers.offset_dims) and index_shape[:-1] == static_shape(ids)):
+        return operand, ids, dim
+    # one row (B = 1, or every other dim of size 1): those dims are slices of the gather, not batch dims, and its
+    # indices are the row's ids listed
+    if not list(numbers.operand_batching_dims) and all(shape[d] == 1 for d in others) and (
+            list(numbers.offset_dims) == others and index_shape == (static_shape(ids)[dim], 1)):
+        return operand, ids, dim
+    return None
 
 
 def sorted_operand(op: ir.Operation) -> tuple[Order, int] | None:
