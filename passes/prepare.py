@@ -38,7 +38,14 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.ir.layout import static_shape
 from hlofuse.ir.mask_eval import evaluate
 from hlofuse.ir.match import defining_op
-from hlofuse.ir.orders import decided_compare, inverse_of, reads_an_order, scattered_along, sorted_operand
+from hlofuse.ir.orders import (
+    decided_compare,
+    inverse_of,
+    reads_an_order,
+    scattered_along,
+    sets_its_update,
+    sorted_operand,
+)
 from hlofuse.pipeline import ModulePass, PassState
 
 # Ops an index may be computed through that compute no float: a float index term is decided only by comparing
@@ -339,17 +346,22 @@ _EXACT_FLOAT_ARITHMETIC = {"stablehlo.add": np.add, "stablehlo.subtract": np.sub
 
 
 def _f32_splat(value: ir.Value) -> np.float32 | None:
-    """The number an f32 splat holds: a splat constant, or a broadcast of a 0-d constant; else None."""
+    """The number an f32 splat holds: a splat constant, or a broadcast of one; else None."""
+    element = _splat_element(value)
+    if element is None or not isinstance(ir.RankedTensorType(value.type).element_type, ir.F32Type):
+        return None
+    return np.float32(ir.FloatAttr(element).value)
+
+
+def _splat_element(value: ir.Value) -> ir.Attribute | None:
+    """The element a splat constant, or a broadcast of one, holds everywhere; else None."""
     op = defining_op(value)
     if op is not None and op.name == "stablehlo.broadcast_in_dim":
-        value = op.operands[0]
-        op = defining_op(value)
+        op = defining_op(op.operands[0])
     if op is None or op.name != "stablehlo.constant" or not isinstance(value.type, ir.RankedTensorType):
         return None
-    if not isinstance(value.type.element_type, ir.F32Type):
-        return None
-    attr = ir.DenseElementsAttr(op.attributes["value"])
-    return np.float32(ir.FloatAttr(attr.get_splat_value()).value) if attr.is_splat else None
+    attr = _dense(op)
+    return attr.get_splat_value() if attr is not None and attr.is_splat else None
 
 
 def fold_f32_splat_arithmetic(module: ir.Operation) -> int:
@@ -376,13 +388,8 @@ def fold_f32_splat_arithmetic(module: ir.Operation) -> int:
         if not np.isfinite(value) or (value != 0 and abs(value) < np.finfo(np.float32).tiny):
             continue
         result_type = ir.RankedTensorType(op.results[0].type)
-        scalar_type = ir.RankedTensorType.get([], result_type.element_type)
         with ir.InsertionPoint(op), op.location:
-            attr = ir.DenseElementsAttr.get_splat(scalar_type, ir.FloatAttr.get(result_type.element_type, float(value)))
-            folded_value = stablehlo.ConstantOp(attr).result
-            if result_type.rank:  # (a 0-d result is the constant itself, as JAX writes a 0-d array's)
-                folded_value = stablehlo.BroadcastInDimOp(result_type, folded_value,
-                                                          ir.DenseI64ArrayAttr.get([])).result
+            folded_value = _splat(result_type, ir.FloatAttr.get(result_type.element_type, float(value)))
         op.results[0].replace_all_uses_with(folded_value)
         op.erase()
         folded += 1
@@ -473,7 +480,8 @@ def _ops_named(module: ir.Operation, *names: str) -> list[ir.Operation]:
 
 
 def _splat(result_type: ir.RankedTensorType, attr: ir.Attribute) -> ir.Value:
-    """A splat of the scalar `attr` of `result_type` as JAX writes one: a 0-d constant broadcast."""
+    """A splat of the scalar `attr` of `result_type` as JAX writes one: a 0-d constant broadcast (a 0-d result is the
+    constant itself, as JAX writes a 0-d array's)."""
     scalar = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(ir.RankedTensorType.get([], result_type.element_type),
                                                                  attr)).result
     if not result_type.rank:
@@ -509,8 +517,9 @@ def fold_decided_index_checks(module: ir.Operation) -> int:
 def _decided_check(op: ir.Operation, decided: dict[ir.Value, bool]) -> ir.Value | bool | None:
     """What `op` folds to in `fold_decided_index_checks`, given the splats it `decided` so far: a value it gives
     back, a boolean it is everywhere, or None."""
-    if op.name == "stablehlo.compare":
-        return decided_compare(op) if any(reads_an_order(v) for v in op.operands) else None
+    if op.name == "stablehlo.compare":  # (the bounds first: they are known for integers alone, a cheap test)
+        value = decided_compare(op)
+        return value if value is not None and any(reads_an_order(v) for v in op.operands) else None
     if op.name == "stablehlo.select":
         predicate = _decided_through_broadcasts(op.operands[0], decided)
         return None if predicate is None else op.operands[1 if predicate else 2]
@@ -546,14 +555,11 @@ def _is_bool(element_type: ir.Type) -> bool:
 
 
 def _bool_splat(value: ir.Value) -> bool | None:
-    """The boolean a splat of a constant (or a broadcast of one) holds, else None."""
-    op = defining_op(value)
-    if op is not None and op.name == "stablehlo.broadcast_in_dim":
-        value, op = op.operands[0], defining_op(op.operands[0])
-    if op is None or op.name != "stablehlo.constant" or not _is_bool(ir.RankedTensorType(value.type).element_type):
+    """The boolean a splat constant, or a broadcast of one, holds; else None."""
+    element = _splat_element(value)
+    if element is None or not _is_bool(ir.RankedTensorType(value.type).element_type):
         return None
-    attr = _dense(op)
-    return bool(ir.BoolAttr(attr.get_splat_value()).value) if attr is not None and attr.is_splat else None
+    return bool(ir.BoolAttr(element).value)
 
 
 def _dense(constant: ir.Operation) -> ir.DenseElementsAttr | None:
@@ -649,7 +655,7 @@ def fold_scatters_over_concatenated_parts(module: ir.Operation) -> int:
 
 def _concatenated_part_set(op: ir.Operation) -> tuple[ir.Operation, int, ir.Value] | None:
     """(concatenate, i, updates) where the scatter `op` sets exactly part i of the concatenate it scatters into."""
-    if len(op.operands) != 3 or not _returns_update(op):
+    if len(op.operands) != 3 or not sets_its_update(op):
         return None
     concat, index = defining_op(op.operands[0]), evaluate(op.operands[1])
     if concat is None or concat.name != "stablehlo.concatenate" or index is None or np.size(index) != 1:
@@ -676,13 +682,6 @@ def _concatenated_part_set(op: ir.Operation) -> tuple[ir.Operation, int, ir.Valu
             return concat, i, op.operands[2]
         offset += width
     return None
-
-
-def _returns_update(op: ir.Operation) -> bool:
-    """Whether a scatter's body gives back its update (`.at[...].set`)."""
-    block = op.regions[0].blocks[0]
-    body = list(block.operations)
-    return len(body) == 1 and body[0].operation.operands[0] == block.arguments[1]
 
 
 def pad_splat_ends(module: ir.Operation) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +30,10 @@ from hlofuse.ir.orders import (
 from hlofuse.pipeline import run_pipeline
 from hlofuse.testing import clone_module
 from hlofuse.testing.modules import main_func
+
+# the classic top-p's writings as the sampling generator (test/python/sampling_programs.py) writes them
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+from sampling_programs import jax_classic_removal, jax_put_back  # noqa: E402
 
 ROWS = jax.ShapeDtypeStruct((2, 8), jnp.float32)
 
@@ -191,26 +197,6 @@ def test_no_other_scatter_is_a_put_back(writing) -> None:  # noqa: ANN001
 # --- the normal forms: every writing of the classic top-p's parts prepares to one program --------------------------
 
 
-def _order(y, how: str):  # noqa: ANN001, ANN202
-    return jnp.argsort(y, axis=-1)[:, ::-1] if how == "slice" else jnp.flip(jnp.argsort(y, axis=-1), axis=-1)
-
-
-def _shift(m, how: str):  # noqa: ANN001, ANN202
-    if how == "roll":
-        return jnp.roll(m, 1, axis=-1).at[:, 0].set(False)
-    if how == "concatenate":
-        return jnp.concatenate([jnp.zeros((m.shape[0], 1), bool), m[:, :-1]], axis=-1)
-    return jnp.pad(m[:, :-1], ((0, 0), (1, 0)))
-
-
-def _put_back(order, values, how: str):  # noqa: ANN001, ANN202
-    if how == "take":
-        return jnp.take_along_axis(values, jnp.argsort(order, axis=-1), axis=-1)
-    if how == "scatter":
-        return jnp.zeros_like(values).at[jnp.arange(values.shape[0])[:, None], order].set(values)
-    return jax.lax.sort_key_val(order, values, dimension=-1)[1]
-
-
 WRITINGS = list(itertools.product(["slice", "flip"], ["roll", "concatenate", "pad"],
                                   ["take", "sort_key_val", "scatter"]))
 
@@ -219,10 +205,8 @@ def _classic_top_p(writing: tuple[str, str, str]):  # noqa: ANN202
     order_how, shift_how, back_how = writing
 
     def fn(x):  # noqa: ANN001, ANN202
-        order = _order(x, order_how)
-        ordered = jnp.take_along_axis(x, order, axis=-1)
-        remove = _shift(jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > 0.6, shift_how)
-        return jnp.where(_put_back(order, remove, back_how), -jnp.inf, x)
+        remove, _, order = jax_classic_removal(x, 0.6, order_how, shift_how)
+        return jnp.where(jax_put_back(order, remove, back_how), -jnp.inf, x)
 
     return fn
 

@@ -691,9 +691,11 @@ def _jax_classic_writing(p: float) -> tuple[str, str, str]:
             ("mask_take", "mask_sort_key_val", "logits_take", "logits_scatter")[(pick // 6) % 4])
 
 
-def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
-    """The jax style: the classic top-p of x as a JAX engine writes it (`_jax_classic_writing`), the dropped at -inf."""
-    order_how, shift_how, back_how = _jax_classic_writing(p)
+def jax_classic_removal(x: jax.Array, p: float, order_how: str, shift_how: str) -> tuple[jax.Array, ...]:
+    """The classic top-p's removal in rank order as JAX engines write it: the order `argsort(x)[:, ::-1]` ("slice")
+    or `jnp.flip(argsort(x))` ("flip"), the logits taken along it, `cumsum(softmax) > p` shifted a place later by
+    `jnp.roll(...).at[:, 0].set(False)` ("roll"), a concatenate of False or `jnp.pad`. Returns (removed, the sorted
+    logits, the order)."""
     order = jnp.argsort(x, axis=-1)[:, ::-1] if order_how == "slice" else jnp.flip(jnp.argsort(x, axis=-1), axis=-1)
     ordered = jnp.take_along_axis(x, order, axis=-1)
     remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
@@ -703,14 +705,29 @@ def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
         remove = jnp.concatenate([jnp.zeros((x.shape[0], 1), dtype=bool), remove[:, :-1]], axis=-1)
     else:
         remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)))
+    return remove, ordered, order
+
+
+def jax_put_back(order: jax.Array, values: jax.Array, how: str) -> jax.Array:
+    """(B, V) values listed in the order's places, back in id order as JAX engines write it: a take along the order's
+    argsort ("take"), a scatter to the order's places ("scatter"), or `lax.sort_key_val` ("sort_key_val")."""
+    if how == "take":
+        return jnp.take_along_axis(values, jnp.argsort(order, axis=-1), axis=-1)
+    if how == "scatter":
+        return jnp.zeros_like(values).at[jnp.arange(values.shape[0])[:, None], order].set(values)
+    return jax.lax.sort_key_val(order, values, dimension=-1)[1]
+
+
+def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
+    """The jax style: the classic top-p of x as a JAX engine writes it (`_jax_classic_writing`), the dropped at -inf."""
+    order_how, shift_how, back_how = _jax_classic_writing(p)
+    remove, ordered, order = jax_classic_removal(x, p, order_how, shift_how)
     if back_how == "logits_take":
-        return jnp.take_along_axis(jnp.where(remove, NEG_INF, ordered), jnp.argsort(order, axis=-1), axis=-1)
-    if back_how == "logits_scatter":
+        return jax_put_back(order, jnp.where(remove, NEG_INF, ordered), "take")
+    if back_how == "logits_scatter":  # (into -inf: every place is set either way)
         rows = jnp.arange(x.shape[0])[:, None]
         return jnp.full_like(x, NEG_INF).at[rows, order].set(jnp.where(remove, NEG_INF, ordered))
-    if back_how == "mask_take":
-        return jnp.where(jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1), NEG_INF, x)
-    return jnp.where(jax.lax.sort_key_val(order, remove, dimension=-1)[1], NEG_INF, x)
+    return jnp.where(jax_put_back(order, remove, back_how.removeprefix("mask_")), NEG_INF, x)
 
 
 def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:

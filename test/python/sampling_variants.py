@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sampling_programs import jax_classic_removal
 
 B, V = 4, 256
 
@@ -726,27 +727,12 @@ def old_hugging_face_top_k_top_p_multinomial(x, key):
     return _torchax_multinomial(_torchax_classic_top_p(jnp.where(y < kth, -jnp.inf, y), 0.9), key)
 
 
-def _jax_classic_removal(y, p, shift):
-    """The classic top-p's removal in rank order as JAX code writes it: `argsort(y)[:, ::-1]` (or `jnp.flip`), the
-    values by take_along_axis, `cumsum(softmax) > p`, shifted one place later by `shift`."""
-    order = jnp.flip(jnp.argsort(y, axis=-1), axis=-1) if shift == "pad" else jnp.argsort(y, axis=-1)[:, ::-1]
-    ordered = jnp.take_along_axis(y, order, axis=-1)
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
-    if shift == "roll":
-        remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
-    elif shift == "concatenate":
-        remove = jnp.concatenate([jnp.zeros((y.shape[0], 1), dtype=bool), remove[:, :-1]], axis=-1)
-    else:
-        remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)))
-    return remove, ordered, order
-
-
 def jax_classic_top_p_roll(x, key):
     """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
     `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
     top_p_flipped_mask."""
     y = x / 0.7
-    remove, _, order = _jax_classic_removal(y, 0.9, "roll")
+    remove, _, order = jax_classic_removal(y, 0.9, "slice", "roll")
     inverse = jnp.argsort(order, axis=-1)
     return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, inverse, axis=-1), -jnp.inf, y))
 
@@ -755,7 +741,7 @@ def jax_classic_top_p_sorted_logits(x, key):
     """The classic top-p with the shift as a concatenate of False, the sorted logits filled with -1e9 and put back by
     the argsort of the order: top_p_flipped_mask with its fill, by the logits."""
     y = x / 0.8
-    remove, ordered, order = _jax_classic_removal(y, 0.85, "concatenate")
+    remove, ordered, order = jax_classic_removal(y, 0.85, "slice", "concatenate")
     filtered = jnp.where(remove, -1e9, ordered)
     return jax.random.categorical(key, jnp.take_along_axis(filtered, jnp.argsort(order, axis=-1), axis=-1))
 
@@ -764,7 +750,7 @@ def jax_classic_top_p_pad(x, key):
     """The classic top-p by `jnp.flip(argsort)`, the shift by `jnp.pad`, at T = 1 of logits scaled before it:
     top_p_flipped_mask."""
     y = x / 0.9
-    remove, _, order = _jax_classic_removal(y, 0.95, "pad")
+    remove, _, order = jax_classic_removal(y, 0.95, "flip", "pad")
     return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, jnp.argsort(order), axis=-1),
                                                  -jnp.inf, y))
 
@@ -773,7 +759,7 @@ def jax_classic_top_p_scattered_back(x, key):
     """The classic top-p with the sorted logits filled and scattered back to the order's places
     (`full_like(y, -inf).at[rows, order].set(...)`): top_p_flipped_mask by the logits."""
     y = x / 0.7
-    remove, ordered, order = _jax_classic_removal(y, 0.9, "roll")
+    remove, ordered, order = jax_classic_removal(y, 0.9, "slice", "roll")
     rows = jnp.arange(y.shape[0])[:, None]
     return jax.random.categorical(key, jnp.full_like(y, -jnp.inf).at[rows, order].set(
         jnp.where(remove, -jnp.inf, ordered)))

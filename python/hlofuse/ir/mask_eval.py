@@ -31,15 +31,15 @@ class NotConstant(Exception):  # noqa: N818  (a control signal)
     """The term reads a value that is not an iota or a constant, or an op this evaluator does not know."""
 
 
-def _attr_list(op: ir.Operation, name: str) -> list[int]:
+def int_list(op: ir.Operation, name: str) -> list[int]:
     return list(ir.DenseI64ArrayAttr(op.attributes[name]))
 
 
-def _direction(op: ir.Operation) -> str:
+def comparison_direction(op: ir.Operation) -> str:
     return stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
 
 
-_COMPARE: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+COMPARISONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater, "GE": np.greater_equal,
 }
 _BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
@@ -101,7 +101,7 @@ class _Evaluator:
         if name in _UNARY:
             return _UNARY[name](args[0])
         if name == "stablehlo.compare":
-            return _COMPARE[_direction(op)](args[0], args[1])
+            return COMPARISONS[comparison_direction(op)](args[0], args[1])
         if name == "stablehlo.select":
             return np.where(args[0], args[1], args[2])
         if name == "stablehlo.clamp":
@@ -118,17 +118,17 @@ class _Evaluator:
     def _layout(self, op: ir.Operation, args: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
         name, x = op.name, args[0]
         if name == "stablehlo.broadcast_in_dim":
-            dims = _attr_list(op, "broadcast_dimensions")
+            dims = int_list(op, "broadcast_dimensions")
             expanded = x.reshape([x.shape[dims.index(d)] if d in dims else 1 for d in range(len(shape))])
             return np.broadcast_to(expanded, shape)
         if name == "stablehlo.reshape":
             return np.reshape(x, shape)
         if name == "stablehlo.transpose":
-            return np.transpose(x, _attr_list(op, "permutation"))
+            return np.transpose(x, int_list(op, "permutation"))
         if name == "stablehlo.reverse":
-            return np.flip(x, axis=tuple(_attr_list(op, "dimensions")))
+            return np.flip(x, axis=tuple(int_list(op, "dimensions")))
         if name == "stablehlo.slice":
-            starts, limits, strides = (_attr_list(op, a) for a in ("start_indices", "limit_indices", "strides"))
+            starts, limits, strides = (int_list(op, a) for a in ("start_indices", "limit_indices", "strides"))
             return x[tuple(slice(a, b, c) for a, b, c in zip(starts, limits, strides, strict=True))]
         if name == "stablehlo.concatenate":
             return np.concatenate(args, axis=ir.IntegerAttr(op.attributes["dimension"]).value)
@@ -172,7 +172,7 @@ def _reduce(op: ir.Operation, args: list[np.ndarray]) -> np.ndarray:
     ufunc = _REDUCTIONS[combine.name]
     if ufunc is np.add and np.issubdtype(x.dtype, np.floating):
         raise NotConstant("a float sum (its rounding is the backend's order)")
-    reduced = ufunc.reduce(x, axis=tuple(_attr_list(op, "dimensions")))
+    reduced = ufunc.reduce(x, axis=tuple(int_list(op, "dimensions")))
     return ufunc(reduced, init)
 
 
@@ -180,12 +180,12 @@ def _cumulative_sum(op: ir.Operation, args: list[np.ndarray]) -> np.ndarray:
     """`reduce_window` of an add with a window along one dim padded before (jnp.cumsum's lowering)."""
     body = [o.operation.name for o in op.regions[0].blocks[0].operations]
     x, init = args[0], args[1]
-    dims = _attr_list(op, "window_dimensions")
+    dims = int_list(op, "window_dimensions")
     if body != ["stablehlo.add", "stablehlo.return"] or np.any(init != 0) or "padding" not in op.attributes:
         raise NotConstant("a reduce_window that is not a cumulative sum")
     axes = [d for d, n in enumerate(dims) if n > 1]
     padding = np.array(ir.DenseIntElementsAttr(op.attributes["padding"])).reshape(-1, 2)
-    strides = _attr_list(op, "window_strides") if "window_strides" in op.attributes else [1] * len(dims)
+    strides = int_list(op, "window_strides") if "window_strides" in op.attributes else [1] * len(dims)
     if not axes and not padding.any() and set(strides) <= {1}:
         return x  # a cumulative sum over a dim of size 1
     if len(axes) != 1 or set(strides) != {1} or padding[axes[0]].tolist() != [dims[axes[0]] - 1, 0]:

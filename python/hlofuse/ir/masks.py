@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.ir import layout
 from hlofuse.ir.layout import Labels, Sizes
-from hlofuse.ir.mask_eval import evaluate
+from hlofuse.ir.mask_eval import comparison_direction, evaluate
 from hlofuse.ir.match import constant_scalar, defining_op, dense_values
 
 _LAYOUT = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
@@ -171,7 +170,7 @@ def _select_conjuncts(op: ir.Operation, labels: Labels, sizes: Sizes, terms: Mas
 
 def _nonzero_conjuncts(op: ir.Operation, labels: Labels, sizes: Sizes, terms: MaskTerms, negated: bool) -> bool:
     """`x != 0` / `x == 0` where x is a 0/1 number built from booleans (keras builds masks that way)."""
-    direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
+    direction = comparison_direction(op)
     lhs, rhs = op.operands
     # For a 0/1 number x: x > 0 and 0 < x are x != 0; x <= 0 and 0 >= x are x == 0.
     if constant_scalar(rhs) == 0.0:
@@ -245,7 +244,7 @@ def _atom(value: ir.Value, labels: Labels, sizes: Sizes, negated: bool = False) 
         return _atom(op.operands[0], labels, sizes, not negated)
     if op.name != "stablehlo.compare":
         return None
-    direction = stablehlo.ComparisonDirectionAttr(op.attributes["comparison_direction"]).value
+    direction = comparison_direction(op)
     if direction not in _FLIP:
         return None
     lhs = _affine(op.operands[0], labels, sizes)

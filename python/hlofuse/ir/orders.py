@@ -26,11 +26,12 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.ir.layout import static_shape
-from hlofuse.ir.mask_eval import evaluate
+from hlofuse.ir.mask_eval import COMPARISONS, comparison_direction, evaluate, int_list
 from hlofuse.ir.match import defining_op, dense_values
 
-_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal, "GT": np.greater,
-            "GE": np.greater_equal}
+# Ops that only move an integer value's entries: its bounds, and whether it reads an order, are its operand's.
+_MOVES = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice", "stablehlo.reverse",
+          "stablehlo.transpose")
 
 
 @dataclass(frozen=True)
@@ -43,14 +44,6 @@ class Order:
     reversed: bool
 
 
-def _direction(compare: ir.Operation) -> str:
-    return stablehlo.ComparisonDirectionAttr(compare.attributes["comparison_direction"]).value
-
-
-def _ints(op: ir.Operation, name: str) -> list[int]:
-    return list(ir.DenseI64ArrayAttr(op.attributes[name]))
-
-
 def _iota_along(value: ir.Value, dim: int) -> bool:
     op = defining_op(value)
     return (op is not None and op.name == "stablehlo.iota"
@@ -60,7 +53,7 @@ def _iota_along(value: ir.Value, dim: int) -> bool:
 def _reversed_along(value: ir.Value, dim: int) -> ir.Value | None:
     """What `value` is a reverse of along `dim` alone, else None."""
     op = defining_op(value)
-    if op is None or op.name != "stablehlo.reverse" or _ints(op, "dimensions") != [dim]:
+    if op is None or op.name != "stablehlo.reverse" or int_list(op, "dimensions") != [dim]:
         return None
     return op.operands[0]
 
@@ -79,7 +72,7 @@ def order_of(value: ir.Value) -> Order | None:
     op = defining_op(value)
     reversed_ = False
     if op is not None and op.name == "stablehlo.reverse":
-        dims = _ints(op, "dimensions")
+        dims = int_list(op, "dimensions")
         value, op, reversed_ = op.operands[0], defining_op(op.operands[0]), True
         if op is None or op.name != "stablehlo.sort" or dims != [ir.IntegerAttr(op.attributes["dimension"]).value]:
             return None
@@ -109,8 +102,7 @@ def index_range(value: ir.Value, depth: int = 8) -> tuple[int, int] | None:
         return 0, shape[ir.IntegerAttr(op.attributes["iota_dimension"]).value] - 1
     if op.name in ("stablehlo.sort", "stablehlo.reverse") and (order := order_of(value)) is not None:
         return 0, static_shape(order.sort.operands[0])[order.dim] - 1
-    if op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice", "stablehlo.reverse",
-                   "stablehlo.transpose") or (op.name == "stablehlo.convert" and _widens(op)):
+    if op.name in _MOVES or (op.name == "stablehlo.convert" and _widens(op)):
         return index_range(op.operands[0], depth - 1)
     if op.name == "stablehlo.select":
         predicate = dense_values(op.operands[0])
@@ -129,14 +121,15 @@ def index_range(value: ir.Value, depth: int = 8) -> tuple[int, int] | None:
 
 
 def reads_an_order(value: ir.Value, depth: int = 8) -> bool:
-    """Whether `value` is an order's entries, through the ops `index_range` reads through (a take's wrapped ids)."""
+    """Whether integer `value` is an order's entries, through the ops `index_range` reads through (a take's wrapped
+    ids)."""
     op = defining_op(value)
-    if op is None or depth == 0:
+    if op is None or depth == 0 or static_shape(value) is None or not isinstance(
+            ir.RankedTensorType(value.type).element_type, ir.IntegerType):
         return False
     if order_of(value) is not None:
         return True
-    if op.name in ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice", "stablehlo.reverse",
-                   "stablehlo.transpose", "stablehlo.convert", "stablehlo.add", "stablehlo.select"):
+    if op.name in (*_MOVES, "stablehlo.convert", "stablehlo.add", "stablehlo.select"):
         return any(reads_an_order(v, depth - 1) for v in op.operands)
     return False
 
@@ -162,12 +155,12 @@ def _widens(op: ir.Operation) -> bool:
 def decided_compare(op: ir.Operation) -> bool | None:
     """The one value an integer `stablehlo.compare` gives everywhere, where its operands' bounds decide it (an order's
     entries against 0 or n - 1: `i < 0`, `i >= 0`, `i <= n - 1`); else None."""
-    direction = _direction(op)
+    direction = comparison_direction(op)
     a, b = (index_range(v) for v in op.operands)
-    if a is None or b is None or direction not in _COMPARE:
+    if a is None or b is None or direction not in COMPARISONS:
         return None
     # an ordering of two intervals holds everywhere (or nowhere) exactly when it does at all four pairs of their ends
-    at_extremes = {bool(_COMPARE[direction](x, y)) for x in a for y in b}
+    at_extremes = {bool(COMPARISONS[direction](x, y)) for x in a for y in b}
     if direction in ("EQ", "NE"):
         if a[0] == a[1] and b[0] == b[1]:
             return at_extremes.pop()
@@ -188,7 +181,7 @@ def take_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
         return None
     numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
     rank = len(shape)
-    if any(s != 1 for s in _ints(op, "slice_sizes")) or list(numbers.collapsed_slice_dims) != list(
+    if any(s != 1 for s in int_list(op, "slice_sizes")) or list(numbers.collapsed_slice_dims) != list(
             numbers.start_index_map) or len(numbers.start_index_map) != 1 or numbers.index_vector_dim != len(
             index_shape) - 1:
         return None
@@ -238,7 +231,7 @@ def _ascending_by_first(sort: ir.Operation) -> bool:
     if len(body) != 2 or body[0].operation.name != "stablehlo.compare":
         return False
     compare = body[0].operation
-    direction = _direction(compare)
+    direction = comparison_direction(compare)
     return (direction == "LT" and list(compare.operands) == [args[0], args[1]]
             and body[1].operation.operands[0] == compare.results[0]
             and isinstance(ir.RankedTensorType(sort.operands[0].type).element_type, ir.IntegerType))
@@ -270,7 +263,7 @@ def scattered_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     its own (iotas, however wrapped: decided by evaluation) and the last the order's entry. Every place is set once,
     so the result is `sort_key_val(order, values)`'s, whatever the scattered-into array held. None for any other
     scatter."""
-    if op.name != "stablehlo.scatter" or len(op.operands) != 3 or not _sets(op):
+    if op.name != "stablehlo.scatter" or len(op.operands) != 3 or not sets_its_update(op):
         return None
     _, indices, values = op.operands
     shape, index_shape = static_shape(op.operands[0]), static_shape(indices)
@@ -298,7 +291,7 @@ def scattered_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     return order, values, found.dim
 
 
-def _sets(op: ir.Operation) -> bool:
+def sets_its_update(op: ir.Operation) -> bool:
     """Whether a scatter's body gives back its update (`.at[...].set`)."""
     block = op.regions[0].blocks[0]
     body = list(block.operations)
