@@ -36,14 +36,16 @@ from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir.dialects import stablehlo
 
 from hlofuse.ir.layout import static_shape
-from hlofuse.ir.mask_eval import evaluate
+from hlofuse.ir.mask_eval import comparison_direction, evaluate, int_list
 from hlofuse.ir.match import defining_op
 from hlofuse.ir.orders import (
     decided_compare,
+    hoisted_before,
     inverse_of,
     reads_an_order,
     scattered_along,
     sets_its_update,
+    sort_carrying_its_values,
     sorted_operand,
 )
 from hlofuse.pipeline import ModulePass, PassState
@@ -570,6 +572,22 @@ def _dense(constant: ir.Operation) -> ir.DenseElementsAttr | None:
         return None
 
 
+def sort_values_once(module: ir.Operation) -> int:
+    """Replaces each stable sort of one array whose sorted values an argsort of the same array also gives
+    (`jnp.sort(x)` beside `jnp.argsort(x)`: `orders.sort_carrying_its_values`) by that argsort's sorted values, moving
+    the argsort up where it came later; returns how many. The row is then sorted once, as `lax.sort_key_val` or a take
+    along the argsort writes it."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.sort"):
+        other = sort_carrying_its_values(op)
+        if other is None or not hoisted_before(other, op):
+            continue
+        op.results[0].replace_all_uses_with(other.results[0])
+        op.erase()
+        folded += 1
+    return folded
+
+
 def take_sorted_operands(module: ir.Operation) -> int:
     """Replaces each take of a sort's operand along that sort's own argsort (`take_along_axis(y, argsort(y))`, also
     reversed: `argsort(y)[..., ::-1]`) by the sort's sorted output of that operand, reversed the same way: the same
@@ -756,6 +774,136 @@ def _constant_pad_value(op: ir.Operation) -> int:
     return 1
 
 
+# Elementwise ops whose bool result a slice or a pad can move through (`_mask_of_one_array`).
+_MASK_OPS = ("stablehlo.compare", "stablehlo.and", "stablehlo.or", "stablehlo.xor", "stablehlo.not")
+
+
+def _scalar_of(value: ir.Value) -> ir.Value | None:
+    """The 0-d value a splat holds: a broadcast of a 0-d value (a constant, or a traced p), or a splat constant (whose
+    0-d constant is made beside it); else None."""
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim" and not ir.RankedTensorType(
+            op.operands[0].type).rank:
+        return op.operands[0]
+    return _splat_scalar_constant(value)
+
+
+def _mask_of_one_array(op: ir.Operation) -> tuple[int, list[ir.Value | None]] | None:
+    """(i, scalars) where `op` computes a bool array elementwise from its operand i and splats (`c > p`, `m & True`):
+    scalars[j] is operand j's 0-d value, None at i. None for any other op."""
+    if op.name not in _MASK_OPS or not _is_bool(ir.RankedTensorType(op.results[0].type).element_type):
+        return None
+    scalars = [_scalar_of(v) for v in op.operands]
+    arrays = [i for i, s in enumerate(scalars) if s is None]
+    return (arrays[0], scalars) if len(arrays) == 1 else None
+
+
+def _elementwise_like(op: ir.Operation, operand: ir.Value, i: int, scalars: list[ir.Value | None]) -> ir.Value:
+    """`op` computed again of `operand` in place of its operand i, its splats broadcast to `operand`'s shape."""
+    shape = ir.RankedTensorType(operand.type).shape
+    operands = [operand if j == i else stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(
+        shape, ir.RankedTensorType(scalar.type).element_type), scalar, []).result for j, scalar in enumerate(scalars)]
+    result = ir.RankedTensorType.get(shape, ir.RankedTensorType(op.results[0].type).element_type)
+    attributes = {name: op.attributes[name] for name in op.attributes}
+    return ir.Operation.create(op.name, results=[result], operands=operands, attributes=attributes).results[0]
+
+
+def slice_masks_arrays(module: ir.Operation) -> int:
+    """Replaces each slice of a bool mask computed elementwise from one array and splats (`(c > p)[:, :-1]`, the kept
+    part of a shift) by the mask of the array's slice (`c[:, :-1] > p`), as code that slices first writes it; returns
+    how many. The same entries: an elementwise op reads each place alone."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.slice"):
+        mask = defining_op(op.operands[0])
+        found = None if mask is None else _mask_of_one_array(mask)
+        if found is None:
+            continue
+        i, scalars = found
+        with ir.InsertionPoint(op), op.location:
+            sliced = stablehlo.SliceOp(mask.operands[i], op.attributes["start_indices"], op.attributes["limit_indices"],
+                                       op.attributes["strides"]).result
+            replaced = _elementwise_like(mask, sliced, i, scalars)
+        op.results[0].replace_all_uses_with(replaced)
+        op.erase()
+        folded += 1
+    return folded
+
+
+def mask_pads_by_parts(module: ir.Operation) -> int:
+    """Replaces each bool mask computed elementwise from a pad and splats of constants (`concatenate([zeros, m]) !=
+    0`, a float shift compared) by the pad of the mask of the padded array, with the mask of the pad value as its
+    value (`pad(m != 0, False)`); then each compare of a bool made a number with 0 (`convert(m) != 0`) by the bool
+    (`m`, or `not m` for `== 0`). Returns how many. The same entries: the mask reads each place alone."""
+    folded = 0
+    for op in _ops_named(module, *_MASK_OPS):
+        found = _mask_of_one_array(op)
+        pad = None if found is None else defining_op(op.operands[found[0]])
+        if found is None or pad is None or pad.name != "stablehlo.pad":
+            continue
+        i, scalars = found
+        with ir.InsertionPoint(op), op.location:
+            inner = _elementwise_like(op, pad.operands[0], i, scalars)
+            value = _elementwise_like(op, pad.operands[1], i, scalars)
+            padded = stablehlo.PadOp(inner, value, pad.attributes["edge_padding_low"],
+                                     pad.attributes["edge_padding_high"], pad.attributes["interior_padding"])
+        _constant_pad_value(padded.operation)
+        op.results[0].replace_all_uses_with(padded.result)
+        op.erase()
+        folded += 1
+    for op in _ops_named(module, "stablehlo.compare"):
+        folded += _compare_of_a_converted_mask(op)
+    return folded
+
+
+def _compare_of_a_converted_mask(op: ir.Operation) -> int:
+    """Replaces `convert(m) != 0` (or `== 0`) of a bool m by m (or `not m`); 1 if it did."""
+    direction = comparison_direction(op)
+    convert, zero = defining_op(op.operands[0]), evaluate(op.operands[1])
+    if direction not in ("EQ", "NE") or convert is None or convert.name != "stablehlo.convert" or zero is None:
+        return 0
+    mask = convert.operands[0]
+    if not _is_bool(ir.RankedTensorType(mask.type).element_type) or np.any(np.asarray(zero) != 0):
+        return 0
+    if direction == "EQ":
+        with ir.InsertionPoint(op), op.location:
+            mask = stablehlo.NotOp(mask).result
+    op.results[0].replace_all_uses_with(mask)
+    op.erase()
+    return 1
+
+
+def slice_pads_by_parts(module: ir.Operation) -> int:
+    """Replaces each slice of a pad (`concatenate([zeros, r])[:, :-1]`, mesh-transformer-jax's shift) by the pad of the
+    slice of the padded array that the slice keeps (`pad(r[:, :-1])`, as code that slices first writes it); returns
+    how many. Only unit strides, and pads with no interior and no negative padding."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.slice"):
+        pad = defining_op(op.operands[0])
+        if pad is None or pad.name != "stablehlo.pad" or static_shape(pad.operands[0]) is None:
+            continue
+        low, high, interior = (int_list(pad, name) for name in ("edge_padding_low", "edge_padding_high",
+                                                                 "interior_padding"))
+        start, limit, strides = (int_list(op, name) for name in ("start_indices", "limit_indices", "strides"))
+        if any(interior) or min(low + high) < 0 or any(s != 1 for s in strides):
+            continue
+        size = static_shape(pad.operands[0])
+        kept_from = [max(s - lo, 0) for s, lo in zip(start, low, strict=True)]
+        kept_to = [min(max(e - lo, 0), n) for e, lo, n in zip(limit, low, size, strict=True)]
+        new_low = [max(lo - s, 0) for s, lo in zip(start, low, strict=True)]
+        new_high = [max(e - (lo + n), 0) for e, lo, n in zip(limit, low, size, strict=True)]
+        if any(a >= b for a, b in zip(kept_from, kept_to, strict=True)):
+            continue  # (the slice keeps only padding: no array to pad)
+        with ir.InsertionPoint(op), op.location:
+            kept = pad.operands[0]
+            if kept_from != [0] * len(size) or kept_to != list(size):
+                kept = stablehlo.SliceOp(kept, kept_from, kept_to, [1] * len(size)).result
+            replaced = stablehlo.PadOp(kept, pad.operands[1], new_low, new_high, [0] * len(size)).result
+        op.results[0].replace_all_uses_with(replaced)
+        op.erase()
+        folded += 1
+    return folded
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -776,9 +924,14 @@ class PreparePass(ModulePass):
         # takes along an argsort: their bounds checks decided, then read as the sort's outputs
         state.count("fold_decided_index_check", fold_decided_index_checks(module))
         state.count("take_sorted_operand", take_sorted_operands(module))
+        state.count("sort_values_once", sort_values_once(module))
         state.count("put_back_by_sort_key_val", put_back_by_sort_key_val(module))
         # shifts along a dim: a rolled-in place overwritten, a constant concatenated, both as a pad
         state.count("fold_scatter_over_concatenated_part", fold_scatters_over_concatenated_parts(module))
         state.count("pad_splat_end", pad_splat_ends(module))
+        # masks of shifted arrays: sliced and padded parts moved next to the array, as code that slices first has them
+        state.count("slice_pad_by_parts", slice_pads_by_parts(module))
+        state.count("slice_mask_array", slice_masks_arrays(module))
+        state.count("mask_pad_by_parts", mask_pads_by_parts(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

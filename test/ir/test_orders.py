@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlofuse.passes.prepare import fold_decided_index_checks, inline_private_calls
+from hlofuse.passes.prepare import fold_decided_index_checks, inline_private_calls, sort_values_once
 from jaxlib.mlir import ir
 
 from hlofuse.ir.orders import (
@@ -24,6 +24,7 @@ from hlofuse.ir.orders import (
     inverse_of,
     order_of,
     scattered_along,
+    sort_carrying_its_values,
     sorted_operand,
     take_along,
 )
@@ -139,6 +140,16 @@ def test_a_take_along_one_rows_argsort_is_the_sorts_values(shape: tuple[int, ...
     assert found is not None and found[0].reversed
 
 
+def test_a_row_indexed_by_its_argsort_is_the_sorts_values() -> None:
+    """One row (V,) indexed by its order, `y[argsort(y)[::-1]]`: JAX's gather reads ids broadcast to (V, 1), not
+    reshaped; the same take along the order."""
+    _, ops = _ops(lambda y: y[jnp.argsort(y)[::-1]], jax.ShapeDtypeStruct((8,), jnp.float32))
+    (gather,) = _named(ops, "stablehlo.gather")
+    assert take_along(gather) is not None
+    found = sorted_operand(gather)
+    assert found is not None and found[0].reversed
+
+
 def test_a_take_of_another_array_is_no_sorts_values() -> None:
     _, ops = _ops(lambda x, y: jnp.take_along_axis(y, jnp.argsort(x, axis=-1), axis=-1), ROWS, ROWS)
     (gather,) = _named(ops, "stablehlo.gather")
@@ -194,10 +205,43 @@ def test_no_other_scatter_is_a_put_back(writing) -> None:  # noqa: ANN001
     assert all(scattered_along(op) is None for op in _named(ops, "stablehlo.scatter"))
 
 
+@pytest.mark.parametrize("writing", [
+    lambda x: (jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1)),
+    lambda x: (jnp.argsort(x, axis=-1), jnp.sort(x, axis=-1)[:, ::-1]),
+    lambda x: (jnp.sort(x, axis=-1), jax.lax.sort_key_val(x, jax.lax.broadcasted_iota(jnp.int32, x.shape, 1))[1]),
+], ids=["sort_then_argsort", "argsort_then_sort", "sort_key_val"])
+def test_a_sort_beside_an_argsort_of_its_array_is_sorted_once(writing) -> None:  # noqa: ANN001
+    module, ops = _ops(writing)
+    value_sort = next(op for op in _named(ops, "stablehlo.sort") if len(op.operands) == 1)
+    assert sort_carrying_its_values(value_sort) is not None
+    assert sort_values_once(module.operation) == 1
+    ops = [op.operation for op in main_func(module).regions[0].blocks[0].operations]
+    assert len(_named(ops, "stablehlo.sort")) == 1
+    assert module.operation.verify()
+
+
+@pytest.mark.parametrize("writing", [
+    lambda x: (jnp.sort(x, axis=-1, stable=False), jnp.argsort(x, axis=-1)),  # which equal entry lands where: XLA's
+    lambda x: (jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1, stable=False)),
+    lambda x: (jnp.sort(x, axis=0), jnp.argsort(x, axis=-1)),  # another dim
+    lambda x: (jnp.sort(x, axis=-1), jnp.argsort(x * 2, axis=-1)),  # another array
+    lambda x: (jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1, descending=True)),  # sorts rev(x): ties the other way
+    lambda x: (jnp.sort(x, axis=-1), jax.lax.sort(  # a comparator that reads the ids too
+        (x, jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)), num_keys=2)[1]),
+    lambda x: (jnp.sort(x, axis=-1), jax.lax.sort(  # another comparator: by the integer bits
+        (jax.lax.bitcast_convert_type(x, jnp.int32), jax.lax.broadcasted_iota(jnp.int32, x.shape, 1)))[1]),
+], ids=["unstable_values", "unstable_ids", "other_dim", "other_array", "descending", "two_keys", "other_keys"])
+def test_no_other_sort_gives_a_sorts_values(writing) -> None:  # noqa: ANN001
+    module, ops = _ops(writing)
+    value_sort = next(op for op in _named(ops, "stablehlo.sort") if len(op.operands) == 1)
+    assert sort_carrying_its_values(value_sort) is None
+    assert sort_values_once(module.operation) == 0
+
+
 # --- the normal forms: every writing of the classic top-p's parts prepares to one program --------------------------
 
 
-WRITINGS = list(itertools.product(["slice", "flip"], ["roll", "concatenate", "pad"],
+WRITINGS = list(itertools.product(["slice", "flip", "sort"], ["roll", "concatenate", "pad"],
                                   ["take", "sort_key_val", "scatter"]))
 
 
@@ -214,7 +258,11 @@ def _classic_top_p(writing: tuple[str, str, str]):  # noqa: ANN202
 def _prepared_text(fn) -> str:  # noqa: ANN001
     module = clone_module(jax.jit(fn).lower(ROWS).compiler_ir("stablehlo"))
     run_pipeline(module, "builtin.module(hlofuse-prepare)")
-    return re.sub(r"module @\S+", "module", re.sub(r"loc\([^)]*\)", "", str(module)))
+    text = re.sub(r"module @\S+", "module", re.sub(r"loc\([^)]*\)", "", str(module)))
+    # (canonicalize lists the constants as the program first reads them: their order is no part of the program)
+    lines = text.splitlines()
+    constants = sorted(line for line in lines if "stablehlo.constant" in line)
+    return "\n".join([*constants, *(line for line in lines if "stablehlo.constant" not in line)])
 
 
 def test_every_writing_of_the_classic_top_p_prepares_to_one_program() -> None:

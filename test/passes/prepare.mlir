@@ -724,6 +724,194 @@ func.func public @no_match_scatter_add_to_an_orders_places(%arg0: tensor<2x8xf32
 
 // -----
 
+// `jnp.sort(x)` beside `jnp.argsort(x)`: the argsort (moved up with its iota) gives the sorted values too; the row
+// is sorted once.
+// CHECK-LABEL: func.func public @sorts_values_once
+// CHECK: %[[S:.*]]:2 = "stablehlo.sort"
+// CHECK-NOT: stablehlo.sort
+// CHECK: return %[[S]]#0, %[[S]]#1
+func.func public @sorts_values_once(%arg0: tensor<2x8xf32>) -> (tensor<2x8xf32>, tensor<2x8xi32>) {
+  %v = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  return %v, %s#1 : tensor<2x8xf32>, tensor<2x8xi32>
+}
+
+// -----
+
+// An unstable sort of the values: which of equal entries (a -0 and a +0) lands where is XLA's, so both sorts stay.
+// CHECK-LABEL: func.func public @no_match_unstable_value_sort
+// CHECK: "stablehlo.sort"(%arg0)
+// CHECK: "stablehlo.sort"(%arg0, %
+func.func public @no_match_unstable_value_sort(%arg0: tensor<2x8xf32>) -> (tensor<2x8xf32>, tensor<2x8xi32>) {
+  %v = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%arg0, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  return %v, %s#1 : tensor<2x8xf32>, tensor<2x8xi32>
+}
+
+// -----
+
+// Near miss: the argsort sorts rev(x) (`argsort(x, descending=True)`), whose ties fall the other way.
+// CHECK-LABEL: func.func public @near_miss_argsort_of_the_reversed_row
+// CHECK: "stablehlo.sort"(%arg0)
+// CHECK: "stablehlo.sort"(%
+func.func public @near_miss_argsort_of_the_reversed_row(%arg0: tensor<2x8xf32>) -> (tensor<2x8xf32>, tensor<2x8xi32>) {
+  %v = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  %r = stablehlo.reverse %arg0, dims = [1] : tensor<2x8xf32>
+  %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+  %s:2 = "stablehlo.sort"(%r, %iota) <{dimension = 1 : i64, is_stable = true}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>, %c: tensor<i32>, %d: tensor<i32>):
+    %lt = stablehlo.compare LT, %a, %b, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    stablehlo.return %lt : tensor<i1>
+  }) : (tensor<2x8xf32>, tensor<2x8xi32>) -> (tensor<2x8xf32>, tensor<2x8xi32>)
+  return %v, %s#1 : tensor<2x8xf32>, tensor<2x8xi32>
+}
+
+// -----
+
+// A slice of a mask of one array and a splat (`(c > p)[:, :-1]`) is the mask of the array's slice.
+// CHECK-LABEL: func.func public @slices_a_masks_array
+// CHECK: %[[S:.*]] = stablehlo.slice %arg0 [0:2, 0:7]
+// CHECK: stablehlo.compare GT, %[[S]], %{{.*}}, FLOAT : (tensor<2x7xf32>, tensor<2x7xf32>) -> tensor<2x7xi1>
+func.func public @slices_a_masks_array(%arg0: tensor<2x8xf32>) -> tensor<2x7xi1> {
+  %cst = stablehlo.constant dense<9.000000e-01> : tensor<f32>
+  %p = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %m = stablehlo.compare GT, %arg0, %p, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  %0 = stablehlo.slice %m [0:2, 0:7] : (tensor<2x8xi1>) -> tensor<2x7xi1>
+  return %0 : tensor<2x7xi1>
+}
+
+// -----
+
+// A mask of two arrays: no one array to slice, the slice stays.
+// CHECK-LABEL: func.func public @no_match_slice_of_a_mask_of_two_arrays
+// CHECK: stablehlo.compare GT, %arg0, %arg1
+// CHECK: stablehlo.slice
+func.func public @no_match_slice_of_a_mask_of_two_arrays(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xf32>) -> tensor<2x7xi1> {
+  %m = stablehlo.compare GT, %arg0, %arg1, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  %0 = stablehlo.slice %m [0:2, 0:7] : (tensor<2x8xi1>) -> tensor<2x7xi1>
+  return %0 : tensor<2x7xi1>
+}
+
+// -----
+
+// Near miss: a slice of a float value computed from one array (not a mask) stays where the program has it.
+// CHECK-LABEL: func.func public @near_miss_slice_of_a_float
+// CHECK: stablehlo.multiply %arg0
+// CHECK: stablehlo.slice
+func.func public @near_miss_slice_of_a_float(%arg0: tensor<2x8xf32>) -> tensor<2x7xf32> {
+  %cst = stablehlo.constant dense<9.000000e-01> : tensor<f32>
+  %p = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %m = stablehlo.multiply %arg0, %p : tensor<2x8xf32>
+  %0 = stablehlo.slice %m [0:2, 0:7] : (tensor<2x8xf32>) -> tensor<2x7xf32>
+  return %0 : tensor<2x7xf32>
+}
+
+// -----
+
+// mesh-transformer-jax's shift, `concatenate([zeros, r])[:, :-1]`: the slice of a pad is the pad of r's slice.
+// CHECK-LABEL: func.func public @slices_a_pad_by_parts
+// CHECK: %[[S:.*]] = stablehlo.slice %arg0 [0:2, 0:7]
+// CHECK: stablehlo.pad %[[S]], %{{.*}}, low = [0, 1], high = [0, 0], interior = [0, 0]
+func.func public @slices_a_pad_by_parts(%arg0: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %c = stablehlo.constant dense<false> : tensor<i1>
+  %0 = stablehlo.pad %arg0, %c, low = [0, 1], high = [0, 0], interior = [0, 0] : (tensor<2x8xi1>, tensor<i1>) -> tensor<2x9xi1>
+  %1 = stablehlo.slice %0 [0:2, 0:8] : (tensor<2x9xi1>) -> tensor<2x8xi1>
+  return %1 : tensor<2x8xi1>
+}
+
+// -----
+
+// A pad with interior padding: its slice stays.
+// CHECK-LABEL: func.func public @no_match_slice_of_an_interior_pad
+// CHECK: stablehlo.pad %arg0
+// CHECK: stablehlo.slice
+func.func public @no_match_slice_of_an_interior_pad(%arg0: tensor<2x8xi1>) -> tensor<2x8xi1> {
+  %c = stablehlo.constant dense<false> : tensor<i1>
+  %0 = stablehlo.pad %arg0, %c, low = [0, 1], high = [0, 0], interior = [0, 1] : (tensor<2x8xi1>, tensor<i1>) -> tensor<2x16xi1>
+  %1 = stablehlo.slice %0 [0:2, 0:8] : (tensor<2x16xi1>) -> tensor<2x8xi1>
+  return %1 : tensor<2x8xi1>
+}
+
+// -----
+
+// Near miss: a slice of only the padding keeps no part of the array; it stays.
+// CHECK-LABEL: func.func public @near_miss_slice_of_the_padding_alone
+// CHECK: stablehlo.slice
+func.func public @near_miss_slice_of_the_padding_alone(%arg0: tensor<2x8xi1>) -> tensor<2x1xi1> {
+  %c = stablehlo.constant dense<false> : tensor<i1>
+  %0 = stablehlo.pad %arg0, %c, low = [0, 1], high = [0, 0], interior = [0, 0] : (tensor<2x8xi1>, tensor<i1>) -> tensor<2x9xi1>
+  %1 = stablehlo.slice %0 [0:2, 0:1] : (tensor<2x9xi1>) -> tensor<2x1xi1>
+  return %1 : tensor<2x1xi1>
+}
+
+// -----
+
+// A float shift read as a mask, `concatenate([zeros, convert(m)]) != 0`: the pad of m itself, False in front.
+// CHECK-LABEL: func.func public @masks_a_pad_by_parts
+// CHECK: %[[F:.*]] = stablehlo.constant dense<false> : tensor<i1>
+// CHECK: %[[P:.*]] = stablehlo.pad %arg0, %[[F]], low = [0, 1]
+// CHECK: return %[[P]]
+func.func public @masks_a_pad_by_parts(%arg0: tensor<2x7xi1>) -> tensor<2x8xi1> {
+  %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %f = stablehlo.convert %arg0 : (tensor<2x7xi1>) -> tensor<2x7xf32>
+  %0 = stablehlo.pad %f, %cst, low = [0, 1], high = [0, 0], interior = [0, 0] : (tensor<2x7xf32>, tensor<f32>) -> tensor<2x8xf32>
+  %z = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+  %1 = stablehlo.compare NE, %0, %z, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  return %1 : tensor<2x8xi1>
+}
+
+// -----
+
+// A compare of a converted mask with 1, not 0: no fold of the convert (the pad still moves: its mask is exact).
+// CHECK-LABEL: func.func public @no_match_converted_mask_against_one
+// CHECK: stablehlo.convert %arg0
+// CHECK: stablehlo.compare NE
+func.func public @no_match_converted_mask_against_one(%arg0: tensor<2x7xi1>) -> tensor<2x7xi1> {
+  %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+  %f = stablehlo.convert %arg0 : (tensor<2x7xi1>) -> tensor<2x7xf32>
+  %z = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x7xf32>
+  %1 = stablehlo.compare NE, %f, %z, FLOAT : (tensor<2x7xf32>, tensor<2x7xf32>) -> tensor<2x7xi1>
+  return %1 : tensor<2x7xi1>
+}
+
+// -----
+
+// Near miss: `convert(m) == 0` is `not m`, not m.
+// CHECK-LABEL: func.func public @near_miss_converted_mask_equal_to_zero
+// CHECK: %[[N:.*]] = stablehlo.not %arg0
+// CHECK: return %[[N]]
+func.func public @near_miss_converted_mask_equal_to_zero(%arg0: tensor<2x7xi1>) -> tensor<2x7xi1> {
+  %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+  %f = stablehlo.convert %arg0 : (tensor<2x7xi1>) -> tensor<2x7xf32>
+  %z = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x7xf32>
+  %1 = stablehlo.compare EQ, %f, %z, FLOAT : (tensor<2x7xf32>, tensor<2x7xf32>) -> tensor<2x7xi1>
+  return %1 : tensor<2x7xi1>
+}
+
+// -----
+
 // A concatenate of a constant held as a resource blob (a large weight): no splat to read, the concatenate stays and
 // the pass goes on.
 // CHECK-LABEL: func.func public @no_match_concatenate_of_a_resource_constant

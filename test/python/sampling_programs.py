@@ -123,6 +123,10 @@ F32_ANY_SHAPE_TOP_PS = (*HAIKU_TOP_PS, "simply")  # any logits, upcast to f32, a
 # The nuclei of the scaled logits (the program divides by T before the filter): the form each style fuses to.
 SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask", "levanter": "top_p_levanter_mask",
                  "haiku": "top_p_haiku_mask", "simply": "top_p_simply_mask", "jax": "top_p_flipped_mask"}
+# How the jax style varies the classic cut (`jax_classic_removal`): "" as the JAX engines mostly write it, or with
+# the logits sorted apart, `argsort(descending=True)` (top_p_descending_mask), a `>= p` removal (the form at the float
+# below p) or the cumsum sliced before its compare, and all of the last three.
+JAX_CUTS = ("", "sorted_apart", "descending", "at_or_above", "slice_first", "descending+at_or_above+slice_first")
 LEVANTER_TOLERANCE = 1e-4  # what Levanter's nucleus subtracts from its p (in f32, in jnp)
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
@@ -214,6 +218,8 @@ class SamplerSpec:
     # grok-1's `sample_token` settings (haiku style, (B, V) or (B, 1, V) logits): T and p per row, (B,) arguments with
     # unit dims added up to the logits' rank, and a (B, V) int mask of allowed tokens applied after / T with -1e10
     settings_rows: bool = False
+    # The jax style's variation of the classic cut (JAX_CUTS): its order, values, rule and shift as engines vary them.
+    jax_cut: str = ""
 
     @property
     def stochastic(self) -> bool:
@@ -472,6 +478,12 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
         return "top_k_top_p_shifted_mask", attrs
     if spec.temperature_style == "const" or (spec.temperature_style == "before" and spec.form == "top_p_mask"):
         attrs["temperature"] = _rounded(spec.temperature, dtype)
+    if spec.top_p_style == "jax":
+        cuts = spec.jax_cut.split("+")
+        if "at_or_above" in cuts:  # `>= p` is `> p'` at the float p' below p in the sampler's dtype
+            below = np.nextafter(np.asarray(p, jnp.dtype(dtype)), np.asarray(0, jnp.dtype(dtype)))
+            attrs = {**attrs, "p": float(below)}
+        return ("top_p_descending_mask" if "descending" in cuts else SCALED_NUCLEI["jax"]), attrs
     return SCALED_NUCLEI[spec.top_p_style], attrs
 
 
@@ -691,42 +703,65 @@ def _jax_classic_writing(p: float) -> tuple[str, str, str]:
             ("mask_take", "mask_sort_key_val", "logits_take", "logits_scatter")[(pick // 6) % 4])
 
 
-def jax_classic_removal(x: jax.Array, p: float, order_how: str, shift_how: str) -> tuple[jax.Array, ...]:
-    """The classic top-p's removal in rank order as JAX engines write it: the order `argsort(x)[:, ::-1]` ("slice")
-    or `jnp.flip(argsort(x))` ("flip"), the logits taken along it, `cumsum(softmax) > p` shifted a place later by
-    `jnp.roll(...).at[:, 0].set(False)` ("roll"), a concatenate of False or `jnp.pad`. Returns (removed, the sorted
-    logits, the order)."""
-    order = jnp.argsort(x, axis=-1)[:, ::-1] if order_how == "slice" else jnp.flip(jnp.argsort(x, axis=-1), axis=-1)
-    ordered = jnp.take_along_axis(x, order, axis=-1)
-    remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
-    if shift_how == "roll":
-        remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
-    elif shift_how == "concatenate":
-        remove = jnp.concatenate([jnp.zeros((x.shape[0], 1), dtype=bool), remove[:, :-1]], axis=-1)
+def jax_classic_removal(x: jax.Array, p: float, order_how: str, shift_how: str,
+                        cut: str = "") -> tuple[jax.Array, ...]:
+    """The classic top-p's removal in rank order as JAX engines write it, of (..., V) x: the order
+    `argsort(x)[..., ::-1]` ("slice") or `jnp.flip(argsort(x))` ("flip"), the logits taken along it,
+    `cumsum(softmax) > p` shifted a place later by `jnp.roll(...).at[..., 0].set(False)` ("roll"), a concatenate of
+    False or `jnp.pad`. `cut` (JAX_CUTS, "+"-joined) varies it: "sorted_apart", the logits sorted by `jnp.sort(x)[...,
+    ::-1]` beside the argsort; "descending", the order `argsort(x, descending=True)` (ties the other way);
+    "at_or_above", the removal `>= p`; "slice_first", the cumsum sliced before its compare (a concatenate or a pad).
+    Returns (removed, the sorted logits, the order)."""
+    cuts = cut.split("+")
+    if "descending" in cuts:
+        order = jnp.argsort(x, axis=-1, descending=True)
+    elif order_how == "flip":
+        order = jnp.flip(jnp.argsort(x, axis=-1), axis=-1)
     else:
-        remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)))
-    return remove, ordered, order
+        order = jnp.argsort(x, axis=-1)[..., ::-1]
+    if "sorted_apart" in cuts and "descending" not in cuts:
+        ordered = jnp.sort(x, axis=-1)[..., ::-1]
+    else:
+        ordered = jnp.take_along_axis(x, order, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+
+    def removed(c: jax.Array) -> jax.Array:
+        return c >= p if "at_or_above" in cuts else c > p
+
+    if shift_how == "roll":
+        return jnp.roll(removed(cumulative), 1, axis=-1).at[..., 0].set(False), ordered, order
+    kept_part = removed(cumulative[..., :-1]) if "slice_first" in cuts else removed(cumulative)[..., :-1]
+    if shift_how == "concatenate":
+        first = jnp.zeros((*x.shape[:-1], 1), dtype=bool)
+        return jnp.concatenate([first, kept_part], axis=-1), ordered, order
+    return jnp.pad(kept_part, [(0, 0)] * (x.ndim - 1) + [(1, 0)]), ordered, order
+
+
+def _rows_of(x: jax.Array) -> tuple[jax.Array, ...]:
+    """The index of each row of (..., V) x, for a scatter along its last dim: (rows, ) of (B, V), none of (V,)."""
+    return tuple(jnp.arange(n).reshape([-1 if d == i else 1 for d in range(x.ndim)])
+                 for i, n in enumerate(x.shape[:-1]))
 
 
 def jax_put_back(order: jax.Array, values: jax.Array, how: str) -> jax.Array:
-    """(B, V) values listed in the order's places, back in id order as JAX engines write it: a take along the order's
-    argsort ("take"), a scatter to the order's places ("scatter"), or `lax.sort_key_val` ("sort_key_val")."""
+    """(..., V) values listed in the order's places, back in id order as JAX engines write it: a take along the
+    order's argsort ("take"), a scatter to the order's places ("scatter"), or `lax.sort_key_val` ("sort_key_val")."""
     if how == "take":
         return jnp.take_along_axis(values, jnp.argsort(order, axis=-1), axis=-1)
     if how == "scatter":
-        return jnp.zeros_like(values).at[jnp.arange(values.shape[0])[:, None], order].set(values)
+        return jnp.zeros_like(values).at[(*_rows_of(values), order)].set(values)
     return jax.lax.sort_key_val(order, values, dimension=-1)[1]
 
 
-def _jax_classic_kept(x: jax.Array, p: float) -> jax.Array:
-    """The jax style: the classic top-p of x as a JAX engine writes it (`_jax_classic_writing`), the dropped at -inf."""
+def _jax_classic_kept(x: jax.Array, p: float, cut: str = "") -> jax.Array:
+    """The jax style: the classic top-p of x as a JAX engine writes it (`_jax_classic_writing`, varied by `cut`), the
+    dropped at -inf."""
     order_how, shift_how, back_how = _jax_classic_writing(p)
-    remove, ordered, order = jax_classic_removal(x, p, order_how, shift_how)
+    remove, ordered, order = jax_classic_removal(x, p, order_how, shift_how, cut)
     if back_how == "logits_take":
         return jax_put_back(order, jnp.where(remove, NEG_INF, ordered), "take")
     if back_how == "logits_scatter":  # (into -inf: every place is set either way)
-        rows = jnp.arange(x.shape[0])[:, None]
-        return jnp.full_like(x, NEG_INF).at[rows, order].set(jnp.where(remove, NEG_INF, ordered))
+        return jnp.full_like(x, NEG_INF).at[(*_rows_of(x), order)].set(jnp.where(remove, NEG_INF, ordered))
     return jnp.where(jax_put_back(order, remove, back_how.removeprefix("mask_")), NEG_INF, x)
 
 
@@ -758,7 +793,7 @@ def _hf_nucleus_mask(c: _Ctx, x: jax.Array) -> jax.Array:
         batch, vocab = x.shape
         kept = jnp.where(remove.at[(_rows((batch, vocab)), ids)].set(remove[0:batch, 0:vocab]), NEG_INF, x)
     elif c.spec.top_p_style == "jax":
-        kept = _jax_classic_kept(x, c.spec.p)
+        kept = _jax_classic_kept(x, c.spec.p, c.spec.jax_cut)
     elif c.spec.top_p_style == "xt":
         ordered, ids, remove = _classic_cut(x, c.spec.p)
         remove = jnp.pad(remove[:, :-1], ((0, 0), (1, 0)), constant_values=False)

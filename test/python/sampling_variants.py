@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from sampling_programs import jax_classic_removal
+from sampling_programs import jax_classic_removal, jax_put_back
 
 B, V = 4, 256
 
@@ -727,6 +727,16 @@ def old_hugging_face_top_k_top_p_multinomial(x, key):
     return _torchax_multinomial(_torchax_classic_top_p(jnp.where(y < kth, -jnp.inf, y), 0.9), key)
 
 
+def f32_below(value: float) -> float:
+    """The f32 just below `value`'s f32: the threshold a `>=` compare is a `>` compare at (x >= q is x > prev(q))."""
+    return float(np.nextafter(np.float32(value), np.float32(-np.inf)))
+
+
+def f32_above(value: float) -> float:
+    """The f32 just above `value`'s f32: the threshold a `<=` compare is a `<` compare at."""
+    return float(np.nextafter(np.float32(value), np.float32(np.inf)))
+
+
 def jax_classic_top_p_roll(x, key):
     """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
     `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
@@ -765,15 +775,61 @@ def jax_classic_top_p_scattered_back(x, key):
         jnp.where(remove, -jnp.inf, ordered)))
 
 
-def near_miss_jax_classic_top_p_descending_argsort(x, key):
-    """The JAX classic top-p with `argsort(y, descending=True)` (equal values by the lower id first): no form orders
-    ties so, so only the draw fuses."""
+def jax_classic_top_p_sorted_apart(x, key):
+    """The classic top-p with the logits sorted by `jnp.sort(y)[:, ::-1]` beside the order `argsort(y)[:, ::-1]` (two
+    sorts of one row: hlofuse-prepare sorts it once) and the mask scattered to the order's places:
+    top_p_flipped_mask."""
+    y = x / 0.7
+    remove, _, order = jax_classic_removal(y, 0.9, "sort", "roll")
+    return jax.random.categorical(key, jnp.where(jax_put_back(order, remove, "scatter"), -jnp.inf, y))
+
+
+def jax_classic_top_p_descending_argsort(x, key):
+    """The JAX classic top-p with `argsort(y, descending=True)` (equal values by the lower id first):
+    top_p_descending_mask."""
     y = x / 0.7
     order = jnp.argsort(y, axis=-1, descending=True)
     remove = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(y, order, axis=-1), axis=-1), axis=-1) > 0.9
     remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
     return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, jnp.argsort(order), axis=-1),
                                                  -jnp.inf, y))
+
+
+def jax_classic_top_p_descending_at_or_above(x, key):
+    """A Flax NNX engine's nucleus: `argsort(y, descending=True)`, the mass before each place compared `>= p` on the
+    cumsum's slice, float zeros concatenated in front (a float mask, read `!= 0` by `where`), the sorted logits at
+    finfo.min there, scattered back into zeros: top_p_descending_mask by the logits with its fill, at the f32 below
+    p."""
+    y = x.astype(jnp.float32) / 0.7
+    order = jnp.argsort(y, axis=-1, descending=True)
+    ordered = jnp.take_along_axis(y, order, axis=-1)
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    remove = jnp.concatenate([jnp.zeros_like(cumulative[..., :1]), cumulative[..., :-1] >= 0.9], axis=-1)
+    ordered = jnp.where(remove, jnp.finfo(jnp.float32).min, ordered)
+    rows = jnp.arange(y.shape[0])[:, None]
+    return jax.random.categorical(key, jnp.zeros_like(y).at[rows, order].set(ordered), axis=-1)
+
+
+def jax_classic_top_p_one_row(x, key):
+    """The JAX classic top-p of one row (V,), as engines write it at batch 1: `argsort(y)[::-1]`, `y[order]`, `[False]`
+    concatenated with `cumsum[:-1] >= p`, the sorted logits at -inf there set back by `.at[order].set`:
+    top_p_flipped_mask by the logits, at the f32 below p."""
+    y = x / 0.8
+    order = jnp.argsort(y)[::-1]
+    ordered = y[order]
+    cumulative = jnp.cumsum(jax.nn.softmax(ordered))
+    remove = jnp.concatenate([jnp.array([False]), cumulative[:-1] >= 0.85])
+    return jax.random.categorical(key, jnp.full_like(y, -jnp.inf).at[order].set(jnp.where(remove, -jnp.inf, ordered)))
+
+
+def jax_classic_top_p_one_row_sorted_apart(x, key):
+    """The JAX classic top-p of one row with `jnp.sort(y)[::-1]` beside `argsort(y)[::-1]`, the shift by roll and set,
+    the mask scattered to the order's places: top_p_flipped_mask."""
+    y = x / 0.7
+    ordered = jnp.sort(y)[::-1]
+    remove = jnp.roll(jnp.cumsum(jax.nn.softmax(ordered)) > 0.9, 1).at[0].set(False)
+    mask = jnp.zeros_like(y, dtype=bool).at[jnp.argsort(y)[::-1]].set(remove)
+    return jax.random.categorical(key, jnp.where(mask, -jnp.inf, y))
 
 
 def _x_transformers_top_p(x, p):
@@ -905,9 +961,9 @@ def near_miss_hand_gumbel_of_one_minus_u(x, key):
     return jnp.argmax(x - jnp.log(-jnp.log1p(-u)), axis=-1)
 
 
-def near_miss_classic_top_p_at_or_above(x, key):
-    """The classic top-p with `>=` for `>`: another function (a place whose mass before it is exactly p is removed);
-    the filter stays in XLA, with the remark."""
+def classic_top_p_at_or_above(x, key):
+    """The classic top-p with `>=` for `>` (a place whose mass before it is exactly p is removed too): `cumsum >= p`
+    is `cumsum > p'` at the f32 p' just below p, so top_p_shifted_mask_choice at p'."""
     return _torchax_multinomial(_torchax_classic_top_p(x / 0.7, 0.9, at_or_above=True), key)
 
 
@@ -1061,8 +1117,8 @@ def mtj_nucleaus_sample(x, key):
     return jax.random.categorical(key, x / 0.8, -1).astype(jnp.uint32)
 
 
-def near_miss_mtj_removal_at_or_above(x, key):
-    """mesh-transformer-jax's nucleus with `>= top_p`: another cut (no form; a remark)."""
+def mtj_removal_at_or_above(x, key):
+    """mesh-transformer-jax's nucleus with `>= top_p`: its `> p'` at the f32 p' just below p (top_p_mtj_mask)."""
     ordered, ids = jnp.sort(x)[:, ::-1], jnp.argsort(x)[:, ::-1]
     remove = jnp.cumsum(jax.nn.softmax(ordered), axis=-1) >= 0.9
     remove = jnp.concatenate((jnp.zeros_like(remove[:, :1]), remove), axis=-1)[:, :-1]
@@ -1169,8 +1225,9 @@ def _simply_top_p_mask(logits, top_p):
     return jax.lax.sort_key_val(indices, cumsum[..., :-1] < top_p, dimension=-1)[1]
 
 
-def near_miss_simply_top_p_inclusive(x, key):
-    """simply's nucleus with `<=` for its `<`: another cut (no form), fused at its draw with a remark."""
+def simply_top_p_inclusive(x, key):
+    """simply's nucleus with `<=` for its `<`: `c <= p` is `c < p'` at the f32 p' just above p, so top_p_simply_mask
+    at p'."""
     y = x / 0.7
     probs = jax.nn.softmax(y, axis=-1)
     indices = jnp.argsort(y, axis=-1, descending=True)
@@ -1285,8 +1342,9 @@ def prob_sorted_nucleus_scattered_back(x, key):
     return jax.random.categorical(key, x * mask - 1e10 * (1 - mask), axis=-1)
 
 
-def near_miss_transformer_vq_at_or_above(x, key):
-    """transformer_vq's nucleus with `>=`: another cut (no form; the categorical fused, with a remark)."""
+def transformer_vq_at_or_above(x, key):
+    """transformer_vq's nucleus with `>=`: `c >= 1 - p` is `c > q'` at the f32 q' just below 1 - p, so
+    top_p_prob_sorted_mask at p' = 1 - q'."""
     return jax.random.categorical(key, _transformer_vq_nucleus(x, 0.9, strictly_above=False), axis=-1)
 
 
@@ -1334,9 +1392,9 @@ def torchax_epsilon_warper_multinomial(x, key):
     return _torchax_multinomial(jnp.where(remove, -jnp.inf, y), key)
 
 
-def near_miss_epsilon_at_or_below(x, key):
-    """The epsilon warper with `<=` for its cutoff: not Hugging Face's rule, so only the draw fuses (the top-1 and
-    the softmax left in XLA are named)."""
+def epsilon_at_or_below(x, key):
+    """The epsilon warper with `<=` for its cutoff: `probs <= eps` is `probs < eps'` at the f32 eps' just above eps,
+    so Hugging Face's rule at eps': epsilon_removal_choice."""
     y = x / 0.8
     largest = jnp.sort(jax.lax.top_k(y, 1)[0], axis=-1, descending=True)[..., -1][..., None]
     remove = (jax.nn.softmax(y, axis=-1) <= 3e-3) & (y < largest)
@@ -1369,8 +1427,9 @@ def torchax_typical_warper_multinomial(x, key):
     return _torchax_multinomial(jnp.where(_typical_removed(y, 0.9), -jnp.inf, y), key)
 
 
-def near_miss_typical_at_or_below(x, key):
-    """The typical warper counting the cumsum at or below its mass: not Hugging Face's rule, so only the draw fuses."""
+def typical_at_or_below(x, key):
+    """The typical warper counting the cumsum at or below its mass: `c <= m` is `c < m'` at the f32 m' just above m,
+    so Hugging Face's rule at m': typical_mask_choice."""
     return _torchax_multinomial(jnp.where(_typical_removed(x, 0.9, strict=False), -jnp.inf, x), key)
 
 
@@ -1802,17 +1861,16 @@ VARIANTS: list[Variant] = [
             expect={"k": 24, "p": 0.9, "temperature": 0.6}),
     Variant("torchax_epsilon_warper_multinomial", torchax_epsilon_warper_multinomial, "epsilon_removal_choice",
             expect={"temperature": 0.8, "epsilon": 3e-3}),
-    Variant("near_miss_epsilon_at_or_below", near_miss_epsilon_at_or_below, "categorical_choice",
-            remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-k filter "
-                   "(chlo.top_k"),
+    Variant("epsilon_at_or_below", epsilon_at_or_below, "epsilon_removal_choice",
+            expect={"epsilon": f32_above(3e-3), "temperature": 0.8}),
     Variant("gemma_3_1_top_p", gemma_3_1_top_p, "top_p_ascending_count_mask",
             expect={"mode": "top_p", "p": 0.8, "temperature": 0.6}),
     Variant("near_miss_ascending_count_below", near_miss_ascending_count_below, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("torchax_typical_warper_multinomial", torchax_typical_warper_multinomial, "typical_mask_choice",
             expect={"temperature": 0.8, "p": 0.9}),
-    Variant("near_miss_typical_at_or_below", near_miss_typical_at_or_below, "categorical_choice",
-            remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`"),
+    Variant("typical_at_or_below", typical_at_or_below, "typical_mask_choice",
+            expect={"p": f32_above(0.9), "temperature": 1.0}),
     Variant("vmapped_same_key_sampler", vmapped_same_key_sampler, "top_p_mask_same_key_rows",
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("easydel_vmapped_per_row_top_p", easydel_vmapped_per_row_top_p, "top_p_of_top_k_rows_same_key_rows",
@@ -1853,8 +1911,8 @@ VARIANTS: list[Variant] = [
             expect={"temperature": 0.8}),
     Variant("prob_sorted_nucleus_scattered_back", prob_sorted_nucleus_scattered_back, "top_p_prob_sorted_mask",
             expect={"temperature": 1.0}),
-    Variant("near_miss_transformer_vq_at_or_above", near_miss_transformer_vq_at_or_above, "categorical",
-            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
+    Variant("transformer_vq_at_or_above", transformer_vq_at_or_above, "top_p_prob_sorted_mask",
+            expect={"p": 1.0 - f32_below(1.0 - (0.9 - 1e-4)), "temperature": 1.0}),
     # (its p: 0.9 - 1e-4 in f32, one constant after hlofuse-prepare; its T, a select of constants, stays outside)
     Variant("levanter_top_p_sample", levanter_top_p_sample, "top_p_levanter_mask",
             expect={"p": float(np.float32(0.9) - np.float32(1e-4)), "temperature": 1.0}),
@@ -1877,16 +1935,16 @@ VARIANTS: list[Variant] = [
             expect={"p": float(np.float32(0.9)), "temperature": float(np.float32(0.7)), "scores": True}),
     Variant("simply_top_k_top_p_sample", simply_top_k_top_p_sample, "top_k_top_p_simply_mask", shape=(B, 1, V),
             expect={"k": 40, "p": float(np.float32(0.9)), "temperature": float(np.float32(0.7)), "scores": True}),
-    Variant("near_miss_simply_top_p_inclusive", near_miss_simply_top_p_inclusive, "categorical",
-            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
+    Variant("simply_top_p_inclusive", simply_top_p_inclusive, "top_p_simply_mask",
+            expect={"p": f32_above(0.9), "temperature": 0.7}),
     Variant("perceiver_ar_nucleus_sample", perceiver_ar_nucleus_sample, "top_p_haiku_logits_mask",
             expect={"p": 1 - float(np.float32(1 - 0.9)), "temperature": float(np.float32(0.8))}),
     Variant("near_miss_haiku_cut_above", near_miss_haiku_cut_above, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
     Variant("near_miss_levanter_keep_at_or_below", near_miss_levanter_keep_at_or_below, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p filter"),
-    Variant("near_miss_mtj_removal_at_or_above", near_miss_mtj_removal_at_or_above, "temperature",
-            remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
+    Variant("mtj_removal_at_or_above", mtj_removal_at_or_above, "top_p_mtj_mask",
+            expect={"p": f32_below(0.9), "temperature": 0.8}),
     Variant("near_miss_sorted_probs_inclusive", near_miss_sorted_probs_inclusive, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
@@ -1929,16 +1987,24 @@ VARIANTS: list[Variant] = [
     # (one prompt: JAX lowers a take along the last dim of (1, V) as a gather of one row, with no batch dims)
     Variant("jax_classic_top_p_scattered_back_one_row", jax_classic_top_p_scattered_back, "top_p_flipped_mask",
             shape=(1, V), expect={"p": 0.9, "temperature": 0.7}),
-    Variant("near_miss_jax_classic_top_p_descending_argsort", near_miss_jax_classic_top_p_descending_argsort,
-            "categorical", remark="stablehlo.composite: sampler fused only in part: fused as `categorical`"),
+    Variant("jax_classic_top_p_sorted_apart", jax_classic_top_p_sorted_apart, "top_p_flipped_mask",
+            expect={"p": 0.9, "temperature": 0.7}),
+    Variant("jax_classic_top_p_descending_argsort", jax_classic_top_p_descending_argsort, "top_p_descending_mask",
+            expect={"p": 0.9, "temperature": 0.7}),
+    Variant("jax_classic_top_p_descending_at_or_above", jax_classic_top_p_descending_at_or_above,
+            "top_p_descending_mask", expect={"p": f32_below(0.9), "temperature": 0.7}),
+    Variant("jax_classic_top_p_one_row", jax_classic_top_p_one_row, "top_p_flipped_mask", shape=(V,),
+            expect={"p": f32_below(0.85), "temperature": 0.8}),
+    Variant("jax_classic_top_p_one_row_sorted_apart", jax_classic_top_p_one_row_sorted_apart, "top_p_flipped_mask",
+            shape=(V,), expect={"p": 0.9, "temperature": 0.7}),
     Variant("old_hugging_face_top_k_top_p_multinomial", old_hugging_face_top_k_top_p_multinomial,
             "top_k_top_p_shifted_mask_choice", expect={"k": 40, "p": 0.9, "temperature": 0.7}),
     Variant("x_transformers_top_p_multinomial", x_transformers_top_p_multinomial, "top_p_shifted_logits_mask_choice",
             expect={"p": 0.9, "temperature": 0.8}),
     Variant("x_transformers_top_k_multinomial", x_transformers_top_k_multinomial, "top_k_exact_mask_choice",
             expect={"k": 26, "temperature": 0.9}),
-    Variant("near_miss_classic_top_p_at_or_above", near_miss_classic_top_p_at_or_above, "categorical_choice",
-            remark="stablehlo.composite: sampler fused only in part: fused as `categorical_choice`; the top-p filter"),
+    Variant("classic_top_p_at_or_above", classic_top_p_at_or_above, "top_p_shifted_mask_choice",
+            expect={"p": f32_below(0.9), "temperature": 0.7}),
     Variant("x_transformers_min_p_multinomial", x_transformers_min_p_multinomial, "min_p_logits_mask_choice",
             expect={"min_p": 0.1, "temperature": 0.8}),
     Variant("x_transformers_min_p_categorical", x_transformers_min_p_categorical, "min_p_logits_mask",

@@ -38,6 +38,7 @@ from sampling_programs import (
     HAND_NOISES,
     HF_TOP_PS,
     HF_WARPERS,
+    JAX_CUTS,
     KEY_KINDS,
     KEY_OPS,
     LIBRARY_FILTERS,
@@ -130,8 +131,11 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         if draw(st.booleans()):
             spec = dataclasses.replace(spec, draw="row_keys", noise="categorical")
     elif form in USES_TOP_P and spec.top_p_style in HF_TOP_PS:  # (B, V) logits and -inf, as Hugging Face writes them
-        one_row = ["v"] * (spec.top_p_style == "hf")  # litgpt's `sample_top_p` of one row
+        # one row: litgpt's `sample_top_p`, and JAX engines' `sample_top_p` at batch 1
+        one_row = ["v"] * (spec.top_p_style in ("hf", "jax"))
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt", *one_row])), fill="-inf")
+        if spec.top_p_style == "jax":
+            spec = dataclasses.replace(spec, jax_cut=draw(st.sampled_from(JAX_CUTS)))
     # Flax's, MTJ's, transformer_vq's, Levanter's and Haiku's nuclei draw by categorical only; top_k_of_probs by the log
     # of its probabilities
     flax_p = form in USES_TOP_P and spec.top_p_style in ("flax", "mtj", "tvq", "levanter", *F32_ANY_SHAPE_TOP_PS)
@@ -376,6 +380,19 @@ FIXED_GAPS = {
     "top_p_jax_row_keys_mask_take": SamplerSpec(form="top_p_mask", top_p_style="jax", draw="row_keys", p=0.6),
     "top_k_then_top_p_jax": SamplerSpec(form="top_k_top_p_mask", top_p_style="jax", p=0.757),
     "top_p_jax_scattered_back": SamplerSpec(form="top_p_mask", top_p_style="jax", p=0.93),
+    # ... and as they vary the cut (JAX_CUTS): fused whole by top_p_descending_mask, hlofuse-prepare's normal forms
+    # (one sort of one row; the cumsum sliced before its compare) and the template match's strictness step (`>= p`):
+    # with ties, by choice, and of one row (V,), as engines write it at batch 1
+    "top_p_jax_descending_ties": SamplerSpec(form="top_p_mask", top_p_style="jax", jax_cut="descending", vocab=16,
+                                             p=0.5),
+    "top_p_jax_descending_at_or_above_slice_first": SamplerSpec(
+        form="top_p_mask", top_p_style="jax", jax_cut="descending+at_or_above+slice_first", p=0.871),
+    "top_p_jax_at_or_above_choice": SamplerSpec(form="top_p_mask", top_p_style="jax", jax_cut="at_or_above",
+                                                draw="choice", p=0.815),
+    "top_p_jax_one_row_sorted_apart": SamplerSpec(form="top_p_mask", top_p_style="jax", jax_cut="sorted_apart",
+                                                  batch="v"),
+    "top_p_jax_one_row_slice_first_ties": SamplerSpec(form="top_p_mask", top_p_style="jax", jax_cut="slice_first",
+                                                      batch="v", vocab=16, p=0.5),
     # x-transformers' top-p of the logits (the classic cut, its sorted logits filled and scattered back), then / T
     "top_p_x_transformers": SamplerSpec(form="top_p_mask", top_p_style="xt"),
     # (a top-k mask no form reads, then x-transformers' cut at T = 1: either classic form)

@@ -80,7 +80,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "levanter_top_p_sample_with_log_prob", "haiku_nucleus_sample", "fastgen_top_p_through_torchax",
             "min_p_of_probs_weights", "perceiver_ar_nucleus_sample", "grok_sample_token", "simply_top_k_sample",
             "simply_top_p_sample", "simply_top_k_top_p_sample", "grok_sample_token_bf16", "jax_classic_top_p_roll",
-            "jax_classic_top_p_scattered_back")
+            "jax_classic_top_p_scattered_back", "jax_classic_top_p_descending_at_or_above",
+            "jax_classic_top_p_sorted_apart", "jax_classic_top_p_one_row")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401
@@ -137,9 +138,11 @@ def main() -> None:
         fn = getattr(sampling_variants, name)
         variant = _variant(name)
         units = (1,) * (len(variant.shape) - 2)  # (B, 1, V) decode logits where the variant takes them
-        for batch in args.batch:
+        one_row = len(variant.shape) == 1  # (V,) logits: one prompt, as engines write it at batch 1
+        for batch in [1] if one_row else args.batch:
             for vocab in args.vocab:
-                x = args.scale * jax.random.normal(jax.random.key(0), (batch, *units, vocab), jnp.float32)
+                shape = (vocab,) if one_row else (batch, *units, vocab)
+                x = args.scale * jax.random.normal(jax.random.key(0), shape, jnp.float32)
                 x = x.astype(variant.dtype)  # (grok's bf16 logits)
                 spec = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct((2,), jnp.uint32))
                 fns = {"original": jax.jit(fn),

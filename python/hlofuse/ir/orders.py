@@ -28,6 +28,7 @@ from jaxlib.mlir.dialects import stablehlo
 from hlofuse.ir.layout import static_shape
 from hlofuse.ir.mask_eval import COMPARISONS, comparison_direction, evaluate, int_list
 from hlofuse.ir.match import defining_op, dense_values
+from hlofuse.ir.template_match import match_template
 
 # Ops that only move an integer value's entries: its bounds, and whether it reads an order, are its operand's.
 _MOVES = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.slice", "stablehlo.reverse",
@@ -187,11 +188,10 @@ def take_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
         return None
     dim = numbers.start_index_map[0]
     others = [d for d in range(rank) if d != dim]
-    reshape = defining_op(indices)
-    if reshape is None or reshape.name != "stablehlo.reshape":
-        return None
-    ids = reshape.operands[0]
-    if static_shape(op.results[0]) != static_shape(ids):
+    reshape = defining_op(indices)  # (a reshape of the ids, or a broadcast adding the unit dim as `x[ids]` writes it)
+    ids = reshape.operands[0] if reshape is not None and reshape.name == "stablehlo.reshape" else _without_unit_dim(
+        indices)
+    if ids is None or static_shape(op.results[0]) != static_shape(ids):
         return None
     if list(numbers.operand_batching_dims) == others and list(numbers.start_indices_batching_dims) == others and (
             not list(numbers.offset_dims) and index_shape[:-1] == static_shape(ids)):
@@ -323,3 +323,65 @@ def _without_unit_dim(column: ir.Value) -> ir.Value | None:
             adds.attributes["broadcast_dimensions"])) != list(range(rank)):
         return None
     return source
+
+
+def sort_carrying_its_values(sort: ir.Operation) -> ir.Operation | None:
+    """A stable sort that gives `sort`'s sorted values and carries more (an argsort of the same array: `jnp.sort(x)`
+    beside `jnp.argsort(x)`), so that `sort` need not run, else None. `sort` is a stable sort of one operand; the other
+    sorts the same value along the same dim, stably, first, by a comparator that reads only that operand's pair and
+    computes what `sort`'s does (op for op). A stable sort's permutation is fixed by its comparator alone, so the two
+    put the same entries (a -0 and a +0 that compare equal, NaNs of any payload) in the same places. The other sort
+    comes first in the block, or is the earliest after `sort` (hlofuse-prepare moves it up: `hoisted_before`)."""
+    sort = sort.operation
+    if sort.name != "stablehlo.sort" or len(sort.operands) != 1 or not _stable(sort):
+        return None
+    operand, dim = sort.operands[0], ir.IntegerAttr(sort.attributes["dimension"]).value
+    for use in operand.uses:
+        other = use.owner.operation
+        if (other == sort or other.name != "stablehlo.sort" or len(other.operands) < 2 or other.operands[0] != operand
+                or use.operand_number != 0 or other.block != sort.block or not _stable(other)
+                or ir.IntegerAttr(other.attributes["dimension"]).value != dim):
+            continue
+        if _same_comparator(sort, other):
+            return other
+    return None
+
+
+def _stable(sort: ir.Operation) -> bool:
+    return "is_stable" in sort.attributes and ir.BoolAttr(sort.attributes["is_stable"]).value
+
+
+def _same_comparator(sort: ir.Operation, other: ir.Operation) -> bool:
+    """Whether `other`'s comparator computes `sort`'s (one operand) from its first operand's pair alone."""
+    mine, theirs = (s.regions[0].blocks[0] for s in (sort, other))
+    returned = [list(block.operations)[-1].operation.operands[0] for block in (mine, theirs)]
+    found = match_template(returned[1], returned[0], list(mine.arguments), {})
+    return found is not None and found.leaves == {0: theirs.arguments[0], 1: theirs.arguments[1]}
+
+
+def hoisted_before(op: ir.Operation, before: ir.Operation, depth: int = 3) -> bool:
+    """Moves `op` (and the ops of its operands defined after `before` in its block, which must read nothing else
+    defined there: an argsort's iota, its reverse) up to just before `before`; False (moving nothing) where it
+    cannot."""
+    op, before = op.operation, before.operation
+    if op.block != before.block or op.is_before_in_block(before):
+        return True
+    movable = []
+
+    def gather(current: ir.Operation, level: int) -> bool:
+        for value in current.operands:
+            defining = defining_op(value)
+            defining = None if defining is None else defining.operation
+            if defining is None or defining.block != before.block or defining.is_before_in_block(before):
+                continue
+            if level == 0 or defining.regions or not gather(defining, level - 1):
+                return False
+            if defining not in movable:
+                movable.append(defining)
+        return True
+
+    if not gather(op, depth):
+        return False
+    for defining in [*movable, op]:  # operands first: each lands after what it reads
+        defining.move_before(before)
+    return True

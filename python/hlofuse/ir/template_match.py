@@ -8,6 +8,12 @@ the user value found in its place. Template constants equal to a sentinel bind a
 requiring equality, so one lowering matches every temperature, p or min-p: a float sentinel binds a float
 constant, an integer one (a k the program compares a count with) an integer constant.
 
+A compare of a value with a bound constant also matches the compare one step of strictness away, the constant one
+step along its type's number line: for x and q of one type, x >= q is x > prev(q) and x <= q is x < next(q) (a
+float q finite, normal and nonzero: NaN compares false either way; an integer q within its type). The parameter then
+binds the moved constant, so the form computes the program's compare: a top-p written `>= p` is the `> p` form at the
+float below p (`strictness_step`).
+
 Since a match is the template's computation, op for op, a composite defined by the template is exactly
 the user's subgraph (what the sampler fusion needs: the same PRNG bits, the same rounding).
 """
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from jaxlib.mlir import ir
 
+from hlofuse.ir.mask_eval import comparison_direction
 from hlofuse.ir.match import defining_op
 
 _TERMINATORS = ("stablehlo.return", "func.return")
@@ -27,6 +34,8 @@ _TERMINATORS = ("stablehlo.return", "func.return")
 # multiplication are commutative, NaN payloads aside): `logits + gumbel` computes what JAX's
 # `gumbel + logits` does. Not maximum/minimum, whose result can tell -0 from +0 by operand order.
 _COMMUTATIVE = ("stablehlo.add", "stablehlo.multiply", "stablehlo.and", "stablehlo.or")
+# Each comparison direction and the one a step of strictness away (x > q is x >= next(q)).
+_STRICTNESS = {"GT": "GE", "GE": "GT", "LT": "LE", "LE": "LT"}
 
 
 @dataclass
@@ -85,6 +94,9 @@ class _Matcher:
         self.values: dict[ir.Value, ir.Value] = {}
         self.result = TemplateMatch()
         self.report = MatchReport()
+        self.step = 0  # while matching a compared constant one step of strictness away: -1 or +1 (`strictness_step`)
+        self.stepped = False  # whether a parameter bound a constant moved by that step
+        self.stepped_values: dict[ir.Value, int] = {}  # template values matched under a step, and its sign
 
     def differ(self, t: ir.Value, u: ir.Value) -> bool:
         """Records that `t` and `u` differ; False, for `return self.differ(...)`."""
@@ -92,7 +104,10 @@ class _Matcher:
         return False
 
     def value(self, t: ir.Value, u: ir.Value) -> bool:
-        if t in self.values:
+        if t in self.values:  # (a value matched under a strictness step means the moved constant: only there)
+            if self.stepped_values.get(t, 0) != self.step:
+                return self.differ(t, u)
+            self.stepped = self.stepped or bool(self.step)
             return self.values[t] == u or self.differ(t, u)
         if str(t.type) != str(u.type):
             return self.differ(t, u)
@@ -100,7 +115,7 @@ class _Matcher:
             index = self.args[t]
             if self.result.leaves.setdefault(index, u) != u:
                 return self.differ(t, u)
-            self.values[t] = u
+            self._matched(t, u)
             return True
         t_op, u_op = defining_op(t), defining_op(u)
         if t_op is None or u_op is None:
@@ -111,8 +126,13 @@ class _Matcher:
             if self.report.template is None:
                 self.differ(t, u)
             return False
-        self.values[t] = u
+        self._matched(t, u)
         return True
+
+    def _matched(self, t: ir.Value, u: ir.Value) -> None:
+        self.values[t] = u
+        if self.step:
+            self.stepped_values[t] = self.step
 
     def op(self, t: ir.Operation, u: ir.Operation) -> bool:
         if t in self.result.ops:
@@ -121,11 +141,12 @@ class _Matcher:
             return self._op_differs(t, u)
         if [str(r.type) for r in t.results] != [str(r.type) for r in u.results]:
             return self._op_differs(t, u)
-        if not self._attributes(t, u):
+        step = strictness_step(t, u) if t.name == "stablehlo.compare" else None
+        if not self._attributes(t, u, ignore=("comparison_direction",) if step else ()):
             return self._op_differs(t, u)
         self.result.ops[t] = u
         self.report.matched = max(self.report.matched, len(self.result.ops))
-        if not self._operands(t, u):
+        if not (self._stepped_operands(t, u, *step) if step else self._operands(t, u)):
             return False
         return all(self._region(a, b) for a, b in zip(t.regions, u.regions, strict=True))
 
@@ -145,13 +166,24 @@ class _Matcher:
         self._restore(saved)
         return all(self.value(a, b) for a, b in zip(t_operands, reversed(u_operands), strict=True))
 
-    def _save(self) -> tuple[dict, dict, dict, dict]:
-        r = self.result
-        return dict(self.values), dict(r.leaves), dict(r.params), dict(r.ops)
+    def _stepped_operands(self, t: ir.Operation, u: ir.Operation, constant: int, step: int) -> bool:
+        """A compare's operands where the template's is a step of strictness from the user's: the other operand as
+        ever, operand `constant` binding a parameter at the user's constant moved by `step`."""
+        if not self.value(t.operands[1 - constant], u.operands[1 - constant]):
+            return False
+        self.step, self.stepped = step, False
+        try:
+            return self.value(t.operands[constant], u.operands[constant]) and self.stepped
+        finally:
+            self.step = 0
 
-    def _restore(self, saved: tuple[dict, dict, dict, dict]) -> None:
-        values, leaves, params, ops = saved
-        self.values = values
+    def _save(self) -> tuple[dict, ...]:
+        r = self.result
+        return dict(self.values), dict(r.leaves), dict(r.params), dict(r.ops), dict(self.stepped_values)
+
+    def _restore(self, saved: tuple[dict, ...]) -> None:
+        values, leaves, params, ops, stepped_values = saved
+        self.values, self.stepped_values = values, stepped_values
         self.result.leaves, self.result.params, self.result.ops = leaves, params, ops
 
     def _region(self, t: ir.Region, u: ir.Region) -> bool:
@@ -170,9 +202,9 @@ class _Matcher:
             return False
         return self.op(t_term, u_term)
 
-    def _attributes(self, t: ir.Operation, u: ir.Operation) -> bool:
-        t_attrs = {name: t.attributes[name] for name in t.attributes}
-        u_attrs = {name: u.attributes[name] for name in u.attributes}
+    def _attributes(self, t: ir.Operation, u: ir.Operation, ignore: tuple[str, ...] = ()) -> bool:
+        t_attrs = {name: t.attributes[name] for name in t.attributes if name not in ignore}
+        u_attrs = {name: u.attributes[name] for name in u.attributes if name not in ignore}
         if set(t_attrs) != set(u_attrs):
             return False
         if t.name == "stablehlo.constant":
@@ -187,7 +219,58 @@ class _Matcher:
         splat = _splat(u)
         if splat is None:
             return False
-        return self.result.params.setdefault(name, splat[0]) == splat[0]
+        value = splat[0]
+        if self.step:
+            value = _stepped(splat, self.step)
+            if value is None:
+                return False
+            self.stepped = True
+        return self.result.params.setdefault(name, value) == value
+
+
+def _compared_constant(value: ir.Value) -> ir.Operation | None:
+    """The constant a compare operand is: a splat constant, or a broadcast of a 0-d one."""
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        op = defining_op(op.operands[0])
+    return op if op is not None and op.name == "stablehlo.constant" and _splat(op) is not None else None
+
+
+def strictness_step(t: ir.Operation, u: ir.Operation) -> tuple[int, int] | None:
+    """(operand, step) where template compare `t` and user compare `u` are one step of strictness apart (GT and GE,
+    LT and LE) and both compare a value with a constant (operand 0 or 1 of each, a splat or a broadcast of a 0-d
+    constant): the template's constant binds the user's moved by `step`, -1 (to the one below) or +1, so that the two
+    compares agree everywhere (x >= q is x > prev(q); q >= x is next(q) > x). None for any other pair."""
+    directions = comparison_direction(t), comparison_direction(u)
+    if _STRICTNESS.get(directions[1]) != directions[0]:
+        return None
+    for constant in (1, 0):
+        if all(_compared_constant(op.operands[constant]) is not None and _compared_constant(
+                op.operands[1 - constant]) is None for op in (t, u)):
+            step = -1 if directions[0] in ("GT", "LE") else 1
+            return constant, step if constant == 1 else -step
+    return None
+
+
+def _stepped(splat: tuple[float, ir.Type], step: int) -> float | int | None:
+    """A constant moved one step along its type's number line (the next integer; the adjacent float), or None where
+    the step would leave the type's normal, finite, nonzero numbers (where a flushed subnormal or an infinity would
+    compare otherwise)."""
+    value, element = splat
+    if isinstance(element, ir.IntegerType):
+        width, signed = ir.IntegerType(element).width, not ir.IntegerType(element).is_unsigned
+        lo, hi = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
+        moved = int(value) + step
+        return moved if lo <= moved <= hi else None
+    dtype = _np_dtype(element)
+    if str(element) not in ("f32", "f64", "f16", "bf16"):
+        return None
+    q = np.asarray(value, dtype)
+    moved = np.nextafter(q, np.asarray(np.inf if step > 0 else -np.inf, dtype))
+    tiny = np.finfo(dtype).tiny
+    if not all(np.isfinite(v) and abs(float(v)) >= float(tiny) for v in (q, moved)):
+        return None
+    return float(moved)
 
 
 def match_template(user_root: ir.Value, template_root: ir.Value, template_args: list[ir.Value],

@@ -948,8 +948,16 @@ def top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float,
 def sort_descending_by_flipped_argsort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """JAX code's descending sort: `order = jnp.argsort(x)[..., ::-1]` (`jnp.flip` alike: a stable ascending argsort
     reversed, so equal values by the higher id first and NaN first) and the values taken along it,
-    `take_along_axis(x, order)` (hlofuse-prepare reads that as the sort's own values)."""
+    `take_along_axis(x, order)` (hlofuse-prepare reads that, and `jnp.sort(x)[..., ::-1]` beside the argsort, as the
+    sort's own values)."""
     order = jnp.argsort(x, axis=-1)[..., ::-1]
+    return jnp.take_along_axis(x, order, axis=-1), order
+
+
+def sort_descending_by_argsort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """JAX code's other descending sort: `order = jnp.argsort(x, descending=True)` (a stable sort of the reversed row,
+    reversed: equal values by the lower id first, NaN first) and the values taken along it."""
+    order = jnp.argsort(x, axis=-1, descending=True)
     return jnp.take_along_axis(x, order, axis=-1), order
 
 
@@ -961,19 +969,22 @@ def put_back_by_inverse(order: jax.Array, values: jax.Array) -> jax.Array:
 
 def top_p_flipped_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                        categorical_fn: Categorical = jax.random.categorical, by_logits: bool = False,
-                       fill: float | None = None, **_: Any) -> jax.Array:
+                       fill: float | None = None, sort_fn: Sort = sort_descending_by_flipped_argsort,
+                       **_: Any) -> jax.Array:
     """The classic top-p as JAX code writes it: y = x / T sorted descending by a flipped argsort
-    (`sort_descending_by_flipped_argsort`), the cumsum of the sorted softmax above p shifted one place later
-    (`jnp.roll(remove, 1).at[:, 0].set(False)`; a concatenate of False or a pad reads the same after hlofuse-prepare),
-    put back in id order by the argsort of the order (`put_back_by_inverse`) and filled (or, `by_logits`, the sorted
-    logits filled, then put back), then a categorical. The removal of `shifted_top_p_removal` (a cut by sorted place
-    from the top), with ties ordered by the higher id first. (B, V) y only."""
+    (`sort_descending_by_flipped_argsort`; `top_p_descending_mask`: by `argsort(descending=True)`), the cumsum of
+    the sorted softmax above p shifted one place later (`jnp.roll(remove, 1).at[..., 0].set(False)`; a concatenate of
+    False or a pad, and the compare of the cumsum's slice, read the same after hlofuse-prepare), put back in id order
+    by the argsort of the order (`put_back_by_inverse`) and filled (or, `by_logits`, the sorted logits filled, then
+    put back), then a categorical. The removal of `shifted_top_p_removal` (a cut by sorted place from the top), with
+    ties ordered as `sort_fn` orders them. (B, V) y, or one row (V,), as engines write it at batch 1. (A removal
+    written `>= p` is this form at the float below p: hlofuse.ir.template_match's strictness step.)"""
     y = _scale(logits, temperature)
-    if y.ndim != 2:
-        raise ValueError(f"the classic top-p filter takes (B, V) logits, not {y.shape}")
-    ordered, order = sort_descending_by_flipped_argsort(y)
+    if y.ndim not in (1, 2):
+        raise ValueError(f"the classic top-p filter takes (B, V) or (V,) logits, not {y.shape}")
+    ordered, order = sort_fn(y)
     remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
-    remove = jnp.roll(remove, 1, axis=-1).at[:, 0].set(False)
+    remove = jnp.roll(remove, 1, axis=-1).at[..., 0].set(False)
     dropped = NEG_INF if fill is None else fill
     if by_logits:
         kept = put_back_by_inverse(order, jnp.where(remove, dropped, ordered))
@@ -1477,10 +1488,12 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (Writing(functools.partial(top_p_shifted_mask, by_logits=True),
                   _NOISE + ("stablehlo.sort", "stablehlo.pad")),)),
     # (and as JAX code writes it: a flipped argsort, the mask or the sorted logits put back by the order's argsort)
-    _with_fills(Form("top_p_flipped_mask", "top_p", top_p_flipped_mask, ("temperature", "p"),
-                     _NOISE + ("stablehlo.sort", "stablehlo.pad"),
-                     (Writing(functools.partial(top_p_flipped_mask, by_logits=True),
-                              _NOISE + ("stablehlo.sort", "stablehlo.pad")),))),
+    *(_with_fills(Form(name, "top_p", functools.partial(top_p_flipped_mask, sort_fn=sort_fn), ("temperature", "p"),
+                       _NOISE + ("stablehlo.sort", "stablehlo.pad"),
+                       (Writing(functools.partial(top_p_flipped_mask, by_logits=True, sort_fn=sort_fn),
+                                _NOISE + ("stablehlo.sort", "stablehlo.pad")),)))
+      for name, sort_fn in (("top_p_flipped_mask", sort_descending_by_flipped_argsort),
+                            ("top_p_descending_mask", sort_descending_by_argsort))),
     # (its top-k mask as torchax lowers torch.topk's k-th, or as JAX code writes it: lax.top_k's last column, or a
     # stable descending argsort)
     Form("top_k_top_p_shifted_mask", "top_k+top_p", functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask),
@@ -1583,7 +1596,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
-                  "top_p_flipped_mask", "top_p_shifted_logits_mask",
+                  "top_p_flipped_mask", "top_p_descending_mask", "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
                   "min_p_logits_mask", "top_a_logits_mask",

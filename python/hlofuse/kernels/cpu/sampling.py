@@ -600,12 +600,13 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "top_p_of_probs_torch_unnormalized", "sorted_probs_inverse_cdf_rows",
                         *TOP_P_CHAINS, "top_p_ascending_mask",
                         "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask", "top_p_shifted_mask",
-                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask", "top_p_flipped_mask")
+                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask", "top_p_flipped_mask",
+                        "top_p_descending_mask")
 # The classic top-p (`shifted_top_p_lowering`): of x / T (Megatron-LM's; after a top-k mask, Hugging Face's old
 # `top_k_top_p_filtering`; as JAX code writes it, by a flipped argsort), and of the logits, then / T
 # (x-transformers').
 SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shifted_logits_mask",
-                  "top_p_flipped_mask")
+                  "top_p_flipped_mask", "top_p_descending_mask")
 
 
 def shifted_top_p_lowering(form: str, params: dict[str, Any],
@@ -2198,6 +2199,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         return prob_sorted_top_p_lowering(attrs.form, attrs.params())
     if filters in SHIFTED_TOP_PS:
         shape, dtype = call.operand_types[0]
+        if len(shape) == 1:  # one row (a JAX engine's `sample_top_p` at batch 1): drawn as a batch of one
+            return _as_one_row(attrs.form, sampling_lowering(_batch_of_one(call)))
         if len(shape) != 2 or dtype not in ("f32", "bf16") or not attrs.temperature > 0 or attrs.k > shape[-1]:
             raise Unsupported("the classic top-p (Megatron-LM's) takes (B, V) f32 or bf16 logits, T > 0 and k <= V")
         return shifted_top_p_lowering(attrs.form, attrs.params(), hand)
