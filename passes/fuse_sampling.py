@@ -568,23 +568,27 @@ def _top_ks(op: ir.Operation) -> list[TopK]:
 
 
 def _kth_of_sort(op: ir.Operation) -> list[TopK]:
-    """A 1-operand sort along the last dim, reversed along it, whose column k - 1 is taken (a slice or a
-    dynamic_slice at a constant index, one wide): the k-th largest, as EasyDeL's TopKLogitsWarper reads it. Which
-    are a top-k's threshold the templates decide."""
+    """A 1-operand sort along the last dim whose column V - k is taken (a slice or a dynamic_slice at a constant
+    index, one wide): the k-th largest, as `jnp.sort(x)[..., -k]` reads it (and EasyDeL's TopKLogitsWarper,
+    `jnp.sort(x)[:, ::-1][:, k - 1]`, after hlofuse-prepare's `slice_columns_of_reverses`; or where the reverse
+    stays). Which are a top-k's threshold the templates decide."""
     source = op.operands[0]
     last = len(_shape(source)) - 1
+    vocab = _shape(source)[last]
     if ir.IntegerAttr(op.attributes["dimension"]).value != last:
         return []
+    columns = []  # (the op taking a column, whether it reads the row reversed)
+    for user in (use.owner for use in op.results[0].uses):
+        if user.name != "stablehlo.reverse":
+            columns.append((user, False))
+        elif list(ir.DenseI64ArrayAttr(user.attributes["dimensions"])) == [last]:
+            columns.extend((u.owner, True) for u in user.results[0].uses)
     found = []
-    for reverse in (use.owner for use in op.results[0].uses):
-        if reverse.name != "stablehlo.reverse":
-            continue
-        if list(ir.DenseI64ArrayAttr(reverse.attributes["dimensions"])) != [last]:
-            continue
-        for column in (u.owner for u in reverse.results[0].uses):
-            k = _column_index(column, last)
-            if k is not None and 0 < k + 1 < _shape(source)[last]:
-                found.append(TopK(_shape(source), _element(source), k + 1))
+    for column, reversed_ in columns:
+        index = _column_index(column, last)
+        k = None if index is None else (index + 1 if reversed_ else vocab - index)
+        if k is not None and 0 < k < vocab:
+            found.append(TopK(_shape(source), _element(source), k))
     return found
 
 

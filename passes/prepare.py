@@ -15,9 +15,14 @@ constant, `select(i < 0, i + n, i)`), a float scalar maximum or minimum of const
 dims made a broadcast of the reshape's operand (`v[..., -1]` read as `v[..., -1:]`); then the normal forms of takes
 along an argsort's ids (hlofuse.ir.orders: such ids lie in [0, n), so the bounds checks `take_along_axis` wraps around
 its gather fold away; a take of the sort's own operand is the sort's output, reversed as the ids are; a take along the
-ascending argsort of such ids is `lax.sort_key_val(ids, values)`), and of a shift by one (a scatter setting exactly one
+ascending argsort of such ids is `lax.sort_key_val(ids, values)`; a stable sort of a row beside a stable argsort of it
+is the argsort's sorted values, so the row is sorted once), and of a shift by one (a scatter setting exactly one
 part of a concatenate, `jnp.roll(m, 1).at[:, 0].set(False)`, sets that part; a two-part concatenate of a splat
-constant and a value is a pad, as `jnp.pad` writes it); then `canonicalize` and `cse`.
+constant and a value is a pad, as `jnp.pad` writes it; a slice of a pad is the pad of the kept slice); masks moved
+next to their array (a slice of a bool mask of one array and splats is the mask of the array's slice, as code that
+slices first writes it: `c[:, :-1] > p`; such a mask of a pad is the pad of the mask; `convert(m) != 0` is m); and a
+one-wide slice of a reversed float row made the row's column at the mirrored place (`jnp.sort(x)[:, ::-1][:, k - 1]`
+read as `jnp.sort(x)[:, -k]`); then `canonicalize` and `cse`.
 
     %m = call @tril(%c) : (tensor<16x16xi1>) -> tensor<16x16xi1>
   becomes
@@ -904,6 +909,48 @@ def slice_pads_by_parts(module: ir.Operation) -> int:
     return folded
 
 
+def slice_columns_of_reverses(module: ir.Operation) -> int:
+    """Replaces each one-wide slice (or dynamic_slice at constant indices) of a float array reversed along that dim
+    (`jnp.sort(x)[:, ::-1][:, k - 1]`, the k-th largest as EasyDeL reads it) by the slice of the array at the mirrored
+    place (`jnp.sort(x)[:, -k]`, as most code reads it); returns how many. One entry along the dim: the reverse moves
+    nothing. Ids (an argsort's order, which hlofuse.ir.orders reads through its reverse) are left as they are."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.slice", "stablehlo.dynamic_slice"):
+        reverse = defining_op(op.operands[0])
+        if reverse is None or reverse.name != "stablehlo.reverse" or static_shape(reverse.operands[0]) is None:
+            continue
+        if not isinstance(ir.RankedTensorType(reverse.operands[0].type).element_type, ir.FloatType):
+            continue
+        window = _slice_window(op)
+        if window is None:
+            continue
+        start, limit, strides = window
+        dims, shape = int_list(reverse, "dimensions"), static_shape(reverse.operands[0])
+        if any(limit[d] - start[d] != 1 for d in dims):
+            continue
+        mirrored = [shape[d] - 1 - s if d in dims else s for d, s in enumerate(start)]
+        limit = [mirrored[d] + 1 if d in dims else e for d, e in enumerate(limit)]
+        with ir.InsertionPoint(op), op.location:
+            column = stablehlo.SliceOp(reverse.operands[0], mirrored, limit, strides).result
+        op.results[0].replace_all_uses_with(column)
+        op.erase()
+        folded += 1
+    return folded
+
+
+def _slice_window(op: ir.Operation) -> tuple[list[int], list[int], list[int]] | None:
+    """(start, limit, strides) of a slice, or of a dynamic_slice whose start indices are constants (clamped into the
+    operand, as the op clamps them); None for a dynamic_slice at a traced index."""
+    if op.name == "stablehlo.slice":
+        return tuple(int_list(op, name) for name in ("start_indices", "limit_indices", "strides"))
+    shape, sizes = static_shape(op.operands[0]), int_list(op, "slice_sizes")
+    indices = [evaluate(v) for v in op.operands[1:]]
+    if shape is None or any(i is None or np.size(i) != 1 for i in indices):
+        return None
+    start = [min(max(int(np.ravel(i)[0]), 0), n - size) for i, n, size in zip(indices, shape, sizes, strict=True)]
+    return start, [s + size for s, size in zip(start, sizes, strict=True)], [1] * len(shape)
+
+
 @dataclass(frozen=True)
 class PreparePass(ModulePass):
     """Inlines JAX's private helper functions, then canonicalizes and CSEs: one normal form to match."""
@@ -933,5 +980,7 @@ class PreparePass(ModulePass):
         state.count("slice_pad_by_parts", slice_pads_by_parts(module))
         state.count("slice_mask_array", slice_masks_arrays(module))
         state.count("mask_pad_by_parts", mask_pads_by_parts(module))
+        # a column of a reversed row read at its place in the row (the k-th largest of a sort, however indexed)
+        state.count("slice_column_of_reverse", slice_columns_of_reverses(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)
         cleanup.run(module)

@@ -80,7 +80,8 @@ NOT_IMPLIED = {
 
 # hlofuse-prepare's normal forms take these ops away: a take along an argsort (the sort's values), one along the
 # argsort of an argsort (a sort_key_val), a shift written as a concatenate (a pad), a roll's rolled-in place set (a
-# pad), a scatter of the rows to an argsort's places (a sort_key_val)
+# pad), a scatter of the rows to an argsort's places (a sort_key_val), a column of a reversed row (the row's column
+# at the mirrored place)
 NORMALISED_AWAY = {
     "a take along an argsort": (lambda x, key: jnp.take_along_axis(x, jnp.argsort(x, axis=-1), axis=-1)[:, 0],
                                 "stablehlo.gather"),
@@ -90,6 +91,8 @@ NORMALISED_AWAY = {
                                  "stablehlo.concatenate"),
     "a roll's first place set": (lambda x, key: jnp.roll(x, 1, axis=-1).at[:, 0].set(0.0), "stablehlo.scatter"),
     "a put-back by a scatter": (_nucleus, "stablehlo.scatter"),
+    "a column of a reversed sort": (lambda x, key: jnp.sort(x, axis=-1)[:, ::-1][:, jnp.asarray(3, jnp.int32)],
+                                    "stablehlo.reverse"),
 }
 
 

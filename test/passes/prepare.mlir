@@ -912,6 +912,55 @@ func.func public @near_miss_converted_mask_equal_to_zero(%arg0: tensor<2x7xi1>) 
 
 // -----
 
+// EasyDeL's k-th largest, `jnp.sort(x)[:, ::-1][:, k - 1]`: the column of the row at the mirrored place, as
+// `jnp.sort(x)[:, -k]` reads it.
+// CHECK-LABEL: func.func public @slices_a_column_of_a_reverse
+// CHECK-NOT: stablehlo.reverse
+// CHECK: stablehlo.slice %arg0 [0:2, 5:6]
+func.func public @slices_a_column_of_a_reverse(%arg0: tensor<2x8xf32>) -> tensor<2x1xf32> {
+  %r = stablehlo.reverse %arg0, dims = [1] : tensor<2x8xf32>
+  %0 = stablehlo.slice %r [0:2, 2:3] : (tensor<2x8xf32>) -> tensor<2x1xf32>
+  return %0 : tensor<2x1xf32>
+}
+
+// -----
+
+// The same read by a dynamic_slice at constant indices.
+// CHECK-LABEL: func.func public @slices_a_dynamic_column_of_a_reverse
+// CHECK-NOT: stablehlo.reverse
+// CHECK: stablehlo.slice %arg0 [0:2, 5:6]
+func.func public @slices_a_dynamic_column_of_a_reverse(%arg0: tensor<2x8xf32>) -> tensor<2x1xf32> {
+  %r = stablehlo.reverse %arg0, dims = [1] : tensor<2x8xf32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %c2 = stablehlo.constant dense<2> : tensor<i32>
+  %0 = stablehlo.dynamic_slice %r, %c0, %c2, sizes = [2, 1] : (tensor<2x8xf32>, tensor<i32>, tensor<i32>) -> tensor<2x1xf32>
+  return %0 : tensor<2x1xf32>
+}
+
+// -----
+
+// Ids (an argsort's order, which the take normal forms read through its reverse): the reverse stays.
+// CHECK-LABEL: func.func public @no_match_column_of_reversed_ids
+// CHECK: stablehlo.reverse
+func.func public @no_match_column_of_reversed_ids(%arg0: tensor<2x8xi32>) -> tensor<2x1xi32> {
+  %r = stablehlo.reverse %arg0, dims = [1] : tensor<2x8xi32>
+  %0 = stablehlo.slice %r [0:2, 2:3] : (tensor<2x8xi32>) -> tensor<2x1xi32>
+  return %0 : tensor<2x1xi32>
+}
+
+// -----
+
+// Near miss: a two-wide slice of a reversed row keeps its two entries reversed: the reverse stays.
+// CHECK-LABEL: func.func public @near_miss_two_columns_of_a_reverse
+// CHECK: stablehlo.reverse
+func.func public @near_miss_two_columns_of_a_reverse(%arg0: tensor<2x8xf32>) -> tensor<2x2xf32> {
+  %r = stablehlo.reverse %arg0, dims = [1] : tensor<2x8xf32>
+  %0 = stablehlo.slice %r [0:2, 2:4] : (tensor<2x8xf32>) -> tensor<2x2xf32>
+  return %0 : tensor<2x2xf32>
+}
+
+// -----
+
 // A concatenate of a constant held as a resource blob (a large weight): no splat to read, the concatenate stays and
 // the pass goes on.
 // CHECK-LABEL: func.func public @no_match_concatenate_of_a_resource_constant

@@ -76,6 +76,9 @@ SCALED_BEFORE = ("top_k_mask", "top_p_mask", "top_k_top_p_mask", *LIBRARY_FILTER
 # puts NaN last, unlike lax.top_k: not a top-k writing)
 TOP_KS = ("lax", "sort", "negated_sort")
 MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (its values sorted again), for masks
+# A top-k mask as JAX engines keep it (top_k_mask only, (B, V) logits): the logits at or above `jnp.sort(x)[..., -k]`
+# kept, the others at the spec's fill: EasyDeL's top_k_keep_mask (a NaN logit never kept), not top_k_mask
+KEEP_TOP_KS = ("sort_keep",)
 # sort: the reference (descending sort, softmax after it, cutoff at sum(cumsum < p)); top_k: the same with
 # a full-width lax.top_k for the sort (JetStream / MaxText); gemma: softmax first, then sort the
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
@@ -358,6 +361,8 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         attrs["mode"] = "top_k+top_p" if spec.form == "top_k_top_p_mask" else "top_p"
     if _scales_first(spec) and form == "temperature_top_k":
         form, attrs["mode"] = "top_k", "top_k"
+    if spec.form == "top_k_mask" and spec.top_k_style in KEEP_TOP_KS:
+        form = "top_k_keep_mask"
     # (top_k_of_probs divides first, so a division "before" it is the form's own)
     divides_first = spec.form == "top_k_of_probs" and spec.temperature_style == "before"
     if spec.form in READS_T and (spec.temperature_style == "const" or divides_first):
@@ -675,6 +680,9 @@ def _torch_kth(x: jax.Array, k: int) -> jax.Array:
 
 
 def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
+    if c.spec.top_k_style == "sort_keep":
+        kth = jnp.sort(x, axis=-1)[..., -c.spec.k][..., None]
+        return jnp.where(x >= kth, x, _fill(c.spec.fill, x.dtype))
     if c.spec.top_k_style == "torchax":
         kth = _torch_kth(x, c.spec.k)
     else:

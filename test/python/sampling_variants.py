@@ -737,6 +737,15 @@ def f32_above(value: float) -> float:
     return float(np.nextafter(np.float32(value), np.float32(np.inf)))
 
 
+def jax_top_k_by_sort_column(x, key):
+    """A JAX engine's top-k (a Flax NNX sampler's): x / T, its k-th largest read as `jnp.sort(y)[..., -k]`, the logits
+    at or above it kept, the others at finfo.min: EasyDeL's threshold (`jnp.sort(y)[:, ::-1][:, k - 1]`, the same
+    column after hlofuse-prepare) with its fill, of y: top_k_keep_mask."""
+    y = x.astype(jnp.float32) / 0.7
+    kth = jnp.sort(y, axis=-1)[..., -40]
+    return jax.random.categorical(key, jnp.where(y >= kth[..., None], y, jnp.finfo(jnp.float32).min), axis=-1)
+
+
 def jax_classic_top_p_roll(x, key):
     """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
     `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
@@ -1974,6 +1983,8 @@ VARIANTS: list[Variant] = [
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("classic_top_p_categorical", classic_top_p_categorical, "top_p_shifted_mask",
             expect={"p": 0.85, "temperature": 0.8}),
+    Variant("jax_top_k_by_sort_column", jax_top_k_by_sort_column, "top_k_keep_mask",
+            expect={"k": 40, "temperature": 1.0}),
     Variant("jax_classic_top_p_roll", jax_classic_top_p_roll, "top_p_flipped_mask",
             expect={"p": 0.9, "temperature": 0.7}),
     Variant("jax_classic_top_p_roll_one_row", jax_classic_top_p_roll, "top_p_flipped_mask", shape=(1, V),

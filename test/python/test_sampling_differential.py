@@ -39,6 +39,7 @@ from sampling_programs import (
     HF_TOP_PS,
     HF_WARPERS,
     JAX_CUTS,
+    KEEP_TOP_KS,
     KEY_KINDS,
     KEY_OPS,
     LIBRARY_FILTERS,
@@ -113,6 +114,8 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         noise=draw(st.sampled_from(NOISES)) if stochastic else "categorical",
         extras=tuple(e for e in EXTRAS if draw(st.integers(0, 3)) == 0),
     )
+    if form == "top_k_mask" and draw(st.integers(0, 3)) == 0:  # kept at or above a sort's column, (B, V) logits
+        spec = dataclasses.replace(spec, top_k_style=draw(st.sampled_from(KEEP_TOP_KS)), batch="b")
     if form in HF_WARPERS:  # (B, V) logits, as Hugging Face writes them
         spec = dataclasses.replace(spec, batch=draw(st.sampled_from(["b", "bt"])), warper_top_k=draw(st.booleans()),
                                    min_p_keep=draw(st.sampled_from(MIN_P_KEEPS)),
@@ -416,6 +419,13 @@ FIXED_GAPS = {
     # values before, which left the whole-vocabulary sort to XLA.
     "top_k_by_argsort": SamplerSpec(form="top_k", top_k_style="sort"),
     "top_k_mask_by_argsort": SamplerSpec(form="top_k_mask", top_k_style="sort"),
+    # a top-k kept at or above `jnp.sort(x)[..., -k]` (JAX engines'; EasyDeL's column after hlofuse-prepare): ties,
+    # a fill, bf16, T before
+    "top_k_kept_by_sort_column_ties": SamplerSpec(form="top_k_mask", top_k_style="sort_keep", vocab=16, k=3),
+    "top_k_kept_by_sort_column_fill_bf16": SamplerSpec(form="top_k_mask", top_k_style="sort_keep", fill="finfo_min",
+                                                       dtype="bfloat16"),
+    "top_k_kept_by_sort_column_before_choice": SamplerSpec(form="top_k_mask", top_k_style="sort_keep",
+                                                           temperature_style="before", draw="choice"),
     "temperature_top_k_by_argsort": SamplerSpec(form="temperature_top_k", top_k_style="sort"),
     "top_k_top_p_by_argsort_and_full_top_k": SamplerSpec(form="top_k_top_p_mask", top_k_style="sort",
                                                          top_p_style="top_k"),

@@ -12,8 +12,10 @@ moves only unit dims is a reshape, a reverse of unit dims is its operand, a scan
 normal form of hlofuse-prepare rewrites it: a gather may be a take along an argsort, read as the sort's output or
 put back by one; a concatenate may be a shift, made a pad; a scatter into the result of a concatenate (or of a call:
 `jnp.roll`) may set one of its parts, and one at indices computed from a sort (or a call's result) may put values
-back in id order (so neither a gather nor a concatenate implies its op, nor such a scatter). The branches of a
-`cond` imply nothing (hlofuse-prepare inlines the taken one), nor do a loop's bodies (the loop itself does).
+back in id order (so neither a gather nor a concatenate implies its op, nor such a scatter); a reverse read by an
+indexing op may be read at the mirrored place (`jnp.sort(x)[:, ::-1][:, k - 1]` is `jnp.sort(x)[:, -k]`). The
+branches of a `cond` imply nothing (hlofuse-prepare inlines the taken one), nor do a loop's bodies (the loop itself
+does).
 test_sampling_templates checks that every template holds the ops its jaxpr implies.
 """
 
@@ -79,6 +81,15 @@ def _live(jaxpr: core.Jaxpr, outputs: list[bool] | None) -> list[tuple[core.Jaxp
     return live[::-1]
 
 
+def _indexed(eqn: core.JaxprEqn, jaxpr: core.Jaxpr) -> bool:
+    """Whether an indexing op (a slice, a dynamic_slice, a gather) may read a result of `eqn`: one of this jaxpr
+    does, or the result leaves it (a call's body: `jnp.sort(x, descending=True)`'s reverse, indexed by the caller)."""
+    results = set(eqn.outvars)
+    return any(isinstance(v, core.Var) and v in results for v in jaxpr.outvars) or any(
+        other.primitive.name in ("slice", "dynamic_slice", "gather")
+        and any(isinstance(v, core.Var) and v in results for v in other.invars) for other in jaxpr.eqns)
+
+
 def _may_be_normalised_away(scatter: core.JaxprEqn, producers: dict[core.Var, core.JaxprEqn]) -> bool:
     """Whether hlofuse-prepare may rewrite a scatter away: it sets into a concatenate's (or a call's) result, or its
     indices come from a sort or a call (within this jaxpr, through any ops)."""
@@ -114,6 +125,7 @@ def required_ops(jaxpr: core.Jaxpr, reads: list[bool] | None = None, outputs: li
         if name in _CALLS and body is not None:
             ops |= required_ops(body, operands, results)
         elif name in IMPLIED_OP and any(operands[_INDICES.get(name, 0):]) and not _is_identity(eqn) and not (
-                IMPLIED_OP[name] == "stablehlo.scatter" and _may_be_normalised_away(eqn, producers)):
+                IMPLIED_OP[name] == "stablehlo.scatter" and _may_be_normalised_away(eqn, producers)) and not (
+                name == "rev" and _indexed(eqn, jaxpr)):
             ops.add(IMPLIED_OP[name])
     return frozenset(ops)

@@ -682,18 +682,20 @@ def kth_of_descending_sort(logits: jax.Array, k: int) -> jax.Array:
     return jnp.sort(logits, axis=-1)[:, ::-1][:, jnp.asarray(k - 1, jnp.int32)][:, None]
 
 
-def keep_top_k(logits: jax.Array, k: int) -> jax.Array:
+def keep_top_k(logits: jax.Array, k: int, fill: float | None = None) -> jax.Array:
     """EasyDeL's top-k filter: keep `x >= kth_of_descending_sort(x, k)` (ties of the k-th kept; a NaN logit never
-    kept, and a row with k NaNs keeps nothing), -inf elsewhere. (B, V) logits only."""
+    kept, and a row with k NaNs keeps nothing), -inf (or a writing's `fill`) elsewhere. (B, V) logits only. (JAX
+    engines' `x >= jnp.sort(x)[..., -k][..., None]` reads the same column after hlofuse-prepare.)"""
     if logits.ndim != 2:
         raise ValueError(f"EasyDeL's top-k warper takes (B, V) logits, not {logits.shape}")
-    return jnp.where(logits >= kth_of_descending_sort(logits, k), logits, NEG_INF)
+    return jnp.where(logits >= kth_of_descending_sort(logits, k), logits, NEG_INF if fill is None else fill)
 
 
 def top_k_keep_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
-                    categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
+                    categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
+                    **_: Any) -> jax.Array:
     """EasyDeL's TopKLogitsWarper (`keep_top_k`), then a categorical of / T."""
-    return categorical_fn(key, _scale(keep_top_k(logits, k), temperature), axis=-1)
+    return categorical_fn(key, _scale(keep_top_k(logits, k, fill), temperature), axis=-1)
 
 
 def top_k_keep_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
@@ -1506,7 +1508,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          _NOISE + ("stablehlo.sort", "stablehlo.pad"),
          (Writing(functools.partial(top_p_shifted_logits_mask, by_logits=False),
                   _NOISE + ("stablehlo.sort", "stablehlo.scatter")),)),
-    Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",)),
+    _with_fills(Form("top_k_keep_mask", "top_k", top_k_keep_mask, ("temperature", "k"), _NOISE + ("stablehlo.sort",))),
     Form("min_p_sorted_removal", "min_p", min_p_sorted_removal, ("temperature", "min_p"),
          _TOP_K + ("stablehlo.exponential", "stablehlo.scatter"), composes_draws=False),
     Form("top_k_keep_top_p_flax_mask", "top_k+top_p", top_k_keep_top_p_flax_mask, ("temperature", "k", "p"),
