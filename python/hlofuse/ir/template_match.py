@@ -9,8 +9,9 @@ requiring equality, so one lowering matches every temperature, p or min-p: a flo
 constant, an integer one (a k the program compares a count with) an integer constant.
 
 A compare of a value with a bound constant also matches the compare one step of strictness away, the constant one
-step along its type's number line: for x and q of one type, x >= q is x > prev(q) and x <= q is x < next(q) (a
-float q finite, normal and nonzero: NaN compares false either way; an integer q within its type). The parameter then
+step along its type's number line: for x and q of one float type, x >= q is x > prev(q) and x <= q is x < next(q)
+(q finite, normal and nonzero, never moved onto or across +-1: NaN compares false either way; integers are not
+moved: a form may read k - 1 = 0 as no top-k, a branch its template never took). The parameter then
 binds the moved constant, so the form computes the program's compare: a top-p written `>= p` is the `> p` form at the
 float below p (`strictness_step`).
 
@@ -252,23 +253,22 @@ def strictness_step(t: ir.Operation, u: ir.Operation) -> tuple[int, int] | None:
     return None
 
 
-def _stepped(splat: tuple[float, ir.Type], step: int) -> float | int | None:
-    """A constant moved one step along its type's number line (the next integer; the adjacent float), or None where
-    the step would leave the type's normal, finite, nonzero numbers (where a flushed subnormal or an infinity would
-    compare otherwise)."""
+def _stepped(splat: tuple[float, ir.Type], step: int) -> float | None:
+    """A float constant moved to the adjacent float of its type, or None where the step would leave the normal,
+    finite numbers (where a flushed subnormal or an infinity would compare otherwise) or land on or cross 0 or +-1:
+    a form's function may read those as no filter at all (p = 1, k = 0), a branch its template never took. Integers
+    are not moved (a count compared with k is k's, and k - 1 may be such a value)."""
     value, element = splat
-    if isinstance(element, ir.IntegerType):
-        width, signed = ir.IntegerType(element).width, not ir.IntegerType(element).is_unsigned
-        lo, hi = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
-        moved = int(value) + step
-        return moved if lo <= moved <= hi else None
-    dtype = _np_dtype(element)
     if str(element) not in ("f32", "f64", "f16", "bf16"):
         return None
+    dtype = _np_dtype(element)
     q = np.asarray(value, dtype)
-    moved = np.nextafter(q, np.asarray(np.inf if step > 0 else -np.inf, dtype))
-    tiny = np.finfo(dtype).tiny
-    if not all(np.isfinite(v) and abs(float(v)) >= float(tiny) for v in (q, moved)):
+    moved = np.asarray(np.nextafter(q, np.asarray(np.inf if step > 0 else -np.inf, dtype)), dtype)
+    tiny = float(np.finfo(dtype).tiny)
+    if not all(np.isfinite(v) and abs(float(v)) >= tiny for v in (q, moved)):
+        return None
+    if any(float(v) in (1.0, -1.0) for v in (q, moved)) or any(
+            (float(q) < edge) != (float(moved) < edge) for edge in (-1.0, 1.0)):
         return None
     return float(moved)
 
