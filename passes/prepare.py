@@ -835,10 +835,9 @@ def slice_masks_arrays(module: ir.Operation) -> int:
 
 
 def mask_pads_by_parts(module: ir.Operation) -> int:
-    """Replaces each bool mask computed elementwise from a pad and splats of constants (`concatenate([zeros, m]) !=
-    0`, a float shift compared) by the pad of the mask of the padded array, with the mask of the pad value as its
-    value (`pad(m != 0, False)`); then each compare of a bool made a number with 0 (`convert(m) != 0`) by the bool
-    (`m`, or `not m` for `== 0`). Returns how many. The same entries: the mask reads each place alone."""
+    """Replaces each bool mask computed elementwise from a pad and splats (`concatenate([zeros, m]) != 0`, a float
+    shift compared) by the pad of the mask of the padded array, with the mask of the pad value as its value
+    (`pad(convert(m) != 0, False)`); returns how many. The same entries: the mask reads each place alone."""
     folded = 0
     for op in _ops_named(module, *_MASK_OPS):
         found = _mask_of_one_array(op)
@@ -855,26 +854,28 @@ def mask_pads_by_parts(module: ir.Operation) -> int:
         op.results[0].replace_all_uses_with(padded.result)
         op.erase()
         folded += 1
-    for op in _ops_named(module, "stablehlo.compare"):
-        folded += _compare_of_a_converted_mask(op)
     return folded
 
 
-def _compare_of_a_converted_mask(op: ir.Operation) -> int:
-    """Replaces `convert(m) != 0` (or `== 0`) of a bool m by m (or `not m`); 1 if it did."""
-    direction = comparison_direction(op)
-    convert, zero = defining_op(op.operands[0]), evaluate(op.operands[1])
-    if direction not in ("EQ", "NE") or convert is None or convert.name != "stablehlo.convert" or zero is None:
-        return 0
-    mask = convert.operands[0]
-    if not _is_bool(ir.RankedTensorType(mask.type).element_type) or np.any(np.asarray(zero) != 0):
-        return 0
-    if direction == "EQ":
-        with ir.InsertionPoint(op), op.location:
-            mask = stablehlo.NotOp(mask).result
-    op.results[0].replace_all_uses_with(mask)
-    op.erase()
-    return 1
+def fold_compares_of_converted_masks(module: ir.Operation) -> int:
+    """Replaces each `convert(m) != 0` (or `== 0`) of a bool m, a mask made a number and read back by `where`, by m
+    (or `not m`); returns how many."""
+    folded = 0
+    for op in _ops_named(module, "stablehlo.compare"):
+        direction = comparison_direction(op)
+        convert, zero = defining_op(op.operands[0]), evaluate(op.operands[1])
+        if direction not in ("EQ", "NE") or convert is None or convert.name != "stablehlo.convert" or zero is None:
+            continue
+        mask = convert.operands[0]
+        if not _is_bool(ir.RankedTensorType(mask.type).element_type) or np.any(np.asarray(zero) != 0):
+            continue
+        if direction == "EQ":
+            with ir.InsertionPoint(op), op.location:
+                mask = stablehlo.NotOp(mask).result
+        op.results[0].replace_all_uses_with(mask)
+        op.erase()
+        folded += 1
+    return folded
 
 
 def slice_pads_by_parts(module: ir.Operation) -> int:
@@ -888,7 +889,7 @@ def slice_pads_by_parts(module: ir.Operation) -> int:
             continue
         low, high, interior = (int_list(pad, name) for name in ("edge_padding_low", "edge_padding_high",
                                                                  "interior_padding"))
-        start, limit, strides = (int_list(op, name) for name in ("start_indices", "limit_indices", "strides"))
+        start, limit, strides = _slice_window(op)
         if any(interior) or min(low + high) < 0 or any(s != 1 for s in strides):
             continue
         size = static_shape(pad.operands[0])
@@ -980,6 +981,7 @@ class PreparePass(ModulePass):
         state.count("slice_pad_by_parts", slice_pads_by_parts(module))
         state.count("slice_mask_array", slice_masks_arrays(module))
         state.count("mask_pad_by_parts", mask_pads_by_parts(module))
+        state.count("fold_compare_of_converted_mask", fold_compares_of_converted_masks(module))
         # a column of a reversed row read at its place in the row (the k-th largest of a sort, however indexed)
         state.count("slice_column_of_reverse", slice_columns_of_reverses(module))
         cleanup = passmanager.PassManager.parse("builtin.module(canonicalize,cse)", context=module.context)

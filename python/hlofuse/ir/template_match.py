@@ -37,6 +37,8 @@ _TERMINATORS = ("stablehlo.return", "func.return")
 _COMMUTATIVE = ("stablehlo.add", "stablehlo.multiply", "stablehlo.and", "stablehlo.or")
 # Each comparison direction and the one a step of strictness away (x > q is x >= next(q)).
 _STRICTNESS = {"GT": "GE", "GE": "GT", "LT": "LE", "LE": "LT"}
+# The float types whose constants a step moves (integers never: a form may read k - 1 = 0 as no top-k).
+_STEPPED_FLOATS = ("f32", "f64", "f16", "bf16")
 
 
 @dataclass
@@ -241,9 +243,12 @@ def strictness_step(t: ir.Operation, u: ir.Operation) -> tuple[int, int] | None:
     """(operand, step) where template compare `t` and user compare `u` are one step of strictness apart (GT and GE,
     LT and LE) and both compare a value with a constant (operand 0 or 1 of each, a splat or a broadcast of a 0-d
     constant): the template's constant binds the user's moved by `step`, -1 (to the one below) or +1, so that the two
-    compares agree everywhere (x >= q is x > prev(q); q >= x is next(q) > x). None for any other pair."""
+    compares agree everywhere (x >= q is x > prev(q); q >= x is next(q) > x). Floats of _STEPPED_FLOATS only; None
+    for any other pair."""
     directions = comparison_direction(t), comparison_direction(u)
     if _STRICTNESS.get(directions[1]) != directions[0]:
+        return None
+    if str(ir.RankedTensorType(t.operands[0].type).element_type) not in _STEPPED_FLOATS:
         return None
     for constant in (1, 0):
         if all(_compared_constant(op.operands[constant]) is not None and _compared_constant(
@@ -256,11 +261,9 @@ def strictness_step(t: ir.Operation, u: ir.Operation) -> tuple[int, int] | None:
 def _stepped(splat: tuple[float, ir.Type], step: int) -> float | None:
     """A float constant moved to the adjacent float of its type, or None where the step would leave the normal,
     finite numbers (where a flushed subnormal or an infinity would compare otherwise) or land on or cross 0 or +-1:
-    a form's function may read those as no filter at all (p = 1, k = 0), a branch its template never took. Integers
-    are not moved (a count compared with k is k's, and k - 1 may be such a value)."""
+    a form's function may read those as no filter at all (p = 1), a branch its template never took. (`strictness_step`
+    takes floats of _STEPPED_FLOATS alone.)"""
     value, element = splat
-    if str(element) not in ("f32", "f64", "f16", "bf16"):
-        return None
     dtype = _np_dtype(element)
     q = np.asarray(value, dtype)
     moved = np.asarray(np.nextafter(q, np.asarray(np.inf if step > 0 else -np.inf, dtype)), dtype)

@@ -963,6 +963,11 @@ def sort_descending_by_argsort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.take_along_axis(x, order, axis=-1), order
 
 
+# The classic cut as JAX code writes it, one form per order of ties (`top_p_flipped_mask`'s `sort_fn`).
+JAX_CLASSIC_CUTS: dict[str, Sort] = {"top_p_flipped_mask": sort_descending_by_flipped_argsort,
+                                     "top_p_descending_mask": sort_descending_by_argsort}
+
+
 def put_back_by_inverse(order: jax.Array, values: jax.Array) -> jax.Array:
     """`take_along_axis(values, argsort(order))`: `values`, given in the places `order` lists, back in id order as
     JAX code writes it (hlofuse-prepare reads it as `put_back_by_sort`, the same entries in the same places)."""
@@ -1494,8 +1499,7 @@ FORMS: dict[str, Form] = {f.name: f for f in (
                        _NOISE + ("stablehlo.sort", "stablehlo.pad"),
                        (Writing(functools.partial(top_p_flipped_mask, by_logits=True, sort_fn=sort_fn),
                                 _NOISE + ("stablehlo.sort", "stablehlo.pad")),)))
-      for name, sort_fn in (("top_p_flipped_mask", sort_descending_by_flipped_argsort),
-                            ("top_p_descending_mask", sort_descending_by_argsort))),
+      for name, sort_fn in JAX_CLASSIC_CUTS.items()),
     # (its top-k mask as torchax lowers torch.topk's k-th, or as JAX code writes it: lax.top_k's last column, or a
     # stable descending argsort)
     Form("top_k_top_p_shifted_mask", "top_k+top_p", functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask),
@@ -1598,7 +1602,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
-                  "top_p_flipped_mask", "top_p_descending_mask", "top_p_shifted_logits_mask",
+                  *JAX_CLASSIC_CUTS, "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
                   "min_p_logits_mask", "top_a_logits_mask",
@@ -2441,8 +2445,9 @@ def merge_vocab_splits(ids: jax.Array, scores: jax.Array) -> jax.Array:  # (R, P
     return best
 
 
-__all__ = ["DRAWS", "FORMS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN", "UNCERTIFIED", "Form",
-           "RankNucleus", "Writing", "form_params", "gives_scores", "keras_categorical_draw", "log_floored",
+__all__ = ["DRAWS", "FORMS", "JAX_CLASSIC_CUTS", "NEG_INF", "NEUTRAL_PARAMS", "RANK_NUCLEI", "SOFTMAX_TIE_MARGIN",
+           "UNCERTIFIED", "Form", "RankNucleus", "Writing", "form_params", "gives_scores", "keras_categorical_draw",
+           "log_floored",
            "merge_vocab_splits", "nucleus_cut_slack", "nucleus_probs", "rank_nucleus_kept", "rank_nucleus_scores",
            "recording_draw", "reference_where_uncertified", "sample_reference", "sample_reference_with_scores",
            "sort_unstable", "take_by_batch_index", "top_k_by_argsort", "top_p_removal"]
