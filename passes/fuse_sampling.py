@@ -51,6 +51,7 @@ from hlofuse.ir.required_ops import required_ops
 from hlofuse.ir.template_match import MatchReport, TemplateMatch, match_template
 from hlofuse.kernels.noise import HAND_NOISES, hand_categorical, hand_noise_at_zero
 from hlofuse.kernels.sampling_reference import (
+    EXCESS_PRECISION_NOTE,
     FILL_BOUND,
     FILL_NOTE,
     FORMS,
@@ -718,7 +719,8 @@ def _candidates(draw: Draw, noisy: bool, top_ks: list[TopK], ops_present: set[st
         unflattened = _unflattened_rows(draw, shape[:-1]) if len(shape) == 2 else None
     shared = noisy and draw.kind == "argmax" and _noise_of_one_row(draw)
     rows = _reshaped_rows(draw) if noisy and draw.kind == "argmax" else None
-    writings = [(form, i, w) for form in FORMS.values() if not form.prelude_of for i, w in enumerate(form.writings)
+    writings = [(form, i, w) for form in FORMS.values() if not form.prelude_of and dtype in (form.dtypes or (dtype,))
+                for i, w in enumerate(form.writings)
                 if w.unit_dims == draw.unit_dims and (not w.dtypes or dtype in w.dtypes)
                 and (not form.row_keys or shape[0] in key_rows)
                 and (form.drawn_by not in SHARED_NOISE_DRAWS or shared)]
@@ -1483,7 +1485,8 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
         parts.append("an approximate top-k over the vocabulary (" + ", ".join(approximate) + "; lax.approx_max_k, "
                      "whose candidates on TPU are not the exact top k that a kernel's top-k gives)")
     if searches:
-        parts.append("a threshold search over the vocabulary (" + ", ".join(searches) + ")")
+        of_bf16 = "; " + EXCESS_PRECISION_NOTE if _element(logits) != "f32" else ""
+        parts.append("a threshold search over the vocabulary (" + ", ".join(searches) + of_bf16 + ")")
     zero_noise = [f"stablehlo.divide at {format_location(o.location)}" for o in ops
                   if o.name == "stablehlo.divide" and constant_scalar(o.operands[1]) == 0.0]
     if zero_noise:  # an exponential race whose noise was lost: torchax's exponential_ under jax.jit gives zeros

@@ -878,6 +878,34 @@ def fold_compares_of_converted_masks(module: ir.Operation) -> int:
     return folded
 
 
+def compose_slices(module: ir.Operation) -> int:
+    """Replaces each slice of a slice (either a dynamic_slice at constant indices: `_slice_window`) by one slice of
+    the inner one's operand (`jnp.sort(x)[..., -k:][..., 0:1]` is `jnp.sort(x)[..., -k:-k + 1]`); returns how many.
+    Entry j of the outer slice is entry `start + j * stride` of the inner's result, whose entry i is `start' + i *
+    stride'` of its operand."""
+    composed = 0
+    for op in _ops_named(module, "stablehlo.slice", "stablehlo.dynamic_slice"):
+        inner = defining_op(op.operands[0])
+        if inner is None or inner.name not in ("stablehlo.slice", "stablehlo.dynamic_slice"):
+            continue
+        outer_window, inner_window = _slice_window(op), _slice_window(inner)
+        if outer_window is None or inner_window is None:
+            continue
+        starts, limits, strides = [], [], []
+        for start, limit, stride, inner_start, inner_stride in zip(*outer_window, inner_window[0], inner_window[2],
+                                                                    strict=True):
+            count = -(-(limit - start) // stride)
+            starts.append(inner_start + start * inner_stride)
+            strides.append(stride * inner_stride)
+            limits.append(starts[-1] + (count - 1) * strides[-1] + 1 if count > 0 else starts[-1])
+        with ir.InsertionPoint(op), op.location:
+            replaced = stablehlo.SliceOp(inner.operands[0], starts, limits, strides).result
+        op.results[0].replace_all_uses_with(replaced)
+        op.erase()
+        composed += 1
+    return composed
+
+
 def slice_pads_by_parts(module: ir.Operation) -> int:
     """Replaces each slice of a pad (`concatenate([zeros, r])[:, :-1]`, mesh-transformer-jax's shift) by the pad of the
     slice of the padded array that the slice keeps (`pad(r[:, :-1])`, as code that slices first writes it); returns
@@ -977,6 +1005,7 @@ class PreparePass(ModulePass):
         # shifts along a dim: a rolled-in place overwritten, a constant concatenated, both as a pad
         state.count("fold_scatter_over_concatenated_part", fold_scatters_over_concatenated_parts(module))
         state.count("pad_splat_end", pad_splat_ends(module))
+        state.count("compose_slice", compose_slices(module))
         # masks of shifted arrays: sliced and padded parts moved next to the array, as code that slices first has them
         state.count("slice_pad_by_parts", slice_pads_by_parts(module))
         state.count("slice_mask_array", slice_masks_arrays(module))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import UNCERTIFIED, form_params, sample_reference
+from hlofuse.kernels.sampling_reference import FORMS, UNCERTIFIED, form_params, sample_reference
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -277,12 +277,16 @@ def test_classic_top_p_draws_are_the_programs(form: str) -> None:
     assert _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=False) < ROWS * 2
 
 
-@pytest.mark.parametrize("form", ["top_k_top_p_shifted_mask", "top_k_top_p_shifted_mask_choice"])
+@pytest.mark.parametrize("form", ["top_k_top_p_shifted_mask", "top_k_top_p_shifted_mask_choice",
+                                  "top_k_top_p_flipped_mask", "top_k_keep_top_p_descending_mask",
+                                  "top_k_top_p_descending_mask_choice"])
 def test_old_top_k_top_p_filtering_draws_are_the_programs(form: str) -> None:
     """Hugging Face's old `top_k_top_p_filtering` after / T: the top-k mask of y (ties of the k-th kept: the coarse ties
     make rows with more than k, which are UNCERTIFIED), then the classic cut, drawn by the band among the kernel's top
-    k of y (`top_k_nucleus_draw`, from the top), with p the exact mass of some of the top 40."""
-    draw = form.removeprefix("top_k_top_p_shifted_mask").removeprefix("_")
+    k of y (`top_k_nucleus_draw`, from the top), with p the exact mass of some of the top 40. The same for the chains
+    as JAX code writes them (a top-k kept at or above the sort's k-th, or masked below it; then the classic cut by a
+    flipped or a descending argsort)."""
+    draw = FORMS[form].drawn_by
 
     def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
         return sampling.top_k_nucleus_draw(draw, x / params["temperature"], key, params | {"temperature": 1.0},
@@ -305,7 +309,7 @@ def test_classic_top_p_rows_with_infinities_or_nan_are_the_programs() -> None:
     x[3, :] = -np.inf
     x[4, 11] = -np.nan
     for form in ("top_p_shifted_mask", "top_p_shifted_mask_choice", "top_p_shifted_logits_mask_choice",
-                 "top_k_top_p_shifted_mask_choice"):
+                 "top_k_top_p_shifted_mask_choice", "top_k_keep_top_p_descending_mask", "top_k_top_p_flipped_mask"):
         params = form_params(form, temperature=0.7, p=0.9, k=50)
         lowered = jax.jit(sampling.shifted_top_p_lowering(form, params))
         for seed in range(3):

@@ -961,6 +961,68 @@ func.func public @near_miss_two_columns_of_a_reverse(%arg0: tensor<2x8xf32>) -> 
 
 // -----
 
+// A slice of a slice is one slice (`jnp.sort(x)[..., -k:][..., 0:1]`, the k-th largest as some code reads it).
+// CHECK-LABEL: func.func public @composes_a_slice_of_a_slice
+// CHECK: stablehlo.slice %arg0 [0:2, 4:5]
+// CHECK-NOT: stablehlo.slice
+func.func public @composes_a_slice_of_a_slice(%arg0: tensor<2x8xf32>) -> tensor<2x1xf32> {
+  %0 = stablehlo.slice %arg0 [0:2, 4:8] : (tensor<2x8xf32>) -> tensor<2x4xf32>
+  %1 = stablehlo.slice %0 [0:2, 0:1] : (tensor<2x4xf32>) -> tensor<2x1xf32>
+  return %1 : tensor<2x1xf32>
+}
+
+// -----
+
+// Strides multiply: entries 1 and 3 of the odd columns are columns 3 and 7.
+// CHECK-LABEL: func.func public @composes_strided_slices
+// CHECK: stablehlo.slice %arg0 [0:2, 3:8:4]
+// CHECK-NOT: stablehlo.slice
+func.func public @composes_strided_slices(%arg0: tensor<2x8xf32>) -> tensor<2x2xf32> {
+  %0 = stablehlo.slice %arg0 [0:2, 1:8:2] : (tensor<2x8xf32>) -> tensor<2x4xf32>
+  %1 = stablehlo.slice %0 [0:2, 1:4:2] : (tensor<2x4xf32>) -> tensor<2x2xf32>
+  return %1 : tensor<2x2xf32>
+}
+
+// -----
+
+// A dynamic_slice at constant indices, clamped into its operand as the op clamps them (column 6 starts past the
+// last window, so the window is columns 5 to 7), read by a slice: one slice.
+// CHECK-LABEL: func.func public @composes_a_slice_of_a_clamped_dynamic_slice
+// CHECK: stablehlo.slice %arg0 [0:2, 6:7]
+// CHECK-NOT: stablehlo.dynamic_slice
+func.func public @composes_a_slice_of_a_clamped_dynamic_slice(%arg0: tensor<2x8xf32>) -> tensor<2x1xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %c6 = stablehlo.constant dense<6> : tensor<i32>
+  %0 = stablehlo.dynamic_slice %arg0, %c0, %c6, sizes = [2, 3] : (tensor<2x8xf32>, tensor<i32>, tensor<i32>) -> tensor<2x3xf32>
+  %1 = stablehlo.slice %0 [0:2, 1:2] : (tensor<2x3xf32>) -> tensor<2x1xf32>
+  return %1 : tensor<2x1xf32>
+}
+
+// -----
+
+// Near miss: a dynamic_slice at a traced index has no window to compose: both stay.
+// CHECK-LABEL: func.func public @near_miss_slice_of_a_traced_dynamic_slice
+// CHECK: stablehlo.dynamic_slice
+// CHECK: stablehlo.slice
+func.func public @near_miss_slice_of_a_traced_dynamic_slice(%arg0: tensor<2x8xf32>, %arg1: tensor<i32>) -> tensor<2x1xf32> {
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0 = stablehlo.dynamic_slice %arg0, %c0, %arg1, sizes = [2, 3] : (tensor<2x8xf32>, tensor<i32>, tensor<i32>) -> tensor<2x3xf32>
+  %1 = stablehlo.slice %0 [0:2, 1:2] : (tensor<2x3xf32>) -> tensor<2x1xf32>
+  return %1 : tensor<2x1xf32>
+}
+
+// -----
+
+// No match: one slice alone stays as it is.
+// CHECK-LABEL: func.func public @no_match_one_slice
+// CHECK: stablehlo.slice %arg0 [0:2, 2:5]
+func.func public @no_match_one_slice(%arg0: tensor<2x8xf32>) -> tensor<2x3xf32> {
+  %0 = stablehlo.slice %arg0 [0:2, 2:5] : (tensor<2x8xf32>) -> tensor<2x3xf32>
+  return %0 : tensor<2x3xf32>
+}
+
+// -----
+
 // A concatenate of a constant held as a resource blob (a large weight): no splat to read, the concatenate stays and
 // the pass goes on.
 // CHECK-LABEL: func.func public @no_match_concatenate_of_a_resource_constant

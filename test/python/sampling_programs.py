@@ -76,9 +76,12 @@ SCALED_BEFORE = ("top_k_mask", "top_p_mask", "top_k_top_p_mask", *LIBRARY_FILTER
 # puts NaN last, unlike lax.top_k: not a top-k writing)
 TOP_KS = ("lax", "sort", "negated_sort")
 MASK_TOP_KS = TOP_KS + ("torchax",)  # torch.topk's k-th as torchax lowers it (its values sorted again), for masks
-# A top-k mask as JAX engines keep it (top_k_mask only, (B, V) logits): the logits at or above `jnp.sort(x)[..., -k]`
-# kept, the others at the spec's fill: EasyDeL's top_k_keep_mask (a NaN logit never kept), not top_k_mask
-KEEP_TOP_KS = ("sort_keep",)
+# A top-k mask by the k-th of an ascending sort, `jnp.sort(x)[..., -k]` (top_k_mask only), and the form it is:
+# sort_keep keeps the logits at or above it ((B, V) logits, as JAX engines and EasyDeL write it: a NaN logit never
+# kept, so not top_k_mask); sort_below drops those below it (minGPT's, as JAX code writes it, logits of any rank: a
+# writing of top_k_mask, `sampling_reference.sort_column`), its column read as `[..., -k][..., None]` or, for an even
+# k, `[..., -k:][..., :1]`. The others go to the spec's fill.
+SORT_COLUMN_TOP_KS = {"sort_keep": "top_k_keep_mask", "sort_below": "top_k_mask"}
 # sort: the reference (descending sort, softmax after it, cutoff at sum(cumsum < p)); top_k: the same with
 # a full-width lax.top_k for the sort (JetStream / MaxText); gemma: softmax first, then sort the
 # probabilities, drop where cumsum - prob > p, draw in rank space; keras: sort the probabilities, keep the
@@ -331,12 +334,15 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
 def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     dtype = spec.sampler_dtype
     attrs: dict[str, Any] = {"mode": MODES[spec.form], "temperature": 1.0, "k": 0, "p": 1.0, "min_p": 0.0}
-    suffix = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
+    draw = f"_{spec.draw}" if spec.draw != "categorical" and spec.stochastic else ""
+    suffix = draw
     if spec.escape and writes_form_exactly(spec):  # (otherwise the escaping value is not inside the fallback's site)
         form, values = _escape_fallback(spec, attrs, dtype)
         return form + suffix, values
     if spec.prelude:  # written exactly (sampler_specs): the site's logits are the log-probabilities, taken in
         suffix += "_of_log_probs"
+    if spec.search_sign and dtype != "float32":  # no searched form of bf16 values (EXCESS_PRECISION_NOTE): the
+        return "categorical" + draw, {**attrs, "mode": "temperature"}  # draw of what the searches keep, in part
     if spec.search_sign:
         return _searched(spec, attrs, dtype, suffix)
     if spec.form in USES_TOP_P and spec.top_p_style in RANK_SPACE_TOP_PS:
@@ -361,8 +367,8 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         attrs["mode"] = "top_k+top_p" if spec.form == "top_k_top_p_mask" else "top_p"
     if _scales_first(spec) and form == "temperature_top_k":
         form, attrs["mode"] = "top_k", "top_k"
-    if spec.form == "top_k_mask" and spec.top_k_style in KEEP_TOP_KS:
-        form = "top_k_keep_mask"
+    if spec.form == "top_k_mask" and spec.top_k_style in SORT_COLUMN_TOP_KS:
+        form = SORT_COLUMN_TOP_KS[spec.top_k_style]
     # (top_k_of_probs divides first, so a division "before" it is the form's own)
     divides_first = spec.form == "top_k_of_probs" and spec.temperature_style == "before"
     if spec.form in READS_T and (spec.temperature_style == "const" or divides_first):
@@ -471,25 +477,30 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
         if spec.temperature_style in ("const", "before"):
             attrs["temperature"] = _rounded(spec.temperature, dtype)
         return "top_k_top_p_simply_mask", attrs
-    if spec.form == "top_k_top_p_mask" and spec.top_p_style == "classic":
-        # Hugging Face's old top_k_top_p_filtering: / T, then the top-k mask (a top-k writing: torch.topk's k-th through
-        # torchax, lax.top_k's, a stable argsort's), then the classic cut; the negated argsort is none, so the mask
-        # stays in XLA and the nucleus of what it leaves fuses (the scaling before the mask, outside)
-        if spec.top_k_style == "negated_sort":
-            return SCALED_NUCLEI["classic"], attrs
-        attrs = {**attrs, "mode": "top_k+top_p", "k": spec.k}
-        if spec.temperature_style in ("const", "before"):
-            attrs["temperature"] = _rounded(spec.temperature, dtype)
-        return "top_k_top_p_shifted_mask", attrs
-    if spec.temperature_style == "const" or (spec.temperature_style == "before" and spec.form == "top_p_mask"):
-        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    nucleus = SCALED_NUCLEI[spec.top_p_style]
     if spec.top_p_style == "jax":
         cuts = spec.jax_cut.split("+")
         if "at_or_above" in cuts:  # `>= p` is `> p'` at the float p' below p in the sampler's dtype
             below = np.nextafter(np.asarray(p, jnp.dtype(dtype)), np.asarray(0, jnp.dtype(dtype)))
             attrs = {**attrs, "p": float(below)}
-        return ("top_p_descending_mask" if "descending" in cuts else SCALED_NUCLEI["jax"]), attrs
-    return SCALED_NUCLEI[spec.top_p_style], attrs
+        nucleus = "top_p_descending_mask" if "descending" in cuts else nucleus
+    if spec.form == "top_k_top_p_mask" and spec.top_p_style in ("classic", "jax"):
+        # / T, then the top-k mask, then the classic cut: Hugging Face's old top_k_top_p_filtering (a top-k writing:
+        # torch.topk's k-th through torchax, lax.top_k's, a stable argsort's), or as JAX code writes it
+        # (JAX_CLASSIC_CHAINS: lax.top_k's, a stable argsort's or a sort's column, kept at or above or masked below);
+        # another top-k stays in XLA and the nucleus of what it leaves fuses (the scaling before the mask, outside)
+        chain = {"classic": "top_k_top_p_shifted_mask", "jax": f"top_k_{nucleus}"}[spec.top_p_style]
+        if spec.top_k_style == "sort_keep":
+            chain = f"top_k_keep_{nucleus}"
+        if spec.top_k_style == "negated_sort" or (spec.top_p_style == "jax" and spec.top_k_style == "torchax"):
+            return nucleus, attrs
+        attrs = {**attrs, "mode": "top_k+top_p", "k": spec.k}
+        if spec.temperature_style in ("const", "before"):
+            attrs["temperature"] = _rounded(spec.temperature, dtype)
+        return chain, attrs
+    if spec.temperature_style == "const" or (spec.temperature_style == "before" and spec.form == "top_p_mask"):
+        attrs["temperature"] = _rounded(spec.temperature, dtype)
+    return nucleus, attrs
 
 
 def _rank_space_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tuple[str, dict[str, Any]]:
@@ -683,6 +694,10 @@ def _kth_mask(c: _Ctx, x: jax.Array) -> jax.Array:
     if c.spec.top_k_style == "sort_keep":
         kth = jnp.sort(x, axis=-1)[..., -c.spec.k][..., None]
         return jnp.where(x >= kth, x, _fill(c.spec.fill, x.dtype))
+    if c.spec.top_k_style == "sort_below":
+        ordered = jnp.sort(x, axis=-1)
+        kth = ordered[..., -c.spec.k:][..., :1] if c.spec.k % 2 == 0 else ordered[..., -c.spec.k][..., None]
+        return jnp.where(x < kth, _fill(c.spec.fill, x.dtype), x)
     if c.spec.top_k_style == "torchax":
         kth = _torch_kth(x, c.spec.k)
     else:
@@ -1035,14 +1050,14 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
     if form == "top_k_mask":
         return c.draw(c.scale(_kth_mask(c, x)))
     if form in USES_TOP_P:
-        if form == "top_k_top_p_mask" and spec.top_p_style not in ("classic", "simply"):  # (simply's: fused)
+        if form == "top_k_top_p_mask" and spec.top_p_style not in ("classic", "jax", "simply"):  # (simply's: fused)
             x = _kth_mask(c, x)
         if spec.top_p_style in ("gemma", "keras"):
             return _rank_space_top_p(c, x)
         if spec.top_p_style in SCALED_NUCLEI:  # the nucleus of the scaled logits
             y = c.scale(x)
-            if form == "top_k_top_p_mask" and spec.top_p_style == "classic":  # the old top_k_top_p_filtering: / T first
-                y = _kth_mask(c, y)
+            if form == "top_k_top_p_mask" and spec.top_p_style in ("classic", "jax"):  # / T first (the old
+                y = _kth_mask(c, y)  # top_k_top_p_filtering, and JAX code)
             scores = _hf_nucleus_mask(c, y)
             ids = c.draw(scores)
             if spec.log_prob:  # Levanter's and simply's: the drawn token's filtered logit minus their logsumexp

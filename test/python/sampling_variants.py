@@ -746,6 +746,57 @@ def jax_top_k_by_sort_column(x, key):
     return jax.random.categorical(key, jnp.where(y >= kth[..., None], y, jnp.finfo(jnp.float32).min), axis=-1)
 
 
+def mingpt_jax_top_k_below_sort_column(x, key):
+    """minGPT's top-k as JAX ports write it, of one row: x / T, `v = jnp.sort(y)[..., -k]`, the logits below
+    `v[..., None]` at -inf, `jax.random.choice(key, V, shape=(), p=softmax)`: top_k_mask (its k-th by the sort is
+    lax.top_k's but in a row with a NaN, which both keep) at T = 1, drawn by the inverse CDF."""
+    y = x / 0.8
+    v = jnp.sort(y, axis=-1)[..., -40]
+    y = jnp.where(y < v[..., None], -jnp.inf, y)
+    return jax.random.choice(key, y.shape[-1], shape=(), p=jax.nn.softmax(y))
+
+
+def jax_top_k_below_sort_slice(x, key):
+    """The k-th read as `jnp.sort(y)[..., -k:][..., 0:1]` (a slice of a slice, one after hlofuse-prepare), the logits
+    below it at -inf, a categorical of / T: top_k_mask."""
+    kth = jnp.sort(x, axis=-1)[..., -40:][..., 0:1]
+    return jax.random.categorical(key, jnp.where(x < kth, -jnp.inf, x) / 0.7, axis=-1)
+
+
+def nnx_top_k_below_sort_scalar(x, key):
+    """A Flax NNX port's top-k of one row: `kth = jnp.sort(y)[-k]` (a 0-d k-th), the logits below it at -inf, a
+    categorical: top_k_mask at T = 1."""
+    y = x / 0.8
+    return jax.random.categorical(key, jnp.where(y < jnp.sort(y)[-40], -jnp.inf, y))
+
+
+def nnx_top_k_then_top_p(x, key):
+    """A Flax NNX sampler (a JAX port of a serving engine's): x / T, the top-k kept at or above `jnp.sort(y)[..., -k]`
+    (finfo.min elsewhere), then the classic cut by `argsort(descending=True)` with `>= p` of the mass before each
+    place, the sorted logits at finfo.min and scattered back, a categorical: top_k_keep_top_p_descending_mask at the
+    float below p, with its fill."""
+    y = x.astype(jnp.float32) / 0.7
+    least = jnp.finfo(jnp.float32).min
+    y = jnp.where(y >= jnp.sort(y, axis=-1)[..., -40][..., None], y, least)
+    order = jnp.argsort(y, axis=-1, descending=True)
+    ordered = jnp.take_along_axis(y, order, axis=-1)
+    mass = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
+    remove = jnp.concatenate([jnp.zeros_like(mass[..., :1]), mass[..., :-1] >= 0.9], axis=-1).astype(bool)
+    ordered = jnp.where(remove, least, ordered)
+    y = jnp.zeros_like(y).at[jnp.arange(y.shape[0])[:, None], order].set(ordered)
+    return jax.random.categorical(key, y, axis=-1)
+
+
+def mingpt_top_k_then_classic_top_p(x, key):
+    """minGPT's top-k as JAX code writes it, then the classic cut by a flipped argsort (`jnp.roll` shift), both of
+    x / T: top_k_top_p_flipped_mask."""
+    y = x / 0.8
+    y = jnp.where(y < jnp.sort(y, axis=-1)[..., -40][..., None], -jnp.inf, y)
+    remove, _, order = jax_classic_removal(y, 0.9, "slice", "roll")
+    return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1),
+                                                 -jnp.inf, y))
+
+
 def jax_classic_top_p_roll(x, key):
     """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
     `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
@@ -1984,6 +2035,18 @@ VARIANTS: list[Variant] = [
     Variant("classic_top_p_categorical", classic_top_p_categorical, "top_p_shifted_mask",
             expect={"p": 0.85, "temperature": 0.8}),
     Variant("jax_top_k_by_sort_column", jax_top_k_by_sort_column, "top_k_keep_mask",
+            expect={"k": 40, "temperature": 1.0}),
+    Variant("mingpt_jax_top_k_below_sort_column", mingpt_jax_top_k_below_sort_column, "top_k_mask_inverse_cdf",
+            shape=(V,), expect={"k": 40, "temperature": 1.0}),
+    Variant("jax_top_k_below_sort_slice", jax_top_k_below_sort_slice, "top_k_mask",
+            expect={"k": 40, "temperature": 0.7}),
+    Variant("nnx_top_k_then_top_p", nnx_top_k_then_top_p, "top_k_keep_top_p_descending_mask",
+            expect={"k": 40, "p": f32_below(0.9), "temperature": 0.7}),
+    Variant("mingpt_top_k_then_classic_top_p", mingpt_top_k_then_classic_top_p, "top_k_top_p_flipped_mask",
+            expect={"k": 40, "p": 0.9, "temperature": 0.8}),
+    Variant("mingpt_top_k_then_classic_top_p_one_row", mingpt_top_k_then_classic_top_p, "top_k_top_p_flipped_mask",
+            shape=(V,), expect={"k": 40, "p": 0.9, "temperature": 0.8}),
+    Variant("nnx_top_k_below_sort_scalar", nnx_top_k_below_sort_scalar, "top_k_mask", shape=(V,),
             expect={"k": 40, "temperature": 1.0}),
     Variant("jax_classic_top_p_roll", jax_classic_top_p_roll, "top_p_flipped_mask",
             expect={"p": 0.9, "temperature": 0.7}),

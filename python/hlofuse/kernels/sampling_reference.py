@@ -328,6 +328,13 @@ def sorted_probs_rows(logits: jax.Array, key: jax.Array, *, temperature: float, 
 
 
 # ----- threshold searches over float32 bits (tpu-inference's sampler; eSurge's search is the same) --------------
+# A search of bf16 values is formed for no kernel: the search's loop reads them rounded to bf16 (a loop operand),
+# while XLA may fuse their computation (`x * (1 / T)`) into the final compare with the cutoff and compare them
+# unrounded (its excess precision, on by default). Then the program keeps another set than its own ops mean:
+# axlearn's searched top-k at k = 1 of bf16 logits times 1 / 1.3 drops every logit of a row, and draws id 0, unless
+# compiled with `xla_allow_excess_precision=False`. No kernel can stand in for a cut that is the compiler's choice.
+EXCESS_PRECISION_NOTE = ("of bf16 values, which XLA may compare unrounded (excess precision) where the search read "
+                         "them rounded: the cut is the compiler's, which no kernel reproduces")
 # A search finds, per row, the largest finite float32 t for which a monotone predicate is False, one bit at a time from
 # the sign down (32 predicate evaluations, each a reduction over the vocabulary, and no sort): the top-k cutoff is the
 # k-th largest value (the count of values above -t reaching k), the top-p threshold the smallest probability whose
@@ -691,6 +698,26 @@ def keep_top_k(logits: jax.Array, k: int, fill: float | None = None) -> jax.Arra
     return jnp.where(logits >= kth_of_descending_sort(logits, k), logits, NEG_INF if fill is None else fill)
 
 
+def kth_of_sort(logits: jax.Array, k: int) -> jax.Array:
+    """`jnp.sort(x, axis=-1)[..., -k][..., None]`: the k-th largest as JAX code reads it from an ascending sort, every
+    NaN counted among the largest (lax.top_k counts a -NaN among the smallest), as a (..., 1) column."""
+    return jnp.sort(logits, axis=-1)[..., -k][..., None]
+
+
+def sort_column(logits: jax.Array, k: int) -> tuple[jax.Array, None]:
+    """A top_k_fn for `mask_top_k` (with `kth_fn=same_column`) that reads the k-th from an ascending sort as JAX code
+    does (`kth_of_sort`), and no ids. minGPT's `where(x < jnp.sort(x)[..., -k][..., None], -inf, x)` is so top_k_mask:
+    their k-th differs only in a row with a NaN (which the sort counts among the largest, and lax.top_k a -NaN among
+    the smallest), which neither removes (`x < kth` is False) and every draw then gives the first NaN's id or draws
+    from an all-NaN softmax alike."""
+    return kth_of_sort(logits, k), None
+
+
+def same_column(values: jax.Array) -> jax.Array:
+    """A kth_fn for `mask_top_k` whose top_k_fn gave the column itself (`sort_column`)."""
+    return values
+
+
 def top_k_keep_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
                     categorical_fn: Categorical = jax.random.categorical, fill: float | None = None,
                     **_: Any) -> jax.Array:
@@ -966,6 +993,9 @@ def sort_descending_by_argsort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 # The classic cut as JAX code writes it, one form per order of ties (`top_p_flipped_mask`'s `sort_fn`).
 JAX_CLASSIC_CUTS: dict[str, Sort] = {"top_p_flipped_mask": sort_descending_by_flipped_argsort,
                                      "top_p_descending_mask": sort_descending_by_argsort}
+# The same after a top-k (`_jax_classic_chain`): the form's name, and its cut and whether its top-k keeps (else masks).
+JAX_CLASSIC_CHAINS: dict[str, tuple[str, bool]] = {f"top_k_{'keep_' * keep}{cut}": (cut, keep)
+                                                   for cut in JAX_CLASSIC_CUTS for keep in (False, True)}
 
 
 def put_back_by_inverse(order: jax.Array, values: jax.Array) -> jax.Array:
@@ -998,6 +1028,30 @@ def top_p_flipped_mask(logits: jax.Array, key: jax.Array, *, temperature: float,
     else:
         kept = jnp.where(put_back_by_inverse(order, remove), dropped, y)
     return categorical_fn(key, kept, axis=-1)
+
+
+# A top-k filter that a chain applies first, to y = x / T: (y, k, fill) -> y filtered, the dropped at `fill` (None:
+# -inf). `mask_top_k`'s (ties of the k-th kept, a NaN never dropped; its k-th by lax.top_k or by a writing), or
+# `keep_top_k` (EasyDeL's and JAX engines' `y >= jnp.sort(y)[..., -k]`: a NaN never kept).
+TopKFilter = Callable[[jax.Array, int, float | None], jax.Array]
+
+
+def masked_top_k(top_k_fn: TopK = jax.lax.top_k, kth_fn: Callable[[jax.Array], jax.Array] = last_column) -> TopKFilter:
+    """`mask_top_k` as a chain's first filter, its k-th read by `kth_fn` of `top_k_fn`'s values."""
+    return lambda y, k, fill: mask_top_k(y, k, top_k_fn, kth_fn, fill)
+
+
+def top_k_first(cut: Callable[..., jax.Array], top_k_filter: TopKFilter) -> Callable[..., jax.Array]:
+    """The chain of `top_k_filter` and then `cut` (a top-p form's function, which draws), both of y = x / T: the
+    function of a top-k + top-p form whose top-k any of the top-k filters may be (Flax NNX samplers keep
+    `y >= jnp.sort(y)[..., -k]` before their classic cut; MaxText-style code masks below lax.top_k's k-th)."""
+
+    def fn(logits: jax.Array, key: jax.Array, *, temperature: float | None, k: int, p: float,
+           fill: float | None = None, **params: Any) -> jax.Array:
+        y = top_k_filter(_scale(logits, temperature), k, fill)
+        return cut(y, key, temperature=None, p=p, fill=fill, **params)
+
+    return fn
 
 
 def top_k_top_p_shifted_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int, p: float,
@@ -1342,6 +1396,9 @@ class Form:
     # The form this one is with a normalization of the logits in front (PRELUDES), "" for none. Such a form has no
     # template of its own: the fusion finds the normalization in front of a site of `prelude_of`.
     prelude_of: str = ""
+    # The logits' dtypes it is formed for (() for every one): a form whose program's ids hang on how XLA rounds
+    # (EXCESS_PRECISION_NOTE) is formed for f32 logits only.
+    dtypes: tuple[str, ...] = ()
 
     def row_dtype(self, name: str) -> Any:  # noqa: ANN401
         """The dtype of a per-row operand: int32 for k, float32 for the others."""
@@ -1440,6 +1497,28 @@ def _rank_space_writings(fn: Callable[..., jax.Array], markers: tuple[str, ...])
 
 
 _TOP_K = _NOISE + ("chlo.top_k",)
+
+
+def _jax_classic_chain(name: str, cut: str, keep: bool) -> Form:
+    """A top-k and then the JAX classic cut `cut` (of JAX_CLASSIC_CUTS; its writing by the mask or by the sorted
+    logits), of y = x / T: `top_k_<cut>` masks y below the k-th (lax.top_k's last value, a stable descending
+    argsort's or `jnp.sort(y)[..., -k]`, the same ids: `sort_column`), `top_k_keep_<cut>` keeps y at or above the
+    sort's k-th (a NaN never kept). Each with the program's fill (FILL_NOTE); 0 < k < V."""
+    cuts = [functools.partial(top_p_flipped_mask, sort_fn=JAX_CLASSIC_CUTS[cut], by_logits=by_logits)
+            for by_logits in (False, True)]
+    if keep:
+        filters = [(keep_top_k, _NOISE + ("stablehlo.sort",))]
+    else:
+        filters = [(masked_top_k(), _TOP_K), (masked_top_k(top_k_by_argsort), _NOISE + ("stablehlo.sort",)),
+                   (masked_top_k(sort_column, same_column), _NOISE + ("stablehlo.sort",))]
+    writings = [Writing(functools.partial(_of_fewer_than_all, top_k_first(cut, top_k_filter)),
+                        markers + ("stablehlo.sort", "stablehlo.pad"))
+                for top_k_filter, markers in filters for cut in cuts]
+    first, *others = writings
+    return _with_fills(Form(name, "top_k+top_p", first.fn, ("temperature", "k", "p"), first.marker_ops,
+                            tuple(others)))
+
+
 FORMS: dict[str, Form] = {f.name: f for f in (
     Form("greedy", "greedy", greedy),
     Form("greedy_softmax", "greedy", greedy_softmax, marker_ops=("stablehlo.exponential",),
@@ -1451,7 +1530,9 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          _rank_space_writings(temperature_top_k, _TOP_K)),
     _with_fills(Form("top_k_mask", "top_k", top_k_mask, ("temperature", "k"), _TOP_K,
                      (_by_argsort(top_k_mask, _TOP_K), _by_resorted_top_k(top_k_mask, _TOP_K),
-                      _by_resorted_top_k(top_k_mask, _TOP_K, last_as_torch_list_index)))),
+                      _by_resorted_top_k(top_k_mask, _TOP_K, last_as_torch_list_index),
+                      Writing(functools.partial(top_k_mask, top_k_fn=sort_column, kth_fn=same_column),
+                              _NOISE + ("stablehlo.sort",))))),
     _with_fills(Form("top_p_mask", "top_p", top_p_mask, ("temperature", "p"), _NOISE + ("stablehlo.sort",),
                      (Writing(top_p_mask_by_top_k, _TOP_K),))),
     _with_fills(Form("top_k_top_p_mask", "top_k+top_p", top_k_top_p_mask, ("temperature", "k", "p"),
@@ -1500,6 +1581,8 @@ FORMS: dict[str, Form] = {f.name: f for f in (
                        (Writing(functools.partial(top_p_flipped_mask, by_logits=True, sort_fn=sort_fn),
                                 _NOISE + ("stablehlo.sort", "stablehlo.pad")),)))
       for name, sort_fn in JAX_CLASSIC_CUTS.items()),
+    # (and after a top-k: one form per top-k filter and order of ties, `_jax_classic_chain`)
+    *(_jax_classic_chain(name, cut, keep) for name, (cut, keep) in JAX_CLASSIC_CHAINS.items()),
     # (its top-k mask as torchax lowers torch.topk's k-th, or as JAX code writes it: lax.top_k's last column, or a
     # stable descending argsort)
     Form("top_k_top_p_shifted_mask", "top_k+top_p", functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask),
@@ -1589,7 +1672,8 @@ def _searched_form(name: str, mode: str) -> Form:
     fn, params, reads = SEARCHED_FORMS[name]
     by_uint32 = Writing(functools.partial(fn, sign_dtype=jnp.uint32, negate=jnp.negative), _CONSTANT_SEARCH_MARKERS,
                         reads=reads)
-    return _with_fills(Form(name, mode, fn, params, _CONSTANT_SEARCH_MARKERS, (by_uint32,), reads=reads))
+    return _with_fills(Form(name, mode, fn, params, _CONSTANT_SEARCH_MARKERS, (by_uint32,), reads=reads,
+                            dtypes=("f32",)))
 
 
 FORMS.update({name: _searched_form(name, mode)
@@ -1602,7 +1686,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
-                  *JAX_CLASSIC_CUTS, "top_p_shifted_logits_mask",
+                  *JAX_CLASSIC_CUTS, *JAX_CLASSIC_CHAINS, "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
                   "min_p_logits_mask", "top_a_logits_mask",
@@ -1800,7 +1884,7 @@ def _with_draw(form: Form, name: str) -> Form:
     return Form(f"{form.name}_{name}", form.mode, _drawn_by(form.fn, DRAWS[name]), form.params,
                 tuple(dict.fromkeys(form.marker_ops + markers)), others, DRAW_OPS.get(name, "argmax"),
                 form.name, reads=form.reads, row_keys=name in ROW_KEY_DRAWS, row_params=form.row_params,
-                row_columns=form.row_columns)
+                row_columns=form.row_columns, dtypes=form.dtypes)
 
 
 FORMS.update({f.name: f for f in (_with_draw(base, name) for name in DRAWS for base in list(FORMS.values())
@@ -1898,15 +1982,16 @@ _SEARCH_MARKERS = _NOISE + ("stablehlo.bitcast_convert", "stablehlo.while", "sta
 _SEARCHED = Writing(threshold_search_rows, _SEARCH_MARKERS, reads=("fill",))
 FORMS["threshold_search_rows"] = Form("threshold_search_rows", "top_k+top_p", threshold_search_rows, (),
                                       _SEARCHED.marker_ops, (_SEARCHED,), composes_draws=False,
-                                      row_params=("temperature", "k", "p"))
+                                      row_params=("temperature", "k", "p"), dtypes=("f32",))
 # EasyDeL eSurge's sampler, without and with its min-p (a Python flag of the batch), drawn with a key per row.
 _ESURGE_MARKERS = _SEARCH_MARKERS + ("stablehlo.case",)
 FORMS["esurge_searched_rows"] = Form("esurge_searched_rows", "top_k+top_p", _without_min_p(esurge_searched_rows), (),
                                      _ESURGE_MARKERS, composes_draws=False, row_params=("temperature", "k", "p"),
-                                     row_columns=("temperature",))
+                                     row_columns=("temperature",), dtypes=("f32",))
 FORMS["esurge_searched_min_p_rows"] = Form("esurge_searched_min_p_rows", "top_k+top_p", esurge_searched_rows, (),
                                            _ESURGE_MARKERS, composes_draws=False,
-                                           row_params=("temperature", "k", "p", "min_p"), row_columns=("temperature",))
+                                           row_params=("temperature", "k", "p", "min_p"), row_columns=("temperature",),
+                                           dtypes=("f32",))
 FORMS["esurge_searched_rows_row_keys"] = _with_draw(FORMS["esurge_searched_rows"], "row_keys")
 # grok-1's sampler: Haiku's nucleus with a p per row, drawn with a key per row (`jax.vmap(jax.random.categorical)`) or
 # one key. Its T and its mask of disallowed tokens come before the nucleus, in XLA (`_unscaled`).

@@ -26,6 +26,7 @@ from hlofuse.kernels.sampling_reference import (
     ESURGE_FILL,
     FORMS,
     HAND_NOISE_DRAWS,
+    JAX_CLASSIC_CHAINS,
     JAX_CLASSIC_CUTS,
     MTJ_MASK,
     NEG_INF,
@@ -601,12 +602,13 @@ def _top_mass_by_kernel(probs: jax.Array, candidates: int, mass: float) -> tuple
 XLA_SORT_IN_A_BRANCH = ("top_p_of_probs_torch", "top_p_of_probs_torch_unnormalized", "sorted_probs_inverse_cdf_rows",
                         *TOP_P_CHAINS, "top_p_ascending_mask",
                         "top_k_top_p_ascending_mask", "top_k_exact_top_p_ascending_mask", "top_p_shifted_mask",
-                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask", *JAX_CLASSIC_CUTS)
+                        "top_p_shifted_logits_mask", "top_k_top_p_shifted_mask", *JAX_CLASSIC_CUTS,
+                        *JAX_CLASSIC_CHAINS)
 # The classic top-p (`shifted_top_p_lowering`): of x / T (Megatron-LM's; after a top-k mask, Hugging Face's old
-# `top_k_top_p_filtering`; as JAX code writes it, by a flipped argsort), and of the logits, then / T
-# (x-transformers').
+# `top_k_top_p_filtering`; as JAX code writes it, by a flipped argsort, also after a top-k: JAX_CLASSIC_CHAINS), and
+# of the logits, then / T (x-transformers').
 SHIFTED_TOP_PS = ("top_p_shifted_mask", "top_k_top_p_shifted_mask", "top_p_shifted_logits_mask",
-                  *JAX_CLASSIC_CUTS)
+                  *JAX_CLASSIC_CUTS, *JAX_CLASSIC_CHAINS)
 
 
 def shifted_top_p_lowering(form: str, params: dict[str, Any],
