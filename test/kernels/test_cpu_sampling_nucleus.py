@@ -346,6 +346,18 @@ def test_flax_and_easydel_warpers_give_the_reference_ids_with_no_sort(form: str,
     _assert_no_sort(lowering, dtype)
 
 
+@pytest.mark.parametrize("form", ["top_p_unshifted_mask", "top_p_unshifted_mask_choice", "top_k_top_p_unshifted_mask",
+                                  "top_k_keep_top_p_unshifted_mask"])
+@pytest.mark.parametrize("p", [0.9, 0.5, 1e-7], ids=["p_0.9", "p_0.5", "p_tiny"])
+def test_unshifted_jax_top_p_gives_the_reference_ids_with_no_sort(form: str, p: float) -> None:
+    """The JAX cut not shifted (`cumsum > p` removed as it is), alone and after a top-k of 64: the program's cut on the
+    kernel's sorted row, put back by a scatter. A tiny p keeps nothing of a row (every draw is over -inf: id 0)."""
+    params = form_params(form, temperature=0.7, p=p, k=64)
+    lowering = jax.jit(sampling.unshifted_top_p_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"), key_base=53)
+    _assert_no_sort(lowering)
+
+
 @pytest.mark.parametrize("p", [0.9, 0.5, 1e-7], ids=["p_0.9", "p_0.5", "p_past_the_end"])
 def test_gemma_3_1_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
     """gemma 3.1.0's top-p: the kernel's ascending sort of all V logits (jnp.sort's values, -0 and +0 alike), the

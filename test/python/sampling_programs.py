@@ -131,8 +131,10 @@ SCALED_NUCLEI = {"tvq": "top_p_prob_sorted_mask", "classic": "top_p_shifted_mask
                  "haiku": "top_p_haiku_mask", "simply": "top_p_simply_mask", "jax": "top_p_flipped_mask"}
 # How the jax style varies the classic cut (`jax_classic_removal`): "" as the JAX engines mostly write it, or with
 # the logits sorted apart, `argsort(descending=True)` (top_p_descending_mask), a `>= p` removal (the form at the float
-# below p) or the cumsum sliced before its compare, and all of the last three.
-JAX_CUTS = ("", "sorted_apart", "descending", "at_or_above", "slice_first", "descending+at_or_above+slice_first")
+# below p) or the cumsum sliced before its compare, and all of the last three; or the removal not shifted
+# (top_p_unshifted_mask: the crossing token removed too), with the logits sorted apart or `>= p`.
+JAX_CUTS = ("", "sorted_apart", "descending", "at_or_above", "slice_first", "descending+at_or_above+slice_first",
+            "unshifted", "unshifted+sorted_apart", "unshifted+at_or_above")
 LEVANTER_TOLERANCE = 1e-4  # what Levanter's nucleus subtracts from its p (in f32, in jnp)
 KEY_KINDS = ("raw", "typed")  # the uint32 key data as a legacy key, or wrapped by jax.random.wrap_key_data
 KEY_OPS = ("none", "split", "fold_in")  # fold_in folds a traced int32 step
@@ -484,6 +486,7 @@ def _scaled_nucleus(spec: SamplerSpec, attrs: dict[str, Any], dtype: str) -> tup
             below = np.nextafter(np.asarray(p, jnp.dtype(dtype)), np.asarray(0, jnp.dtype(dtype)))
             attrs = {**attrs, "p": float(below)}
         nucleus = "top_p_descending_mask" if "descending" in cuts else nucleus
+        nucleus = "top_p_unshifted_mask" if "unshifted" in cuts else nucleus
     if spec.form == "top_k_top_p_mask" and spec.top_p_style in ("classic", "jax"):
         # / T, then the top-k mask, then the classic cut: Hugging Face's old top_k_top_p_filtering (a top-k writing:
         # torch.topk's k-th through torchax, lax.top_k's, a stable argsort's), or as JAX code writes it
@@ -733,8 +736,8 @@ def jax_classic_removal(x: jax.Array, p: float, order_how: str, shift_how: str,
     `cumsum(softmax) > p` shifted a place later by `jnp.roll(...).at[..., 0].set(False)` ("roll"), a concatenate of
     False or `jnp.pad`. `cut` (JAX_CUTS, "+"-joined) varies it: "sorted_apart", the logits sorted by `jnp.sort(x)[...,
     ::-1]` beside the argsort; "descending", the order `argsort(x, descending=True)` (ties the other way);
-    "at_or_above", the removal `>= p`; "slice_first", the cumsum sliced before its compare (a concatenate or a pad).
-    Returns (removed, the sorted logits, the order)."""
+    "at_or_above", the removal `>= p`; "slice_first", the cumsum sliced before its compare (a concatenate or a pad);
+    "unshifted", the removal as it is (not shifted). Returns (removed, the sorted logits, the order)."""
     cuts = cut.split("+")
     if "descending" in cuts:
         order = jnp.argsort(x, axis=-1, descending=True)
@@ -751,6 +754,8 @@ def jax_classic_removal(x: jax.Array, p: float, order_how: str, shift_how: str,
     def removed(c: jax.Array) -> jax.Array:
         return c >= p if "at_or_above" in cuts else c > p
 
+    if "unshifted" in cuts:
+        return removed(cumulative), ordered, order
     if shift_how == "roll":
         return jnp.roll(removed(cumulative), 1, axis=-1).at[..., 0].set(False), ordered, order
     kept_part = removed(cumulative[..., :-1]) if "slice_first" in cuts else removed(cumulative)[..., :-1]

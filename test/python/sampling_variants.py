@@ -797,6 +797,29 @@ def mingpt_top_k_then_classic_top_p(x, key):
                                                  -jnp.inf, y))
 
 
+def jax_top_k_then_unshifted_top_p_one_row(x, key):
+    """A JAX chat demo's sampler of one row: x / T, minGPT's top-k (`jnp.sort(y)[-k]`), then the cut not shifted:
+    `jnp.sort(y)[::-1]` beside `jnp.argsort(y)[::-1]`, the sorted logits at -inf where `cumsum > p`, scattered back
+    into zeros, a categorical: top_k_top_p_unshifted_mask."""
+    y = x / 0.7
+    y = jnp.where(y < jnp.sort(y, axis=-1)[-40], -jnp.inf, y)
+    ordered = jnp.sort(y, axis=-1)[::-1]
+    mass = jnp.cumsum(jax.nn.softmax(ordered))
+    order = jnp.argsort(y, axis=-1)[::-1]
+    y = jnp.zeros_like(y).at[order].set(jnp.where(mass > 0.9, -jnp.inf, ordered))
+    return jax.random.categorical(key, y)
+
+
+def jax_unshifted_top_p(x, key):
+    """The cut not shifted of (B, V) rows: the flipped argsort's order, `cumsum > p` removed as it is (the crossing
+    token too), the mask put back by the order's argsort: top_p_unshifted_mask."""
+    y = x / 0.8
+    order = jnp.argsort(y, axis=-1)[..., ::-1]
+    remove = jnp.cumsum(jax.nn.softmax(jnp.take_along_axis(y, order, axis=-1), axis=-1), axis=-1) > 0.9
+    return jax.random.categorical(key, jnp.where(jnp.take_along_axis(remove, jnp.argsort(order, axis=-1), axis=-1),
+                                                 -jnp.inf, y))
+
+
 def jax_classic_top_p_roll(x, key):
     """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
     `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
@@ -2040,6 +2063,9 @@ VARIANTS: list[Variant] = [
             shape=(V,), expect={"k": 40, "temperature": 1.0}),
     Variant("jax_top_k_below_sort_slice", jax_top_k_below_sort_slice, "top_k_mask",
             expect={"k": 40, "temperature": 0.7}),
+    Variant("jax_top_k_then_unshifted_top_p_one_row", jax_top_k_then_unshifted_top_p_one_row,
+            "top_k_top_p_unshifted_mask", shape=(V,), expect={"k": 40, "p": 0.9, "temperature": 0.7}),
+    Variant("jax_unshifted_top_p", jax_unshifted_top_p, "top_p_unshifted_mask", expect={"p": 0.9, "temperature": 0.8}),
     Variant("nnx_top_k_then_top_p", nnx_top_k_then_top_p, "top_k_keep_top_p_descending_mask",
             expect={"k": 40, "p": f32_below(0.9), "temperature": 0.7}),
     Variant("mingpt_top_k_then_classic_top_p", mingpt_top_k_then_classic_top_p, "top_k_top_p_flipped_mask",

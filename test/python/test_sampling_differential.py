@@ -387,7 +387,7 @@ FIXED_GAPS = {
     # The classic top-p as JAX engines write it (a flipped argsort, a roll, concatenate or pad, put back by a take along
     # the order's argsort or by sort_key_val: `_jax_classic_writing` picks by p): fused as its draw with the sorts in
     # XLA until hlofuse-prepare's normal forms and top_p_flipped_mask; ties with T traced in front; by torch-style
-    # choice; by a key per row; after a top-k mask (which stays in XLA)
+    # choice; by a key per row; after a top-k mask (which stayed in XLA until JAX_CLASSIC_CHAINS)
     "top_p_jax": SamplerSpec(form="top_p_mask", top_p_style="jax"),  # (slice, roll, logits_take)
     "top_p_jax_ties_traced_t": SamplerSpec(form="top_p_mask", top_p_style="jax", vocab=16, p=0.5,  # (pad, scatter)
                                            temperature_style="traced"),
@@ -409,6 +409,18 @@ FIXED_GAPS = {
                                                   batch="v"),
     "top_p_jax_one_row_slice_first_ties": SamplerSpec(form="top_p_mask", top_p_style="jax", jax_cut="slice_first",
                                                       batch="v", vocab=16, p=0.5),
+    # ... and not shifted (`cumsum > p` removed as it is: top_p_unshifted_mask; a row whose top token is above p keeps
+    # nothing): fused as its draw, the sorts in XLA, until that form; with ties, by choice at `>= p`, of one row sorted
+    # apart, and after minGPT's top-k (a JAX chat demo's sampler of one row)
+    "top_p_jax_unshifted_ties": SamplerSpec(form="top_p_mask", top_p_style="jax", jax_cut="unshifted", vocab=16,
+                                            p=0.5),
+    "top_p_jax_unshifted_at_or_above_choice": SamplerSpec(form="top_p_mask", top_p_style="jax",
+                                                          jax_cut="unshifted+at_or_above", draw="choice", p=0.815),
+    "top_p_jax_unshifted_one_row_sorted_apart": SamplerSpec(form="top_p_mask", top_p_style="jax",
+                                                            jax_cut="unshifted+sorted_apart", batch="v"),
+    "top_k_below_then_unshifted_one_row": SamplerSpec(form="top_k_top_p_mask", top_k_style="sort_below",
+                                                      top_p_style="jax", jax_cut="unshifted+sorted_apart", batch="v",
+                                                      fill="-inf"),
     # x-transformers' top-p of the logits (the classic cut, its sorted logits filled and scattered back), then / T
     "top_p_x_transformers": SamplerSpec(form="top_p_mask", top_p_style="xt"),
     # (a top-k mask no form reads, then x-transformers' cut at T = 1: either classic form)

@@ -31,7 +31,8 @@ per row, a key per row, and the token's probability and the top 8 read from what
 model's bf16 logits, and google-deepmind/simply's top-k, top-p and top-k + top-p with the token's log-probability, and
 the classic top-p as small JAX engines write it: a flipped argsort, a roll, the mask put back by the order's argsort or
 the filled logits scattered back, and JAX code's top-k by a sort's k-th (kept at or above it, or masked below it as
-minGPT's ports write it), alone and before the classic cut, as a Flax NNX sampler and minGPT's chain write them).
+minGPT's ports write it), alone and before the classic cut, as a Flax NNX sampler and minGPT's chain write them, and
+the cut not shifted, alone and after minGPT's top-k of one row).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -84,7 +85,7 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "jax_classic_top_p_scattered_back", "jax_classic_top_p_descending_at_or_above",
             "jax_classic_top_p_sorted_apart", "jax_classic_top_p_one_row", "jax_top_k_by_sort_column",
             "mingpt_jax_top_k_below_sort_column", "jax_top_k_below_sort_slice", "nnx_top_k_then_top_p",
-            "mingpt_top_k_then_classic_top_p")
+            "mingpt_top_k_then_classic_top_p", "jax_unshifted_top_p", "jax_top_k_then_unshifted_top_p_one_row")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

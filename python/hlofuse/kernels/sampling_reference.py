@@ -993,9 +993,21 @@ def sort_descending_by_argsort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 # The classic cut as JAX code writes it, one form per order of ties (`top_p_flipped_mask`'s `sort_fn`).
 JAX_CLASSIC_CUTS: dict[str, Sort] = {"top_p_flipped_mask": sort_descending_by_flipped_argsort,
                                      "top_p_descending_mask": sort_descending_by_argsort}
+# The cut not shifted (`cumsum > p` removed as it is, the crossing token too), as some JAX code writes it: by the
+# flipped argsort's order (`jnp.sort(y)[::-1]` beside `jnp.argsort(y)[::-1]`). Not the band's: its own lowering.
+JAX_UNSHIFTED_CUTS: dict[str, Sort] = {"top_p_unshifted_mask": sort_descending_by_flipped_argsort}
 # The same after a top-k (`_jax_classic_chain`): the form's name, and its cut and whether its top-k keeps (else masks).
 JAX_CLASSIC_CHAINS: dict[str, tuple[str, bool]] = {f"top_k_{'keep_' * keep}{cut}": (cut, keep)
                                                    for cut in JAX_CLASSIC_CUTS for keep in (False, True)}
+JAX_UNSHIFTED_CHAINS: dict[str, tuple[str, bool]] = {f"top_k_{'keep_' * keep}{cut}": (cut, keep)
+                                                     for cut in JAX_UNSHIFTED_CUTS for keep in (False, True)}
+
+
+def jax_cut(name: str, by_logits: bool = False) -> Callable[..., jax.Array]:
+    """The function of the JAX cut `name` (of JAX_CLASSIC_CUTS or JAX_UNSHIFTED_CUTS), by the mask or `by_logits`."""
+    shifted = name in JAX_CLASSIC_CUTS
+    sort_fn = JAX_CLASSIC_CUTS[name] if shifted else JAX_UNSHIFTED_CUTS[name]
+    return functools.partial(top_p_flipped_mask, sort_fn=sort_fn, shifted=shifted, by_logits=by_logits)
 
 
 def put_back_by_inverse(order: jax.Array, values: jax.Array) -> jax.Array:
@@ -1007,6 +1019,8 @@ def put_back_by_inverse(order: jax.Array, values: jax.Array) -> jax.Array:
 def top_p_flipped_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
                        categorical_fn: Categorical = jax.random.categorical, by_logits: bool = False,
                        fill: float | None = None, sort_fn: Sort = sort_descending_by_flipped_argsort,
+                       shifted: bool = True,
+                       put_back_fn: Callable[[jax.Array, jax.Array], jax.Array] = put_back_by_inverse,
                        **_: Any) -> jax.Array:
     """The classic top-p as JAX code writes it: y = x / T sorted descending by a flipped argsort
     (`sort_descending_by_flipped_argsort`; `top_p_descending_mask`: by `argsort(descending=True)`), the cumsum of
@@ -1015,18 +1029,21 @@ def top_p_flipped_mask(logits: jax.Array, key: jax.Array, *, temperature: float,
     by the argsort of the order (`put_back_by_inverse`) and filled (or, `by_logits`, the sorted logits filled, then
     put back), then a categorical. The removal of `shifted_top_p_removal` (a cut by sorted place from the top), with
     ties ordered as `sort_fn` orders them. (B, V) y, or one row (V,), as engines write it at batch 1. (A removal
-    written `>= p` is this form at the float below p: hlofuse.ir.template_match's strictness step.)"""
+    written `>= p` is this form at the float below p: hlofuse.ir.template_match's strictness step.) Not `shifted`
+    (`top_p_unshifted_mask`): the removal as it is, so the token whose mass crosses p goes too, and a row whose top
+    token alone is above p keeps nothing (its draw is then over the fill alone: id 0 at -inf)."""
     y = _scale(logits, temperature)
     if y.ndim not in (1, 2):
         raise ValueError(f"the classic top-p filter takes (B, V) or (V,) logits, not {y.shape}")
     ordered, order = sort_fn(y)
     remove = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1) > p
-    remove = jnp.roll(remove, 1, axis=-1).at[..., 0].set(False)
+    if shifted:
+        remove = jnp.roll(remove, 1, axis=-1).at[..., 0].set(False)
     dropped = NEG_INF if fill is None else fill
     if by_logits:
-        kept = put_back_by_inverse(order, jnp.where(remove, dropped, ordered))
+        kept = put_back_fn(order, jnp.where(remove, dropped, ordered))
     else:
-        kept = jnp.where(put_back_by_inverse(order, remove), dropped, y)
+        kept = jnp.where(put_back_fn(order, remove), dropped, y)
     return categorical_fn(key, kept, axis=-1)
 
 
@@ -1499,21 +1516,24 @@ def _rank_space_writings(fn: Callable[..., jax.Array], markers: tuple[str, ...])
 _TOP_K = _NOISE + ("chlo.top_k",)
 
 
+def _jax_cut_markers(name: str) -> tuple[str, ...]:
+    """The ops a JAX cut's program holds: its sort, and the shift's pad (after hlofuse-prepare) where it shifts."""
+    return _NOISE + ("stablehlo.sort",) + ("stablehlo.pad",) * (name in JAX_CLASSIC_CUTS)
+
+
 def _jax_classic_chain(name: str, cut: str, keep: bool) -> Form:
-    """A top-k and then the JAX classic cut `cut` (of JAX_CLASSIC_CUTS; its writing by the mask or by the sorted
-    logits), of y = x / T: `top_k_<cut>` masks y below the k-th (lax.top_k's last value, a stable descending
-    argsort's or `jnp.sort(y)[..., -k]`, the same ids: `sort_column`), `top_k_keep_<cut>` keeps y at or above the
-    sort's k-th (a NaN never kept). Each with the program's fill (FILL_NOTE); 0 < k < V."""
-    cuts = [functools.partial(top_p_flipped_mask, sort_fn=JAX_CLASSIC_CUTS[cut], by_logits=by_logits)
-            for by_logits in (False, True)]
+    """A top-k and then the JAX cut `cut` (of JAX_CLASSIC_CUTS or JAX_UNSHIFTED_CUTS; its writing by the mask or by
+    the sorted logits), of y = x / T: `top_k_<cut>` masks y below the k-th (lax.top_k's last value, a stable
+    descending argsort's or `jnp.sort(y)[..., -k]`, the same ids: `sort_column`), `top_k_keep_<cut>` keeps y at or
+    above the sort's k-th (a NaN never kept). Each with the program's fill (FILL_NOTE); 0 < k < V."""
     if keep:
         filters = [(keep_top_k, _NOISE + ("stablehlo.sort",))]
     else:
         filters = [(masked_top_k(), _TOP_K), (masked_top_k(top_k_by_argsort), _NOISE + ("stablehlo.sort",)),
                    (masked_top_k(sort_column, same_column), _NOISE + ("stablehlo.sort",))]
-    writings = [Writing(functools.partial(_of_fewer_than_all, top_k_first(cut, top_k_filter)),
-                        markers + ("stablehlo.sort", "stablehlo.pad"))
-                for top_k_filter, markers in filters for cut in cuts]
+    writings = [Writing(functools.partial(_of_fewer_than_all, top_k_first(jax_cut(cut, by_logits), top_k_filter)),
+                        tuple(dict.fromkeys(markers + _jax_cut_markers(cut))))
+                for top_k_filter, markers in filters for by_logits in (False, True)]
     first, *others = writings
     return _with_fills(Form(name, "top_k+top_p", first.fn, ("temperature", "k", "p"), first.marker_ops,
                             tuple(others)))
@@ -1576,13 +1596,12 @@ FORMS: dict[str, Form] = {f.name: f for f in (
          (Writing(functools.partial(top_p_shifted_mask, by_logits=True),
                   _NOISE + ("stablehlo.sort", "stablehlo.pad")),)),
     # (and as JAX code writes it: a flipped argsort, the mask or the sorted logits put back by the order's argsort)
-    *(_with_fills(Form(name, "top_p", functools.partial(top_p_flipped_mask, sort_fn=sort_fn), ("temperature", "p"),
-                       _NOISE + ("stablehlo.sort", "stablehlo.pad"),
-                       (Writing(functools.partial(top_p_flipped_mask, by_logits=True, sort_fn=sort_fn),
-                                _NOISE + ("stablehlo.sort", "stablehlo.pad")),)))
-      for name, sort_fn in JAX_CLASSIC_CUTS.items()),
-    # (and after a top-k: one form per top-k filter and order of ties, `_jax_classic_chain`)
-    *(_jax_classic_chain(name, cut, keep) for name, (cut, keep) in JAX_CLASSIC_CHAINS.items()),
+    # (and not shifted; each also after a top-k: one form per top-k filter and order of ties, `_jax_classic_chain`)
+    *(_with_fills(Form(name, "top_p", jax_cut(name), ("temperature", "p"), _jax_cut_markers(name),
+                       (Writing(jax_cut(name, by_logits=True), _jax_cut_markers(name)),)))
+      for name in (*JAX_CLASSIC_CUTS, *JAX_UNSHIFTED_CUTS)),
+    *(_jax_classic_chain(name, cut, keep)
+      for name, (cut, keep) in (*JAX_CLASSIC_CHAINS.items(), *JAX_UNSHIFTED_CHAINS.items())),
     # (its top-k mask as torchax lowers torch.topk's k-th, or as JAX code writes it: lax.top_k's last column, or a
     # stable descending argsort)
     Form("top_k_top_p_shifted_mask", "top_k+top_p", functools.partial(_of_fewer_than_all, top_k_top_p_shifted_mask),
@@ -1686,7 +1705,8 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_ascending_mask", "min_p_removal", "top_k_top_p_ascending_mask", "top_k_min_p_removal",
                   "top_p_flax_mask", "top_k_exact_top_p_flax_mask", "top_k_keep_mask", "top_k_keep_top_p_flax_mask",
                   "top_p_mtj_mask", "top_p_levanter_mask", "top_p_prob_sorted_mask", "top_p_shifted_mask",
-                  *JAX_CLASSIC_CUTS, *JAX_CLASSIC_CHAINS, "top_p_shifted_logits_mask",
+                  *JAX_CLASSIC_CUTS, *JAX_CLASSIC_CHAINS, *JAX_UNSHIFTED_CUTS, *JAX_UNSHIFTED_CHAINS,
+                  "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
                   "min_p_logits_mask", "top_a_logits_mask",

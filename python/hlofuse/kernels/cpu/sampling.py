@@ -28,6 +28,8 @@ from hlofuse.kernels.sampling_reference import (
     HAND_NOISE_DRAWS,
     JAX_CLASSIC_CHAINS,
     JAX_CLASSIC_CUTS,
+    JAX_UNSHIFTED_CHAINS,
+    JAX_UNSHIFTED_CUTS,
     MTJ_MASK,
     NEG_INF,
     NOISE_SCALED,
@@ -48,6 +50,7 @@ from hlofuse.kernels.sampling_reference import (
     gives_scores,
     inverse_cdf_draw,
     inverse_cdf_of_sorted,
+    jax_cut,
     keep_exactly_top_k,
     last_column,
     levanter_kept_in_rank_order,
@@ -1830,6 +1833,29 @@ def _descending_by_kernel_sort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return values[:, ::-1], ids[:, ::-1]
 
 
+def unshifted_top_p_lowering(form: str, params: dict[str, Any],
+                             gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
+    """The JAX cut not shifted (JAX_UNSHIFTED_CUTS, and after a top-k JAX_UNSHIFTED_CHAINS) of (B, V) f32 logits on the
+    CPU: y = x / T, the top-k's k-th by the kernel's top-k (the sort's k-th where it keeps: `_keep_top_k_by_kernel`),
+    the program's cut on the kernel's sorted row (`_descending_by_kernel_sort`: the flipped argsort's values and ids),
+    put back by a scatter (`_put_back_by_scatter`), the kernel's draw. No sort in XLA; the row is sorted (no band
+    stands in for this cut yet)."""
+    categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
+    filters = FORMS[form].filters
+    cut, keep = JAX_UNSHIFTED_CHAINS.get(filters, (filters, None))
+
+    def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        y = logits / params["temperature"]
+        if keep:
+            y = _keep_top_k_by_kernel(y, params["k"])
+        elif keep is not None:  # (lax.top_k's k-th, which the mask's other writings read alike)
+            y = jnp.where(y < _top_k_by_kernel(y, params["k"])[0][:, -1:], NEG_INF, y)
+        return jax_cut(cut)(y, key, temperature=None, p=params["p"], sort_fn=_descending_by_kernel_sort,
+                            put_back_fn=_put_back_by_scatter, categorical_fn=categorical_fn)
+
+    return kernel
+
+
 def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
     """A form with per-row parameters on the CPU: its function with the kernel's top-k (or sort) and draw, on the
     operands (every row with the one key's noise for a same-key draw); `params` are the attributes' (the per-row
@@ -2206,6 +2232,14 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         if len(shape) != 2 or dtype not in ("f32", "bf16") or not attrs.temperature > 0 or attrs.k > shape[-1]:
             raise Unsupported("the classic top-p (Megatron-LM's) takes (B, V) f32 or bf16 logits, T > 0 and k <= V")
         return shifted_top_p_lowering(attrs.form, attrs.params(), hand)
+    if filters in (*JAX_UNSHIFTED_CUTS, *JAX_UNSHIFTED_CHAINS):
+        shape, dtype = call.operand_types[0]
+        if len(shape) == 1:  # one row (V,): drawn as a batch of one
+            return _as_one_row(attrs.form, sampling_lowering(_batch_of_one(call)))
+        if len(shape) != 2 or dtype != "f32" or not attrs.temperature > 0 or attrs.k >= shape[-1]:
+            raise Unsupported("the unshifted JAX top-p takes (B, V) f32 logits, T > 0 (and k < V): in bf16 the softmax "
+                              "and cumsum of the whole sorted row round as XLA fuses them")
+        return unshifted_top_p_lowering(attrs.form, attrs.params(), hand)
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask", "top_p_levanter_mask"):
         shape, dtype = call.operand_types[0]
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
