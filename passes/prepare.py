@@ -898,12 +898,18 @@ def compose_slices(module: ir.Operation) -> int:
             starts.append(inner_start + start * inner_stride)
             strides.append(stride * inner_stride)
             limits.append(starts[-1] + (count - 1) * strides[-1] + 1 if count > 0 else starts[-1])
-        with ir.InsertionPoint(op), op.location:
-            replaced = stablehlo.SliceOp(inner.operands[0], starts, limits, strides).result
-        op.results[0].replace_all_uses_with(replaced)
-        op.erase()
+        _replace_by_slice(op, inner.operands[0], starts, limits, strides)
         composed += 1
     return composed
+
+
+def _replace_by_slice(op: ir.Operation, operand: ir.Value, start: list[int], limit: list[int],
+                      strides: list[int]) -> None:
+    """Replaces `op`'s one result by the slice `operand[start:limit:strides]`, and erases `op`."""
+    with ir.InsertionPoint(op), op.location:
+        sliced = stablehlo.SliceOp(operand, start, limit, strides).result
+    op.results[0].replace_all_uses_with(sliced)
+    op.erase()
 
 
 def slice_pads_by_parts(module: ir.Operation) -> int:
@@ -959,10 +965,7 @@ def slice_columns_of_reverses(module: ir.Operation) -> int:
             continue
         mirrored = [shape[d] - 1 - s if d in dims else s for d, s in enumerate(start)]
         limit = [mirrored[d] + 1 if d in dims else e for d, e in enumerate(limit)]
-        with ir.InsertionPoint(op), op.location:
-            column = stablehlo.SliceOp(reverse.operands[0], mirrored, limit, strides).result
-        op.results[0].replace_all_uses_with(column)
-        op.erase()
+        _replace_by_slice(op, reverse.operands[0], mirrored, limit, strides)
         folded += 1
     return folded
 
