@@ -168,10 +168,11 @@ def _rounds_a_float(op: ir.Operation) -> bool:
 
 
 def _reduces_rows(op: ir.Operation) -> bool:
-    """Whether `op` reduces a vector (`jnp.any(k > 0)` over a batch's k per row). A guard on one is left: its rows are
-    a sampler's per-row parameters, which a template takes as operands, so folding it where a program gives them as
-    constants would hide the sampler from its form."""
-    return op.name == "stablehlo.reduce" and any(size != 1 for size in ir.RankedTensorType(op.operands[0].type).shape)
+    """Whether `op` reduces a vector (`jnp.any(k > 0)` over a batch's k per row, a batch of one too). A guard on one is
+    left: its rows are a sampler's per-row parameters, which a template takes as operands, so folding it where a
+    program gives them as constants would hide the sampler from its form. (A reduce over no dims, of a 0-d value, is
+    no such guard: Levanter's `jnp.all(p >= 1.0)` of its one p.)"""
+    return op.name == "stablehlo.reduce" and ir.RankedTensorType(op.operands[0].type).rank > 0
 
 
 def constant_branch(case: ir.Operation) -> int | None:

@@ -25551,6 +25551,661 @@ module @sample_esurge_searched attributes {mhlo.num_partitions = 1 : i32, mhlo.n
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_esurge_searched_batch_of_one(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "esurge_searched_min_p_rows_row_keys"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_esurge_searched_batch_of_one attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_esurge_searched_batch_of_one(%arg0: tensor<1x256xf32>, %arg1: tensor<2xui32>) -> (tensor<1xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %c = stablehlo.constant dense<16> : tensor<i32>
+    %1 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %cst_0 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst_0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %cst_1 = stablehlo.constant dense<5.000000e-02> : tensor<f32>
+    %3 = stablehlo.broadcast_in_dim %cst_1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %5 = stablehlo.compare GT, %1, %4, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+    %c_3 = stablehlo.constant dense<false> : tensor<i1>
+    %6 = stablehlo.reduce(%5 init: %c_3) applies stablehlo.or across dimensions = [0] : (tensor<1xi1>, tensor<i1>) -> tensor<i1>
+    %7 = stablehlo.convert %6 : (tensor<i1>) -> tensor<i32>
+    %8 = "stablehlo.case"(%7) ({
+      stablehlo.return %arg0 : tensor<1x256xf32>
+    }, {
+      %c_9 = stablehlo.constant dense<0> : tensor<i32>
+      %26 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %27 = stablehlo.compare GT, %1, %26, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %28 = stablehlo.convert %27 : (tensor<1xi1>) -> tensor<1xi32>
+      %c_10 = stablehlo.constant dense<0> : tensor<i32>
+      %29 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %30 = stablehlo.compare EQ, %28, %29, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %31 = stablehlo.broadcast_in_dim %30, dims = [0] : (tensor<1xi1>) -> tensor<1x256xi1>
+      %32 = stablehlo.select %31, %arg0, %arg0 : tensor<1x256xi1>, tensor<1x256xf32>
+      %c_11 = stablehlo.constant dense<1> : tensor<i32>
+      %33 = stablehlo.broadcast_in_dim %c_11, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %34 = stablehlo.compare EQ, %28, %33, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %35 = stablehlo.broadcast_in_dim %34, dims = [0] : (tensor<1xi1>) -> tensor<1x256xi1>
+      %36 = stablehlo.select %35, %arg0, %arg0 : tensor<1x256xi1>, tensor<1x256xf32>
+      %37 = stablehlo.select %34, %1, %1 : tensor<1xi1>, tensor<1xi32>
+      %38 = stablehlo.broadcast_in_dim %36, dims = [0, 2] : (tensor<1x256xf32>) -> tensor<1x1x256xf32>
+      %39 = stablehlo.transpose %38, dims = [0, 2, 1] : (tensor<1x1x256xf32>) -> tensor<1x256x1xf32>
+      %c_12 = stablehlo.constant dense<0> : tensor<i32>
+      %40 = stablehlo.broadcast_in_dim %c_12, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %c_13 = stablehlo.constant dense<0> : tensor<i32>
+      %41 = stablehlo.broadcast_in_dim %c_13, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %42 = stablehlo.compare LT, %40, %41, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %c_14 = stablehlo.constant dense<2147483647> : tensor<i32>
+      %c_15 = stablehlo.constant dense<0> : tensor<i32>
+      %43 = func.call @_where(%42, %c_14, %c_15) : (tensor<1xi1>, tensor<i32>, tensor<i32>) -> tensor<1xi32>
+      %44 = stablehlo.xor %40, %43 : tensor<1xi32>
+      %c_16 = stablehlo.constant dense<2139095040> : tensor<i32>
+      %45 = stablehlo.broadcast_in_dim %c_16, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %46 = stablehlo.and %44, %45 : tensor<1xi32>
+      %c_17 = stablehlo.constant dense<2139095040> : tensor<i32>
+      %47 = stablehlo.broadcast_in_dim %c_17, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %48 = stablehlo.compare NE, %46, %47, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %49 = stablehlo.bitcast_convert %44 : (tensor<1xi32>) -> tensor<1xf32>
+      %50 = stablehlo.negate %49 : tensor<1xf32>
+      %51 = stablehlo.broadcast_in_dim %50, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+      %52 = stablehlo.broadcast_in_dim %51, dims = [1, 2] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+      %53 = stablehlo.broadcast_in_dim %52, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x256x1xf32>
+      %54 = stablehlo.compare GT, %39, %53, FLOAT : (tensor<1x256x1xf32>, tensor<1x256x1xf32>) -> tensor<1x256x1xi1>
+      %55 = stablehlo.convert %54 : (tensor<1x256x1xi1>) -> tensor<1x256x1xi32>
+      %c_18 = stablehlo.constant dense<0> : tensor<i32>
+      %56 = stablehlo.reduce(%55 init: %c_18) applies stablehlo.add across dimensions = [1] : (tensor<1x256x1xi32>, tensor<i32>) -> tensor<1x1xi32>
+      %57 = stablehlo.broadcast_in_dim %37, dims = [0] : (tensor<1xi32>) -> tensor<1x1xi32>
+      %58 = stablehlo.compare GE, %56, %57, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+      %c_19 = stablehlo.constant dense<0> : tensor<i32>
+      %59 = stablehlo.broadcast_in_dim %c_19, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %60 = stablehlo.compare GE, %44, %59, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %61 = func.call @_where_0(%48, %58, %60) : (tensor<1xi1>, tensor<1x1xi1>, tensor<1xi1>) -> tensor<1x1xi1>
+      %c_20 = stablehlo.constant dense<2147483648> : tensor<ui32>
+      %c_21 = stablehlo.constant dense<0> : tensor<ui32>
+      %62 = func.call @_where_1(%61, %c_20, %c_21) : (tensor<1x1xi1>, tensor<ui32>, tensor<ui32>) -> tensor<1x1xui32>
+      %63 = stablehlo.convert %62 : (tensor<1x1xui32>) -> tensor<1x1xi32>
+      %64 = stablehlo.broadcast_in_dim %40, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+      %65 = stablehlo.or %64, %63 : tensor<1x1xi32>
+      %c_22 = stablehlo.constant dense<2139095040> : tensor<i32>
+      %c_23 = stablehlo.constant dense<0> : tensor<i32>
+      %c_24 = stablehlo.constant dense<0> : tensor<i32>
+      %66:6 = stablehlo.while(%iterArg = %c_22, %iterArg_30 = %39, %iterArg_31 = %37, %iterArg_32 = %c_24, %iterArg_33 = %c_23, %iterArg_34 = %65) : tensor<i32>, tensor<1x256x1xf32>, tensor<1xi32>, tensor<i32>, tensor<i32>, tensor<1x1xi32>
+      cond {
+        %c_35 = stablehlo.constant dense<31> : tensor<i32>
+        %83 = stablehlo.compare LT, %iterArg_32, %c_35, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+        stablehlo.return %83 : tensor<i1>
+      } do {
+        %83:2 = func.call @closed_call(%iterArg, %iterArg_30, %iterArg_31, %iterArg_33, %iterArg_34) : (tensor<i32>, tensor<1x256x1xf32>, tensor<1xi32>, tensor<i32>, tensor<1x1xi32>) -> (tensor<i32>, tensor<1x1xi32>)
+        %c_35 = stablehlo.constant dense<1> : tensor<i32>
+        %84 = stablehlo.add %iterArg_32, %c_35 : tensor<i32>
+        stablehlo.return %iterArg, %iterArg_30, %iterArg_31, %84, %83#0, %83#1 : tensor<i32>, tensor<1x256x1xf32>, tensor<1xi32>, tensor<i32>, tensor<i32>, tensor<1x1xi32>
+      }
+      %c_25 = stablehlo.constant dense<0> : tensor<i32>
+      %67 = stablehlo.broadcast_in_dim %c_25, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+      %68 = stablehlo.compare LT, %66#5, %67, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+      %c_26 = stablehlo.constant dense<2147483647> : tensor<i32>
+      %c_27 = stablehlo.constant dense<0> : tensor<i32>
+      %69 = func.call @_where_2(%68, %c_26, %c_27) : (tensor<1x1xi1>, tensor<i32>, tensor<i32>) -> tensor<1x1xi32>
+      %70 = stablehlo.xor %66#5, %69 : tensor<1x1xi32>
+      %71 = stablehlo.bitcast_convert %70 : (tensor<1x1xi32>) -> tensor<1x1xf32>
+      %72 = stablehlo.negate %71 : tensor<1x1xf32>
+      %73 = stablehlo.broadcast_in_dim %72, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+      %74 = stablehlo.broadcast_in_dim %73, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x1x256xf32>
+      %75 = stablehlo.compare GE, %38, %74, FLOAT : (tensor<1x1x256xf32>, tensor<1x1x256xf32>) -> tensor<1x1x256xi1>
+      %cst_28 = stablehlo.constant dense<-1.000000e+10> : tensor<f32>
+      %76 = stablehlo.broadcast_in_dim %cst_28, dims = [] : (tensor<f32>) -> tensor<1x256xf32>
+      %77 = func.call @_where_4(%75, %38, %76) : (tensor<1x1x256xi1>, tensor<1x1x256xf32>, tensor<1x256xf32>) -> tensor<1x1x256xf32>
+      %78 = stablehlo.reshape %77 : (tensor<1x1x256xf32>) -> tensor<1x256xf32>
+      %79 = stablehlo.broadcast_in_dim %28, dims = [0] : (tensor<1xi32>) -> tensor<1x256xi32>
+      %c_29 = stablehlo.constant dense<1> : tensor<i32>
+      %80 = stablehlo.broadcast_in_dim %c_29, dims = [] : (tensor<i32>) -> tensor<1x256xi32>
+      %81 = stablehlo.compare LT, %79, %80, SIGNED : (tensor<1x256xi32>, tensor<1x256xi32>) -> tensor<1x256xi1>
+      %82 = stablehlo.select %81, %32, %78 : tensor<1x256xi1>, tensor<1x256xf32>
+      stablehlo.return %82 : tensor<1x256xf32>
+    }) : (tensor<i32>) -> tensor<1x256xf32>
+    %cst_4 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %9 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %10 = stablehlo.compare LT, %2, %9, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+    %c_5 = stablehlo.constant dense<false> : tensor<i1>
+    %11 = stablehlo.reduce(%10 init: %c_5) applies stablehlo.or across dimensions = [0] : (tensor<1xi1>, tensor<i1>) -> tensor<i1>
+    %12 = stablehlo.convert %11 : (tensor<i1>) -> tensor<i32>
+    %13 = "stablehlo.case"(%12) ({
+      stablehlo.return %8 : tensor<1x256xf32>
+    }, {
+      %cst_9 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+      %26 = stablehlo.broadcast_in_dim %cst_9, dims = [] : (tensor<f32>) -> tensor<1xf32>
+      %27 = stablehlo.compare LT, %2, %26, FLOAT : (tensor<1xf32>, tensor<1xf32>) -> tensor<1xi1>
+      %28 = stablehlo.convert %27 : (tensor<1xi1>) -> tensor<1xi32>
+      %c_10 = stablehlo.constant dense<0> : tensor<i32>
+      %29 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %30 = stablehlo.compare EQ, %28, %29, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %31 = stablehlo.broadcast_in_dim %30, dims = [0] : (tensor<1xi1>) -> tensor<1x256xi1>
+      %32 = stablehlo.select %31, %8, %8 : tensor<1x256xi1>, tensor<1x256xf32>
+      %c_11 = stablehlo.constant dense<1> : tensor<i32>
+      %33 = stablehlo.broadcast_in_dim %c_11, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %34 = stablehlo.compare EQ, %28, %33, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %35 = stablehlo.broadcast_in_dim %34, dims = [0] : (tensor<1xi1>) -> tensor<1x256xi1>
+      %36 = stablehlo.select %35, %8, %8 : tensor<1x256xi1>, tensor<1x256xf32>
+      %37 = stablehlo.select %34, %2, %2 : tensor<1xi1>, tensor<1xf32>
+      %38 = stablehlo.broadcast_in_dim %36, dims = [0, 2] : (tensor<1x256xf32>) -> tensor<1x1x256xf32>
+      %cst_12 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+      %39 = stablehlo.reduce(%38 init: %cst_12) applies stablehlo.maximum across dimensions = [2] : (tensor<1x1x256xf32>, tensor<f32>) -> tensor<1x1xf32>
+      %cst_13 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+      %40 = stablehlo.broadcast_in_dim %cst_13, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+      %41 = stablehlo.maximum %40, %39 : tensor<1x1xf32>
+      %42 = stablehlo.broadcast_in_dim %41, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+      %43 = stablehlo.broadcast_in_dim %42, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x1x256xf32>
+      %44 = stablehlo.subtract %38, %43 : tensor<1x1x256xf32>
+      %45 = stablehlo.exponential %44 : tensor<1x1x256xf32>
+      %cst_14 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %46 = stablehlo.reduce(%45 init: %cst_14) applies stablehlo.add across dimensions = [2] : (tensor<1x1x256xf32>, tensor<f32>) -> tensor<1x1xf32>
+      %47 = stablehlo.broadcast_in_dim %46, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+      %48 = stablehlo.broadcast_in_dim %47, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x1x256xf32>
+      %49 = stablehlo.divide %45, %48 : tensor<1x1x256xf32>
+      %50 = stablehlo.transpose %49, dims = [0, 2, 1] : (tensor<1x1x256xf32>) -> tensor<1x256x1xf32>
+      %c_15 = stablehlo.constant dense<0> : tensor<i32>
+      %51 = stablehlo.broadcast_in_dim %c_15, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %c_16 = stablehlo.constant dense<0> : tensor<i32>
+      %52 = stablehlo.broadcast_in_dim %c_16, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %53 = stablehlo.compare LT, %51, %52, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %c_17 = stablehlo.constant dense<2147483647> : tensor<i32>
+      %c_18 = stablehlo.constant dense<0> : tensor<i32>
+      %54 = func.call @_where(%53, %c_17, %c_18) : (tensor<1xi1>, tensor<i32>, tensor<i32>) -> tensor<1xi32>
+      %55 = stablehlo.xor %51, %54 : tensor<1xi32>
+      %c_19 = stablehlo.constant dense<2139095040> : tensor<i32>
+      %56 = stablehlo.broadcast_in_dim %c_19, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %57 = stablehlo.and %55, %56 : tensor<1xi32>
+      %c_20 = stablehlo.constant dense<2139095040> : tensor<i32>
+      %58 = stablehlo.broadcast_in_dim %c_20, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %59 = stablehlo.compare NE, %57, %58, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %60 = stablehlo.bitcast_convert %55 : (tensor<1xi32>) -> tensor<1xf32>
+      %61 = stablehlo.broadcast_in_dim %60, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+      %62 = stablehlo.broadcast_in_dim %61, dims = [1, 2] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+      %63 = stablehlo.broadcast_in_dim %62, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x256x1xf32>
+      %64 = stablehlo.compare GE, %50, %63, FLOAT : (tensor<1x256x1xf32>, tensor<1x256x1xf32>) -> tensor<1x256x1xi1>
+      %cst_21 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %65 = func.call @_where_5(%64, %50, %cst_21) : (tensor<1x256x1xi1>, tensor<1x256x1xf32>, tensor<f32>) -> tensor<1x256x1xf32>
+      %cst_22 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %66 = stablehlo.reduce(%65 init: %cst_22) applies stablehlo.add across dimensions = [1] : (tensor<1x256x1xf32>, tensor<f32>) -> tensor<1x1xf32>
+      %67 = stablehlo.broadcast_in_dim %37, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+      %68 = stablehlo.compare LT, %66, %67, FLOAT : (tensor<1x1xf32>, tensor<1x1xf32>) -> tensor<1x1xi1>
+      %c_23 = stablehlo.constant dense<0> : tensor<i32>
+      %69 = stablehlo.broadcast_in_dim %c_23, dims = [] : (tensor<i32>) -> tensor<1xi32>
+      %70 = stablehlo.compare GE, %55, %69, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+      %71 = func.call @_where_0(%59, %68, %70) : (tensor<1xi1>, tensor<1x1xi1>, tensor<1xi1>) -> tensor<1x1xi1>
+      %c_24 = stablehlo.constant dense<2147483648> : tensor<ui32>
+      %c_25 = stablehlo.constant dense<0> : tensor<ui32>
+      %72 = func.call @_where_1(%71, %c_24, %c_25) : (tensor<1x1xi1>, tensor<ui32>, tensor<ui32>) -> tensor<1x1xui32>
+      %73 = stablehlo.convert %72 : (tensor<1x1xui32>) -> tensor<1x1xi32>
+      %74 = stablehlo.broadcast_in_dim %51, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+      %75 = stablehlo.or %74, %73 : tensor<1x1xi32>
+      %c_26 = stablehlo.constant dense<2139095040> : tensor<i32>
+      %c_27 = stablehlo.constant dense<0> : tensor<i32>
+      %c_28 = stablehlo.constant dense<0> : tensor<i32>
+      %76:6 = stablehlo.while(%iterArg = %c_26, %iterArg_34 = %50, %iterArg_35 = %37, %iterArg_36 = %c_28, %iterArg_37 = %c_27, %iterArg_38 = %75) : tensor<i32>, tensor<1x256x1xf32>, tensor<1xf32>, tensor<i32>, tensor<i32>, tensor<1x1xi32>
+      cond {
+        %c_39 = stablehlo.constant dense<31> : tensor<i32>
+        %92 = stablehlo.compare LT, %iterArg_36, %c_39, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+        stablehlo.return %92 : tensor<i1>
+      } do {
+        %92:2 = func.call @closed_call_6(%iterArg, %iterArg_34, %iterArg_35, %iterArg_37, %iterArg_38) : (tensor<i32>, tensor<1x256x1xf32>, tensor<1xf32>, tensor<i32>, tensor<1x1xi32>) -> (tensor<i32>, tensor<1x1xi32>)
+        %c_39 = stablehlo.constant dense<1> : tensor<i32>
+        %93 = stablehlo.add %iterArg_36, %c_39 : tensor<i32>
+        stablehlo.return %iterArg, %iterArg_34, %iterArg_35, %93, %92#0, %92#1 : tensor<i32>, tensor<1x256x1xf32>, tensor<1xf32>, tensor<i32>, tensor<i32>, tensor<1x1xi32>
+      }
+      %c_29 = stablehlo.constant dense<0> : tensor<i32>
+      %77 = stablehlo.broadcast_in_dim %c_29, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+      %78 = stablehlo.compare LT, %76#5, %77, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+      %c_30 = stablehlo.constant dense<2147483647> : tensor<i32>
+      %c_31 = stablehlo.constant dense<0> : tensor<i32>
+      %79 = func.call @_where_2(%78, %c_30, %c_31) : (tensor<1x1xi1>, tensor<i32>, tensor<i32>) -> tensor<1x1xi32>
+      %80 = stablehlo.xor %76#5, %79 : tensor<1x1xi32>
+      %81 = stablehlo.bitcast_convert %80 : (tensor<1x1xi32>) -> tensor<1x1xf32>
+      %82 = stablehlo.broadcast_in_dim %81, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+      %83 = stablehlo.broadcast_in_dim %82, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x1x256xf32>
+      %84 = stablehlo.compare GE, %49, %83, FLOAT : (tensor<1x1x256xf32>, tensor<1x1x256xf32>) -> tensor<1x1x256xi1>
+      %cst_32 = stablehlo.constant dense<-1.000000e+10> : tensor<f32>
+      %85 = stablehlo.broadcast_in_dim %cst_32, dims = [] : (tensor<f32>) -> tensor<1x256xf32>
+      %86 = func.call @_where_4(%84, %38, %85) : (tensor<1x1x256xi1>, tensor<1x1x256xf32>, tensor<1x256xf32>) -> tensor<1x1x256xf32>
+      %87 = stablehlo.reshape %86 : (tensor<1x1x256xf32>) -> tensor<1x256xf32>
+      %88 = stablehlo.broadcast_in_dim %28, dims = [0] : (tensor<1xi32>) -> tensor<1x256xi32>
+      %c_33 = stablehlo.constant dense<1> : tensor<i32>
+      %89 = stablehlo.broadcast_in_dim %c_33, dims = [] : (tensor<i32>) -> tensor<1x256xi32>
+      %90 = stablehlo.compare LT, %88, %89, SIGNED : (tensor<1x256xi32>, tensor<1x256xi32>) -> tensor<1x256xi1>
+      %91 = stablehlo.select %90, %32, %87 : tensor<1x256xi1>, tensor<1x256xf32>
+      stablehlo.return %91 : tensor<1x256xf32>
+    }) : (tensor<i32>) -> tensor<1x256xf32>
+    %cst_6 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %14 = stablehlo.broadcast_in_dim %cst_6, dims = [] : (tensor<f32>) -> tensor<1x1xf32>
+    %15 = stablehlo.compare NE, %0, %14, FLOAT : (tensor<1x1xf32>, tensor<1x1xf32>) -> tensor<1x1xi1>
+    %c_7 = stablehlo.constant dense<false> : tensor<i1>
+    %16 = stablehlo.reduce(%15 init: %c_7) applies stablehlo.or across dimensions = [0, 1] : (tensor<1x1xi1>, tensor<i1>) -> tensor<i1>
+    %17 = stablehlo.convert %16 : (tensor<i1>) -> tensor<i32>
+    %18 = "stablehlo.case"(%17) ({
+      stablehlo.return %13 : tensor<1x256xf32>
+    }, {
+      %26 = stablehlo.broadcast_in_dim %0, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+      %27 = stablehlo.divide %13, %26 : tensor<1x256xf32>
+      stablehlo.return %27 : tensor<1x256xf32>
+    }) : (tensor<i32>) -> tensor<1x256xf32>
+    %c_8 = stablehlo.constant dense<1> : tensor<i32>
+    %19 = "stablehlo.case"(%c_8) ({
+      stablehlo.return %18 : tensor<1x256xf32>
+    }, {
+      %26 = stablehlo.broadcast_in_dim %3, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+      %cst_9 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+      %27 = stablehlo.reduce(%18 init: %cst_9) applies stablehlo.maximum across dimensions = [1] : (tensor<1x256xf32>, tensor<f32>) -> tensor<1xf32>
+      %28 = stablehlo.broadcast_in_dim %27, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+      %29 = stablehlo.multiply %26, %28 : tensor<1x1xf32>
+      %30 = stablehlo.broadcast_in_dim %29, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+      %31 = stablehlo.compare GE, %18, %30, FLOAT : (tensor<1x256xf32>, tensor<1x256xf32>) -> tensor<1x256xi1>
+      %cst_10 = stablehlo.constant dense<-1.000000e+10> : tensor<f32>
+      %32 = stablehlo.broadcast_in_dim %cst_10, dims = [] : (tensor<f32>) -> tensor<1x256xf32>
+      %33 = func.call @_where_7(%31, %18, %32) : (tensor<1x256xi1>, tensor<1x256xf32>, tensor<1x256xf32>) -> tensor<1x256xf32>
+      stablehlo.return %33 : tensor<1x256xf32>
+    }) : (tensor<i32>) -> tensor<1x256xf32>
+    %20 = stablehlo.iota dim = 0 : tensor<1xi32>
+    %21 = stablehlo.convert %20 : (tensor<1xi32>) -> tensor<1xui32>
+    %22 = call @_threefry_fold_in(%arg1, %21) : (tensor<2xui32>, tensor<1xui32>) -> tensor<1x2xui32>
+    %23 = call @_gumbel(%22) : (tensor<1x2xui32>) -> tensor<1x256xf32>
+    %24 = stablehlo.add %23, %19 : tensor<1x256xf32>
+    %25 = call @argmax(%24) : (tensor<1x256xf32>) -> tensor<1xi32>
+    return %25 : tensor<1xi32>
+  }
+  func.func private @_where(%arg0: tensor<1xi1>, %arg1: tensor<i32>, %arg2: tensor<i32>) -> tensor<1xi32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %2 = stablehlo.select %arg0, %0, %1 : tensor<1xi1>, tensor<1xi32>
+    return %2 : tensor<1xi32>
+  }
+  func.func private @_where_0(%arg0: tensor<1xi1>, %arg1: tensor<1x1xi1>, %arg2: tensor<1xi1>) -> tensor<1x1xi1> {
+    %0 = stablehlo.broadcast_in_dim %arg0, dims = [1] : (tensor<1xi1>) -> tensor<1x1xi1>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [1] : (tensor<1xi1>) -> tensor<1x1xi1>
+    %2 = stablehlo.select %0, %arg1, %1 : tensor<1x1xi1>, tensor<1x1xi1>
+    return %2 : tensor<1x1xi1>
+  }
+  func.func private @_where_1(%arg0: tensor<1x1xi1>, %arg1: tensor<ui32>, %arg2: tensor<ui32>) -> tensor<1x1xui32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %3 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %4 = stablehlo.select %arg0, %3, %2 : tensor<1x1xi1>, tensor<1x1xui32>
+    return %4 : tensor<1x1xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<1x256x1xf32>, %arg2: tensor<1xi32>, %arg3: tensor<i32>, %arg4: tensor<1x1xi32>) -> (tensor<i32>, tensor<1x1xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg3, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg3 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %5 = stablehlo.or %arg4, %4 : tensor<1x1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where_2(%7, %c_3, %c_4) : (tensor<1x1xi1>, tensor<i32>, tensor<i32>) -> tensor<1x1xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<1x1xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %11 = stablehlo.and %9, %10 : tensor<1x1xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<1x1xi32>) -> tensor<1x1xf32>
+    %15 = stablehlo.negate %14 : tensor<1x1xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 2] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x256x1xf32>
+    %18 = stablehlo.compare GT, %arg1, %17, FLOAT : (tensor<1x256x1xf32>, tensor<1x256x1xf32>) -> tensor<1x256x1xi1>
+    %19 = stablehlo.convert %18 : (tensor<1x256x1xi1>) -> tensor<1x256x1xi32>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %20 = stablehlo.reduce(%19 init: %c_5) applies stablehlo.add across dimensions = [1] : (tensor<1x256x1xi32>, tensor<i32>) -> tensor<1x1xi32>
+    %21 = stablehlo.broadcast_in_dim %arg2, dims = [0] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %22 = stablehlo.compare GE, %20, %21, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %23 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %24 = stablehlo.compare GE, %9, %23, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %25 = call @_where_3(%13, %22, %24) : (tensor<1x1xi1>, tensor<1x1xi1>, tensor<1x1xi1>) -> tensor<1x1xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %26 = call @_where_2(%25, %c_7, %3) : (tensor<1x1xi1>, tensor<i32>, tensor<i32>) -> tensor<1x1xi32>
+    %27 = stablehlo.or %arg4, %26 : tensor<1x1xi32>
+    return %0, %27 : tensor<i32>, tensor<1x1xi32>
+  }
+  func.func private @_where_2(%arg0: tensor<1x1xi1>, %arg1: tensor<i32>, %arg2: tensor<i32>) -> tensor<1x1xi32> {
+    %0 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %3 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<1xi32>) -> tensor<1x1xi32>
+    %4 = stablehlo.select %arg0, %3, %2 : tensor<1x1xi1>, tensor<1x1xi32>
+    return %4 : tensor<1x1xi32>
+  }
+  func.func private @_where_3(%arg0: tensor<1x1xi1>, %arg1: tensor<1x1xi1>, %arg2: tensor<1x1xi1>) -> tensor<1x1xi1> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<1x1xi1>, tensor<1x1xi1>
+    return %0 : tensor<1x1xi1>
+  }
+  func.func private @_where_4(%arg0: tensor<1x1x256xi1>, %arg1: tensor<1x1x256xf32>, %arg2: tensor<1x256xf32>) -> tensor<1x1x256xf32> {
+    %0 = stablehlo.broadcast_in_dim %arg2, dims = [1, 2] : (tensor<1x256xf32>) -> tensor<1x1x256xf32>
+    %1 = stablehlo.select %arg0, %arg1, %0 : tensor<1x1x256xi1>, tensor<1x1x256xf32>
+    return %1 : tensor<1x1x256xf32>
+  }
+  func.func private @_where_5(%arg0: tensor<1x256x1xi1>, %arg1: tensor<1x256x1xf32>, %arg2: tensor<f32>) -> tensor<1x256x1xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256x1xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1, 2] : (tensor<256x1xf32>) -> tensor<1x256x1xf32>
+    %3 = stablehlo.select %arg0, %arg1, %2 : tensor<1x256x1xi1>, tensor<1x256x1xf32>
+    return %3 : tensor<1x256x1xf32>
+  }
+  func.func private @closed_call_6(%arg0: tensor<i32>, %arg1: tensor<1x256x1xf32>, %arg2: tensor<1xf32>, %arg3: tensor<i32>, %arg4: tensor<1x1xi32>) -> (tensor<i32>, tensor<1x1xi32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg3, %c : tensor<i32>
+    %c_0 = stablehlo.constant dense<30> : tensor<i32>
+    %1 = stablehlo.subtract %c_0, %arg3 : tensor<i32>
+    %c_1 = stablehlo.constant dense<1> : tensor<i32>
+    %2 = stablehlo.shift_left %c_1, %1 : tensor<i32>
+    %3 = stablehlo.convert %2 : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %3, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %5 = stablehlo.or %arg4, %4 : tensor<1x1xi32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %7 = stablehlo.compare LT, %5, %6, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %c_3 = stablehlo.constant dense<2147483647> : tensor<i32>
+    %c_4 = stablehlo.constant dense<0> : tensor<i32>
+    %8 = call @_where_2(%7, %c_3, %c_4) : (tensor<1x1xi1>, tensor<i32>, tensor<i32>) -> tensor<1x1xi32>
+    %9 = stablehlo.xor %5, %8 : tensor<1x1xi32>
+    %10 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %11 = stablehlo.and %9, %10 : tensor<1x1xi32>
+    %12 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %13 = stablehlo.compare NE, %11, %12, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %14 = stablehlo.bitcast_convert %9 : (tensor<1x1xi32>) -> tensor<1x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 2] : (tensor<1x1xf32>) -> tensor<1x1x1xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1, 2] : (tensor<1x1x1xf32>) -> tensor<1x256x1xf32>
+    %17 = stablehlo.compare GE, %arg1, %16, FLOAT : (tensor<1x256x1xf32>, tensor<1x256x1xf32>) -> tensor<1x256x1xi1>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = call @_where_5(%17, %arg1, %cst) : (tensor<1x256x1xi1>, tensor<1x256x1xf32>, tensor<f32>) -> tensor<1x256x1xf32>
+    %cst_5 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %19 = stablehlo.reduce(%18 init: %cst_5) applies stablehlo.add across dimensions = [1] : (tensor<1x256x1xf32>, tensor<f32>) -> tensor<1x1xf32>
+    %20 = stablehlo.broadcast_in_dim %arg2, dims = [0] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %21 = stablehlo.compare LT, %19, %20, FLOAT : (tensor<1x1xf32>, tensor<1x1xf32>) -> tensor<1x1xi1>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %22 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<1x1xi32>
+    %23 = stablehlo.compare GE, %9, %22, SIGNED : (tensor<1x1xi32>, tensor<1x1xi32>) -> tensor<1x1xi1>
+    %24 = call @_where_3(%13, %21, %23) : (tensor<1x1xi1>, tensor<1x1xi1>, tensor<1x1xi1>) -> tensor<1x1xi1>
+    %c_7 = stablehlo.constant dense<0> : tensor<i32>
+    %25 = call @_where_2(%24, %c_7, %3) : (tensor<1x1xi1>, tensor<i32>, tensor<i32>) -> tensor<1x1xi32>
+    %26 = stablehlo.or %arg4, %25 : tensor<1x1xi32>
+    return %0, %26 : tensor<i32>, tensor<1x1xi32>
+  }
+  func.func private @_where_7(%arg0: tensor<1x256xi1>, %arg1: tensor<1x256xf32>, %arg2: tensor<1x256xf32>) -> tensor<1x256xf32> {
+    %0 = stablehlo.select %arg0, %arg1, %arg2 : tensor<1x256xi1>, tensor<1x256xf32>
+    return %0 : tensor<1x256xf32>
+  }
+  func.func private @_threefry_fold_in(%arg0: tensor<2xui32>, %arg1: tensor<1xui32>) -> tensor<1x2xui32> {
+    %c = stablehlo.constant dense<32> : tensor<ui32>
+    %0 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %1 = stablehlo.shift_right_logical %arg1, %0 : tensor<1xui32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %c_0 = stablehlo.constant dense<4294967295> : tensor<ui32>
+    %3 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui32>) -> tensor<1xui32>
+    %4 = stablehlo.and %arg1, %3 : tensor<1xui32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %6 = stablehlo.concatenate %2, %5, dim = 1 : (tensor<1x1xui32>, tensor<1x1xui32>) -> tensor<1x2xui32>
+    %7 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %8 = stablehlo.reshape %7 : (tensor<1xui32>) -> tensor<ui32>
+    %9 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %10 = stablehlo.reshape %9 : (tensor<1xui32>) -> tensor<ui32>
+    %11 = stablehlo.slice %6 [0:1, 0:1] : (tensor<1x2xui32>) -> tensor<1x1xui32>
+    %12 = stablehlo.slice %6 [0:1, 1:2] : (tensor<1x2xui32>) -> tensor<1x1xui32>
+    %13:2 = call @threefry2x32(%8, %10, %11, %12) : (tensor<ui32>, tensor<ui32>, tensor<1x1xui32>, tensor<1x1xui32>) -> (tensor<1x1xui32>, tensor<1x1xui32>)
+    %14 = stablehlo.concatenate %13#0, %13#1, dim = 1 : (tensor<1x1xui32>, tensor<1x1xui32>) -> tensor<1x2xui32>
+    return %14 : tensor<1x2xui32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<1x1xui32>, %arg3: tensor<1x1xui32>) -> (tensor<1x1xui32>, tensor<1x1xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<1x1xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<1x1xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call_8(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<1x1xui32>, tensor<1x1xui32>
+  }
+  func.func private @closed_call_8(%arg0: tensor<i32>, %arg1: tensor<1x1xui32>, %arg2: tensor<1x1xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<1x1xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<1x1xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<1x1xui32>
+    %9 = stablehlo.or %5, %8 : tensor<1x1xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<1x1xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<1x1xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<1x1xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<1x1xui32>
+    %19 = stablehlo.or %15, %18 : tensor<1x1xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<1x1xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<1x1xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<1x1xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<1x1xui32>
+    %29 = stablehlo.or %25, %28 : tensor<1x1xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<1x1xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<1x1xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<1x1xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<1x1xui32>
+    %39 = stablehlo.or %35, %38 : tensor<1x1xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<1x1xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %42 = stablehlo.add %33, %41 : tensor<1x1xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %44 = stablehlo.add %40, %43 : tensor<1x1xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %48 = stablehlo.add %44, %47 : tensor<1x1xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @_gumbel(%arg0: tensor<1x2xui32>) -> tensor<1x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<1x2xui32>, tensor<f32>, tensor<f32>) -> tensor<1x256xf32>
+    %1 = stablehlo.log %0 : tensor<1x256xf32>
+    %2 = stablehlo.negate %1 : tensor<1x256xf32>
+    %3 = stablehlo.log %2 : tensor<1x256xf32>
+    %4 = stablehlo.negate %3 : tensor<1x256xf32>
+    return %4 : tensor<1x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<1x2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<1x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1, 0:1] : (tensor<1x2xui32>) -> tensor<1x1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1x1xui32>) -> tensor<1xui32>
+    %5 = stablehlo.slice %arg0 [0:1, 1:2] : (tensor<1x2xui32>) -> tensor<1x1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1x1xui32>) -> tensor<1xui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [1] : (tensor<256xui32>) -> tensor<1x256xui32>
+    %15 = stablehlo.broadcast_in_dim %12, dims = [1] : (tensor<256xui32>) -> tensor<1x256xui32>
+    %16 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %17 = stablehlo.broadcast_in_dim %6, dims = [0] : (tensor<1xui32>) -> tensor<1x1xui32>
+    %18:2 = call @threefry2x32_9(%16, %17, %14, %15) : (tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x256xui32>, tensor<1x256xui32>) -> (tensor<1x256xui32>, tensor<1x256xui32>)
+    %19 = stablehlo.xor %18#0, %18#1 : tensor<1x256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %20 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %21 = stablehlo.shift_right_logical %19, %20 : tensor<1x256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %22 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %23 = stablehlo.or %21, %22 : tensor<1x256xui32>
+    %24 = stablehlo.bitcast_convert %23 : (tensor<1x256xui32>) -> tensor<1x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<1x256xf32>
+    %26 = stablehlo.subtract %24, %25 : tensor<1x256xf32>
+    %27 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %30 = stablehlo.multiply %26, %29 : tensor<1x256xf32>
+    %31 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %33 = stablehlo.add %30, %32 : tensor<1x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<1x256xf32>
+    %36 = stablehlo.maximum %35, %33 : tensor<1x256xf32>
+    return %36 : tensor<1x256xf32>
+  }
+  func.func private @threefry2x32_9(%arg0: tensor<1x1xui32>, %arg1: tensor<1x1xui32>, %arg2: tensor<1x256xui32>, %arg3: tensor<1x256xui32>) -> (tensor<1x256xui32>, tensor<1x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<1x1xui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<1x1xui32>
+    %2 = stablehlo.xor %0, %1 : tensor<1x1xui32>
+    %3 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<1x1xui32>) -> tensor<1x256xui32>
+    %4 = stablehlo.add %arg2, %3 : tensor<1x256xui32>
+    %5 = stablehlo.broadcast_in_dim %arg1, dims = [0, 1] : (tensor<1x1xui32>) -> tensor<1x256xui32>
+    %6 = stablehlo.add %arg3, %5 : tensor<1x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %7:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %4, %iterArg_6 = %6, %iterArg_7 = %arg1, %iterArg_8 = %2, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<1x256xui32>, tensor<1x256xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %8 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %8 : tensor<i1>
+    } do {
+      %8:8 = func.call @closed_call_10(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<1x256xui32>, tensor<1x256xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<1x256xui32>, tensor<1x256xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %9 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %9, %8#0, %8#1, %8#2, %8#3, %8#4, %8#5, %8#6, %8#7 : tensor<i32>, tensor<i32>, tensor<1x256xui32>, tensor<1x256xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %7#2, %7#3 : tensor<1x256xui32>, tensor<1x256xui32>
+  }
+  func.func private @closed_call_10(%arg0: tensor<i32>, %arg1: tensor<1x256xui32>, %arg2: tensor<1x256xui32>, %arg3: tensor<1x1xui32>, %arg4: tensor<1x1xui32>, %arg5: tensor<1x1xui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<1x256xui32>, tensor<1x256xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<1x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<1x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<1x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<1x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<1x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<1x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<1x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<1x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<1x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<1x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<1x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<1x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<1x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<1x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<1x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<1x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<1x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<1x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<1x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<1x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1] : (tensor<1x1xui32>) -> tensor<1x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<1x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [0, 1] : (tensor<1x1xui32>) -> tensor<1x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<1x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<1x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<1x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<1x256xui32>, tensor<1x256xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<1x1xui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<1x256xf32>) -> tensor<1xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<1x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<1x256xf32>, tensor<1x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<1xf32>, tensor<1xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<1xi32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_near_miss_searched_top_p_strict(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "categorical"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

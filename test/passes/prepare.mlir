@@ -147,6 +147,28 @@ func.func public @no_match_case_on_an_any_of_constant_rows(%arg0: tensor<4xf32>)
 
 // -----
 
+// Near miss: the same guard over a batch of one row (a serving engine's sampler at batch 1): its (1,) k is still a
+// per-row parameter, so the case stays.
+// CHECK-LABEL: func.func public @no_match_case_on_an_any_of_one_constant_row
+// CHECK: stablehlo.case
+func.func public @no_match_case_on_an_any_of_one_constant_row(%arg0: tensor<4xf32>) -> tensor<4xf32> {
+  %k = stablehlo.constant dense<16> : tensor<1xi32>
+  %zero = stablehlo.constant dense<0> : tensor<1xi32>
+  %false = stablehlo.constant dense<false> : tensor<i1>
+  %gt = stablehlo.compare GT, %k, %zero, SIGNED : (tensor<1xi32>, tensor<1xi32>) -> tensor<1xi1>
+  %any = stablehlo.reduce(%gt init: %false) applies stablehlo.or across dimensions = [0] : (tensor<1xi1>, tensor<i1>) -> tensor<i1>
+  %index = stablehlo.convert %any : (tensor<i1>) -> tensor<i32>
+  %0 = "stablehlo.case"(%index) ({
+    %1 = stablehlo.negate %arg0 : tensor<4xf32>
+    stablehlo.return %1 : tensor<4xf32>
+  }, {
+    stablehlo.return %arg0 : tensor<4xf32>
+  }) : (tensor<i32>) -> tensor<4xf32>
+  return %0 : tensor<4xf32>
+}
+
+// -----
+
 // A data-dependent index: the case stays.
 // CHECK-LABEL: func.func public @no_match_case_on_an_argument
 // CHECK: stablehlo.case

@@ -2033,6 +2033,8 @@ VARIANTS: list[Variant] = [
     Variant("easydel_per_row_top_p", easydel_per_row_top_p, "top_p_of_top_k_rows", expect={"k": 32}),
     Variant("tpu_inference_searched", tpu_inference_searched, "threshold_search_rows"),
     Variant("esurge_searched", esurge_searched, "esurge_searched_min_p_rows_row_keys"),
+    # (at batch 1: its guards `jnp.any(k > 0)` of one row given as constants stay, as the form's template has them)
+    Variant("esurge_searched_batch_of_one", esurge_searched, "esurge_searched_min_p_rows_row_keys", shape=(1, V)),
     Variant("near_miss_searched_top_p_strict", near_miss_searched_top_p_strict, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a softmax"),
     Variant("axlearn_searched_chain", axlearn_searched_chain, "searched_top_k_top_p_of_log_probs",
