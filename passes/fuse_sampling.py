@@ -1021,6 +1021,31 @@ def _escapes(site: Site, interior: set[ir.Operation]) -> Iterator[tuple[ir.Opera
                 yield op, result, user
 
 
+# The filter ops a sampler's kernel stands in for, worth naming where XLA must still compute them (a sort or top-k
+# over the vocabulary, a cumulative sum).
+_FILTER_OPS = ("stablehlo.sort", "chlo.top_k", "stablehlo.reduce_window")
+
+
+def _filters_kept_for_other_readers(site: Site) -> list[str]:
+    """The sampler's filter ops (_FILTER_OPS) that the program still computes after the rewrite, for readers outside
+    the sampler of the values computed from them: a row statistic shared with them (minGPT's sampler returns
+    `log_softmax` of its filtered logits, which shares the softmax's max and sum), whose copies the composite's
+    decomposition keeps while the originals stay for those readers. Each as "op at loc", in program order."""
+    interior = _interior(site)
+    ordered = _in_dominance_order(defining_op(site.root), interior)
+    stack = [result for op in ordered for result in op.results
+             if result != site.root and (site.scores_read is None or result != site.scores_read)  # (given back)
+             and any(not _inside(use.owner.operation, interior) for use in result.uses)]
+    computing: set[ir.Operation] = set()
+    while stack:
+        op = defining_op(stack.pop())
+        if op is not None and op in interior and op not in computing:
+            computing.add(op)
+            stack.extend(op.operands)
+    return [f"{op.name} at {format_location(op.location)}" for op in ordered
+            if op in computing and op.name in _FILTER_OPS]
+
+
 def _with_scores(site: Site, draw: Draw) -> Site:
     """`site` giving back the scores its draw perturbs, where those (or a reshape of them on the way to the draw) are
     all the program reads outside it and its form gives them back (`gives_scores`); else `site` itself."""
@@ -1252,6 +1277,7 @@ class FuseSamplingPass(ModulePass):
                 site, squeezes = _analyze_squeezed(draw, top_ks, names, templates, key_rows)
                 near_misses = _argsorts_not_fused(site, top_ks)
                 left = _parts_left_out(site, near_misses)
+                kept_for_others = _filters_kept_for_other_readers(site)
                 # (popped before the rewrite erases them: an erased op's handle no longer hashes as it did)
                 absorbed = {op: failed.pop(op) for op in list(failed) if op in set(site.match.ops.values())}
                 try:
@@ -1273,6 +1299,12 @@ class FuseSamplingPass(ModulePass):
                              "descending=True, stable=True)[..., :k], orders as lax.top_k (argsort(-x) puts NaN "
                              "last; a reversed ascending argsort puts a tie's higher id first)")
                 state.count("argsort_top_k_not_fused")
+            if kept_for_others:
+                state.remark(composite, f"sampler fused as `{site.form.name}`, but XLA still computes its filter for "
+                             "readers outside the sampler of values computed from it (the composite gives back only "
+                             f"its ids{' and the scores it draws from' if site.scores is not None else ''}): "
+                             f"{', '.join(kept_for_others)}")
+                state.count("sampling_filter_kept_for_other_readers")
             if left:
                 why = f"; not fused as {_passed_over(site.passed_over)}" if site.passed_over else ""
                 state.remark(composite, f"sampler fused only in part: fused as `{site.form.name}`; "

@@ -30499,6 +30499,264 @@ module @sample_mingpt_jax_top_k_below_sort_column attributes {mhlo.num_partition
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_mingpt_jax_sample_with_log_softmax(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_mask_inverse_cdf"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+// REMARK: remark: [hlofuse-fuse-sampling] stablehlo.composite: sampler fused as `top_k_mask_inverse_cdf`, but XLA still computes its filter
+module @sample_mingpt_jax_sample_with_log_softmax attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_mingpt_jax_sample_with_log_softmax(%arg0: tensor<16x256xf32>, %arg1: tensor<2xui32>) -> (tensor<i32> {jax.result_info = "result[0]"}, tensor<256xf32> {jax.result_info = "result[1]"}) {
+    %0 = stablehlo.slice %arg0 [6:7, 0:256] : (tensor<16x256xf32>) -> tensor<1x256xf32>
+    %1 = stablehlo.reshape %0 : (tensor<1x256xf32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %3 = stablehlo.divide %1, %2 : tensor<256xf32>
+    %4 = call @sort(%3) : (tensor<256xf32>) -> tensor<256xf32>
+    %5 = stablehlo.slice %4 [216:217] : (tensor<256xf32>) -> tensor<1xf32>
+    %6 = stablehlo.reshape %5 : (tensor<1xf32>) -> tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %8 = stablehlo.broadcast_in_dim %7, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %9 = stablehlo.compare LT, %3, %8, FLOAT : (tensor<256xf32>, tensor<256xf32>) -> tensor<256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %10 = call @_where(%9, %cst_0, %3) : (tensor<256xi1>, tensor<f32>, tensor<256xf32>) -> tensor<256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.reduce(%10 init: %cst_1) applies stablehlo.maximum across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %12 = stablehlo.maximum %cst_2, %11 : tensor<f32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %15 = stablehlo.subtract %10, %14 : tensor<256xf32>
+    %16 = stablehlo.exponential %15 : tensor<256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %17 = stablehlo.reduce(%16 init: %cst_3) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %20 = stablehlo.divide %16, %19 : tensor<256xf32>
+    %21 = call @cumsum(%20) : (tensor<256xf32>) -> tensor<256xf32>
+    %22 = stablehlo.slice %21 [255:256] : (tensor<256xf32>) -> tensor<1xf32>
+    %23 = stablehlo.reshape %22 : (tensor<1xf32>) -> tensor<f32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %cst_5 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %24 = call @_uniform(%arg1, %cst_4, %cst_5) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<f32>
+    %cst_6 = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.subtract %cst_6, %24 : tensor<f32>
+    %26 = stablehlo.multiply %23, %25 : tensor<f32>
+    %27 = call @searchsorted(%21, %26) : (tensor<256xf32>, tensor<f32>) -> tensor<i32>
+    %28 = stablehlo.reshape %27 : (tensor<i32>) -> tensor<i32>
+    %29 = call @log_softmax(%10) : (tensor<256xf32>) -> tensor<256xf32>
+    return %28, %29 : tensor<i32>, tensor<256xf32>
+  }
+  func.func private @sort(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 0 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %1 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.select %1, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %4 = stablehlo.select %3, %cst_1, %2 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_4, %6 : tensor<i1>, tensor<f32>
+      %9 = stablehlo.compare LT, %4, %8, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %9 : tensor<i1>
+    }) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @_where(%arg0: tensor<256xi1>, %arg1: tensor<f32>, %arg2: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<256xi1>, tensor<256xf32>
+    return %2 : tensor<256xf32>
+  }
+  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<f32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.convert %arg2 : tensor<f32>
+    %2 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %5 = stablehlo.reshape %4 : (tensor<1xui32>) -> tensor<ui32>
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<0> : tensor<ui32>
+    %6:2 = call @threefry2x32(%3, %5, %c, %c_0) : (tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+    %7 = stablehlo.xor %6#0, %6#1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %8 = stablehlo.shift_right_logical %7, %c_1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %9 = stablehlo.or %8, %c_2 : tensor<ui32>
+    %10 = stablehlo.bitcast_convert %9 : (tensor<ui32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %11 = stablehlo.subtract %10, %cst : tensor<f32>
+    %12 = stablehlo.subtract %1, %0 : tensor<f32>
+    %13 = stablehlo.multiply %11, %12 : tensor<f32>
+    %14 = stablehlo.add %13, %0 : tensor<f32>
+    %15 = stablehlo.reshape %14 : (tensor<f32>) -> tensor<f32>
+    %16 = stablehlo.maximum %0, %15 : tensor<f32>
+    return %16 : tensor<f32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.add %arg2, %arg0 : tensor<ui32>
+    %3 = stablehlo.add %arg3, %arg1 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %4:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %2, %iterArg_6 = %3, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %5 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %5 : tensor<i1>
+    } do {
+      %5:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %6 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %6, %5#0, %5#1, %5#2, %5#3, %5#4, %5#5, %5#6, %5#7 : tensor<i32>, tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %4#2, %4#3 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<ui32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<ui32>
+    %4 = stablehlo.shift_left %arg2, %2 : tensor<ui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %5 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %6 = stablehlo.shift_right_logical %arg2, %5 : tensor<ui32>
+    %7 = stablehlo.or %4, %6 : tensor<ui32>
+    %8 = stablehlo.xor %3, %7 : tensor<ui32>
+    %9 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %10 = stablehlo.reshape %9 : (tensor<1xui32>) -> tensor<ui32>
+    %11 = stablehlo.add %3, %8 : tensor<ui32>
+    %12 = stablehlo.shift_left %8, %10 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %13 = stablehlo.subtract %c_1, %10 : tensor<ui32>
+    %14 = stablehlo.shift_right_logical %8, %13 : tensor<ui32>
+    %15 = stablehlo.or %12, %14 : tensor<ui32>
+    %16 = stablehlo.xor %11, %15 : tensor<ui32>
+    %17 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %18 = stablehlo.reshape %17 : (tensor<1xui32>) -> tensor<ui32>
+    %19 = stablehlo.add %11, %16 : tensor<ui32>
+    %20 = stablehlo.shift_left %16, %18 : tensor<ui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %21 = stablehlo.subtract %c_2, %18 : tensor<ui32>
+    %22 = stablehlo.shift_right_logical %16, %21 : tensor<ui32>
+    %23 = stablehlo.or %20, %22 : tensor<ui32>
+    %24 = stablehlo.xor %19, %23 : tensor<ui32>
+    %25 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %26 = stablehlo.reshape %25 : (tensor<1xui32>) -> tensor<ui32>
+    %27 = stablehlo.add %19, %24 : tensor<ui32>
+    %28 = stablehlo.shift_left %24, %26 : tensor<ui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %29 = stablehlo.subtract %c_3, %26 : tensor<ui32>
+    %30 = stablehlo.shift_right_logical %24, %29 : tensor<ui32>
+    %31 = stablehlo.or %28, %30 : tensor<ui32>
+    %32 = stablehlo.xor %27, %31 : tensor<ui32>
+    %33 = stablehlo.add %27, %arg3 : tensor<ui32>
+    %34 = stablehlo.add %32, %arg4 : tensor<ui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %35 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %36 = stablehlo.convert %35 : (tensor<i32>) -> tensor<ui32>
+    %37 = stablehlo.add %34, %36 : tensor<ui32>
+    return %0, %33, %37, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @searchsorted(%arg0: tensor<256xf32>, %arg1: tensor<f32>) -> tensor<i32> {
+    %0 = call @_searchsorted_scan_impl(%arg0, %arg1) : (tensor<256xf32>, tensor<f32>) -> tensor<i32>
+    return %0 : tensor<i32>
+  }
+  func.func private @_searchsorted_scan_impl(%arg0: tensor<256xf32>, %arg1: tensor<f32>) -> tensor<i32> {
+    %c = stablehlo.constant dense<0> : tensor<ui32>
+    %c_0 = stablehlo.constant dense<256> : tensor<ui32>
+    %c_1 = stablehlo.constant dense<0> : tensor<i32>
+    %0:5 = stablehlo.while(%iterArg = %arg0, %iterArg_2 = %arg1, %iterArg_3 = %c_1, %iterArg_4 = %c, %iterArg_5 = %c_0) : tensor<256xf32>, tensor<f32>, tensor<i32>, tensor<ui32>, tensor<ui32>
+    cond {
+      %c_6 = stablehlo.constant dense<9> : tensor<i32>
+      %2 = stablehlo.compare LT, %iterArg_3, %c_6, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %2 : tensor<i1>
+    } do {
+      %2:2 = func.call @closed_call_1(%iterArg, %iterArg_2, %iterArg_4, %iterArg_5) : (tensor<256xf32>, tensor<f32>, tensor<ui32>, tensor<ui32>) -> (tensor<ui32>, tensor<ui32>)
+      %c_6 = stablehlo.constant dense<1> : tensor<i32>
+      %3 = stablehlo.add %iterArg_3, %c_6 : tensor<i32>
+      stablehlo.return %iterArg, %iterArg_2, %3, %2#0, %2#1 : tensor<256xf32>, tensor<f32>, tensor<i32>, tensor<ui32>, tensor<ui32>
+    }
+    %1 = stablehlo.convert %0#4 : (tensor<ui32>) -> tensor<i32>
+    return %1 : tensor<i32>
+  }
+  func.func private @closed_call_1(%arg0: tensor<256xf32>, %arg1: tensor<f32>, %arg2: tensor<ui32>, %arg3: tensor<ui32>) -> (tensor<ui32>, tensor<ui32>) {
+    %0 = stablehlo.subtract %arg3, %arg2 : tensor<ui32>
+    %c = stablehlo.constant dense<2> : tensor<i32>
+    %1 = call @floor_divide(%0, %c) : (tensor<ui32>, tensor<i32>) -> tensor<ui32>
+    %2 = stablehlo.add %arg2, %1 : tensor<ui32>
+    %3 = stablehlo.dynamic_slice %arg0, %2, sizes = [1] : (tensor<256xf32>, tensor<ui32>) -> tensor<1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<1xf32>) -> tensor<f32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+    %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+    %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %9 = stablehlo.compare EQ, %4, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %10 = stablehlo.select %9, %cst_3, %4 : tensor<i1>, tensor<f32>
+    %11 = stablehlo.compare NE, %4, %4, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+    %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+    %13 = stablehlo.compare LE, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %14 = stablehlo.select %13, %arg2, %2 : tensor<i1>, tensor<ui32>
+    %15 = stablehlo.select %13, %2, %arg3 : tensor<i1>, tensor<ui32>
+    return %14, %15 : tensor<ui32>, tensor<ui32>
+  }
+  func.func private @floor_divide(%arg0: tensor<ui32>, %arg1: tensor<i32>) -> tensor<ui32> {
+    %0 = stablehlo.convert %arg1 : (tensor<i32>) -> tensor<ui32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<ui32>
+    return %1 : tensor<ui32>
+  }
+  func.func private @log_softmax(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %0 = stablehlo.reduce(%arg0 init: %cst) applies stablehlo.maximum across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %1 = stablehlo.maximum %cst_0, %0 : tensor<f32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %4 = stablehlo.subtract %arg0, %3 : tensor<256xf32>
+    %5 = stablehlo.exponential %4 : tensor<256xf32>
+    %cst_1 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %6 = stablehlo.reduce(%5 init: %cst_1) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %8 = stablehlo.log %7 : tensor<1xf32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %10 = stablehlo.subtract %4, %9 : tensor<256xf32>
+    return %10 : tensor<256xf32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_jax_top_k_below_sort_slice(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_mask"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

@@ -756,6 +756,17 @@ def mingpt_jax_top_k_below_sort_column(x, key):
     return jax.random.choice(key, y.shape[-1], shape=(), p=jax.nn.softmax(y))
 
 
+def mingpt_jax_sample_with_log_softmax(x, key):
+    """minGPT-jax's `sample` as it is written: of its (T, V) logits the last context position's row / T, the top-k
+    below `jnp.sort(y)[..., -k]` at -inf, `jax.random.choice(key, V, shape=(), p=softmax(y))`, and it returns
+    `jax.nn.log_softmax(y)` too, which reads the filtered logits (sharing the softmax's max and sum): the draw fuses
+    whole as top_k_mask_inverse_cdf, and a remark says XLA still sorts the row for the log-softmax."""
+    y = x[..., 6, :] / 0.8
+    v = jnp.sort(y, axis=-1)[..., -40]
+    y = jnp.where(y < v[..., jnp.newaxis], -jnp.inf, y)
+    return jax.random.choice(key, y.shape[-1], shape=(), p=jax.nn.softmax(y)), jax.nn.log_softmax(y)
+
+
 def jax_top_k_below_sort_slice(x, key):
     """The k-th read as `jnp.sort(y)[..., -k:][..., 0:1]` (a slice of a slice, one after hlofuse-prepare), the logits
     below it at -inf, a categorical of / T: top_k_mask."""
@@ -2063,6 +2074,9 @@ VARIANTS: list[Variant] = [
             expect={"k": 40, "temperature": 1.0}),
     Variant("mingpt_jax_top_k_below_sort_column", mingpt_jax_top_k_below_sort_column, "top_k_mask_inverse_cdf",
             shape=(V,), expect={"k": 40, "temperature": 1.0}),
+    Variant("mingpt_jax_sample_with_log_softmax", mingpt_jax_sample_with_log_softmax, "top_k_mask_inverse_cdf",
+            shape=(16, V), expect={"k": 40, "temperature": 1.0},
+            remark="stablehlo.composite: sampler fused as `top_k_mask_inverse_cdf`, but XLA still computes its filter"),
     Variant("jax_top_k_below_sort_slice", jax_top_k_below_sort_slice, "top_k_mask",
             expect={"k": 40, "temperature": 0.7}),
     Variant("jax_top_k_then_unshifted_top_p_one_row", jax_top_k_then_unshifted_top_p_one_row,
