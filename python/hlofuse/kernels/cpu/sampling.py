@@ -56,6 +56,7 @@ from hlofuse.kernels.sampling_reference import (
     levanter_kept_in_rank_order,
     log_floored,
     mask_top_k,
+    masked_top_k,
     merge_vocab_splits,
     min_p_masked,
     mtj_sorted_removal,
@@ -75,6 +76,7 @@ from hlofuse.kernels.sampling_reference import (
     scale_rows,
     simply_top_p_keep,
     sorted_top_p_removal,
+    top_k_first,
     top_p_removal,
     top_p_removed,
     torch_sort_descending,
@@ -1843,15 +1845,14 @@ def unshifted_top_p_lowering(form: str, params: dict[str, Any],
     categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
     filters = FORMS[form].filters
     cut, keep = JAX_UNSHIFTED_CHAINS.get(filters, (filters, None))
+    fn = jax_cut(cut)
+    if keep is not None:  # the chain's own function, its top-k by the kernel
+        by_kernel = (lambda y, k, fill: _keep_top_k_by_kernel(y, k)) if keep else masked_top_k(_top_k_by_kernel)
+        fn = top_k_first(fn, by_kernel)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        y = logits / params["temperature"]
-        if keep:
-            y = _keep_top_k_by_kernel(y, params["k"])
-        elif keep is not None:  # (lax.top_k's k-th, which the mask's other writings read alike)
-            y = jnp.where(y < _top_k_by_kernel(y, params["k"])[0][:, -1:], NEG_INF, y)
-        return jax_cut(cut)(y, key, temperature=None, p=params["p"], sort_fn=_descending_by_kernel_sort,
-                            put_back_fn=_put_back_by_scatter, categorical_fn=categorical_fn)
+        return fn(logits, key, sort_fn=_descending_by_kernel_sort, put_back_fn=_put_back_by_scatter,
+                  categorical_fn=categorical_fn, **params)
 
     return kernel
 
