@@ -11,8 +11,11 @@ taken branch inlined in place of its case, unreferenced
 private functions erased, identity converts (`convert` to its own type, as JAX writes a weak-typed Python
 scalar: `where(m, x, 0.0)`) dropped, integer scalar arithmetic on constants folded (an index normalised at a
 constant, `select(i < 0, i + n, i)`), a float scalar maximum or minimum of constants folded to the one it picks
-(a temperature bounded below, `x / jnp.maximum(T, 1e-4)`), a broadcast of a reshape that only drops or adds unit
-dims made a broadcast of the reshape's operand (`v[..., -1]` read as `v[..., -1:]`); then the normal forms of takes
+(a temperature bounded below, `x / jnp.maximum(T, 1e-4)`), a broadcast of a broadcast made one, and a broadcast of a
+reverse or an iota made the reverse or the iota of the broadcast (`jax.vmap` of a row's code writes a splat, and its
+argsort's reversed ids, for the row and then for the batch: read as the batched code writes them), a broadcast of a
+reshape that only drops or adds unit dims made a broadcast of the reshape's operand (`v[..., -1]` read as
+`v[..., -1:]`); then the normal forms of takes
 along an argsort's ids (hlofuse.ir.orders: such ids lie in [0, n), so the bounds checks `take_along_axis` wraps around
 its gather fold away; a take of the sort's own operand is the sort's output, reversed as the ids are; a take along the
 ascending argsort of such ids is `lax.sort_key_val(ids, values)`; a stable sort of a row beside a stable argsort of it
@@ -402,6 +405,83 @@ def fold_f32_splat_arithmetic(module: ir.Operation) -> int:
         op.erase()
         folded += 1
     return folded
+
+
+def compose_broadcasts(module: ir.Operation) -> int:
+    """Replaces each `broadcast_in_dim` of a `broadcast_in_dim` of a 0-d constant that only selects read (a `where`'s
+    fill) by one `broadcast_in_dim` of that constant; returns how many. `jax.vmap` writes a per-row function's fill
+    twice (to the row, then to the batch) where the batched code writes it once: `vmap(lambda y: where(y >= kth, y,
+    -inf))` against `where(y >= kth[:, None], y, -inf)`. (Only fills: other broadcasts keep their steps, which the
+    templates' sentinel parameters, the searches' loops and the hand-written noises are matched by.)"""
+    composed = 0
+    for op in _ops_named(module, "stablehlo.broadcast_in_dim"):
+        inner = defining_op(op.operands[0])
+        if inner is None or inner.name != "stablehlo.broadcast_in_dim" or len(op.attributes) != 1:
+            continue  # (a broadcast carrying more, a sharding annotation, stays as it is)
+        splat = defining_op(inner.operands[0])
+        if splat is None or splat.name != "stablehlo.constant" or static_shape(inner.operands[0]) != ():
+            continue
+        if not all(use.owner.name == "stablehlo.select" and use.operand_number > 0 for use in op.results[0].uses):
+            continue
+        outer_dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+        inner_dims = list(ir.DenseI64ArrayAttr(inner.attributes["broadcast_dimensions"]))
+        with ir.InsertionPoint(op), op.location:
+            broadcast = stablehlo.BroadcastInDimOp(op.results[0].type, inner.operands[0],
+                                                   [outer_dims[d] for d in inner_dims])
+        op.results[0].replace_all_uses_with(broadcast.result)
+        op.erase()
+        composed += 1
+    return composed
+
+
+def _unexpanded(op: ir.Operation, dims: list[int]) -> list[int] | None:
+    """The result dims a `broadcast_in_dim` puts its operand's `dims` at, where each keeps its size (not a unit dim
+    expanded), else None."""
+    places = int_list(op, "broadcast_dimensions")
+    source, result = static_shape(op.operands[0]), static_shape(op.results[0])
+    if source is None or result is None or any(source[d] != result[places[d]] for d in dims):
+        return None
+    return [places[d] for d in dims]
+
+
+def broadcast_before_reverses_and_iotas(module: ir.Operation) -> int:
+    """Replaces each `broadcast_in_dim` of a `reverse` by the reverse of the broadcast (its dims at their places in
+    the result), and each `broadcast_in_dim` of an `iota` by an iota of the result along its dim's place, where the
+    reversed or counted dims keep their size; returns how many. `jax.vmap` of a row's `jnp.argsort(y,
+    descending=True)` broadcasts the row's reversed iota to the batch, where the batched code writes the batch's
+    iota, reversed. (Until none is left: a broadcast moved before a reverse may meet an iota there.)"""
+    moved, before = 0, -1
+    while moved != before:
+        before = moved
+        moved += _broadcast_before_reverse_or_iota(module)
+    return moved
+
+
+def _broadcast_before_reverse_or_iota(module: ir.Operation) -> int:
+    """One sweep of `broadcast_before_reverses_and_iotas`."""
+    moved = 0
+    for op in _ops_named(module, "stablehlo.broadcast_in_dim"):
+        inner = defining_op(op.operands[0])
+        if inner is None or inner.name not in ("stablehlo.reverse", "stablehlo.iota") or len(op.attributes) != 1:
+            continue
+        result_type = ir.RankedTensorType(op.results[0].type)
+        with ir.InsertionPoint(op), op.location:
+            if inner.name == "stablehlo.iota":
+                places = _unexpanded(op, [ir.IntegerAttr(inner.attributes["iota_dimension"]).value])
+                if places is None:
+                    continue
+                replaced = stablehlo.IotaOp(result_type, places[0]).result
+            else:
+                places = _unexpanded(op, int_list(inner, "dimensions"))
+                if places is None:
+                    continue
+                broadcast = stablehlo.BroadcastInDimOp(result_type, inner.operands[0],
+                                                       int_list(op, "broadcast_dimensions")).result
+                replaced = stablehlo.ReverseOp(broadcast, places).result
+        op.results[0].replace_all_uses_with(replaced)
+        op.erase()
+        moved += 1
+    return moved
 
 
 def _without_units(shape: list[int]) -> list[int]:
@@ -1000,6 +1080,8 @@ class PreparePass(ModulePass):
         state.count("fold_integer_scalar", fold_integer_scalars(module))
         state.count("fold_float_scalar_extremum", fold_float_scalar_extrema(module))
         state.count("fold_f32_splat_arithmetic", fold_f32_splat_arithmetic(module))
+        state.count("compose_broadcast", compose_broadcasts(module))
+        state.count("broadcast_before_reverse_or_iota", broadcast_before_reverses_and_iotas(module))
         state.count("fold_unit_reshape_into_broadcast", fold_unit_reshapes_into_broadcasts(module))
         # takes along an argsort: their bounds checks decided, then read as the sort's outputs
         state.count("fold_decided_index_check", fold_decided_index_checks(module))

@@ -15,7 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hlofuse.passes.prepare import fold_decided_index_checks, inline_private_calls, sort_values_once
+from hlofuse.passes.prepare import (
+    broadcast_before_reverses_and_iotas,
+    fold_decided_index_checks,
+    inline_private_calls,
+    sort_values_once,
+)
 from jaxlib.mlir import ir
 
 from hlofuse.ir.orders import (
@@ -44,6 +49,7 @@ def _ops(fn, *args) -> tuple[ir.Module, list[ir.Operation]]:  # noqa: ANN001
     the ops of its main function in order."""
     module = clone_module(jax.jit(fn).lower(*(args or (ROWS,))).compiler_ir("stablehlo"))
     inline_private_calls(module.operation)
+    broadcast_before_reverses_and_iotas(module.operation)
     fold_decided_index_checks(module.operation)
     return module, [op.operation for op in main_func(module).regions[0].blocks[0].operations]
 
@@ -182,6 +188,8 @@ def test_no_other_take_is_a_put_back(writing) -> None:  # noqa: ANN001
     lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)[:, ::-1]].set(x * 2),
     lambda x: jnp.full_like(x[0], -jnp.inf).at[jnp.argsort(x[0])[::-1]].set(x[1]),
     lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)].set(x * 2, mode="drop"),
+    # a row's `.at[order].set` under jax.vmap: the rows are the scatter's batch dims
+    jax.vmap(lambda r: jnp.zeros_like(r).at[jnp.argsort(r, descending=True)].set(r * 2)),
 ])
 def test_a_scatter_of_the_rows_to_an_orders_places_is_a_put_back(writing) -> None:  # noqa: ANN001
     _, ops = _ops(writing)
@@ -199,6 +207,9 @@ def test_a_scatter_of_the_rows_to_an_orders_places_is_a_put_back(writing) -> Non
     lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.argsort(x, axis=-1)[:, :4]].set(x[:, :4]),
     # places from no order
     lambda x: jnp.zeros_like(x).at[jnp.arange(2)[:, None], jnp.round(x).astype(jnp.int32) % 8].set(x * 2),
+    # under jax.vmap: an add, and places from no order
+    jax.vmap(lambda r: jnp.zeros_like(r).at[jnp.argsort(r)].add(r * 2)),
+    jax.vmap(lambda r: jnp.zeros_like(r).at[jnp.round(r).astype(jnp.int32) % 8].set(r * 2)),
 ])
 def test_no_other_scatter_is_a_put_back(writing) -> None:  # noqa: ANN001
     _, ops = _ops(writing)

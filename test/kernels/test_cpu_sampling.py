@@ -82,6 +82,22 @@ def test_kernel_matches_reference(form: str, dtype: str) -> None:
                 np.testing.assert_array_equal(ker(x, key), ref(x, key), err_msg=f"{kind} {shape} seed {seed}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_row_of_minus_inf_draws_index_0_with_no_noise(dtype: str) -> None:
+    """A filter that keeps nothing leaves a row of -inf, whose every score is -inf: jax.random.categorical gives index
+    0, and the kernel gives it without drawing the row's noise (it once drew all of it: no score raised its bound)."""
+    np_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    x = np.random.default_rng(2).standard_normal((3, 5000)).astype(np_dtype)
+    x[1] = -np.inf
+    key = jnp.array([5, 6], jnp.uint32)
+    ref = jax.jit(lambda x, key: sample_reference(x, key, form="categorical", temperature=0.7))(jnp.asarray(x), key)
+    sampling.noise_stats()
+    np.testing.assert_array_equal(sampling.sample(jnp.asarray(x[1:2]), key, form="categorical", temperature=0.7), [0])
+    assert sampling.noise_stats()[0] == 0
+    np.testing.assert_array_equal(sampling.sample(jnp.asarray(x), key, form="categorical", temperature=0.7), ref)
+    assert int(ref[1]) == 0
+
+
 @pytest.mark.parametrize("form", ["temperature", "top_k_mask", "top_p_mask", "min_p"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_kernel_matches_reference_at_temperature_1(form: str, dtype: str) -> None:

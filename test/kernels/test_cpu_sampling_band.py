@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from hlofuse.kernels.cpu import sampling
-from hlofuse.kernels.sampling_reference import FORMS, UNCERTIFIED, form_params, sample_reference
+from hlofuse.kernels.sampling_reference import FORMS, UNCERTIFIED, form_params, masked_top_k, sample_reference
 
 pytestmark = pytest.mark.skipif(not sampling.is_available(), reason="the native CPU sampler is not built")
 
@@ -298,6 +298,96 @@ def test_old_top_k_top_p_filtering_draws_are_the_programs(form: str) -> None:
     _assert_certified_draws_are_the_programs(form, by_band, lowering, from_below=False, top_k=40)
 
 
+@pytest.mark.parametrize("form", ["top_p_unshifted_mask", "top_p_unshifted_mask_choice",
+                                  "top_p_unshifted_mask_log_softmax", "top_k_top_p_unshifted_mask",
+                                  "top_k_keep_top_p_unshifted_mask_choice"])
+def test_unshifted_top_p_draws_are_the_programs(form: str) -> None:
+    """The JAX cut not shifted (`cumsum > p` removed as it is: the crossing token goes too), alone and after a top-k:
+    the classic cut's band with its crossing token not vouched for (`crossing_dropped`), and the rows that keep
+    nothing, certify only the program's draws, a quarter of these rows at least, and the lowering gives the program's
+    ids on every row."""
+    draw = FORMS[form].drawn_by
+    top_k = 40 if form.startswith("top_k_") else 0
+
+    def by_band(x: jax.Array, key: jax.Array, params: dict) -> jax.Array:
+        top_k_filter = (sampling._keep_top_k_by_kernel if "keep" in form else masked_top_k()) if top_k else None
+        return sampling.unshifted_nucleus_draw(form, x / params["temperature"], key, params, top_k_filter)
+
+    def lowering(params: dict) -> Callable[..., jax.Array]:
+        return sampling.unshifted_top_p_lowering(form, params)
+
+    rows = ROWS // 4 if draw == "choice" else ROWS  # (the rows are built to put p at a cut: many are in its band)
+    assert _assert_certified_draws_are_the_programs(form, by_band, lowering, False, top_k) < rows * len(KINDS) * 3 / 4
+
+
+def test_the_classic_band_would_vouch_for_the_unshifted_cuts_crossing_token() -> None:
+    """Where the crossing token is alone at the top of its band, the classic cut keeps it and the unshifted one drops
+    it: the classic band vouches for it (a wrong draw for the unshifted cut), `crossing_dropped` does not."""
+    x = jnp.asarray([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0]], jnp.float32)
+    probs = np.asarray(jax.nn.softmax(x[0]), np.float64)
+    p = float(probs[0] + probs[1] / 2)  # 3.0 crosses p: the classic cut keeps it, the unshifted one does not
+    lo, hi = sampling.nucleus_band(x, p, from_below=False, by_place=True)
+    assert float(lo[0]) == 3.0 and float(hi[0]) < 3.0  # the classic band: 3.0 surely kept
+    assert float(sampling.crossing_dropped(hi)[0]) == 3.0  # not vouched for: a draw of 3.0 is left to the program
+
+
+def test_unshifted_cut_of_a_row_that_keeps_nothing_draws_the_fill() -> None:
+    """A row whose top token alone is above p keeps nothing: its draw is over the fill alone (id 0 at -inf, under every
+    draw of BAND_DRAWS; any id at a finite fill). The band's floor vouches for that where the top token is alone and
+    above p past rounding, with no sort; the lowering gives the program's ids."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((8, 2000)).astype(np.float32)
+    x[:4, 17] = 30.0  # alone above p
+    x[4, 17] = x[4, 18] = 30.0  # two copies of the top: the first place holds half the mass
+    others = np.exp(np.delete(x[5], 17).astype(np.float64)).sum()
+    x[5, 17] = np.log(others * 0.85 / 0.15)  # alone, at a probability of 0.85: kept
+    for form, fill in (("top_p_unshifted_mask", None), ("top_p_unshifted_mask", -1e9),
+                       ("top_k_top_p_unshifted_mask_choice", None)):
+        params = form_params(form, temperature=1.0, p=0.9, k=40) | ({} if fill is None else {"fill": fill})
+        key = jnp.array([3, 9], jnp.uint32)
+        top_k_filter = masked_top_k() if form.startswith("top_k_") else None
+        drawn = np.asarray(sampling.unshifted_nucleus_draw(form, jnp.asarray(x), key, params, top_k_filter))
+        ref = sample_reference(jnp.asarray(x), key, form=form, **params)
+        np.testing.assert_array_equal(drawn[:4], ref[:4], err_msg=f"{form}: vouched for with no sort")
+        if fill is None:
+            np.testing.assert_array_equal(drawn[:4], [sampling.EMPTY_ROWS_DRAW] * 4)
+        np.testing.assert_array_equal(jax.jit(sampling.unshifted_top_p_lowering(form, params))(jnp.asarray(x), key),
+                                      ref, err_msg=form)
+    for draw in sampling.BAND_DRAWS:
+        form = f"top_p_unshifted_mask{'_' * bool(draw)}{draw}"
+        key = jnp.array([[4, 1], [5, 2], [6, 3]] if draw == "row_keys" else [4, 1], jnp.uint32)
+        empty = jnp.full((3, 50), -jnp.inf)  # every draw of a row of -inf: the first id
+        params = form_params(form, temperature=1.0, p=0.9)
+        np.testing.assert_array_equal(sample_reference(empty, key, form=form, **params),
+                                      [sampling.EMPTY_ROWS_DRAW] * 3, err_msg=form)
+
+
+ROW_KEY_BANDS = (("top_p_descending_mask_row_keys", sampling.shifted_top_p_lowering),
+                 ("top_k_keep_top_p_descending_mask_row_keys", sampling.shifted_top_p_lowering),
+                 ("top_p_ascending_mask_row_keys", sampling.top_p_ascending_lowering),
+                 ("top_p_mask_row_keys", sampling.drawn_form_lowering),
+                 ("top_p_unshifted_mask_row_keys", sampling.unshifted_top_p_lowering))
+
+
+@pytest.mark.parametrize(("form", "lowering"), ROW_KEY_BANDS, ids=[form for form, _ in ROW_KEY_BANDS])
+def test_a_key_per_row_is_drawn_in_the_band(form: str, lowering: Callable[..., Callable[..., jax.Array]]) -> None:
+    """A nucleus drawn with a key per row (a per-sequence sampler vmapped with its keys: `row_keys`): the band vouches
+    for each row's draw under its own key's noise, as for one key's, so the compiled program's entry holds no sort
+    (the kernel's, or XLA's, only in a conditional's branch), and the ids are the program's on every kind of row."""
+    params = form_params(form, temperature=0.7, p=0.9, k=40)
+    lowered = jax.jit(lowering(form, params))
+    for i, kind in enumerate(KINDS):
+        row, _ = _row_and_p(kind, 40 + i, from_below=False)
+        x = jnp.asarray(np.stack([np.roll(row, 37 * r) for r in range(16)]))
+        keys = jax.random.key_data(jax.random.split(jax.random.key(i), 16))
+        np.testing.assert_array_equal(lowered(x, keys), sample_reference(x, keys, form=form, **params),
+                                      err_msg=f"{form}: {kind}")
+    hlo = lowered.lower(jax.ShapeDtypeStruct((2, 12288), jnp.float32),
+                        jax.ShapeDtypeStruct((2, 2), jnp.uint32)).compile().as_text()
+    entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
+    assert "conditional(" in entry and " sort(" not in entry and sampling.SORT_TARGET not in entry
+
+
 def test_classic_top_p_rows_with_infinities_or_nan_are_the_programs() -> None:
     """A row with a NaN, a +inf or -infs: the band vouches for none with a NaN or +inf (the program's softmax is NaN),
     and the lowering gives the program's ids; the compiled program's entry holds no sort (XLA's runs in a branch)."""
@@ -503,6 +593,9 @@ def test_few_rows_are_left_to_the_programs_cut(scale: float) -> None:
                                                by_place=False)),
         ("top_k_race", sampling.top_k_nucleus_draw("exponential_race", x, key, params, from_below=False,
                                                    exact_k=False)),
+        ("unshifted", sampling.unshifted_nucleus_draw("top_p_unshifted_mask", x / 0.7, key, params, None)),
+        ("unshifted_top_k_choice", sampling.unshifted_nucleus_draw("top_k_top_p_unshifted_mask_choice", x / 0.7, key,
+                                                                   params, masked_top_k())),
         ("hugging_face_top_k_min_p_choice", sampling.top_p_min_p_draw_by_band("choice", x, key,
                                                                               params | {"min_p": 0.05})),
         ("hugging_face_min_p_choice", sampling.top_p_min_p_draw_by_band("choice", x, key,
@@ -517,7 +610,9 @@ SORTS_IN_A_BRANCH = (("top_p_ascending_mask_choice", sampling.TARGET),
                      ("top_p_mask_exponential_race", sampling.NUCLEUS_BAND_TARGET),
                      ("top_k_top_p_mask_log_softmax", sampling.TOP_K_TARGET),
                      ("top_p_min_p_removal_choice", sampling.NUCLEUS_BAND_TARGET),
-                     ("top_k_top_p_min_p_removal_choice", sampling.TOP_K_TARGET))
+                     ("top_k_top_p_min_p_removal_choice", sampling.TOP_K_TARGET),
+                     ("top_p_unshifted_mask", sampling.NUCLEUS_BAND_TARGET),
+                     ("top_k_keep_top_p_unshifted_mask_choice", sampling.TOP_K_TARGET))
 
 
 @pytest.mark.parametrize(("form", "band_target"), SORTS_IN_A_BRANCH)
@@ -527,6 +622,8 @@ def test_top_p_sorts_only_in_a_branch(form: str, band_target: str) -> None:
     params = form_params(form, temperature=0.8, p=0.9, k=50, min_p=0.05)
     if "min_p" in form:
         lower = sampling.top_p_chain_lowering
+    elif "unshifted" in form:
+        lower = sampling.unshifted_top_p_lowering
     elif "ascending" in form:
         lower = sampling.top_p_ascending_lowering
     else:

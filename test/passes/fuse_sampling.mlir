@@ -31542,6 +31542,1543 @@ module @sample_jax_unshifted_top_p attributes {mhlo.num_partitions = 1 : i32, mh
 
 // -----
 
+// CHECK-LABEL: func.func public @sample_sequence_top_k(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_keep_mask"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_sequence_top_k attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_sequence_top_k(%arg0: tensor<256xf32>, %arg1: tensor<2xui32>) -> (tensor<i32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<256xf32>
+    %2 = call @sort(%1) : (tensor<256xf32>) -> tensor<256xf32>
+    %3 = stablehlo.slice %2 [39:40] : (tensor<256xf32>) -> tensor<1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<1xf32>) -> tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %6 = stablehlo.compare GE, %1, %5, FLOAT : (tensor<256xf32>, tensor<256xf32>) -> tensor<256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = call @_where(%6, %1, %cst_0) : (tensor<256xi1>, tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    %8 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %9 = stablehlo.add %8, %7 : tensor<256xf32>
+    %10 = call @argmax(%9) : (tensor<256xf32>) -> tensor<i32>
+    return %10 : tensor<i32>
+  }
+  func.func private @sort(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 0 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<256xf32>) -> tensor<256xf32>
+    %1 = stablehlo.reverse %0, dims = [0] : tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_where(%arg0: tensor<256xi1>, %arg1: tensor<256xf32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<256xi1>, tensor<256xf32>
+    return %2 : tensor<256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<256xf32>) -> tensor<i32> {
+    %0 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [0] : (tensor<256xf32>, tensor<256xi32>, tensor<f32>, tensor<i32>) -> (tensor<f32>, tensor<i32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<i32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_sequence_top_k_top_p(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_keep_top_p_descending_mask"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_sequence_top_k_top_p attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_sequence_top_k_top_p(%arg0: tensor<256xf32>, %arg1: tensor<2xui32>) -> (tensor<i32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<256xf32>
+    %2 = call @sort(%1) : (tensor<256xf32>) -> tensor<256xf32>
+    %3 = stablehlo.slice %2 [39:40] : (tensor<256xf32>) -> tensor<1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<1xf32>) -> tensor<f32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %6 = stablehlo.compare GE, %1, %5, FLOAT : (tensor<256xf32>, tensor<256xf32>) -> tensor<256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %7 = call @_where(%6, %1, %cst_0) : (tensor<256xi1>, tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    %8 = call @argsort(%7) : (tensor<256xf32>) -> tensor<256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %9 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %10 = stablehlo.compare LT, %8, %9, SIGNED : (tensor<256xi32>, tensor<256xi32>) -> tensor<256xi1>
+    %c_1 = stablehlo.constant dense<256> : tensor<i32>
+    %11 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %12 = stablehlo.add %8, %11 : tensor<256xi32>
+    %13 = stablehlo.select %10, %12, %8 : tensor<256xi1>, tensor<256xi32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0] : (tensor<256xi32>) -> tensor<256x1xi32>
+    %15 = "stablehlo.gather"(%7, %14) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1>}> : (tensor<256xf32>, tensor<256x1xi32>) -> tensor<256xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %16 = stablehlo.reduce(%15 init: %cst_2) applies stablehlo.maximum across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %17 = stablehlo.maximum %cst_3, %16 : tensor<f32>
+    %18 = stablehlo.broadcast_in_dim %17, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %20 = stablehlo.subtract %15, %19 : tensor<256xf32>
+    %21 = stablehlo.exponential %20 : tensor<256xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %22 = stablehlo.reduce(%21 init: %cst_4) applies stablehlo.add across dimensions = [0] : (tensor<256xf32>, tensor<f32>) -> tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.divide %21, %24 : tensor<256xf32>
+    %26 = call @cumsum(%25) : (tensor<256xf32>) -> tensor<256xf32>
+    %cst_5 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %27 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %28 = stablehlo.compare GT, %26, %27, FLOAT : (tensor<256xf32>, tensor<256xf32>) -> tensor<256xi1>
+    %29 = call @_roll_static(%28) : (tensor<256xi1>) -> tensor<256xi1>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %30 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %c_7 = stablehlo.constant dense<false> : tensor<i1>
+    %31 = "stablehlo.scatter"(%29, %30, %c_7) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<256xi1>, tensor<1xi32>, tensor<i1>) -> tensor<256xi1>
+    %c_8 = stablehlo.constant dense<false> : tensor<i1>
+    %32 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i1>) -> tensor<256xi1>
+    %c_9 = stablehlo.constant dense<0> : tensor<i32>
+    %33 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %34 = stablehlo.compare LT, %8, %33, SIGNED : (tensor<256xi32>, tensor<256xi32>) -> tensor<256xi1>
+    %c_10 = stablehlo.constant dense<256> : tensor<i32>
+    %35 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<256xi32>
+    %36 = stablehlo.add %8, %35 : tensor<256xi32>
+    %37 = stablehlo.select %34, %36, %8 : tensor<256xi1>, tensor<256xi32>
+    %38 = stablehlo.broadcast_in_dim %37, dims = [0] : (tensor<256xi32>) -> tensor<256x1xi32>
+    %39 = "stablehlo.scatter"(%32, %38, %31) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<256xi1>, tensor<256x1xi32>, tensor<256xi1>) -> tensor<256xi1>
+    %cst_11 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %40 = call @_where_1(%39, %cst_11, %7) : (tensor<256xi1>, tensor<f32>, tensor<256xf32>) -> tensor<256xf32>
+    %41 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %42 = stablehlo.add %41, %40 : tensor<256xf32>
+    %43 = call @argmax(%42) : (tensor<256xf32>) -> tensor<i32>
+    return %43 : tensor<i32>
+  }
+  func.func private @sort(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 0 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<256xf32>) -> tensor<256xf32>
+    %1 = stablehlo.reverse %0, dims = [0] : tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_where(%arg0: tensor<256xi1>, %arg1: tensor<256xf32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.select %arg0, %arg1, %1 : tensor<256xi1>, tensor<256xf32>
+    return %2 : tensor<256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<256xf32>) -> tensor<256xi32> {
+    %0 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %1 = stablehlo.reverse %arg0, dims = [0] : tensor<256xf32>
+    %2 = stablehlo.reverse %0, dims = [0] : tensor<256xi32>
+    %3:2 = "stablehlo.sort"(%1, %2) <{dimension = 0 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %5 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.select %5, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %7 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %8 = stablehlo.select %7, %cst_1, %6 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %9 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.select %9, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %11 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %12 = stablehlo.select %11, %cst_4, %10 : tensor<i1>, tensor<f32>
+      %13 = stablehlo.compare LT, %8, %12, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %13 : tensor<i1>
+    }) : (tensor<256xf32>, tensor<256xi32>) -> (tensor<256xf32>, tensor<256xi32>)
+    %4 = stablehlo.reverse %3#1, dims = [0] : tensor<256xi32>
+    return %4 : tensor<256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<256xf32>) -> tensor<256xf32>
+    return %0 : tensor<256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<256xf32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1>, padding = dense<[[255, 0]]> : tensor<1x2xi64>, window_dilations = array<i64: 1>, window_dimensions = array<i64: 256>, window_strides = array<i64: 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<256xf32>, tensor<f32>) -> tensor<256xf32>
+    return %1 : tensor<256xf32>
+  }
+  func.func private @_roll_static(%arg0: tensor<256xi1>) -> tensor<256xi1> {
+    %0 = stablehlo.slice %arg0 [255:256] : (tensor<256xi1>) -> tensor<1xi1>
+    %1 = stablehlo.slice %arg0 [0:255] : (tensor<256xi1>) -> tensor<255xi1>
+    %2 = stablehlo.concatenate %0, %1, dim = 0 : (tensor<1xi1>, tensor<255xi1>) -> tensor<256xi1>
+    return %2 : tensor<256xi1>
+  }
+  func.func private @_where_1(%arg0: tensor<256xi1>, %arg1: tensor<f32>, %arg2: tensor<256xf32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.select %arg0, %1, %arg2 : tensor<256xi1>, tensor<256xf32>
+    return %2 : tensor<256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<256xf32>) -> tensor<i32> {
+    %0 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [0] : (tensor<256xf32>, tensor<256xi32>, tensor<f32>, tensor<i32>) -> (tensor<f32>, tensor<i32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<i32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_sequences_top_p_with_their_keys(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_p_descending_mask_row_keys"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_sequences_top_p_with_their_keys attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_sequences_top_p_with_their_keys(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %0 = call @_threefry_split(%arg1) : (tensor<2xui32>) -> tensor<4x2xui32>
+    %cst = stablehlo.constant dense<8.000000e-01> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<4x256xf32>
+    %3 = call @argsort(%2) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %4 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %5 = stablehlo.compare LT, %3, %4, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_0 = stablehlo.constant dense<256> : tensor<i32>
+    %6 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %7 = stablehlo.add %3, %6 : tensor<4x256xi32>
+    %8 = stablehlo.select %5, %7, %3 : tensor<4x256xi1>, tensor<4x256xi32>
+    %9 = stablehlo.broadcast_in_dim %8, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %10 = "stablehlo.gather"(%2, %9) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x256x1xi32>) -> tensor<4x256xf32>
+    %cst_1 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %11 = stablehlo.reduce(%10 init: %cst_1) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %12 = stablehlo.broadcast_in_dim %cst_2, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %13 = stablehlo.maximum %12, %11 : tensor<4xf32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %15 = stablehlo.broadcast_in_dim %14, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %16 = stablehlo.subtract %10, %15 : tensor<4x256xf32>
+    %17 = stablehlo.exponential %16 : tensor<4x256xf32>
+    %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %18 = stablehlo.reduce(%17 init: %cst_3) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %19 = stablehlo.broadcast_in_dim %18, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %20 = stablehlo.broadcast_in_dim %19, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %21 = stablehlo.divide %17, %20 : tensor<4x256xf32>
+    %22 = call @cumsum(%21) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_4 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %23 = stablehlo.broadcast_in_dim %cst_4, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %24 = stablehlo.compare GT, %22, %23, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %25 = call @_roll_static(%24) : (tensor<4x256xi1>) -> tensor<4x256xi1>
+    %c_5 = stablehlo.constant dense<0> : tensor<i32>
+    %26 = stablehlo.broadcast_in_dim %c_5, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %c_6 = stablehlo.constant dense<false> : tensor<i1>
+    %27 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i1>) -> tensor<4xi1>
+    %28 = "stablehlo.scatter"(%25, %26, %27) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0], inserted_window_dims = [1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<1xi32>, tensor<4xi1>) -> tensor<4x256xi1>
+    %c_7 = stablehlo.constant dense<false> : tensor<i1>
+    %29 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i1>) -> tensor<256xi1>
+    %c_8 = stablehlo.constant dense<0> : tensor<i32>
+    %30 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %31 = stablehlo.compare LT, %3, %30, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_9 = stablehlo.constant dense<256> : tensor<i32>
+    %32 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %33 = stablehlo.add %3, %32 : tensor<4x256xi32>
+    %34 = stablehlo.select %31, %33, %3 : tensor<4x256xi1>, tensor<4x256xi32>
+    %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %36 = stablehlo.broadcast_in_dim %29, dims = [1] : (tensor<256xi1>) -> tensor<4x256xi1>
+    %37 = "stablehlo.scatter"(%36, %35, %28) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x1xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_10 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %38 = call @_where(%37, %cst_10, %2) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %39 = call @_gumbel(%0) : (tensor<4x2xui32>) -> tensor<4x256xf32>
+    %40 = stablehlo.add %39, %38 : tensor<4x256xf32>
+    %41 = call @argmax(%40) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %41 : tensor<4xi32>
+  }
+  func.func private @_threefry_split(%arg0: tensor<2xui32>) -> tensor<4x2xui32> {
+    %0 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %1 = stablehlo.reshape %0 : (tensor<1xui32>) -> tensor<ui32>
+    %2 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.iota dim = 0 : tensor<4xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %5 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4xui64>
+    %6 = stablehlo.multiply %5, %4 : tensor<4xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %7 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4xui64>
+    %8 = stablehlo.shift_right_logical %6, %7 : tensor<4xui64>
+    %9 = stablehlo.convert %6 : (tensor<4xui64>) -> tensor<4xui32>
+    %10 = stablehlo.convert %8 : (tensor<4xui64>) -> tensor<4xui32>
+    %11:2 = call @threefry2x32(%1, %3, %10, %9) : (tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>)
+    %12 = stablehlo.broadcast_in_dim %11#0, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %13 = stablehlo.broadcast_in_dim %11#1, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %14 = stablehlo.concatenate %12, %13, dim = 1 : (tensor<4x1xui32>, tensor<4x1xui32>) -> tensor<4x2xui32>
+    return %14 : tensor<4x2xui32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4xui32>, %arg3: tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4xui32>, %arg2: tensor<4xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %1 = stablehlo.reverse %arg0, dims = [1] : tensor<4x256xf32>
+    %2 = stablehlo.reverse %0, dims = [0] : tensor<256xi32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [1] : (tensor<256xi32>) -> tensor<4x256xi32>
+    %4:2 = "stablehlo.sort"(%1, %3) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_1, %7 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %11 = stablehlo.select %10, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %12 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %13 = stablehlo.select %12, %cst_4, %11 : tensor<i1>, tensor<f32>
+      %14 = stablehlo.compare LT, %9, %13, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %14 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    %5 = stablehlo.reverse %4#1, dims = [1] : tensor<4x256xi32>
+    return %5 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_roll_static(%arg0: tensor<4x256xi1>) -> tensor<4x256xi1> {
+    %0 = stablehlo.slice %arg0 [0:4, 255:256] : (tensor<4x256xi1>) -> tensor<4x1xi1>
+    %1 = stablehlo.slice %arg0 [0:4, 0:255] : (tensor<4x256xi1>) -> tensor<4x255xi1>
+    %2 = stablehlo.concatenate %0, %1, dim = 1 : (tensor<4x1xi1>, tensor<4x255xi1>) -> tensor<4x256xi1>
+    return %2 : tensor<4x256xi1>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.select %arg0, %2, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %3 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<4x2xui32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<4x2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x256xf32>
+    return %4 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<4x2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:4, 0:1] : (tensor<4x2xui32>) -> tensor<4x1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<4x1xui32>) -> tensor<4xui32>
+    %5 = stablehlo.slice %arg0 [0:4, 1:2] : (tensor<4x2xui32>) -> tensor<4x1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<4x1xui32>) -> tensor<4xui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [1] : (tensor<256xui32>) -> tensor<1x256xui32>
+    %15 = stablehlo.broadcast_in_dim %12, dims = [1] : (tensor<256xui32>) -> tensor<1x256xui32>
+    %16 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %17 = stablehlo.broadcast_in_dim %6, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %18:2 = call @threefry2x32_1(%16, %17, %14, %15) : (tensor<4x1xui32>, tensor<4x1xui32>, tensor<1x256xui32>, tensor<1x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %19 = stablehlo.xor %18#0, %18#1 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %20 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %21 = stablehlo.shift_right_logical %19, %20 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %22 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %23 = stablehlo.or %21, %22 : tensor<4x256xui32>
+    %24 = stablehlo.bitcast_convert %23 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %26 = stablehlo.subtract %24, %25 : tensor<4x256xf32>
+    %27 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %26, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %33 = stablehlo.add %30, %32 : tensor<4x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %36 = stablehlo.maximum %35, %33 : tensor<4x256xf32>
+    return %36 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32_1(%arg0: tensor<4x1xui32>, %arg1: tensor<4x1xui32>, %arg2: tensor<1x256xui32>, %arg3: tensor<1x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<4x1xui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<4x1xui32>
+    %2 = stablehlo.xor %0, %1 : tensor<4x1xui32>
+    %3 = stablehlo.broadcast_in_dim %arg2, dims = [0, 1] : (tensor<1x256xui32>) -> tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %3, %4 : tensor<4x256xui32>
+    %6 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1] : (tensor<1x256xui32>) -> tensor<4x256xui32>
+    %7 = stablehlo.broadcast_in_dim %arg1, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.add %6, %7 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %9:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %5, %iterArg_6 = %8, %iterArg_7 = %arg1, %iterArg_8 = %2, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %10 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    } do {
+      %10:8 = func.call @closed_call_2(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %11 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %11, %10#0, %10#1, %10#2, %10#3, %10#4, %10#5, %10#6, %10#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %9#2, %9#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call_2(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x1xui32>, %arg4: tensor<4x1xui32>, %arg5: tensor<4x1xui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_sequences_top_k_top_p_with_their_keys(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_keep_top_p_descending_mask_row_keys"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_sequences_top_k_top_p_with_their_keys attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_sequences_top_k_top_p_with_their_keys(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %0 = call @_threefry_split(%arg1) : (tensor<2xui32>) -> tensor<4x2xui32>
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %2 = stablehlo.divide %arg0, %1 : tensor<4x256xf32>
+    %3 = call @sort(%2) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %4 = stablehlo.slice %3 [0:4, 39:40] : (tensor<4x256xf32>) -> tensor<4x1xf32>
+    %5 = stablehlo.reshape %4 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %8 = stablehlo.compare GE, %2, %7, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %9 = call @_where(%8, %2, %cst_0) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %10 = call @argsort(%9) : (tensor<4x256xf32>) -> tensor<4x256xi32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %11 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %12 = stablehlo.compare LT, %10, %11, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_1 = stablehlo.constant dense<256> : tensor<i32>
+    %13 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %14 = stablehlo.add %10, %13 : tensor<4x256xi32>
+    %15 = stablehlo.select %12, %14, %10 : tensor<4x256xi1>, tensor<4x256xi32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %17 = "stablehlo.gather"(%9, %16) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x256xf32>, tensor<4x256x1xi32>) -> tensor<4x256xf32>
+    %cst_2 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %18 = stablehlo.reduce(%17 init: %cst_2) applies stablehlo.maximum across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %cst_3 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %19 = stablehlo.broadcast_in_dim %cst_3, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %20 = stablehlo.maximum %19, %18 : tensor<4xf32>
+    %21 = stablehlo.broadcast_in_dim %20, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %22 = stablehlo.broadcast_in_dim %21, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %23 = stablehlo.subtract %17, %22 : tensor<4x256xf32>
+    %24 = stablehlo.exponential %23 : tensor<4x256xf32>
+    %cst_4 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %25 = stablehlo.reduce(%24 init: %cst_4) applies stablehlo.add across dimensions = [1] : (tensor<4x256xf32>, tensor<f32>) -> tensor<4xf32>
+    %26 = stablehlo.broadcast_in_dim %25, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %28 = stablehlo.divide %24, %27 : tensor<4x256xf32>
+    %29 = call @cumsum(%28) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %cst_5 = stablehlo.constant dense<0.899999976> : tensor<f32>
+    %30 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %31 = stablehlo.compare GT, %29, %30, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %32 = call @_roll_static(%31) : (tensor<4x256xi1>) -> tensor<4x256xi1>
+    %c_6 = stablehlo.constant dense<0> : tensor<i32>
+    %33 = stablehlo.broadcast_in_dim %c_6, dims = [] : (tensor<i32>) -> tensor<1xi32>
+    %c_7 = stablehlo.constant dense<false> : tensor<i1>
+    %34 = stablehlo.broadcast_in_dim %c_7, dims = [] : (tensor<i1>) -> tensor<4xi1>
+    %35 = "stablehlo.scatter"(%32, %33, %34) <{indices_are_sorted = true, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [0], inserted_window_dims = [1], scatter_dims_to_operand_dims = [1]>, unique_indices = true}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<1xi32>, tensor<4xi1>) -> tensor<4x256xi1>
+    %c_8 = stablehlo.constant dense<false> : tensor<i1>
+    %36 = stablehlo.broadcast_in_dim %c_8, dims = [] : (tensor<i1>) -> tensor<256xi1>
+    %c_9 = stablehlo.constant dense<0> : tensor<i32>
+    %37 = stablehlo.broadcast_in_dim %c_9, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %38 = stablehlo.compare LT, %10, %37, SIGNED : (tensor<4x256xi32>, tensor<4x256xi32>) -> tensor<4x256xi1>
+    %c_10 = stablehlo.constant dense<256> : tensor<i32>
+    %39 = stablehlo.broadcast_in_dim %c_10, dims = [] : (tensor<i32>) -> tensor<4x256xi32>
+    %40 = stablehlo.add %10, %39 : tensor<4x256xi32>
+    %41 = stablehlo.select %38, %40, %10 : tensor<4x256xi1>, tensor<4x256xi32>
+    %42 = stablehlo.broadcast_in_dim %41, dims = [0, 1] : (tensor<4x256xi32>) -> tensor<4x256x1xi32>
+    %43 = stablehlo.broadcast_in_dim %36, dims = [1] : (tensor<256xi1>) -> tensor<4x256xi1>
+    %44 = "stablehlo.scatter"(%43, %42, %35) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%arg2: tensor<i1>, %arg3: tensor<i1>):
+      stablehlo.return %arg3 : tensor<i1>
+    }) : (tensor<4x256xi1>, tensor<4x256x1xi32>, tensor<4x256xi1>) -> tensor<4x256xi1>
+    %cst_11 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %45 = call @_where_1(%44, %cst_11, %9) : (tensor<4x256xi1>, tensor<f32>, tensor<4x256xf32>) -> tensor<4x256xf32>
+    %46 = call @_gumbel(%0) : (tensor<4x2xui32>) -> tensor<4x256xf32>
+    %47 = stablehlo.add %46, %45 : tensor<4x256xf32>
+    %48 = call @argmax(%47) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %48 : tensor<4xi32>
+  }
+  func.func private @_threefry_split(%arg0: tensor<2xui32>) -> tensor<4x2xui32> {
+    %0 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %1 = stablehlo.reshape %0 : (tensor<1xui32>) -> tensor<ui32>
+    %2 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.iota dim = 0 : tensor<4xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %5 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<4xui64>
+    %6 = stablehlo.multiply %5, %4 : tensor<4xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %7 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<4xui64>
+    %8 = stablehlo.shift_right_logical %6, %7 : tensor<4xui64>
+    %9 = stablehlo.convert %6 : (tensor<4xui64>) -> tensor<4xui32>
+    %10 = stablehlo.convert %8 : (tensor<4xui64>) -> tensor<4xui32>
+    %11:2 = call @threefry2x32(%1, %3, %10, %9) : (tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>)
+    %12 = stablehlo.broadcast_in_dim %11#0, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %13 = stablehlo.broadcast_in_dim %11#1, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %14 = stablehlo.concatenate %12, %13, dim = 1 : (tensor<4x1xui32>, tensor<4x1xui32>) -> tensor<4x2xui32>
+    return %14 : tensor<4x2xui32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<4xui32>, %arg3: tensor<4xui32>) -> (tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<4xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<4xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<4xui32>, %arg2: tensor<4xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4xui32>, tensor<4xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.select %arg0, %arg1, %2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %3 : tensor<4x256xf32>
+  }
+  func.func private @argsort(%arg0: tensor<4x256xf32>) -> tensor<4x256xi32> {
+    %0 = stablehlo.iota dim = 0 : tensor<256xi32>
+    %1 = stablehlo.reverse %arg0, dims = [1] : tensor<4x256xf32>
+    %2 = stablehlo.reverse %0, dims = [0] : tensor<256xi32>
+    %3 = stablehlo.broadcast_in_dim %2, dims = [1] : (tensor<256xi32>) -> tensor<4x256xi32>
+    %4:2 = "stablehlo.sort"(%1, %3) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>, %arg3: tensor<i32>, %arg4: tensor<i32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_1, %7 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %10 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %11 = stablehlo.select %10, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %12 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %13 = stablehlo.select %12, %cst_4, %11 : tensor<i1>, tensor<f32>
+      %14 = stablehlo.compare LT, %9, %13, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %14 : tensor<i1>
+    }) : (tensor<4x256xf32>, tensor<4x256xi32>) -> (tensor<4x256xf32>, tensor<4x256xi32>)
+    %5 = stablehlo.reverse %4#1, dims = [1] : tensor<4x256xi32>
+    return %5 : tensor<4x256xi32>
+  }
+  func.func private @cumsum(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = call @cumsum_0(%arg0) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    return %0 : tensor<4x256xf32>
+  }
+  func.func private @cumsum_0(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<f32>
+    %1 = "stablehlo.reduce_window"(%arg0, %0) <{base_dilations = array<i64: 1, 1>, padding = dense<[[0, 0], [255, 0]]> : tensor<2x2xi64>, window_dilations = array<i64: 1, 1>, window_dimensions = array<i64: 1, 256>, window_strides = array<i64: 1, 1>}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %2 = stablehlo.add %arg1, %arg2 : tensor<f32>
+      stablehlo.return %2 : tensor<f32>
+    }) : (tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_roll_static(%arg0: tensor<4x256xi1>) -> tensor<4x256xi1> {
+    %0 = stablehlo.slice %arg0 [0:4, 255:256] : (tensor<4x256xi1>) -> tensor<4x1xi1>
+    %1 = stablehlo.slice %arg0 [0:4, 0:255] : (tensor<4x256xi1>) -> tensor<4x255xi1>
+    %2 = stablehlo.concatenate %0, %1, dim = 1 : (tensor<4x1xi1>, tensor<4x255xi1>) -> tensor<4x256xi1>
+    return %2 : tensor<4x256xi1>
+  }
+  func.func private @_where_1(%arg0: tensor<4x256xi1>, %arg1: tensor<f32>, %arg2: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.select %arg0, %2, %arg2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %3 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<4x2xui32>) -> tensor<4x256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<4x2xui32>, tensor<f32>, tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.log %0 : tensor<4x256xf32>
+    %2 = stablehlo.negate %1 : tensor<4x256xf32>
+    %3 = stablehlo.log %2 : tensor<4x256xf32>
+    %4 = stablehlo.negate %3 : tensor<4x256xf32>
+    return %4 : tensor<4x256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<4x2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:4, 0:1] : (tensor<4x2xui32>) -> tensor<4x1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<4x1xui32>) -> tensor<4xui32>
+    %5 = stablehlo.slice %arg0 [0:4, 1:2] : (tensor<4x2xui32>) -> tensor<4x1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<4x1xui32>) -> tensor<4xui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %13, dims = [1] : (tensor<256xui32>) -> tensor<1x256xui32>
+    %15 = stablehlo.broadcast_in_dim %12, dims = [1] : (tensor<256xui32>) -> tensor<1x256xui32>
+    %16 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %17 = stablehlo.broadcast_in_dim %6, dims = [0] : (tensor<4xui32>) -> tensor<4x1xui32>
+    %18:2 = call @threefry2x32_2(%16, %17, %14, %15) : (tensor<4x1xui32>, tensor<4x1xui32>, tensor<1x256xui32>, tensor<1x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>)
+    %19 = stablehlo.xor %18#0, %18#1 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %20 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %21 = stablehlo.shift_right_logical %19, %20 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %22 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %23 = stablehlo.or %21, %22 : tensor<4x256xui32>
+    %24 = stablehlo.bitcast_convert %23 : (tensor<4x256xui32>) -> tensor<4x256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %25 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %26 = stablehlo.subtract %24, %25 : tensor<4x256xf32>
+    %27 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %28 = stablehlo.broadcast_in_dim %27, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %29 = stablehlo.broadcast_in_dim %28, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %30 = stablehlo.multiply %26, %29 : tensor<4x256xf32>
+    %31 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %32 = stablehlo.broadcast_in_dim %31, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %33 = stablehlo.add %30, %32 : tensor<4x256xf32>
+    %34 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xf32>) -> tensor<1x1xf32>
+    %35 = stablehlo.broadcast_in_dim %34, dims = [0, 1] : (tensor<1x1xf32>) -> tensor<4x256xf32>
+    %36 = stablehlo.maximum %35, %33 : tensor<4x256xf32>
+    return %36 : tensor<4x256xf32>
+  }
+  func.func private @threefry2x32_2(%arg0: tensor<4x1xui32>, %arg1: tensor<4x1xui32>, %arg2: tensor<1x256xui32>, %arg3: tensor<1x256xui32>) -> (tensor<4x256xui32>, tensor<4x256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<4x1xui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<4x1xui32>
+    %2 = stablehlo.xor %0, %1 : tensor<4x1xui32>
+    %3 = stablehlo.broadcast_in_dim %arg2, dims = [0, 1] : (tensor<1x256xui32>) -> tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg0, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.add %3, %4 : tensor<4x256xui32>
+    %6 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1] : (tensor<1x256xui32>) -> tensor<4x256xui32>
+    %7 = stablehlo.broadcast_in_dim %arg1, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.add %6, %7 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %9:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %5, %iterArg_6 = %8, %iterArg_7 = %arg1, %iterArg_8 = %2, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %10 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    } do {
+      %10:8 = func.call @closed_call_3(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %11 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %11, %10#0, %10#1, %10#2, %10#3, %10#4, %10#5, %10#6, %10#7 : tensor<i32>, tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %9#2, %9#3 : tensor<4x256xui32>, tensor<4x256xui32>
+  }
+  func.func private @closed_call_3(%arg0: tensor<i32>, %arg1: tensor<4x256xui32>, %arg2: tensor<4x256xui32>, %arg3: tensor<4x1xui32>, %arg4: tensor<4x1xui32>, %arg5: tensor<4x1xui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<4x256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<4x256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<4x256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<4x256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<4x256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<4x256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<4x256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<4x256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<4x256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<4x256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<4x256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<4x256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<4x256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<4x256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<4x256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<4x256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<4x256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<4x256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<4x256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<4x256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<4x256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [0, 1] : (tensor<4x1xui32>) -> tensor<4x256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<4x256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<4x256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<4x256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<4x256xui32>, tensor<4x256xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4x1xui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
+// CHECK-LABEL: func.func public @sample_sequences_top_k_with_one_key(
+// CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_keep_mask_same_key_rows"
+// CHECK-NOT: stablehlo.composite "hlofuse.sample"
+// CHECK: func.func private @hlofuse.sample.impl
+module @sample_sequences_top_k_with_one_key attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @sample_sequences_top_k_with_one_key(%arg0: tensor<4x256xf32>, %arg1: tensor<2xui32>) -> (tensor<4xi32> {jax.result_info = "result"}) {
+    %cst = stablehlo.constant dense<0.699999988> : tensor<f32>
+    %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<4x256xf32>
+    %1 = stablehlo.divide %arg0, %0 : tensor<4x256xf32>
+    %2 = call @sort(%1) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.slice %2 [0:4, 39:40] : (tensor<4x256xf32>) -> tensor<4x1xf32>
+    %4 = stablehlo.reshape %3 : (tensor<4x1xf32>) -> tensor<4xf32>
+    %5 = stablehlo.broadcast_in_dim %4, dims = [0] : (tensor<4xf32>) -> tensor<4x1xf32>
+    %6 = stablehlo.broadcast_in_dim %5, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x256xf32>
+    %7 = stablehlo.compare GE, %1, %6, FLOAT : (tensor<4x256xf32>, tensor<4x256xf32>) -> tensor<4x256xi1>
+    %cst_0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %8 = call @_where(%7, %1, %cst_0) : (tensor<4x256xi1>, tensor<4x256xf32>, tensor<f32>) -> tensor<4x256xf32>
+    %9 = call @_gumbel(%arg1) : (tensor<2xui32>) -> tensor<256xf32>
+    %10 = stablehlo.broadcast_in_dim %9, dims = [1] : (tensor<256xf32>) -> tensor<1x256xf32>
+    %11 = stablehlo.broadcast_in_dim %10, dims = [0, 1] : (tensor<1x256xf32>) -> tensor<4x256xf32>
+    %12 = stablehlo.add %11, %8 : tensor<4x256xf32>
+    %13 = call @argmax(%12) : (tensor<4x256xf32>) -> tensor<4xi32>
+    return %13 : tensor<4xi32>
+  }
+  func.func private @sort(%arg0: tensor<4x256xf32>) -> tensor<4x256xf32> {
+    %0 = "stablehlo.sort"(%arg0) <{dimension = 1 : i64, is_stable = true}> ({
+    ^bb0(%arg1: tensor<f32>, %arg2: tensor<f32>):
+      %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %2 = stablehlo.compare EQ, %arg1, %cst, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_0 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %3 = stablehlo.select %2, %cst_0, %arg1 : tensor<i1>, tensor<f32>
+      %4 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_1 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %5 = stablehlo.select %4, %cst_1, %3 : tensor<i1>, tensor<f32>
+      %cst_2 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %6 = stablehlo.compare EQ, %arg2, %cst_2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_3 = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+      %7 = stablehlo.select %6, %cst_3, %arg2 : tensor<i1>, tensor<f32>
+      %8 = stablehlo.compare NE, %arg2, %arg2, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %cst_4 = stablehlo.constant dense<0x7FC00000> : tensor<f32>
+      %9 = stablehlo.select %8, %cst_4, %7 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.compare LT, %5, %9, TOTALORDER : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      stablehlo.return %10 : tensor<i1>
+    }) : (tensor<4x256xf32>) -> tensor<4x256xf32>
+    %1 = stablehlo.reverse %0, dims = [1] : tensor<4x256xf32>
+    return %1 : tensor<4x256xf32>
+  }
+  func.func private @_where(%arg0: tensor<4x256xi1>, %arg1: tensor<4x256xf32>, %arg2: tensor<f32>) -> tensor<4x256xf32> {
+    %0 = stablehlo.convert %arg2 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<256xf32>) -> tensor<4x256xf32>
+    %3 = stablehlo.select %arg0, %arg1, %2 : tensor<4x256xi1>, tensor<4x256xf32>
+    return %3 : tensor<4x256xf32>
+  }
+  func.func private @_gumbel(%arg0: tensor<2xui32>) -> tensor<256xf32> {
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %cst_0 = stablehlo.constant dense<1.17549435E-38> : tensor<f32>
+    %0 = call @_uniform(%arg0, %cst, %cst_0) : (tensor<2xui32>, tensor<f32>, tensor<f32>) -> tensor<256xf32>
+    %1 = stablehlo.log %0 : tensor<256xf32>
+    %2 = stablehlo.negate %1 : tensor<256xf32>
+    %3 = stablehlo.log %2 : tensor<256xf32>
+    %4 = stablehlo.negate %3 : tensor<256xf32>
+    return %4 : tensor<256xf32>
+  }
+  func.func private @_uniform(%arg0: tensor<2xui32>, %arg1: tensor<f32>, %arg2: tensor<f32>) -> tensor<256xf32> {
+    %0 = stablehlo.convert %arg1 : tensor<f32>
+    %1 = stablehlo.broadcast_in_dim %arg2, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %2 = stablehlo.broadcast_in_dim %0, dims = [] : (tensor<f32>) -> tensor<1xf32>
+    %3 = stablehlo.slice %arg0 [0:1] : (tensor<2xui32>) -> tensor<1xui32>
+    %4 = stablehlo.reshape %3 : (tensor<1xui32>) -> tensor<ui32>
+    %5 = stablehlo.slice %arg0 [1:2] : (tensor<2xui32>) -> tensor<1xui32>
+    %6 = stablehlo.reshape %5 : (tensor<1xui32>) -> tensor<ui32>
+    %7 = stablehlo.iota dim = 0 : tensor<256xui64>
+    %c = stablehlo.constant dense<1> : tensor<ui64>
+    %8 = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %9 = stablehlo.multiply %8, %7 : tensor<256xui64>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui64>
+    %10 = stablehlo.broadcast_in_dim %c_0, dims = [] : (tensor<ui64>) -> tensor<256xui64>
+    %11 = stablehlo.shift_right_logical %9, %10 : tensor<256xui64>
+    %12 = stablehlo.convert %9 : (tensor<256xui64>) -> tensor<256xui32>
+    %13 = stablehlo.convert %11 : (tensor<256xui64>) -> tensor<256xui32>
+    %14:2 = call @threefry2x32(%4, %6, %13, %12) : (tensor<ui32>, tensor<ui32>, tensor<256xui32>, tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>)
+    %15 = stablehlo.xor %14#0, %14#1 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<9> : tensor<ui32>
+    %16 = stablehlo.broadcast_in_dim %c_1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %17 = stablehlo.shift_right_logical %15, %16 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<1065353216> : tensor<ui32>
+    %18 = stablehlo.broadcast_in_dim %c_2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %19 = stablehlo.or %17, %18 : tensor<256xui32>
+    %20 = stablehlo.bitcast_convert %19 : (tensor<256xui32>) -> tensor<256xf32>
+    %cst = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %21 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<256xf32>
+    %22 = stablehlo.subtract %20, %21 : tensor<256xf32>
+    %23 = stablehlo.subtract %2, %1 : tensor<1xf32>
+    %24 = stablehlo.broadcast_in_dim %23, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %25 = stablehlo.multiply %22, %24 : tensor<256xf32>
+    %26 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %27 = stablehlo.add %25, %26 : tensor<256xf32>
+    %28 = stablehlo.broadcast_in_dim %1, dims = [0] : (tensor<1xf32>) -> tensor<256xf32>
+    %29 = stablehlo.maximum %28, %27 : tensor<256xf32>
+    return %29 : tensor<256xf32>
+  }
+  func.func private @threefry2x32(%arg0: tensor<ui32>, %arg1: tensor<ui32>, %arg2: tensor<256xui32>, %arg3: tensor<256xui32>) -> (tensor<256xui32>, tensor<256xui32>) {
+    %c = stablehlo.constant dense<[13, 15, 26, 6]> : tensor<4xui32>
+    %c_0 = stablehlo.constant dense<[17, 29, 16, 24]> : tensor<4xui32>
+    %0 = stablehlo.xor %arg0, %arg1 : tensor<ui32>
+    %c_1 = stablehlo.constant dense<466688986> : tensor<ui32>
+    %1 = stablehlo.xor %0, %c_1 : tensor<ui32>
+    %2 = stablehlo.broadcast_in_dim %arg0, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %3 = stablehlo.add %arg2, %2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %arg1, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.add %arg3, %4 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<0> : tensor<i32>
+    %c_3 = stablehlo.constant dense<0> : tensor<i32>
+    %6:9 = stablehlo.while(%iterArg = %c_3, %iterArg_4 = %c_2, %iterArg_5 = %3, %iterArg_6 = %5, %iterArg_7 = %arg1, %iterArg_8 = %1, %iterArg_9 = %arg0, %iterArg_10 = %c, %iterArg_11 = %c_0) : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    cond {
+      %c_12 = stablehlo.constant dense<5> : tensor<i32>
+      %7 = stablehlo.compare LT, %iterArg, %c_12, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %7 : tensor<i1>
+    } do {
+      %7:8 = func.call @closed_call(%iterArg_4, %iterArg_5, %iterArg_6, %iterArg_7, %iterArg_8, %iterArg_9, %iterArg_10, %iterArg_11) : (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>)
+      %c_12 = stablehlo.constant dense<1> : tensor<i32>
+      %8 = stablehlo.add %iterArg, %c_12 : tensor<i32>
+      stablehlo.return %8, %7#0, %7#1, %7#2, %7#3, %7#4, %7#5, %7#6, %7#7 : tensor<i32>, tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+    }
+    return %6#2, %6#3 : tensor<256xui32>, tensor<256xui32>
+  }
+  func.func private @closed_call(%arg0: tensor<i32>, %arg1: tensor<256xui32>, %arg2: tensor<256xui32>, %arg3: tensor<ui32>, %arg4: tensor<ui32>, %arg5: tensor<ui32>, %arg6: tensor<4xui32>, %arg7: tensor<4xui32>) -> (tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>) {
+    %c = stablehlo.constant dense<1> : tensor<i32>
+    %0 = stablehlo.add %arg0, %c : tensor<i32>
+    %1 = stablehlo.slice %arg6 [0:1] : (tensor<4xui32>) -> tensor<1xui32>
+    %2 = stablehlo.reshape %1 : (tensor<1xui32>) -> tensor<ui32>
+    %3 = stablehlo.add %arg1, %arg2 : tensor<256xui32>
+    %4 = stablehlo.broadcast_in_dim %2, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %5 = stablehlo.shift_left %arg2, %4 : tensor<256xui32>
+    %c_0 = stablehlo.constant dense<32> : tensor<ui32>
+    %6 = stablehlo.subtract %c_0, %2 : tensor<ui32>
+    %7 = stablehlo.broadcast_in_dim %6, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %8 = stablehlo.shift_right_logical %arg2, %7 : tensor<256xui32>
+    %9 = stablehlo.or %5, %8 : tensor<256xui32>
+    %10 = stablehlo.xor %3, %9 : tensor<256xui32>
+    %11 = stablehlo.slice %arg6 [1:2] : (tensor<4xui32>) -> tensor<1xui32>
+    %12 = stablehlo.reshape %11 : (tensor<1xui32>) -> tensor<ui32>
+    %13 = stablehlo.add %3, %10 : tensor<256xui32>
+    %14 = stablehlo.broadcast_in_dim %12, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %15 = stablehlo.shift_left %10, %14 : tensor<256xui32>
+    %c_1 = stablehlo.constant dense<32> : tensor<ui32>
+    %16 = stablehlo.subtract %c_1, %12 : tensor<ui32>
+    %17 = stablehlo.broadcast_in_dim %16, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %18 = stablehlo.shift_right_logical %10, %17 : tensor<256xui32>
+    %19 = stablehlo.or %15, %18 : tensor<256xui32>
+    %20 = stablehlo.xor %13, %19 : tensor<256xui32>
+    %21 = stablehlo.slice %arg6 [2:3] : (tensor<4xui32>) -> tensor<1xui32>
+    %22 = stablehlo.reshape %21 : (tensor<1xui32>) -> tensor<ui32>
+    %23 = stablehlo.add %13, %20 : tensor<256xui32>
+    %24 = stablehlo.broadcast_in_dim %22, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %25 = stablehlo.shift_left %20, %24 : tensor<256xui32>
+    %c_2 = stablehlo.constant dense<32> : tensor<ui32>
+    %26 = stablehlo.subtract %c_2, %22 : tensor<ui32>
+    %27 = stablehlo.broadcast_in_dim %26, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %28 = stablehlo.shift_right_logical %20, %27 : tensor<256xui32>
+    %29 = stablehlo.or %25, %28 : tensor<256xui32>
+    %30 = stablehlo.xor %23, %29 : tensor<256xui32>
+    %31 = stablehlo.slice %arg6 [3:4] : (tensor<4xui32>) -> tensor<1xui32>
+    %32 = stablehlo.reshape %31 : (tensor<1xui32>) -> tensor<ui32>
+    %33 = stablehlo.add %23, %30 : tensor<256xui32>
+    %34 = stablehlo.broadcast_in_dim %32, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %35 = stablehlo.shift_left %30, %34 : tensor<256xui32>
+    %c_3 = stablehlo.constant dense<32> : tensor<ui32>
+    %36 = stablehlo.subtract %c_3, %32 : tensor<ui32>
+    %37 = stablehlo.broadcast_in_dim %36, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %38 = stablehlo.shift_right_logical %30, %37 : tensor<256xui32>
+    %39 = stablehlo.or %35, %38 : tensor<256xui32>
+    %40 = stablehlo.xor %33, %39 : tensor<256xui32>
+    %41 = stablehlo.broadcast_in_dim %arg3, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %42 = stablehlo.add %33, %41 : tensor<256xui32>
+    %43 = stablehlo.broadcast_in_dim %arg4, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %44 = stablehlo.add %40, %43 : tensor<256xui32>
+    %c_4 = stablehlo.constant dense<1> : tensor<i32>
+    %45 = stablehlo.add %arg0, %c_4 : tensor<i32>
+    %46 = stablehlo.convert %45 : (tensor<i32>) -> tensor<ui32>
+    %47 = stablehlo.broadcast_in_dim %46, dims = [] : (tensor<ui32>) -> tensor<256xui32>
+    %48 = stablehlo.add %44, %47 : tensor<256xui32>
+    return %0, %42, %48, %arg4, %arg5, %arg3, %arg7, %arg6 : tensor<i32>, tensor<256xui32>, tensor<256xui32>, tensor<ui32>, tensor<ui32>, tensor<ui32>, tensor<4xui32>, tensor<4xui32>
+  }
+  func.func private @argmax(%arg0: tensor<4x256xf32>) -> tensor<4xi32> {
+    %0 = stablehlo.iota dim = 1 : tensor<4x256xi32>
+    %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c = stablehlo.constant dense<0> : tensor<i32>
+    %1:2 = stablehlo.reduce(%arg0 init: %cst), (%0 init: %c) across dimensions = [1] : (tensor<4x256xf32>, tensor<4x256xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%arg1: tensor<f32>, %arg3: tensor<f32>) (%arg2: tensor<i32>, %arg4: tensor<i32>)  {
+      %2 = stablehlo.compare GT, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.compare NE, %arg1, %arg1, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %4 = stablehlo.or %2, %3 : tensor<i1>
+      %5 = stablehlo.compare EQ, %arg1, %arg3, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %6 = stablehlo.compare LT, %arg2, %arg4, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %7 = stablehlo.and %5, %6 : tensor<i1>
+      %8 = stablehlo.or %4, %7 : tensor<i1>
+      %9 = stablehlo.select %4, %arg1, %arg3 : tensor<i1>, tensor<f32>
+      %10 = stablehlo.select %8, %arg2, %arg4 : tensor<i1>, tensor<i32>
+      stablehlo.return %9, %10 : tensor<f32>, tensor<i32>
+    }
+    return %1#1 : tensor<4xi32>
+  }
+}
+
+// -----
+
 // CHECK-LABEL: func.func public @sample_nnx_top_k_then_top_p(
 // CHECK: stablehlo.composite "hlofuse.sample"{{.*}}form = "top_k_keep_top_p_descending_mask"
 // CHECK-NOT: stablehlo.composite "hlofuse.sample"

@@ -1062,3 +1062,70 @@ func.func public @no_match_concatenate_of_a_resource_constant(%arg0: tensor<2x7x
     }
   }
 #-}
+
+// -----
+
+// `jax.vmap` broadcasts a row's `where` fill to the row, then to the batch: one broadcast, as batched code writes it.
+// CHECK-LABEL: func.func public @composes_a_fills_broadcast_of_a_broadcast
+// CHECK: %[[FILL:.*]] = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<2x8xf32>
+// CHECK-NEXT: stablehlo.select %{{.*}}, %arg0, %[[FILL]]
+func.func public @composes_a_fills_broadcast_of_a_broadcast(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xi1>) -> tensor<2x8xf32> {
+  %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<8xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<8xf32>) -> tensor<2x8xf32>
+  %2 = stablehlo.select %arg1, %arg0, %1 : tensor<2x8xi1>, tensor<2x8xf32>
+  return %2 : tensor<2x8xf32>
+}
+
+// -----
+
+// Near miss: a splat a compare reads (a threshold) keeps its broadcasts, which templates read their parameters by.
+// CHECK-LABEL: func.func public @no_match_a_thresholds_broadcast_of_a_broadcast
+// CHECK: stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<8xf32>
+// CHECK: stablehlo.broadcast_in_dim %{{.*}}, dims = [1] : (tensor<8xf32>) -> tensor<2x8xf32>
+func.func public @no_match_a_thresholds_broadcast_of_a_broadcast(%arg0: tensor<2x8xf32>) -> tensor<2x8xi1> {
+  %cst = stablehlo.constant dense<0.899999976> : tensor<f32>
+  %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<8xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<8xf32>) -> tensor<2x8xf32>
+  %2 = stablehlo.compare LT, %arg0, %1, FLOAT : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xi1>
+  return %2 : tensor<2x8xi1>
+}
+
+// -----
+
+// Near miss: a fill broadcast that carries a sharding annotation stays as it is.
+// CHECK-LABEL: func.func public @no_match_a_fills_broadcast_with_a_sharding
+// CHECK: dims = [1] {mhlo.sharding
+func.func public @no_match_a_fills_broadcast_with_a_sharding(%arg0: tensor<2x8xf32>, %arg1: tensor<2x8xi1>) -> tensor<2x8xf32> {
+  %cst = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %0 = stablehlo.broadcast_in_dim %cst, dims = [] : (tensor<f32>) -> tensor<8xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [1] {mhlo.sharding = "{replicated}"} : (tensor<8xf32>) -> tensor<2x8xf32>
+  %2 = stablehlo.select %arg1, %arg0, %1 : tensor<2x8xi1>, tensor<2x8xf32>
+  return %2 : tensor<2x8xf32>
+}
+
+// -----
+
+// `jax.vmap` of a row's `jnp.argsort(y, descending=True)` broadcasts the row's reversed iota to the batch: the batch's
+// iota, reversed, as the batched argsort writes it.
+// CHECK-LABEL: func.func public @broadcasts_before_a_reversed_iota
+// CHECK: %[[IDS:.*]] = stablehlo.iota dim = 1 : tensor<2x8xi32>
+// CHECK-NEXT: stablehlo.reverse %[[IDS]], dims = [1] : tensor<2x8xi32>
+func.func public @broadcasts_before_a_reversed_iota() -> tensor<2x8xi32> {
+  %0 = stablehlo.iota dim = 0 : tensor<8xi32>
+  %1 = stablehlo.reverse %0, dims = [0] : tensor<8xi32>
+  %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<8xi32>) -> tensor<2x8xi32>
+  return %2 : tensor<2x8xi32>
+}
+
+// -----
+
+// Near miss: the iota's dim is a unit dim that the broadcast expands (every place counts 0): not an iota of the result.
+// CHECK-LABEL: func.func public @no_match_broadcast_expanding_an_iota
+// CHECK: stablehlo.broadcast_in_dim {{.*}} dims = [1] : (tensor<1xi32>) -> tensor<2x8xi32>
+func.func public @no_match_broadcast_expanding_an_iota() -> tensor<2x8xi32> {
+  %0 = stablehlo.iota dim = 0 : tensor<1xi32>
+  %1 = stablehlo.reverse %0, dims = [0] : tensor<1xi32>
+  %2 = stablehlo.broadcast_in_dim %1, dims = [1] : (tensor<1xi32>) -> tensor<2x8xi32>
+  return %2 : tensor<2x8xi32>
+}

@@ -831,6 +831,53 @@ def jax_unshifted_top_p(x, key):
                                                  -jnp.inf, y))
 
 
+# A per-sequence sampler pipeline (equinox-style stages of one row (V,), vmapped over sequences by its caller): a
+# temperature, a top-k kept at or above `jnp.sort(y, descending=True)[k - 1]`, the classic cut by
+# `argsort(descending=True)` with its removal scattered back by the order (`.at[order].set`), a categorical.
+
+
+def _sequence_top_k(y, k):
+    return jnp.where(y >= jnp.sort(y, descending=True)[k - 1], y, -jnp.inf)
+
+
+def _sequence_top_p(y, p):
+    order = jnp.argsort(y, descending=True)
+    removed = jnp.roll(jnp.cumsum(jax.nn.softmax(y[order])) > p, 1).at[0].set(False)
+    return jnp.where(jnp.zeros_like(removed).at[order].set(removed), -jnp.inf, y)
+
+
+def sequence_top_k(x, key):
+    """One sequence's row: x / T, the top-k kept at or above the descending sort's k-th: top_k_keep_mask (of y, at
+    T = 1: the scaling stays an elementwise op before the composite)."""
+    return jax.random.categorical(key, _sequence_top_k(x / 0.7, 40))
+
+
+def sequence_top_k_top_p(x, key):
+    """One sequence's row: the top-k, then the classic cut scattered back by its order:
+    top_k_keep_top_p_descending_mask."""
+    return jax.random.categorical(key, _sequence_top_p(_sequence_top_k(x / 0.7, 40), 0.9))
+
+
+def sequences_top_p_with_their_keys(x, key):
+    """The per-sequence top-p vmapped over the batch and a key split per sequence (the scatter back and the argsort's
+    ids become batched: one normal form with the batched code's): top_p_descending_mask_row_keys."""
+    keys = jax.random.split(key, x.shape[0])
+    return jax.vmap(lambda k, row: jax.random.categorical(k, _sequence_top_p(row / 0.8, 0.9)))(keys, x)
+
+
+def sequences_top_k_top_p_with_their_keys(x, key):
+    """The per-sequence top-k then top-p vmapped with a key per sequence: top_k_keep_top_p_descending_mask_row_keys."""
+    keys = jax.random.split(key, x.shape[0])
+    return jax.vmap(lambda k, row: jax.random.categorical(
+        k, _sequence_top_p(_sequence_top_k(row / 0.7, 40), 0.9)))(keys, x)
+
+
+def sequences_top_k_with_one_key(x, key):
+    """The per-sequence top-k vmapped with one key for every sequence (its fill broadcast to the row, then to the
+    batch): top_k_keep_mask_same_key_rows."""
+    return jax.vmap(lambda row: jax.random.categorical(key, _sequence_top_k(row / 0.7, 40)))(x)
+
+
 def jax_classic_top_p_roll(x, key):
     """The classic top-p as a JAX engine writes it: x / T, the rank-order removal shifted by `jnp.roll(remove, 1)` and
     `.at[:, 0].set(False)`, the mask put back by `take_along_axis(remove, argsort(order))`, -inf, a categorical:
@@ -2082,6 +2129,15 @@ VARIANTS: list[Variant] = [
     Variant("jax_top_k_then_unshifted_top_p_one_row", jax_top_k_then_unshifted_top_p_one_row,
             "top_k_top_p_unshifted_mask", shape=(V,), expect={"k": 40, "p": 0.9, "temperature": 0.7}),
     Variant("jax_unshifted_top_p", jax_unshifted_top_p, "top_p_unshifted_mask", expect={"p": 0.9, "temperature": 0.8}),
+    Variant("sequence_top_k", sequence_top_k, "top_k_keep_mask", shape=(V,), expect={"k": 40, "temperature": 1.0}),
+    Variant("sequence_top_k_top_p", sequence_top_k_top_p, "top_k_keep_top_p_descending_mask", shape=(V,),
+            expect={"k": 40, "p": 0.9, "temperature": 0.7}),
+    Variant("sequences_top_p_with_their_keys", sequences_top_p_with_their_keys, "top_p_descending_mask_row_keys",
+            expect={"p": 0.9, "temperature": 0.8}),
+    Variant("sequences_top_k_top_p_with_their_keys", sequences_top_k_top_p_with_their_keys,
+            "top_k_keep_top_p_descending_mask_row_keys", expect={"k": 40, "p": 0.9, "temperature": 0.7}),
+    Variant("sequences_top_k_with_one_key", sequences_top_k_with_one_key, "top_k_keep_mask_same_key_rows",
+            expect={"k": 40, "temperature": 1.0}),
     Variant("nnx_top_k_then_top_p", nnx_top_k_then_top_p, "top_k_keep_top_p_descending_mask",
             expect={"k": 40, "p": f32_below(0.9), "temperature": 0.7}),
     Variant("mingpt_top_k_then_classic_top_p", mingpt_top_k_then_classic_top_p, "top_k_top_p_flipped_mask",

@@ -260,16 +260,21 @@ def inverse_of(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
 def scattered_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     """(order, values, dim) where the scatter `op` sets `values` (the operand's shape) at the places an order along
     the last dim lists, each row into its own row: its indices give each entry its coordinates, those before the last
-    its own (iotas, however wrapped: decided by evaluation) and the last the order's entry. Every place is set once,
-    so the result is `sort_key_val(order, values)`'s, whatever the scattered-into array held. None for any other
-    scatter."""
+    its own (iotas, however wrapped: decided by evaluation) and the last the order's entry; or (as `jax.vmap` writes
+    a row's `.at[order].set(values)`) the dims before the last are batch dims and the indices the order's entries
+    alone. Every place is set once, so the result is `sort_key_val(order, values)`'s, whatever the scattered-into
+    array held. None for any other scatter."""
     if op.name != "stablehlo.scatter" or len(op.operands) != 3 or not sets_its_update(op):
         return None
     _, indices, values = op.operands
     shape, index_shape = static_shape(op.operands[0]), static_shape(indices)
-    if shape is None or static_shape(values) != shape or index_shape != (*shape, len(shape)):
+    if shape is None or static_shape(values) != shape:
         return None
     numbers = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    if index_shape == (*shape, 1):
+        return _scattered_in_batches(numbers, indices, values, len(shape))
+    if index_shape != (*shape, len(shape)):
+        return None
     every = list(range(len(shape)))
     if (list(numbers.update_window_dims) or list(numbers.inserted_window_dims) != every
             or list(numbers.scattered_dims_to_operand_dims) != every or numbers.index_vector_dim != len(shape)
@@ -289,6 +294,23 @@ def scattered_along(op: ir.Operation) -> tuple[ir.Value, ir.Value, int] | None:
     if found is None or found.dim != len(shape) - 1:
         return None
     return order, values, found.dim
+
+
+def _scattered_in_batches(numbers: stablehlo.ScatterDimensionNumbers, indices: ir.Value, values: ir.Value,
+                          rank: int) -> tuple[ir.Value, ir.Value, int] | None:
+    """`scattered_along` of a scatter whose dims before the last are batch dims (of the operand and of its (..., 1)
+    indices alike) and whose indices place each update along the last dim: (order, values, last dim) where those
+    indices are an order's."""
+    last, batch = rank - 1, list(range(rank - 1))
+    if (list(numbers.update_window_dims) or list(numbers.inserted_window_dims) != [last]
+            or list(numbers.scattered_dims_to_operand_dims) != [last] or numbers.index_vector_dim != rank
+            or list(numbers.input_batching_dims) != batch or list(numbers.scatter_indices_batching_dims) != batch):
+        return None
+    order = _without_unit_dim(indices)
+    found = None if order is None else order_of(order)
+    if found is None or found.dim != last:
+        return None
+    return order, values, last
 
 
 def sets_its_update(op: ir.Operation) -> bool:

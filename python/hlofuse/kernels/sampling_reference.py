@@ -685,16 +685,19 @@ def top_k_exact_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperatur
 
 def kth_of_descending_sort(logits: jax.Array, k: int) -> jax.Array:
     """EasyDeL's TopKLogitsWarper's threshold: column k - 1 of jnp.sort reversed (so NaN, any, first), as a (B, 1)
-    column, read at a constant index."""
+    column, read at a constant index; of one row (V,), that entry, 0-d."""
+    if logits.ndim == 1:
+        return jnp.sort(logits)[::-1][jnp.asarray(k - 1, jnp.int32)]
     return jnp.sort(logits, axis=-1)[:, ::-1][:, jnp.asarray(k - 1, jnp.int32)][:, None]
 
 
 def keep_top_k(logits: jax.Array, k: int, fill: float | None = None) -> jax.Array:
     """EasyDeL's top-k filter: keep `x >= kth_of_descending_sort(x, k)` (ties of the k-th kept; a NaN logit never
-    kept, and a row with k NaNs keeps nothing), -inf (or a writing's `fill`) elsewhere. (B, V) logits only. (JAX
-    engines' `x >= jnp.sort(x)[..., -k][..., None]` reads the same column after hlofuse-prepare.)"""
-    if logits.ndim != 2:
-        raise ValueError(f"EasyDeL's top-k warper takes (B, V) logits, not {logits.shape}")
+    kept, and a row with k NaNs keeps nothing), -inf (or a writing's `fill`) elsewhere. (B, V) logits, or one row (V,)
+    as a per-sequence sampler writes it (`jnp.sort(y, descending=True)[k - 1]`). (JAX engines'
+    `x >= jnp.sort(x)[..., -k][..., None]` reads the same column after hlofuse-prepare.)"""
+    if logits.ndim not in (1, 2):
+        raise ValueError(f"EasyDeL's top-k warper takes (B, V) logits or one row (V,), not {logits.shape}")
     return jnp.where(logits >= kth_of_descending_sort(logits, k), logits, NEG_INF if fill is None else fill)
 
 

@@ -851,6 +851,9 @@ float RunnerUpFloor(float best, float ymax, float ylo) {
 template <typename Keep>
 Best SampleKept(const SimdOps& ops, const Row& r, const float* y, float ymax, uint32_t k0, uint32_t k1, uint64_t base,
                 float ylo, Keep keep, float noise_scale = 1.0f) {
+  // A row of -inf scores -inf whatever its noise (never +inf), and argmax takes index 0: no noise is drawn (else
+  // every token would be offered, none ever raising the pruning threshold above -inf).
+  if (ymax == kNegInf) return Winner(Best{});
   const float seed = std::max(ylo, ymax - 1.0f);
   std::vector<Best> part(r.chunks());
   r.ForChunks([&](int64_t c) {

@@ -43,6 +43,7 @@ from hlofuse.kernels.sampling_reference import (
     UNCERTIFIED,
     Categorical,
     RankNucleus,
+    TopKFilter,
     esurge_min_p_mask,
     exponential_race_scores,
     flax_top_p_keep,
@@ -1216,7 +1217,8 @@ def pax_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any
 # shifts every score alike up to rounding: its winner must also lead the runner-up by more than that rounding
 # (`_lead`). The exponential race divides the probabilities, so renormalising scales every score alike: its winner
 # must lead by a ratio (`race_in_band`). Any other row is UNCERTIFIED, for the program's own cut.
-BAND_DRAWS = ("", "choice", "log_softmax", "log_of_softmax", "exponential_race")
+# (A key per row, `row_keys`, draws each row with its own noise: the band's argument holds row by row.)
+BAND_DRAWS = ("", "choice", "log_softmax", "log_of_softmax", "exponential_race", "row_keys")
 # The drawn forms of JetStream's nucleus (top_p_mask: the cut by value from the top, after a top-k mask or not) whose
 # draw the band decides (BAND_DRAWS): drawn first among the tokens at or above the band, with no sort; only a batch
 # drawn in the band takes the kernel's sort of the row.
@@ -1266,6 +1268,16 @@ def nucleus_draw_by_band(draw: str, logits: jax.Array, key: jax.Array, p: float,
     return draw_in_band(draw, logits, key, lo, hi, temperature, gumbel_at_zero)
 
 
+def crossing_dropped(hi: jax.Array) -> jax.Array:
+    """The band's `hi` (B,) of a cut by sorted place from the top (`nucleus_band`, `candidates_band`: c(p - slack),
+    or the float below it where it has one copy, which the classic cut surely keeps) for the cut that drops the
+    token whose mass crosses p too (`cumsum > p` removed as it is, not shifted): the program keeps a subset of the
+    classic cut's tokens, the same but for its last place, so `lo` bounds it as well; and every token above c(p -
+    slack) has less than p - slack at and above it, kept by either cut, but c itself may cross. So the float above
+    `hi`: c, or the float above c where it has copies (a token there is vouched for by neither)."""
+    return jnp.nextafter(hi, jnp.float32(jnp.inf))
+
+
 # The draws of BAND_DRAWS one kernel call makes in the band (kernel forms 5 and 11, and their log-probability forms).
 ONE_CALL_DRAWS = ("", "choice", "log_softmax", "log_of_softmax")
 
@@ -1293,8 +1305,8 @@ def draw_in_band(draw: str, logits: jax.Array, key: jax.Array, lo: jax.Array, hi
     if draw == "exponential_race":
         return race_in_band(logits, key, lo, hi, temperature)
     y = jnp.where(logits >= lo[:, None], logits, NEG_INF) / temperature
-    if draw == "":
-        tokens = _kernel_categorical(False, gumbel_at_zero=gumbel_at_zero)(key, y)
+    if draw in ("", "row_keys"):
+        tokens = _kernel_categorical(False, row_keys=draw == "row_keys", gumbel_at_zero=gumbel_at_zero)(key, y)
         lead = jnp.ones(tokens.shape, jnp.bool_)
     else:
         z = jax.nn.log_softmax(y, axis=-1) if draw == "log_softmax" else jnp.log(jax.nn.softmax(y, axis=-1))
@@ -1380,15 +1392,15 @@ def _sort_descending_by_kernel(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return _sorted_by(SORT_DESCENDING_TARGET, x)
 
 
-def _keep_top_k_by_kernel(x: jax.Array, k: int) -> jax.Array:
+def _keep_top_k_by_kernel(x: jax.Array, k: int, fill: float | None = None) -> jax.Array:
     """sampling_reference.keep_top_k with no sort: its k-th (column k - 1 of jnp.sort reversed, where every NaN
     comes first) is NaN in a row of k NaNs or more, else the (k - n)-th largest of the row's other logits (n NaNs),
-    from the kernel's top-k; -0 and +0 compare equal either way."""
+    from the kernel's top-k; -0 and +0 compare equal either way. The dropped at -inf, or at the program's `fill`."""
     nans = jnp.sum(jnp.isnan(x), axis=-1, keepdims=True)
     values, _ = _top_k_by_kernel(jnp.where(jnp.isnan(x), NEG_INF, x), k)
     kth = jnp.take_along_axis(values, jnp.clip(k - 1 - nans, 0, k - 1), axis=-1)
     kth = jnp.where(nans >= k, jnp.asarray(jnp.nan, x.dtype), kth)
-    return jnp.where(x >= kth, x, NEG_INF)
+    return jnp.where(x >= kth, x, NEG_INF if fill is None else fill)
 
 
 def _flax_top_p_kept(logits: jax.Array, p: float, exact_k: int) -> jax.Array:
@@ -1838,23 +1850,100 @@ def _descending_by_kernel_sort(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 def unshifted_top_p_lowering(form: str, params: dict[str, Any],
                              gumbel_at_zero: float | None = None) -> Callable[..., jax.Array]:
     """The JAX cut not shifted (JAX_UNSHIFTED_CUTS, and after a top-k JAX_UNSHIFTED_CHAINS) of (B, V) f32 logits on the
-    CPU: y = x / T, the top-k's k-th by the kernel's top-k (the sort's k-th where it keeps: `_keep_top_k_by_kernel`),
-    the program's cut on the kernel's sorted row (`_descending_by_kernel_sort`: the flipped argsort's values and ids),
-    put back by a scatter (`_put_back_by_scatter`), the kernel's draw. No sort in XLA; the row is sorted (no band
-    stands in for this cut yet)."""
+    CPU. Under a draw of BAND_DRAWS, drawn first with no sort (`unshifted_nucleus_draw`); the batch runs the chain's
+    own function where a row remains that neither the band nor the empty cut vouches for (the program's softmax of a
+    row alone rounds otherwise than of the batch's row: XLA's CPU reduction is not the same for one row). That
+    function (and under
+    any other draw, the only path): y = x / T, the top-k's k-th by the kernel's top-k (the sort's k-th where it keeps:
+    `_keep_top_k_by_kernel`), the program's cut on the kernel's sorted row (`_descending_by_kernel_sort`: the flipped
+    argsort's values and ids), put back by a scatter (`_put_back_by_scatter`), the kernel's draw. No sort in XLA on
+    any path."""
     categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
     filters = FORMS[form].filters
     cut, keep = JAX_UNSHIFTED_CHAINS.get(filters, (filters, None))
     fn = jax_cut(cut)
+    top_k_filter: TopKFilter | None = None
     if keep is not None:  # the chain's own function, its top-k by the kernel
-        by_kernel = (lambda y, k, fill: _keep_top_k_by_kernel(y, k)) if keep else masked_top_k(_top_k_by_kernel)
-        fn = top_k_first(fn, by_kernel)
+        top_k_filter = _keep_top_k_by_kernel if keep else masked_top_k(_top_k_by_kernel)
+        fn = top_k_first(fn, top_k_filter)
 
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
-        return fn(logits, key, sort_fn=_descending_by_kernel_sort, put_back_fn=_put_back_by_scatter,
-                  categorical_fn=categorical_fn, **params)
+        def own() -> jax.Array:
+            return fn(logits, key, sort_fn=_descending_by_kernel_sort, put_back_fn=_put_back_by_scatter,
+                      categorical_fn=categorical_fn, **params)
+
+        if FORMS[form].drawn_by not in BAND_DRAWS:
+            return own()
+        tokens = unshifted_nucleus_draw(form, logits / params["temperature"], key, params, top_k_filter,
+                                        gumbel_at_zero)
+        return reference_where_uncertified(tokens, own)
 
     return kernel
+
+
+def unshifted_nucleus_draw(form: str, y: jax.Array, key: jax.Array, params: dict[str, Any],
+                           top_k_filter: TopKFilter | None, gumbel_at_zero: float | None = None) -> jax.Array:
+    """The draw of the unshifted cut's `form` (a draw of BAND_DRAWS) of y = x / T (B, V) f32, after `top_k_filter` or
+    not, with no sort: in its band (`unshifted_band`) where the winner lies above it. In the rows it cannot vouch for,
+    a lone token at the band's floor c(p + slack) has a mass past p at its place, its own included: it is surely
+    dropped (the crossing token, which a peaked row draws often), so the draw runs again above it; and where that
+    token is the row's largest, every later place's mass is past p too (the cumsum is monotone): the row keeps
+    nothing, and draws from the program's fill alone (id 0 at -inf). UNCERTIFIED where none of these vouches."""
+    draw = FORMS[form].drawn_by
+    band = unshifted_band(y, params["p"], params["k"] if top_k_filter else None)
+
+    def drawn(lo: jax.Array) -> jax.Array:
+        tokens = draw_in_band(draw, y, key, jnp.maximum(lo, band.kth), band.hi, 1.0, gumbel_at_zero)
+        return jnp.where(band.whole, tokens, UNCERTIFIED)
+
+    tokens = drawn(band.lo)
+
+    def settled() -> jax.Array:
+        lone = (jnp.sum(y == band.lo[:, None], axis=-1) == 1) & (band.lo > NEG_INF)
+        top = jnp.max(y, axis=-1)
+        nothing = band.whole & lone & (band.lo == top)
+        # (not above the row's max: nothing is left there, and a draw of -inf alone meets every token's noise)
+        again = drawn(jnp.where(lone & (band.lo < top), jnp.nextafter(band.lo, jnp.float32(jnp.inf)), band.lo))
+        fill = params.get("fill")
+        empty = EMPTY_ROWS_DRAW if fill is None or fill == NEG_INF else _draw_by_kernel(form, gumbel_at_zero)(
+            key, jnp.full_like(y, fill))  # (at a finite fill, every token is drawn by its noise alone)
+        return jnp.where(tokens != UNCERTIFIED, tokens, jnp.where(nothing, empty, again))
+
+    return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), settled, lambda: tokens)
+
+
+# What every draw of BAND_DRAWS gives a row of -inf: each is an argmax over scores that are then all -inf or all NaN
+# (x + gumbel; log_softmax; a softmax's NaN over its noise), which takes the first id
+# (test_unshifted_cut_of_a_row_that_keeps_nothing_draws_the_fill checks each).
+EMPTY_ROWS_DRAW = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class UnshiftedBand:
+    """The band of the unshifted cut (B,) per field: every token below max(lo, kth) is surely dropped, every token
+    above hi surely kept, where `whole`. lo is c(p + slack) itself (-inf where the mass never reaches it); kth the
+    top-k mask's k-th (-inf with no top-k)."""
+
+    lo: jax.Array
+    hi: jax.Array
+    kth: jax.Array
+    whole: jax.Array
+
+
+def unshifted_band(y: jax.Array, p: float, k: int | None) -> UnshiftedBand:
+    """The band of the unshifted cut of y (B, V) f32 (after a top-k mask of k, or not): the classic cut's
+    (`nucleus_band` by place from the top; `candidates_band` among the kernel's top k, `whole` where those are finite
+    and no tie of the k-th makes more, as `top_k_nucleus_band`'s) with `hi` raised past the crossing token
+    (`crossing_dropped`)."""
+    if k is None:
+        lo, hi = nucleus_band(y, p, from_below=False, by_place=True)
+        return UnshiftedBand(lo, crossing_dropped(hi), jnp.full_like(lo, NEG_INF), jnp.ones(lo.shape, jnp.bool_))
+    values, _ = _top_k_by_kernel(y, k)
+    finite = jnp.all(jnp.isfinite(values), axis=-1)
+    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), p, from_below=False)
+    kth = values[:, -1]
+    whole = finite & (jnp.sum(~(y < kth[:, None]), axis=-1) == k)  # the program's keep, NaN kept
+    return UnshiftedBand(lo, crossing_dropped(hi), kth, whole)
 
 
 def row_param_lowering(form: str, params: dict[str, Any]) -> Callable[..., jax.Array]:
@@ -2243,6 +2332,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
         return unshifted_top_p_lowering(attrs.form, attrs.params(), hand)
     if filters in (*FLAX_TOP_P, "top_k_keep_mask", "min_p_sorted_removal", "top_p_mtj_mask", "top_p_levanter_mask"):
         shape, dtype = call.operand_types[0]
+        if len(shape) == 1 and filters == "top_k_keep_mask" and not attrs.scores:  # one row: a batch of one
+            return _as_one_row(attrs.form, sampling_lowering(_batch_of_one(call)))
         if len(shape) != 2 or dtype not in ("f32", "bf16"):
             raise Unsupported("the Flax and EasyDeL warpers take (B, V) f32 or bf16 logits")
         if attrs.k > shape[-1]:
