@@ -1133,15 +1133,28 @@ def top_k_nucleus_band(logits: jax.Array, k: int, p: float, *, from_below: bool,
     rest -inf); else every logit not below the k-th (Hugging Face's mask), so a row where that is not k tokens (ties
     of the k-th, a NaN) is not `whole`, as is a row whose top k are not all finite. Returns (logits, lo, hi, whole),
     lo, hi and whole (B,) each."""
-    values, ids = _top_k_by_kernel(logits, k)
-    finite = jnp.all(jnp.isfinite(values), axis=-1)
-    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), p, from_below)
     if exact_k:
+        values, ids = _top_k_by_kernel(logits, k)
+        finite = jnp.all(jnp.isfinite(values), axis=-1)
+        lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), p, from_below)
         rows = jnp.broadcast_to(jnp.arange(logits.shape[0])[:, None], ids.shape)
         return jnp.full(logits.shape, NEG_INF, logits.dtype).at[rows, ids].set(values), lo, hi, finite
+    lo, hi, kth, whole = top_k_mask_band(logits, k, p, from_below)
+    return logits, jnp.maximum(lo, kth), hi, whole
+
+
+def top_k_mask_band(logits: jax.Array, k: int, p: float,
+                    from_below: bool) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The band of a top-k mask (every logit not below the k-th kept) then a nucleus cut by sorted place, from the
+    kernel's top k (`candidates_band`): (lo, hi, kth, whole), (B,) each; lo as the candidates give it (-inf where
+    their mass never reaches p + slack), not yet raised to the k-th; `whole` where the top k are finite and no tie of
+    the k-th (nor a NaN) makes more than k kept."""
+    values, _ = _top_k_by_kernel(logits, k)
+    finite = jnp.all(jnp.isfinite(values), axis=-1)
+    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), p, from_below)
     kth = values[:, -1]
     whole = finite & (jnp.sum(~(logits < kth[:, None]), axis=-1) == k)  # the program's keep, NaN kept
-    return logits, jnp.maximum(lo, kth), hi, whole
+    return lo, hi, kth, whole
 
 
 #===--- Pax's samplers: the noise scaled by T ---------------------------------------------------------===#
@@ -1853,11 +1866,10 @@ def unshifted_top_p_lowering(form: str, params: dict[str, Any],
     CPU. Under a draw of BAND_DRAWS, drawn first with no sort (`unshifted_nucleus_draw`); the batch runs the chain's
     own function where a row remains that neither the band nor the empty cut vouches for (the program's softmax of a
     row alone rounds otherwise than of the batch's row: XLA's CPU reduction is not the same for one row). That
-    function (and under
-    any other draw, the only path): y = x / T, the top-k's k-th by the kernel's top-k (the sort's k-th where it keeps:
-    `_keep_top_k_by_kernel`), the program's cut on the kernel's sorted row (`_descending_by_kernel_sort`: the flipped
-    argsort's values and ids), put back by a scatter (`_put_back_by_scatter`), the kernel's draw. No sort in XLA on
-    any path."""
+    function (and under any other draw, the only path): y = x / T, the top-k's k-th by the kernel's top-k (the sort's
+    k-th where it keeps: `_keep_top_k_by_kernel`), the program's cut on the kernel's sorted row
+    (`_descending_by_kernel_sort`: the flipped argsort's values and ids), put back by a scatter
+    (`_put_back_by_scatter`), the kernel's draw. No sort in XLA on any path."""
     categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
     filters = FORMS[form].filters
     cut, keep = JAX_UNSHIFTED_CHAINS.get(filters, (filters, None))
@@ -1890,6 +1902,7 @@ def unshifted_nucleus_draw(form: str, y: jax.Array, key: jax.Array, params: dict
     token is the row's largest, every later place's mass is past p too (the cumsum is monotone): the row keeps
     nothing, and draws from the program's fill alone (id 0 at -inf). UNCERTIFIED where none of these vouches."""
     draw = FORMS[form].drawn_by
+    categorical_fn = _draw_by_kernel(form, gumbel_at_zero)
     band = unshifted_band(y, params["p"], params["k"] if top_k_filter else None)
 
     def drawn(lo: jax.Array) -> jax.Array:
@@ -1905,8 +1918,8 @@ def unshifted_nucleus_draw(form: str, y: jax.Array, key: jax.Array, params: dict
         # (not above the row's max: nothing is left there, and a draw of -inf alone meets every token's noise)
         again = drawn(jnp.where(lone & (band.lo < top), jnp.nextafter(band.lo, jnp.float32(jnp.inf)), band.lo))
         fill = params.get("fill")
-        empty = EMPTY_ROWS_DRAW if fill is None or fill == NEG_INF else _draw_by_kernel(form, gumbel_at_zero)(
-            key, jnp.full_like(y, fill))  # (at a finite fill, every token is drawn by its noise alone)
+        # (at a finite fill, every token is drawn by its noise alone)
+        empty = EMPTY_ROWS_DRAW if fill is None or fill == NEG_INF else categorical_fn(key, jnp.full_like(y, fill))
         return jnp.where(tokens != UNCERTIFIED, tokens, jnp.where(nothing, empty, again))
 
     return jax.lax.cond(jnp.any(tokens == UNCERTIFIED), settled, lambda: tokens)
@@ -1932,17 +1945,12 @@ class UnshiftedBand:
 
 def unshifted_band(y: jax.Array, p: float, k: int | None) -> UnshiftedBand:
     """The band of the unshifted cut of y (B, V) f32 (after a top-k mask of k, or not): the classic cut's
-    (`nucleus_band` by place from the top; `candidates_band` among the kernel's top k, `whole` where those are finite
-    and no tie of the k-th makes more, as `top_k_nucleus_band`'s) with `hi` raised past the crossing token
+    (`nucleus_band` by place from the top, or `top_k_mask_band`) with `hi` raised past the crossing token
     (`crossing_dropped`)."""
     if k is None:
         lo, hi = nucleus_band(y, p, from_below=False, by_place=True)
         return UnshiftedBand(lo, crossing_dropped(hi), jnp.full_like(lo, NEG_INF), jnp.ones(lo.shape, jnp.bool_))
-    values, _ = _top_k_by_kernel(y, k)
-    finite = jnp.all(jnp.isfinite(values), axis=-1)
-    lo, hi = candidates_band(jnp.where(finite[:, None], values, 0.0), p, from_below=False)
-    kth = values[:, -1]
-    whole = finite & (jnp.sum(~(y < kth[:, None]), axis=-1) == k)  # the program's keep, NaN kept
+    lo, hi, kth, whole = top_k_mask_band(y, k, p, from_below=False)
     return UnshiftedBand(lo, crossing_dropped(hi), kth, whole)
 
 
