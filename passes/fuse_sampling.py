@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -72,7 +73,7 @@ from hlofuse.template_cache import cached_text
 # (k: an integer, for a form that reads the k a program compares a count with, `Form.reads`; a top-k's k is its size)
 SENTINELS = {"temperature": 1.2345678, "p": 0.87654321, "min_p": 0.0456789, "eps": 3.14159e-9, "epsilon": 2.71828e-4,
              "fill": -8.7654321e30, "one_minus_p": 0.0918273, "k": 1234567,
-             "gumbel_eps": 2.2360679e-21, "gumbel_eps_out": 1.7320508e-22}
+             "gumbel_eps": 2.2360679e-21, "gumbel_eps_out": 1.7320508e-22, "log_min_p": -3.0864197}
 # What a constant a writing reads (`Writing.reads`) must satisfy for the writing to mean its form (the limit, why).
 # (min_p: Hugging Face's writings keep their top token by torch.topk or by an argsort; for min_p <= 1 it is never
 # removed anyway, so their ids agree; above 1 every other token is, and which of tied maxima stays is the writing's.)
@@ -294,7 +295,7 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     written by hand (noise.HAND_NOISES, its eps sentinels; not with `draw_lead`)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
-    read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p")
+    read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p", "log_min_p")
             if name in form.params + form.writings[writing].reads}
     scalars = {"temperature": SENTINELS["temperature"], "k": SENTINELS["k"] if _reads_k(form) else k,
                "p": SENTINELS["p"], "min_p": SENTINELS["min_p"]}
@@ -501,7 +502,7 @@ class Site:
         params = self.match.params
         return SampleAttrs(mode=self.form.mode, form=self.form.name,
                            temperature=params.get("temperature", 1.0), k=int(params.get("k", self.k)),
-                           p=_p(params), min_p=params.get("min_p", 0.0), eps=params.get("eps", 0.0),
+                           p=_p(params), min_p=_min_p(params), eps=params.get("eps", 0.0),
                            epsilon=params.get("epsilon", 0.0), scores=self.scores is not None,
                            fill=params.get("fill", float("-inf")), gumbel_at_zero=self._gumbel_at_zero())
 
@@ -515,6 +516,12 @@ class Site:
 def _p(params: dict[str, float]) -> float:
     """The nucleus's p: the program's constant, or 1 - its removal threshold 1 - p (exact in f64 for an f32 one)."""
     return 1.0 - params["one_minus_p"] if "one_minus_p" in params else params.get("p", 1.0)
+
+
+def _min_p(params: dict[str, float]) -> float:
+    """The min-p: the program's constant, or exp of the constant log(min_p) it holds (f32(log) of that, in f64, gives
+    the f32 constant back exactly)."""
+    return math.exp(params["log_min_p"]) if "log_min_p" in params else params.get("min_p", 0.0)
 
 
 def _element(value: ir.Value) -> str:
@@ -1479,6 +1486,19 @@ def _approximate_top_k(op: ir.Operation) -> bool:
     return op.name == "stablehlo.custom_call" and ir.StringAttr(op.attributes["call_target_name"]).value == "ApproxTopK"
 
 
+def _masks_by_row_statistic(ops: list[ir.Operation], vocab: int) -> list[str]:
+    """Each compare over the vocabulary among `ops` against a value of a reduce over it (a threshold from the row's
+    max or sum, as a min-p written in logit space keeps `y >= max(y) + log(min_p)`), with that reduce."""
+    found = []
+    for compare in (op for op in ops if op.name == "stablehlo.compare"):
+        statistics = [op for operand in compare.operands for op in _sampler_ops(operand, limit=40)
+                      if op.name == "stablehlo.reduce" and _over(op, vocab)]
+        if statistics:
+            found.append(f"stablehlo.compare at {format_location(compare.location)} against the "
+                         f"stablehlo.reduce at {format_location(statistics[0].location)}")
+    return found
+
+
 def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
     """The filters that compute the fused site's logits operand (a top-k, a top-p's sort and cumulative sum, a
     softmax over the vocabulary): they stay in XLA. Sorts already `reported` (argsorts) are left out."""
@@ -1513,6 +1533,8 @@ def _parts_left_out(site: Site, reported: list[ir.Operation]) -> list[str]:
         parts.append("a sort over the vocabulary (" + ", ".join(nucleus) + ")")
     elif at["stablehlo.exponential"]:
         parts.append("a softmax (" + ", ".join(at["stablehlo.exponential"]) + ")")
+    elif masks := _masks_by_row_statistic(ops, vocab):
+        parts.append("a mask against a row statistic (" + ", ".join(masks) + ")")
     if approximate:
         parts.append("an approximate top-k over the vocabulary (" + ", ".join(approximate) + "; lax.approx_max_k, "
                      "whose candidates on TPU are not the exact top k that a kernel's top-k gives)")

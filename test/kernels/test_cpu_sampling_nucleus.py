@@ -678,3 +678,21 @@ def test_llama_reference_top_p_sorts_only_in_a_branch() -> None:
                          jax.ShapeDtypeStruct((2,), jnp.uint32)).compile().as_text()
     entry = next(block for block in hlo.split("\n\n") if block.startswith("ENTRY"))
     assert "conditional(" in entry and " sort(" not in entry and "TopK" not in entry and " topk(" not in entry
+
+
+@pytest.mark.parametrize("form", ["top_k_keep_by_top_k_mask", "min_p_log_mask", "min_p_log_constant_mask"])
+@pytest.mark.parametrize("nan_sign", [1.0, -1.0], ids=["nan", "minus_nan"])
+def test_masks_against_a_row_statistic_give_the_reference_ids_with_no_sort(form: str, nan_sign: float) -> None:
+    """A top-k kept at or above lax.top_k's k-th, and a min-p in logit space: the program's mask against the kernel's
+    top-k (or the row's max), then the kernel's draw. A -NaN is among lax.top_k's smallest (a row of them keeps its
+    other tokens) and a +NaN among its largest, which the kernel's top-k must order alike; x86 computes -NaN."""
+    params = form_params(form, temperature=0.7, k=64, min_p=0.05)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    for case in (*CASES, "many_nan"):
+        logits = _logits(3, 4096, case)
+        logits = np.where(np.isnan(logits), np.copysign(np.float32(np.nan), nan_sign), logits).astype(np.float32)
+        for seed in range(3):
+            key = jnp.array([seed, 41 + seed], jnp.uint32)
+            np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
+    _assert_no_sort(lowering)

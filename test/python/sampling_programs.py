@@ -20,6 +20,7 @@ the libraries' documented behaviour, not copied.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,10 +43,13 @@ HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 # TopKSampler (the top k of softmax(x / T), drawn by the log of their probabilities in rank space; nanoGPT-style code
 # takes it at T = 1); probs_weights, a filter of softmax(x / T) written in torch by hand (`weights_filter`: a min-p
 # `torch.where(probs < min_p * top, 0, probs)`, or a top-k `probs * (probs >= topk(probs)[0][..., -1:])`), renormalised
-# or not (`renormalize`: torch.multinomial takes weights), drawn by torch.multinomial through torchax ((B, V) rows).
-LIBRARY_FILTERS = ("min_p_logits", "top_a_logits", "top_k_of_probs", "probs_weights")
+# or not (`renormalize`: torch.multinomial takes weights), drawn by torch.multinomial through torchax ((B, V) rows);
+# min_p_log, a min-p in logit space as serving pipelines write it (`where(y >= max(y) + log(min_p), y, -inf)` of y =
+# x / T, its log a constant of the program or its op, MIN_P_LOGS; a scalar threshold for one row (V,)), f32 only.
+LIBRARY_FILTERS = ("min_p_logits", "top_a_logits", "top_k_of_probs", "probs_weights", "min_p_log")
+MIN_P_LOGS = {"constant": "min_p_log_constant_mask", "op": "min_p_log_mask"}
 LIBRARY_FORMS = {"min_p_logits": "min_p_logits_mask", "top_a_logits": "top_a_logits_mask",
-                 "top_k_of_probs": "top_k_of_probs"}
+                 "top_k_of_probs": "top_k_of_probs", "min_p_log": "min_p_log_constant_mask"}
 WEIGHTS_FILTERS = {"min_p": "min_p_of_probs_torch", "top_k": "top_k_of_probs_torch"}
 SQUARES = {"power": lambda m: jnp.power(m, 2.0), "squared": lambda m: m**2}
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",
@@ -60,13 +64,16 @@ MODES = {"greedy": "greedy", "greedy_softmax": "greedy", "categorical": "tempera
          "top_k": "top_k", "temperature_top_k": "top_k", "top_k_mask": "top_k", "top_p_mask": "top_p",
          "top_k_top_p_mask": "top_k+top_p", "min_p": "min_p", "min_p_removal": "min_p", "epsilon_removal": "epsilon",
          "typical_mask": "typical", "min_p_logits": "min_p", "top_a_logits": "min_p", "top_k_of_probs": "top_k",
-         "probs_weights": "min_p"}
+         "probs_weights": "min_p", "min_p_log": "min_p"}
 # How the min-p warper keeps its top token (min_tokens_to_keep = 1): transformers 5.x scatters False at
 # torch.topk(probs, 1)'s id; 4.x gathers the removal into a descending argsort of the scores, clears rank 0 and
 # scatters it back.
 MIN_P_KEEPS = ("topk", "argsort")
 # v: (V,); b: (B, V); b1: (B, 1, V); bt: (B, T, V) of which the sampler reads the last position.
 BATCHES = ("v", "b", "b1", "bt")
+# A one-row sampler vmapped over (B, V) rows: each row with its own key (jax.random.split), or all with the one key.
+# The composite is the one-row form's with that draw (`<form>_row_keys`, `<form>_same_key_rows`).
+PER_SEQUENCE = ("row_keys", "same_key_rows")
 # const: x / T (a Python float); reciprocal: x * (1 / T); traced: x / t with t a scalar argument; before: x / T
 # applied to the logits before the sampler, which then scales no more (gemma's top-p, Hugging Face's
 # TemperatureLogitsWarper first): for the mask forms only (SCALED_BEFORE).
@@ -200,6 +207,7 @@ class SamplerSpec:
     square: str = "power"  # how top_a_logits squares the largest probability (SQUARES)
     weights_filter: str = "min_p"  # probs_weights' filter (WEIGHTS_FILTERS)
     renormalize: bool = False  # whether probs_weights divides its kept probabilities by their sum
+    min_p_log: str = "constant"  # how min_p_log takes log(min_p) (MIN_P_LOGS)
     epsilon: float = 0.02
     warper_top_k: bool = False  # the TopKLogitsWarper (k) before a Hugging Face warper
     warper_top_p: bool = False  # the TopPLogitsWarper (p) before the min-p (5.x's keep only) or epsilon warper
@@ -228,6 +236,9 @@ class SamplerSpec:
     settings_rows: bool = False
     # The jax style's variation of the classic cut (JAX_CUTS): its order, values, rule and shift as engines vary them.
     jax_cut: str = ""
+    # A sampler written for one sequence's row (V,) and vmapped over the (B, V) rows (PER_SEQUENCE: with a key split
+    # per row, or the one key for every row), as serving pipelines write their stages: "" for the rows as they are.
+    per_sequence: str = ""
 
     @property
     def stochastic(self) -> bool:
@@ -296,7 +307,7 @@ def _scales_first(spec: SamplerSpec) -> bool:
     """A form whose function scales the logits before its filter, with the temperature written another way: the
     scaling is the program's, outside the site, and the rest is the form unscaled (T = 1; temperature_top_k
     unscaled is top_k)."""
-    return spec.form in ("temperature_top_k", "min_p", "top_k_of_probs", "probs_weights", *HF_WARPERS) \
+    return spec.form in ("temperature_top_k", "min_p", "top_k_of_probs", "probs_weights", "min_p_log", *HF_WARPERS) \
         and spec.temperature_style in ("reciprocal", "traced")
 
 
@@ -327,6 +338,9 @@ def expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
     """(form, attributes) of the composite the spec must fuse to: every generated sampler fuses, whole or at its
     draw (with a remark naming what stays in XLA); with a hand-written noise, the same, its noise where the uniform
     is 0 carried (`gumbel_at_zero`)."""
+    if spec.per_sequence:  # the one row's form, with the draw of its keys
+        form, attrs = expected(one_row(spec))
+        return f"{form}_{spec.per_sequence}", attrs
     form, attrs = _expected(spec)
     if spec.noise in HAND_NOISES:
         attrs["gumbel_at_zero"] = hand_noise_at_zero(HAND_NOISES[spec.noise], HAND_NOISE_EPS, HAND_NOISE_EPS)
@@ -371,8 +385,8 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         form, attrs["mode"] = "top_k", "top_k"
     if spec.form == "top_k_mask" and spec.top_k_style in SORT_COLUMN_TOP_KS:
         form = SORT_COLUMN_TOP_KS[spec.top_k_style]
-    # (top_k_of_probs divides first, so a division "before" it is the form's own)
-    divides_first = spec.form == "top_k_of_probs" and spec.temperature_style == "before"
+    # (top_k_of_probs and min_p_log divide first, so a division "before" them is the form's own)
+    divides_first = spec.form in ("top_k_of_probs", "min_p_log") and spec.temperature_style == "before"
     if spec.form in READS_T and (spec.temperature_style == "const" or divides_first):
         attrs["temperature"] = _rounded(spec.temperature, dtype)
     if spec.form in USES_TOP_K:
@@ -381,6 +395,10 @@ def _expected(spec: SamplerSpec) -> tuple[str, dict[str, Any]]:
         attrs["p"] = _nucleus_p(spec, dtype)
     if spec.form in ("min_p", "min_p_logits", "top_a_logits"):
         attrs["min_p"] = _rounded(spec.min_p, dtype)
+    if spec.form == "min_p_log":  # (the constant log: exp of it, from which the kernel's f32(log) gives it back)
+        form = MIN_P_LOGS[spec.min_p_log]
+        constant = spec.min_p_log == "constant"
+        attrs["min_p"] = math.exp(np.float32(math.log(spec.min_p))) if constant else _rounded(spec.min_p, dtype)
     return form + suffix, attrs
 
 
@@ -1034,6 +1052,11 @@ def _sampler(c: _Ctx, x: jax.Array) -> jax.Array:
         else:
             limit = SQUARES[spec.square](largest) * spec.min_p
         return c.draw(c.scale(jnp.where(probs < limit, NEG_INF, x)))
+    if form == "min_p_log":
+        y = c.scale(x)
+        top = jnp.max(y, axis=-1) if y.ndim == 1 else jnp.max(y, axis=-1, keepdims=True)
+        log = math.log if spec.min_p_log == "constant" else jnp.log
+        return c.draw(jnp.where(y >= top + log(spec.min_p), y, NEG_INF))
     if form == "top_k_of_probs":
         values, ids = c.top_k(jax.nn.softmax(c.scale(x), axis=-1), spec.k)
         return c.draw_rank(jnp.log(values), ids)
@@ -1114,6 +1137,21 @@ def _enclosed(c: _Ctx, x: jax.Array) -> jax.Array:
     return jax.lax.fori_loop(0, 2, step, (zeros, temperature))[0]
 
 
+def one_row(spec: SamplerSpec) -> SamplerSpec:
+    """The sampler of one sequence that a `per_sequence` spec vmaps over its rows."""
+    return dataclasses.replace(spec, batch="v", per_sequence="")
+
+
+def _per_sequence(spec: SamplerSpec, args: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+    """The one-row sampler vmapped over the rows of x (B, V), with a key split per row or the one key."""
+    def sample(row: jax.Array, key: jax.Array) -> jax.Array:
+        return _enclosed(_Ctx(one_row(spec), {**args, "key": key}), row)
+
+    if spec.per_sequence == "row_keys":
+        return jax.vmap(sample)(x, jax.random.split(args["key"], x.shape[0]))
+    return jax.vmap(sample, in_axes=(0, None))(x, args["key"])
+
+
 def build(spec: SamplerSpec) -> tuple[Callable[..., Any], list[jax.ShapeDtypeStruct]]:
     """The program of `spec`: (logits, [key], [temperature], [step], [index]) -> (token ids, *extras)."""
 
@@ -1124,7 +1162,7 @@ def build(spec: SamplerSpec) -> tuple[Callable[..., Any], list[jax.ShapeDtypeStr
         if spec.upcast:
             x = x.astype(jnp.float32)
         c = _Ctx(spec, args)
-        token = _enclosed(c, x)
+        token = _per_sequence(spec, args, x) if spec.per_sequence else _enclosed(c, x)
         outs: list[jax.Array] = [token, *c.escaped]
         if "logits" in spec.extras:
             outs.append(logits)

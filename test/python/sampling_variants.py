@@ -8,6 +8,7 @@ these entries; regenerate the lit file with `python test/python/sampling_variant
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -870,6 +871,68 @@ def sequences_top_k_top_p_with_their_keys(x, key):
     keys = jax.random.split(key, x.shape[0])
     return jax.vmap(lambda k, row: jax.random.categorical(
         k, _sequence_top_p(_sequence_top_k(row / 0.7, 40), 0.9)))(keys, x)
+
+
+def _log_space_min_p(y, min_p, log=math.log):
+    """A min-p in logit space on one row, as serving pipelines write it: `where(y >= max(y) + log(min_p), y, -inf)`
+    (log: `math.log`, a constant of the program, or `jnp.log`, its log op)."""
+    return jnp.where(y >= jnp.max(y) + log(min_p), y, -jnp.inf)
+
+
+def sequence_min_p_in_logit_space(x, key):
+    """One sequence's row: x / T, then a min-p in logit space with math.log: min_p_log_constant_mask."""
+    return jax.random.categorical(key, _log_space_min_p(x / 0.7, 0.05))
+
+
+def sequence_min_p_in_logit_space_under_conds(x, key):
+    """One row with each stage under `lax.cond(flag, stage, identity)` on a static flag, as generic JAX samplers write
+    their pipeline, the min-p's log by jnp.log: min_p_log_mask."""
+    y = jax.lax.cond(True, lambda v: v / 0.8, lambda v: v, x)
+    y = jax.lax.cond(True, lambda v: _log_space_min_p(v, 0.1, jnp.log), lambda v: v, y)
+    return jax.random.categorical(key, y)
+
+
+def sequences_min_p_in_logit_space_with_their_keys(x, key):
+    """The per-sequence logit-space min-p vmapped with a key per sequence: min_p_log_constant_mask_row_keys."""
+    keys = jax.random.split(key, x.shape[0])
+    return jax.vmap(lambda k, row: jax.random.categorical(k, _log_space_min_p(row / 0.7, 0.05)))(keys, x)
+
+
+def min_p_in_logit_space_of_a_batch(x, key):
+    """A batch's min-p in logit space at T = 1, its threshold a (B, 1) column: min_p_log_mask."""
+    return jax.random.categorical(key, jnp.where(x >= jnp.max(x, axis=-1, keepdims=True) + jnp.log(0.1), x, -jnp.inf))
+
+
+def _top_k_at_lax_kth(y, k):
+    """The top-k kept at or above lax.top_k's k-th value: a scalar against one row (`lax.top_k(y, k)[0][-1]`), a
+    (B, 1) column of a batch."""
+    values = jax.lax.top_k(y, k)[0]
+    return jnp.where(y >= (values[-1] if y.ndim == 1 else values[..., -1:]), y, -jnp.inf)
+
+
+def sequence_top_k_at_lax_kth_under_conds(x, key):
+    """One row, each stage under `lax.cond(flag, stage, identity)` on a static flag, as generic JAX samplers write
+    their pipeline: x / T, then the top-k kept at or above lax.top_k's k-th: top_k_keep_by_top_k_mask."""
+    y = jax.lax.cond(True, lambda v: v / 0.7, lambda v: v, x)
+    y = jax.lax.cond(True, lambda v: _top_k_at_lax_kth(v, 40), lambda v: v, y)
+    return jax.random.categorical(key, y)
+
+
+def top_k_at_lax_kth_of_a_batch(x, key):
+    """A batch's x / T, kept at or above lax.top_k's k-th as a (B, 1) column: top_k_keep_by_top_k_mask."""
+    return jax.random.categorical(key, _top_k_at_lax_kth(x / 0.8, 16))
+
+
+def sequences_top_k_at_lax_kth_with_one_key(x, key):
+    """The per-sequence top-k at lax.top_k's k-th vmapped with one key: top_k_keep_by_top_k_mask_same_key_rows."""
+    return jax.vmap(lambda row: jax.random.categorical(key, _top_k_at_lax_kth(row / 0.7, 40)))(x)
+
+
+def near_miss_min_p_in_logit_space_removal(x, key):
+    """The logit-space min-p written as a removal (`where(y < threshold, -inf, y)`, which keeps a NaN the form drops):
+    fused at its draw, the mask left in XLA with a remark."""
+    y = x / 0.7
+    return jax.random.categorical(key, jnp.where(y < jnp.max(y, -1, keepdims=True) + math.log(0.05), -jnp.inf, y))
 
 
 def sequences_top_k_with_one_key(x, key):
@@ -2138,6 +2201,23 @@ VARIANTS: list[Variant] = [
             "top_k_keep_top_p_descending_mask_row_keys", expect={"k": 40, "p": 0.9, "temperature": 0.7}),
     Variant("sequences_top_k_with_one_key", sequences_top_k_with_one_key, "top_k_keep_mask_same_key_rows",
             expect={"k": 40, "temperature": 1.0}),
+    Variant("sequence_min_p_in_logit_space", sequence_min_p_in_logit_space, "min_p_log_constant_mask", shape=(V,),
+            expect={"min_p": 0.05, "temperature": 0.7}),
+    Variant("sequence_min_p_in_logit_space_under_conds", sequence_min_p_in_logit_space_under_conds, "min_p_log_mask",
+            shape=(V,), expect={"min_p": 0.1, "temperature": 0.8}),
+    Variant("sequences_min_p_in_logit_space_with_their_keys", sequences_min_p_in_logit_space_with_their_keys,
+            "min_p_log_constant_mask_row_keys", expect={"min_p": 0.05, "temperature": 0.7}),
+    Variant("min_p_in_logit_space_of_a_batch", min_p_in_logit_space_of_a_batch, "min_p_log_mask",
+            expect={"min_p": 0.1, "temperature": 1.0}),
+    Variant("sequence_top_k_at_lax_kth_under_conds", sequence_top_k_at_lax_kth_under_conds, "top_k_keep_by_top_k_mask",
+            shape=(V,), expect={"k": 40, "temperature": 0.7}),
+    Variant("top_k_at_lax_kth_of_a_batch", top_k_at_lax_kth_of_a_batch, "top_k_keep_by_top_k_mask",
+            expect={"k": 16, "temperature": 0.8}),
+    Variant("sequences_top_k_at_lax_kth_with_one_key", sequences_top_k_at_lax_kth_with_one_key,
+            "top_k_keep_by_top_k_mask_same_key_rows", expect={"k": 40, "temperature": 0.7}),
+    Variant("near_miss_min_p_in_logit_space_removal", near_miss_min_p_in_logit_space_removal, "categorical",
+            remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a mask against a row "
+                   "statistic"),
     Variant("nnx_top_k_then_top_p", nnx_top_k_then_top_p, "top_k_keep_top_p_descending_mask",
             expect={"k": 40, "p": f32_below(0.9), "temperature": 0.7}),
     Variant("mingpt_top_k_then_classic_top_p", mingpt_top_k_then_classic_top_p, "top_k_top_p_flipped_mask",

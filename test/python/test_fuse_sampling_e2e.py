@@ -344,3 +344,45 @@ def test_the_unsqueezed_ids_of_an_unfused_draw_are_left_as_they_were() -> None:
     assert count_composites(module, "hlofuse.sample") == 0
     assert any("sampler not fused" in str(r) for r in result.remarks)
     assert str(module) == str(prepared)
+
+
+@pytest.mark.parametrize("min_p", [0.3, 0.05, 0.7, 1e-3])
+@pytest.mark.parametrize("log", ["constant", "op"])
+def test_min_p_in_logit_space_keeps_a_token_exactly_at_its_threshold(min_p: float, log: str) -> None:
+    """A min-p in logit space keeps `y >= max(y) + log(min_p)`: a token exactly at the threshold stays and the next
+    float below goes. The composite carries min_p (exp of the program's constant log(min_p), or the constant whose
+    log the program takes), from which the kernel's threshold must come back to the bit: the original, the fused
+    program and the CPU kernel draw the same ids, the token at the threshold among them and the one below never."""
+    import math
+
+    import jax.numpy as jnp
+
+    log_fn = math.log if log == "constant" else jnp.log
+
+    def sampler(x: jax.Array, key: jax.Array) -> jax.Array:
+        return jax.random.categorical(key, jnp.where(x >= jnp.max(x, -1, keepdims=True) + log_fn(min_p), x, -jnp.inf))
+
+    offset = np.float32(math.log(min_p)) if log == "constant" else np.asarray(jnp.log(np.float32(min_p)))
+    logits = np.full((4, 512), -60.0, np.float32)
+    logits[:, 3] = 2.5
+    threshold = np.float32(np.float32(2.5) + offset)
+    logits[:, 100], logits[:, 200] = threshold, np.nextafter(threshold, np.float32(-np.inf))
+    original = clone_module(jax.jit(sampler).lower(jax.ShapeDtypeStruct(logits.shape, np.float32),
+                                                   jax.ShapeDtypeStruct((2,), np.uint32)).compiler_ir("stablehlo"))
+    fused = clone_module(original)
+    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    (attrs,) = sample_attrs(fused)
+    assert attrs.form == ("min_p_log_constant_mask" if log == "constant" else "min_p_log_mask")
+    programs = {"original": original, "fused": fused}
+    kernel = _cpu_kernel_module(fused)
+    if kernel is not None:
+        programs["cpu"] = kernel
+    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
+    drawn = set()
+    for seed in range(24):
+        key = np.array([seed, 5], np.uint32)
+        (want,) = runs["original"](logits, key)
+        drawn |= set(want.tolist())
+        for name, run in runs.items():
+            np.testing.assert_array_equal(run(logits, key)[0], want, err_msg=f"{name} seed {seed}")
+    assert 200 not in drawn and (100 in drawn or min_p < 0.01), drawn

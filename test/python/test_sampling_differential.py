@@ -44,7 +44,9 @@ from sampling_programs import (
     LIBRARY_FILTERS,
     MASK_TOP_KS,
     MIN_P_KEEPS,
+    MIN_P_LOGS,
     NOISES,
+    PER_SEQUENCE,
     RANK_SPACE_TOP_KS,
     READS_T,
     SCALED_BEFORE,
@@ -177,6 +179,9 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
         spec = dataclasses.replace(spec, noise=draw(st.sampled_from(sorted(HAND_NOISES))))
     if form == "top_a_logits":
         spec = dataclasses.replace(spec, square=draw(st.sampled_from(sorted(SQUARES))))
+    if form == "min_p_log":  # (f32: its threshold of bf16 logits rounds as XLA fuses it, and no form is made)
+        spec = dataclasses.replace(spec, min_p_log=draw(st.sampled_from(sorted(MIN_P_LOGS))), dtype="float32",
+                                   upcast=False)
     if form == "probs_weights":  # torch.multinomial of (B, V) rows, its (B, 1) ids squeezed or not
         spec = dataclasses.replace(spec, weights_filter=draw(st.sampled_from(sorted(WEIGHTS_FILTERS))),
                                    renormalize=draw(st.booleans()), batch="b", unit_ids=draw(st.booleans()),
@@ -217,7 +222,23 @@ def sampler_specs(draw: st.DrawFn, forms: tuple[str, ...] = FORMS) -> SamplerSpe
     if vocabulary_space and spec.batch == "b" and spec.draw in ("categorical", "log_softmax", "log_of_softmax") \
             and spec.noise != "keras" and spec.noise not in HAND_NOISES and draw(st.integers(0, 3)) == 0:
         spec = dataclasses.replace(spec, draw_rows=draw(st.sampled_from([1, spec.rows])))
+    if per_sequence_writable(spec) and draw(st.integers(0, 2)) == 0:
+        spec = dataclasses.replace(spec, per_sequence=draw(st.sampled_from(PER_SEQUENCE)), batch="b")
     return spec
+
+
+def per_sequence_writable(spec: SamplerSpec) -> bool:
+    """Whether `spec` is a sampler serving pipelines write per sequence and vmap: the top-k kept at or above a sort's
+    k-th, the JAX nuclei, a plain categorical, on f32 rows as they are, drawn by jax.random.categorical with its key
+    as given, and nothing else read or returned."""
+    writable = spec.form in ("categorical", "temperature") or (
+        spec.form == "top_k_mask" and spec.top_k_style == "sort_keep") or (
+        spec.form in USES_TOP_P and spec.top_p_style == "jax")
+    plain = spec.draw == "categorical" and spec.noise == "categorical" and spec.key_kind == "raw" \
+        and spec.key_op == "none" and spec.temperature_style == "const" and spec.dtype == "float32"
+    alone = not (spec.extras or spec.escape or spec.enclosure or spec.prelude or spec.log_prob or spec.draw_rows
+                 or spec.settings_rows or spec.search_sign)
+    return writable and plain and alone and spec.batch in ("b", "v")
 
 
 # ----- the checks --------------------------------------------------------------------------------------
@@ -750,3 +771,29 @@ def test_known_gap(spec: SamplerSpec, form: str) -> None:
     fused = clone_module(jax.jit(fn).lower(*specs).compiler_ir("stablehlo"))
     run_pipeline(fused, "default")
     assert [a.form for a in sample_attrs(fused)] == [form]
+
+
+
+@st.composite
+def per_sequence_specs(draw: st.DrawFn) -> SamplerSpec:
+    """A sampler written for one sequence and vmapped (per_sequence_writable), over small sizes."""
+    form = draw(st.sampled_from(["categorical", "temperature", "top_k_mask", "top_p_mask", "top_k_top_p_mask"]))
+    spec = SamplerSpec(form=form, vocab=draw(st.sampled_from([16, 64, 100])), batch="b", rows=draw(st.integers(1, 3)),
+                       temperature=draw(st.sampled_from([0.5, 0.7, 1.0, 1.3])), k=draw(st.sampled_from([1, 3, 8])),
+                       p=draw(st.sampled_from([0.5, 0.9])), per_sequence=draw(st.sampled_from(PER_SEQUENCE)))
+    if form == "top_k_mask":
+        spec = dataclasses.replace(spec, top_k_style="sort_keep", fill=draw(st.sampled_from(FILLS[:3])))
+    if form in USES_TOP_P:
+        spec = dataclasses.replace(spec, top_p_style="jax", jax_cut=draw(st.sampled_from(JAX_CUTS)))
+    if form == "top_k_top_p_mask":
+        spec = dataclasses.replace(spec, top_k_style=draw(st.sampled_from([*MASK_TOP_KS, *SORT_COLUMN_TOP_KS])))
+    assert per_sequence_writable(spec), spec
+    return spec
+
+
+@settings(PROFILE, max_examples=max(1, round(PROFILE.max_examples * 0.2)))
+@hypothesis_given(per_sequence_specs())
+def test_per_sequence_sampler_is_fused_and_draws_the_same_tokens(spec: SamplerSpec) -> None:
+    """A sampler written for one sequence's row and vmapped over the batch, with a key per row or the one key (the
+    top-k at a sort's k-th, the JAX nuclei, a categorical): its one-row form with that draw, the same ids."""
+    check_program(spec)

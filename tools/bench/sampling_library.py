@@ -85,7 +85,8 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "jax_classic_top_p_scattered_back", "jax_classic_top_p_descending_at_or_above",
             "jax_classic_top_p_sorted_apart", "jax_classic_top_p_one_row", "jax_top_k_by_sort_column",
             "mingpt_jax_top_k_below_sort_column", "jax_top_k_below_sort_slice", "nnx_top_k_then_top_p",
-            "mingpt_top_k_then_classic_top_p", "jax_unshifted_top_p", "jax_top_k_then_unshifted_top_p_one_row")
+            "mingpt_top_k_then_classic_top_p", "jax_unshifted_top_p", "jax_top_k_then_unshifted_top_p_one_row",
+            "min_p_in_logit_space_of_a_batch", "sequence_min_p_in_logit_space")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -734,6 +735,20 @@ def top_k_keep_top_p_flax_mask(logits: jax.Array, key: jax.Array, *, temperature
     return top_p_flax_mask(keep_top_k(logits, k), key, temperature=temperature, p=p, **params)
 
 
+def top_k_keep_by_top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: float, k: int,
+                             top_k_fn: TopK = jax.lax.top_k, categorical_fn: Categorical = jax.random.categorical,
+                             by_row: bool = False, **_: Any) -> jax.Array:
+    """A top-k kept at or above lax.top_k's k-th value, as generic JAX samplers write it: y = x / T, then
+    `where(y >= lax.top_k(y, k)[0][..., -1:], y, -inf)` (ties of the k-th kept, a NaN never), then the categorical of
+    y. Not `top_k_keep_mask`: lax.top_k counts a -NaN among the smallest where a sort counts it among the largest, so
+    a row with a -NaN keeps other tokens; and / T comes first. `by_row`: the k-th a scalar against one row (V,)
+    (`lax.top_k(y, k)[0][-1]`, and vmap of that); else a (..., 1) column."""
+    y = _scale(logits, temperature)
+    values = top_k_fn(y, k)[0]
+    kth = values[..., -1] if by_row and y.ndim == 1 else values[..., -1:]
+    return categorical_fn(key, jnp.where(y >= kth, y, NEG_INF), axis=-1)
+
+
 def min_p_sorted_removal(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
                          categorical_fn: Categorical = jax.random.categorical, **_: Any) -> jax.Array:
     """EasyDeL's MinPLogitsWarper: a full-width lax.top_k, the softmax of the sorted logits, remove ranks whose
@@ -1199,6 +1214,36 @@ def min_p_logits_mask(logits: jax.Array, key: jax.Array, *, temperature: float, 
     return categorical_fn(key, _scale(filtered, temperature), axis=-1)
 
 
+def min_p_log_mask(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                   categorical_fn: Categorical = jax.random.categorical, log_min_p: float | None = None,
+                   by_row: bool = False, **_: Any) -> jax.Array:
+    """A min-p in logit space, as JAX serving pipelines write it: y = x / T, each token below the row's largest plus
+    log(min_p) at -inf (`where(y >= max(y) + log(min_p), y, -inf)`: a NaN dropped), then the categorical of y. Not
+    `min_p`: the same cut but for rounding, read from y and not from its softmax. log(min_p) by the program's own op
+    on the constant (`jnp.log(min_p)`); with `log_min_p`, the constant the program holds (`math.log(min_p)` in
+    Python: min_p_log_constant_mask, whose composite carries exp of it, from which f32(log) gives it back).
+    `by_row`: the threshold a scalar, as a sampler of one row (V,) writes it (`max(y) + log(min_p)`, which vmap
+    batches); else a (..., 1) column (`keepdims=True`)."""
+    y = _scale(logits, temperature)
+    offset = jnp.log(min_p) if log_min_p is None else log_min_p
+    if by_row:  # (a scalar against one row, broadcast by jnp as the program's `y >= max(y) + c` is)
+        threshold = jnp.max(y, axis=-1) + offset
+        threshold = threshold[..., None] if y.ndim > 1 else threshold
+    else:
+        threshold = jnp.max(y, axis=-1, keepdims=True) + offset
+    return categorical_fn(key, jnp.where(y >= threshold, y, NEG_INF), axis=-1)
+
+
+def min_p_log_constant_mask(logits: jax.Array, key: jax.Array, *, temperature: float, min_p: float,
+                            categorical_fn: Categorical = jax.random.categorical, log_min_p: float | None = None,
+                            by_row: bool = False, **_: Any) -> jax.Array:
+    """min_p_log_mask with log(min_p) a constant of the program (`max(y) + math.log(min_p)`): `log_min_p` as the
+    template reads it, else log(min_p) in f64, which the program's f32 constant is rounded from."""
+    offset = math.log(min_p) if log_min_p is None else log_min_p
+    return min_p_log_mask(logits, key, temperature=temperature, min_p=min_p, categorical_fn=categorical_fn,
+                          log_min_p=offset, by_row=by_row)
+
+
 def power_of_2(x: jax.Array) -> jax.Array:
     """x ** 2.0 by a power op, as torch.pow(x, 2.0) lowers through torchax."""
     return jnp.power(x, 2.0)
@@ -1566,6 +1611,17 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("min_p_logits_mask", "min_p", min_p_logits_mask, ("temperature", "min_p"),
          _NOISE + ("stablehlo.exponential",)),
+    # (a min-p in logit space: log(min_p) by the program's log op, or a constant it holds; f32 only, as the
+    # threshold max(y) + log(min_p) of bf16 logits rounds as XLA fuses it)
+    # (lax.top_k's k-th as a column of a batch, or a scalar against one row)
+    Form("top_k_keep_by_top_k_mask", "top_k", top_k_keep_by_top_k_mask, ("temperature", "k"), _TOP_K,
+         (Writing(functools.partial(top_k_keep_by_top_k_mask, by_row=True), _TOP_K),)),
+    Form("min_p_log_mask", "min_p", min_p_log_mask, ("temperature", "min_p"), _NOISE + ("stablehlo.log",),
+         (Writing(functools.partial(min_p_log_mask, by_row=True), _NOISE + ("stablehlo.log",)),), dtypes=("f32",)),
+    Form("min_p_log_constant_mask", "min_p", min_p_log_constant_mask, ("temperature", "min_p"),
+         _NOISE + ("stablehlo.select",),
+         (Writing(functools.partial(min_p_log_constant_mask, by_row=True), _NOISE + ("stablehlo.select",),
+                  reads=("log_min_p",)),), reads=("log_min_p",), dtypes=("f32",)),
     # (the square by torch.pow through torchax, or by JAX's `** 2`)
     Form("top_a_logits_mask", "min_p", top_a_logits_mask, ("temperature", "min_p"),
          _NOISE + ("stablehlo.exponential", "stablehlo.power"),
@@ -1712,7 +1768,8 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_p_shifted_logits_mask",
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
-                  "min_p_logits_mask", "top_a_logits_mask",
+                  "min_p_logits_mask", "top_a_logits_mask", "min_p_log_mask", "min_p_log_constant_mask",
+                  "top_k_keep_by_top_k_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))

@@ -352,7 +352,7 @@ def _descending_values_by_kernel(x: jax.Array) -> jax.Array:
 # gemma 3.1.0's top-p, where its count bound cannot vouch for the draw, the kernel's ascending sort, whose values are
 # jnp.sort's: ties are equal values.)
 # (x-transformers' min-p and top-a of the logits, then / T: the program's softmax and mask, elementwise, and the
-# kernel's draw.)
+# kernel's draw; a min-p in logit space likewise: the program's max, log and compare.)
 # (Haiku's and grok-1's nucleus reads only the sorted values, a cut by value: the kernel's ascending sort.)
 # (audiocraft's top-k and a hand-written min-p of the probabilities, renormalised or not, drawn by torch.multinomial:
 # the program's softmax, zeroing and sum, the kernel's top-k and draw of their logs.)
@@ -361,7 +361,8 @@ FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask",
                   "min_p_logits_mask", "top_a_logits_mask", "top_p_haiku_mask", "top_p_haiku_logits_mask",
                   "top_k_of_probs_torch_unnormalized",
                   "min_p_of_probs_torch", "min_p_of_probs_torch_unnormalized", "top_p_simply_mask",
-                  "top_k_top_p_simply_mask")
+                  "top_k_top_p_simply_mask", "min_p_log_mask", "min_p_log_constant_mask",
+                  "top_k_keep_by_top_k_mask")
 # A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
 BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask", "min_p_of_probs_torch",
                                    "min_p_of_probs_torch_unnormalized")
