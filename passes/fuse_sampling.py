@@ -847,7 +847,7 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
     templates.skipped = False
     candidates: list[tuple[str, Candidate]] = []  # (noise, candidate), in the order tried
     tried: list[str] = []
-    closest: tuple[int, str, MatchReport] | None = None
+    closest: tuple[tuple[int, int], str, MatchReport] | None = None
     limits_missed: list[str] = []
     escaped: list[tuple[str, str]] = []  # forms that matched, each with a value the program also reads elsewhere
     hand_noises = _hand_noises(draw, noisy, templates)
@@ -880,8 +880,11 @@ def analyze(draw: Draw, top_ks: list[TopK], ops_present: set[str], templates: Te
                         continue
                     templates.last_platform = template.platform
                     return site
-                if closest is None or report.matched > closest[0]:
-                    closest = (report.matched, form.name, report)
+                # (the most ops matched; among equals the plainest, the fewest marker ops: a form whose filter the
+                # program lacks matches no more of it than the bare draw does)
+                rank = (report.matched, -len(form.writings[writing].marker_ops))
+                if closest is None or rank > closest[0]:
+                    closest = (rank, form.name, report)
     reason = _unmatched(draw, noisy, tried, hand_noises)
     if limits_missed:
         reason += "; written as " + ", ".join(limits_missed)
