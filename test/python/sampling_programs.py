@@ -49,7 +49,7 @@ HF_WARPERS = ("min_p_removal", "epsilon_removal", "typical_mask")
 LIBRARY_FILTERS = ("min_p_logits", "top_a_logits", "top_k_of_probs", "probs_weights", "min_p_log")
 MIN_P_LOGS = {"constant": "min_p_log_constant_mask", "op": "min_p_log_mask"}
 LIBRARY_FORMS = {"min_p_logits": "min_p_logits_mask", "top_a_logits": "top_a_logits_mask",
-                 "top_k_of_probs": "top_k_of_probs", "min_p_log": "min_p_log_constant_mask"}
+                 "top_k_of_probs": "top_k_of_probs"}
 WEIGHTS_FILTERS = {"min_p": "min_p_of_probs_torch", "top_k": "top_k_of_probs_torch"}
 SQUARES = {"power": lambda m: jnp.power(m, 2.0), "squared": lambda m: m**2}
 FORMS = ("greedy", "greedy_softmax", "categorical", "temperature", "top_k", "temperature_top_k", "top_k_mask",

@@ -773,7 +773,6 @@ def test_known_gap(spec: SamplerSpec, form: str) -> None:
     assert [a.form for a in sample_attrs(fused)] == [form]
 
 
-
 @st.composite
 def per_sequence_specs(draw: st.DrawFn) -> SamplerSpec:
     """A sampler written for one sequence and vmapped (per_sequence_writable), over small sizes."""

@@ -743,9 +743,11 @@ def top_k_keep_by_top_k_mask(logits: jax.Array, key: jax.Array, *, temperature: 
     y. Not `top_k_keep_mask`: lax.top_k counts a -NaN among the smallest where a sort counts it among the largest, so
     a row with a -NaN keeps other tokens; and / T comes first. `by_row`: the k-th a scalar against one row (V,)
     (`lax.top_k(y, k)[0][-1]`, and vmap of that); else a (..., 1) column."""
+    if by_row and logits.ndim != 1:  # (so that no template is made: a batch's is the column writing's)
+        raise ValueError(f"the k-th as a scalar is one row's (V,), not of {logits.shape}")
     y = _scale(logits, temperature)
     values = top_k_fn(y, k)[0]
-    kth = values[..., -1] if by_row and y.ndim == 1 else values[..., -1:]
+    kth = values[..., -1] if by_row else values[..., -1:]
     return categorical_fn(key, jnp.where(y >= kth, y, NEG_INF), axis=-1)
 
 
@@ -1611,11 +1613,11 @@ FORMS: dict[str, Form] = {f.name: f for f in (
     Form("min_p", "min_p", min_p, ("temperature", "min_p"), _NOISE + ("stablehlo.exponential",)),
     Form("min_p_logits_mask", "min_p", min_p_logits_mask, ("temperature", "min_p"),
          _NOISE + ("stablehlo.exponential",)),
-    # (a min-p in logit space: log(min_p) by the program's log op, or a constant it holds; f32 only, as the
-    # threshold max(y) + log(min_p) of bf16 logits rounds as XLA fuses it)
     # (lax.top_k's k-th as a column of a batch, or a scalar against one row)
     Form("top_k_keep_by_top_k_mask", "top_k", top_k_keep_by_top_k_mask, ("temperature", "k"), _TOP_K,
          (Writing(functools.partial(top_k_keep_by_top_k_mask, by_row=True), _TOP_K),)),
+    # (a min-p in logit space: log(min_p) by the program's log op, or a constant it holds; f32 only, as the
+    # threshold max(y) + log(min_p) of bf16 logits rounds as XLA fuses it)
     Form("min_p_log_mask", "min_p", min_p_log_mask, ("temperature", "min_p"), _NOISE + ("stablehlo.log",),
          (Writing(functools.partial(min_p_log_mask, by_row=True), _NOISE + ("stablehlo.log",)),), dtypes=("f32",)),
     Form("min_p_log_constant_mask", "min_p", min_p_log_constant_mask, ("temperature", "min_p"),
