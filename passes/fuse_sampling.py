@@ -61,7 +61,9 @@ from hlofuse.kernels.sampling_reference import (
     NOISE_SCALED_ROWS,
     PRELUDES,
     SHARED_NOISE_DRAWS,
+    STAGE_FORMS,
     Form,
+    Stage,
     Writing,
     gives_scores,
 )
@@ -289,10 +291,11 @@ def _drawn_as(lead: tuple[int, ...]) -> Callable[..., jax.Array]:
 
 @functools.lru_cache(maxsize=256)
 def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-            draw_lead: tuple[int, ...] = (), noise: str = "") -> jax.stages.Traced:
+            draw_lead: tuple[int, ...] = (), noise: str = "", stage: bool = False) -> jax.stages.Traced:
     """The form's `writing` traced for these logits, with sentinel parameters (one trace for every platform); with
     `draw_lead`, its rows reshaped to those before the draw (`_drawn_as`); with `noise`, its categorical's noise
-    written by hand (noise.HAND_NOISES, its eps sentinels; not with `draw_lead`)."""
+    written by hand (noise.HAND_NOISES, its eps sentinels; not with `draw_lead`); as a `stage`, the logits it draws
+    from, of the logits alone (`Stage.filtered`)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
     read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p", "log_min_p")
@@ -302,6 +305,9 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     for name in form.row_params:  # template arguments after the key, like the composite's operands
         del scalars[name]
 
+    if stage:
+        filtered = Stage(form_name, writing, tuple({**scalars, **read}.items())).filtered
+        return jax.jit(filtered).trace(jax.ShapeDtypeStruct(shape, _DTYPES[dtype]))
     drawn = {"categorical_fn": _drawn_as(draw_lead)} if draw_lead else {}
     if noise:
         if draw_lead:
@@ -324,24 +330,25 @@ def _reads_k(form: Form) -> bool:
 
 
 @functools.lru_cache(maxsize=512)  # texts with locations, tens of KiB each
-def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                   platform: str, draw_lead: tuple[int, ...] = (), noise: str = "") -> tuple[str, frozenset[str]]:
+def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int, platform: str,
+                   draw_lead: tuple[int, ...] = (), noise: str = "", stage: bool = False) -> tuple[str, frozenset[str]]:
     """The form's `writing` lowered for `platform` after hlofuse-prepare, and the names of its ops (the text from
     hlofuse.template_cache where a process of this install lowered it before)."""
     def lower() -> str:
-        lowered = _traced(form_name, writing, shape, dtype, k, draw_lead, noise).lower(lowering_platforms=(platform,))
+        lowered = _traced(form_name, writing, shape, dtype, k, draw_lead, noise, stage).lower(
+            lowering_platforms=(platform,))
         return _prepared_text(lowered.compiler_ir("stablehlo"))
 
-    key = (form_name, writing, shape, dtype, k, platform, draw_lead) + ((noise,) if noise else ())
+    key = (form_name, writing, shape, dtype, k, platform, draw_lead) + ((noise,) if noise else ()) + ("stage",) * stage
     text = cached_text("sample", key, lower)
     return text, frozenset(_OP_NAME.findall(text))
 
 
 def _required_ops(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
-                  draw_lead: tuple[int, ...] = (), noise: str = "") -> frozenset[str]:
+                  draw_lead: tuple[int, ...] = (), noise: str = "", stage: bool = False) -> frozenset[str]:
     """The ops every platform's lowering of the form's `writing` holds, read from its trace (hlofuse.ir.required_ops):
     a program without one of them cannot match it, and its lowerings are skipped."""
-    return required_ops(_traced(form_name, writing, shape, dtype, k, draw_lead, noise).jaxpr.jaxpr)
+    return required_ops(_traced(form_name, writing, shape, dtype, k, draw_lead, noise, stage).jaxpr.jaxpr)
 
 
 def _prepared_text(module: ir.Module) -> str:
@@ -400,19 +407,20 @@ class Templates:
 
     def for_site(self, form: Form, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                  ops_present: set[str], draw_lead: tuple[int, ...] = (), noise_class: str | None = None,
-                 skip_implied: bool = True, noise: str = "") -> Iterator[Template]:
+                 skip_implied: bool = True, noise: str = "", stage: bool = False) -> Iterator[Template]:
         """The form's distinct lowerings over PLATFORMS (the last matched platform first) whose ops all occur
         in the program; of a stochastic form only the platform class its noise was lowered for, where known
         (`noise_class`: the other class's threefry cannot match it); none where the writing's jaxpr implies an op
         the program lacks (`_required_ops`, before any lowering; `skip_implied=False` lowers them all the same, to
-        say in a remark which of its ops a form lacks); with `noise`, its categorical's noise written by hand."""
+        say in a remark which of its ops a form lacks); with `noise`, its categorical's noise written by hand; as a
+        `stage`, the logits it draws from (`_traced`)."""
         order = [self.last_platform, *(p for p in _LOWERING_CLASSES if p != self.last_platform)]
-        if form.stochastic and noise_class is not None:
+        if form.stochastic and noise_class is not None and not stage:
             order = [noise_class]
         # the form does not take this shape (the choice draw: (B, V) logits only; Pax's gather by iotas of one row):
         # JAX's tracing says so with a ValueError, an IndexError or a TypeError
         try:
-            required = _required_ops(form.name, writing, shape, dtype, k, draw_lead, noise)
+            required = _required_ops(form.name, writing, shape, dtype, k, draw_lead, noise, stage)
         except (ValueError, IndexError, TypeError):
             return
         if skip_implied and not required <= ops_present:  # no platform's lowering can match: none is lowered
@@ -421,7 +429,7 @@ class Templates:
         seen: set[str] = set()
         for platform in order:
             try:
-                text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead, noise)
+                text, names = _template_text(form.name, writing, shape, dtype, k, platform, draw_lead, noise, stage)
             except (ValueError, IndexError, TypeError):
                 return
             if text in seen:
@@ -435,7 +443,7 @@ class Templates:
                 continue
             seen.add(text)
             root, args = self._parse(text)
-            yield Template(root, args if form.stochastic else args[:1], platform)
+            yield Template(root, args if form.stochastic and not stage else args[:1], platform)
 
     def hand_noise(self, noise: str, shape: tuple[int, ...]) -> Template:
         """The hand-written noise HAND_NOISES[noise] of a (shape) f32 uniform (its one argument), parsed."""
@@ -483,6 +491,7 @@ class Site:
     scores: ir.Value | None = None
     scores_read: ir.Value | None = None
     noise: str = ""  # the draw's noise as written by hand (noise.HAND_NOISES), "" for JAX's
+    stages: tuple[Stage, ...] = ()  # the filters in front of the form taken in (`with_stages`), in the program's order
 
     @property
     def ids_type(self) -> ir.RankedTensorType:
@@ -504,7 +513,8 @@ class Site:
                            temperature=params.get("temperature", 1.0), k=int(params.get("k", self.k)),
                            p=_p(params), min_p=_min_p(params), eps=params.get("eps", 0.0),
                            epsilon=params.get("epsilon", 0.0), scores=self.scores is not None,
-                           fill=params.get("fill", float("-inf")), gumbel_at_zero=self._gumbel_at_zero())
+                           fill=params.get("fill", float("-inf")), gumbel_at_zero=self._gumbel_at_zero(),
+                           stages=self.stages)
 
     def _gumbel_at_zero(self) -> float | None:
         """The noise where the uniform is 0 of a hand-written noise (checked when the site matched), else None."""
@@ -949,6 +959,71 @@ def with_prelude(site: Site, templates: Templates) -> Site:
     return site
 
 
+# The neutral value of each parameter a stage's writing is given but does not read (its template bound none).
+_STAGE_NEUTRAL = {"temperature": 1.0, "p": 1.0, "min_p": 0.0}
+
+
+def with_stages(site: Site, templates: Templates, top_ks: list[TopK], ops_present: set[str]) -> Site:
+    """`site` with the filters in front of its logits taken in as stages (STAGE_FORMS, `Stage`): while the program
+    computes the logits operand from other logits by a writing of one of those forms, and no value of it is read
+    outside the sampler, that writing becomes the composite's first stage (a chain of any length, in any order).
+    Not for a form with per-row operands, scores or a normalization in front, nor rows reshaped before the draw."""
+    if site.form.row_params or site.scores is not None or site.drawn_as or site.form.prelude_of:
+        return site
+    while (taken := _stage_in_front(site, templates, top_ks, ops_present)) is not None:
+        site = taken
+    return site
+
+
+def _stage_in_front(site: Site, templates: Templates, top_ks: list[TopK], ops_present: set[str]) -> Site | None:
+    """`site` with the filter that computes its logits operand taken in as its first stage, or None."""
+    logits = site.match.leaves[0]
+    op = defining_op(logits)
+    if op is None or op.name != "stablehlo.select" or _element(logits) not in _DTYPES:
+        return None  # (every stage's filter ends in a `where`)
+    shape, dtype = _shape(logits), _element(logits)
+    for name in STAGE_FORMS:
+        form = FORMS[name]
+        if form.dtypes and dtype not in form.dtypes:
+            continue
+        for writing, w in enumerate(form.writings):
+            required = set(w.marker_ops) - PLATFORM_VARIANT_OPS - NORMALISED_AWAY_OPS
+            if w.unit_dims or (w.dtypes and dtype not in w.dtypes) or not required <= ops_present:
+                continue
+            ks = [0] if "k" not in form.params else [t.k for t in dict.fromkeys(top_ks)
+                                                      if t.shape == shape and t.dtype == dtype and t.k < shape[-1]]
+            for k in ks:
+                for template in templates.for_site(form, writing, shape, dtype, k, ops_present, stage=True):
+                    found = match_template(logits, template.root, template.args, SENTINELS)
+                    if found is None or found.leaves[0] == logits or _beyond_limits(found.params):
+                        continue
+                    taken = _taken_in(site, Stage(name, writing, _stage_params(form, w, found.params, k)), found)
+                    try:
+                        _check_escapes(taken, _interior(taken))
+                    except NoMatch:  # (its filtered logits, or what it computes, read elsewhere: left to XLA)
+                        continue
+                    return taken
+    return None
+
+
+def _stage_params(form: Form, writing: Writing, bound: dict[str, float], k: int) -> tuple[tuple[str, float], ...]:
+    """The values a stage's writing is given (those `_traced` gives it): each as its template bound it, k as its
+    template's, and a parameter the template bound none of at its neutral value."""
+    read = [name for name in ("eps", "epsilon", "fill", "one_minus_p", "log_min_p")
+            if name in form.params + writing.reads]
+    values = {name: bound.get(name, neutral) for name, neutral in _STAGE_NEUTRAL.items()}
+    values["k"] = int(bound["k"]) if _reads_k(form) else k
+    values.update({name: bound[name] for name in read})
+    return tuple(values.items())
+
+
+def _taken_in(site: Site, stage: Stage, found: TemplateMatch) -> Site:
+    """`site` with `stage`, which `found` matched at its logits operand, in front: its logits are the stage's."""
+    match = TemplateMatch({**site.match.leaves, 0: found.leaves[0]}, site.match.params,
+                          {**site.match.ops, **found.ops})
+    return dataclasses.replace(site, match=match, stages=(stage, *site.stages))
+
+
 # What each part of a form's template is, by the reference function (or JAX's own) that its location names.
 _PARTS = (("_gumbel", "the Gumbel noise"), ("_uniform", "the Gumbel noise"), ("threefry", "the Gumbel noise"),
           ("_mask_top_p", "the top-p filter"), ("mask_top_k", "the top-k filter"),
@@ -1332,14 +1407,16 @@ def _analyze_squeezed(draw: Draw, top_ks: list[TopK], names: set[str], templates
     remove (`_unsqueeze_unfused`); raises the first attempt's NoMatch, whose reason names the closest form."""
     squeezes = _squeeze_unit_ids(draw)
     try:
-        return with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates), squeezes
+        site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
+        return with_stages(site, templates, top_ks, names), squeezes
     except NoMatch as first:
         _unsqueeze_unfused(squeezes)
         stacks = _squeeze_unit_ids(draw, stacks=True)
         if not stacks:
             raise
         try:
-            return with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates), stacks
+            site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
+            return with_stages(site, templates, top_ks, names), stacks
         except NoMatch:
             _unsqueeze_unfused(stacks)
             raise first from None

@@ -696,3 +696,37 @@ def test_masks_against_a_row_statistic_give_the_reference_ids_with_no_sort(form:
             key = jnp.array([seed, 41 + seed], jnp.uint32)
             np.testing.assert_array_equal(lowering(logits, key), reference(logits, key), err_msg=f"{case} seed {seed}")
     _assert_no_sort(lowering)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
+def test_count_cutoff_top_p_gives_the_reference_ids_with_no_sort(p: float) -> None:
+    """The top-p by a count of sorted probabilities (`top_p_count_cutoff_mask`): its mass bound with no sorted row,
+    the program's function on the kernel's sort where the bound cannot vouch (a NaN row); no sort in XLA."""
+    form = "top_p_count_cutoff_mask"
+    params = form_params(form, temperature=0.8, p=p)
+    lowering = jax.jit(sampling.function_form_lowering(form, params))
+    _assert_gives_the_reference_ids(lowering, form, params, (*CASES, "many_nan"))
+    _assert_no_sort(lowering)
+
+
+def test_count_cutoff_vouches_only_for_winners_its_count_bounds_keep() -> None:
+    """Rows whose cumsum reaches p + 1e-8 at their second place (0.5 + 0.4 of p = 0.9), within the bound's slack: the
+    program's count is 1 or 2 as its sums round, so the kernel draws among the top three and vouches only for a
+    winner among the top two. Every vouched draw is the program's; the third place wins often enough to be refused
+    (a bound that took the count as known would vouch for it)."""
+    form = "top_p_count_cutoff_mask"
+    params = form_params(form, temperature=1.0, p=0.9)
+    by_mass = jax.jit(lambda x, key: sampling._count_cutoff_by_mass(x, key, params))
+    reference = jax.jit(lambda x, key: sample_reference(x, key, form=form, **params))
+    row = np.full(512, -np.inf, np.float32)
+    row[[3, 7, 11, 12]] = np.log([0.5, 0.4, 0.06, 0.04])
+    logits = jnp.asarray(np.tile(row, (8, 1)))
+    refused = 0
+    for seed in range(60):
+        key = jnp.array([seed, 13], jnp.uint32)
+        tokens, want = np.asarray(by_mass(logits, key)), np.asarray(reference(logits, key))
+        sure = tokens != sampling.UNCERTIFIED
+        np.testing.assert_array_equal(tokens[sure], want[sure], err_msg=f"seed {seed}")
+        assert set(tokens[sure]) <= {3, 7}
+        refused += int((~sure).sum())
+    assert refused > 5

@@ -928,6 +928,88 @@ def sequences_top_k_at_lax_kth_with_one_key(x, key):
     return jax.vmap(lambda row: jax.random.categorical(key, _top_k_at_lax_kth(row / 0.7, 40)))(x)
 
 
+def _count_cutoff_top_p(y, p, keeps=jnp.greater_equal):
+    """A top-p of one row by a count of its sorted probabilities, as generic JAX samplers write it: the places whose
+    cumsum less 1e-8 is at most p, the sorted probability there the cutoff (0 past the end), y kept where its
+    probability `keeps` against the cutoff (at or above it)."""
+    probs = jax.nn.softmax(y)
+    ordered = jnp.sort(probs)[::-1]
+    count = jnp.sum((jnp.cumsum(ordered) - 1e-8) <= p)
+    cutoff = jnp.where(count < len(ordered), ordered[count], 0.0)
+    return jnp.where(keeps(probs, cutoff), y, -jnp.inf)
+
+
+def sequence_top_p_by_count_cutoff_under_conds(x, key):
+    """One row, each stage under `lax.cond(flag, stage, identity)` on a static flag: x / T, then the top-p by a count
+    of sorted probabilities: top_p_count_cutoff_mask."""
+    y = jax.lax.cond(True, lambda v: v / 0.7, lambda v: v, x)
+    y = jax.lax.cond(True, lambda v: _count_cutoff_top_p(v, 0.9), lambda v: v, y)
+    return jax.random.categorical(key, y)
+
+
+def sequences_top_p_by_count_cutoff_with_their_keys(x, key):
+    """The per-sequence count cutoff vmapped with a key per sequence, at T = 1: top_p_count_cutoff_mask_row_keys."""
+    keys = jax.random.split(key, x.shape[0])
+    return jax.vmap(lambda k, row: jax.random.categorical(k, _count_cutoff_top_p(row, 0.8)))(keys, x)
+
+
+def sequences_top_p_by_count_cutoff_with_one_key(x, key):
+    """The per-sequence count cutoff of x / T vmapped with one key: top_p_count_cutoff_mask_same_key_rows."""
+    return jax.vmap(lambda row: jax.random.categorical(key, _count_cutoff_top_p(row / 0.6, 0.95)))(x)
+
+
+def near_miss_count_cutoff_strictly_above(x, key):
+    """The count cutoff keeping the probabilities strictly above the cutoff (its crossing token dropped, and every
+    token of its probability): fused at its draw, the top-p left in XLA with a remark."""
+    return jax.random.categorical(key, _count_cutoff_top_p(x / 0.7, 0.9, jnp.greater))
+
+
+def sequence_chain_top_k_top_p_min_p(x, key):
+    """One sequence's row through a pipeline of filters, each applied to the last one's logits (equinox-style): x / T,
+    the top-k at the sort's k-th, the classic top-p by argsort, a min-p in logit space: min_p_log_constant_mask, the
+    top-k and top-p taken in as its stages."""
+    y = _sequence_top_p(_sequence_top_k(x / 0.7, 40), 0.9)
+    return jax.random.categorical(key, _log_space_min_p(y, 0.05))
+
+
+def sequences_chain_top_k_top_p_min_p_with_their_keys(x, key):
+    """The per-sequence pipeline vmapped with a key per sequence: min_p_log_constant_mask_row_keys with its stages."""
+    keys = jax.random.split(key, x.shape[0])
+    return jax.vmap(lambda k, row: jax.random.categorical(
+        k, _log_space_min_p(_sequence_top_p(_sequence_top_k(row / 0.7, 40), 0.9), 0.05)))(keys, x)
+
+
+def sequence_chain_top_k_then_count_cutoff_under_conds(x, key):
+    """A generic JAX pipeline, each stage under `lax.cond(flag, stage, identity)`: x / T, the top-k at lax.top_k's
+    k-th, then the top-p by a count of sorted probabilities: top_p_count_cutoff_mask, the top-k its stage."""
+    y = jax.lax.cond(True, lambda v: v / 0.7, lambda v: v, x)
+    y = jax.lax.cond(True, lambda v: _top_k_at_lax_kth(v, 40), lambda v: v, y)
+    y = jax.lax.cond(True, lambda v: _count_cutoff_top_p(v, 0.9), lambda v: v, y)
+    return jax.random.categorical(key, y)
+
+
+def chain_min_p_then_top_k_of_a_batch(x, key):
+    """A batch's filters in another order: a min-p in logit space, then the top-k at lax.top_k's k-th, then x / T
+    drawn: top_k_keep_by_top_k_mask, the min-p its stage."""
+    y = jnp.where(x >= jnp.max(x, axis=-1, keepdims=True) + jnp.log(0.02), x, -jnp.inf)
+    return jax.random.categorical(key, _top_k_at_lax_kth(y / 0.8, 16))
+
+
+def chain_min_p_then_top_k_mask_of_a_batch(x, key):
+    """A batch's x / T through a min-p in logit space, then the top-k mask below lax.top_k's k-th: top_k_mask (a form
+    every kernel takes) at T = 1, the min-p its stage."""
+    y = x / 0.8
+    y = jnp.where(y >= jnp.max(y, axis=-1, keepdims=True) + jnp.log(0.02), y, -jnp.inf)
+    return jax.random.categorical(key, jnp.where(y < jax.lax.top_k(y, 16)[0][..., -1:], -jnp.inf, y))
+
+
+def near_miss_chain_stage_read_elsewhere(x, key):
+    """The pipeline whose top-k output the program also returns: its min-p and top-p fuse, the top-k stays in XLA
+    (its filtered logits have a reader outside the sampler)."""
+    kept = _sequence_top_k(x / 0.7, 40)
+    return jax.random.categorical(key, _log_space_min_p(_sequence_top_p(kept, 0.9), 0.05)), kept
+
+
 def near_miss_min_p_in_logit_space_removal(x, key):
     """The logit-space min-p written as a removal (`where(y < threshold, -inf, y)`, which keeps a NaN the form drops):
     fused at its draw, the mask left in XLA with a remark."""
@@ -2218,6 +2300,29 @@ VARIANTS: list[Variant] = [
     Variant("near_miss_min_p_in_logit_space_removal", near_miss_min_p_in_logit_space_removal, "categorical",
             remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; a mask against a row "
                    "statistic"),
+    Variant("sequence_top_p_by_count_cutoff_under_conds", sequence_top_p_by_count_cutoff_under_conds,
+            "top_p_count_cutoff_mask", shape=(V,), expect={"mode": "top_p", "p": 0.9, "temperature": 0.7}),
+    Variant("sequences_top_p_by_count_cutoff_with_their_keys", sequences_top_p_by_count_cutoff_with_their_keys,
+            "top_p_count_cutoff_mask_row_keys", expect={"p": 0.8, "temperature": 1.0}),
+    Variant("sequences_top_p_by_count_cutoff_with_one_key", sequences_top_p_by_count_cutoff_with_one_key,
+            "top_p_count_cutoff_mask_same_key_rows", expect={"p": 0.95, "temperature": 0.6}),
+    Variant("near_miss_count_cutoff_strictly_above", near_miss_count_cutoff_strictly_above, "categorical",
+            shape=(V,), remark="stablehlo.composite: sampler fused only in part: fused as `categorical`; the top-p "
+                               "filter"),
+    Variant("sequence_chain_top_k_top_p_min_p", sequence_chain_top_k_top_p_min_p, "min_p_log_constant_mask",
+            shape=(V,), expect={"min_p": 0.05, "stages": ("top_k_keep_mask", "top_p_descending_mask")}),
+    Variant("sequences_chain_top_k_top_p_min_p_with_their_keys", sequences_chain_top_k_top_p_min_p_with_their_keys,
+            "min_p_log_constant_mask_row_keys",
+            expect={"min_p": 0.05, "stages": ("top_k_keep_mask", "top_p_descending_mask")}),
+    Variant("sequence_chain_top_k_then_count_cutoff_under_conds", sequence_chain_top_k_then_count_cutoff_under_conds,
+            "top_p_count_cutoff_mask", shape=(V,), expect={"p": 0.9, "stages": ("top_k_keep_by_top_k_mask",)}),
+    Variant("chain_min_p_then_top_k_of_a_batch", chain_min_p_then_top_k_of_a_batch, "top_k_keep_by_top_k_mask",
+            expect={"k": 16, "temperature": 0.8, "stages": ("min_p_log_mask",)}),
+    Variant("chain_min_p_then_top_k_mask_of_a_batch", chain_min_p_then_top_k_mask_of_a_batch, "top_k_mask",
+            expect={"k": 16, "stages": ("min_p_log_mask",)}),
+    Variant("near_miss_chain_stage_read_elsewhere", near_miss_chain_stage_read_elsewhere, "min_p_log_constant_mask",
+            shape=(V,), remark="stablehlo.composite: sampler fused only in part: fused as `min_p_log_constant_mask`; "
+                               "a sort over the vocabulary", expect={"stages": ("top_p_descending_mask",)}),
     Variant("nnx_top_k_then_top_p", nnx_top_k_then_top_p, "top_k_keep_top_p_descending_mask",
             expect={"k": 40, "p": f32_below(0.9), "temperature": 0.7}),
     Variant("mingpt_top_k_then_classic_top_p", mingpt_top_k_then_classic_top_p, "top_k_top_p_flipped_mask",
@@ -2391,6 +2496,7 @@ def _lit_case(variant: Variant) -> str:
     else:
         lines += [f'// CHECK: stablehlo.composite "hlofuse.sample"{{{{.*}}}}form = "{variant.form}"',
                   *(["// CHECK-SAME: scores = true"] if variant.expect.get("scores") else []),
+                  *(f'// CHECK-SAME: {{form = "{stage}"' for stage in variant.expect.get("stages", ())),
                   '// CHECK-NOT: stablehlo.composite "hlofuse.sample"',
                   "// CHECK: func.func private @hlofuse.sample.impl"]
         if variant.remark:

@@ -92,8 +92,9 @@ def test_variant_is_fused_and_draws_the_same_tokens(variant: Variant) -> None:
         assert not any("argsort" in r for r in remarks), remarks
     (attrs,) = sample_attrs(fused)
     assert attrs.form == variant.form
+    assert tuple(stage.form for stage in attrs.stages) == variant.expect.get("stages", ())
     for key, want in variant.expect.items():
-        got = getattr(attrs, key)
+        got = tuple(stage.form for stage in attrs.stages) if key == "stages" else getattr(attrs, key)
         assert got == pytest.approx(want, rel=1e-6) if isinstance(want, float) else got == want, (key, got, want)
 
     referenced = clone_module(fused)

@@ -86,7 +86,9 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "jax_classic_top_p_sorted_apart", "jax_classic_top_p_one_row", "jax_top_k_by_sort_column",
             "mingpt_jax_top_k_below_sort_column", "jax_top_k_below_sort_slice", "nnx_top_k_then_top_p",
             "mingpt_top_k_then_classic_top_p", "jax_unshifted_top_p", "jax_top_k_then_unshifted_top_p_one_row",
-            "min_p_in_logit_space_of_a_batch", "sequence_min_p_in_logit_space")
+            "min_p_in_logit_space_of_a_batch", "sequence_min_p_in_logit_space",
+            "sequence_top_p_by_count_cutoff_under_conds", "sequences_top_p_by_count_cutoff_with_one_key",
+            "sequence_chain_top_k_top_p_min_p", "sequence_chain_top_k_then_count_cutoff_under_conds")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

@@ -172,7 +172,7 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
             return sample_reference_with_scores(logits, key, form=attrs.form, fill=attrs.fill, **attrs.params(),
                                                 rows=rows, gumbel_at_zero=attrs.gumbel_at_zero)
         return sample_reference(logits, key, form=attrs.form, **attrs.params(), rows=rows,
-                                gumbel_at_zero=attrs.gumbel_at_zero)
+                                gumbel_at_zero=attrs.gumbel_at_zero, stages=attrs.stages)
 
     return reference
 

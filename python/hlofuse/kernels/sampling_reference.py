@@ -1144,6 +1144,35 @@ def descending(logits: jax.Array) -> jax.Array:
     return jnp.sort(logits, axis=-1)[..., ::-1]
 
 
+# What the count cutoff's program subtracts from each cumsum before comparing it with p (`top_p_count_cutoff_mask`).
+COUNT_CUTOFF_EPS = 1e-8
+
+
+def top_p_count_cutoff_mask(logits: jax.Array, key: jax.Array, *, temperature: float, p: float,
+                            descending_fn: Callable[[jax.Array], jax.Array] = descending,
+                            categorical_fn: Categorical = jax.random.categorical, by_row: bool = False,
+                            **_: Any) -> jax.Array:
+    """A top-p by a count of sorted probabilities, as generic JAX samplers write it (each stage under
+    `lax.cond(flag, stage, identity)`): y = x / T, its softmax sorted descending (`jnp.sort(probs)[::-1]`, values
+    only: `descending_fn`), `count = sum(cumsum - 1e-8 <= p)` places, the cutoff the sorted probability at that count
+    (0 past the end: nothing removed), and y where `probs >= cutoff`, -inf elsewhere, then a categorical of y. A cut
+    by value in probability space from the top: the token whose mass crosses p is kept, with every token of its
+    probability (a NaN row keeps nothing). `by_row`: one row (V,) as the program writes it (`sorted[count]` under
+    `where(count < V, ..., 0.0)`, and vmap of that); else a (..., 1) column of the count, taken along the row."""
+    if by_row and logits.ndim != 1:  # (so that no template is made: a batch's is the column writing's)
+        raise ValueError(f"the count cutoff of one row takes (V,) logits, not {logits.shape}")
+    y = _scale(logits, temperature)
+    probs = jax.nn.softmax(y, axis=-1)
+    ordered = descending_fn(probs)
+    count = jnp.sum((jnp.cumsum(ordered, axis=-1) - COUNT_CUTOFF_EPS) <= p, axis=-1, keepdims=not by_row)
+    vocab = y.shape[-1]
+    if by_row:
+        cutoff = jnp.where(count < vocab, ordered[count], 0.0)
+    else:
+        cutoff = jnp.where(count < vocab, jnp.take_along_axis(ordered, jnp.minimum(count, vocab - 1), axis=-1), 0.0)
+    return categorical_fn(key, jnp.where(probs >= cutoff, y, NEG_INF), axis=-1)
+
+
 def _mask_top_p(logits: jax.Array, p: float, *, sort_by_top_k: bool = False, fill: float | None = None,
                 descending_fn: Callable[[jax.Array], jax.Array] = descending) -> jax.Array:
     # A full-width lax.top_k (JetStream, MaxText) returns the values of the descending sort, bit for bit
@@ -1696,6 +1725,10 @@ FORMS: dict[str, Form] = {f.name: f for f in (
                      ("temperature", "p"), _NOISE + ("stablehlo.sort",), composes_draws=False, reads=("one_minus_p",))),
     Form("top_p_ascending_count_mask", "top_p", top_p_ascending_count_mask, ("temperature", "p"),
          _NOISE + ("stablehlo.sort", "stablehlo.convert"), composes_draws=False),
+    # (the count cutoff of a batch as a (B, 1) column, or of one row as the program indexes it)
+    Form("top_p_count_cutoff_mask", "top_p", top_p_count_cutoff_mask, ("temperature", "p"),
+         _NOISE + ("stablehlo.sort",),
+         (Writing(functools.partial(top_p_count_cutoff_mask, by_row=True), _NOISE + ("stablehlo.sort",)),)),
     Form("top_k_top_p_ascending_mask", "top_k+top_p", top_k_top_p_ascending_mask, ("temperature", "k", "p"),
          _TOP_K + ("stablehlo.sort", "stablehlo.scatter"),
          # the top-k mask as JAX code writes it: lax.top_k's last column, or a stable descending argsort
@@ -1771,7 +1804,7 @@ _SCALED_BEFORE = ("top_k", "top_k_mask", "top_p_mask", "top_k_top_p_mask", "min_
                   "top_k_top_p_shifted_mask", "top_p_ascending_count_mask", "top_k_exact_top_p_ascending_mask",
                   "top_p_haiku_mask", "top_p_simply_mask", "top_k_top_p_simply_mask",
                   "min_p_logits_mask", "top_a_logits_mask", "min_p_log_mask", "min_p_log_constant_mask",
-                  "top_k_keep_by_top_k_mask",
+                  "top_k_keep_by_top_k_mask", "top_p_count_cutoff_mask",
                   "min_p_sorted_removal", "epsilon_removal", "top_k_epsilon_removal", "typical_mask",
                   "top_k_typical_mask", *TOP_P_CHAINS, *SEARCHED_FORMS)
 FORMS.update({name: dataclasses.replace(f, others=f.others + tuple(_unscaled(w) for w in f.writings))
@@ -2465,6 +2498,53 @@ FORMS.update({f"{name}_{prelude}": dataclasses.replace(form, name=f"{name}_{prel
               for prelude, fn in PRELUDES.items() for name, form in list(FORMS.items()) if form.stochastic})
 
 
+# ----- filter stages in front of the sampler ------------------------------------------------------------------------
+# A chain of filters, each applied to the last one's logits (a top-k, then a top-p, then a min-p, as equinox-style and
+# generic JAX pipelines compose them), is fused as the form of its last filters and its draw, with the filters in
+# front of those taken in as stages: each is the logits that one writing of a STAGE_FORMS form hands its categorical
+# (`Stage.filtered`), in the order the program applies them. A composite with stages means its form's function of the
+# last stage's logits (`sample_reference`'s `stages`). The fusion finds each stage by the writing's own template, so
+# a chain of any length and order composes, and each stage computes what the program's filter does, bit for bit.
+STAGE_FORMS = ("top_k_keep_mask", "top_k_keep_by_top_k_mask", "top_k_mask", *JAX_CLASSIC_CUTS, *JAX_UNSHIFTED_CUTS,
+               *JAX_CLASSIC_CHAINS, *JAX_UNSHIFTED_CHAINS, "top_p_count_cutoff_mask", "min_p_log_mask",
+               "min_p_log_constant_mask")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A filter in front of a composite's form: the logits writing `writing` of form `form` hands its categorical,
+    with `params` (the values its function reads: temperature, k, p, min_p and the constants of `Writing.reads`).
+    The writing is named by its place in the form's `writings`."""
+
+    form: str
+    writing: int
+    params: tuple[tuple[str, float], ...]
+
+    def filtered(self, logits: jax.Array) -> jax.Array:
+        """The stage's filtered logits: what the writing's function draws from (its draw itself is not computed)."""
+        drawn_from: list[jax.Array] = []
+
+        def captured(key: jax.Array, y: jax.Array, axis: int = -1, **_: Any) -> jax.Array:  # noqa: ANN401
+            del key, axis
+            drawn_from.append(y)
+            return jnp.zeros(y.shape[:-1], jnp.int32)
+
+        writing = FORMS[self.form].writings[self.writing]
+        writing.fn(logits, jnp.zeros((2,), jnp.uint32), categorical_fn=captured, **dict(self.params))
+        if len(drawn_from) != 1 or drawn_from[0].shape != logits.shape:
+            raise ValueError(f"stage '{self.form}' (writing {self.writing}) draws no logits shaped as its "
+                             f"{logits.shape}")
+        return drawn_from[0]
+
+
+def after_stages(logits: jax.Array, stages: tuple[Stage, ...],
+                 run: Callable[[Callable[[jax.Array], jax.Array], jax.Array], jax.Array] | None = None) -> jax.Array:
+    """`logits` through each stage in order; `run(filtered, x)` runs each (a kernel's: its sorts by the kernel)."""
+    for stage in stages:
+        logits = stage.filtered(logits) if run is None else run(stage.filtered, logits)
+    return logits
+
+
 # Parameters only the forms that read them are given (so that the kernels of the other forms never see them).
 OPTIONAL_PARAMS = ("eps", "epsilon")
 # Each parameter's value when a form does not read it: what the form's function computes with.
@@ -2497,6 +2577,7 @@ def sample_reference(
     rows: tuple[jax.Array, ...] = (),  # (B,) per-row values of the form's `row_params`, in order (the operands)
     fill: float | None = None,  # the dropped logits' value, for a form that reads one (`gives_scores`); None: -inf
     gumbel_at_zero: float | None = None,  # the noise at a zero uniform of a hand-written noise (SampleAttrs)
+    stages: tuple[Stage, ...] = (),  # the filters in front of the form, in the order applied (SampleAttrs.stages)
 ) -> jax.Array:  # (...,) int32 token ids
     """The token ids `form` draws from `logits` with `key`: the meaning of an hlofuse.sample composite.
     (`categorical_fn` draws in place of jax.random.categorical: a shard's rows draw the whole batch's noise; with
@@ -2505,6 +2586,7 @@ def sample_reference(
         categorical_fn = categorical_at_zero(gumbel_at_zero)
     scalars = {"temperature": temperature, "k": k, "p": p, "min_p": min_p, "eps": eps, "epsilon": epsilon}
     filled = {} if fill is None else {"fill": fill}
+    logits = after_stages(logits, stages)
     return FORMS[form].fn(logits, key, **(scalars | row_values(form, rows)), **filled,
                           categorical_fn=categorical_fn).astype(jnp.int32)
 

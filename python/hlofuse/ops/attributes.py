@@ -23,6 +23,8 @@ def _python_value(attr: ir.Attribute) -> Any:  # noqa: ANN401
         return attr.value
     if isinstance(attr, ir.ArrayAttr):
         return [_python_value(a) for a in attr]
+    if isinstance(attr, ir.DictAttr):
+        return {named.name: _python_value(named.attr) for named in attr}
     raise ValueError(f"unsupported attribute {attr}")
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jaxlib.mlir import ir
 
-from hlofuse.kernels.sampling_reference import FORMS, form_params
+from hlofuse.kernels.sampling_reference import FORMS, Stage, form_params
 from hlofuse.ops.attributes import attribute_values
 
 SAMPLE = "hlofuse.sample"
@@ -47,6 +47,9 @@ class SampleAttrs:
     # eps) + eps) and the like, hlofuse.kernels.noise.HAND_NOISES): JAX's noise at every other uniform. None: JAX's
     # own noise everywhere. (f32 logits only; their categorical is `noise.categorical_at_zero`.)
     gumbel_at_zero: float | None = None
+    # The filters in front of the form, in the order the program applies them (sampling_reference.Stage): a chain's
+    # earlier filters, each `{form, writing, <its parameters>}`; () for none.
+    stages: tuple[Stage, ...] = ()
 
     @staticmethod
     def from_ir(attributes: ir.Attribute) -> SampleAttrs:
@@ -60,7 +63,8 @@ class SampleAttrs:
         unknown = set(attributes) - known
         if unknown:
             raise ValueError(f"unknown hlofuse.sample attributes {sorted(unknown)}")
-        return SampleAttrs(**attributes)
+        stages = tuple(_stage(stage) for stage in attributes.get("stages", ()))
+        return SampleAttrs(**{**attributes, "stages": stages})
 
     def ir_attributes(self) -> dict[str, ir.Attribute]:
         """The composite_attributes dictionary (call inside an MLIR context)."""
@@ -77,6 +81,8 @@ class SampleAttrs:
             attributes["fill"] = ir.FloatAttr.get(f64, self.fill)
         if self.gumbel_at_zero is not None:  # likewise, only a categorical whose noise is written by hand
             attributes["gumbel_at_zero"] = ir.FloatAttr.get(f64, self.gumbel_at_zero)
+        if self.stages:  # likewise, only a chain with filters in front of its form
+            attributes["stages"] = ir.ArrayAttr.get([_stage_attribute(stage) for stage in self.stages])
         return attributes
 
     def params(self) -> dict[str, Any]:
@@ -85,6 +91,23 @@ class SampleAttrs:
         values = {"temperature": self.temperature, "k": self.k, "p": self.p, "min_p": self.min_p, "eps": self.eps,
                   "epsilon": self.epsilon}
         return form_params(self.form, **values) if self.form in FORMS else values
+
+
+def _stage(values: Stage | dict[str, Any]) -> Stage:
+    """A stage from its attribute dictionary (`{form, writing, <parameters>}`); a Stage as it is."""
+    if isinstance(values, Stage):
+        return values
+    params = {name: value for name, value in values.items() if name not in ("form", "writing")}
+    return Stage(str(values["form"]), int(values["writing"]), tuple(sorted(params.items())))
+
+
+def _stage_attribute(stage: Stage) -> ir.Attribute:
+    """A stage's attribute dictionary: k as i64, the other parameters as f64."""
+    f64, i64 = ir.F64Type.get(), ir.IntegerType.get_signless(64)
+    attributes = {"form": ir.StringAttr.get(stage.form), "writing": ir.IntegerAttr.get(i64, stage.writing)}
+    for name, value in stage.params:
+        attributes[name] = ir.IntegerAttr.get(i64, int(value)) if name == "k" else ir.FloatAttr.get(f64, value)
+    return ir.DictAttr.get(attributes)
 
 
 __all__ = ["SAMPLE", "SAMPLE_VERSION", "SampleAttrs"]

@@ -16,12 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 
 from hlofuse.kernels import cpu
 from hlofuse.kernels.noise import categorical_at_zero
 from hlofuse.kernels.sampling_reference import (
+    COUNT_CUTOFF_EPS,
     DRAWS,
     ESURGE_FILL,
     FORMS,
@@ -43,7 +45,9 @@ from hlofuse.kernels.sampling_reference import (
     UNCERTIFIED,
     Categorical,
     RankNucleus,
+    Stage,
     TopKFilter,
+    after_stages,
     esurge_min_p_mask,
     exponential_race_scores,
     flax_top_p_keep,
@@ -362,14 +366,14 @@ FUNCTION_FORMS = ("top_k_of_probs", "top_k_top_p_of_logits", "top_k_exact_mask",
                   "top_k_of_probs_torch_unnormalized",
                   "min_p_of_probs_torch", "min_p_of_probs_torch_unnormalized", "top_p_simply_mask",
                   "top_k_top_p_simply_mask", "min_p_log_mask", "min_p_log_constant_mask",
-                  "top_k_keep_by_top_k_mask")
+                  "top_k_keep_by_top_k_mask", "top_p_count_cutoff_mask")
 # A function form whose filter compares bf16-rounded probabilities (as BF16_UNSUPPORTED's).
 BF16_UNSUPPORTED_FUNCTION_FORMS = ("min_p_logits_mask", "top_a_logits_mask", "min_p_of_probs_torch",
                                    "min_p_of_probs_torch_unnormalized")
 # The forms of all V sorted logits: in bf16 their softmax and cumsum round as XLA fuses them next to its own sort,
 # which the kernel's sorted row does not reproduce.
 WHOLE_ROW_FUNCTION_FORMS = ("top_p_of_logits_exclusive", "top_p_ascending_count_mask", "top_p_haiku_mask",
-                            "top_p_haiku_logits_mask", "top_p_simply_mask")
+                            "top_p_haiku_logits_mask", "top_p_simply_mask", "top_p_count_cutoff_mask")
 # Haiku's and grok-1's nucleus, and perceiver-ar's of the logits: drawn by their band first (`_haiku_nucleus_by_band`).
 HAIKU_NUCLEI = ("top_p_haiku_mask", "top_p_haiku_logits_mask")
 
@@ -474,7 +478,7 @@ def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: fl
     def kernel(logits: jax.Array, key: jax.Array | None = None) -> jax.Array:
         def own() -> jax.Array:
             return fn(logits, key, categorical_fn=categorical_fn, top_k_fn=top_k_fn, sort_fn=_sorted_values_by_kernel,
-                      **orders, **draws, **params)
+                      descending_fn=_descending_values_by_kernel, **orders, **draws, **params)
 
         if form == "top_k_of_probs":  # a NaN row of probabilities: id 0 (_id_0_where_nan)
             return _id_0_where_nan(nucleus_probs(logits, params["temperature"]), own())
@@ -485,6 +489,8 @@ def function_form_lowering(form: str, params: dict[str, Any], gumbel_at_zero: fl
         if (form == "top_p_ascending_count_mask" and logits.dtype == jnp.float32 and logits.ndim == 2
                 and 0.0 < params["p"] < 1.0):
             return reference_where_uncertified(_ascending_count_by_mass(logits, key, params), own)
+        if form == "top_p_count_cutoff_mask" and logits.dtype == jnp.float32 and 0.0 < params["p"] < 1.0:
+            return reference_where_uncertified(_count_cutoff_by_mass(logits, key, params), own)
         if form in HAIKU_NUCLEI and logits.dtype == jnp.float32 and 0.0 < params["p"] < 1.0:
             return reference_where_uncertified(_haiku_nucleus_by_band(logits, key, params, form), own)
         return own()
@@ -526,6 +532,36 @@ def _ascending_count_by_mass(logits: jax.Array, key: jax.Array, params: dict[str
     winner = jnp.take_along_axis(y, tokens[:, None], axis=-1)
     at_or_below = jnp.sum(y <= winner, axis=-1)
     return jnp.where(held & (at_or_below > at_most), tokens, UNCERTIFIED)
+
+
+def _count_cutoff_by_mass(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
+    """The count cutoff's top-p (`top_p_count_cutoff_mask`) of (..., V) f32 logits with no sort, for 0 < p < 1. The
+    program keeps the tokens whose probability is at least its sorted probabilities' entry at `count`, the number of
+    places whose cumsum less 1e-8 is at most p. The probabilities are the program's (its softmax op); the kernel's
+    top candidates by mass are its sorted values' first places, whose cumsum is the program's within the rounding
+    of either sum over them (`nucleus_cut_slack`) and of the program's subtraction (2^-23). So count lies within
+    [lower, upper]: the places surely counted, and those not surely left out. Its cutoff is then at most the entry at
+    lower (every token at or above it kept) and at least the entry at upper (no token below it kept): the kernel
+    draws among the tokens at or above the latter, at the program's counters, and the winner is the program's where
+    it is at or above the former. UNCERTIFIED otherwise, and for a row whose candidates do not pass the mass (a NaN
+    or an infinity among its logits)."""
+    y = logits.reshape(-1, logits.shape[-1]) / params["temperature"]
+    p = params["p"]
+    probs = jax.nn.softmax(y, axis=-1)
+    candidates = min(y.shape[-1], NUCLEUS_CANDIDATES)
+    slack = nucleus_cut_slack(0, candidates, p, own_terms=candidates) + 2.0**-23
+    below, above = p + COUNT_CUTOFF_EPS - slack, p + COUNT_CUTOFF_EPS + slack
+    values, _ = _top_mass_by_kernel(probs, candidates, above + NUCLEUS_MARGIN)
+    cumulative = jnp.cumsum(values, axis=-1)
+    held = cumulative[:, -1] > jnp.float32(above + NUCLEUS_MARGIN)
+    lower = jnp.sum(cumulative <= jnp.float32(below), axis=-1, keepdims=True)
+    upper = jnp.sum(cumulative <= jnp.float32(above), axis=-1, keepdims=True)
+    at_lower = jnp.take_along_axis(values, jnp.minimum(lower, candidates - 1), axis=-1)
+    at_upper = jnp.take_along_axis(values, jnp.minimum(upper, candidates - 1), axis=-1)
+    tokens = _kernel_categorical(False)(key, jnp.where(probs >= at_upper, y, NEG_INF))
+    surely_kept = jnp.take_along_axis(probs, tokens[:, None], axis=-1) >= at_lower
+    certified = held & (upper[:, 0] < candidates) & surely_kept[:, 0]
+    return jnp.where(certified, tokens, UNCERTIFIED).reshape(logits.shape[:-1])
 
 
 def _rank_nucleus_by_band(logits: jax.Array, key: jax.Array, params: dict[str, Any]) -> jax.Array:
@@ -2236,6 +2272,77 @@ def prelude_lowering(call: CompositeCall, inner: str,
     return normalized
 
 
+def stages_lowering(call: CompositeCall, stages: tuple[Stage, ...]) -> Callable[..., Any]:
+    """A composite with filters in front of its form (SampleAttrs.stages): each stage's function on the kernel's sorts
+    and top-ks (`on_kernel_sorts`), then the kernel of the form on what the last gives."""
+    kernel = sampling_lowering(call.with_attributes(stages=()))
+
+    def staged(logits: jax.Array, *others: jax.Array) -> jax.Array:
+        return kernel(after_stages(logits, stages, on_kernel_sorts), *others)
+
+    return staged
+
+
+def on_kernel_sorts(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    """fn(x) with its sorts and top-ks by the kernel: each stable sort along the last axis of one f32 or bf16 key (and
+    any payloads: an argsort's ids) by the kernel's radix sort, which orders as JAX's sort does (-0 and +0 equal,
+    every NaN last, ties by place), its operands taken along the kernel's order, so the same values in the same places;
+    each lax.top_k by the kernel's top-k (lax.top_k's values and ids). Every other op is fn's own, bound as traced
+    (calls of jitted functions evaluated inline). So no sort is left to XLA, and the results are fn's bit for bit."""
+    closed = jax.make_jaxpr(fn)(x)
+    (out,) = _evaluated_on_kernel(closed.jaxpr, closed.consts, x)
+    return out
+
+
+def _evaluated_on_kernel(jaxpr: Any, consts: list[Any], *args: Any) -> list[Any]:  # noqa: ANN401
+    """The jaxpr's outputs of `args`, its sorts and top-ks by the kernel where it takes them (`on_kernel_sorts`)."""
+    env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(var: Any) -> Any:  # noqa: ANN401
+        return var.val if isinstance(var, jax.extend.core.Literal) else env[var]
+
+    for eqn in jaxpr.eqns:
+        values = [read(var) for var in eqn.invars]
+        outs = _on_kernel(eqn, values)
+        if outs is None:
+            outs = eqn.primitive.bind(*values, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(var) for var in jaxpr.outvars]
+
+
+def _on_kernel(eqn: Any, values: list[Any]) -> list[Any] | None:  # noqa: ANN401
+    """The results of one equation by the kernel (a sort, a top-k, or a jitted call holding them), or None: fn's own."""
+    name, params = eqn.primitive.name, eqn.params
+    if name in ("jit", "pjit"):
+        return _evaluated_on_kernel(params["jaxpr"].jaxpr, params["jaxpr"].consts, *values)
+    if name not in ("sort", "top_k"):
+        return None
+    keys = values[0]
+    if keys.dtype not in (jnp.float32, jnp.bfloat16, jnp.int32) or keys.ndim == 0:
+        return None
+    if (name == "sort" and params["num_keys"] == 1 and params["dimension"] == keys.ndim - 1
+            and (params["is_stable"] or len(values) == 1)):
+        order = _stable_order_by_kernel(keys.reshape(-1, keys.shape[-1])).reshape(keys.shape)
+        return [jnp.take_along_axis(value, order, axis=-1) for value in values]
+    if name == "top_k" and keys.dtype != jnp.int32 and params.get("axis", keys.ndim - 1) == keys.ndim - 1:
+        return list(_top_k_by_kernel(keys, params["k"]))
+    return None
+
+
+def _stable_order_by_kernel(keys: jax.Array) -> jax.Array:
+    """The stable ascending order of each row of `keys` (B, n) as JAX's sort orders it, by the kernel's radix sort:
+    of f32 or bf16 keys, its own; of int32 keys (an argsort's ids sorted again to put values back), by their low and
+    then their high 16 bits, each exact as f32 (a least-significant-first radix sort: the second sort, stable, keeps
+    the first's order among equal high halves)."""
+    if keys.dtype != jnp.int32:
+        return _sort_by_kernel(keys)[1]
+    low = _sort_by_kernel((keys & 0xFFFF).astype(jnp.float32))[1]
+    high = jnp.take_along_axis((keys >> 16) + 0x8000, low, axis=-1).astype(jnp.float32)
+    return jnp.take_along_axis(low, _sort_by_kernel(high)[1], axis=-1)
+
+
 # A categorical whose noise is written by hand (SampleAttrs.gumbel_at_zero): the kernel draws it for f32 logits where
 # the lowering of the form's filters hands the value on to every draw of the kernel's (the plain kernel forms, the
 # function forms, the classic top-p) and its draw is the categorical itself or of the log-probabilities
@@ -2264,6 +2371,8 @@ def sampling_lowering(call: CompositeCall) -> Callable[..., Any]:
     attrs = SampleAttrs.from_dict(call.attributes)
     _check_hand_noise(call, attrs)
     hand = attrs.gumbel_at_zero
+    if attrs.stages:
+        return stages_lowering(call, attrs.stages)
     if (normalized := prelude_of(attrs.form)) is not None:
         return prelude_lowering(call, *normalized)
     if attrs.scores and not gives_scores(attrs.form):
@@ -2429,9 +2538,10 @@ TOP_K_FORMS = ("top_k_mask", "top_k", "temperature_top_k")
 MASKED_FORMS = ("min_p",)
 
 
-def vocab_splits_for(form: str, vocab: int, devices: int) -> int:
-    """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row)."""
-    if devices < 2 or vocab % devices or form not in (*SPLIT_FORMS, *TOP_K_FORMS, *MASKED_FORMS):
+def vocab_splits_for(form: str, vocab: int, devices: int, staged: bool = False) -> int:
+    """P: how many vocabulary splits a multi-device call takes as a leading batch dim (1 = the whole row; so for a
+    composite with filters in front of its form, `staged`: each reads the whole row)."""
+    if devices < 2 or vocab % devices or staged or form not in (*SPLIT_FORMS, *TOP_K_FORMS, *MASKED_FORMS):
         return 1
     return devices
 
@@ -2505,7 +2615,7 @@ def partitioned_lowering(call: CompositeCall, devices: int, multi_device: str = 
         # (the partitioner's cuts take the key as one (2,) key for every shard: (B, 2) keys are not cut by row)
         raise Unsupported(f"'{attrs.form}' draws each row with its own key, which the kernel takes on one device only")
     vocab = call.operand_types[0][0][-1]
-    splits = vocab_splits_for(attrs.form, vocab, devices)
+    splits = vocab_splits_for(attrs.form, vocab, devices, bool(attrs.stages))
     if splits == 1 and attrs.form in CERTIFIED_NUCLEI and call.operand_types[0][1] == "f32":
         # the draw and its fallback's sort read the same rows: gathered once (`_whole_rows`), not once per call
         return lambda logits, key=None: whole_row(_whole_rows(logits), key)
@@ -2541,9 +2651,10 @@ def whole_row_remark(call: CompositeCall, devices: int) -> str | None:
     splits the vocabulary."""
     attrs = SampleAttrs.from_dict(call.attributes)
     vocab = call.operand_types[0][0][-1]
-    if vocab_splits_for(attrs.form, vocab, devices) > 1:
+    if vocab_splits_for(attrs.form, vocab, devices, bool(attrs.stages)) > 1:
         return None
     why = (f"V = {vocab} is not a multiple of the {devices} devices" if vocab % devices else
+           f"its filters in front of '{attrs.form}' read the whole row" if attrs.stages else
            f"'{attrs.form}' needs a row-wide threshold or rank before any split")
     return f"sampled by whole rows ({why}): a vocabulary sharded over devices is gathered before the call"
 
@@ -2555,8 +2666,9 @@ def _partitioned(call: CompositeCall, devices: int, multi_device: str) -> Lowere
 def shard_cuts(call: CompositeCall, devices: int) -> Cuts:
     """The dims `partitioned_lowering`'s call keeps local (hlofuse.shard_local): the rows and, for the
     forms that split it, the vocabulary."""
-    form = SampleAttrs.from_dict(call.attributes).form
-    return sample_cuts(call, vocab=vocab_splits_for(form, call.operand_types[0][0][-1], devices) > 1)
+    attrs = SampleAttrs.from_dict(call.attributes)
+    vocab = call.operand_types[0][0][-1]
+    return sample_cuts(call, vocab=vocab_splits_for(attrs.form, vocab, devices, bool(attrs.stages)) > 1)
 
 
 # XLA's batch partitioner runs the FFI call per shard of its leading dims (hlofuse.sharding).

@@ -63,6 +63,7 @@ from hlofuse.kernels.sampling_reference import (
     FORMS,
     SOFTMAX_TIE_MARGIN,
     UNCERTIFIED,
+    after_stages,
     form_params,
     nucleus_cut_slack,
     prelude_of,
@@ -575,6 +576,8 @@ def _lowering(call: CompositeCall, runner: str) -> Lowered:
     if attrs.gumbel_at_zero is not None and dtype != "f32":
         raise Unsupported(f"the {target} sampler does not take this composite: it draws a hand-written Gumbel noise "
                           "(another value where the uniform is 0) for f32 logits only")
+    if attrs.stages:  # the filters in front of the form by the program's ops (its sorts too), then the kernel
+        return _lowering(call.with_attributes(stages=()), runner).after(lambda x: after_stages(x, attrs.stages))
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         return _lowering(call.with_attributes(form=inner), runner).after(normalize)

@@ -51,6 +51,7 @@ from hlofuse.kernels.sampling_reference import FORMS as REFERENCE_FORMS
 from hlofuse.kernels.sampling_reference import (
     SOFTMAX_TIE_MARGIN,
     UNCERTIFIED,
+    after_stages,
     min_p_masked,
     nucleus_cut_slack,
     prelude_of,
@@ -691,6 +692,9 @@ def _lowering(call: CompositeCall, backend: str, interpret: bool, platform: str 
     if attrs.gumbel_at_zero is not None and call.operand_types[0][1] != "f32":
         raise Unsupported(f"the {target} sampler draws a hand-written Gumbel noise (another value where the uniform "
                           "is 0) for f32 logits only")
+    if attrs.stages:  # the filters in front of the form by the program's ops (its sorts too), then the kernel
+        inner_call = call.with_attributes(stages=())
+        return _lowering(inner_call, backend, interpret, platform).after(lambda x: after_stages(x, attrs.stages))
     if (normalized := prelude_of(attrs.form)) is not None:  # the normalization by the program's ops, then the kernel
         inner, normalize = normalized
         return _lowering(call.with_attributes(form=inner), backend, interpret, platform).after(normalize)
@@ -725,8 +729,10 @@ _TARGETS = {"tpu": ("tpu", False, "tpu"), "gpu": ("gpu", False, "cuda"), "tpu-in
 def shard_cuts(call: CompositeCall) -> Cuts:
     """The dims a per-shard call keeps local: the rows and, for VOCAB_SPLIT_FORMS, the vocabulary."""
     attrs = SampleAttrs.from_dict(call.attributes)
-    # (a hand-written noise's rows are cut, not its vocabulary: the split kernel draws JAX's noise)
-    return sample_cuts(call, vocab=attrs.form in VOCAB_SPLIT_FORMS and attrs.gumbel_at_zero is None)
+    # (a hand-written noise's rows are cut, not its vocabulary: the split kernel draws JAX's noise; and filters in
+    # front of the form read the whole row)
+    splits = attrs.form in VOCAB_SPLIT_FORMS and attrs.gumbel_at_zero is None and not attrs.stages
+    return sample_cuts(call, vocab=splits)
 
 
 def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
@@ -736,6 +742,8 @@ def vocab_split(call: CompositeCall, target: str, splits: int) -> RangeSplit:
     attrs = SampleAttrs.from_dict(call.attributes)
     if attrs.gumbel_at_zero is not None:  # (`shard_cuts` keeps such a vocabulary whole)
         raise ValueError("a hand-written Gumbel noise is drawn per shard of rows, not of the vocabulary")
+    if attrs.stages:  # (likewise)
+        raise ValueError("filters in front of the form read the whole row: it is drawn per shard of rows")
     run = functools.partial(sample_split, temperature=attrs.temperature, backend=backend, interpret=interpret)
     if attrs.form in SPLIT_FORMS:
         return vocab_ranges.sampled_ranges(call, splits, run, attrs.form, platform=platform)

@@ -1,0 +1,173 @@
+"""Chains of filters, each applied to the last one's logits, in any order: fused whole as the form of their last
+filters and draw, with those in front taken in as the composite's stages (sampling_reference.Stage), and the same
+token ids from the original, the fused program, the reference rebuilt from the attributes and the CPU kernel.
+
+The chains are generated: every ordered pair of five filters as JAX pipelines write them, and some triples, each
+after x / T; a vmapped chain with a key per row; and the parts the stages rest on (the attributes' round trip, the
+kernel's sorts standing in for XLA's bit for bit).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxlib.mlir import ir
+from sampling_variants import (
+    VARIANTS,
+    _count_cutoff_top_p,
+    _log_space_min_p,
+    _sequence_top_k,
+    _sequence_top_p,
+    _top_k_at_lax_kth,
+    lower,
+)
+from test_fuse_sampling_e2e import _cpu_kernel_module, compile_module, logits_cases
+
+from hlofuse.kernels.sampling_reference import Stage
+from hlofuse.ops.attributes import attribute_values
+from hlofuse.ops.sample import SampleAttrs
+from hlofuse.pipeline import run_pipeline
+from hlofuse.testing.modules import clone_module, count_composites, sample_attrs
+
+V = 256
+# Each filter as a pipeline writes it on one row, and the form whose filter it is (a stage's, or the composite's).
+FILTERS: dict[str, tuple[Callable[[jax.Array], jax.Array], str]] = {
+    "top_k_sort": (lambda y: _sequence_top_k(y, 40), "top_k_keep_mask"),
+    "top_k_lax": (lambda y: _top_k_at_lax_kth(y, 30), "top_k_keep_by_top_k_mask"),
+    "top_p_argsort": (lambda y: _sequence_top_p(y, 0.9), "top_p_descending_mask"),
+    "top_p_count": (lambda y: _count_cutoff_top_p(y, 0.85), "top_p_count_cutoff_mask"),
+    "min_p_log": (lambda y: _log_space_min_p(y, 0.05), "min_p_log_constant_mask"),
+}
+# (a top-k at the sort's k-th then the classic top-p is one form of its own: no stage)
+CHAINS = [names for names in itertools.permutations(FILTERS, 2) if names != ("top_k_sort", "top_p_argsort")]
+CHAINS += [("top_k_sort", "top_p_argsort", "min_p_log"), ("top_k_lax", "top_p_count", "min_p_log"),
+           ("min_p_log", "top_k_lax", "top_p_argsort"), ("top_p_count", "top_k_sort", "top_k_lax")]
+
+
+def _chain(names: tuple[str, ...]) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    def sampler(x: jax.Array, key: jax.Array) -> jax.Array:
+        y = x / 0.7
+        for name in names:
+            y = FILTERS[name][0](y)
+        return jax.random.categorical(key, y)
+
+    return sampler
+
+
+def _expected(names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """The composite's form and its stages' forms: the chain form of a top-k at the sort's k-th then the classic
+    top-p where it ends so, else the last filter's form, the others its stages."""
+    if names[-2:] == ("top_k_sort", "top_p_argsort"):
+        return "top_k_keep_top_p_descending_mask", tuple(FILTERS[n][1] for n in names[:-2])
+    return FILTERS[names[-1]][1], tuple(FILTERS[n][1] for n in names[:-1])
+
+
+def _assert_fused_whole_with_the_same_ids(sampler: Callable[..., jax.Array], shape: tuple[int, ...], keys: int,
+                                          form: str, stages: tuple[str, ...]) -> None:
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    original = jax.jit(sampler).lower(jax.ShapeDtypeStruct(shape, jnp.float32), key).compiler_ir("stablehlo")
+    fused = clone_module(original)
+    result = run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    remarks = [str(r) for r in result.remarks if "fuse-sampling" in str(r)]
+    assert count_composites(fused, "hlofuse.sample") == 1 and not remarks, remarks
+    (attrs,) = sample_attrs(fused)
+    assert (attrs.form, tuple(stage.form for stage in attrs.stages)) == (form, stages)
+    referenced = clone_module(fused)
+    run_pipeline(referenced, "builtin.module(hlofuse-lower-kernels{target=reference})")
+    programs = {"original": original, "fused": fused, "reference": referenced}
+    kernel = _cpu_kernel_module(fused)
+    if kernel is not None:
+        programs["cpu"] = kernel
+    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
+    for case, logits in logits_cases(shape, np.dtype(np.float32)).items():
+        for seed in range(keys):
+            args = [logits, np.array([seed, 500 + seed], np.uint32)]
+            want = runs["original"](*args)
+            for name, run in runs.items():
+                np.testing.assert_array_equal(run(*args)[0], want[0], err_msg=f"{name} {case} seed {seed}")
+
+
+@pytest.mark.parametrize("names", CHAINS, ids="-".join)
+def test_a_chain_in_any_order_fuses_whole_with_its_stages(names: tuple[str, ...]) -> None:
+    _assert_fused_whole_with_the_same_ids(_chain(names), (V,), 3, *_expected(names))
+
+
+def test_a_vmapped_chain_with_a_key_per_row_fuses_whole_with_its_stages() -> None:
+    one_row = _chain(("top_k_lax", "top_p_argsort", "min_p_log"))
+
+    def sampler(x: jax.Array, key: jax.Array) -> jax.Array:
+        return jax.vmap(one_row)(x, jax.random.split(key, x.shape[0]))
+
+    _assert_fused_whole_with_the_same_ids(sampler, (3, V), 2, "min_p_log_constant_mask_row_keys",
+                                          ("top_k_keep_by_top_k_mask", "top_p_descending_mask"))
+
+
+def test_stages_round_trip_through_the_composite_attributes() -> None:
+    stages = (Stage("top_k_keep_mask", 1, (("k", 40), ("temperature", 0.7))),
+              Stage("top_p_descending_mask", 0, (("fill", -1e10), ("p", 0.9))))
+    attrs = SampleAttrs(mode="min_p", form="min_p_log_mask", min_p=0.05, stages=stages)
+    with ir.Context(), ir.Location.unknown():
+        values = attribute_values(ir.DictAttr.get(attrs.ir_attributes()))
+        assert "stages" not in SampleAttrs(mode="min_p", form="min_p_log_mask").ir_attributes()
+    assert values["stages"][0] == {"form": "top_k_keep_mask", "writing": 1, "k": 40, "temperature": 0.7}
+    assert SampleAttrs.from_dict(values) == attrs
+
+
+def _sorting(x: jax.Array) -> tuple[jax.Array, ...]:
+    """What stages do with sorts: argsorts both ways, the sorted values, lax.top_k's k-th, an argsort's argsort."""
+    order = jnp.argsort(x, axis=-1, descending=True)
+    kth = jax.lax.top_k(x, 5)[0][..., -1:]
+    return (jnp.take_along_axis(x, order, axis=-1), jnp.sort(x, axis=-1), jnp.argsort(x, axis=-1)[..., ::-1],
+            jnp.argsort(order, axis=-1), jnp.where(x >= kth, x, -jnp.inf))
+
+
+def test_the_kernel_sorts_give_the_functions_bits_with_no_sort_left() -> None:
+    """sampling's `on_kernel_sorts` (the CPU kernel's stages): -0 and +0, NaN of either sign, infinities and ties, in
+    f32 and bf16, batched or one row; int32 keys of any value by their two halves."""
+    from hlofuse.kernels import cpu
+    from hlofuse.kernels.cpu import sampling
+
+    if not cpu.is_available():
+        pytest.skip("the native CPU sampling kernel is not built")
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_normal((3, 64)) * 2).astype(np.float32)
+    x[0, 3], x[1, 5], x[1, 9] = np.nan, -np.nan, np.inf
+    x[2, 7], x[2, 8] = -0.0, 0.0
+    for part in range(5):
+        def fn(y: jax.Array, part: int = part) -> jax.Array:
+            return _sorting(y)[part]
+
+        on_kernel = jax.jit(lambda y, fn=fn: sampling.on_kernel_sorts(fn, y))
+        for logits in (x, x[2], x.astype(jnp.bfloat16)):
+            got, want = np.asarray(on_kernel(logits)), np.asarray(jax.jit(fn)(logits))
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=f"part {part}")
+        hlo = on_kernel.lower(x).compile().as_text()
+        assert " sort(" not in hlo and "TopK" not in hlo and " topk(" not in hlo
+    ints = rng.integers(-2**31, 2**31 - 1, (3, 100), dtype=np.int64).astype(np.int32)
+    ints[:, :10] = ints[:, 10:20]  # ties
+    order = jax.jit(lambda y: sampling.on_kernel_sorts(lambda z: jnp.argsort(z, axis=-1), y))(ints)
+    np.testing.assert_array_equal(order, np.argsort(ints, axis=-1, kind="stable"))
+
+
+@pytest.mark.parametrize("target", ["tpu-interpret", "neuron-sim"])
+def test_stages_run_in_front_of_the_pallas_and_nki_kernels(target: str) -> None:
+    """A min-p stage in front of a top-k mask (a form every kernel takes): the stage by the program's ops, then the
+    target's kernel, with the original's ids."""
+    variant = next(v for v in VARIANTS if v.name == "chain_min_p_then_top_k_mask_of_a_batch")
+    original = lower(variant).compiler_ir("stablehlo")
+    fused = clone_module(original)
+    run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    assert [stage.form for stage in sample_attrs(fused)[0].stages] == ["min_p_log_mask"]
+    result = run_pipeline(fused, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
+    assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
+    run_original, run_kernel = compile_module(original), compile_module(fused)
+    for case, logits in logits_cases(variant.shape, np.dtype(np.float32)).items():
+        for seed in range(2):
+            args = [logits, np.array([seed, 77], np.uint32)]
+            np.testing.assert_array_equal(run_kernel(*args)[0], run_original(*args)[0], err_msg=f"{case} seed {seed}")
