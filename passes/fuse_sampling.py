@@ -17,6 +17,10 @@ as in JAX, and the composite's attributes plus its form reproduce the program's 
          k = 0 : i64, min_p = 0.0 : f64, mode = "top_p", p = 0.9 : f64, temperature = 0.7 : f64},
          decomposition = @hlofuse.sample.impl, version = 1 : i32}
 
+A chain of filters, each applied to the last one's logits, fuses whole in any order: its last filters and draw as a
+form, each filter in front of them (a writing of a STAGE_FORMS form, by its template of the logits it draws from) as
+one of the composite's `stages` (`with_stages`, sampling_reference.Stage).
+
 Sites whose interior values have users outside them are left alone (a smaller form is tried), except a searched
 form whose draw's scores (its filtered logits) are what the program reads: the composite gives them back as a second
 result (`scores = true`, T5X's and axlearn's log-probability of the drawn token). Every draw fed by noise or by a

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 from jaxlib.mlir import ir
@@ -68,9 +70,10 @@ def _expected(names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
 
 
 def _assert_fused_whole_with_the_same_ids(sampler: Callable[..., jax.Array], shape: tuple[int, ...], keys: int,
-                                          form: str, stages: tuple[str, ...]) -> None:
+                                          form: str, stages: tuple[str, ...],
+                                          dtype: Any = jnp.float32) -> None:  # noqa: ANN401
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
-    original = jax.jit(sampler).lower(jax.ShapeDtypeStruct(shape, jnp.float32), key).compiler_ir("stablehlo")
+    original = jax.jit(sampler).lower(jax.ShapeDtypeStruct(shape, dtype), key).compiler_ir("stablehlo")
     fused = clone_module(original)
     result = run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
     remarks = [str(r) for r in result.remarks if "fuse-sampling" in str(r)]
@@ -84,7 +87,8 @@ def _assert_fused_whole_with_the_same_ids(sampler: Callable[..., jax.Array], sha
     if kernel is not None:
         programs["cpu"] = kernel
     runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
-    for case, logits in logits_cases(shape, np.dtype(np.float32)).items():
+    numpy_dtype = np.dtype(ml_dtypes.bfloat16) if dtype == jnp.bfloat16 else np.dtype(dtype)
+    for case, logits in logits_cases(shape, numpy_dtype).items():
         for seed in range(keys):
             args = [logits, np.array([seed, 500 + seed], np.uint32)]
             want = runs["original"](*args)
@@ -95,6 +99,12 @@ def _assert_fused_whole_with_the_same_ids(sampler: Callable[..., jax.Array], sha
 @pytest.mark.parametrize("names", CHAINS, ids="-".join)
 def test_a_chain_in_any_order_fuses_whole_with_its_stages(names: tuple[str, ...]) -> None:
     _assert_fused_whole_with_the_same_ids(_chain(names), (V,), 3, *_expected(names))
+
+
+def test_a_bf16_chain_fuses_whole_with_its_stages() -> None:
+    """Of bf16 logits the CPU kernel's stages keep XLA's sorts (their softmax and cumsum round as XLA fuses them)."""
+    names = ("top_p_argsort", "top_k_lax")
+    _assert_fused_whole_with_the_same_ids(_chain(names), (1024,), 4, *_expected(names), dtype=jnp.bfloat16)
 
 
 def test_a_vmapped_chain_with_a_key_per_row_fuses_whole_with_its_stages() -> None:

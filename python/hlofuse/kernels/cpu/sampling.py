@@ -2274,11 +2274,14 @@ def prelude_lowering(call: CompositeCall, inner: str,
 
 def stages_lowering(call: CompositeCall, stages: tuple[Stage, ...]) -> Callable[..., Any]:
     """A composite with filters in front of its form (SampleAttrs.stages): each stage's function on the kernel's sorts
-    and top-ks (`on_kernel_sorts`), then the kernel of the form on what the last gives."""
+    and top-ks (`on_kernel_sorts`), then the kernel of the form on what the last gives. Of bf16 logits the stages
+    run with XLA's own sorts: a softmax and cumsum of bf16 values round as XLA fuses them next to its sort
+    (WHOLE_ROW_FUNCTION_FORMS), which the kernel's sorted row need not reproduce."""
     kernel = sampling_lowering(call.with_attributes(stages=()))
+    run = on_kernel_sorts if call.operand_types[0][1] == "f32" else None
 
     def staged(logits: jax.Array, *others: jax.Array) -> jax.Array:
-        return kernel(after_stages(logits, stages, on_kernel_sorts), *others)
+        return kernel(after_stages(logits, stages, run), *others)
 
     return staged
 
