@@ -13,12 +13,15 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
 from jaxlib.mlir import ir
+from sampling_programs import jax_classic_removal, jax_put_back
 from sampling_variants import (
     VARIANTS,
     _count_cutoff_top_p,
@@ -29,8 +32,9 @@ from sampling_variants import (
     lower,
 )
 from test_fuse_sampling_e2e import _cpu_kernel_module, compile_module, logits_cases
+from test_sampling_differential import PROFILE
 
-from hlofuse.kernels.sampling_reference import Stage
+from hlofuse.kernels.sampling_reference import STAGE_FORMS, Stage
 from hlofuse.ops.attributes import attribute_values
 from hlofuse.ops.sample import SampleAttrs
 from hlofuse.pipeline import run_pipeline
@@ -181,3 +185,76 @@ def test_stages_run_in_front_of_the_pallas_and_nki_kernels(target: str) -> None:
         for seed in range(2):
             args = [logits, np.array([seed, 77], np.uint32)]
             np.testing.assert_array_equal(run_kernel(*args)[0], run_original(*args)[0], err_msg=f"{case} seed {seed}")
+
+
+def _classic_top_p(y: jax.Array, p: float) -> jax.Array:
+    """The classic top-p as JAX engines write it: a flipped argsort, `jnp.roll`'s shift, the removal put back by a
+    take along the order's argsort (sampling_programs' writing)."""
+    removed, _, order = jax_classic_removal(y, p, "flip", "roll")
+    return jnp.where(jax_put_back(order, removed, "take"), -jnp.inf, y)
+
+
+# More writings for the generated chains: the top-k masked below lax.top_k's k-th, the top-k kept at or above a
+# sort's k-th column (JAX engines' `jnp.sort(y)[..., -k]`), the classic top-p by a flipped argsort, a min-p whose
+# log(min_p) is the program's op.
+GENERATED_FILTERS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    **{name: fn for name, (fn, _) in FILTERS.items()},
+    "top_k_below_lax": lambda y: jnp.where(y < jax.lax.top_k(y, 24)[0][..., -1:], -jnp.inf, y),
+    "top_k_sort_column": lambda y: jnp.where(y >= jnp.sort(y, axis=-1)[..., -20][..., None], y, -jnp.inf),
+    "top_p_flipped": lambda y: _classic_top_p(y, 0.8),
+    "min_p_log_op": lambda y: _log_space_min_p(y, 0.1, jnp.log),
+}
+
+
+# The filters written for one row (V,) alone (a scalar k-th or cutoff indexed from the row, a max over every axis):
+# not of a batch.
+ONE_ROW_FILTERS = ("top_k_sort", "top_p_argsort", "top_p_count", "min_p_log", "min_p_log_op")
+
+
+def _once(name: str) -> str:
+    """What a pipeline applies once: each filter, and one min-p of either writing."""
+    return "min_p" if name.startswith("min_p") else name
+
+
+@settings(PROFILE, max_examples=max(2, round(PROFILE.max_examples * 0.25)))
+@given(st.lists(st.sampled_from(sorted(GENERATED_FILTERS)), min_size=2, max_size=4, unique_by=_once),
+       st.sampled_from(["row", "batch", "vmapped_keys"]), st.sampled_from([0.7, 1.0]))
+def test_a_generated_chain_fuses_whole_and_draws_the_same_tokens(names: list[str], batch: str,
+                                                                 temperature: float) -> None:
+    """Any sequence of distinct filters (one min-p), after x / T (none at T = 1), on one row, a batch, or one row
+    vmapped with a key per row: one composite, nothing left to XLA, every stage a STAGE_FORMS filter, and the
+    original's ids. (Each filter once, as pipelines apply them: a min-p after a min-p reads the first one's row max,
+    which its template, of its own input's max, does not match.)"""
+    assume(batch != "batch" or not set(names) & set(ONE_ROW_FILTERS))
+    # (not yet a stage: the count cutoff of one row vmapped, whose `sorted[count]` vmap batches as a gather that no
+    # stage template of (B, V) logits writes; as the last filter its `_row_keys` form takes it)
+    assume(batch != "vmapped_keys" or "top_p_count" not in names[:-1])
+
+    def one_row(x: jax.Array, key: jax.Array) -> jax.Array:
+        y = x / temperature if temperature != 1.0 else x
+        for name in names:
+            y = GENERATED_FILTERS[name](y)
+        return jax.random.categorical(key, y)
+
+    if batch == "vmapped_keys":
+        sampler, shape = (lambda x, key: jax.vmap(one_row)(x, jax.random.split(key, x.shape[0]))), (2, V)
+    else:
+        sampler, shape = one_row, ((2, V) if batch == "batch" else (V,))
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    original = jax.jit(sampler).lower(jax.ShapeDtypeStruct(shape, jnp.float32), key).compiler_ir("stablehlo")
+    fused = clone_module(original)
+    result = run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
+    remarks = [str(r) for r in result.remarks if "fuse-sampling" in str(r)]
+    assert count_composites(fused, "hlofuse.sample") == 1 and not remarks, (names, batch, remarks)
+    (attrs,) = sample_attrs(fused)
+    assert all(stage.form in STAGE_FORMS for stage in attrs.stages)
+    programs = {"original": original, "fused": fused}
+    kernel = _cpu_kernel_module(fused)
+    if kernel is not None:
+        programs["cpu"] = kernel
+    runs = {name: compile_module(clone_module(m)) for name, m in programs.items()}
+    for case, logits in logits_cases(shape, np.dtype(np.float32)).items():
+        args = [logits, np.array([3, 41], np.uint32)]
+        want = runs["original"](*args)
+        for name, run in runs.items():
+            np.testing.assert_array_equal(run(*args)[0], want[0], err_msg=f"{names} {batch} {name} {case}")
