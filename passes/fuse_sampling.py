@@ -61,6 +61,7 @@ from hlofuse.kernels.sampling_reference import (
     FILL_NOTE,
     FORMS,
     HAND_NOISE_DRAWS,
+    NEUTRAL_PARAMS,
     NOISE_SCALED,
     NOISE_SCALED_ROWS,
     PRELUDES,
@@ -293,6 +294,10 @@ def _drawn_as(lead: tuple[int, ...]) -> Callable[..., jax.Array]:
     return categorical
 
 
+# The constants a form or writing may read (Form.params, Writing.reads) that its function takes only where it does.
+_READ_CONSTANTS = ("eps", "epsilon", "fill", "one_minus_p", "log_min_p")
+
+
 @functools.lru_cache(maxsize=256)
 def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
             draw_lead: tuple[int, ...] = (), noise: str = "", stage: bool = False) -> jax.stages.Traced:
@@ -302,7 +307,7 @@ def _traced(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k:
     from, of the logits alone (`Stage.filtered`)."""
     form = FORMS[form_name]
     # a floor or a fill only where the form or the writing reads one
-    read = {name: SENTINELS[name] for name in ("eps", "epsilon", "fill", "one_minus_p", "log_min_p")
+    read = {name: SENTINELS[name] for name in _READ_CONSTANTS
             if name in form.params + form.writings[writing].reads}
     scalars = {"temperature": SENTINELS["temperature"], "k": SENTINELS["k"] if _reads_k(form) else k,
                "p": SENTINELS["p"], "min_p": SENTINELS["min_p"]}
@@ -963,10 +968,6 @@ def with_prelude(site: Site, templates: Templates) -> Site:
     return site
 
 
-# The neutral value of each parameter a stage's writing is given but does not read (its template bound none).
-_STAGE_NEUTRAL = {"temperature": 1.0, "p": 1.0, "min_p": 0.0}
-
-
 def with_stages(site: Site, templates: Templates, top_ks: list[TopK], ops_present: set[str]) -> Site:
     """`site` with the filters in front of its logits taken in as stages (STAGE_FORMS, `Stage`): while the program
     computes the logits operand from other logits by a writing of one of those forms, and no value of it is read
@@ -1013,9 +1014,8 @@ def _stage_in_front(site: Site, templates: Templates, top_ks: list[TopK], ops_pr
 def _stage_params(form: Form, writing: Writing, bound: dict[str, float], k: int) -> tuple[tuple[str, float], ...]:
     """The values a stage's writing is given (those `_traced` gives it): each as its template bound it, k as its
     template's, and a parameter the template bound none of at its neutral value."""
-    read = [name for name in ("eps", "epsilon", "fill", "one_minus_p", "log_min_p")
-            if name in form.params + writing.reads]
-    values = {name: bound.get(name, neutral) for name, neutral in _STAGE_NEUTRAL.items()}
+    read = [name for name in _READ_CONSTANTS if name in form.params + writing.reads]
+    values = {name: bound.get(name, NEUTRAL_PARAMS[name]) for name in ("temperature", "p", "min_p")}
     values["k"] = int(bound["k"]) if _reads_k(form) else k
     values.update({name: bound[name] for name in read})
     return tuple(values.items())
@@ -1409,18 +1409,20 @@ def _analyze_squeezed(draw: Draw, top_ks: list[TopK], names: set[str], templates
     are stacked too, a stack that what follows reads as (B, 1) (a take of rank-space candidates whose scaling no form
     writes), so that a smaller form (the draw's own) finds its root there. Returns the site and the reshapes back to
     remove (`_unsqueeze_unfused`); raises the first attempt's NoMatch, whose reason names the closest form."""
+    def fused() -> Site:  # (with the normalization and the filters in front of its logits taken in)
+        site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
+        return with_stages(site, templates, top_ks, names)
+
     squeezes = _squeeze_unit_ids(draw)
     try:
-        site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
-        return with_stages(site, templates, top_ks, names), squeezes
+        return fused(), squeezes
     except NoMatch as first:
         _unsqueeze_unfused(squeezes)
         stacks = _squeeze_unit_ids(draw, stacks=True)
         if not stacks:
             raise
         try:
-            site = with_prelude(analyze(draw, top_ks, names, templates, key_rows), templates)
-            return with_stages(site, templates, top_ks, names), stacks
+            return fused(), stacks
         except NoMatch:
             _unsqueeze_unfused(stacks)
             raise first from None

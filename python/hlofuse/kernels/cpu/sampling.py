@@ -553,7 +553,7 @@ def _count_cutoff_by_mass(logits: jax.Array, key: jax.Array, params: dict[str, A
     below, above = p + COUNT_CUTOFF_EPS - slack, p + COUNT_CUTOFF_EPS + slack
     values, _ = _top_mass_by_kernel(probs, candidates, above + NUCLEUS_MARGIN)
     cumulative = jnp.cumsum(values, axis=-1)
-    held = cumulative[:, -1] > jnp.float32(above + NUCLEUS_MARGIN)
+    held = _rows_holding_nucleus(values, above)
     lower = jnp.sum(cumulative <= jnp.float32(below), axis=-1, keepdims=True)
     upper = jnp.sum(cumulative <= jnp.float32(above), axis=-1, keepdims=True)
     at_lower = jnp.take_along_axis(values, jnp.minimum(lower, candidates - 1), axis=-1)
