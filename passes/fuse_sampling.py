@@ -353,11 +353,28 @@ def _template_text(form_name: str, writing: int, shape: tuple[int, ...], dtype: 
     return text, frozenset(_OP_NAME.findall(text))
 
 
+_UNTRACEABLE = "untraceable: "  # the text kept for a writing whose trace raised (_required_ops)
+
+
+@functools.lru_cache(maxsize=4096)  # (a few names each: every form's writings, as stages too, at a few shapes)
 def _required_ops(form_name: str, writing: int, shape: tuple[int, ...], dtype: str, k: int,
                   draw_lead: tuple[int, ...] = (), noise: str = "", stage: bool = False) -> frozenset[str]:
     """The ops every platform's lowering of the form's `writing` holds, read from its trace (hlofuse.ir.required_ops):
-    a program without one of them cannot match it, and its lowerings are skipped."""
-    return required_ops(_traced(form_name, writing, shape, dtype, k, draw_lead, noise, stage).jaxpr.jaxpr)
+    a program without one of them cannot match it, and its lowerings are skipped. Kept with the templates' texts
+    (hlofuse.template_cache): tracing is most of the cost of trying a writing that the program cannot match. Raises
+    ValueError where the writing does not take these logits (its trace raised)."""
+    def names() -> str:
+        try:
+            return " ".join(sorted(required_ops(
+                _traced(form_name, writing, shape, dtype, k, draw_lead, noise, stage).jaxpr.jaxpr)))
+        except (ValueError, IndexError, TypeError) as error:
+            return f"{_UNTRACEABLE}{type(error).__name__}: {error}"
+
+    key = (form_name, writing, shape, dtype, k, draw_lead, noise, stage)
+    text = cached_text("required-ops", key, names)
+    if text.startswith(_UNTRACEABLE):
+        raise ValueError(text[len(_UNTRACEABLE):])
+    return frozenset(text.split())
 
 
 def _prepared_text(module: ir.Module) -> str:
@@ -984,8 +1001,8 @@ def _stage_in_front(site: Site, templates: Templates, top_ks: list[TopK], ops_pr
     """`site` with the filter that computes its logits operand taken in as its first stage, or None."""
     logits = site.match.leaves[0]
     op = defining_op(logits)
-    if op is None or op.name != "stablehlo.select" or _element(logits) not in _DTYPES:
-        return None  # (every stage's filter ends in a `where`)
+    if op is None or _element(logits) not in _DTYPES:
+        return None
     shape, dtype = _shape(logits), _element(logits)
     for name in STAGE_FORMS:
         form = FORMS[name]

@@ -1003,6 +1003,46 @@ def chain_min_p_then_top_k_mask_of_a_batch(x, key):
     return jax.random.categorical(key, jnp.where(y < jax.lax.top_k(y, 16)[0][..., -1:], -jnp.inf, y))
 
 
+def _min_p_of_probs(y, min_p):
+    probs = jax.nn.softmax(y, axis=-1)
+    return jnp.where(probs < min_p * jnp.max(probs, axis=-1, keepdims=True), -jnp.inf, y)
+
+
+def chain_min_p_of_probs_then_top_k(x, key):
+    """A serving pipeline's order: x / T, a min-p of the probabilities, the top-k below lax.top_k's k-th:
+    top_k_mask, the min-p (min_p_logits_mask) its stage."""
+    y = _min_p_of_probs(x / 0.7, 0.05)
+    return jax.random.categorical(key, jnp.where(y < jax.lax.top_k(y, 40)[0][..., -1:], -jnp.inf, y))
+
+
+def chain_min_p_of_probs_then_temperature_then_top_k(x, key):
+    """The temperature between two filters: a min-p of the raw logits' probabilities, then / T, then the top-k mask:
+    top_k_mask, with the min-p and its temperature (a writing that divides after filtering) as the stage."""
+    y = _min_p_of_probs(x, 0.05) / 0.7
+    return jax.random.categorical(key, jnp.where(y < jax.lax.top_k(y, 40)[0][..., -1:], -jnp.inf, y))
+
+
+def chain_flax_top_p_then_min_p_of_probs(x, key):
+    """Flax's TopP warper (lax.top_k of the whole row, the kept scores put back by sort_key_val of their ids, no
+    `where` at its end) before a min-p of the probabilities: min_p_logits_mask, the top-p its stage."""
+    scores, ids = jax.lax.top_k(x / 0.7, x.shape[-1])
+    keep = jnp.roll(jnp.cumsum(jax.nn.softmax(scores, axis=-1), axis=-1) < 0.9, 1)
+    keep |= keep.at[:, 0].set(True)
+    keep = keep.at[:, :1].set(True)
+    y = jax.lax.sort_key_val(ids, jnp.where(keep, scores, jnp.full_like(scores, -jnp.inf)))[-1]
+    return jax.random.categorical(key, _min_p_of_probs(y, 0.05))
+
+
+def chain_top_k_then_top_a(x, key):
+    """x-transformers' order: the top-k mask, then top-a of the probabilities: top_a_logits_mask, the top-k its
+    stage."""
+    y = x / 0.8
+    y = jnp.where(y < jax.lax.top_k(y, 32)[0][..., -1:], -jnp.inf, y)
+    probs = jax.nn.softmax(y, axis=-1)
+    return jax.random.categorical(key, jnp.where(probs < jnp.max(probs, axis=-1, keepdims=True) ** 2 * 0.02,
+                                                 -jnp.inf, y))
+
+
 def near_miss_chain_stage_read_elsewhere(x, key):
     """The pipeline whose top-k output the program also returns: its min-p and top-p fuse, the top-k stays in XLA
     (its filtered logits have a reader outside the sampler)."""
@@ -2058,8 +2098,9 @@ def near_miss_pax_temperature_per_token(x, key):
 
 def unsorted_top_p(x, key):
     """A hand-written nucleus: argsort descending, the sorted logits' cumsum, the first token past p dropped from the
-    second on (a shifted mask), back to vocabulary order by the inverse permutation (a second argsort), categorical.
-    No form writes its inverse permutation: fused at its draw, with the sorts named as left in XLA."""
+    second on (a shifted mask), back to vocabulary order by the inverse permutation (a second argsort), categorical:
+    fused whole as `temperature`, the nucleus its stage (the classic cut put back by a take along the order's argsort,
+    a writing whose filtered logits come out of that take: before stages could end in any op, it stayed in XLA)."""
     order = jnp.argsort(x, axis=-1)[..., ::-1]
     ordered = jnp.take_along_axis(x, order, axis=-1)
     cumulative = jnp.cumsum(jax.nn.softmax(ordered, axis=-1), axis=-1)
@@ -2320,6 +2361,14 @@ VARIANTS: list[Variant] = [
             expect={"k": 16, "temperature": 0.8, "stages": ("min_p_log_mask",)}),
     Variant("chain_min_p_then_top_k_mask_of_a_batch", chain_min_p_then_top_k_mask_of_a_batch, "top_k_mask",
             expect={"k": 16, "stages": ("min_p_log_mask",)}),
+    Variant("chain_min_p_of_probs_then_top_k", chain_min_p_of_probs_then_top_k, "top_k_mask",
+            expect={"k": 40, "stages": ("min_p_logits_mask",)}),
+    Variant("chain_min_p_of_probs_then_temperature_then_top_k", chain_min_p_of_probs_then_temperature_then_top_k,
+            "top_k_mask", expect={"k": 40, "stages": ("min_p_logits_mask",)}),
+    Variant("chain_flax_top_p_then_min_p_of_probs", chain_flax_top_p_then_min_p_of_probs, "min_p_logits_mask",
+            expect={"stages": ("top_p_flax_mask",)}),
+    Variant("chain_top_k_then_top_a", chain_top_k_then_top_a, "top_a_logits_mask",
+            expect={"stages": ("top_k_mask",)}),
     Variant("near_miss_chain_stage_read_elsewhere", near_miss_chain_stage_read_elsewhere, "min_p_log_constant_mask",
             shape=(V,), remark="stablehlo.composite: sampler fused only in part: fused as `min_p_log_constant_mask`; "
                                "a sort over the vocabulary", expect={"stages": ("top_p_descending_mask",)}),
@@ -2469,8 +2518,8 @@ VARIANTS: list[Variant] = [
     Variant("pax_top_k_top_p_per_row", pax_top_k_top_p_per_row, "top_k_top_p_noise_scaled_rows",
             expect={"mode": "top_k+top_p", "k": 24, "p": 0.9}),
     Variant("near_miss_pax_temperature_per_token", near_miss_pax_temperature_per_token, None),
-    Variant("unsorted_top_p", unsorted_top_p, "temperature", expect={"temperature": 0.8},
-            remark="stablehlo.composite: sampler fused only in part: fused as `temperature`; the top-p filter"),
+    Variant("unsorted_top_p", unsorted_top_p, "temperature",
+            expect={"temperature": 0.8, "stages": ("top_p_flipped_mask",)}),
 ]
 
 LIT = Path(__file__).resolve().parents[1] / "passes" / "fuse_sampling.mlir"

@@ -34,7 +34,7 @@ from sampling_variants import (
 from test_fuse_sampling_e2e import _cpu_kernel_module, compile_module, logits_cases
 from test_sampling_differential import PROFILE
 
-from hlofuse.kernels.sampling_reference import STAGE_FORMS, Stage
+from hlofuse.kernels.sampling_reference import FORMS, STAGE_FORMS, Stage
 from hlofuse.ops.attributes import attribute_values
 from hlofuse.ops.sample import SampleAttrs
 from hlofuse.pipeline import run_pipeline
@@ -76,6 +76,8 @@ def _expected(names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
 def _assert_fused_whole_with_the_same_ids(sampler: Callable[..., jax.Array], shape: tuple[int, ...], keys: int,
                                           form: str, stages: tuple[str, ...],
                                           dtype: Any = jnp.float32) -> None:  # noqa: ANN401
+    """One composite of `form` with the stages of forms `stages`, and the same ids from the original, the fused
+    program, the reference and the CPU kernel for each logits case and `keys` keys."""
     key = jax.ShapeDtypeStruct((2,), jnp.uint32)
     original = jax.jit(sampler).lower(jax.ShapeDtypeStruct(shape, dtype), key).compiler_ir("stablehlo")
     fused = clone_module(original)
@@ -103,6 +105,79 @@ def _assert_fused_whole_with_the_same_ids(sampler: Callable[..., jax.Array], sha
 @pytest.mark.parametrize("names", CHAINS, ids="-".join)
 def test_a_chain_in_any_order_fuses_whole_with_its_stages(names: tuple[str, ...]) -> None:
     _assert_fused_whole_with_the_same_ids(_chain(names), (V,), 3, *_expected(names))
+
+
+def _min_p_of_probs(y: jax.Array, min_p: float = 0.05) -> jax.Array:
+    """A min-p of the probabilities, as serving code writes it: removed below min_p times the row's top probability."""
+    probs = jax.nn.softmax(y, axis=-1)
+    return jnp.where(probs < min_p * jnp.max(probs, axis=-1, keepdims=True), -jnp.inf, y)
+
+
+def _top_a(y: jax.Array, ratio: float = 0.02) -> jax.Array:
+    """x-transformers' top-a: removed below ratio times the top probability squared."""
+    probs = jax.nn.softmax(y, axis=-1)
+    return jnp.where(probs < jnp.max(probs, axis=-1, keepdims=True) ** 2 * ratio, -jnp.inf, y)
+
+
+def _flax_top_p(y: jax.Array, p: float = 0.9) -> jax.Array:
+    """Hugging Face's FlaxTopPLogitsWarper: lax.top_k of the whole row, the shifted cumsum mask, the first token kept,
+    the kept scores put back in vocabulary order by `sort_key_val` of their ids (no `where` at its end)."""
+    scores, ids = jax.lax.top_k(y, y.shape[-1])
+    keep = jnp.roll(jnp.cumsum(jax.nn.softmax(scores, axis=-1), axis=-1) < p, 1)
+    keep |= keep.at[:, 0].set(True)
+    keep = keep.at[:, :1].set(True)
+    return jax.lax.sort_key_val(ids, jnp.where(keep, scores, jnp.full_like(scores, -jnp.inf)))[-1]
+
+
+# Filters of a batch (B, V) whose forms became stages later than the first five: the min-p of the probabilities,
+# top-a, and Flax's top-p, whose filtered logits come out of a sort (no `where` at its end).
+BATCH_FILTERS: dict[str, tuple[Callable[[jax.Array], jax.Array], str]] = {
+    "top_k_lax": FILTERS["top_k_lax"],
+    "min_p_probs": (_min_p_of_probs, "min_p_logits_mask"),
+    "top_a": (_top_a, "top_a_logits_mask"),
+    "top_p_flax": (_flax_top_p, "top_p_flax_mask"),
+}
+BATCH_CHAINS = [("min_p_probs", "top_k_lax"), ("top_k_lax", "min_p_probs"), ("top_a", "top_k_lax"),
+                ("top_p_flax", "min_p_probs"), ("top_p_flax", "top_k_lax"), ("min_p_probs", "top_p_flax"),
+                ("top_k_lax", "top_p_flax", "top_a")]
+
+
+@pytest.mark.parametrize("names", BATCH_CHAINS, ids="-".join)
+def test_a_chain_of_probability_filters_fuses_whole_with_its_stages(names: tuple[str, ...]) -> None:
+    """A min-p of the probabilities, top-a and Flax's top-p in front of another filter are stages too."""
+    def sampler(x: jax.Array, key: jax.Array) -> jax.Array:
+        y = x / 0.7
+        for name in names:
+            y = BATCH_FILTERS[name][0](y)
+        return jax.random.categorical(key, y)
+
+    stages = tuple(BATCH_FILTERS[name][1] for name in names[:-1])
+    _assert_fused_whole_with_the_same_ids(sampler, (3, V), 2, BATCH_FILTERS[names[-1]][1], stages)
+
+
+# Values for a stage's parameters and the constants its writing reads.
+_STAGE_VALUES = {"temperature": 0.7, "k": 8, "p": 0.8, "min_p": 0.05, "fill": -1e10, "eps": 1e-4, "epsilon": 1e-4,
+                 "one_minus_p": 0.2, "log_min_p": float(np.log(0.05))}
+
+
+# (a chain form, a top-k and then another filter, is taken in as two stages: its top-k's and its other filter's)
+@pytest.mark.parametrize(("name", "dtype"), [
+    *((name, jnp.float32) for name in STAGE_FORMS if "+" not in FORMS[name].mode),
+    # of bf16 logits, filters whose probabilities round in bf16: the stage's ops are the program's, its sorts XLA's
+    *((name, jnp.bfloat16) for name in ("min_p_logits_mask", "typical_mask", "top_p_flax_mask"))])
+def test_every_stage_form_fuses_in_front_of_a_top_k_and_draws_the_same_tokens(name: str, dtype: Any) -> None:  # noqa: ANN401
+    """Each STAGE_FORMS filter's own writing (its reference function) applied to a batch, then the top-k mask: fused
+    whole as top_k_mask with that filter as its stage, and the same ids from the original, the fused program, the
+    reference and the CPU kernel (its stage on the kernel's sorts)."""
+    form = FORMS[name]
+    reads = dict.fromkeys(("temperature", "k", "p", "min_p", *form.params, *form.writings[0].reads))
+    stage = Stage(name, 0, tuple((read, _STAGE_VALUES[read]) for read in reads))
+
+    def sampler(x: jax.Array, key: jax.Array) -> jax.Array:
+        y = stage.filtered(x)
+        return jax.random.categorical(key, jnp.where(y < jax.lax.top_k(y, 4)[0][..., -1:], -jnp.inf, y))
+
+    _assert_fused_whole_with_the_same_ids(sampler, (2, V), 1, "top_k_mask", (name,), dtype=dtype)
 
 
 def test_a_bf16_chain_fuses_whole_with_its_stages() -> None:
@@ -169,6 +244,93 @@ def test_the_kernel_sorts_give_the_functions_bits_with_no_sort_left() -> None:
     np.testing.assert_array_equal(order, np.argsort(ints, axis=-1, kind="stable"))
 
 
+def _filtered_rows(rng: np.random.Generator) -> list[np.ndarray]:
+    """Rows a filter leaves: most tokens at one fill (-inf, +inf as a negated row has it, a finite fill, NaN, zeros of
+    either sign), a few kept, ties among the kept; a row of one value; a row just under and just over a quarter
+    filled; and rows of no fill."""
+    vocab = 997
+    rows = []
+    for fill in (-np.inf, np.inf, -1e10, np.nan, 0.0, -0.0):
+        for kept in (0, 1, 40, vocab // 2, vocab - vocab // 4 - 1, vocab - vocab // 4 + 1):
+            row = np.full(vocab, fill, np.float32)
+            ids = rng.choice(vocab, kept, replace=False)
+            row[ids] = np.round(rng.standard_normal(kept) * 3).astype(np.float32)
+            rows.append(row)
+    mixed_zeros = np.where(rng.random(vocab) < 0.5, np.float32(0.0), np.float32(-0.0))
+    mixed_zeros[:5] = [1.0, -1.0, np.nan, -np.nan, np.inf]
+    rows += [mixed_zeros, rng.standard_normal(vocab).astype(np.float32), np.full(vocab, 7.0, np.float32)]
+    return rows
+
+
+def test_the_kernel_sort_of_a_filtered_row_is_jaxs_stable_sort() -> None:
+    """The kernel's sort places a row's fill (the extreme most of a filtered row holds) by one pass in id order and
+    sorts only the others: values and ids as JAX's stable sort gives them, bit for bit, ascending and of the negated
+    row (a descending sort), one row at a time and as a batch."""
+    from hlofuse.kernels import cpu
+    from hlofuse.kernels.cpu import sampling
+
+    if not cpu.is_available():
+        pytest.skip("the native CPU sampling kernel is not built")
+    rows = np.stack(_filtered_rows(np.random.default_rng(5)))
+
+    def by_jax(y: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.lax.sort((y, jax.lax.broadcasted_iota(jnp.int32, y.shape, 1)), num_keys=1, is_stable=True)
+
+    for keys in (rows, -rows):
+        got = jax.jit(sampling._sort_by_kernel)(keys)
+        want = jax.jit(by_jax)(keys)
+        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+        np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint32), np.asarray(want[0]).view(np.uint32))
+
+
+@pytest.mark.parametrize("largest_selected", [4096, 16])
+def test_a_stages_top_k_is_lax_top_k_by_selection_or_by_the_descending_sort(largest_selected: int,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage's lax.top_k up to TOP_K_BY_SELECTION_UP_TO by the kernel's top-k, a larger one (Flax's top-p takes the
+    whole row) as the first k of the kernel's sort in lax.top_k's order: the same values and ids either way."""
+    from hlofuse.kernels import cpu
+    from hlofuse.kernels.cpu import sampling
+
+    if not cpu.is_available():
+        pytest.skip("the native CPU sampling kernel is not built")
+    monkeypatch.setattr(sampling, "TOP_K_BY_SELECTION_UP_TO", largest_selected)
+    rows = np.stack(_filtered_rows(np.random.default_rng(9)))
+    for k in (100, rows.shape[-1]):
+        def top_k(y: jax.Array, k: int = k) -> tuple[jax.Array, jax.Array]:
+            return jax.lax.top_k(y, k)
+
+        got = jax.jit(lambda y, top_k=top_k: sampling.on_kernel_sorts(lambda z: jnp.stack(
+            [top_k(z)[0], top_k(z)[1].astype(jnp.float32)]), y))(rows)
+        want = jax.jit(lambda y, top_k=top_k: jnp.stack([top_k(y)[0], top_k(y)[1].astype(jnp.float32)]))(rows)
+        np.testing.assert_array_equal(np.asarray(got).view(np.uint32), np.asarray(want).view(np.uint32))
+
+
+def test_the_kernel_sorts_int32_keys_in_one_call_and_inverts_a_permutation() -> None:
+    """int32 keys (an argsort's ids sorted again, to put values back) sort by `hlofuse_sample_sort_integers`, one
+    call: a permutation of 0..n-1 gives its inverse, and keys that are not one (a repeated id, one out of range,
+    negative keys, a row mostly one value) JAX's stable order."""
+    from hlofuse.kernels import cpu
+    from hlofuse.kernels.cpu import sampling
+
+    if not cpu.is_available():
+        pytest.skip("the native CPU sampling kernel is not built")
+    rng = np.random.default_rng(7)
+    n = 500
+    perms = np.stack([rng.permutation(n) for _ in range(3)]).astype(np.int32)
+    near = perms.copy()
+    near[0, 10] = near[0, 11]  # one id twice
+    near[1, 3] = n  # one out of range
+    near[2, 4] = -1
+    mostly = np.where(rng.random((2, n)) < 0.9, np.int32(-7), rng.integers(-2**31, 2**31 - 1, (2, n))).astype(np.int32)
+    wide = rng.integers(-2**31, 2**31 - 1, (2, n), dtype=np.int64).astype(np.int32)
+    order = jax.jit(lambda y: sampling.on_kernel_sorts(lambda z: jnp.argsort(z, axis=-1), y))
+    for keys in (perms, near, mostly, wide, perms[0]):
+        np.testing.assert_array_equal(order(keys), np.argsort(keys, axis=-1, kind="stable"))
+    np.testing.assert_array_equal(order(perms)[0][perms[0]], np.arange(n))
+    hlo = order.lower(perms).compile().as_text()
+    assert hlo.count("hlofuse_sample_sort_integers") == 1 and "hlofuse_sample_sort\"" not in hlo
+
+
 @pytest.mark.parametrize("target", ["tpu-interpret", "neuron-sim"])
 def test_stages_run_in_front_of_the_pallas_and_nki_kernels(target: str) -> None:
     """A min-p stage in front of a top-k mask (a form every kernel takes): the stage by the program's ops, then the
@@ -203,7 +365,12 @@ GENERATED_FILTERS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "top_k_sort_column": lambda y: jnp.where(y >= jnp.sort(y, axis=-1)[..., -20][..., None], y, -jnp.inf),
     "top_p_flipped": lambda y: _classic_top_p(y, 0.8),
     "min_p_log_op": lambda y: _log_space_min_p(y, 0.1, jnp.log),
+    "min_p_probs": lambda y: _min_p_of_probs(y, 0.1),
+    "top_a": _top_a,
+    "top_p_flax": _flax_top_p,
 }
+# Filters written for a batch (B, V) alone (Flax's `.at[:, 0]`): not of one row, nor vmapped.
+BATCH_ONLY_FILTERS = ("top_p_flax",)
 
 
 # The filters written for one row (V,) alone (a scalar k-th or cutoff indexed from the row, a max over every axis):
@@ -226,6 +393,7 @@ def test_a_generated_chain_fuses_whole_and_draws_the_same_tokens(names: list[str
     original's ids. (Each filter once, as pipelines apply them: a min-p after a min-p reads the first one's row max,
     which its template, of its own input's max, does not match.)"""
     assume(batch != "batch" or not set(names) & set(ONE_ROW_FILTERS))
+    assume(batch == "batch" or not set(names) & set(BATCH_ONLY_FILTERS))
     # (not yet a stage: the count cutoff of one row vmapped, whose `sorted[count]` vmap batches as a gather that no
     # stage template of (B, V) logits writes; as the last filter its `_row_keys` form takes it)
     assume(batch != "vmapped_keys" or "top_p_count" not in names[:-1])

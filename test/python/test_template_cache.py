@@ -112,3 +112,25 @@ def test_the_pass_fuses_alike_from_the_cache(cache_dir: Path, monkeypatch: pytes
     assert list((cache_dir / template_cache.fingerprint()).glob("sample-*.mlir"))
     read_back = _fused(str(cache_dir), monkeypatch)
     assert without == written == read_back
+
+
+def test_the_ops_a_writing_requires_are_kept_with_the_templates(cache_dir: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_required_ops` (which writings a program could match, read from a trace) is kept on disk: a later process
+    reads it back without tracing, and a writing whose trace raised raises ValueError again."""
+    fuse_sampling._required_ops.cache_clear()
+    required = fuse_sampling._required_ops("top_p_descending_mask", 0, (2, 64), "f32", 0)
+    with pytest.raises(ValueError, match="untraceable|ValueError|takes"):
+        fuse_sampling._required_ops("top_p_ascending_mask", 0, (2, 3, 64), "f32", 0)  # (B, V) or (V,) only
+    assert len(list((cache_dir / template_cache.fingerprint()).glob("required-ops-*.mlir"))) == 2
+
+    def no_trace(*_: object, **__: object) -> None:
+        raise AssertionError("traced again")
+
+    fuse_sampling._required_ops.cache_clear()
+    monkeypatch.setattr(fuse_sampling, "_traced", no_trace)
+    assert fuse_sampling._required_ops("top_p_descending_mask", 0, (2, 64), "f32", 0) == required
+    assert "stablehlo.sort" in required
+    with pytest.raises(ValueError):
+        fuse_sampling._required_ops("top_p_ascending_mask", 0, (2, 3, 64), "f32", 0)
+    fuse_sampling._required_ops.cache_clear()

@@ -13,6 +13,7 @@ interleaved, with XLA's argmax of the same logits beside them:
     python tools/bench/sampling_kernel_ab.py --base HEAD~3 --batch 1 8 --vocab 128256 262144
     python tools/bench/sampling_kernel_ab.py --form temperature --temperature 0.7
     python tools/bench/sampling_kernel_ab.py --sort
+    python tools/bench/sampling_kernel_ab.py --sort --kept 40          # a row a top-k 40 left
 
 Times are medians of --iters interleaved calls in milliseconds; on 2 shared cores the ratio is the number to read.
 Needs g++ and jaxlib's FFI headers (installed with jax).
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="the draw's temperature (with --form)")
     parser.add_argument("--k", type=int, default=50, help="the top-k forms' k (with --form; Hugging Face's default)")
     parser.add_argument("--sort", action="store_true", help="time the ascending radix sort of the row instead")
+    parser.add_argument("--kept", type=int, help="with --sort: the row as a filter leaves it, its top KEPT logits "
+                        "and -inf elsewhere (what a stage after a top-k sorts)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,6 +137,8 @@ def main() -> None:
         for batch in args.batch:
             for vocab in args.vocab:
                 x = jax.random.normal(jax.random.key(0), (batch, vocab)) * args.scale
+                if args.kept is not None:
+                    x = jnp.where(x >= jax.lax.top_k(x, args.kept)[0][:, -1:], x, -jnp.inf)
                 outs = {name: jax.block_until_ready(f(x)) for name, f in fns.items()}
                 for a, b in zip(outs["base"], outs["tree"], strict=True):
                     if not np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True):

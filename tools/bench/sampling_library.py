@@ -32,7 +32,9 @@ model's bf16 logits, and google-deepmind/simply's top-k, top-p and top-k + top-p
 the classic top-p as small JAX engines write it: a flipped argsort, a roll, the mask put back by the order's argsort or
 the filled logits scattered back, and JAX code's top-k by a sort's k-th (kept at or above it, or masked below it as
 minGPT's ports write it), alone and before the classic cut, as a Flax NNX sampler and minGPT's chain write them, and
-the cut not shifted, alone and after minGPT's top-k of one row).
+the cut not shifted, alone and after minGPT's top-k of one row, and chains whose earlier filters are stages: a min-p
+of the probabilities before a top-k, with and without a temperature between them, Flax's top-p before a min-p, and a
+top-k before top-a).
 tools/bench/sampling_cpu.py times the kernel's forms directly. Each row: the fusion (form, "whole" or "part"),
 then medians of --iters interleaved calls (original, fused, argmax, in turn; each round with the next key) in
 milliseconds, fused / original and fused / argmax. Token ids are checked equal first, for every key. On 2 shared
@@ -88,7 +90,9 @@ SAMPLERS = ("gemma_top_p", "gemma_top_k_by_batch_index", "keras_hub_random", "ke
             "mingpt_top_k_then_classic_top_p", "jax_unshifted_top_p", "jax_top_k_then_unshifted_top_p_one_row",
             "min_p_in_logit_space_of_a_batch", "sequence_min_p_in_logit_space",
             "sequence_top_p_by_count_cutoff_under_conds", "sequences_top_p_by_count_cutoff_with_one_key",
-            "sequence_chain_top_k_top_p_min_p", "sequence_chain_top_k_then_count_cutoff_under_conds")
+            "sequence_chain_top_k_top_p_min_p", "sequence_chain_top_k_then_count_cutoff_under_conds",
+            "chain_min_p_of_probs_then_top_k", "chain_min_p_of_probs_then_temperature_then_top_k",
+            "chain_flax_top_p_then_min_p_of_probs", "chain_top_k_then_top_a")
 
 
 def _fusion(fn: Any, x: jax.ShapeDtypeStruct, key: jax.ShapeDtypeStruct) -> str:  # noqa: ANN401

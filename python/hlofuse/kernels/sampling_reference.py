@@ -2507,7 +2507,12 @@ FORMS.update({f"{name}_{prelude}": dataclasses.replace(form, name=f"{name}_{prel
 # a chain of any length and order composes, and each stage computes what the program's filter does, bit for bit.
 STAGE_FORMS = ("top_k_keep_mask", "top_k_keep_by_top_k_mask", "top_k_mask", *JAX_CLASSIC_CUTS, *JAX_UNSHIFTED_CUTS,
                *JAX_CLASSIC_CHAINS, *JAX_UNSHIFTED_CHAINS, "top_p_count_cutoff_mask", "min_p_log_mask",
-               "min_p_log_constant_mask")
+               "min_p_log_constant_mask", "min_p", "min_p_logits_mask", "top_a_logits_mask", "top_k_exact_mask",
+               "top_p_mask", "top_k_top_p_mask", "top_p_shifted_mask", "top_k_top_p_shifted_mask",
+               "top_p_shifted_logits_mask", "min_p_removal", "top_p_ascending_mask", "top_k_top_p_ascending_mask",
+               "typical_mask", "top_k_typical_mask", "top_p_flax_mask", "top_p_mtj_mask", "top_p_levanter_mask",
+               "top_p_prob_sorted_mask", "top_p_simply_mask", "min_p_sorted_removal", "top_p_haiku_mask",
+               "top_p_haiku_logits_mask", "top_p_ascending_count_mask")
 
 
 @dataclass(frozen=True)

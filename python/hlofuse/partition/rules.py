@@ -40,6 +40,7 @@ ATTENTION_TARGETS = ("hlofuse_attention",)
 # (every sampling target leads each operand and result with the rows: the sorts, the band, the tokens at or above a
 # floor and the whole rows' copy too)
 SAMPLE_TARGETS = ("hlofuse_sample", "hlofuse_sample_top_k", "hlofuse_sample_sort", "hlofuse_sample_sort_descending",
+                  "hlofuse_sample_sort_integers",
                   "hlofuse_sample_top_mass", "hlofuse_sample_nucleus_band", "hlofuse_sample_at_or_above",
                   "hlofuse_sample_whole_rows", "hlofuse_sample_noise_bits")
 # The calls other targets' kernels emit (Pallas Mosaic TPU, Pallas Triton / Mosaic GPU, NKI). These names

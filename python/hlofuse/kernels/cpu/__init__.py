@@ -17,7 +17,8 @@ from pathlib import Path
 import jax
 
 TARGETS = ("hlofuse_attention", "hlofuse_sample", "hlofuse_sample_top_k", "hlofuse_sample_top_mass",
-           "hlofuse_sample_sort", "hlofuse_sample_sort_descending", "hlofuse_sample_nucleus_band",
+           "hlofuse_sample_sort", "hlofuse_sample_sort_descending", "hlofuse_sample_sort_integers",
+           "hlofuse_sample_nucleus_band",
            "hlofuse_sample_at_or_above",
            "hlofuse_sample_whole_rows", "hlofuse_sample_noise_bits")
 LIB_ENV = "HLOFUSE_CPU_KERNELS_LIB"

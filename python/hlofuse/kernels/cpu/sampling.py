@@ -96,6 +96,7 @@ TOP_K_TARGET = "hlofuse_sample_top_k"
 TOP_MASS_TARGET = "hlofuse_sample_top_mass"
 SORT_TARGET = "hlofuse_sample_sort"
 SORT_DESCENDING_TARGET = "hlofuse_sample_sort_descending"
+SORT_INTEGERS_TARGET = "hlofuse_sample_sort_integers"
 NUCLEUS_BAND_TARGET = "hlofuse_sample_nucleus_band"
 AT_OR_ABOVE_TARGET = "hlofuse_sample_at_or_above"
 WHOLE_ROWS_TARGET = "hlofuse_sample_whole_rows"
@@ -2330,20 +2331,29 @@ def _on_kernel(eqn: Any, values: list[Any]) -> list[Any] | None:  # noqa: ANN401
         order = _stable_order_by_kernel(keys.reshape(-1, keys.shape[-1])).reshape(keys.shape)
         return [jnp.take_along_axis(value, order, axis=-1) for value in values]
     if name == "top_k" and keys.dtype != jnp.int32 and params.get("axis", keys.ndim - 1) == keys.ndim - 1:
-        return list(_top_k_by_kernel(keys, params["k"]))
+        k = params["k"]
+        if k <= TOP_K_BY_SELECTION_UP_TO:
+            return list(_top_k_by_kernel(keys, k))
+        values, ids = _sorted_by(SORT_DESCENDING_TARGET, keys.reshape(-1, keys.shape[-1]))
+        return [values[:, :k].reshape((*keys.shape[:-1], k)), ids[:, :k].reshape((*keys.shape[:-1], k))]
     return None
+
+
+# The largest lax.top_k a stage takes by the kernel's top-k; a larger one (Flax's top-p takes the whole row) is the
+# first k of the row sorted in lax.top_k's order (`hlofuse_sample_sort_descending`): at 1 x 128256 the top-k takes
+# 0.6 ms for k = 1024, 1.9 ms for 4096 and 6 ms for 16384, the sort 1.5 ms (docs/kernels-cpu-sampling.md, stages).
+TOP_K_BY_SELECTION_UP_TO = 2048
 
 
 def _stable_order_by_kernel(keys: jax.Array) -> jax.Array:
     """The stable ascending order of each row of `keys` (B, n) as JAX's sort orders it, by the kernel's radix sort:
-    of f32 or bf16 keys, its own; of int32 keys (an argsort's ids sorted again to put values back), by their low and
-    then their high 16 bits, each exact as f32 (a least-significant-first radix sort: the second sort, stable, keeps
-    the first's order among equal high halves)."""
+    of f32 or bf16 keys, `hlofuse_sample_sort`; of int32 keys (an argsort's ids sorted again to put values back),
+    `hlofuse_sample_sort_integers`, which inverts a permutation by one scatter."""
     if keys.dtype != jnp.int32:
         return _sort_by_kernel(keys)[1]
-    low = _sort_by_kernel((keys & 0xFFFF).astype(jnp.float32))[1]
-    high = jnp.take_along_axis((keys >> 16) + 0x8000, low, axis=-1).astype(jnp.float32)
-    return jnp.take_along_axis(low, _sort_by_kernel(high)[1], axis=-1)
+    cpu.register()
+    out_types = [jax.ShapeDtypeStruct(keys.shape, jnp.int32)] * 2
+    return jax.ffi.ffi_call(SORT_INTEGERS_TARGET, out_types, vmap_method="sequential")(keys)[1]
 
 
 # A categorical whose noise is written by hand (SampleAttrs.gumbel_at_zero): the kernel draws it for f32 logits where
