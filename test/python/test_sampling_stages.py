@@ -332,14 +332,16 @@ def test_the_kernel_sorts_int32_keys_in_one_call_and_inverts_a_permutation() -> 
 
 
 @pytest.mark.parametrize("target", ["tpu-interpret", "neuron-sim"])
-def test_stages_run_in_front_of_the_pallas_and_nki_kernels(target: str) -> None:
-    """A min-p stage in front of a top-k mask (a form every kernel takes): the stage by the program's ops, then the
-    target's kernel, with the original's ids."""
-    variant = next(v for v in VARIANTS if v.name == "chain_min_p_then_top_k_mask_of_a_batch")
+@pytest.mark.parametrize(("name", "stage"), [("chain_min_p_then_top_k_mask_of_a_batch", "min_p_log_mask"),
+                                             ("chain_min_p_of_probs_then_temperature_then_top_k", "min_p_logits_mask")])
+def test_stages_run_in_front_of_the_pallas_and_nki_kernels(target: str, name: str, stage: str) -> None:
+    """A min-p stage (in logit space; of the probabilities, with a temperature after it) in front of a top-k mask (a
+    form every kernel takes): the stage by the program's ops, then the target's kernel, with the original's ids."""
+    variant = next(v for v in VARIANTS if v.name == name)
     original = lower(variant).compiler_ir("stablehlo")
     fused = clone_module(original)
     run_pipeline(fused, "builtin.module(hlofuse-prepare,hlofuse-fuse-sampling)")
-    assert [stage.form for stage in sample_attrs(fused)[0].stages] == ["min_p_log_mask"]
+    assert [found.form for found in sample_attrs(fused)[0].stages] == [stage]
     result = run_pipeline(fused, f"builtin.module(hlofuse-lower-kernels{{target={target}}})")
     assert result.counters[f"sample_to_{target}"] == 1, [str(r) for r in result.remarks]
     run_original, run_kernel = compile_module(original), compile_module(fused)
