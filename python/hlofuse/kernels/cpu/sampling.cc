@@ -1440,7 +1440,8 @@ uint64_t* RadixSortItems(uint64_t* from, uint64_t* to, int64_t n, DigitCounts& c
 }
 
 // Where the n int32 values are a permutation of 0..n-1: each value's place in the sorted row is the value itself,
-// so the values are 0..n-1 and the ids the inverse permutation. False (nothing written) where they are not.
+// so the values are 0..n-1 and the ids the inverse permutation. False where they are not (then out_ids holds
+// scratch, which the caller's sort overwrites).
 bool InvertedPermutation(const int32_t* x, int64_t n, int32_t* out_values, int32_t* out_ids) {
   std::fill(out_ids, out_ids + n, -1);
   for (int64_t i = 0; i < n; ++i) {
