@@ -196,12 +196,14 @@ def _top_k_drawn_by(noise: str):  # noqa: ANN202
 
 
 def _fuse_recording_templates(sample, monkeypatch: pytest.MonkeyPatch) -> tuple[object, list[str], list[str]]:  # noqa: ANN001
-    """The fused program, the noise of every form template the fusion lowered or read, and its remarks."""
+    """The fused program, the noise of every form template the fusion lowered or read, and its remarks. (Not of the
+    stages' templates: a stage is the logits a filter draws from, with no draw and so no noise.)"""
     lowered: list[str] = []
     text_of = fuse_sampling._template_text
 
     def recording(*args: object, **kwargs: object) -> object:
-        lowered.append(str(kwargs.get("noise", args[7] if len(args) > 7 else "")))
+        if not kwargs.get("stage", args[8] if len(args) > 8 else False):
+            lowered.append(str(kwargs.get("noise", args[7] if len(args) > 7 else "")))
         return text_of(*args, **kwargs)
 
     monkeypatch.setattr(fuse_sampling, "_template_text", recording)
