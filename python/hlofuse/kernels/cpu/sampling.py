@@ -999,10 +999,11 @@ def inverse_cdf_rows_lowering(form: str, params: dict[str, Any]) -> Callable[...
 
 def _sorted_by(target: str, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Each row of x (..., V) sorted by the radix-sort kernel `target`, stably: values (in x's dtype: bf16 widened
-    exactly, so narrowed exactly) and ids."""
+    exactly, so narrowed exactly; int32 keys, for `hlofuse_sample_sort_integers`, as they are) and ids."""
     cpu.register()
-    out_types = [jax.ShapeDtypeStruct(x.shape, jnp.float32), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
-    values, ids = jax.ffi.ffi_call(target, out_types, vmap_method="sequential")(x.astype(jnp.float32))
+    keys = x if x.dtype == jnp.int32 else x.astype(jnp.float32)
+    out_types = [jax.ShapeDtypeStruct(x.shape, keys.dtype), jax.ShapeDtypeStruct(x.shape, jnp.int32)]
+    values, ids = jax.ffi.ffi_call(target, out_types, vmap_method="sequential")(keys)
     return values.astype(x.dtype), ids
 
 
@@ -2349,11 +2350,7 @@ def _stable_order_by_kernel(keys: jax.Array) -> jax.Array:
     """The stable ascending order of each row of `keys` (B, n) as JAX's sort orders it, by the kernel's radix sort:
     of f32 or bf16 keys, `hlofuse_sample_sort`; of int32 keys (an argsort's ids sorted again to put values back),
     `hlofuse_sample_sort_integers`, which inverts a permutation by one scatter."""
-    if keys.dtype != jnp.int32:
-        return _sort_by_kernel(keys)[1]
-    cpu.register()
-    out_types = [jax.ShapeDtypeStruct(keys.shape, jnp.int32)] * 2
-    return jax.ffi.ffi_call(SORT_INTEGERS_TARGET, out_types, vmap_method="sequential")(keys)[1]
+    return _sorted_by(SORT_INTEGERS_TARGET if keys.dtype == jnp.int32 else SORT_TARGET, keys)[1]
 
 
 # A categorical whose noise is written by hand (SampleAttrs.gumbel_at_zero): the kernel draws it for f32 logits where
